@@ -1,0 +1,34 @@
+# One command each: `make demo` sets up and runs the main demo offline; `make test` sets up and runs the tests.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# A CPU build of torch; override (e.g. TORCH_SPEC="torch") for a GPU machine.
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= local,dev
+
+.PHONY: setup demo test lint bench clean-index
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
+	touch $@
+
+demo: setup
+	$(BIN)/python main.py simple
+
+test: setup
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: setup
+	$(BIN)/python benchmarks/bench_retrieval.py
+
+clean-index:
+	rm -rf chroma_db

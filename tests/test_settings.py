@@ -1,0 +1,44 @@
+"""Settings: CLI flag > environment > default, with clear errors for bad values."""
+
+import pytest
+
+from settings import Settings, SettingsError
+
+
+def test_defaults_are_the_offline_default():
+    s = Settings.from_env(env={})
+    assert s.llm_provider == "local"
+    assert s.embedding_model == "default"
+    assert s.reranker == "auto"
+    assert s.chroma_host is None
+
+
+def test_environment_overrides_defaults_and_flags_override_environment():
+    env = {"LLM_PROVIDER": "groq", "RETRIEVAL_K": "7", "LLM_CACHE": "yes", "CHROMA_HOST": ""}
+    s = Settings.from_env(env=env)
+    assert (s.llm_provider, s.retrieval_k, s.llm_cache, s.chroma_host) == ("groq", 7, True, None)
+    s = Settings.from_env(env=env, llm_provider="openai", retrieval_k=None)
+    assert s.llm_provider == "openai"
+    assert s.retrieval_k == 7  # a flag left unset (None) does not override
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        ({"RETRIEVAL_K": "five"}, "RETRIEVAL_K"),
+        ({"LLM_CACHE": "maybe"}, "LLM_CACHE"),
+        ({"RERANKER": "colbert"}, "RERANKER"),
+        ({"EVAL_CONFIDENCE_THRESHOLD": "3"}, "EVAL_CONFIDENCE_THRESHOLD"),
+        ({"MAX_STEPS": "0"}, "MAX_STEPS"),
+    ],
+)
+def test_bad_values_name_the_variable(env, fragment):
+    with pytest.raises(SettingsError, match=fragment):
+        Settings.from_env(env=env)
+
+
+def test_secrets_are_read_by_name_and_never_shown_in_repr():
+    s = Settings.from_env(env={"GROQ_API_KEY": "sk-secret-123"})
+    assert s.secret("GROQ_API_KEY") == "sk-secret-123"
+    assert s.secret("MISSING_KEY") is None
+    assert "sk-secret-123" not in repr(s)
