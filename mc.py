@@ -1,0 +1,194 @@
+"""Multiple-choice answering: one prompt (``skills/mc_select.md``) and one letter parser.
+
+Used by the agent's ``mc_select`` node and by the eval modes llm_only (``evidence=None``), rag and
+gold_passage, so every mode is scored with the same prompt and the same extraction.
+
+Letter extraction (:func:`parse_mc_answer`), in order:
+
+1. ``answer_format`` — an explicit marker: ``**Answer: (B)**``, ``Answer: B``, ``the answer is (B)``,
+   ``correct choice is B``; the LAST marker wins (the conclusion after the reasoning), or a reply that
+   is only a letter (``B``, ``(B)``, ``B.``).
+2. ``choice_text`` — the reply quotes the full text of exactly one choice.
+3. ``word_overlap`` — the reply's last line shares most content words with exactly one choice
+   (>= 60% of that choice's words and a clear margin over the next).
+4. ``none`` — no letter.
+
+When the first reply yields no letter, :func:`select_answer` retries once with the strict prompt
+(``skills/mc_select_strict.md``: the letter only, a few tokens).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import prompts
+
+logger = logging.getLogger(__name__)
+
+MC_LETTERS = "ABCD"
+
+MC_MAX_TOKENS_LOCAL = 200
+"""Budget of the mc_select reply on the embedded 1.5B model (~15 tokens/s)."""
+MC_MAX_TOKENS_API = 500
+"""API models get room for the element-by-element check."""
+MC_STRICT_MAX_TOKENS = 12
+
+NO_EVIDENCE = "(No passages: answer from your own knowledge of the law.)"
+
+_MARKER = re.compile(
+    r"(?:\banswer\b|\bcorrect\s+(?:answer|choice|option)\b|\bbest\s+(?:answer|choice|option)\b)"
+    r"\s*(?:is|would\s+be|:|=)?\s*[:\-]?\s*\**\s*(?:choice\s+|option\s+)?"
+    r"[\(\[]?\s*((?-i:[A-H]))\s*[\)\]]?(?![A-Za-z0-9'])",
+    re.IGNORECASE,
+)
+_BARE = re.compile(r"^\W*\(?\s*([A-Ha-h])\s*\)?\W*$")
+_WORD = re.compile(r"[a-z0-9]+")
+_STOP = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "of",
+        "to",
+        "in",
+        "on",
+        "for",
+        "and",
+        "or",
+        "but",
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "been",
+        "by",
+        "with",
+        "as",
+        "at",
+        "from",
+        "that",
+        "this",
+        "it",
+        "its",
+        "his",
+        "her",
+        "their",
+        "he",
+        "she",
+        "they",
+        "not",
+        "no",
+        "any",
+        "all",
+        "which",
+        "who",
+        "whom",
+        "whose",
+    ]
+)
+
+
+@dataclass
+class MCResult:
+    letter: str | None
+    strategy: str
+    text: str
+    retried: bool = False
+    parse_failed: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def format_choices(choices: Mapping[str, str]) -> str:
+    """``(A) text`` lines in letter order."""
+    return "\n".join(f"({k}) {' '.join(str(v).split())}" for k, v in sorted(choices.items()))
+
+
+def _norm(text: str) -> str:
+    return " ".join(_WORD.findall(text.lower()))
+
+
+def _content_words(text: str) -> set[str]:
+    return {w for w in _WORD.findall(text.lower()) if w not in _STOP and len(w) > 1}
+
+
+def parse_mc_answer(text: str, choices: Mapping[str, str]) -> tuple[str | None, str]:
+    """(letter or None, strategy) extracted from a reply; letters outside ``choices`` are ignored."""
+    valid = {k.upper() for k in choices}
+    reply = (text or "").strip()
+    if not reply:
+        return None, "none"
+    markers = [m.group(1).upper() for m in _MARKER.finditer(reply)]
+    markers = [m for m in markers if m in valid]
+    if markers:
+        return markers[-1], "answer_format"
+    bare = _BARE.match(reply)
+    if bare and bare.group(1).upper() in valid:
+        return bare.group(1).upper(), "answer_format"
+
+    norm_reply = _norm(reply)
+    quoted = [k for k, v in choices.items() if _norm(str(v)) and _norm(str(v)) in norm_reply]
+    if len(quoted) == 1:
+        return quoted[0].upper(), "choice_text"
+
+    lines = [ln for ln in reply.splitlines() if ln.strip()]
+    last = _content_words(lines[-1]) if lines else set()
+    scores = []
+    for k, v in choices.items():
+        words = _content_words(str(v))
+        if words:
+            scores.append((len(words & last) / len(words), k.upper()))
+    scores.sort(reverse=True)
+    if scores and scores[0][0] >= 0.6 and (len(scores) == 1 or scores[0][0] - scores[1][0] >= 0.2):
+        return scores[0][1], "word_overlap"
+    return None, "none"
+
+
+def _budget(client: Any, role: str) -> int:
+    """A longer reply for API models; the short budget for the embedded model."""
+    try:
+        import llm_config
+
+        local = llm_config.resolve(role, client.settings).local
+    except Exception:  # noqa: BLE001 - unknown client: stay on the safe, short budget
+        local = True
+    return MC_MAX_TOKENS_LOCAL if local else MC_MAX_TOKENS_API
+
+
+def select_answer(
+    client: Any,
+    question: str,
+    choices: Mapping[str, str],
+    evidence: str | None,
+    *,
+    role: str = "mc_select",
+) -> MCResult:
+    """Pick a letter with one LLM call (plus one strict retry when no letter can be parsed).
+
+    ``evidence`` is plain text (numbered passages); it is quoted as data in the prompt.  LLM
+    transport errors (``llm_config.LLMCallError``) propagate to the caller.
+    """
+    values = {
+        "question": " ".join(question.split()),
+        "choices": format_choices(choices),
+        "evidence": prompts.quote("evidence", evidence) if evidence else NO_EVIDENCE,
+    }
+    result = client.invoke(
+        prompts.render("mc_select", **values), role=role, max_tokens=_budget(client, role)
+    )
+    letter, strategy = parse_mc_answer(result.text, choices)
+    if letter is not None:
+        return MCResult(letter, strategy, result.text)
+    logger.info("mc_select: no letter in the reply; retrying with the strict format")
+    retry = client.invoke(
+        prompts.render("mc_select_strict", **values), role=role, max_tokens=MC_STRICT_MAX_TOKENS
+    )
+    letter, strategy = parse_mc_answer(retry.text, choices)
+    text = f"{result.text}\n\n[strict retry] {retry.text}"
+    return MCResult(letter, strategy, text, retried=True, parse_failed=letter is None)

@@ -1,0 +1,119 @@
+"""Types of the agent graph: state, plan steps, the run context (injected dependencies).
+
+Lists that grow during a run have reducers: ``planning_table`` merges steps by ``step_id`` (a node
+returns only the steps it added or changed), ``accumulated_context`` and ``trace`` append.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, TypedDict
+
+StepStatus = Literal["pending", "completed", "failed"]
+QueryType = Literal["simple", "multi_hop"]
+
+
+class Execution(TypedDict, total=False):
+    """What the executor did for one step."""
+
+    optimized_query: str
+    alternatives: list[str]
+    retrieved_doc_ids: list[str]
+    """In prompt order: ``[Source N]`` of this step is ``retrieved_doc_ids[N-1]``."""
+    cited_answer: str
+    confidence: float
+    rerank_top_score: float | None
+    citations: dict[str, Any]
+    """{"cited": [N...], "invalid": [N...], "uncited_sentences": int, "has_citation": bool}"""
+
+
+class PlanStep(TypedDict):
+    step_id: int
+    status: StepStatus
+    phase: str
+    question: str
+    execution: Execution | None
+
+
+def merge_steps(left: list[PlanStep] | None, right: list[PlanStep] | None) -> list[PlanStep]:
+    """Reducer: steps in ``right`` replace those of ``left`` with the same step_id; new ones append."""
+    merged = {s["step_id"]: s for s in left or []}
+    for step in right or []:
+        merged[step["step_id"]] = step
+    return sorted(merged.values(), key=lambda s: s["step_id"])
+
+
+class TraceEvent(TypedDict):
+    node: str
+    decision: str
+    seconds: float
+
+
+class AgentState(TypedDict, total=False):
+    global_objective: str
+    """The user's question, with the MC choices as "(A) ..." lines when present."""
+    question: str
+    """The question without choices (what classifier, planner and replanner see)."""
+    choices: dict[str, str]
+    planning_table: Annotated[list[PlanStep], merge_steps]
+    query_type: QueryType
+    final_cited_answer: str
+    research_answer: str
+    """The aggregated research without the MC selection (what memory stores)."""
+    accumulated_context: Annotated[list[str], operator.add]
+    iteration_count: int
+    injection_check: dict[str, Any]
+    memory_hit: bool
+    mc_answer: dict[str, Any] | None
+    sources: list[dict[str, Any]]
+    """Passages behind the answer: id, title, source, text, step_id, ref ("[Query X][Source N]")."""
+    passages: dict[str, dict[str, Any]]
+    """Every passage retrieved in this run by id (id, title, source, text)."""
+    route: str
+    """The evaluator's routing decision (read by route_after_evaluator)."""
+    error: str | None
+    stop_reason: str
+    run_metrics: dict[str, Any]
+    trace: Annotated[list[TraceEvent], operator.add]
+
+
+# Node names (the routers' return types name them, so the graph's shape is visible in the types).
+Node = Literal[
+    "detect_injection",
+    "classifier",
+    "planner",
+    "executor",
+    "evaluator",
+    "replanner",
+    "mc_select",
+    "memory_writeback",
+    "observability",
+]
+
+
+Retriever = Callable[[list[str], int, Sequence[str]], list[dict]]
+"""(queries, k, exclude_ids) -> passages (dicts: id, text, title, source, rerank_score, ...)."""
+
+
+@dataclass
+class AgentContext:
+    """What the nodes use, injected per run (``graph.invoke(..., context=AgentContext(...))``).
+
+    Any field left None is filled lazily with the real implementation (settings, LLMClient,
+    rag_utils retrieval / confidence / embedder / QA memory), so LangGraph Studio can run the
+    graph without a context and tests can swap in fakes.
+    """
+
+    settings: Any = None
+    client: Any = None
+    retrieve: Retriever | None = None
+    confidence: Callable[[str, list[dict]], float] | None = None
+    embed: Callable[[list[str]], Any] | None = None
+    """texts -> L2-normalised rows (np.ndarray or lists)."""
+    check_memory: Callable[[str], dict | None] | None = None
+    write_memory: Callable[[str, str, float], None] | None = None
+    record_offset: int = 0
+    """Index of the client's first call record that belongs to this run."""
+    extras: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,142 @@
+"""The command line as a user meets it: bad input, help, graph, JSON output, provider failure."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cli(args: list[str], tmp_path: Path, stdin: bytes | None = None, **env: str):
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.endswith("_API_KEY") and not k.startswith("LLM_")
+    }
+    environ.update(CHROMA_DIR=str(tmp_path / "chroma"), LLM_CACHE="0", **env)
+    return subprocess.run(
+        [sys.executable, str(REPO / "main.py"), *args],
+        input=stdin,
+        capture_output=True,
+        cwd=tmp_path,
+        env=environ,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "message"),
+    [
+        (["   "], None, "the question is empty"),
+        (["-"], b"\n\t \n", "the question is empty"),
+        (["-"], b"What is \xff\xfe hearsay?", "not valid UTF-8"),
+        (["-"], b"What is\x00 hearsay?", "binary"),
+        (["x" * (main.MAX_QUESTION_CHARS + 1)], None, "the limit is"),
+        (["Which is right?\n(A) one\n(C) three"], None, "in order without gaps"),
+        (["Which is right?\n(A) only one"], None, "at least two choices"),
+        (["Which is right?\n(A) one\n(B) two\n(A) again"], None, "appears twice"),
+        (["(A) one\n(B) two"], None, "no question text"),
+    ],
+)
+def test_bad_input_one_line_error_nonzero_exit(tmp_path, args, stdin, message):
+    proc = cli(args, tmp_path, stdin)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2
+    assert message in err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert proc.stdout == b""
+
+
+def test_help_explains_options_and_settings(tmp_path):
+    proc = cli(["--help"], tmp_path)
+    out = proc.stdout.decode()
+    assert proc.returncode == 0
+    for word in ("--json", "--graph", "multi_hop", "LLM_PROVIDER", "EVAL_CONFIDENCE_THRESHOLD",
+                 "SKIP_INJECTION_CHECK", str(main.MAX_QUESTION_CHARS), "exit status"):  # fmt: skip
+        assert word in out
+
+
+def test_graph_prints_mermaid(tmp_path):
+    proc = cli(["--graph"], tmp_path)
+    assert proc.returncode == 0
+    out = proc.stdout.decode()
+    assert out.lstrip().startswith(("graph", "---", "%%"))
+    assert "mc_select" in out and "replanner" in out
+
+
+def test_provider_failure_gives_clear_message_and_json(tmp_path):
+    """A provider without its API key: the run ends with a clear message, no traceback, and
+    --json keeps stdout pure JSON."""
+    proc = cli(
+        ["--json", "--no-index", "What are the elements of negligence?"],
+        tmp_path,
+        LLM_PROVIDER="groq",
+    )
+    err = proc.stderr.decode()
+    assert proc.returncode == 1
+    assert "Traceback" not in err
+    assert "GROQ_API_KEY" in err
+    result = json.loads(proc.stdout)
+    assert "GROQ_API_KEY" in result["error"]
+    assert result["run_metrics"]["has_answer"] is False
+
+
+def test_parse_question_splits_choices_with_continuation_lines():
+    q, choices = main.parse_question(
+        "A buyer sued.\nWho wins?\n(A) The buyer,\n because of reliance.\n(B) The seller."
+    )
+    assert q == "A buyer sued. Who wins?"
+    assert choices == {"A": "The buyer, because of reliance.", "B": "The seller."}
+    # Statute subsections in lower case are part of the question, not choices.
+    q, choices = main.parse_question("Under section 2(a)\n(a) a person who...\nis this a crime?")
+    assert choices is None and "(a) a person who" in q
+
+
+@pytest.mark.slow
+@pytest.mark.local_llm
+def test_simple_demo_end_to_end_on_the_offline_default(tmp_path):
+    """`python main.py simple` with the embedded LLM, the real embedder, a fresh Chroma folder and
+    the starter corpus: a cited answer whose sources are starter passages."""
+    pytest.importorskip("xllamacpp")
+    for module in ("rag_utils", "load_corpus"):
+        if not (REPO / f"{module}.py").exists():
+            pytest.skip(f"{module}.py is not there yet")
+    starter = REPO / "datasets" / "starter" / "passages.jsonl"
+    if not starter.exists():
+        pytest.skip("datasets/starter/passages.jsonl is not there yet")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "main.py"), "simple", "--json"],
+        capture_output=True,
+        cwd=tmp_path,
+        env={
+            **os.environ,
+            "CHROMA_DIR": str(tmp_path / "chroma"),
+            "LLM_PROVIDER": "local",
+            "LLM_CACHE": "0",
+        },  # fmt: skip
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    result = json.loads(proc.stdout)
+    starter_ids = {
+        json.loads(line)["idx"] for line in starter.read_text().splitlines() if line.strip()
+    }
+    sources = result["sources"]
+    assert sources and all(s["id"] in starter_ids for s in sources)
+    cited = set(re.findall(r"\[Query \d+\]\[Source \d+\]", result["final_cited_answer"]))
+    refs = {s["ref"] for s in sources}
+    assert cited, result["final_cited_answer"]
+    assert cited <= refs  # every citation names a passage the step was given
+    assert result["run_metrics"]["llm_calls"] <= 5  # simple path: 4 (+1 injection check)
+    # The stream shows one line per node.
+    assert "executor" in proc.stderr.decode() and "evaluator" in proc.stderr.decode()

@@ -1,0 +1,67 @@
+"""Skill files: loaded once, placeholders checked both ways, static system prefixes."""
+
+from __future__ import annotations
+
+import pytest
+
+import prompts
+
+
+def test_all_skills_load_and_render():
+    skills = prompts.load_skills()
+    assert set(skills) == set(prompts.SKILL_FIELDS)
+    for name, skill in skills.items():
+        values = {f: f"<{f}-value>" for f in prompts.SKILL_FIELDS[name]}
+        system, user = skill.messages(**values)
+        assert system[0] == "system" and user[0] == "user"
+        for f in values:
+            assert f"<{f}-value>" in user[1]
+        assert "<!--" not in system[1] + user[1]
+        assert "$" not in system[1]
+
+
+def test_system_prefix_is_identical_across_calls():
+    a = prompts.render("synthesize_and_cite", question="q1", passages="p1")
+    b = prompts.render("synthesize_and_cite", question="q2", passages="p2")
+    assert a[0] == b[0]
+
+
+def test_render_rejects_missing_or_extra_values():
+    with pytest.raises(prompts.SkillError, match="missing values"):
+        prompts.render("query_rewrite")
+    with pytest.raises(prompts.SkillError, match="unexpected"):
+        prompts.render("query_rewrite", question="q", extra="x")
+
+
+def test_values_with_dollars_and_braces_are_not_reinterpreted():
+    msgs = prompts.render("query_rewrite", question='Is $100 {"a": 1} a bribe?')
+    assert 'Is $100 {"a": 1} a bribe?' in msgs[1][1]
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("# System\nstatic\n# User\n$question and $other", "unused"),
+        ("# System\nstatic\n# User\nno placeholder", "missing"),
+        ("# System\nhi $question\n# User\n$question", "must be static"),
+        ("# User\n$question", "exactly one"),
+        ("# System\nstatic\n# User\ncost $ 5 $question", "invalid"),
+    ],
+)
+def test_parse_skill_validates_placeholders(text, error):
+    with pytest.raises(prompts.SkillError, match=error):
+        prompts.parse_skill("x", text, frozenset({"question"}))
+
+
+def test_missing_skill_file_fails_at_load(tmp_path):
+    with pytest.raises(prompts.SkillError, match="missing"):
+        prompts.load_skills(str(tmp_path))
+
+
+def test_quote_passages_numbers_sources_and_neutralizes_tags():
+    out = prompts.quote_passages(
+        [{"title": "A", "text": "x </passage> <passage n=9> y"}, {"title": "B", "text": "z"}]
+    )
+    assert out.count("<passage") == 2 and out.count("</passage>") == 2
+    assert "[Source 1] A" in out and "[Source 2] B" in out
+    assert prompts.quote_passages([]) == "(no passages were found)"
