@@ -1,0 +1,727 @@
+"""Helpers shared by ``eval_comprehensive.py``, ``eval_trace.py`` and ``eval_reranker.py``.
+
+* QA items — loading (any file ``load_corpus.read_qa`` reads; the starter set by default), field
+  access (choices, full question text, gold passage ids, subject) and "is the gold passage in the
+  store" detection.
+* Metrics — Recall@k, reciprocal rank, nDCG@k (binary relevance), accuracy, a seeded percentile
+  bootstrap confidence interval, McNemar's exact test and a paired rank comparison (wins/losses/ties,
+  sign test, Wilcoxon signed-rank test).
+* Runs — ``eval_results/<run-id>/``: ``results.jsonl`` (one row per (item, mode), appended and
+  flushed as each finishes, so an interrupted run resumes where it stopped), ``summary.json`` (full
+  configuration, never an API key), ``summary.md`` and PNG plots.
+* ``run_tasks`` — a progress-barred, optionally concurrent loop that survives Ctrl-C cleanly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from settings import Settings
+
+logger = logging.getLogger(__name__)
+
+MC_KEYS = ("A", "B", "C", "D")
+BOOTSTRAP_SEED = 20240607
+BOOTSTRAP_RESAMPLES = 2000
+DEFAULT_RESULTS_DIR = "eval_results"
+_SECRET_FIELD = re.compile(r"(api_key|secret|token|password)", re.IGNORECASE)
+
+
+# ------------------------------------------------------------------------------------------------
+# QA items
+# ------------------------------------------------------------------------------------------------
+
+
+def default_qa_path() -> Path:
+    """The bundled starter question set (``datasets/starter/qa.jsonl`` next to this file)."""
+    from load_corpus import STARTER_DIR
+
+    starter = Path(STARTER_DIR)
+    if not starter.is_absolute():
+        starter = Path(__file__).resolve().parent / starter
+    return starter / "qa.jsonl"
+
+
+def load_qa(path: str | os.PathLike[str] | None = None, n: int | None = None) -> list[dict]:
+    """QA items from ``path`` (default: the starter set), first ``n`` of them when given.
+
+    Items without four choices or an answer letter are dropped with a warning."""
+    from load_corpus import read_qa
+
+    path = Path(path) if path is not None else default_qa_path()
+    if not path.exists():
+        raise FileNotFoundError(f"QA file not found: {path}")
+    items = []
+    dropped = 0
+    for item in read_qa(path):
+        if str(item.get("answer") or "").strip().upper() not in MC_KEYS or not all(
+            str(item.get(f"choice_{k.lower()}") or "").strip() for k in MC_KEYS
+        ):
+            dropped += 1
+            continue
+        items.append(item)
+    if dropped:
+        logger.warning(
+            "%s: skipped %d item(s) without 4 choices and an answer letter", path, dropped
+        )
+    seen: set[str] = set()
+    unique = []
+    for item in items:
+        if item_id(item) not in seen:
+            seen.add(item_id(item))
+            unique.append(item)
+    return unique[:n] if n is not None else unique
+
+
+def item_id(item: dict) -> str:
+    return str(item.get("idx") if item.get("idx") is not None else item.get("id"))
+
+
+def item_choices(item: dict) -> dict[str, str]:
+    return {k: str(item.get(f"choice_{k.lower()}") or "").strip() for k in MC_KEYS}
+
+
+def item_answer(item: dict) -> str:
+    return str(item.get("answer") or "").strip().upper()
+
+
+def item_question(item: dict) -> str:
+    """The question as the model sees it: the shared fact pattern (``prompt``), then the stem."""
+    prompt = str(item.get("prompt") or "").strip()
+    question = str(item.get("question") or "").strip()
+    return f"{prompt}\n\n{question}" if prompt else question
+
+
+def item_subject(item: dict) -> str:
+    subject = item.get("subject")
+    if subject is None or (isinstance(subject, float) and math.isnan(subject)):
+        return "unknown"
+    return str(subject).strip() or "unknown"
+
+
+def gold_ids(item: dict) -> list[str]:
+    """Gold passage ids of an item (``gold_idx``: one id, a list, or ';'/','-separated)."""
+    raw = item.get("gold_idx")
+    if raw is None or (isinstance(raw, float) and math.isnan(raw)):
+        return []
+    if isinstance(raw, list | tuple):
+        return [str(x).strip() for x in raw if str(x).strip()]
+    return [p.strip() for p in re.split(r"[;,]", str(raw)) if p.strip()]
+
+
+def question_with_choices(item: dict) -> str:
+    """The retrieval query 'question + choices'."""
+    from mc import format_choices
+
+    return f"{item_question(item)}\n{format_choices(item_choices(item))}"
+
+
+def fetch_passages(ids: Iterable[str], settings: Settings | None = None) -> dict[str, dict]:
+    """Passages of the store by id (missing ids are absent from the result)."""
+    import rag_utils
+
+    ids = list(dict.fromkeys(ids))
+    if not ids:
+        return {}
+    got = rag_utils.get_store(settings).get(ids)
+    if isinstance(got, dict):  # Chroma's column format
+        metas = got.get("metadatas") or [{}] * len(got["ids"])
+        got = [
+            {"id": i, "text": t, **(m or {})}
+            for i, t, m in zip(
+                got["ids"], got.get("documents") or [""] * len(got["ids"]), metas, strict=False
+            )
+        ]
+    return {str(p["id"]): p for p in got if p}
+
+
+def split_by_gold_in_store(
+    items: Sequence[dict], settings: Settings | None = None
+) -> tuple[list[dict], list[dict]]:
+    """(items with at least one gold passage in the store, the others)."""
+    found = fetch_passages((g for it in items for g in gold_ids(it)), settings)
+    with_gold = [it for it in items if any(g in found for g in gold_ids(it))]
+    kept = {id(it) for it in with_gold}
+    return with_gold, [it for it in items if id(it) not in kept]
+
+
+_REWRITE_FUNCTIONS = ("rewrite_queries", "rewrite_query", "query_rewrite")
+
+
+def agent_rewrite(
+    client: Any, question: str, settings: Settings | None = None
+) -> tuple[str, list[str]]:
+    """(primary query, alternative queries) from the agent's own rewrite node and skill."""
+    import nodes
+
+    fn = next((getattr(nodes, n) for n in _REWRITE_FUNCTIONS if hasattr(nodes, n)), None)
+    if fn is None:
+        raise RuntimeError(f"nodes.py has none of {_REWRITE_FUNCTIONS}: cannot show the rewrite")
+    out = fn(client, question, settings=settings)
+    if isinstance(out, tuple):
+        primary, alternatives = out[0], out[1]
+    else:
+        data = out if isinstance(out, dict) else to_jsonable(out)
+        primary = data.get("primary") or data.get("optimized_query") or question
+        alternatives = data.get("alternatives") or []
+    return str(primary), [str(a) for a in alternatives]
+
+
+def format_evidence(docs: Sequence[dict]) -> str:
+    """Passages as numbered evidence for the MC prompt."""
+    parts = []
+    for i, doc in enumerate(docs, 1):
+        title = (doc.get("title") or "").strip()
+        head = f"[{i}] {title}" if title else f"[{i}]"
+        parts.append(f"{head}\n{(doc.get('text') or '').strip()}")
+    return "\n\n".join(parts)
+
+
+def preview(text: str | None, n: int = 160) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+# ------------------------------------------------------------------------------------------------
+# Metrics
+# ------------------------------------------------------------------------------------------------
+
+
+def gold_rank(ranked_ids: Sequence[str], gold: Iterable[str]) -> int | None:
+    """1-based rank of the first gold passage, or None when none was retrieved."""
+    gold = set(gold)
+    for i, doc_id in enumerate(ranked_ids, 1):
+        if doc_id in gold:
+            return i
+    return None
+
+
+def recall_at_k(ranked_ids: Sequence[str], gold: Iterable[str], k: int) -> float:
+    """Share of the gold passages found in the top k (0.0 when there is no gold)."""
+    gold = set(gold)
+    if not gold:
+        return 0.0
+    return len(gold & set(ranked_ids[:k])) / len(gold)
+
+
+def reciprocal_rank(ranked_ids: Sequence[str], gold: Iterable[str]) -> float:
+    rank = gold_rank(ranked_ids, gold)
+    return 0.0 if rank is None else 1.0 / rank
+
+
+def ndcg_at_k(ranked_ids: Sequence[str], gold: Iterable[str], k: int = 10) -> float:
+    """nDCG@k with binary relevance: sum 1/log2(rank+1) over gold hits, over the ideal value."""
+    gold = set(gold)
+    if not gold:
+        return 0.0
+    dcg = sum(1.0 / math.log2(i + 2) for i, d in enumerate(ranked_ids[:k]) if d in gold)
+    ideal = sum(1.0 / math.log2(i + 2) for i in range(min(len(gold), k)))
+    return dcg / ideal
+
+
+def retrieval_metrics(
+    ranked_ids: Sequence[str], gold: Iterable[str], ks: Sequence[int] = (1, 5, 10)
+) -> dict[str, float]:
+    """``recall@k`` for each k, ``rr`` and ``ndcg@10`` of one ranked list."""
+    gold = list(gold)
+    out = {f"recall@{k}": recall_at_k(ranked_ids, gold, k) for k in ks}
+    out["rr"] = reciprocal_rank(ranked_ids, gold)
+    out["ndcg@10"] = ndcg_at_k(ranked_ids, gold, 10)
+    return out
+
+
+def mean(values: Iterable[float]) -> float:
+    values = list(values)
+    return float(sum(values) / len(values)) if values else float("nan")
+
+
+def accuracy(correct: Iterable[bool]) -> float:
+    return mean(float(bool(c)) for c in correct)
+
+
+def bootstrap_ci(
+    values: Sequence[float],
+    *,
+    confidence: float = 0.95,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values`` (fixed seed: reproducible).
+
+    For paired differences pass the per-item differences.  (nan, nan) for no values."""
+    arr = np.asarray(list(values), dtype=float)
+    if arr.size == 0:
+        return (float("nan"), float("nan"))
+    rng = np.random.default_rng(seed)
+    means = arr[rng.integers(0, arr.size, size=(resamples, arr.size))].mean(axis=1)
+    tail = (1.0 - confidence) / 2.0
+    lo, hi = np.quantile(means, [tail, 1.0 - tail])
+    return (float(lo), float(hi))
+
+
+def wilson_ci(successes: int, n: int, *, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a proportion; unlike the bootstrap it is not degenerate at 0 or n."""
+    if n == 0:
+        return (float("nan"), float("nan"))
+    from scipy.stats import norm
+
+    z = float(norm.ppf(1 - (1 - confidence) / 2))
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def mcnemar_exact(a_correct: Sequence[bool], b_correct: Sequence[bool]) -> dict[str, Any]:
+    """McNemar's exact test on paired outcomes: two-sided binomial test on the discordant pairs.
+
+    ``only_a`` = items A got right and B wrong, ``only_b`` the reverse; p = 1.0 with no discordance."""
+    if len(a_correct) != len(b_correct):
+        raise ValueError("McNemar needs paired outcomes of equal length")
+    only_a = sum(1 for a, b in zip(a_correct, b_correct, strict=True) if a and not b)
+    only_b = sum(1 for a, b in zip(a_correct, b_correct, strict=True) if b and not a)
+    n = only_a + only_b
+    if n == 0:
+        p = 1.0
+    else:
+        from scipy.stats import binomtest
+
+        p = float(binomtest(min(only_a, only_b), n, 0.5).pvalue)
+    return {"n": len(a_correct), "only_a": only_a, "only_b": only_b, "discordant": n, "p_value": p}
+
+
+def paired_comparison(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
+    """Per-item comparison of scores (higher is better) of system B against baseline A.
+
+    ``wins`` = items where B scores higher.  Sign test on wins vs losses (ties dropped) and the
+    Wilcoxon signed-rank test on the non-zero differences (None when all are ties)."""
+    if len(a) != len(b):
+        raise ValueError("paired comparison needs equal-length score lists")
+    diffs = [y - x for x, y in zip(a, b, strict=True)]
+    wins = sum(d > 0 for d in diffs)
+    losses = sum(d < 0 for d in diffs)
+    ties = len(diffs) - wins - losses
+    from scipy.stats import binomtest, wilcoxon
+
+    sign_p = 1.0 if wins + losses == 0 else float(binomtest(wins, wins + losses, 0.5).pvalue)
+    wilcoxon_p = None
+    if wins + losses > 0:
+        nonzero = [d for d in diffs if d != 0]
+        wilcoxon_p = float(wilcoxon(nonzero).pvalue)
+    return {
+        "n": len(diffs),
+        "wins": wins,
+        "losses": losses,
+        "ties": ties,
+        "mean_diff": mean(diffs) if diffs else float("nan"),
+        "sign_test_p": sign_p,
+        "wilcoxon_p": wilcoxon_p,
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# Settings and configuration record
+# ------------------------------------------------------------------------------------------------
+
+
+def eval_settings(env: dict[str, str] | None = None, **overrides: Any) -> Settings:
+    """Settings for an eval run: environment + CLI overrides, with the LLM response cache ON."""
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    overrides.setdefault("llm_cache", True)
+    return Settings.from_env(env, **overrides)
+
+
+def settings_record(settings: Settings) -> dict[str, Any]:
+    """Every setting except secrets (API keys) and the environment snapshot."""
+    out = {}
+    for f in dataclasses.fields(settings):
+        if f.name == "environ" or _SECRET_FIELD.search(f.name):
+            continue
+        out[f.name] = getattr(settings, f.name)
+    return out
+
+
+def llm_record(settings: Settings, roles: Sequence[str] = ("mc_select", "rewrite")) -> dict:
+    """Provider, model and base URL each role resolves to (no key), or the configuration error."""
+    from llm_config import LLMConfigError, resolve
+
+    out: dict[str, Any] = {}
+    for role in roles:
+        try:
+            r = resolve(role, settings)
+        except LLMConfigError as exc:
+            out[role] = {"error": str(exc)}
+            continue
+        out[role] = {"provider": r.provider, "model": r.model, "base_url": r.base_url}
+    return out
+
+
+def retrieval_record(settings: Settings) -> dict[str, Any]:
+    """Embedder name, reranker setting and passage count of the store used."""
+    import rag_utils
+
+    rec: dict[str, Any] = {"reranker": settings.reranker}
+    try:
+        rec["embedder"] = rag_utils.get_embedder(settings).name
+        rec["corpus_count"] = rag_utils.corpus_count(settings)
+    except Exception as exc:  # recorded, the run reports it
+        rec["error"] = f"{exc.__class__.__name__}: {exc}"
+    return rec
+
+
+# ------------------------------------------------------------------------------------------------
+# LLM client per task
+# ------------------------------------------------------------------------------------------------
+
+
+def make_client(settings: Settings, llm_factory: Callable[[str], Any] | None = None) -> Any:
+    """A fresh ``LLMClient`` (one per task, so its records are that task's calls)."""
+    from llm_config import LLMClient
+
+    return LLMClient(settings, llm_factory=llm_factory)
+
+
+def usage_of(client: Any) -> dict[str, Any]:
+    """Calls, tokens and LLM seconds recorded by ``client``."""
+    s = client.summary()
+    return {
+        "llm_calls": s["calls"],
+        "provider_calls": s["provider_calls"],
+        "cached_calls": s["cached_calls"],
+        "input_tokens": s["input_tokens"],
+        "output_tokens": s["output_tokens"],
+        "llm_seconds": s["latency_s"],
+        "llm_parse_failures": s["parse_failures"],
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# Run directory
+# ------------------------------------------------------------------------------------------------
+
+
+class ConfigMismatchError(RuntimeError):
+    """A resumed run was started with a different configuration."""
+
+
+def new_run_id(kind: str) -> str:
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}"
+
+
+class RunDir:
+    """``<root>/<run_id>/`` with an append-only ``results.jsonl`` keyed by (item, mode).
+
+    Opening an existing run resumes it: rows already written are kept (a half-written last line
+    from an interrupted run is cut off) and ``done`` tells which (item, mode) pairs to skip."""
+
+    def __init__(self, run_id: str, root: str | os.PathLike[str] = DEFAULT_RESULTS_DIR) -> None:
+        if not run_id or "/" in run_id or run_id.startswith("."):
+            raise ValueError(f"invalid run id {run_id!r}")
+        self.run_id = run_id
+        self.path = Path(root) / run_id
+        self.resumed = self.results_path.exists()
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._rows: list[dict] = self._read_rows()
+
+    @property
+    def results_path(self) -> Path:
+        return self.path / "results.jsonl"
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.json"
+
+    def _read_rows(self) -> list[dict]:
+        if not self.results_path.exists():
+            return []
+        raw = self.results_path.read_bytes()
+        rows = []
+        good = 0
+        for line in raw.splitlines(keepends=True):
+            if not line.endswith(b"\n"):
+                break
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+            good += len(line)
+        if good < len(raw):
+            logger.warning("%s: dropping an incomplete last row", self.results_path)
+            with open(self.results_path, "r+b") as fh:
+                fh.truncate(good)
+        return rows
+
+    @property
+    def rows(self) -> list[dict]:
+        with self._lock:
+            return list(self._rows)
+
+    def done(self) -> set[tuple[str, str]]:
+        with self._lock:
+            return {(str(r["item"]), str(r["mode"])) for r in self._rows}
+
+    def append(self, row: dict) -> None:
+        """Write one row and flush it to disk before returning."""
+        line = json.dumps(row, ensure_ascii=False, default=_json_default) + "\n"
+        with self._lock:
+            with open(self.results_path, "a", encoding="utf-8") as fh:
+                fh.write(line)
+                fh.flush()
+                os.fsync(fh.fileno())
+            self._rows.append(row)
+
+    def log_error(self, row: dict) -> None:
+        """Failed (item, mode) pairs go to errors.jsonl; they are retried on resume."""
+        with self._lock, open(self.path / "errors.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row, ensure_ascii=False, default=_json_default) + "\n")
+
+    def check_config(self, config: dict[str, Any], keys: Sequence[str]) -> None:
+        """Save ``config``; on resume refuse to mix rows made under a different one (``keys``)."""
+        if self.config_path.exists():
+            old = json.loads(self.config_path.read_text(encoding="utf-8"))
+            diff = [k for k in keys if k in old and old.get(k) != config.get(k)]
+            if diff:
+                details = "; ".join(f"{k}: {old.get(k)!r} -> {config.get(k)!r}" for k in diff)
+                raise ConfigMismatchError(
+                    f"run {self.run_id} was made with a different configuration ({details}); "
+                    "use a new --run-id"
+                )
+        self.write_json("config.json", config)
+
+    def write_json(self, name: str, data: Any) -> Path:
+        path = self.path / name
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(
+            json.dumps(data, indent=2, ensure_ascii=False, default=_json_default) + "\n",
+            encoding="utf-8",
+        )
+        tmp.replace(path)
+        return path
+
+    def write_text(self, name: str, text: str) -> Path:
+        path = self.path / name
+        path.write_text(text, encoding="utf-8")
+        return path
+
+
+def open_run(
+    kind: str,
+    run_id: str | None,
+    resume: str | None,
+    root: str | os.PathLike[str] = DEFAULT_RESULTS_DIR,
+) -> RunDir:
+    """The run directory for ``--run-id`` / ``--resume`` (which must exist) or a new id."""
+    if resume:
+        if run_id and run_id != resume:
+            raise ValueError("give either --run-id or --resume, not two different ids")
+        if not (Path(root) / resume / "results.jsonl").exists():
+            raise FileNotFoundError(f"no run to resume: {Path(root) / resume}/results.jsonl")
+        return RunDir(resume, root)
+    return RunDir(run_id or new_run_id(kind), root)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump()
+    return str(obj)
+
+
+def to_jsonable(obj: Any) -> Any:
+    """A JSON round-trip of ``obj`` (numpy, dataclasses, pydantic models become plain data)."""
+    return json.loads(json.dumps(obj, default=_json_default))
+
+
+# ------------------------------------------------------------------------------------------------
+# Task loop
+# ------------------------------------------------------------------------------------------------
+
+
+def run_tasks(
+    fn: Callable[[Any], Any],
+    tasks: Sequence[Any],
+    *,
+    workers: int = 1,
+    desc: str = "",
+    fatal: tuple[type[BaseException], ...] = (),
+) -> Iterator[tuple[Any, Any, BaseException | None]]:
+    """Run ``fn`` over ``tasks`` with a progress bar; yield ``(task, result, error)`` as each ends.
+
+    ``workers > 1`` runs tasks in threads (API providers).  Exceptions of ``fatal`` types stop the
+    loop and propagate; others are yielded.  On Ctrl-C pending tasks are cancelled and the
+    interrupt propagates; the caller writes results in this (the main) thread, so files stay whole.
+    """
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(tasks), desc=desc, unit="task", disable=None, leave=False)
+    try:
+        if workers <= 1:
+            for task in tasks:
+                try:
+                    result, err = fn(task), None
+                except fatal:
+                    raise
+                except Exception as exc:  # yielded to the caller
+                    result, err = None, exc
+                bar.update()
+                yield task, result, err
+            return
+        pool = ThreadPoolExecutor(max_workers=workers)
+        try:
+            pending: dict[Future, Any] = {}
+            queue = iter(tasks)
+            for task in queue:
+                pending[pool.submit(fn, task)] = task
+                if len(pending) >= workers * 2:
+                    break
+            while pending:
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    task = pending.pop(fut)
+                    err = fut.exception()
+                    if err is not None and isinstance(err, fatal):
+                        raise err
+                    bar.update()
+                    yield task, (None if err else fut.result()), err
+                    nxt = next(queue, None)
+                    if nxt is not None:
+                        pending[pool.submit(fn, nxt)] = nxt
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+    finally:
+        bar.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# Output: tables and plots
+# ------------------------------------------------------------------------------------------------
+
+
+def fmt_num(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "–"
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(fmt_num(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def text_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A plain aligned table for the terminal."""
+    cells = [list(headers)] + [[fmt_num(v) for v in row] for row in rows]
+    widths = [max(len(str(r[i])) for r in cells) for i in range(len(headers))]
+    out = []
+    for j, row in enumerate(cells):
+        out.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        if j == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_accuracy(modes: dict[str, dict], path: str | os.PathLike[str], title: str = "") -> Path:
+    """Bar chart of accuracy per mode with its 95% CI (``modes[m]`` has accuracy, ci_low, ci_high, n)."""
+    plt = _pyplot()
+    names = list(modes)
+    acc = [modes[m]["accuracy"] for m in names]
+    lower = [max(0.0, a - modes[m]["ci_low"]) for a, m in zip(acc, names, strict=True)]
+    upper = [max(0.0, modes[m]["ci_high"] - a) for a, m in zip(acc, names, strict=True)]
+    fig, ax = plt.subplots(figsize=(1.6 * max(3, len(names)) + 1, 4))
+    ax.bar(names, acc, yerr=[lower, upper], capsize=6, color="#4c72b0")
+    for i, m in enumerate(names):
+        ax.text(i, 0.02, f"n={modes[m]['n']}", ha="center", color="white", fontsize=8)
+    ax.axhline(0.25, ls="--", color="grey", lw=1, label="chance (4 options)")
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("accuracy (95% bootstrap CI)")
+    ax.set_title(title or "MC accuracy per mode")
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_recall_curve(
+    curves: dict[str, Sequence[float]], path: str | os.PathLike[str], title: str = ""
+) -> Path:
+    """Recall@k for k = 1..len(curve), one line per query variant (or reranker)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, curve in curves.items():
+        ks = list(range(1, len(curve) + 1))
+        ax.plot(ks, curve, marker="o", label=name)
+    ax.set_xlabel("k")
+    ax.set_ylabel("Recall@k")
+    ax.set_ylim(0, 1)
+    ax.set_title(title or "Recall@k")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def recall_curve(ranks: Sequence[int | None], max_k: int = 10) -> list[float]:
+    """Recall@k for k = 1..max_k from the rank of the gold passage of each item (None = missed)."""
+    if not ranks:
+        return []
+    return [
+        sum(1 for r in ranks if r is not None and r <= k) / len(ranks) for k in range(1, max_k + 1)
+    ]
+
+
+def configure_logging(verbose: bool = False) -> None:
+    """CLI logging to stderr."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    for noisy in (
+        "httpx",
+        "httpx2",
+        "httpcore",
+        "urllib3",
+        "chromadb",
+        "sentence_transformers",
+        "openai",
+    ):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

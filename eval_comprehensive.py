@@ -1,0 +1,711 @@
+"""Retrieval metrics and multiple-choice accuracy of the agent against its baselines.
+
+    python eval_comprehensive.py [retrieval|pipeline|both] [N] [--qa FILE] [--passages FILE] ...
+
+Phase 1 (``retrieval``, no LLM unless ``--rewrite``): Recall@1/5/10, MRR and nDCG@10 over the QA
+items whose gold passage is in the store, for the query = the question, the question + its choices
+and (``--rewrite``) the agent's rewritten queries.
+
+Phase 2 (``pipeline``): MC accuracy on the same items for each mode —
+
+* ``llm_only``     closed book: the MC prompt with no evidence;
+* ``rag``          one retrieval of the question, the passages as evidence;
+* ``pipeline``     the full agent (``main.run_agent``) with the choices;
+* ``gold_passage`` the gold passage as evidence (an upper bound for the reader).
+
+All modes use the same MC prompt and letter extraction (``mc.select_answer``).  Reported per mode
+and per subject with 95% bootstrap CIs, McNemar's exact test against ``llm_only``, LLM calls,
+tokens and seconds per question, and the parse-failure rate.
+
+Each run writes ``eval_results/<run-id>/``: ``results.jsonl`` (one row per (item, mode), flushed
+as it finishes), ``config.json``, ``summary.json``, ``summary.md``, ``accuracy.png``,
+``recall_at_k.png``.  Rerunning with the same ``--run-id`` (or ``--resume <run-id>``) skips the rows
+already written; the LLM response cache is on, so repeating a finished run costs no LLM calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import eval_common as ec
+from settings import Settings, load_dotenv_file, set_settings
+
+logger = logging.getLogger(__name__)
+
+MODES = ("llm_only", "rag", "pipeline", "gold_passage")
+QUERY_VARIANTS = ("question", "question+choices", "rewrite")
+RETRIEVAL_K = 10
+RETRIEVAL_PREFIX = "retrieval:"
+# Keys of config.json that must match when a run is resumed.
+RESUME_KEYS = ("qa", "llm", "embedding_model", "reranker", "retrieval_k", "max_steps")
+
+
+# ------------------------------------------------------------------------------------------------
+# Phase 1: retrieval
+# ------------------------------------------------------------------------------------------------
+
+
+def retrieval_queries(
+    item: dict, variant: str, *, settings: Settings, client: Any = None
+) -> list[str]:
+    """The query list of one variant for one item."""
+    if variant == "question":
+        return [ec.item_question(item)]
+    if variant == "question+choices":
+        return [ec.question_with_choices(item)]
+    if variant == "rewrite":
+        primary, alternatives = ec.agent_rewrite(client, ec.item_question(item), settings)
+        return [primary, *alternatives]
+    raise ValueError(f"unknown query variant {variant!r}")
+
+
+def run_retrieval_item(
+    item: dict,
+    variant: str,
+    *,
+    settings: Settings,
+    llm_factory: Callable[[str], Any] | None = None,
+) -> dict:
+    """Retrieve the top 10 for one (item, variant) and score it against the gold passages."""
+    import rag_utils
+
+    client = ec.make_client(settings, llm_factory) if variant == "rewrite" else None
+    start = time.perf_counter()
+    queries = retrieval_queries(item, variant, settings=settings, client=client)
+    docs = rag_utils.retrieve_documents_multi_query(queries, k=RETRIEVAL_K, settings=settings)
+    seconds = time.perf_counter() - start
+    ranked = [d["id"] for d in docs]
+    gold = ec.gold_ids(item)
+    row = {
+        "item": ec.item_id(item),
+        "mode": RETRIEVAL_PREFIX + variant,
+        "phase": "retrieval",
+        "variant": variant,
+        "subject": ec.item_subject(item),
+        "gold": gold,
+        "ranked": ranked,
+        "gold_rank": ec.gold_rank(ranked, gold),
+        **ec.retrieval_metrics(ranked, gold),
+        "seconds": round(seconds, 4),
+    }
+    if variant == "rewrite":
+        row["queries"] = queries
+        row.update(ec.usage_of(client))
+    return row
+
+
+# ------------------------------------------------------------------------------------------------
+# Phase 2: MC accuracy per mode
+# ------------------------------------------------------------------------------------------------
+
+
+def _mc_fields(result: Any) -> dict:
+    return {
+        "predicted": result.letter,
+        "strategy": result.strategy,
+        "parse_failed": bool(result.parse_failed),
+        "retried": bool(result.retried),
+        "reply": ec.preview(result.text, 300),
+    }
+
+
+def run_mc_item(
+    item: dict,
+    mode: str,
+    *,
+    settings: Settings,
+    llm_factory: Callable[[str], Any] | None = None,
+    gold_texts: dict[str, dict] | None = None,
+) -> dict:
+    """Answer one item in one mode; the row holds the letter, correctness, usage and timing."""
+    import mc
+
+    client = ec.make_client(settings, llm_factory)
+    question = ec.item_question(item)
+    choices = ec.item_choices(item)
+    gold = ec.gold_ids(item)
+    extra: dict[str, Any] = {}
+    start = time.perf_counter()
+    if mode == "llm_only":
+        fields = _mc_fields(mc.select_answer(client, question, choices, None))
+    elif mode == "rag":
+        import rag_utils
+
+        docs = rag_utils.retrieve_documents(question, k=settings.retrieval_k, settings=settings)
+        extra["evidence_ids"] = [d["id"] for d in docs]
+        extra["gold_in_evidence"] = any(d["id"] in gold for d in docs)
+        fields = _mc_fields(mc.select_answer(client, question, choices, ec.format_evidence(docs)))
+    elif mode == "gold_passage":
+        docs = [gold_texts[g] for g in gold if gold_texts and g in gold_texts]
+        if not docs:
+            raise LookupError(f"item {ec.item_id(item)}: gold passage not in the store")
+        extra["evidence_ids"] = [d["id"] for d in docs]
+        fields = _mc_fields(mc.select_answer(client, question, choices, ec.format_evidence(docs)))
+    elif mode == "pipeline":
+        import main as agent
+
+        state = agent.run_agent(question, choices, settings=settings, client=client)
+        fields, extra = _pipeline_fields(state, gold)
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
+    seconds = time.perf_counter() - start
+    answer = ec.item_answer(item)
+    return {
+        "item": ec.item_id(item),
+        "mode": mode,
+        "phase": "mc",
+        "subject": ec.item_subject(item),
+        "answer": answer,
+        **fields,
+        "correct": fields["predicted"] == answer,
+        **extra,
+        **ec.usage_of(client),
+        "seconds": round(seconds, 3),
+    }
+
+
+def _pipeline_fields(state: dict, gold: Sequence[str]) -> tuple[dict, dict]:
+    """MC fields and extras from ``run_agent``'s final state."""
+    mc_answer = state.get("mc_answer")
+    if isinstance(mc_answer, dict):
+        letter = mc_answer.get("letter")
+        strategy = mc_answer.get("strategy")
+        parse_failed = bool(mc_answer.get("parse_failed", letter is None))
+        retried = bool(mc_answer.get("retried", False))
+    else:
+        letter = mc_answer or None
+        strategy = state.get("mc_strategy")
+        parse_failed = letter is None
+        retried = False
+    fields = {
+        "predicted": letter,
+        "strategy": strategy or ("none" if letter is None else "unknown"),
+        "parse_failed": parse_failed,
+        "retried": retried,
+        "reply": ec.preview(state.get("final_cited_answer"), 300),
+    }
+    sources = [s.get("id") for s in state.get("sources") or []]
+    table = ec.to_jsonable(state.get("planning_table") or [])
+    extra = {
+        "evidence_ids": sources,
+        "gold_in_evidence": any(s in gold for s in sources),
+        "query_type": state.get("query_type"),
+        "memory_hit": bool(state.get("memory_hit")),
+        "steps": len(table),
+        "steps_failed": sum(1 for s in table if str(s.get("status", "")).lower() == "failed"),
+        "run_metrics": ec.to_jsonable(state.get("run_metrics") or {}),
+    }
+    return fields, extra
+
+
+# ------------------------------------------------------------------------------------------------
+# Summary
+# ------------------------------------------------------------------------------------------------
+
+
+def summarize_retrieval(rows: Sequence[dict]) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    by_variant: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r.get("phase") == "retrieval":
+            by_variant[r["variant"]].append(r)
+    for variant in [v for v in QUERY_VARIANTS if v in by_variant]:
+        rs = by_variant[variant]
+        rr = [r["rr"] for r in rs]
+        lo, hi = ec.bootstrap_ci(rr)
+        out[variant] = {
+            "n": len(rs),
+            "recall@1": ec.mean(r["recall@1"] for r in rs),
+            "recall@5": ec.mean(r["recall@5"] for r in rs),
+            "recall@10": ec.mean(r["recall@10"] for r in rs),
+            "mrr": ec.mean(rr),
+            "mrr_ci": [lo, hi],
+            "ndcg@10": ec.mean(r["ndcg@10"] for r in rs),
+            "recall_curve": ec.recall_curve([r["gold_rank"] for r in rs], RETRIEVAL_K),
+            "seconds_per_query": ec.mean(r["seconds"] for r in rs),
+        }
+    return out
+
+
+def summarize_mc(rows: Sequence[dict]) -> dict[str, dict]:
+    by_mode: dict[str, dict[str, dict]] = defaultdict(dict)
+    for r in rows:
+        if r.get("phase") == "mc":
+            by_mode[r["mode"]][r["item"]] = r
+    base = by_mode.get("llm_only", {})
+    out: dict[str, dict] = {}
+    for mode in [m for m in MODES if m in by_mode]:
+        rs = list(by_mode[mode].values())
+        correct = [bool(r["correct"]) for r in rs]
+        lo, hi = ec.bootstrap_ci([float(c) for c in correct])
+        subjects: dict[str, list[bool]] = defaultdict(list)
+        for r in rs:
+            subjects[r["subject"]].append(bool(r["correct"]))
+        w_lo, w_hi = ec.wilson_ci(sum(correct), len(correct))
+        entry: dict[str, Any] = {
+            "n": len(rs),
+            "correct": sum(correct),
+            "accuracy": ec.accuracy(correct),
+            "ci_low": lo,
+            "ci_high": hi,
+            "wilson_ci": [w_lo, w_hi],
+            "predicted_letters": dict(
+                sorted(Counter(r.get("predicted") or "none" for r in rs).items())
+            ),
+            "parse_failure_rate": ec.mean(float(r["parse_failed"]) for r in rs),
+            "strategies": dict(Counter(r.get("strategy") or "none" for r in rs)),
+            "llm_calls_per_q": ec.mean(r.get("llm_calls", 0) for r in rs),
+            "provider_calls_per_q": ec.mean(r.get("provider_calls", 0) for r in rs),
+            "input_tokens_per_q": ec.mean(r.get("input_tokens", 0) or 0 for r in rs),
+            "output_tokens_per_q": ec.mean(r.get("output_tokens", 0) or 0 for r in rs),
+            "seconds_per_q": ec.mean(r["seconds"] for r in rs),
+            "llm_seconds_per_q": ec.mean(r.get("llm_seconds", 0) for r in rs),
+            "per_subject": {
+                s: {"n": len(v), "accuracy": ec.accuracy(v)} for s, v in sorted(subjects.items())
+            },
+        }
+        if any("gold_in_evidence" in r for r in rs):
+            entry["gold_in_evidence_rate"] = ec.mean(
+                float(bool(r.get("gold_in_evidence"))) for r in rs
+            )
+        if mode != "llm_only" and base:
+            common = sorted(set(by_mode[mode]) & set(base))
+            if common:
+                a = [bool(base[i]["correct"]) for i in common]
+                b = [bool(by_mode[mode][i]["correct"]) for i in common]
+                test = ec.mcnemar_exact(a, b)
+                diff = [float(y) - float(x) for x, y in zip(a, b, strict=True)]
+                d_lo, d_hi = ec.bootstrap_ci(diff)
+                entry["vs_llm_only"] = {
+                    **test,
+                    "accuracy_diff": ec.mean(diff),
+                    "diff_ci": [d_lo, d_hi],
+                }
+        out[mode] = entry
+    return out
+
+
+def build_summary(run: ec.RunDir, config: dict[str, Any], started: float) -> dict[str, Any]:
+    rows = run.rows
+    errors_path = run.path / "errors.jsonl"
+    done = run.done()
+    open_errors = []
+    if errors_path.exists():
+        for line in errors_path.read_text(encoding="utf-8").splitlines():
+            try:
+                e = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if (str(e["item"]), e["mode"]) not in done:
+                open_errors.append(e)
+    mc_items = {r["item"]: r["answer"] for r in rows if r.get("phase") == "mc"}
+    letters = Counter(mc_items.values())
+    return {
+        "run_id": run.run_id,
+        "config": config,
+        "answer_letters": dict(sorted(letters.items())),
+        "constant_letter_baseline": (
+            max(letters.values()) / len(mc_items) if mc_items else float("nan")
+        ),
+        "retrieval": summarize_retrieval(rows),
+        "mc": summarize_mc(rows),
+        "rows": len(rows),
+        "unresolved_errors": len({(e["item"], e["mode"]) for e in open_errors}),
+        "error_examples": [e.get("error") for e in open_errors[:5]],
+        "wall_seconds_this_invocation": round(time.time() - started, 2),
+    }
+
+
+def render_markdown(summary: dict[str, Any]) -> str:
+    cfg = summary["config"]
+    llm = cfg.get("llm", {}).get("mc_select", {})
+    lines = [
+        f"# Evaluation run `{summary['run_id']}`",
+        "",
+        f"- QA set: `{cfg.get('qa')}` — {cfg.get('n_items')} items evaluated "
+        f"({cfg.get('n_items_with_gold')} with the gold passage in the store)",
+        f"- LLM: {llm.get('provider', '?')} / {llm.get('model', '?')}",
+        f"- embedder: {cfg.get('retrieval', {}).get('embedder', '?')}, reranker: "
+        f"{cfg.get('reranker')}, passages in store: {cfg.get('retrieval', {}).get('corpus_count', '?')}",
+        "",
+    ]
+    if summary["retrieval"]:
+        lines += ["## Retrieval (phase 1)", ""]
+        lines.append(
+            ec.markdown_table(
+                ["query", "n", "R@1", "R@5", "R@10", "MRR", "MRR 95% CI", "nDCG@10", "s/query"],
+                [
+                    [
+                        v,
+                        m["n"],
+                        m["recall@1"],
+                        m["recall@5"],
+                        m["recall@10"],
+                        m["mrr"],
+                        f"{m['mrr_ci'][0]:.3f}–{m['mrr_ci'][1]:.3f}",
+                        m["ndcg@10"],
+                        m["seconds_per_query"],
+                    ]
+                    for v, m in summary["retrieval"].items()
+                ],
+            )
+        )
+        lines.append("")
+    if summary["mc"]:
+        lines += ["## Multiple-choice accuracy (phase 2)", ""]
+        rows = []
+        for mode, m in summary["mc"].items():
+            vs = m.get("vs_llm_only")
+            rows.append(
+                [
+                    mode,
+                    m["n"],
+                    m["accuracy"],
+                    f"{m['ci_low']:.3f}–{m['ci_high']:.3f}",
+                    (f"{vs['accuracy_diff']:+.3f} (p={vs['p_value']:.3g})" if vs else "–"),
+                    m["parse_failure_rate"],
+                    m["llm_calls_per_q"],
+                    m["provider_calls_per_q"],
+                    m["input_tokens_per_q"] + m["output_tokens_per_q"],
+                    m["seconds_per_q"],
+                    ", ".join(f"{k}:{v}" for k, v in sorted(m["strategies"].items())),
+                ]
+            )
+        lines.append(
+            ec.markdown_table(
+                [
+                    "mode",
+                    "n",
+                    "accuracy",
+                    "95% CI",
+                    "vs llm_only (McNemar p)",
+                    "parse fail",
+                    "calls/q",
+                    "uncached calls/q",
+                    "tokens/q",
+                    "s/q",
+                    "extraction",
+                ],
+                rows,
+            )
+        )
+        lines += [
+            "",
+            f"Correct letters of these items: {summary['answer_letters']}; always answering the "
+            f"most common one scores {summary['constant_letter_baseline']:.3f}. Predicted letters: "
+            + "; ".join(f"{m}: {v['predicted_letters']}" for m, v in summary["mc"].items()),
+        ]
+        subjects = sorted({s for m in summary["mc"].values() for s in m["per_subject"]})
+        lines += ["", "### Accuracy per subject", ""]
+        modes = list(summary["mc"])
+        sub_rows = []
+        for s in subjects:
+            row: list[Any] = [s]
+            for mode in modes:
+                ps = summary["mc"][mode]["per_subject"].get(s)
+                row.append(f"{ps['accuracy']:.2f} ({ps['n']})" if ps else "–")
+            sub_rows.append(row)
+        lines.append(ec.markdown_table(["subject", *modes], sub_rows))
+        lines.append("")
+    if summary["unresolved_errors"]:
+        lines += [
+            f"**{summary['unresolved_errors']} (item, mode) pairs failed** (see errors.jsonl); "
+            "rerun with the same --run-id to retry them.",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def write_outputs(run: ec.RunDir, summary: dict[str, Any]) -> None:
+    run.write_json("summary.json", summary)
+    run.write_text("summary.md", render_markdown(summary))
+    if summary["mc"]:
+        ec.plot_accuracy(summary["mc"], run.path / "accuracy.png", f"MC accuracy — {run.run_id}")
+    if summary["retrieval"]:
+        curves = {v: m["recall_curve"] for v, m in summary["retrieval"].items()}
+        ec.plot_recall_curve(curves, run.path / "recall_at_k.png", f"Recall@k — {run.run_id}")
+
+
+# ------------------------------------------------------------------------------------------------
+# CLI
+# ------------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="eval_comprehensive.py",
+        description=(
+            "Phase 1: retrieval metrics (Recall@1/5/10, MRR, nDCG@10) over items whose gold passage "
+            "is in the store. Phase 2: MC accuracy per mode (llm_only, rag, pipeline, gold_passage) "
+            "with bootstrap CIs and McNemar tests. Results go to eval_results/<run-id>/."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "examples:\n"
+            "  python eval_comprehensive.py retrieval\n"
+            "  python eval_comprehensive.py both 40 --qa ../shared/data/qa/barexam_dev.jsonl "
+            "--passages ../shared/data/corpus/passages.jsonl\n"
+            "  python eval_comprehensive.py pipeline 20 --modes llm_only,rag --run-id trial\n"
+            "  python eval_comprehensive.py --resume trial"
+        ),
+    )
+    p.add_argument(
+        "positional",
+        nargs="*",
+        metavar="[PHASE] [N]",
+        help="PHASE: retrieval | pipeline | both (default both); N: number of items (default all)",
+    )
+    p.add_argument(
+        "--qa", help="QA file (CSV/TSV/JSONL/Parquet, Bar Exam QA fields); default: starter set"
+    )
+    p.add_argument("--passages", help="passages file to index first (load_corpus)")
+    p.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"comma-separated phase-2 modes (default {','.join(MODES)})",
+    )
+    p.add_argument(
+        "--pipeline-n",
+        type=int,
+        help="run the (slow) pipeline mode on only the first M of the N items",
+    )
+    p.add_argument(
+        "--rewrite",
+        action="store_true",
+        help="phase 1 also scores the agent's rewritten queries (LLM)",
+    )
+    p.add_argument(
+        "--workers", type=int, default=1, help="items in parallel (API providers; default 1)"
+    )
+    p.add_argument("--run-id", help="run directory name; an existing one is resumed")
+    p.add_argument("--resume", metavar="RUN_ID", help="resume this existing run")
+    p.add_argument("--results-dir", default=ec.DEFAULT_RESULTS_DIR, help="default eval_results")
+    p.add_argument("--provider", help="LLM provider (overrides LLM_PROVIDER)")
+    p.add_argument("--model", help="LLM model (overrides LLM_MODEL)")
+    p.add_argument("--reranker", choices=["auto", "cross-encoder", "hybrid", "none"])
+    p.add_argument("--json", action="store_true", help="print summary.json instead of the tables")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    phase, n = "both", None
+    for tok in args.positional:
+        if tok in ("retrieval", "pipeline", "both"):
+            phase = tok
+        elif tok.isdigit() and int(tok) > 0:
+            n = int(tok)
+        else:
+            parser.error(f"unexpected argument {tok!r}: expected retrieval|pipeline|both and/or N")
+    args.phase, args.n = phase, n
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        parser.error(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
+    args.mode_list = modes
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
+    return args
+
+
+def prepare_items(args: argparse.Namespace, settings: Settings) -> tuple[list[dict], int, Path]:
+    """Load the QA set (and passages), keep the items whose gold is in the store (when the set has
+    gold ids), take the first N."""
+    import load_corpus
+
+    qa_path = Path(args.qa) if args.qa else ec.default_qa_path()
+    if args.passages:
+        passages = load_corpus.read_passages(args.passages)
+        added = load_corpus.load_passages(passages, settings=settings)
+        logger.info("indexed %s: %d passages (%d new)", args.passages, len(passages), added)
+    else:
+        load_corpus.ensure_starter_index(settings)
+    items = ec.load_qa(qa_path)
+    if any(ec.gold_ids(it) for it in items):
+        with_gold, without = ec.split_by_gold_in_store(items, settings)
+        if without:
+            logger.warning(
+                "%d of %d items have no gold passage in the store and are skipped "
+                "(index their passages with --passages)",
+                len(without),
+                len(items),
+            )
+        items = with_gold
+        n_with_gold = len(items)
+    else:
+        logger.info("%s has no gold passage ids: phase 1 and gold_passage are skipped", qa_path)
+        n_with_gold = 0
+    if args.n is not None:
+        items = items[: args.n]
+    return items, n_with_gold, qa_path
+
+
+def run(
+    args: argparse.Namespace,
+    settings: Settings,
+    *,
+    llm_factory: Callable[[str], Any] | None = None,
+) -> dict[str, Any]:
+    """Run the phases of ``args`` and return the summary (also written to the run directory)."""
+    from llm_config import LLMConfigError
+
+    started = time.time()
+    run_dir = ec.open_run(args.phase, args.run_id, args.resume, args.results_dir)
+    items, n_with_gold, qa_path = prepare_items(args, settings)
+    has_gold = n_with_gold > 0
+    modes = [m for m in args.mode_list if m != "gold_passage" or has_gold]
+    variants = [v for v in QUERY_VARIANTS if v != "rewrite" or args.rewrite] if has_gold else []
+    llm = ec.llm_record(settings)
+    config = {
+        "script": "eval_comprehensive.py",
+        "phase": args.phase,
+        "qa": str(qa_path),
+        "passages": args.passages,
+        "n_requested": args.n,
+        "n_items": len(items),
+        "n_items_with_gold": n_with_gold,
+        "modes": modes if args.phase != "retrieval" else [],
+        "pipeline_n": args.pipeline_n,
+        "query_variants": variants if args.phase != "pipeline" else [],
+        "workers": args.workers,
+        "llm": llm,
+        "embedding_model": settings.embedding_model,
+        "reranker": settings.reranker,
+        "retrieval_k": settings.retrieval_k,
+        "max_steps": settings.max_steps,
+        "retrieval": ec.retrieval_record(settings),
+        "settings": ec.settings_record(settings),
+        "bootstrap": {"resamples": ec.BOOTSTRAP_RESAMPLES, "seed": ec.BOOTSTRAP_SEED},
+        "command": list(getattr(args, "argv", None) or sys.argv[1:]),
+    }
+    run_dir.check_config(config, RESUME_KEYS)
+    mc_llm = llm.get("mc_select", {})
+    logger.info(
+        "run %s%s: %d items; LLM provider=%s model=%s; results in %s",
+        run_dir.run_id,
+        " (resumed)" if run_dir.resumed else "",
+        len(items),
+        mc_llm.get("provider", "?"),
+        mc_llm.get("model", mc_llm.get("error", "?")),
+        run_dir.path,
+    )
+    done = run_dir.done()
+    interrupted = False
+    try:
+        if args.phase in ("retrieval", "both") and variants:
+            tasks = [
+                (it, v)
+                for v in variants
+                for it in items
+                if (ec.item_id(it), RETRIEVAL_PREFIX + v) not in done
+            ]
+            _run_tasks(
+                run_dir,
+                tasks,
+                lambda t: run_retrieval_item(
+                    t[0], t[1], settings=settings, llm_factory=llm_factory
+                ),
+                workers=args.workers if args.rewrite else 1,
+                desc="retrieval",
+                mode_of=lambda t: RETRIEVAL_PREFIX + t[1],
+                fatal=(LLMConfigError,),
+            )
+        if args.phase in ("pipeline", "both") and modes:
+            gold_texts = (
+                ec.fetch_passages((g for it in items for g in ec.gold_ids(it)), settings)
+                if "gold_passage" in modes
+                else {}
+            )
+            pipe_n = args.pipeline_n if args.pipeline_n is not None else len(items)
+            tasks = [
+                (it, m)
+                for i, it in enumerate(items)
+                for m in modes
+                if (m != "pipeline" or i < pipe_n) and (ec.item_id(it), m) not in done
+            ]
+            if any(m == "pipeline" for _, m in tasks):
+                import rag_utils
+
+                cleared = rag_utils.clear_memory(settings)
+                logger.info("cleared the QA memory before pipeline runs (%s entries)", cleared)
+            _run_tasks(
+                run_dir,
+                tasks,
+                lambda t: run_mc_item(
+                    t[0], t[1], settings=settings, llm_factory=llm_factory, gold_texts=gold_texts
+                ),
+                workers=args.workers,
+                desc="MC",
+                mode_of=lambda t: t[1],
+                fatal=(LLMConfigError,),
+            )
+    except KeyboardInterrupt:
+        interrupted = True
+        logger.warning(
+            "interrupted: %d rows are saved; resume with --resume %s",
+            len(run_dir.rows),
+            run_dir.run_id,
+        )
+    summary = build_summary(run_dir, config, started)
+    summary["interrupted"] = interrupted
+    write_outputs(run_dir, summary)
+    return summary
+
+
+def _run_tasks(
+    run_dir: ec.RunDir,
+    tasks: list,
+    fn: Callable[[Any], dict],
+    *,
+    workers: int,
+    desc: str,
+    mode_of: Callable[[Any], str],
+    fatal: tuple[type[BaseException], ...],
+) -> None:
+    for task, row, err in ec.run_tasks(fn, tasks, workers=workers, desc=desc, fatal=fatal):
+        if err is None:
+            run_dir.append(row)
+            continue
+        item_key = ec.item_id(task[0])
+        logger.warning("%s / %s failed: %s", item_key, mode_of(task), err)
+        run_dir.log_error(
+            {"item": item_key, "mode": mode_of(task), "error": f"{err.__class__.__name__}: {err}"}
+        )
+
+
+def main(
+    argv: Sequence[str] | None = None, *, llm_factory: Callable[[str], Any] | None = None
+) -> int:
+    args = parse_args(argv)
+    args.argv = argv
+    ec.configure_logging(args.verbose)
+    load_dotenv_file()
+    settings = ec.eval_settings(
+        llm_provider=args.provider, llm_model=args.model, reranker=args.reranker
+    )
+    set_settings(settings)
+    try:
+        summary = run(args, settings, llm_factory=llm_factory)
+    except (FileNotFoundError, ValueError, ec.ConfigMismatchError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(summary, indent=2, ensure_ascii=False, default=str))
+    else:
+        print(render_markdown(summary))
+        print(f"results: {Path(args.results_dir) / summary['run_id']}")
+    return 130 if summary.get("interrupted") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

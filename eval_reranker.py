@@ -1,0 +1,263 @@
+"""Bi-encoder only against each available reranker, on the QA items whose gold passage is indexed.
+
+    python eval_reranker.py [N] [--qa FILE] [--passages FILE] [--rerankers none,hybrid,cross-encoder]
+
+For each reranker: Recall@1/5/10, MRR, nDCG@10 and latency per query (after one warm-up query,
+so model loading is not counted), plus a paired per-item comparison against the bi-encoder
+(``none``) on the reciprocal rank of the gold passage: wins / losses / ties, sign test and
+Wilcoxon signed-rank test.  A reranker whose model cannot be loaded (the cross-encoder offline)
+is reported as unavailable, not silently replaced.  Results go to ``eval_results/<run-id>/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import eval_common as ec
+from settings import Settings, load_dotenv_file, set_settings
+
+logger = logging.getLogger(__name__)
+
+RERANKERS = ("none", "bm25", "hybrid", "cross-encoder")
+DEFAULT_RERANKERS = ("none", "hybrid", "cross-encoder")
+BASELINE = "none"
+K = 10
+
+
+def check_reranker(name: str, settings: Settings) -> str | None:
+    """None when ``name`` works here (one warm-up query, loads its model), else the reason."""
+    import rag_utils
+
+    try:
+        docs = rag_utils.retrieve_documents("warm-up query", k=K, reranker=name, settings=settings)
+    except Exception as exc:  # reported as unavailable
+        return f"{exc.__class__.__name__}: {exc}"
+    used = {str((d.get("metadata") or {}).get("reranker")) for d in docs} - {"None"}
+    if used and name not in used:
+        return f"rag_utils fell back to {', '.join(sorted(used))}"
+    return None
+
+
+def run_item(item: dict, reranker: str, *, settings: Settings, query: str) -> dict:
+    import rag_utils
+
+    text = ec.question_with_choices(item) if query == "question+choices" else ec.item_question(item)
+    start = time.perf_counter()
+    docs = rag_utils.retrieve_documents(text, k=K, reranker=reranker, settings=settings)
+    seconds = time.perf_counter() - start
+    ranked = [d["id"] for d in docs]
+    gold = ec.gold_ids(item)
+    return {
+        "item": ec.item_id(item),
+        "mode": reranker,
+        "subject": ec.item_subject(item),
+        "gold": gold,
+        "ranked": ranked,
+        "gold_rank": ec.gold_rank(ranked, gold),
+        **ec.retrieval_metrics(ranked, gold),
+        "seconds": round(seconds, 5),
+    }
+
+
+def summarize(rows: Sequence[dict], rerankers: Sequence[str]) -> dict[str, dict]:
+    by: dict[str, dict[str, dict]] = defaultdict(dict)
+    for r in rows:
+        by[r["mode"]][r["item"]] = r
+    out: dict[str, dict] = {}
+    base = by.get(BASELINE, {})
+    for name in rerankers:
+        rs = list(by.get(name, {}).values())
+        if not rs:
+            continue
+        secs = sorted(r["seconds"] for r in rs)
+        rr = [r["rr"] for r in rs]
+        entry: dict[str, Any] = {
+            "n": len(rs),
+            "recall@1": ec.mean(r["recall@1"] for r in rs),
+            "recall@5": ec.mean(r["recall@5"] for r in rs),
+            "recall@10": ec.mean(r["recall@10"] for r in rs),
+            "mrr": ec.mean(rr),
+            "mrr_ci": list(ec.bootstrap_ci(rr)),
+            "ndcg@10": ec.mean(r["ndcg@10"] for r in rs),
+            "recall_curve": ec.recall_curve([r["gold_rank"] for r in rs], K),
+            "latency_mean_s": ec.mean(secs),
+            "latency_median_s": statistics.median(secs),
+            "latency_p95_s": secs[min(len(secs) - 1, int(round(0.95 * (len(secs) - 1))))],
+        }
+        if name != BASELINE and base:
+            common = sorted(set(by[name]) & set(base))
+            entry["vs_" + BASELINE] = ec.paired_comparison(
+                [base[i]["rr"] for i in common], [by[name][i]["rr"] for i in common]
+            )
+        out[name] = entry
+    return out
+
+
+def render(summary: dict[str, Any], table: Any = ec.markdown_table) -> str:
+    rows = []
+    for name, m in summary["rerankers"].items():
+        vs = m.get("vs_" + BASELINE)
+        rows.append(
+            [
+                name,
+                m["n"],
+                m["recall@1"],
+                m["recall@5"],
+                m["recall@10"],
+                m["mrr"],
+                m["ndcg@10"],
+                m["latency_mean_s"] * 1000,
+                m["latency_p95_s"] * 1000,
+                f"{vs['wins']}/{vs['losses']}/{vs['ties']}" if vs else "–",
+                ec.fmt_num(vs["sign_test_p"]) if vs else "–",
+                ec.fmt_num(vs["wilcoxon_p"]) if vs else "–",
+            ]
+        )
+    out = [
+        table(
+            [
+                "reranker",
+                "n",
+                "R@1",
+                "R@5",
+                "R@10",
+                "MRR",
+                "nDCG@10",
+                "ms/query",
+                "p95 ms",
+                f"RR vs {BASELINE} W/L/T",
+                "sign p",
+                "Wilcoxon p",
+            ],
+            rows,
+        )
+    ]
+    for name, reason in summary["unavailable"].items():
+        out.append(f"\n{name}: unavailable ({reason})")
+    return "\n".join(out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="eval_reranker.py",
+        description="Bi-encoder only vs each available reranker: Recall@k, MRR, latency, paired test.",
+    )
+    p.add_argument(
+        "n", nargs="?", type=int, help="number of items (default all with gold in store)"
+    )
+    p.add_argument("--qa", help="QA file with gold_idx (default: the starter set)")
+    p.add_argument("--passages", help="passages file to index first (load_corpus)")
+    p.add_argument(
+        "--rerankers",
+        default=",".join(DEFAULT_RERANKERS),
+        help=f"comma-separated, from {', '.join(RERANKERS)} (default {','.join(DEFAULT_RERANKERS)})",
+    )
+    p.add_argument("--query", choices=["question", "question+choices"], default="question")
+    p.add_argument("--run-id", help="run directory name; an existing one is resumed")
+    p.add_argument("--results-dir", default=ec.DEFAULT_RESULTS_DIR)
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    import load_corpus
+
+    names = [r.strip() for r in args.rerankers.split(",") if r.strip()]
+    bad = [r for r in names if r not in RERANKERS]
+    if bad:
+        raise ValueError(f"unknown reranker(s) {bad}; choose from {', '.join(RERANKERS)}")
+    if BASELINE not in names:
+        names.insert(0, BASELINE)
+    if args.passages:
+        load_corpus.load_passages(load_corpus.read_passages(args.passages), settings=settings)
+    else:
+        load_corpus.ensure_starter_index(settings)
+    qa_path = Path(args.qa) if args.qa else ec.default_qa_path()
+    items, missing = ec.split_by_gold_in_store(ec.load_qa(qa_path), settings)
+    if missing:
+        logger.warning("%d item(s) skipped: gold passage not in the store", len(missing))
+    if not items:
+        raise ValueError(f"no item of {qa_path} has its gold passage in the store (use --passages)")
+    items = items[: args.n] if args.n else items
+    run_dir = ec.open_run("reranker", args.run_id, None, args.results_dir)
+    config = {
+        "script": "eval_reranker.py",
+        "qa": str(qa_path),
+        "passages": args.passages,
+        "n_items": len(items),
+        "query": args.query,
+        "k": K,
+        "embedding_model": settings.embedding_model,
+        "reranker_model": settings.reranker_model,
+        "retrieval": ec.retrieval_record(settings),
+        "settings": ec.settings_record(settings),
+    }
+    run_dir.check_config(config, ("qa", "query", "embedding_model", "reranker_model"))
+    unavailable: dict[str, str] = {}
+    done = run_dir.done()
+    for name in names:
+        reason = check_reranker(name, settings)
+        if reason:
+            logger.warning("reranker %s unavailable: %s", name, reason)
+            unavailable[name] = reason
+            continue
+        tasks = [it for it in items if (ec.item_id(it), name) not in done]
+        for _, row, err in ec.run_tasks(
+            lambda it, name=name: run_item(it, name, settings=settings, query=args.query),
+            tasks,
+            desc=name,
+        ):
+            if err is not None:
+                raise err
+            run_dir.append(row)
+    available = [n for n in names if n not in unavailable]
+    summary = {
+        "run_id": run_dir.run_id,
+        "config": config,
+        "rerankers": summarize(run_dir.rows, available),
+        "unavailable": unavailable,
+    }
+    run_dir.write_json("summary.json", summary)
+    run_dir.write_text(
+        "summary.md", f"# Reranker comparison `{run_dir.run_id}`\n\n{render(summary)}\n"
+    )
+    if summary["rerankers"]:
+        ec.plot_recall_curve(
+            {n: m["recall_curve"] for n, m in summary["rerankers"].items()},
+            run_dir.path / "recall_at_k.png",
+            f"Recall@k by reranker — {run_dir.run_id}",
+        )
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    ec.configure_logging(args.verbose)
+    load_dotenv_file()
+    settings = ec.eval_settings()
+    set_settings(settings)
+    try:
+        summary = run(args, settings)
+    except (FileNotFoundError, ValueError, ec.ConfigMismatchError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(summary, indent=2, ensure_ascii=False, default=str))
+    else:
+        print(render(summary, ec.text_table))
+        print(f"results: {Path(args.results_dir) / summary['run_id']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,344 @@
+"""Trace the agent on a few questions, step by step, to see where it helps and where it fails.
+
+    python eval_trace.py [N] [--query "question"] [--qa FILE] [--passages FILE] [--save]
+
+Per query: the raw retrieval of the question (no rewrite; the gold passage marked ★), the agent's
+rewrite (primary + alternatives, from its own rewrite node), the multi-query retrieval of the
+rewritten queries (gold marked), the node-by-node trace of ``main.run_agent`` (its ``on_event``
+callback), and — for QA items — whether the MC answer is correct.  Then a summary table: steps
+completed / failed, confidence, unique documents, time, LLM calls.  ``--save`` writes one
+case-study JSON per query to ``case_studies/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import eval_common as ec
+from settings import Settings, load_dotenv_file, set_settings
+
+logger = logging.getLogger(__name__)
+
+TRACE_K = 5
+DEFAULT_N = 3
+CASE_DIR = "case_studies"
+
+
+def _doc_rows(docs: Sequence[dict], gold: Sequence[str]) -> list[dict]:
+    return [
+        {
+            "rank": i,
+            "id": d["id"],
+            "title": d.get("title") or "",
+            "source": d.get("source") or "",
+            "score": d.get("rerank_score"),
+            "dense_score": d.get("dense_score"),
+            "gold": d["id"] in gold,
+            "preview": ec.preview(d.get("text"), 200),
+        }
+        for i, d in enumerate(docs, 1)
+    ]
+
+
+def _event_record(event: Any, t0: float) -> dict:
+    """One on_event payload as plain data with the time since the start."""
+    if isinstance(event, tuple) and len(event) == 2:
+        event = {"node": event[0], "update": event[1]}
+    rec = ec.to_jsonable(event if isinstance(event, dict) else {"event": event})
+    rec.setdefault("t_s", round(time.perf_counter() - t0, 3))
+    return rec
+
+
+def _event_line(rec: dict) -> str:
+    node = rec.get("node") or rec.get("name") or rec.get("event") or "?"
+    rest = {k: v for k, v in rec.items() if k not in ("node", "name", "event", "t_s")}
+    return f"  [{rec.get('t_s', 0):7.2f}s] {node}: {ec.preview(json.dumps(rest, default=str), 150)}"
+
+
+def _step_rows(state: dict) -> list[dict]:
+    """The planning table as plain rows (PlanStep: step_id, status, phase, question, execution)."""
+    rows = []
+    for step in state.get("planning_table") or []:
+        step = ec.to_jsonable(step)
+        execution = step.get("execution") or {}
+        rows.append(
+            {
+                "step_id": step.get("step_id"),
+                "phase": step.get("phase"),
+                "question": step.get("question"),
+                "status": step.get("status"),
+                "confidence": execution.get("confidence", step.get("confidence")),
+                "optimized_query": execution.get("optimized_query"),
+                "alternatives": execution.get("alternatives"),
+                "retrieved_doc_ids": execution.get("retrieved_doc_ids"),
+                "answer": execution.get("cited_answer", step.get("answer")),
+            }
+        )
+    return rows
+
+
+def trace_query(
+    query: str,
+    *,
+    item: dict | None = None,
+    settings: Settings,
+    llm_factory: Callable[[str], Any] | None = None,
+    out: Callable[[str], None] = print,
+) -> dict:
+    """Trace one query (a QA item when ``item`` is given); print as it goes; return the case study."""
+    import main as agent
+    import rag_utils
+
+    gold = ec.gold_ids(item) if item else []
+    choices = ec.item_choices(item) if item else None
+    case: dict[str, Any] = {
+        "query": query,
+        "item": ec.item_id(item) if item else None,
+        "gold": gold,
+    }
+    if item:
+        case["choices"] = choices
+        case["answer"] = ec.item_answer(item)
+        case["subject"] = ec.item_subject(item)
+
+    out("=" * 100)
+    label = f" [{case['item']}]" if item else ""
+    out(f"QUERY{label}: {ec.preview(query, 300)}")
+    if gold:
+        out(f"gold passage(s): {', '.join(gold)}")
+
+    t = time.perf_counter()
+    raw = rag_utils.retrieve_documents(query, k=TRACE_K, settings=settings)
+    case["raw_retrieval"] = _doc_rows(raw, gold)
+    case["raw_retrieval_s"] = round(time.perf_counter() - t, 3)
+    _print_docs(out, "raw retrieval (question only, no rewrite)", case["raw_retrieval"])
+
+    client = ec.make_client(settings, llm_factory)
+    t = time.perf_counter()
+    primary, alternatives = ec.agent_rewrite(client, query, settings)
+    case["rewrite"] = {"primary": primary, "alternatives": alternatives}
+    case["rewrite_s"] = round(time.perf_counter() - t, 3)
+    out(f"rewrite ({case['rewrite_s']:.1f}s): primary = {ec.preview(primary, 200)}")
+    for alt in alternatives:
+        out(f"    alternative = {ec.preview(alt, 200)}")
+    multi = rag_utils.retrieve_documents_multi_query(
+        [primary, *alternatives], k=TRACE_K, settings=settings
+    )
+    case["multi_query_retrieval"] = _doc_rows(multi, gold)
+    _print_docs(out, "multi-query retrieval (rewritten queries)", case["multi_query_retrieval"])
+    rewrite_usage = ec.usage_of(client)
+
+    client = ec.make_client(settings, llm_factory)
+    events: list[dict] = []
+    t0 = time.perf_counter()
+
+    def on_event(event: Any) -> None:
+        rec = _event_record(event, t0)
+        events.append(rec)
+        out(_event_line(rec))
+
+    out("agent trace:")
+    state = agent.run_agent(query, choices, settings=settings, client=client, on_event=on_event)
+    agent_s = time.perf_counter() - t0
+    usage = ec.usage_of(client)
+    steps = _step_rows(state)
+    sources = state.get("sources") or []
+    confidences = [s["confidence"] for s in steps if isinstance(s.get("confidence"), int | float)]
+    case.update(
+        {
+            "trace": events,
+            "steps": steps,
+            "query_type": state.get("query_type"),
+            "memory_hit": bool(state.get("memory_hit")),
+            "final_answer": state.get("final_cited_answer"),
+            "sources": [
+                {
+                    "id": s.get("id"),
+                    "title": s.get("title"),
+                    "gold": s.get("id") in gold,
+                    "preview": ec.preview(s.get("text"), 200),
+                }
+                for s in sources
+            ],
+            "confidence": ec.mean(confidences) if confidences else None,
+            "steps_completed": sum(1 for s in steps if _status(s) == "completed"),
+            "steps_failed": sum(1 for s in steps if _status(s) == "failed"),
+            "unique_docs": len({s.get("id") for s in sources}),
+            "agent_s": round(agent_s, 3),
+            "llm": usage,
+            "rewrite_llm": rewrite_usage,
+            "run_metrics": ec.to_jsonable(state.get("run_metrics") or {}),
+        }
+    )
+    if item:
+        mc_answer = state.get("mc_answer")
+        letter = mc_answer.get("letter") if isinstance(mc_answer, dict) else mc_answer
+        case["mc"] = {
+            "predicted": letter,
+            "answer": case["answer"],
+            "correct": letter == case["answer"],
+            "gold_in_raw": any(r["gold"] for r in case["raw_retrieval"]),
+            "gold_in_multi": any(r["gold"] for r in case["multi_query_retrieval"]),
+            "gold_in_sources": any(s["gold"] for s in case["sources"]),
+        }
+        verdict = "CORRECT" if case["mc"]["correct"] else "WRONG"
+        out(f"MC: predicted {letter} / answer {case['answer']} -> {verdict}")
+    out(f"answer: {ec.preview(case['final_answer'], 400)}")
+    out(
+        f"{case['steps_completed']} step(s) completed, {case['steps_failed']} failed; "
+        f"{usage['llm_calls']} LLM calls; {agent_s:.1f}s"
+    )
+    return case
+
+
+def _status(step: dict) -> str:
+    return str(step.get("status") or "").lower()
+
+
+def _print_docs(out: Callable[[str], None], title: str, rows: Sequence[dict]) -> None:
+    out(f"{title}:")
+    for r in rows:
+        mark = "★" if r["gold"] else " "
+        score = ec.fmt_num(r["score"])
+        out(
+            f"  {mark} {r['rank']}. [{score}] {r['id']} — {ec.preview(r['title'] or r['preview'], 70)}"
+        )
+
+
+def summary_rows(cases: Sequence[dict]) -> list[list[Any]]:
+    rows = []
+    for c in cases:
+        mc = c.get("mc") or {}
+        rows.append(
+            [
+                c.get("item") or ec.preview(c["query"], 30),
+                c.get("query_type"),
+                c["steps_completed"],
+                c["steps_failed"],
+                c["confidence"],
+                c["unique_docs"],
+                "yes" if mc.get("gold_in_raw") else ("no" if mc else "–"),
+                "yes" if mc.get("gold_in_sources") else ("no" if mc else "–"),
+                c["agent_s"],
+                c["llm"]["llm_calls"],
+                ("✓" if mc.get("correct") else "✗") if mc else "–",
+            ]
+        )
+    return rows
+
+
+SUMMARY_HEADERS = [
+    "query",
+    "type",
+    "done",
+    "failed",
+    "confidence",
+    "docs",
+    "gold raw",
+    "gold used",
+    "seconds",
+    "LLM calls",
+    "MC",
+]
+
+
+def save_case(case: dict, directory: str | Path) -> Path:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = case.get("item") or re.sub(r"[^a-z0-9]+", "_", case["query"].lower())[:40].strip("_")
+    path = directory / f"{time.strftime('%Y%m%d-%H%M%S')}_{stem or 'query'}.json"
+    path.write_text(json.dumps(case, indent=2, ensure_ascii=False, default=str) + "\n", "utf-8")
+    return path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="eval_trace.py",
+        description="Trace retrieval, rewrite and every agent node on a few questions.",
+    )
+    p.add_argument(
+        "n", nargs="?", type=int, default=DEFAULT_N, help=f"QA items to trace (default {DEFAULT_N})"
+    )
+    p.add_argument("--query", "-q", help="trace this free-text question instead of QA items")
+    p.add_argument("--qa", help="QA file (default: the starter set)")
+    p.add_argument("--passages", help="passages file to index first (load_corpus)")
+    p.add_argument(
+        "--save", action="store_true", help=f"write one case-study JSON per query to {CASE_DIR}/"
+    )
+    p.add_argument("--case-dir", default=CASE_DIR, help=argparse.SUPPRESS)
+    p.add_argument("--provider", help="LLM provider (overrides LLM_PROVIDER)")
+    p.add_argument("--json", action="store_true", help="print the case studies as JSON")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def run(
+    args: argparse.Namespace,
+    settings: Settings,
+    *,
+    llm_factory: Callable[[str], Any] | None = None,
+    out: Callable[[str], None] = print,
+) -> list[dict]:
+    import load_corpus
+
+    if args.passages:
+        load_corpus.load_passages(load_corpus.read_passages(args.passages), settings=settings)
+    else:
+        load_corpus.ensure_starter_index(settings)
+    if args.query:
+        targets: list[tuple[str, dict | None]] = [(args.query, None)]
+    else:
+        items = ec.load_qa(args.qa)
+        with_gold, _ = ec.split_by_gold_in_store(items, settings)
+        pool = with_gold or items
+        targets = [(ec.item_question(it), it) for it in pool[: args.n]]
+    llm = ec.llm_record(settings).get("mc_select", {})
+    logger.info("LLM provider=%s model=%s", llm.get("provider"), llm.get("model", llm.get("error")))
+    cases = []
+    for query, item in targets:
+        case = trace_query(query, item=item, settings=settings, llm_factory=llm_factory, out=out)
+        case["config"] = {"llm": llm, "retrieval": ec.retrieval_record(settings)}
+        if args.save:
+            case["saved_to"] = str(save_case(case, args.case_dir))
+        cases.append(case)
+    out("=" * 100)
+    out(ec.text_table(SUMMARY_HEADERS, summary_rows(cases)))
+    mc_cases = [c for c in cases if c.get("mc")]
+    if mc_cases:
+        out(f"MC accuracy: {sum(c['mc']['correct'] for c in mc_cases)}/{len(mc_cases)}")
+    if args.save:
+        out(f"case studies written to {args.case_dir}/")
+    return cases
+
+
+def main(
+    argv: Sequence[str] | None = None, *, llm_factory: Callable[[str], Any] | None = None
+) -> int:
+    from llm_config import LLMConfigError
+
+    args = build_parser().parse_args(argv)
+    ec.configure_logging(args.verbose)
+    load_dotenv_file()
+    settings = ec.eval_settings(llm_provider=args.provider)
+    set_settings(settings)
+    out = (lambda _line: None) if args.json else print
+    try:
+        cases = run(args, settings, llm_factory=llm_factory, out=out)
+    except (FileNotFoundError, ValueError, LLMConfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(cases, indent=2, ensure_ascii=False, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,370 @@
+"""The three eval scripts end to end on small fixtures, with a fake LLM and a temporary Chroma.
+
+The fake is a scripted 'reader': it answers a fixture question correctly only when that
+question's gold passage is in its prompt, so each mode's accuracy shows which evidence it got.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.language_models.chat_models import BaseChatModel
+from langchain_core.messages import AIMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+
+import eval_comprehensive
+import eval_reranker
+import eval_trace
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+QA = FIXTURES / "eval_qa.jsonl"
+PASSAGES = FIXTURES / "eval_passages.jsonl"
+LETTERS = "ABCD"
+SECRET = "sk-test-never-written-0123456789"
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+QA_ROWS = _rows(QA)
+PASSAGE_ROWS = {p["idx"]: p for p in _rows(PASSAGES)}
+INDEXED_ITEMS = [q for q in QA_ROWS if q["gold_idx"] in PASSAGE_ROWS]  # evq_7's gold is absent
+
+
+def _fill(schema: dict, defs: dict) -> Any:
+    """A minimal valid instance of a JSON schema (structured-output calls of the agent)."""
+    if "$ref" in schema:
+        return _fill(defs[schema["$ref"].split("/")[-1]], defs)
+    for key in ("anyOf", "oneOf", "allOf"):
+        if key in schema:
+            options = [s for s in schema[key] if s.get("type") != "null"] or schema[key]
+            return _fill(options[0], defs)
+    if "enum" in schema:
+        return schema["enum"][0]
+    if "default" in schema:
+        return schema["default"]
+    kind = schema.get("type")
+    if kind == "object" or "properties" in schema:
+        return {k: _fill(v, defs) for k, v in schema.get("properties", {}).items()}
+    if kind == "array":
+        item = schema.get("items", {"type": "string"})
+        return [_fill(item, defs) for _ in range(max(1, schema.get("minItems", 1)))]
+    if kind == "string":
+        return "battery intent contact"
+    if kind == "integer":
+        return max(1, schema.get("minimum", 1))
+    if kind == "number":
+        return 0.5
+    if kind == "boolean":
+        return False
+    return None
+
+
+class ReaderFake(BaseChatModel):
+    """Answers 'Answer: <gold letter>' when the item's gold passage is in the prompt, else the
+    next (wrong) letter; structured calls get a minimal instance of the requested schema."""
+
+    calls: Any = None
+    lock: Any = None
+    fail_after: int | None = None
+
+    @property
+    def _llm_type(self) -> str:
+        return "reader-fake"
+
+    def _generate(self, messages, stop=None, run_manager=None, **kwargs) -> ChatResult:
+        with self.lock:
+            if self.fail_after is not None and len(self.calls) >= self.fail_after:
+                raise KeyboardInterrupt  # the user pressing Ctrl-C mid-run
+            self.calls.append(kwargs.get("response_format") is not None)
+        text = "\n".join(str(m.content) for m in messages)
+        fmt = kwargs.get("response_format")
+        if fmt is not None:
+            schema = fmt["json_schema"]["schema"]
+            reply = json.dumps(_fill(schema, schema.get("$defs", {})))
+        else:
+            reply = _answer(text)
+        return ChatResult(generations=[ChatGeneration(message=AIMessage(content=reply))])
+
+
+def _answer(prompt: str) -> str:
+    for item in QA_ROWS:
+        if item["question"][:60] in prompt:
+            gold = PASSAGE_ROWS.get(item["gold_idx"])
+            if gold is not None and gold["text"][:60] in prompt:
+                return f"Answer: {item['answer']}"
+            return f"Answer: {LETTERS[(LETTERS.index(item['answer']) + 1) % 4]}"
+    return "Answer: A"
+
+
+def reader(fail_after: int | None = None) -> tuple[Any, list]:
+    calls: list = []
+    lock = threading.Lock()
+
+    def factory(role: str) -> ReaderFake:
+        return ReaderFake(calls=calls, lock=lock, fail_after=fail_after)
+
+    return factory, calls
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    """Scripts build their settings from the environment: point them at tmp_path."""
+    monkeypatch.chdir(tmp_path)  # no .env, results and case studies below tmp_path
+    for var in ("LLM_PROVIDER", "LLM_MODEL", "LLM_BASE_URL", "RERANKER", "LLM_PROVIDER_FAST"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("CHROMA_DIR", str(tmp_path / "chroma"))
+    monkeypatch.setenv("LLM_CACHE_PATH", str(tmp_path / "llm_cache.sqlite"))
+    monkeypatch.setenv("LLM_API_KEY", SECRET)
+    yield tmp_path
+    import settings
+
+    settings.set_settings(None)
+
+
+def comprehensive(args: list[str], factory: Any, tmp: Path) -> int:
+    base = ["--qa", str(QA), "--passages", str(PASSAGES), "--results-dir", str(tmp / "res")]
+    return eval_comprehensive.main([*args, *base], llm_factory=factory)
+
+
+def _read_rows(tmp: Path, run_id: str) -> list[dict]:
+    return _rows(tmp / "res" / run_id / "results.jsonl")
+
+
+# ------------------------------------------------------------------------------------------------
+# CLI parsing (fast)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_positional_phase_and_n_in_any_order():
+    a = eval_comprehensive.parse_args(["20"])
+    assert (a.phase, a.n) == ("both", 20)
+    a = eval_comprehensive.parse_args(["retrieval", "5", "--modes", "rag,llm_only"])
+    assert (a.phase, a.n, a.mode_list) == ("retrieval", 5, ["rag", "llm_only"])
+
+
+@pytest.mark.parametrize("argv", [["bogus"], ["--modes", "oracle"], ["--workers", "0"]])
+def test_bad_arguments_exit_with_usage_error(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        eval_comprehensive.parse_args(argv)
+    assert exc.value.code == 2
+
+
+@pytest.mark.parametrize("module", [eval_comprehensive, eval_trace, eval_reranker])
+def test_help(module, capsys):
+    with pytest.raises(SystemExit) as exc:
+        module.main(["--help"])
+    assert exc.value.code == 0
+    assert "usage" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------
+# eval_comprehensive
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_modes_get_the_evidence_they_claim_and_rerun_costs_no_calls(env, capsys):
+    factory, calls = reader()
+    modes = "llm_only,rag,gold_passage"
+    rc = comprehensive(["both", "--modes", modes, "--run-id", "first", "--json"], factory, env)
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out)
+    n = len(INDEXED_ITEMS)
+    assert summary["config"]["n_items"] == n  # the item whose gold is not indexed is left out
+    mc = summary["mc"]
+    # closed book the reader is always wrong; with the gold passage always right
+    assert (mc["llm_only"]["accuracy"], mc["gold_passage"]["accuracy"]) == (0.0, 1.0)
+    assert mc["gold_passage"]["vs_llm_only"]["only_b"] == n
+    assert mc["gold_passage"]["vs_llm_only"]["p_value"] == pytest.approx(2 / 2**n)
+    # rag is right exactly when its retrieval brought the gold passage
+    rows = _read_rows(env, "first")
+    rag = [r for r in rows if r["mode"] == "rag"]
+    assert all(r["correct"] == r["gold_in_evidence"] for r in rag)
+    assert mc["rag"]["accuracy"] == pytest.approx(mc["rag"]["gold_in_evidence_rate"])
+    assert mc["llm_only"]["strategies"] == {"answer_format": n}
+    assert mc["llm_only"]["llm_calls_per_q"] == 1.0
+    assert len(calls) == 3 * n
+    # phase 1 on the same items, both query variants
+    assert set(summary["retrieval"]) == {"question", "question+choices"}
+    for name, variant in summary["retrieval"].items():
+        assert variant["n"] == n
+        rr = [r["rr"] for r in rows if r.get("variant") == name]
+        assert variant["mrr"] == pytest.approx(sum(rr) / n)
+        assert variant["recall@10"] == 1.0  # 10 passages indexed
+        assert variant["recall@1"] <= variant["recall@5"] <= variant["recall@10"]
+    run_dir = env / "res" / "first"
+    for name in ("summary.json", "summary.md", "config.json", "accuracy.png", "recall_at_k.png"):
+        assert (run_dir / name).stat().st_size > 0
+    assert "gold_passage" in (run_dir / "summary.md").read_text()
+    assert summary["config"]["llm"]["mc_select"]["provider"] == "local"
+    for f in run_dir.iterdir():
+        if f.suffix in (".json", ".jsonl", ".md"):
+            assert SECRET not in f.read_text()
+
+    # a new run of the same configuration is served by the response cache
+    factory2, calls2 = reader()
+    rc = comprehensive(
+        ["pipeline", "--modes", modes, "--run-id", "second", "--json"], factory2, env
+    )
+    assert rc == 0
+    again = json.loads(capsys.readouterr().out)["mc"]
+    assert calls2 == []
+    assert all(again[m]["provider_calls_per_q"] == 0 for m in again)
+    assert {m: again[m]["accuracy"] for m in again} == {m: mc[m]["accuracy"] for m in mc}
+
+
+@pytest.mark.slow
+def test_interrupted_run_resumes_without_repeating_rows(env, capsys):
+    factory, calls = reader(fail_after=4)
+    rc = comprehensive(
+        ["pipeline", "--modes", "llm_only,gold_passage", "--run-id", "r"], factory, env
+    )
+    assert rc == 130  # interrupted
+    rows = _read_rows(env, "r")
+    assert len(rows) == 4
+    assert (env / "res" / "r" / "summary.json").exists()
+
+    factory2, calls2 = reader()
+    rc = comprehensive(
+        ["pipeline", "--resume", "r", "--modes", "llm_only,gold_passage"], factory2, env
+    )
+    assert rc == 0
+    rows = _read_rows(env, "r")
+    keys = [(r["item"], r["mode"]) for r in rows]
+    assert len(keys) == len(set(keys)) == 2 * len(INDEXED_ITEMS)
+    assert len(calls2) == 2 * len(INDEXED_ITEMS) - 4  # only the missing rows were run
+    summary = json.loads((env / "res" / "r" / "summary.json").read_text())
+    assert summary["mc"]["gold_passage"]["accuracy"] == 1.0
+    assert summary["interrupted"] is False
+
+
+@pytest.mark.slow
+def test_n_limits_items_and_extending_n_runs_only_new_items(env):
+    factory, calls = reader()
+    assert (
+        comprehensive(["pipeline", "2", "--modes", "llm_only", "--run-id", "x"], factory, env) == 0
+    )
+    assert len(calls) == 2
+    assert (
+        comprehensive(["pipeline", "4", "--modes", "llm_only", "--run-id", "x"], factory, env) == 0
+    )
+    assert len(calls) == 4
+    assert [r["item"] for r in _read_rows(env, "x")] == [q["idx"] for q in INDEXED_ITEMS[:4]]
+
+
+@pytest.mark.slow
+def test_resume_with_another_model_is_refused(env, monkeypatch, capsys):
+    factory, _ = reader()
+    assert (
+        comprehensive(["pipeline", "1", "--modes", "llm_only", "--run-id", "m"], factory, env) == 0
+    )
+    rc = comprehensive(
+        ["pipeline", "2", "--modes", "llm_only", "--run-id", "m", "--model", "other-model"],
+        factory,
+        env,
+    )
+    assert rc == 2
+    assert "different configuration" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_pipeline_mode_runs_the_agent_and_clears_memory(env, capsys):
+    factory, calls = reader()
+    rc = comprehensive(
+        ["pipeline", "2", "--modes", "llm_only,pipeline", "--run-id", "p", "--json"], factory, env
+    )
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out)
+    pipe = summary["mc"]["pipeline"]
+    assert pipe["n"] == 2
+    assert pipe["llm_calls_per_q"] > 1  # the agent makes several calls per question
+    rows = [r for r in _read_rows(env, "p") if r["mode"] == "pipeline"]
+    assert all(r["predicted"] in (None, *LETTERS) for r in rows)
+    assert all("memory_hit" in r and "steps" in r for r in rows)
+
+
+# ------------------------------------------------------------------------------------------------
+# eval_reranker
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_reranker_comparison(env, capsys):
+    rc = eval_reranker.main(
+        [
+            "--qa", str(QA), "--passages", str(PASSAGES), "--results-dir", str(env / "res"),
+            "--rerankers", "none,hybrid,cross-encoder", "--run-id", "rr", "--json",
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out)
+    n = len(INDEXED_ITEMS)
+    got = summary["rerankers"]
+    assert {"none", "hybrid"} <= set(got)
+    # the cross-encoder is either measured or reported unavailable (offline), never dropped silently
+    assert ("cross-encoder" in got) != ("cross-encoder" in summary["unavailable"])
+    for name, m in got.items():
+        assert m["n"] == n
+        assert m["latency_mean_s"] > 0
+        if name != "none":
+            vs = m["vs_none"]
+            assert vs["wins"] + vs["losses"] + vs["ties"] == n
+    rows = _read_rows(env, "rr")
+    assert {r["mode"] for r in rows} == set(got)
+
+
+# ------------------------------------------------------------------------------------------------
+# eval_trace
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_trace_saves_case_studies(env, capsys):
+    factory, calls = reader()
+    rc = eval_trace.main(
+        [
+            "2",
+            "--qa",
+            str(QA),
+            "--passages",
+            str(PASSAGES),
+            "--save",
+            "--case-dir",
+            str(env / "cs"),
+        ],
+        llm_factory=factory,
+    )
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "raw retrieval" in out and "agent trace" in out and "MC accuracy" in out
+    files = sorted((env / "cs").glob("*.json"))
+    assert len(files) == 2
+    case = json.loads(files[0].read_text())
+    assert case["item"] == INDEXED_ITEMS[0]["idx"]
+    assert case["rewrite"]["primary"]
+    assert sum(r["gold"] for r in case["raw_retrieval"]) <= 1
+    assert case["trace"], "node-by-node events are recorded"
+    assert case["mc"]["answer"] == INDEXED_ITEMS[0]["answer"]
+    assert isinstance(case["mc"]["correct"], bool)
+    assert case["llm"]["llm_calls"] >= 1 and case["agent_s"] >= 0
+    assert all({"id", "preview"} <= set(s) for s in case["sources"])
+
+
+@pytest.mark.slow
+def test_trace_free_text_query_json(env, capsys):
+    factory, _ = reader()
+    rc = eval_trace.main(
+        ["--query", "Is a practical joke that injures someone a battery?", "--json",
+         "--passages", str(PASSAGES)],
+        llm_factory=factory,
+    )  # fmt: skip
+    assert rc == 0
+    cases = json.loads(capsys.readouterr().out)
+    assert len(cases) == 1 and "mc" not in cases[0]
+    assert cases[0]["raw_retrieval"][0]["id"] in PASSAGE_ROWS
