@@ -325,18 +325,12 @@ def default_source(settings: Settings | None = None) -> tuple[list[Path], list[P
 
 
 def starter_files() -> tuple[list[Path], list[Path]]:
-    """The starter corpus: ``passages.jsonl``/``qa.jsonl``, else the per-subject ``parts/``."""
+    """The starter corpus: ``([passages.jsonl], [qa.jsonl])``."""
     d = starter_dir()
-    passages = [d / "passages.jsonl"] if (d / "passages.jsonl").exists() else []
-    qa = [d / "qa.jsonl"] if (d / "qa.jsonl").exists() else []
-    parts = sorted((d / "parts").glob("*.jsonl")) if (d / "parts").is_dir() else []
-    if not passages:
-        passages = [p for p in parts if not p.name.startswith("qa")]
-    if not qa:
-        qa = [p for p in parts if p.name.startswith("qa")]
-    if not passages:
+    if not (d / "passages.jsonl").exists():
         raise CorpusError(f"{d}: the starter corpus is missing (no passages.jsonl)")
-    return passages, qa
+    qa = [d / "qa.jsonl"] if (d / "qa.jsonl").exists() else []
+    return [d / "passages.jsonl"], qa
 
 
 # ------------------------------------------------------------------------------------------------

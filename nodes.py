@@ -31,7 +31,7 @@ MAX_TOKENS = {
     "classify": 20,
     "plan": 80,
     "rewrite": 110,
-    "synthesize": 250,
+    "synthesize": 360,
     "replan": 130,
 }
 
@@ -63,6 +63,20 @@ class Classification(BaseModel):
 class PlannedStep(BaseModel):
     phase: str = Field(default="rule", max_length=40)
     question: str = Field(min_length=3, max_length=300)
+
+
+class CitedClaim(BaseModel):
+    text: str = Field(min_length=1, max_length=300)
+    sources: list[int] = Field(min_length=1, max_length=3)
+
+
+class CitedAnswer(BaseModel):
+    """A step's answer: every claim names the passages (``[Source N]`` numbers) it comes from."""
+
+    rule: CitedClaim
+    elements: list[CitedClaim] = Field(min_length=1, max_length=6)
+    exceptions: list[CitedClaim] = Field(max_length=3)
+    application: CitedClaim
 
 
 class Rewrite(BaseModel):
@@ -207,6 +221,8 @@ def prescreen_injection(text: str) -> list[str]:
 
 _CITATION_GROUP = re.compile(r"\[\s*Sources?\s*([0-9][0-9,;\s&and]*)\]", re.IGNORECASE)
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
+_TRAILING_CITATION = re.compile(r"([.!?])\s*((?:\[Source \d+\])+)")
+"""A citation written after the full stop: it belongs to the sentence before it."""
 
 
 def normalize_citations(text: str, n_sources: int) -> tuple[str, dict[str, Any]]:
@@ -233,7 +249,8 @@ def normalize_citations(text: str, n_sources: int) -> tuple[str, dict[str, Any]]
         body = re.sub(
             r"^\s*(\*\*)?(Rule|Elements?|Exceptions?|Application)(\*\*)?\s*:\s*", "", line
         )
-        for sentence in _SENTENCE.split(body.strip()):
+        body = _TRAILING_CITATION.sub(r" \2\1", body.strip())
+        for sentence in _SENTENCE.split(body):
             words = sentence.split()
             if len(words) < 4 or "not in the sources" in sentence.lower():
                 continue
@@ -323,16 +340,72 @@ def rewrite_queries(
     return primary, alternatives[:2], False
 
 
+def render_cited_answer(answer: CitedAnswer) -> str:
+    """The Rule / Elements / Exceptions / Application text of a structured answer, every claim
+    followed by its ``[Source N]`` citations."""
+
+    def claim(c: CitedClaim) -> str:
+        text = " ".join(c.text.split()).rstrip(" .;")
+        refs = "".join(f"[Source {n}]" for n in dict.fromkeys(c.sources))
+        return f"{text} {refs}." if refs else f"{text}."
+
+    lines = [f"Rule: {claim(answer.rule)}"]
+    if answer.elements:
+        lines.append("Elements:")
+        lines.extend(f"- {claim(e)}" for e in answer.elements)
+    else:
+        lines.append("Elements: not in the sources.")
+    if answer.exceptions:
+        lines.append("Exceptions:")
+        lines.extend(f"- {claim(e)}" for e in answer.exceptions)
+    else:
+        lines.append("Exceptions: not in the sources.")
+    lines.append(f"Application: {claim(answer.application)}")
+    return "\n".join(lines)
+
+
+_CLAIM_JSON = re.compile(
+    r'"text"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"sources"\s*:\s*\[([\d,\s]*)\]', re.DOTALL
+)
+
+
+def salvage_claims(text: str) -> str:
+    """Complete ``{"text": ..., "sources": [...]}`` claims of a reply whose JSON is unusable (cut
+    off by the token budget, say), one cited line each; "" when there are none."""
+    import json
+
+    lines = []
+    for m in _CLAIM_JSON.finditer(text or ""):
+        try:
+            claim_text = json.loads(f'"{m.group(1)}"')
+        except ValueError:
+            claim_text = m.group(1)
+        numbers = [int(n) for n in re.findall(r"\d+", m.group(2))]
+        refs = "".join(f"[Source {n}]" for n in dict.fromkeys(numbers))
+        lines.append(f"- {' '.join(claim_text.split()).rstrip(' .;')} {refs}.".replace(" .", "."))
+    return "\n".join(lines)
+
+
 def synthesize(client: Any, question: str, docs: Sequence[dict]) -> tuple[str, dict[str, Any]]:
-    """The step's cited answer from quoted passages, with its citations checked."""
+    """The step's cited answer from quoted passages, with its citations checked.
+
+    The model fills :class:`CitedAnswer` (every claim carries the numbers of its passages; the
+    server enforces the schema where it can) and the text is rendered from it, so even the
+    embedded 1.5B model cites.  An unusable reply falls back to its complete claims, else to its
+    text as written (its citations are still checked)."""
     result = client.invoke(
         prompts.render(
             "synthesize_and_cite", question=question, passages=prompts.quote_passages(docs)
         ),
         role="synthesize",
+        schema=CitedAnswer,
         max_tokens=MAX_TOKENS["synthesize"],
     )
-    return normalize_citations(result.text, len(docs))
+    if result.parsed is not None:
+        text = render_cited_answer(result.parsed)
+    else:
+        text = salvage_claims(result.text) or result.text
+    return normalize_citations(text, len(docs))
 
 
 # ------------------------------------------------------------------------------------------------

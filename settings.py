@@ -98,9 +98,7 @@ class Settings:
     environ: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
-    def from_env(
-        cls, env: Mapping[str, str] | None = None, **overrides: Any
-    ) -> Settings:
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Build settings: ``overrides`` (CLI flags; None = not given) > ``env`` > defaults."""
         env = dict(os.environ if env is None else env)
         values: dict[str, Any] = {}

@@ -95,14 +95,8 @@ def calibrate(k: int = 5, starter_only: bool = False) -> dict[str, Any]:
     from sentence_transformers import SentenceTransformer
 
     starter = REPO / "datasets" / "starter"
-    passages: list[dict] = []
-    qa: list[dict] = []
-    for path in sorted(starter.glob("**/*.jsonl")):
-        rows = _read_jsonl(path)
-        if path.name.startswith("qa") or path.parent.name != "parts" and path.name == "qa.jsonl":
-            qa.extend(rows)
-        elif path.parent.name == "parts" or path.name == "passages.jsonl":
-            passages.extend(r for r in rows if "text" in r)
+    passages = _read_jsonl(starter / "passages.jsonl")
+    qa = _read_jsonl(starter / "qa.jsonl")
     shared = REPO.parent / "shared" / "data"
     if not starter_only and (shared / "corpus" / "passages.jsonl").exists():
         passages.extend(_read_jsonl(shared / "corpus" / "passages.jsonl"))
@@ -182,7 +176,10 @@ def _fake_context(settings: Any) -> Any:
         if role == "rewrite":
             return json.dumps({"primary": "rule query", "alternatives": ["alt one", "alt two"]})
         if role == "synthesize":
-            return "Rule: the rule [Source 1]. Elements: two [Source 2]."
+            claim = {"text": "the rule", "sources": [1]}
+            return json.dumps(
+                {"rule": claim, "elements": [claim], "exceptions": [], "application": claim}
+            )
         if role == "replan":
             counter["replan"] += 1
             topic = ["contracts formation", "evidence hearsay", "property easements"][

@@ -262,22 +262,16 @@ def tmp_settings_path(settings) -> Path:
 
 def test_ensure_starter_index_loads_once(tmp_settings, fake, monkeypatch, tmp_path):
     starter = tmp_path / "starter"
-    (starter / "parts").mkdir(parents=True)
-    rows = _rows()
-    _write(starter / "parts" / "a.jsonl", rows[:10])
-    _write(starter / "parts" / "b.jsonl", rows[10:])
-    _write(starter / "parts" / "qa_a.jsonl", [json.loads(x) for x in QA.read_text().splitlines()])
+    starter.mkdir()
+    _write(starter / "passages.jsonl", _rows())
+    _write(starter / "qa.jsonl", [json.loads(x) for x in QA.read_text().splitlines()])
     monkeypatch.setattr(load_corpus, "starter_dir", lambda: starter)
     assert load_corpus.ensure_starter_index(tmp_settings) == 24
     assert load_corpus.ensure_starter_index(tmp_settings) == 0
-    _write(starter / "passages.jsonl", rows[:3])  # the concatenated file wins over parts/
-    passages, qa = load_corpus.starter_files()
-    assert passages == [starter / "passages.jsonl"] and qa == [starter / "parts" / "qa_a.jsonl"]
+    assert load_corpus.starter_files() == ([starter / "passages.jsonl"], [starter / "qa.jsonl"])
 
 
 def test_bundled_starter_corpus_reads_cleanly():
-    if not (REPO / load_corpus.STARTER_DIR).exists():
-        pytest.skip("datasets/starter is not there yet")
     passage_files, qa_files = load_corpus.starter_files()
     passages = load_corpus.read_many(passage_files, load_corpus.read_passages)
     assert len(passages) >= 100
@@ -318,8 +312,6 @@ def test_offline_download_says_so_in_one_line_and_falls_back_to_starter(
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # never touch the network in tests
     s = tmp_settings.replace(datasets_dir=str(tmp_path / "empty"))
     start = time.monotonic()
-    if not (REPO / load_corpus.STARTER_DIR).exists():
-        pytest.skip("datasets/starter is not there yet")
     passages, _ = load_corpus.default_source(s)
     assert time.monotonic() - start < 10
     err = capsys.readouterr().err.strip().splitlines()

@@ -108,12 +108,7 @@ def test_simple_demo_end_to_end_on_the_offline_default(tmp_path):
     """`python main.py simple` with the embedded LLM, the real embedder, a fresh Chroma folder and
     the starter corpus: a cited answer whose sources are starter passages."""
     pytest.importorskip("xllamacpp")
-    for module in ("rag_utils", "load_corpus"):
-        if not (REPO / f"{module}.py").exists():
-            pytest.skip(f"{module}.py is not there yet")
     starter = REPO / "datasets" / "starter" / "passages.jsonl"
-    if not starter.exists():
-        pytest.skip("datasets/starter/passages.jsonl is not there yet")
     proc = subprocess.run(
         [sys.executable, str(REPO / "main.py"), "simple", "--json"],
         capture_output=True,

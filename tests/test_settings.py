@@ -42,3 +42,15 @@ def test_secrets_are_read_by_name_and_never_shown_in_repr():
     assert s.secret("GROQ_API_KEY") == "sk-secret-123"
     assert s.secret("MISSING_KEY") is None
     assert "sk-secret-123" not in repr(s)
+
+
+def test_env_example_documents_every_setting():
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / ".env.example").read_text()
+    documented = set(re.findall(r"^#?\s*([A-Z][A-Z0-9_]+)=", text, re.MULTILINE))
+    names = {f.name.upper() for f in dataclasses.fields(Settings) if f.name != "environ"}
+    assert names - documented == set()
+    assert documented - names - {n for n in documented if n.endswith("_API_KEY")} == set()
