@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import settings as settings_mod
@@ -31,3 +34,47 @@ def tmp_settings(tmp_path: Path) -> settings_mod.Settings:
     settings_mod.set_settings(s)
     yield s
     settings_mod.set_settings(None)
+
+
+class BagOfWordsEmbedder:
+    """Deterministic hashed bag-of-words embeddings, L2-normalised: texts sharing words have a
+    higher cosine (a fast stand-in for the real model in unit tests)."""
+
+    name = "fake-bow"
+    dim = 256
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def embed_documents(self, texts):
+        self.calls += 1
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for i, t in enumerate(texts):
+            for w in re.findall(r"[a-z]{3,}", t.lower()):
+                out[i, int(hashlib.md5(w.encode()).hexdigest(), 16) % self.dim] += 1.0
+            norm = np.linalg.norm(out[i])
+            out[i] = out[i] / norm if norm else out[i]
+        return out
+
+    def embed_query(self, text):
+        return self.embed_documents([text])[0]
+
+
+@pytest.fixture
+def fresh_rag_caches():
+    """rag_utils' cached clients, stores and BM25 indexes forgotten before and after the test."""
+    import rag_utils
+
+    rag_utils.reset_caches()
+    yield
+    rag_utils.reset_caches()
+
+
+@pytest.fixture
+def fake(monkeypatch, fresh_rag_caches):
+    """The fake embedder in place of rag_utils.get_embedder."""
+    import rag_utils
+
+    emb = BagOfWordsEmbedder()
+    monkeypatch.setattr(rag_utils, "get_embedder", lambda settings=None: emb)
+    return emb

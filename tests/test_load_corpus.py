@@ -19,50 +19,12 @@ import pytest
 import load_corpus
 import rag_utils
 
+pytestmark = pytest.mark.usefixtures("fresh_rag_caches")
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 PASSAGES = FIXTURES / "retrieval_passages.jsonl"
 QA = FIXTURES / "retrieval_qa.jsonl"
 REPO = Path(__file__).resolve().parent.parent
-
-
-class BagOfWordsEmbedder:
-    """Deterministic hashed bag-of-words embeddings (a fast stand-in for the real model)."""
-
-    name = "fake-bow"
-    dim = 256
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def embed_documents(self, texts):
-        import hashlib
-
-        import numpy as np
-
-        self.calls += 1
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for i, t in enumerate(texts):
-            for w in re.findall(r"[a-z]{3,}", t.lower()):
-                out[i, int(hashlib.md5(w.encode()).hexdigest(), 16) % self.dim] += 1.0
-            out[i] /= max(float(np.linalg.norm(out[i])), 1e-9)
-        return out
-
-    def embed_query(self, text):
-        return self.embed_documents([text])[0]
-
-
-@pytest.fixture(autouse=True)
-def _fresh_caches():
-    rag_utils.reset_caches()
-    yield
-    rag_utils.reset_caches()
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    emb = BagOfWordsEmbedder()
-    monkeypatch.setattr(rag_utils, "get_embedder", lambda settings=None: emb)
-    return emb
 
 
 @pytest.fixture
