@@ -61,6 +61,9 @@ class Classification(BaseModel):
 
 
 class PlannedStep(BaseModel):
+    issues: list[str] = Field(min_length=1, max_length=4)
+    """The legal issues of the objective, most important first (listed before the question, so
+    a small model names the doctrines before it writes the step)."""
     phase: str = Field(default="rule", max_length=40)
     question: str = Field(min_length=3, max_length=300)
 
@@ -511,8 +514,10 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         schema=PlannedStep,
         max_tokens=MAX_TOKENS["plan"],
     )
-    step_q = clean_question(result.parsed.question) if result.parsed else ""
-    phase = (result.parsed.phase if result.parsed else "") or "rule"
+    plan = result.parsed
+    step_q = clean_question(plan.question) if plan else ""
+    phase = (plan.phase if plan else "") or "rule"
+    issues = [" ".join(i.split()) for i in (plan.issues if plan else []) if i.strip()]
     if len(step_q) < 10:
         step_q, phase = question, "rule"
     step: PlanStep = {
@@ -522,7 +527,10 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         "question": step_q,
         "execution": None,
     }
-    return {"memory_hit": False, "planning_table": [step]}, f"step 1: {_short(step_q)}"
+    update = {"memory_hit": False, "planning_table": [step], "issues": issues}
+    return update, f"step 1: {_short(step_q)}" + (
+        f" (issues: {'; '.join(issues)})" if issues else ""
+    )
 
 
 @_traced("executor")
@@ -695,7 +703,9 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     table = state.get("planning_table") or []
     asked = "\n".join(f"- {p['question']}" for p in table)
     findings = "\n".join(state.get("accumulated_context") or []) or "(nothing yet)"
+    issues = "; ".join(state.get("issues") or []) or "(not listed)"
     progress = (
+        f"Legal issues identified when planning: {issues}\n\n"
         f"Questions already researched (never ask them again):\n{asked}\n\nFindings:\n{findings}"
     )
     try:
@@ -724,7 +734,10 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         stop = f"stagnation: replanned question repeats an earlier one (cosine {max(sims):.2f})"
         return {"stop_reason": stop}, f"complete ({stop})"
     last = table[-1] if table else None
-    phase = plan.phase or (last["phase"] if plan.action == "retry" and last else "research")
+    action = plan.action
+    if action == "retry" and last is not None and last["status"] == "completed":
+        action = "next_step"  # only a failed step is retried
+    phase = plan.phase or (last["phase"] if action == "retry" and last else "research")
     step: PlanStep = {
         "step_id": _next_step_id(state),
         "status": "pending",
@@ -732,7 +745,7 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         "question": question,
         "execution": None,
     }
-    return {"planning_table": [step]}, f"{plan.action}: step {step['step_id']}: {_short(question)}"
+    return {"planning_table": [step]}, f"{action}: step {step['step_id']}: {_short(question)}"
 
 
 def mc_evidence(state: AgentState, limit: int = MC_EVIDENCE_PASSAGES) -> str:

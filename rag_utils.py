@@ -133,7 +133,7 @@ def embedder_name(settings: Settings | None = None) -> str:
 class Embedder:
     """A sentence-transformers bi-encoder: L2-normalised float32 embeddings."""
 
-    def __init__(self, model: Any, name: str, batch_size: int = 64) -> None:
+    def __init__(self, model: Any, name: str, batch_size: int = 16) -> None:
         self.model = model
         self.name = name
         self.batch_size = batch_size

@@ -47,7 +47,9 @@ class Settings:
     otherwise any sentence-transformers model name or local path."""
     embedding_device: str | None = None
     """cpu, cuda, mps; empty = let sentence-transformers choose."""
-    embedding_batch_size: int = 64
+    embedding_batch_size: int = 16
+    """Texts per forward pass. Small batches pad less: 16 embeds ~15% faster than 64 on 2 CPU
+    cores (bench: 30.8 vs 26.2 passages/s on the shared corpus); raise it on a GPU."""
     trust_remote_code: bool = False
     """Needed by some hub models (e.g. Alibaba-NLP/gte-large-en-v1.5)."""
     reranker: str = "auto"

@@ -57,6 +57,8 @@ class AgentState(TypedDict, total=False):
     question: str
     """The question without choices (what classifier, planner and replanner see)."""
     choices: dict[str, str]
+    issues: list[str]
+    """The legal issues the planner identified (the replanner sees them)."""
     planning_table: Annotated[list[PlanStep], merge_steps]
     query_type: QueryType
     final_cited_answer: str

@@ -184,7 +184,7 @@ def run(
 def simple_replies(**over: list[Any]) -> dict[str, list[Any]]:
     replies = {
         "classify": [J(query_type="simple")],
-        "plan": [J(phase="elements", question="What are the elements of a negligence claim?")],
+        "plan": [J(issues=["negligence"], phase="elements", question="What are the elements of a negligence claim?")],
         "rewrite": [J(primary="negligence elements", alternatives=["duty breach causation", "tort of negligence"])],
         "synthesize": [SYNTH],
     }  # fmt: skip
@@ -200,7 +200,7 @@ def multi_replies(n_steps: int = 3, **over: list[Any]) -> dict[str, list[Any]]:
     ]
     replies = {
         "classify": [J(query_type="multi_hop")],
-        "plan": [J(phase="rule", question=questions[0])],
+        "plan": [J(issues=["student speech", "due process", "free exercise"], phase="rule", question=questions[0])],
         "rewrite": [J(primary=f"query {i}", alternatives=[f"alt {i}a", f"alt {i}b"]) for i in range(n_steps)],
         "synthesize": [SYNTH] * n_steps,
         "replan": [J(action="next_step", phase="rule", question=q) for q in questions[1:n_steps]],
@@ -286,6 +286,22 @@ def test_failed_step_is_retried_then_completes(tmp_settings):
     assert "[Query 2][Source 1]" in result["final_cited_answer"]
     assert "[Query 1]" not in result["final_cited_answer"]
     assert result["run_metrics"]["stop_reason"] == "replanner: complete"
+
+
+def test_planned_issues_reach_the_replanner_and_a_completed_step_is_never_retried(tmp_settings):
+    second = (
+        "What procedural due process is required before suspending a public university student?"
+    )
+    replies = multi_replies(
+        n_steps=2,
+        replan=[J(action="retry", phase="", question=second), J(action="complete", phase="", question="")],
+    )  # fmt: skip
+    result, script, *_ = run(tmp_settings, replies)
+    assert "student speech; due process; free exercise" in script.prompts("replan")[0]
+    assert result["issues"] == ["student speech", "due process", "free exercise"]
+    step2 = result["planning_table"][1]
+    assert (step2["question"], step2["phase"]) == (second, "research")
+    assert any(e["decision"].startswith("next_step: step 2") for e in result["_events"])
 
 
 def test_all_steps_failed_gives_low_confidence_answer_and_no_memory(tmp_settings):
@@ -513,7 +529,7 @@ def test_loop_terminates_at_iteration_cap_below_recursion_limit(tmp_settings):
     n = 4
     replies = {
         "classify": [J(query_type="multi_hop")],
-        "plan": [J(phase="rule", question="Question about topic zero and its doctrine")],
+        "plan": [J(issues=["topic zero"], phase="rule", question="Question about topic zero and its doctrine")],
         "rewrite": [J(primary=f"q{i}", alternatives=[]) for i in range(n)],
         "synthesize": [SYNTH] * n,
         "replan": [J(action="next_step", phase="p", question=f"Distinct subject {w} liability rules")
