@@ -417,6 +417,44 @@ class ConfigMismatchError(RuntimeError):
     """A resumed run was started with a different configuration."""
 
 
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Errors an eval script reports as one line and exit status 2 (bad input, settings or
+    provider configuration, a resumed run with another configuration), never a traceback."""
+    from llm_config import LLMConfigError
+    from settings import SettingsError
+
+    return (FileNotFoundError, ValueError, ConfigMismatchError, LLMConfigError, SettingsError)
+
+
+def require_llm(settings: Settings, llm_factory: Callable[[str], Any] | None = None) -> None:
+    """Raise LLMConfigError (a missing API key, an unknown provider) before any work is done;
+    nothing to check when a test injects its own chat models."""
+    if llm_factory is not None:
+        return
+    from llm_config import resolve
+
+    for role in ("mc_select", "rewrite"):  # the main and the fast provider
+        resolve(role, settings)
+
+
+def cli_run(fn: Callable[[Settings], Any], **overrides: Any) -> tuple[int, Any]:
+    """An eval script's body: read ``.env``, build and install the eval settings (``overrides``
+    are its CLI flags), return ``(0, fn(settings))`` — or ``(2, None)`` after printing a user
+    error in one line to stderr."""
+    import sys
+
+    from settings import load_dotenv_file, set_settings
+
+    try:
+        load_dotenv_file()
+        settings = eval_settings(**overrides)
+        set_settings(settings)
+        return 0, fn(settings)
+    except user_errors() as exc:
+        print(f"error: {exc}".splitlines()[0], file=sys.stderr)  # noqa: T201 - CLI output
+        return 2, None
+
+
 def new_run_id(kind: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}"
 

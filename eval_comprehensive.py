@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import eval_common as ec
-from settings import Settings, load_dotenv_file, set_settings
+from settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -560,6 +560,8 @@ def run(
     from llm_config import LLMConfigError
 
     started = time.time()
+    if args.phase != "retrieval" or args.rewrite:
+        ec.require_llm(settings, llm_factory)
     run_dir = ec.open_run(args.phase, args.run_id, args.resume, args.results_dir)
     items, n_with_gold, qa_path = prepare_items(args, settings)
     has_gold = n_with_gold > 0
@@ -689,16 +691,14 @@ def main(
     args = parse_args(argv)
     args.argv = argv
     ec.configure_logging(args.verbose)
-    load_dotenv_file()
-    settings = ec.eval_settings(
-        llm_provider=args.provider, llm_model=args.model, reranker=args.reranker
+    rc, summary = ec.cli_run(
+        lambda settings: run(args, settings, llm_factory=llm_factory),
+        llm_provider=args.provider,
+        llm_model=args.model,
+        reranker=args.reranker,
     )
-    set_settings(settings)
-    try:
-        summary = run(args, settings, llm_factory=llm_factory)
-    except (FileNotFoundError, ValueError, ec.ConfigMismatchError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    if rc:
+        return rc
     if args.json:
         print(json.dumps(summary, indent=2, ensure_ascii=False, default=str))
     else:

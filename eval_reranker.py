@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import eval_common as ec
-from settings import Settings, load_dotenv_file, set_settings
+from settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -243,14 +243,9 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     ec.configure_logging(args.verbose)
-    load_dotenv_file()
-    settings = ec.eval_settings()
-    set_settings(settings)
-    try:
-        summary = run(args, settings)
-    except (FileNotFoundError, ValueError, ec.ConfigMismatchError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    rc, summary = ec.cli_run(lambda settings: run(args, settings))
+    if rc:
+        return rc
     if args.json:
         print(json.dumps(summary, indent=2, ensure_ascii=False, default=str))
     else:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import eval_common as ec
-from settings import Settings, load_dotenv_file, set_settings
+from settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -289,6 +289,7 @@ def run(
 ) -> list[dict]:
     import load_corpus
 
+    ec.require_llm(settings, llm_factory)
     if args.passages:
         load_corpus.load_passages(load_corpus.read_passages(args.passages), settings=settings)
     else:
@@ -322,19 +323,15 @@ def run(
 def main(
     argv: Sequence[str] | None = None, *, llm_factory: Callable[[str], Any] | None = None
 ) -> int:
-    from llm_config import LLMConfigError
-
     args = build_parser().parse_args(argv)
     ec.configure_logging(args.verbose)
-    load_dotenv_file()
-    settings = ec.eval_settings(llm_provider=args.provider)
-    set_settings(settings)
     out = (lambda _line: None) if args.json else print
-    try:
-        cases = run(args, settings, llm_factory=llm_factory, out=out)
-    except (FileNotFoundError, ValueError, LLMConfigError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    rc, cases = ec.cli_run(
+        lambda settings: run(args, settings, llm_factory=llm_factory, out=out),
+        llm_provider=args.provider,
+    )
+    if rc:
+        return rc
     if args.json:
         print(json.dumps(cases, indent=2, ensure_ascii=False, default=str))
     return 0

@@ -163,6 +163,29 @@ def test_help(module, capsys):
     assert "usage" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    ("module", "argv"),
+    [
+        (eval_comprehensive, ["pipeline", "1", "--modes", "llm_only"]),
+        (eval_trace, ["1"]),
+    ],
+)
+def test_provider_without_its_key_is_a_one_line_error(module, argv, env, monkeypatch, capsys):
+    monkeypatch.delenv("LLM_API_KEY")
+    monkeypatch.delenv("GROQ_API_KEY", raising=False)
+    monkeypatch.setenv("LLM_PROVIDER", "groq")
+    assert module.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: LLM_PROVIDER=groq needs an API key: set GROQ_API_KEY")
+    assert "Traceback" not in err and not (env / "eval_results").exists()
+
+
+def test_bad_setting_is_a_one_line_error(env, monkeypatch, capsys):
+    monkeypatch.setenv("RERANKER", "colbert")
+    assert eval_reranker.main([]) == 2
+    assert capsys.readouterr().err.startswith("error: RERANKER='colbert'")
+
+
 # ------------------------------------------------------------------------------------------------
 # eval_comprehensive
 # ------------------------------------------------------------------------------------------------
