@@ -38,6 +38,8 @@ MAX_TOKENS = {
 DUPLICATE_COSINE = 0.90
 """Two step questions whose embeddings are at least this similar are the same question
 (all-MiniLM-L6-v2: paraphrases of one legal question score 0.85-0.97, different doctrines < 0.75)."""
+ISSUE_MATCH_COSINE = 0.5
+"""A replanned question at least this similar to an open planned issue researches that issue."""
 CONFIDENCE_EPSILON = 0.02
 """A failed step whose confidence is not better than the previous step's by more than this added
 nothing: stop (stagnation)."""
@@ -307,6 +309,27 @@ def _next_step_id(state: AgentState) -> int:
     return max((s["step_id"] for s in state.get("planning_table") or []), default=0) + 1
 
 
+def issue_question(issue: str) -> str:
+    """The research question for a planned issue (used when the model's own question is
+    unusable: a restatement of the objective or a repeat of an earlier step)."""
+    return f"What are the rule and elements of {issue.strip().rstrip('?.')}?"
+
+
+def _unfocused(ctx: AgentContext, question: str, issues: list[str], objective: str) -> bool:
+    """True when ``question`` is closer (embedding cosine) to the whole objective than to every
+    one of ``issues``: a restatement of the objective rather than research on one issue
+    (all-MiniLM-L6-v2 on the multi_hop demo: a restated question 0.69 to the objective and at
+    most 0.38 to an issue; a focused one 0.83 to its issue and 0.65 to the objective)."""
+    sims = _cosines(ctx, question, [objective, *issues])
+    return bool(sims) and max(sims[1:]) < sims[0]
+
+
+def open_issues(state: AgentState) -> list[str]:
+    """Planned issues no step has researched yet, in the planner's order."""
+    done = set(state.get("researched_issues") or [])
+    return [i for i in state.get("issues") or [] if i not in done]
+
+
 def _short(text: str, n: int = 80) -> str:
     text = " ".join((text or "").split())
     return text if len(text) <= n else text[: n - 1] + "…"
@@ -518,6 +541,15 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     step_q = clean_question(plan.question) if plan else ""
     phase = (plan.phase if plan else "") or "rule"
     issues = [" ".join(i.split()) for i in (plan.issues if plan else []) if i.strip()]
+    note = ""
+    # A multi-issue objective restated as one question retrieves nothing focused: research the
+    # first planned issue instead.
+    if (
+        issues
+        and state.get("query_type") == "multi_hop"
+        and (len(step_q) < 10 or _unfocused(ctx, step_q, issues[:1], question))
+    ):
+        step_q, phase, note = issue_question(issues[0]), "rule", " (agenda: first issue)"
     if len(step_q) < 10:
         step_q, phase = question, "rule"
     step: PlanStep = {
@@ -527,8 +559,13 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         "question": step_q,
         "execution": None,
     }
-    update = {"memory_hit": False, "planning_table": [step], "issues": issues}
-    return update, f"step 1: {_short(step_q)}" + (
+    update = {
+        "memory_hit": False,
+        "planning_table": [step],
+        "issues": issues,
+        "researched_issues": issues[:1],
+    }
+    return update, f"step 1: {_short(step_q)}{note}" + (
         f" (issues: {'; '.join(issues)})" if issues else ""
     )
 
@@ -723,21 +760,39 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         return {
             "stop_reason": "replanner failed (unparseable reply)"
         }, "complete (unparseable reply)"
+    if plan.action == "complete":
+        return {"stop_reason": "replanner: complete"}, "complete (complete)"
     question = clean_question(plan.question)
-    if plan.action == "complete" or len(question) < 10:
-        reason = (
-            "replanner: complete" if plan.action == "complete" else "replanner: no usable question"
-        )
-        return {"stop_reason": reason}, f"complete ({plan.action})"
-    sims = _cosines(ctx, question, [p["question"] for p in table])
-    if sims and max(sims) >= DUPLICATE_COSINE:
-        stop = f"stagnation: replanned question repeats an earlier one (cosine {max(sims):.2f})"
-        return {"stop_reason": stop}, f"complete ({stop})"
+    agenda = open_issues(state)
+    earlier = [p["question"] for p in table]
+    sims = _cosines(ctx, question, earlier) if len(question) >= 10 else []
+    problem = None
+    if len(question) < 10:
+        problem = "no usable question"
+    elif sims and max(sims) >= DUPLICATE_COSINE:
+        problem = f"the question repeats an earlier one (cosine {max(sims):.2f})"
+    elif agenda and _unfocused(ctx, question, agenda, state["question"]):
+        problem = "the question is closer to the objective than to any open issue"
     last = table[-1] if table else None
     action = plan.action
     if action == "retry" and last is not None and last["status"] == "completed":
         action = "next_step"  # only a failed step is retried
     phase = plan.phase or (last["phase"] if action == "retry" and last else "research")
+    issue = None
+    if problem is not None:
+        if not agenda:
+            stop = (
+                "replanner: no usable question"
+                if len(question) < 10
+                else f"stagnation: replanned question {problem.removeprefix('the question ')}"
+            )
+            return {"stop_reason": stop}, f"complete ({problem})"
+        issue = agenda[0]
+        question, action, phase = issue_question(issue), "next_step", "rule"
+    elif agenda:
+        match = _cosines(ctx, question, agenda)
+        if match and max(match) >= ISSUE_MATCH_COSINE:
+            issue = agenda[match.index(max(match))]
     step: PlanStep = {
         "step_id": _next_step_id(state),
         "status": "pending",
@@ -745,7 +800,13 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         "question": question,
         "execution": None,
     }
-    return {"planning_table": [step]}, f"{action}: step {step['step_id']}: {_short(question)}"
+    update: dict[str, Any] = {"planning_table": [step]}
+    if issue is not None:
+        update["researched_issues"] = [*(state.get("researched_issues") or []), issue]
+    decision = f"{action}: step {step['step_id']}: {_short(question)}"
+    if problem is not None:
+        decision += f" (agenda: {problem})"
+    return update, decision
 
 
 def mc_evidence(state: AgentState, limit: int = MC_EVIDENCE_PASSAGES) -> str:

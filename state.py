@@ -58,7 +58,9 @@ class AgentState(TypedDict, total=False):
     """The question without choices (what classifier, planner and replanner see)."""
     choices: dict[str, str]
     issues: list[str]
-    """The legal issues the planner identified (the replanner sees them)."""
+    """The legal issues the planner identified: the research agenda (the replanner sees it)."""
+    researched_issues: list[str]
+    """Issues a step has researched (the first by the planner's step, later by matching)."""
     planning_table: Annotated[list[PlanStep], merge_steps]
     query_type: QueryType
     final_cited_answer: str

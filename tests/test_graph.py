@@ -62,12 +62,15 @@ def _words(text: str) -> list[str]:
     return re.findall(r"[a-z]+", text.lower())
 
 
+STOPWORDS = frozenset("a an and are at be by do does for how in is must of on the to was what".split())
+
+
 def fake_embed(texts: list[str]) -> list[list[float]]:
-    """Bag-of-words hashed into 64 dims, L2-normalised: equal texts -> cosine 1."""
+    """Content words hashed into 64 dims, L2-normalised: equal texts -> cosine 1."""
     rows = []
     for text in texts:
         vec = [0.0] * 64
-        for w in _words(text):
+        for w in (w for w in _words(text) if w not in STOPWORDS):
             vec[int(hashlib.md5(w.encode()).hexdigest(), 16) % 64] += 1.0
         norm = math.sqrt(sum(v * v for v in vec)) or 1.0
         rows.append([v / norm for v in vec])
@@ -325,12 +328,46 @@ def test_stagnation_stops_a_retry_that_does_not_improve_confidence(tmp_settings)
 def test_stagnation_stops_a_replanned_duplicate_question(tmp_settings):
     first = "What free speech protections apply to students at public universities?"
     replies = multi_replies(
-        n_steps=1, replan=[J(action="next_step", phase="rule", question=first + "?")]
+        n_steps=1,
+        plan=[J(issues=["student speech"], phase="rule", question=first)],
+        replan=[J(action="next_step", phase="rule", question=first + "?")],
     )
     result, *_ = run(tmp_settings, replies)
     assert "repeats an earlier one" in result["run_metrics"]["stop_reason"]
     assert result["run_metrics"]["iterations"] == 1
     assert result["run_metrics"]["llm_calls"] == 5
+
+
+def test_a_repeated_question_moves_the_research_to_the_next_planned_issue(tmp_settings):
+    first = "What free speech protections apply to students at public universities?"
+    replies = multi_replies(
+        n_steps=3,
+        replan=[
+            J(action="retry", phase="rule", question=first),  # a repeat: the agenda decides
+            J(action="next_step", phase="rule", question="What does the free exercise clause protect?"),
+        ],
+    )  # fmt: skip
+    result, *_ = run(tmp_settings, replies)
+    questions = [s["question"] for s in result["planning_table"]]
+    assert questions[1] == nodes.issue_question("due process")
+    assert result["researched_issues"] == ["student speech", "due process", "free exercise"]
+    assert result["run_metrics"]["steps_completed"] == 3
+    assert any(
+        "agenda: the question repeats an earlier one" in e["decision"] for e in result["_events"]
+    )
+
+
+def test_multi_hop_plan_that_restates_the_objective_researches_the_first_issue(tmp_settings):
+    objective = "Which constitutional rights did the university violate when it suspended her?"
+    replies = multi_replies(
+        n_steps=1,
+        plan=[J(issues=["First Amendment student speech", "due process"], phase="rule", question=objective)],
+        replan=[J(action="complete", phase="", question="")],
+    )  # fmt: skip
+    result, *_ = run(tmp_settings, replies, question=objective)
+    step = result["planning_table"][0]
+    assert step["question"] == nodes.issue_question("First Amendment student speech")
+    assert result["researched_issues"] == ["First Amendment student speech"]
 
 
 def test_stagnation_can_fire_after_execution_with_duplicate_step():
