@@ -161,10 +161,12 @@ def fill_context(ctx: AgentContext) -> AgentContext:
         ctx.check_memory = check_memory
     if ctx.write_memory is None:
 
-        def write_memory(question: str, answer: str, confidence: float) -> None:
+        def write_memory(
+            question: str, answer: str, confidence: float, sources: Sequence[dict] = ()
+        ) -> None:
             import rag_utils
 
-            rag_utils.write_to_memory(question, answer, confidence, settings=s)
+            rag_utils.write_to_memory(question, answer, confidence, settings=s, sources=sources)
 
         ctx.write_memory = write_memory
     return ctx
@@ -527,6 +529,7 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
                 "memory_hit": True,
                 "final_cited_answer": answer,
                 "research_answer": answer,
+                "sources": list(hit.get("sources") or []),
                 "stop_reason": "memory_hit",
             },
             f"memory hit (similarity {hit.get('similarity', 0):.3f})",
@@ -862,7 +865,7 @@ def memory_writeback(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     if confidence < threshold:
         return {}, f"skip: confidence {confidence:.3f} < {threshold:.2f}"
     try:
-        ctx.write_memory(state["question"], research, confidence)
+        ctx.write_memory(state["question"], research, confidence, state.get("sources") or [])
     except Exception as exc:  # noqa: BLE001 - caching is best effort
         logger.warning("QA memory write failed: %s", exc)
         return {}, f"skip: write failed ({exc})"

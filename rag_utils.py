@@ -851,7 +851,7 @@ def check_memory(
 ) -> dict[str, Any] | None:
     """The stored answer of the most similar earlier question when its cosine similarity is at
     least ``threshold`` (default MEMORY_THRESHOLD): keys question, answer, confidence, similarity,
-    timestamp. None otherwise."""
+    timestamp, sources. None otherwise."""
     s = _settings(settings)
     threshold = s.memory_threshold if threshold is None else threshold
     col = _memory_collection(s)
@@ -867,21 +867,47 @@ def check_memory(
     similarity = 1.0 - float(got["distances"][0][0])
     if similarity < threshold:
         return None
+    try:
+        sources = json.loads(meta.get("sources") or "[]")
+    except ValueError:
+        sources = []
     return {
         "question": meta.get("question", ""),
         "answer": meta.get("answer", ""),
         "confidence": float(meta.get("confidence", 0.0)),
         "similarity": similarity,
         "timestamp": meta.get("timestamp", ""),
+        "sources": sources,
     }
 
 
+MEMORY_SOURCE_CHARS = 600
+"""Characters of each source passage kept with a cached answer (enough to show and to check)."""
+
+
 def write_to_memory(
-    question: str, answer: str, confidence: float, settings: Settings | None = None
+    question: str,
+    answer: str,
+    confidence: float,
+    settings: Settings | None = None,
+    *,
+    sources: Sequence[dict[str, Any]] = (),
 ) -> None:
-    """Store (or replace) the answer to ``question`` with an ISO-8601 UTC timestamp."""
+    """Store (or replace) the answer to ``question`` with an ISO-8601 UTC timestamp and the
+    passages its citations name (``sources``: dicts with id, title, source, text, ref)."""
     s = _settings(settings)
     q = get_embedder(s).embed_query(question)
+    kept = [
+        {
+            "id": str(d.get("id", "")),
+            "title": str(d.get("title") or ""),
+            "source": str(d.get("source") or ""),
+            "text": str(d.get("text") or "")[:MEMORY_SOURCE_CHARS],
+            "ref": str(d.get("ref") or ""),
+            **({"step_id": d["step_id"]} if "step_id" in d else {}),
+        }
+        for d in sources
+    ]
     _memory_collection(s).upsert(
         ids=[_memory_id(question)],
         documents=[question],
@@ -892,6 +918,7 @@ def write_to_memory(
                 "answer": answer,
                 "confidence": float(confidence),
                 "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
+                "sources": json.dumps(kept),
             }
         ],
     )

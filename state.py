@@ -117,7 +117,8 @@ class AgentContext:
     embed: Callable[[list[str]], Any] | None = None
     """texts -> L2-normalised rows (np.ndarray or lists)."""
     check_memory: Callable[[str], dict | None] | None = None
-    write_memory: Callable[[str, str, float], None] | None = None
+    write_memory: Callable[[str, str, float, list[dict]], None] | None = None
+    """(question, research answer, confidence, sources) -> None."""
     record_offset: int = 0
     """Index of the client's first call record that belongs to this run."""
     extras: dict[str, Any] = field(default_factory=dict)

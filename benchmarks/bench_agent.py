@@ -225,7 +225,7 @@ def _fake_context(settings: Any) -> Any:
         confidence=lambda q, d: 0.6,
         embed=embed,
         check_memory=lambda q: None,
-        write_memory=lambda q, a, c: None,
+        write_memory=lambda q, a, c, sources: None,
     )
 
 

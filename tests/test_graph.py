@@ -62,7 +62,30 @@ def _words(text: str) -> list[str]:
     return re.findall(r"[a-z]+", text.lower())
 
 
-STOPWORDS = frozenset("a an and are at be by do does for how in is must of on the to was what".split())
+STOPWORDS = frozenset(
+    [
+        "a",
+        "an",
+        "and",
+        "are",
+        "at",
+        "be",
+        "by",
+        "do",
+        "does",
+        "for",
+        "how",
+        "in",
+        "is",
+        "must",
+        "of",
+        "on",
+        "the",
+        "to",
+        "was",
+        "what",
+    ]
+)
 
 
 def fake_embed(texts: list[str]) -> list[list[float]]:
@@ -121,12 +144,14 @@ class Memory:
     def __init__(self, hit: dict | None = None) -> None:
         self.hit = hit
         self.writes: list[tuple[str, str, float]] = []
+        self.sources: list[list[dict]] = []
 
     def check(self, question: str) -> dict | None:
         return self.hit
 
-    def write(self, question: str, answer: str, confidence: float) -> None:
+    def write(self, question: str, answer: str, confidence: float, sources: list) -> None:
         self.writes.append((question, answer, confidence))
+        self.sources.append(sources)
 
 
 def J(**kw: Any) -> str:
@@ -237,6 +262,7 @@ def test_simple_path_uses_four_llm_calls_and_cites_sources(tmp_settings):
     ]  # fmt: skip
     # Confident research is cached.
     assert len(memory.writes) == 1 and memory.writes[0][0] == "What are the elements of negligence?"
+    assert [d["ref"] for d in memory.sources[0]] == [f"[Query 1][Source {n}]" for n in range(1, 6)]
 
 
 def test_injection_check_adds_one_call(tmp_settings):
@@ -402,10 +428,12 @@ def test_replanner_unparseable_reply_completes(tmp_settings):
 
 
 def test_memory_hit_short_circuits_without_more_llm_calls(tmp_settings):
-    memory = Memory({"question": "q", "answer": "Cached research [Query 1][Source 1].", "confidence": 0.7, "similarity": 0.95})  # fmt: skip
+    cached_source = {"id": "p1", "title": "Passage 1", "source": "starter", "text": "Rule text", "ref": "[Query 1][Source 1]"}  # fmt: skip
+    memory = Memory({"question": "q", "answer": "Cached research [Query 1][Source 1].", "confidence": 0.7, "similarity": 0.95, "sources": [cached_source]})  # fmt: skip
     replies = {"classify": [J(query_type="simple")]}
     result, script, memory, retriever = run(tmp_settings, replies, memory=memory)
     assert result["memory_hit"] is True
+    assert result["sources"] == [cached_source]  # the cached answer still shows its sources
     assert result["run_metrics"]["llm_calls"] == 1
     assert result["final_cited_answer"] == "Cached research [Query 1][Source 1]."
     assert retriever.calls == []

@@ -371,13 +371,24 @@ def test_confidence_is_the_mean_cosine_of_query_and_documents(loaded):
 def test_qa_memory_roundtrip_threshold_and_clear(loaded):
     settings, passages = loaded
     assert rag_utils.check_memory("What are the elements of negligence?", settings=settings) is None
+    source = {
+        "id": "mbe_neg1",
+        "title": "Negligence",
+        "text": "x" * 2000,
+        "ref": "[Query 1][Source 1]",
+    }
     rag_utils.write_to_memory(
-        "What are the elements of negligence?", "Duty, breach...", 0.71, settings=settings
+        "What are the elements of negligence?",
+        "Duty, breach...",
+        0.71,
+        settings=settings,
+        sources=[source],
     )
     hit = rag_utils.check_memory("what are the elements of NEGLIGENCE?", settings=settings)
     assert hit is not None
     assert hit["answer"] == "Duty, breach..." and hit["confidence"] == pytest.approx(0.71)
     assert hit["similarity"] > 0.99
+    assert hit["sources"] == [{**source, "source": "", "text": "x" * rag_utils.MEMORY_SOURCE_CHARS}]
     assert datetime.fromisoformat(hit["timestamp"]).tzinfo is not None
     assert rag_utils.check_memory("Is adverse possession hostile?", settings=settings) is None
     near = "What are the elements of negligence and battery?"
