@@ -243,6 +243,16 @@ def retrieval_metrics(
     return out
 
 
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values`` by linear interpolation; NaN when empty."""
+    vals = sorted(values)
+    if not vals:
+        return float("nan")
+    pos = (len(vals) - 1) * q
+    lo, hi = int(pos), min(int(pos) + 1, len(vals) - 1)
+    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
+
+
 def mean(values: Iterable[float]) -> float:
     values = list(values)
     return float(sum(values) / len(values)) if values else float("nan")

@@ -32,6 +32,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import eval_common as ec  # noqa: E402
+
 RESULTS = REPO / "benchmarks" / "results" / "bench_agent.json"
 
 COVERED_QUESTIONS = [
@@ -64,22 +66,13 @@ UNCOVERED_QUESTIONS = [
 ]
 
 
-def _percentile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    if not values:
-        return float("nan")
-    k = (len(values) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (k - lo)
-
-
 def _stats(values: list[float]) -> dict[str, float]:
     return {
         "n": len(values),
         "mean": round(statistics.fmean(values), 4) if values else None,
-        "p10": round(_percentile(values, 0.10), 4),
-        "p50": round(_percentile(values, 0.50), 4),
-        "p90": round(_percentile(values, 0.90), 4),
+        "p10": round(ec.percentile(values, 0.10), 4),
+        "p50": round(ec.percentile(values, 0.50), 4),
+        "p90": round(ec.percentile(values, 0.90), 4),
     }
 
 
@@ -131,7 +124,9 @@ def calibrate(k: int = 5, starter_only: bool = False) -> dict[str, Any]:
     covered = topk_mean(emb(COVERED_QUESTIONS))
     uncovered = topk_mean(emb(UNCOVERED_QUESTIONS))
     bar_topk = topk_mean(Qg)
-    suggested = round((_percentile(uncovered, 0.9) + _percentile(covered + bar_topk, 0.1)) / 2, 2)
+    suggested = round(
+        (ec.percentile(uncovered, 0.9) + ec.percentile(covered + bar_topk, 0.1)) / 2, 2
+    )
     return {
         "passages": len(passages),
         "embed_s": round(embed_s, 1),

@@ -35,32 +35,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import eval_common as ec  # noqa: E402
+
 RESULTS = REPO / "benchmarks" / "results" / "bench_retrieval.json"
 METHODS = {"dense": "none", "bm25": "bm25", "hybrid": "hybrid"}
 
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
-def percentile(values: list[float], q: float) -> float:
-    vals = sorted(values)
-    if not vals:
-        return float("nan")
-    pos = (len(vals) - 1) * q
-    lo, hi = int(pos), min(int(pos) + 1, len(vals) - 1)
-    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
-
-
-def question_text(item: dict) -> str:
-    prompt = str(item.get("prompt") or "").strip()
-    question = str(item.get("question") or "").strip()
-    return f"{prompt}\n\n{question}" if prompt else question
-
-
-def with_choices(item: dict) -> str:
-    choices = "\n".join(f"({k.upper()}) {item.get(f'choice_{k}', '')}" for k in "abcd")
-    return f"{question_text(item)}\n{choices}"
 
 
 def bench_indexing(settings: Any, passages_path: Path) -> dict[str, Any]:
@@ -107,8 +89,8 @@ def bench_latency(
             )
             times.append(time.perf_counter() - t)
         out[reranker] = {
-            "p50_ms": round(1000 * percentile(times, 0.5), 1),
-            "p95_ms": round(1000 * percentile(times, 0.95), 1),
+            "p50_ms": round(1000 * ec.percentile(times, 0.5), 1),
+            "p95_ms": round(1000 * ec.percentile(times, 0.95), 1),
             "n": len(times),
         }
     return out
@@ -117,7 +99,8 @@ def bench_latency(
 def triples(items: list[dict]) -> list[list[str]]:
     """Three queries per item, as the agent sends them: the question, with choices, the stem."""
     return [
-        [question_text(it), with_choices(it), str(it.get("question") or "")[:200]] for it in items
+        [ec.item_question(it), ec.question_with_choices(it), str(it.get("question") or "")[:200]]
+        for it in items
     ]
 
 
@@ -132,7 +115,10 @@ def bench_quality(settings: Any, qa: list[dict]) -> dict[str, Any]:
         "items": len(items),
         "items_without_gold_in_corpus": len(qa) - len(items),
     }
-    for variant, make in (("question", question_text), ("question+choices", with_choices)):
+    for variant, make in (
+        ("question", ec.item_question),
+        ("question+choices", ec.question_with_choices),
+    ):
         for label, reranker in METHODS.items():
             hits = {1: 0, 5: 0, 10: 0}
             rr = 0.0

@@ -187,3 +187,10 @@ def test_plots_are_written(tmp_path):
     b = ec.plot_recall_curve({"question": [0.1, 0.2, 0.5]}, tmp_path / "recall.png")
     for p in (a, b):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_percentile_interpolates_between_ranks():
+    assert ec.percentile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.5
+    assert ec.percentile([10.0, 20.0], 0.95) == pytest.approx(19.5)
+    assert ec.percentile([7.0], 0.9) == 7.0
+    assert math.isnan(ec.percentile([], 0.5))
