@@ -167,7 +167,13 @@ def _fake_context(settings: Any) -> Any:
         if role == "classify":
             return json.dumps({"query_type": "multi_hop"})
         if role == "plan":
-            return json.dumps({"phase": "rule", "question": "What rule governs the first issue?"})
+            return json.dumps(
+                {
+                    "issues": ["first issue", "second issue"],
+                    "phase": "rule",
+                    "question": "What rule governs the first issue?",
+                }
+            )
         if role == "rewrite":
             return json.dumps({"primary": "rule query", "alternatives": ["alt one", "alt two"]})
         if role == "synthesize":
@@ -205,12 +211,16 @@ def _fake_context(settings: Any) -> Any:
         ex = set(exclude)
         return [dict(d) for d in docs if d["id"] not in ex][:k]
 
+    dims: dict[str, int] = {}
+
     def embed(texts):
+        """One dimension per distinct text: equal texts have cosine 1, different ones 0
+        (deterministic, unlike hash(), so every run takes the same path)."""
         import numpy as np
 
-        rows = np.zeros((len(texts), 16), dtype="float32")
+        rows = np.zeros((len(texts), 256), dtype="float32")
         for i, t in enumerate(texts):
-            rows[i, hash(t) % 16] = 1.0
+            rows[i, dims.setdefault(t, len(dims) % 256)] = 1.0
         return rows
 
     return AgentContext(
