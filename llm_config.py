@@ -75,6 +75,8 @@ class Provider:
     api_key_env: str | None
     requests_per_day: int | None = None
     tokens_per_day: int | None = None
+    requests_per_minute: int | None = None
+    """Calls started per minute that the client allows itself (None = no limit)."""
     supports_system_messages: bool = True
     supports_json_schema: bool = False
     key_required: bool = True
@@ -92,31 +94,31 @@ _PROVIDER_LIST = [
              notes="embedded Qwen2.5-Coder-0.5B Q4_K_M, faster, weaker ('local-small' extra)"),
     Provider("google-gemma", "https://generativelanguage.googleapis.com/v1beta/openai/",
              "gemma-3-27b-it", "GEMINI_API_KEY", 14_400, None, supports_system_messages=False,
-             notes="Google AI Studio free tier (30 req/min, 15k tokens/min); system prompt folded into the user turn"),
+             requests_per_minute=30, notes="Google AI Studio free tier (30 req/min, 15k tokens/min); system prompt folded into the user turn"),
     Provider("google-gemini-flash", "https://generativelanguage.googleapis.com/v1beta/openai/",
              "gemini-2.5-flash", "GEMINI_API_KEY", 250, None, supports_json_schema=True,
-             notes="Google AI Studio free tier (10 req/min)"),
+             requests_per_minute=10, notes="Google AI Studio free tier (10 req/min)"),
     Provider("groq", "https://api.groq.com/openai/v1", "llama-3.3-70b-versatile", "GROQ_API_KEY",
-             1_000, 100_000, notes="Groq free tier (30 req/min, 12k tokens/min)"),
+             1_000, 100_000, requests_per_minute=30, notes="Groq free tier (30 req/min, 12k tokens/min)"),
     Provider("groq-small", "https://api.groq.com/openai/v1", "llama-3.1-8b-instant", "GROQ_API_KEY",
-             14_400, 500_000, notes="Groq free tier; cheap calls (LLM_PROVIDER_FAST)"),
+             14_400, 500_000, requests_per_minute=30, notes="Groq free tier; cheap calls (LLM_PROVIDER_FAST)"),
     Provider("openrouter-llama-free", "https://openrouter.ai/api/v1",
              "meta-llama/llama-3.3-70b-instruct:free", "OPENROUTER_API_KEY", 50, None,
-             notes="OpenRouter free model (20 req/min; 1000 req/day after buying $10 credit)"),
+             requests_per_minute=20, notes="OpenRouter free model (20 req/min; 1000 req/day after buying $10 credit)"),
     Provider("openrouter-deepseek-free", "https://openrouter.ai/api/v1",
              "deepseek/deepseek-chat-v3-0324:free", "OPENROUTER_API_KEY", 50, None,
-             notes="OpenRouter free model; shares the free daily request budget"),
+             requests_per_minute=20, notes="OpenRouter free model; shares the free daily request budget"),
     Provider("openrouter-gemma-free", "https://openrouter.ai/api/v1", "google/gemma-3-27b-it:free",
              "OPENROUTER_API_KEY", 50, None, supports_system_messages=False,
-             notes="OpenRouter free model; shares the free daily request budget"),
+             requests_per_minute=20, notes="OpenRouter free model; shares the free daily request budget"),
     Provider("openrouter-qwen-free", "https://openrouter.ai/api/v1",
              "qwen/qwen-2.5-72b-instruct:free", "OPENROUTER_API_KEY", 50, None,
-             notes="OpenRouter free model; shares the free daily request budget"),
+             requests_per_minute=20, notes="OpenRouter free model; shares the free daily request budget"),
     Provider("openrouter-paid", "https://openrouter.ai/api/v1", "openai/gpt-4o-mini",
              "OPENROUTER_API_KEY", None, None, supports_json_schema=True,
              notes="OpenRouter paid model (pay per token); any OpenRouter model id via LLM_MODEL"),
     Provider("cerebras", "https://api.cerebras.ai/v1", "llama-3.3-70b", "CEREBRAS_API_KEY",
-             14_400, 1_000_000, notes="Cerebras free tier (30 req/min, 60k tokens/min)"),
+             14_400, 1_000_000, requests_per_minute=30, notes="Cerebras free tier (30 req/min, 60k tokens/min)"),
     Provider("ollama", "http://localhost:11434/v1", "qwen2.5:7b-instruct", None,
              supports_json_schema=True, key_required=False,
              notes="local Ollama server; `ollama pull` the model first; LLM_MODEL picks another"),
@@ -127,7 +129,7 @@ _PROVIDER_LIST = [
     Provider("together", "https://api.together.xyz/v1", "meta-llama/Llama-3.3-70B-Instruct-Turbo",
              "TOGETHER_API_KEY", None, None, notes="paid; per-minute limits by account tier"),
     Provider("mistral", "https://api.mistral.ai/v1", "mistral-small-latest", "MISTRAL_API_KEY",
-             None, None, notes="free 'Experiment' plan: 1 req/s, 500k tokens/min, 1B tokens/month"),
+             None, None, requests_per_minute=60, notes="free 'Experiment' plan: 1 req/s, 500k tokens/min, 1B tokens/month"),
     Provider("vllm", "http://localhost:8000/v1", "", None, supports_json_schema=True,
              key_required=False,
              notes="your vLLM server; set LLM_MODEL (and LLM_BASE_URL if not localhost:8000)"),
@@ -157,6 +159,7 @@ class ResolvedLLM:
     supports_json_schema: bool
     local: bool
     api_key: str | None = field(default=None, repr=False)
+    requests_per_minute: int | None = None
 
 
 def resolve(role: str | None = None, settings: Settings | None = None) -> ResolvedLLM:
@@ -200,7 +203,49 @@ def resolve(role: str | None = None, settings: Settings | None = None) -> Resolv
         supports_json_schema=provider.supports_json_schema,
         local=local,
         api_key=api_key,
+        requests_per_minute=settings.llm_requests_per_minute or provider.requests_per_minute,
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# Rate limiting
+# ------------------------------------------------------------------------------------------------
+
+
+class RateLimiter:
+    """Spaces call starts at least ``60 / per_minute`` seconds apart, across threads, so that
+    concurrent eval workers stay within a provider's requests-per-minute limit."""
+
+    def __init__(self, per_minute: float) -> None:
+        self.interval = 60.0 / per_minute
+        self._next = 0.0
+        self._lock = threading.Lock()
+
+    def wait(self) -> float:
+        """Block until this call may start; returns the seconds waited."""
+        with self._lock:
+            now = time.monotonic()
+            start = max(now, self._next)
+            self._next = start + self.interval
+        delay = start - now
+        if delay > 0:
+            time.sleep(delay)
+        return delay
+
+
+_limiters: dict[tuple[str, str | None, str, int], RateLimiter] = {}
+_limiters_lock = threading.Lock()
+
+
+def rate_limiter(cfg: ResolvedLLM) -> RateLimiter | None:
+    """The process-wide limiter of an endpoint (None when it has no per-minute limit)."""
+    if not cfg.requests_per_minute or cfg.requests_per_minute <= 0:
+        return None
+    key = (cfg.provider, cfg.base_url, cfg.model, cfg.requests_per_minute)
+    with _limiters_lock:
+        if key not in _limiters:
+            _limiters[key] = RateLimiter(cfg.requests_per_minute)
+        return _limiters[key]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -767,8 +812,13 @@ class LLMClient:
         if timeout is not None and _is_openai_model(llm):
             call_kwargs["timeout"] = timeout
         attempts = max(0, int(self.settings.llm_max_retries)) + 1
+        limiter = rate_limiter(cfg)
         start = time.perf_counter()
         for attempt in range(attempts):
+            if limiter is not None and (waited := limiter.wait()) > 0:
+                logger.debug(
+                    "LLM %s/%s: waited %.1fs for the rate limit", cfg.provider, role, waited
+                )
             try:
                 message = llm.invoke(msgs, **call_kwargs)
             except openai.LengthFinishReasonError as exc:
@@ -954,6 +1004,7 @@ def provider_rows(settings: Settings | None = None) -> list[dict]:
                 "base_url": p.base_url or "(embedded, loopback)",
                 "api_key_env": p.api_key_env,
                 "key": key,
+                "requests_per_minute": p.requests_per_minute,
                 "requests_per_day": p.requests_per_day,
                 "tokens_per_day": p.tokens_per_day,
                 "json_schema": p.supports_json_schema,
@@ -1011,12 +1062,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps({"providers": rows, "selected": selection, "ping": ping}, indent=2))
         return 0 if ping is None or ping["ok"] else 1
 
-    headers = ["name", "model", "key", "req/day", "tokens/day", "schema", "notes"]
+    headers = ["name", "model", "key", "req/min", "req/day", "tokens/day", "schema", "notes"]
     table = [
         [
             r["name"],
             r["model"],
             f"{r['api_key_env']}: {r['key']}" if r["api_key_env"] else r["key"],
+            _fmt_limit(r["requests_per_minute"]),
             _fmt_limit(r["requests_per_day"]),
             _fmt_limit(r["tokens_per_day"]),
             "yes" if r["json_schema"] else "no",

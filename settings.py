@@ -75,6 +75,9 @@ class Settings:
     llm_timeout: float = 300.0
     """Seconds per LLM call before it is abandoned (the local model is slow)."""
     llm_max_retries: int = 4
+    llm_requests_per_minute: int = 0
+    """Calls per minute the client allows itself (shared by eval workers); 0 = the provider's
+    published limit from the registry (none for local servers)."""
     llm_cache: bool = False
     """Cache LLM responses in SQLite (the eval scripts turn this on)."""
     llm_cache_path: str = ".cache/llm_cache.sqlite"

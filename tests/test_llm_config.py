@@ -90,6 +90,7 @@ class FakeServer:
                 with outer._lock:
                     outer.requests.append(
                         {
+                            "t": time.monotonic(),
                             "path": self.path,
                             "body": body,
                             "headers": {k.lower(): v for k, v in self.headers.items()},
@@ -262,6 +263,29 @@ def test_rate_limit_retry_after_is_honoured(tmp_settings, server):
     assert res.text == "done" and res.retries == 1
     assert time.perf_counter() - t0 >= 1.0
     assert len(server.requests) == 2
+
+
+def test_concurrent_calls_stay_within_the_requests_per_minute_limit(tmp_settings, server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    server.script = [{"body": completion("ok")}]
+    client = make_client(tmp_settings, server, llm_requests_per_minute=300)  # one per 0.2 s
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda _: client.invoke(MSGS, role="synthesize").text, range(4)))
+    assert replies == ["ok"] * 4
+    starts = sorted(r["t"] for r in server.requests)
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    assert len(starts) == 4 and min(gaps) >= 0.18, gaps
+
+
+def test_registry_rate_limit_applies_unless_overridden(tmp_settings):
+    from llm_config import resolve
+
+    env = {"GROQ_API_KEY": SECRET}
+    groq = tmp_settings.replace(llm_provider="groq", environ=env)
+    assert resolve("synthesize", groq).requests_per_minute == 30
+    assert resolve("synthesize", groq.replace(llm_requests_per_minute=5)).requests_per_minute == 5
+    assert resolve("synthesize", tmp_settings).requests_per_minute is None  # local: no limit
 
 
 def test_server_errors_are_retried_then_succeed(tmp_settings, server):
