@@ -221,6 +221,21 @@ _INJECTION_PATTERNS: dict[str, re.Pattern[str]] = {
 }
 
 
+_CONTROL_CUES = re.compile(
+    r"\b(you|your|assistant|ai|chatbot|bot|prompt|instructions?|ignore|disregard|forget|"
+    r"override|pretend|role-?play|persona|act as|from now on|respond|reply|print|reveal|say|"
+    r"write|jailbreak)\b",
+    re.IGNORECASE,
+)
+"""Words an instruction aimed at the assistant needs. An LLM 'injection' verdict on text with
+none of them is overruled: the small local model flags plain bar-exam fact patterns."""
+
+
+def addresses_the_assistant(text: str) -> bool:
+    """True when ``text`` holds words an instruction to the assistant would use."""
+    return bool(_CONTROL_CUES.search(text))
+
+
 def prescreen_injection(text: str) -> list[str]:
     """Names of the deterministic injection patterns ``text`` matches (empty = looks safe)."""
     return [name for name, pattern in _INJECTION_PATTERNS.items() if pattern.search(text)]
@@ -447,7 +462,9 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
 
     Policy: a pre-screen hit rejects at once (no LLM call: the patterns are specific to attacks on
     the assistant, never to legal subject matter).  When the LLM's verdict cannot be parsed or the
-    call fails, the pre-screen verdict stands (safe here), and ``llm_verdict`` records why.
+    call fails, the pre-screen verdict stands (safe here), and ``llm_verdict`` records why.  An LLM
+    'injection' verdict rejects only input that addresses the assistant at all
+    (:func:`addresses_the_assistant`); on a plain fact pattern it is overruled and recorded.
     """
     text = state.get("global_objective", "")
     hits = prescreen_injection(text)
@@ -479,6 +496,13 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
             check["llm_verdict"] = check["llm_verdict"] or "unparsed"
             check.update(
                 is_safe=True, verdict="safe", reason="LLM verdict unusable; pre-screen clean"
+            )
+        elif parsed.verdict == "injection" and not addresses_the_assistant(text):
+            check.update(
+                is_safe=True,
+                verdict="safe",
+                llm_verdict="injection",
+                reason=f"LLM verdict overruled: no instruction to the assistant ({parsed.reason})",
             )
         else:
             check.update(

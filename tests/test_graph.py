@@ -467,6 +467,21 @@ def test_injection_rejected_by_llm_verdict(tmp_settings):
     assert result["run_metrics"]["llm_calls"] == 1
 
 
+def test_llm_injection_verdict_on_a_plain_fact_pattern_is_overruled(tmp_settings):
+    """The local 1.5B flagged a bar-exam fact pattern as an injection; text that never addresses
+    the assistant is researched, and the overruled verdict is recorded."""
+    q = (
+        "Dana swung her handbag at an attacker in reasonable self-defense and struck Ben, a "
+        "bystander she had not seen. Ben sued Dana for battery. Will Ben prevail?"
+    )
+    replies = simple_replies(injection=[J(verdict="injection", reason="hypothetical facts")])
+    result, *_ = run(tmp_settings, replies, question=q, skip_injection_check=False)
+    check = result["injection_check"]
+    assert check["is_safe"] is True and check["llm_verdict"] == "injection"
+    assert check["reason"].startswith("LLM verdict overruled")
+    assert result["run_metrics"]["has_answer"] is True
+
+
 def test_crime_question_is_safe_and_unparseable_verdict_falls_back_to_prescreen(tmp_settings):
     q = "Is a defendant who shot a burglar guilty of murder, or was it self-defense?"
     assert nodes.prescreen_injection(q) == []
