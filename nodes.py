@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 MAX_TOKENS = {
     "injection": 60,
     "classify": 20,
-    "plan": 80,
+    "plan": 120,
     "rewrite": 110,
     "synthesize": 360,
     "replan": 130,
