@@ -26,10 +26,9 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from settings import Settings
+from settings import Settings, settings_or_current
 
 logger = logging.getLogger(__name__)
 
@@ -54,14 +53,6 @@ DEFAULT_PADDING = 500
 
 class CorpusError(ValueError):
     """Bad input file; the message names the file and the row."""
-
-
-def _settings(settings: Settings | None) -> Settings:
-    if settings is not None:
-        return settings
-    from settings import get_settings
-
-    return get_settings()
 
 
 def starter_dir() -> Path:
@@ -265,7 +256,7 @@ def _preferred(files: list[Path], whole_name: str) -> list[Path]:
 
 
 def barexam_dir(settings: Settings | None = None) -> Path:
-    base = Path(_settings(settings).datasets_dir).expanduser()
+    base = Path(settings_or_current(settings).datasets_dir).expanduser()
     return (base if base.is_absolute() else HERE / base) / BAREXAM_DIRNAME
 
 
@@ -285,7 +276,7 @@ def download_barexam(settings: Settings | None = None) -> tuple[list[Path], list
     ``datasets/barexam_qa/``. Raises OSError-like exceptions when offline."""
     from huggingface_hub import HfApi, hf_hub_download
 
-    s = _settings(settings)
+    s = settings_or_current(settings)
     repo = s.hf_dataset
     root = barexam_dir(s)
     files = HfApi().list_repo_files(repo, repo_type="dataset")
@@ -308,7 +299,7 @@ def download_barexam(settings: Settings | None = None) -> tuple[list[Path], list
 
 def default_source(settings: Settings | None = None) -> tuple[list[Path], list[Path]]:
     """(passage files, QA files): local Bar Exam QA, else downloaded, else the starter corpus."""
-    s = _settings(settings)
+    s = settings_or_current(settings)
     got = local_barexam(s)
     if got is not None:
         return got
@@ -354,7 +345,7 @@ def load_passages(
     rerun skips what is already stored."""
     import rag_utils
 
-    s = _settings(settings)
+    s = settings_or_current(settings)
     store = rag_utils.get_store(s)
     ids = [str(p["idx"]) for p in passages]
     if len(set(ids)) != len(ids):
@@ -398,7 +389,7 @@ def ensure_starter_index(settings: Settings | None = None) -> int:
     added (0 when the collection already has passages)."""
     import rag_utils
 
-    s = _settings(settings)
+    s = settings_or_current(settings)
     if rag_utils.corpus_count(s) > 0:
         return 0
     passage_files, _ = starter_files()
@@ -422,7 +413,7 @@ def curated_selection(
 def status(settings: Settings | None = None) -> dict[str, Any]:
     import rag_utils
 
-    s = _settings(settings)
+    s = settings_or_current(settings)
     store = rag_utils.get_store(s)
     where = (
         f"{s.chroma_host}:{s.chroma_port}" if s.chroma_host else str(Path(s.chroma_dir).resolve())
@@ -575,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    from settings import Settings, SettingsError, load_dotenv_file, set_settings
+    from settings import SettingsError, load_dotenv_file, set_settings
 
     try:
         load_dotenv_file()

@@ -33,10 +33,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from settings import Settings, settings_or_current
+
 if TYPE_CHECKING:
     import numpy as np
-
-    from settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -68,14 +68,6 @@ class ModelLoadError(RuntimeError):
 
 class StoreError(RuntimeError):
     """The vector store cannot be reached or used; the message says what to do."""
-
-
-def _settings(settings: Settings | None) -> Settings:
-    if settings is not None:
-        return settings
-    from settings import get_settings
-
-    return get_settings()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -126,7 +118,7 @@ def verify_sha256(path: str | Path, expected: str) -> None:
 
 def embedder_name(settings: Settings | None = None) -> str:
     """The name of the configured embedding model (without loading it)."""
-    model = (_settings(settings).embedding_model or "default").strip()
+    model = (settings_or_current(settings).embedding_model or "default").strip()
     return DEFAULT_MODEL_NAME if model.lower() == "default" else model
 
 
@@ -211,7 +203,7 @@ def _short(exc: BaseException, limit: int = 200) -> str:
 
 def get_embedder(settings: Settings | None = None) -> Embedder:
     """The configured embedder, built once per (model, device, trust_remote_code, batch size)."""
-    s = _settings(settings)
+    s = settings_or_current(settings)
     name = embedder_name(s)
     key = (name, s.embedding_device, s.trust_remote_code, s.embedding_batch_size)
     with _lock:
@@ -260,7 +252,7 @@ def _client_key(s: Settings) -> tuple:
 
 def get_client(settings: Settings | None = None) -> Any:
     """The Chroma client: ``HttpClient`` when CHROMA_HOST is set, else ``PersistentClient``."""
-    s = _settings(settings)
+    s = settings_or_current(settings)
     key = _client_key(s)
     with _lock:
         if key in _clients:
@@ -442,7 +434,7 @@ def _bm25_root(s: Settings) -> Path:
 
 def get_store(settings: Settings | None = None) -> PassageStore:
     """The passage collection for the configured embedding model (created when missing)."""
-    s = _settings(settings)
+    s = settings_or_current(settings)
     name = collection_name(s)
     key = (_client_key(s), name)
     with _lock:
@@ -561,7 +553,7 @@ class Bm25Index:
 def get_bm25(settings: Settings | None = None, store: PassageStore | None = None) -> Bm25Index:
     """The BM25 index of the passage collection: loaded from disk when its passage count still
     matches the collection's, else rebuilt from the store's texts and saved."""
-    s = _settings(settings)
+    s = settings_or_current(settings)
     store = store or get_store(s)
     count = store.count()
     key = (_client_key(s), store.name)
@@ -593,7 +585,7 @@ def get_bm25(settings: Settings | None = None, store: PassageStore | None = None
 
 def get_cross_encoder(settings: Settings | None = None, local_only: bool = False) -> Any:
     """The sentence-transformers CrossEncoder of RERANKER_MODEL (a hub name or a local path)."""
-    s = _settings(settings)
+    s = settings_or_current(settings)
     name = s.reranker_model
     key = (name, s.embedding_device)
     with _lock:
@@ -631,7 +623,7 @@ def get_cross_encoder(settings: Settings | None = None, local_only: bool = False
 def resolve_reranker(name: str | None = None, settings: Settings | None = None) -> str:
     """The reranker actually used: ``auto`` becomes cross-encoder when RERANKER_MODEL loads
     offline, else hybrid (logged once per model)."""
-    s = _settings(settings)
+    s = settings_or_current(settings)
     name = (name or s.reranker or "auto").strip().lower()
     if name not in RERANKERS:
         raise ValueError(f"unknown reranker {name!r}: use one of {', '.join(RERANKERS)}")
@@ -736,7 +728,7 @@ def retrieve_documents_multi_query(
     better) and ``rank`` (1-based); ``metadata['reranker']`` names the reranker used."""
     import numpy as np
 
-    s = _settings(settings)
+    s = settings_or_current(settings)
     queries = [q for q in (str(q).strip() for q in queries) if q]
     if not queries or k <= 0:
         return []
@@ -812,7 +804,7 @@ def compute_confidence(
 
     if not docs:
         return 0.0
-    s = _settings(settings)
+    s = settings_or_current(settings)
     embedder = get_embedder(s)
     q = embedder.embed_query(query)
     ids = [str(d.get("id", "")) for d in docs]
@@ -852,7 +844,7 @@ def check_memory(
     """The stored answer of the most similar earlier question when its cosine similarity is at
     least ``threshold`` (default MEMORY_THRESHOLD): keys question, answer, confidence, similarity,
     timestamp, sources. None otherwise."""
-    s = _settings(settings)
+    s = settings_or_current(settings)
     threshold = s.memory_threshold if threshold is None else threshold
     col = _memory_collection(s)
     if col.count() == 0:
@@ -895,7 +887,7 @@ def write_to_memory(
 ) -> None:
     """Store (or replace) the answer to ``question`` with an ISO-8601 UTC timestamp and the
     passages its citations name (``sources``: dicts with id, title, source, text, ref)."""
-    s = _settings(settings)
+    s = settings_or_current(settings)
     q = get_embedder(s).embed_query(question)
     kept = [
         {
@@ -926,7 +918,7 @@ def write_to_memory(
 
 def clear_memory(settings: Settings | None = None) -> int:
     """Delete every QA-memory entry of the current embedding model; returns how many there were."""
-    s = _settings(settings)
+    s = settings_or_current(settings)
     col = _memory_collection(s)
     n = int(col.count())
     get_client(s).delete_collection(col.name)

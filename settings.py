@@ -187,6 +187,11 @@ def get_settings() -> Settings:
     return _current
 
 
+def settings_or_current(settings: Settings | None) -> Settings:
+    """``settings`` when given, else the process-wide settings (library functions' default)."""
+    return settings if settings is not None else get_settings()
+
+
 def set_settings(settings: Settings | None) -> None:
     """Entry points (and tests) install the settings they built."""
     global _current
