@@ -613,7 +613,8 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     primary, alternatives, _ = rewrite_queries(ctx.client, step["question"], s)
     seen = [i for p in _executed(state) for i in p["execution"].get("retrieved_doc_ids", [])]
     docs = ctx.retrieve([primary, *alternatives], getattr(s, "retrieval_k", 5), seen)
-    docs = [d for d in docs if d["id"] not in set(seen)]  # belt and braces: never reuse a passage
+    used = set(seen)
+    docs = [d for d in docs if d["id"] not in used]  # belt and braces: never reuse a passage
     if docs:
         answer, citations = synthesize(ctx.client, step["question"], docs)
         confidence = float(ctx.confidence(step["question"], docs))
@@ -761,7 +762,8 @@ def _merge(state: AgentState, changed: list[PlanStep]) -> list[PlanStep]:
 @_traced("replanner")
 def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """next_step | retry | complete.  On LLM failure or an unusable reply: complete with the
-    evidence so far.  A question that repeats an earlier step (embedding cosine) also completes."""
+    evidence so far.  A question that is unusable, repeats an earlier step or restates the
+    objective is replaced by the next open planned issue; with none left, the research completes."""
     from llm_config import LLMCallError
 
     table = state.get("planning_table") or []
@@ -792,13 +794,21 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     question = clean_question(plan.question)
     agenda = open_issues(state)
     earlier = [p["question"] for p in table]
-    sims = _cosines(ctx, question, earlier) if len(question) >= 10 else []
+    # One embedding pass: the question against earlier steps, the objective and the open issues.
+    sims = (
+        _cosines(ctx, question, [*earlier, state["question"], *agenda])
+        if len(question) >= 10
+        else []
+    )
+    n = len(earlier)
+    to_earlier, to_agenda = sims[:n], sims[n + 1 :]
+    to_objective = sims[n] if sims else 0.0
     problem = None
     if len(question) < 10:
         problem = "no usable question"
-    elif sims and max(sims) >= DUPLICATE_COSINE:
-        problem = f"the question repeats an earlier one (cosine {max(sims):.2f})"
-    elif agenda and _unfocused(ctx, question, agenda, state["question"]):
+    elif to_earlier and max(to_earlier) >= DUPLICATE_COSINE:
+        problem = f"the question repeats an earlier one (cosine {max(to_earlier):.2f})"
+    elif to_agenda and max(to_agenda) < to_objective:
         problem = "the question is closer to the objective than to any open issue"
     last = table[-1] if table else None
     action = plan.action
@@ -816,10 +826,8 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
             return {"stop_reason": stop}, f"complete ({problem})"
         issue = agenda[0]
         question, action, phase = issue_question(issue), "next_step", "rule"
-    elif agenda:
-        match = _cosines(ctx, question, agenda)
-        if match and max(match) >= ISSUE_MATCH_COSINE:
-            issue = agenda[match.index(max(match))]
+    elif to_agenda and max(to_agenda) >= ISSUE_MATCH_COSINE:
+        issue = agenda[to_agenda.index(max(to_agenda))]
     step: PlanStep = {
         "step_id": _next_step_id(state),
         "status": "pending",
