@@ -29,7 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from settings import Settings
+import nodes
+import rag_utils
+from llm_config import LLMClient, LLMConfigError, resolve
+from load_corpus import STARTER_DIR, read_qa
+from mc import format_choices
+from settings import Settings, SettingsError, load_dotenv_file, set_settings
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +52,6 @@ _SECRET_FIELD = re.compile(r"(api_key|secret|token|password)", re.IGNORECASE)
 
 def default_qa_path() -> Path:
     """The bundled starter question set (``datasets/starter/qa.jsonl`` next to this file)."""
-    from load_corpus import STARTER_DIR
 
     starter = Path(STARTER_DIR)
     if not starter.is_absolute():
@@ -59,7 +63,6 @@ def load_qa(path: str | os.PathLike[str] | None = None, n: int | None = None) ->
     """QA items from ``path`` (default: the starter set), first ``n`` of them when given.
 
     Items without four choices or an answer letter are dropped with a warning."""
-    from load_corpus import read_qa
 
     path = Path(path) if path is not None else default_qa_path()
     if not path.exists():
@@ -124,14 +127,12 @@ def gold_ids(item: dict) -> list[str]:
 
 def question_with_choices(item: dict) -> str:
     """The retrieval query 'question + choices'."""
-    from mc import format_choices
 
     return f"{item_question(item)}\n{format_choices(item_choices(item))}"
 
 
 def fetch_passages(ids: Iterable[str], settings: Settings | None = None) -> dict[str, dict]:
     """Passages of the store by id (missing ids are absent from the result)."""
-    import rag_utils
 
     ids = list(dict.fromkeys(ids))
     if not ids:
@@ -158,36 +159,10 @@ def split_by_gold_in_store(
     return with_gold, [it for it in items if id(it) not in kept]
 
 
-_REWRITE_FUNCTIONS = ("rewrite_queries", "rewrite_query", "query_rewrite")
-
-
-def agent_rewrite(
-    client: Any, question: str, settings: Settings | None = None
-) -> tuple[str, list[str]]:
-    """(primary query, alternative queries) from the agent's own rewrite node and skill."""
-    import nodes
-
-    fn = next((getattr(nodes, n) for n in _REWRITE_FUNCTIONS if hasattr(nodes, n)), None)
-    if fn is None:
-        raise RuntimeError(f"nodes.py has none of {_REWRITE_FUNCTIONS}: cannot show the rewrite")
-    out = fn(client, question, settings=settings)
-    if isinstance(out, tuple):
-        primary, alternatives = out[0], out[1]
-    else:
-        data = out if isinstance(out, dict) else to_jsonable(out)
-        primary = data.get("primary") or data.get("optimized_query") or question
-        alternatives = data.get("alternatives") or []
-    return str(primary), [str(a) for a in alternatives]
-
-
-def format_evidence(docs: Sequence[dict]) -> str:
-    """Passages as numbered evidence for the MC prompt."""
-    parts = []
-    for i, doc in enumerate(docs, 1):
-        title = (doc.get("title") or "").strip()
-        head = f"[{i}] {title}" if title else f"[{i}]"
-        parts.append(f"{head}\n{(doc.get('text') or '').strip()}")
-    return "\n\n".join(parts)
+def agent_rewrite(client: Any, question: str) -> tuple[str, list[str]]:
+    """(primary query, alternative queries) from the agent's own rewrite (``nodes.rewrite_queries``)."""
+    primary, alternatives, _ = nodes.rewrite_queries(client, question)
+    return primary, alternatives
 
 
 def preview(text: str | None, n: int = 160) -> str:
@@ -366,7 +341,6 @@ def settings_record(settings: Settings) -> dict[str, Any]:
 
 def llm_record(settings: Settings, roles: Sequence[str] = ("mc_select", "rewrite")) -> dict:
     """Provider, model and base URL each role resolves to (no key), or the configuration error."""
-    from llm_config import LLMConfigError, resolve
 
     out: dict[str, Any] = {}
     for role in roles:
@@ -381,7 +355,6 @@ def llm_record(settings: Settings, roles: Sequence[str] = ("mc_select", "rewrite
 
 def retrieval_record(settings: Settings) -> dict[str, Any]:
     """Embedder name, reranker setting and passage count of the store used."""
-    import rag_utils
 
     rec: dict[str, Any] = {"reranker": settings.reranker}
     try:
@@ -399,23 +372,16 @@ def retrieval_record(settings: Settings) -> dict[str, Any]:
 
 def make_client(settings: Settings, llm_factory: Callable[[str], Any] | None = None) -> Any:
     """A fresh ``LLMClient`` (one per task, so its records are that task's calls)."""
-    from llm_config import LLMClient
 
     return LLMClient(settings, llm_factory=llm_factory)
 
 
 def usage_of(client: Any) -> dict[str, Any]:
-    """Calls, tokens and LLM seconds recorded by ``client``."""
-    s = client.summary()
-    return {
-        "llm_calls": s["calls"],
-        "provider_calls": s["provider_calls"],
-        "cached_calls": s["cached_calls"],
-        "input_tokens": s["input_tokens"],
-        "output_tokens": s["output_tokens"],
-        "llm_seconds": s["latency_s"],
-        "llm_parse_failures": s["parse_failures"],
-    }
+    """``llm_config.usage`` of everything ``client`` recorded, without the per-role breakdown
+    (one flat row per eval item)."""
+    out = dict(client.summary())
+    out.pop("by_role", None)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -430,8 +396,6 @@ class ConfigMismatchError(RuntimeError):
 def user_errors() -> tuple[type[BaseException], ...]:
     """Errors an eval script reports as one line and exit status 2 (bad input, settings or
     provider configuration, a resumed run with another configuration), never a traceback."""
-    from llm_config import LLMConfigError
-    from settings import SettingsError
 
     return (FileNotFoundError, ValueError, ConfigMismatchError, LLMConfigError, SettingsError)
 
@@ -441,7 +405,6 @@ def require_llm(settings: Settings, llm_factory: Callable[[str], Any] | None = N
     nothing to check when a test injects its own chat models."""
     if llm_factory is not None:
         return
-    from llm_config import resolve
 
     for role in ("mc_select", "rewrite"):  # the main and the fast provider
         resolve(role, settings)
@@ -452,8 +415,6 @@ def cli_run(fn: Callable[[Settings], Any], **overrides: Any) -> tuple[int, Any]:
     are its CLI flags), return ``(0, fn(settings))`` — or ``(2, None)`` after printing a user
     error in one line to stderr."""
     import sys
-
-    from settings import load_dotenv_file, set_settings
 
     try:
         load_dotenv_file()

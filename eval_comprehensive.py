@@ -36,6 +36,13 @@ from pathlib import Path
 from typing import Any
 
 import eval_common as ec
+import load_corpus
+import main as agent
+import mc
+import prompts
+import rag_utils
+from context import AgentContext
+from llm_config import LLMConfigError
 from settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -62,7 +69,7 @@ def retrieval_queries(
     if variant == "question+choices":
         return [ec.question_with_choices(item)]
     if variant == "rewrite":
-        primary, alternatives = ec.agent_rewrite(client, ec.item_question(item), settings)
+        primary, alternatives = ec.agent_rewrite(client, ec.item_question(item))
         return [primary, *alternatives]
     raise ValueError(f"unknown query variant {variant!r}")
 
@@ -75,7 +82,6 @@ def run_retrieval_item(
     llm_factory: Callable[[str], Any] | None = None,
 ) -> dict:
     """Retrieve the top 10 for one (item, variant) and score it against the gold passages."""
-    import rag_utils
 
     client = ec.make_client(settings, llm_factory) if variant == "rewrite" else None
     start = time.perf_counter()
@@ -126,7 +132,6 @@ def run_mc_item(
     gold_texts: dict[str, dict] | None = None,
 ) -> dict:
     """Answer one item in one mode; the row holds the letter, correctness, usage and timing."""
-    import mc
 
     client = ec.make_client(settings, llm_factory)
     question = ec.item_question(item)
@@ -137,22 +142,23 @@ def run_mc_item(
     if mode == "llm_only":
         fields = _mc_fields(mc.select_answer(client, question, choices, None))
     elif mode == "rag":
-        import rag_utils
-
         docs = rag_utils.retrieve_documents(question, k=settings.retrieval_k, settings=settings)
         extra["evidence_ids"] = [d["id"] for d in docs]
         extra["gold_in_evidence"] = any(d["id"] in gold for d in docs)
-        fields = _mc_fields(mc.select_answer(client, question, choices, ec.format_evidence(docs)))
+        fields = _mc_fields(
+            mc.select_answer(client, question, choices, prompts.format_evidence(docs))
+        )
     elif mode == "gold_passage":
         docs = [gold_texts[g] for g in gold if gold_texts and g in gold_texts]
         if not docs:
             raise LookupError(f"item {ec.item_id(item)}: gold passage not in the store")
         extra["evidence_ids"] = [d["id"] for d in docs]
-        fields = _mc_fields(mc.select_answer(client, question, choices, ec.format_evidence(docs)))
+        fields = _mc_fields(
+            mc.select_answer(client, question, choices, prompts.format_evidence(docs))
+        )
     elif mode == "pipeline":
-        import main as agent
-
-        state = agent.run_agent(question, choices, settings=settings, client=client)
+        context = AgentContext.from_settings(settings, client=client)
+        state = agent.run_agent(question, choices, context=context)
         fields, extra = _pipeline_fields(state, gold)
     else:
         raise ValueError(f"unknown mode {mode!r}")
@@ -173,35 +179,28 @@ def run_mc_item(
 
 
 def _pipeline_fields(state: dict, gold: Sequence[str]) -> tuple[dict, dict]:
-    """MC fields and extras from ``run_agent``'s final state."""
-    mc_answer = state.get("mc_answer")
-    if isinstance(mc_answer, dict):
-        letter = mc_answer.get("letter")
-        strategy = mc_answer.get("strategy")
-        parse_failed = bool(mc_answer.get("parse_failed", letter is None))
-        retried = bool(mc_answer.get("retried", False))
-    else:
-        letter = mc_answer or None
-        strategy = state.get("mc_strategy")
-        parse_failed = letter is None
-        retried = False
+    """MC fields and extras from ``run_agent``'s final state (``mc_answer`` is
+    ``mc.MCResult.to_dict()``, or None when the run ended before mc_select)."""
+    mc_answer = state["mc_answer"] or {}
+    letter = mc_answer.get("letter")
     fields = {
         "predicted": letter,
-        "strategy": strategy or ("none" if letter is None else "unknown"),
-        "parse_failed": parse_failed,
-        "retried": retried,
+        "strategy": mc_answer.get("strategy", "none"),
+        "parse_failed": bool(mc_answer.get("parse_failed", True)),
+        "retried": bool(mc_answer.get("retried", False)),
         "reply": ec.preview(state.get("final_cited_answer"), 300),
     }
-    sources = [s.get("id") for s in state.get("sources") or []]
-    table = ec.to_jsonable(state.get("planning_table") or [])
+    sources = [s["id"] for s in state.get("sources") or []]
+    table = state.get("planning_table") or []
     extra = {
         "evidence_ids": sources,
         "gold_in_evidence": any(s in gold for s in sources),
         "query_type": state.get("query_type"),
         "memory_hit": bool(state.get("memory_hit")),
         "steps": len(table),
-        "steps_failed": sum(1 for s in table if str(s.get("status", "")).lower() == "failed"),
-        "run_metrics": ec.to_jsonable(state.get("run_metrics") or {}),
+        "steps_failed": sum(1 for s in table if s["status"] == "failed"),
+        "run_metrics": state.get("run_metrics") or {},
+        "error": state.get("error"),
     }
     return fields, extra
 
@@ -521,7 +520,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def prepare_items(args: argparse.Namespace, settings: Settings) -> tuple[list[dict], int, Path]:
     """Load the QA set (and passages), keep the items whose gold is in the store (when the set has
     gold ids), take the first N."""
-    import load_corpus
 
     qa_path = Path(args.qa) if args.qa else ec.default_qa_path()
     if args.passages:
@@ -557,7 +555,6 @@ def run(
     llm_factory: Callable[[str], Any] | None = None,
 ) -> dict[str, Any]:
     """Run the phases of ``args`` and return the summary (also written to the run directory)."""
-    from llm_config import LLMConfigError
 
     started = time.time()
     if args.phase != "retrieval" or args.rewrite:
@@ -636,8 +633,6 @@ def run(
                 if (m != "pipeline" or i < pipe_n) and (ec.item_id(it), m) not in done
             ]
             if any(m == "pipeline" for _, m in tasks):
-                import rag_utils
-
                 cleared = rag_utils.clear_memory(settings)
                 logger.info("cleared the QA memory before pipeline runs (%s entries)", cleared)
             _run_tasks(

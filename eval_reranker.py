@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import eval_common as ec
+import load_corpus
+import rag_utils
 from settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -35,7 +37,6 @@ K = 10
 
 def check_reranker(name: str, settings: Settings) -> str | None:
     """None when ``name`` works here (one warm-up query, loads its model), else the reason."""
-    import rag_utils
 
     try:
         docs = rag_utils.retrieve_documents("warm-up query", k=K, reranker=name, settings=settings)
@@ -48,7 +49,6 @@ def check_reranker(name: str, settings: Settings) -> str | None:
 
 
 def run_item(item: dict, reranker: str, *, settings: Settings, query: str) -> dict:
-    import rag_utils
 
     text = ec.question_with_choices(item) if query == "question+choices" else ec.item_question(item)
     start = time.perf_counter()
@@ -170,7 +170,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
-    import load_corpus
 
     names = [r.strip() for r in args.rerankers.split(",") if r.strip()]
     bad = [r for r in names if r not in RERANKERS]

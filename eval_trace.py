@@ -23,6 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import eval_common as ec
+import load_corpus
+import main as agent
+import rag_utils
+from context import AgentContext
 from settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -48,38 +52,31 @@ def _doc_rows(docs: Sequence[dict], gold: Sequence[str]) -> list[dict]:
     ]
 
 
-def _event_record(event: Any, t0: float) -> dict:
-    """One on_event payload as plain data with the time since the start."""
-    if isinstance(event, tuple) and len(event) == 2:
-        event = {"node": event[0], "update": event[1]}
-    rec = ec.to_jsonable(event if isinstance(event, dict) else {"event": event})
-    rec.setdefault("t_s", round(time.perf_counter() - t0, 3))
-    return rec
-
-
-def _event_line(rec: dict) -> str:
-    node = rec.get("node") or rec.get("name") or rec.get("event") or "?"
-    rest = {k: v for k, v in rec.items() if k not in ("node", "name", "event", "t_s")}
-    return f"  [{rec.get('t_s', 0):7.2f}s] {node}: {ec.preview(json.dumps(rest, default=str), 150)}"
+def _event_line(event: dict) -> str:
+    """One trace event of ``run_agent``'s ``on_event`` ({node, decision, seconds, t_s})."""
+    return (
+        f"  [{event['t_s']:7.2f}s] {event['node']}: {ec.preview(event['decision'], 150)} "
+        f"({event['seconds']:.1f}s)"
+    )
 
 
 def _step_rows(state: dict) -> list[dict]:
-    """The planning table as plain rows (PlanStep: step_id, status, phase, question, execution)."""
+    """The planning table (``state.PlanStep``) as plain rows."""
     rows = []
     for step in state.get("planning_table") or []:
-        step = ec.to_jsonable(step)
-        execution = step.get("execution") or {}
+        execution = step["execution"] or {}
         rows.append(
             {
-                "step_id": step.get("step_id"),
-                "phase": step.get("phase"),
-                "question": step.get("question"),
-                "status": step.get("status"),
-                "confidence": execution.get("confidence", step.get("confidence")),
+                "step_id": step["step_id"],
+                "phase": step["phase"],
+                "question": step["question"],
+                "status": step["status"],
+                "confidence": execution.get("confidence"),
                 "optimized_query": execution.get("optimized_query"),
                 "alternatives": execution.get("alternatives"),
                 "retrieved_doc_ids": execution.get("retrieved_doc_ids"),
-                "answer": execution.get("cited_answer", step.get("answer")),
+                "flagged_passages": execution.get("flagged_passages", []),
+                "answer": execution.get("cited_answer"),
             }
         )
     return rows
@@ -94,8 +91,6 @@ def trace_query(
     out: Callable[[str], None] = print,
 ) -> dict:
     """Trace one query (a QA item when ``item`` is given); print as it goes; return the case study."""
-    import main as agent
-    import rag_utils
 
     gold = ec.gold_ids(item) if item else []
     choices = ec.item_choices(item) if item else None
@@ -123,7 +118,7 @@ def trace_query(
 
     client = ec.make_client(settings, llm_factory)
     t = time.perf_counter()
-    primary, alternatives = ec.agent_rewrite(client, query, settings)
+    primary, alternatives = ec.agent_rewrite(client, query)
     case["rewrite"] = {"primary": primary, "alternatives": alternatives}
     case["rewrite_s"] = round(time.perf_counter() - t, 3)
     out(f"rewrite ({case['rewrite_s']:.1f}s): primary = {ec.preview(primary, 200)}")
@@ -140,13 +135,13 @@ def trace_query(
     events: list[dict] = []
     t0 = time.perf_counter()
 
-    def on_event(event: Any) -> None:
-        rec = _event_record(event, t0)
-        events.append(rec)
-        out(_event_line(rec))
+    def on_event(event: dict) -> None:
+        events.append(event)
+        out(_event_line(event))
 
     out("agent trace:")
-    state = agent.run_agent(query, choices, settings=settings, client=client, on_event=on_event)
+    context = AgentContext.from_settings(settings, client=client)
+    state = agent.run_agent(query, choices, context=context, on_event=on_event)
     agent_s = time.perf_counter() - t0
     usage = ec.usage_of(client)
     steps = _step_rows(state)
@@ -179,8 +174,7 @@ def trace_query(
         }
     )
     if item:
-        mc_answer = state.get("mc_answer")
-        letter = mc_answer.get("letter") if isinstance(mc_answer, dict) else mc_answer
+        letter = (state["mc_answer"] or {}).get("letter")
         case["mc"] = {
             "predicted": letter,
             "answer": case["answer"],
@@ -287,7 +281,6 @@ def run(
     llm_factory: Callable[[str], Any] | None = None,
     out: Callable[[str], None] = print,
 ) -> list[dict]:
-    import load_corpus
 
     ec.require_llm(settings, llm_factory)
     if args.passages:

@@ -620,6 +620,35 @@ def _classify(exc: BaseException) -> _Failure:
     return _Failure(False, f"{exc.__class__.__name__}: {exc}")
 
 
+def usage(records: Sequence[CallRecord]) -> dict[str, Any]:
+    """The one usage summary of a list of call records (a run's, an eval task's, a benchmark's):
+    calls (from the provider and from the cache), errors, retries, parse failures, tokens,
+    characters and LLM seconds, in total and per role."""
+
+    def totals(rs: Sequence[CallRecord]) -> dict[str, Any]:
+        return {
+            "llm_calls": len(rs),
+            "provider_calls": sum(not r.cached for r in rs),
+            "cached_calls": sum(r.cached for r in rs),
+            "llm_errors": sum(r.error is not None for r in rs),
+            "retries": sum(r.retries or 0 for r in rs),
+            "parse_failures": sum(bool(r.parse_failed) for r in rs),
+            "input_tokens": sum(r.input_tokens or 0 for r in rs),
+            "output_tokens": sum(r.output_tokens or 0 for r in rs),
+            "cached_prompt_tokens": sum(r.cached_prompt_tokens or 0 for r in rs),
+            "in_chars": sum(r.in_chars for r in rs),
+            "out_chars": sum(r.out_chars for r in rs),
+            "llm_seconds": round(sum(r.latency_s for r in rs), 3),
+        }
+
+    out = totals(records)
+    out["by_role"] = {
+        role: totals([r for r in records if r.role == role])
+        for role in dict.fromkeys(r.role for r in records)
+    }
+    return out
+
+
 class LLMClient:
     """The call helper every node and eval script uses.
 
@@ -641,6 +670,8 @@ class LLMClient:
         self._records: list[CallRecord] = []
         self._lock = threading.Lock()
         self._cache: ResponseCache | None = None
+        self.deadline: float | None = None
+        """Absolute time.monotonic() by which every call must end (set per run)."""
         if self.settings.llm_cache:
             self._cache = ResponseCache(self.settings.llm_cache_path)
 
@@ -656,40 +687,12 @@ class LLMClient:
             self._records.clear()
 
     def summary(self) -> dict:
-        """Totals and per-role figures over the records since the last reset."""
-        records = self.records
+        """:func:`usage` of the records since the last reset."""
+        return usage(self.records)
 
-        def tot(rs: list[CallRecord], attr: str) -> int:
-            return sum(getattr(r, attr) or 0 for r in rs)
-
-        by_role: dict[str, dict] = {}
-        for role in sorted({r.role for r in records}):
-            rs = [r for r in records if r.role == role]
-            by_role[role] = {
-                "calls": len(rs),
-                "cached": sum(r.cached for r in rs),
-                "latency_s": round(sum(r.latency_s for r in rs), 3),
-                "mean_latency_s": round(sum(r.latency_s for r in rs) / len(rs), 3),
-                "input_tokens": tot(rs, "input_tokens"),
-                "output_tokens": tot(rs, "output_tokens"),
-                "parse_failures": sum(r.parse_failed for r in rs),
-                "errors": sum(r.error is not None for r in rs),
-            }
-        return {
-            "calls": len(records),
-            "provider_calls": sum(not r.cached for r in records),
-            "cached_calls": sum(r.cached for r in records),
-            "errors": sum(r.error is not None for r in records),
-            "retries": tot(records, "retries"),
-            "in_chars": tot(records, "in_chars"),
-            "out_chars": tot(records, "out_chars"),
-            "input_tokens": tot(records, "input_tokens"),
-            "output_tokens": tot(records, "output_tokens"),
-            "cached_prompt_tokens": tot(records, "cached_prompt_tokens"),
-            "parse_failures": sum(r.parse_failed for r in records),
-            "latency_s": round(sum(r.latency_s for r in records), 3),
-            "by_role": by_role,
-        }
+    def is_local(self, role: str) -> bool:
+        """True when ``role`` talks to the embedded local model (short reply budgets)."""
+        return resolve(role, self.settings).local
 
     # -- calls -----------------------------------------------------------------------------------
 

@@ -28,7 +28,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from settings import Settings, settings_or_current
+import rag_utils
+from settings import Settings, SettingsError, load_dotenv_file, set_settings, settings_or_current
 
 logger = logging.getLogger(__name__)
 
@@ -343,7 +344,6 @@ def load_passages(
 
     Returns how many were added. Safe to interrupt: each batch is committed before the next, and a
     rerun skips what is already stored."""
-    import rag_utils
 
     s = settings_or_current(settings)
     store = rag_utils.get_store(s)
@@ -387,7 +387,6 @@ def load_passages(
 def ensure_starter_index(settings: Settings | None = None) -> int:
     """Index the bundled starter corpus when the passage collection is empty; returns passages
     added (0 when the collection already has passages)."""
-    import rag_utils
 
     s = settings_or_current(settings)
     if rag_utils.corpus_count(s) > 0:
@@ -411,7 +410,6 @@ def curated_selection(
 
 
 def status(settings: Settings | None = None) -> dict[str, Any]:
-    import rag_utils
 
     s = settings_or_current(settings)
     store = rag_utils.get_store(s)
@@ -488,7 +486,6 @@ def _print_status(info: dict[str, Any], as_json: bool) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    import rag_utils
 
     command = (args.command or "").strip().lower()
     if command == "status":
@@ -566,7 +563,6 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    from settings import SettingsError, load_dotenv_file, set_settings
 
     try:
         load_dotenv_file()
@@ -582,8 +578,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
-        import rag_utils
-
         if isinstance(exc, rag_utils.ModelLoadError | rag_utils.StoreError):
             print(f"error: {exc}", file=sys.stderr)
             return 1

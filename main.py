@@ -22,10 +22,15 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from langgraph.errors import GraphRecursionError
+
+import load_corpus
 import nodes
+from context import AgentContext
+from llm_config import LLMCallError, LLMConfigError
 from mc import MC_LETTERS, format_choices
-from settings import Settings, SettingsError, get_settings, load_dotenv_file, set_settings
-from state import AgentContext, AgentState
+from settings import Settings, SettingsError, load_dotenv_file
+from state import AgentState
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +68,7 @@ def build_graph() -> Any:
     g.add_node("classifier", nodes.classifier)
     g.add_node("planner", nodes.planner)
     g.add_node("executor", nodes.executor)
-    g.add_node("evaluator", nodes.evaluator)
+    g.add_node("evaluator", nodes.evaluator, destinations=("executor", "replanner", "mc_select"))
     g.add_node("replanner", nodes.replanner)
     g.add_node("mc_select", nodes.mc_select)
     g.add_node("memory_writeback", nodes.memory_writeback)
@@ -73,7 +78,6 @@ def build_graph() -> Any:
     g.add_edge("classifier", "planner")
     g.add_conditional_edges("planner", nodes.route_after_planner)
     g.add_edge("executor", "evaluator")
-    g.add_conditional_edges("evaluator", nodes.route_after_evaluator)
     g.add_conditional_edges("replanner", nodes.route_after_replanner)
     g.add_edge("mc_select", "memory_writeback")
     g.add_edge("memory_writeback", "observability")
@@ -83,7 +87,8 @@ def build_graph() -> Any:
 
 def make_graph() -> Any:
     """Graph factory for ``langgraph dev`` / LangGraph Studio (see langgraph.json).  Input:
-    {"global_objective": ..., "question": ...}; dependencies come from the environment's settings."""
+    {"global_objective": ..., "question": ...}; without a context the nodes use
+    ``context.default_context()``, built once from the environment's settings."""
     return build_graph()
 
 
@@ -168,40 +173,27 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _llm_errors() -> tuple[type[BaseException], ...]:
-    from llm_config import LLMCallError, LLMConfigError
-
-    return (LLMCallError, LLMConfigError)
-
-
 def run_agent(
     question: str,
     choices: Mapping[str, str] | None = None,
     *,
-    settings: Settings | None = None,
-    client: Any = None,
+    context: AgentContext,
     on_event: Callable[[dict], None] | None = None,
-    context: AgentContext | None = None,
 ) -> dict:
     """Research ``question`` (optionally a multiple-choice question) and return the final state
     as a JSON-able dict: final_cited_answer, mc_answer, planning_table, run_metrics, query_type,
     memory_hit, injection_check, sources ({id, title, source, text, step_id, ref}), stop_reason,
     error (None, or why the run ended early: the partial research is kept).
 
-    ``on_event`` gets one dict per node as it finishes: {node, decision, seconds, t_s}.
-    ``context`` injects dependencies (tests); its missing fields are filled from ``settings``.
+    ``context`` carries every dependency (``AgentContext.from_settings(settings)``, or fakes in
+    tests); its ``RUN_TIMEOUT`` deadline starts now.  ``on_event`` gets one dict per node as it
+    finishes: {node, decision, seconds, t_s}.
     """
     question = " ".join((question or "").split())
     if not question:
         raise InputError("the question is empty")
     choices = {str(k).upper(): str(v) for k, v in (choices or {}).items()} or None
-    settings = settings or get_settings()
-    ctx = context or AgentContext()
-    ctx.settings = ctx.settings or settings
-    if client is not None:
-        ctx.client = client
-    nodes.fill_context(ctx)
-    ctx.record_offset = len(getattr(ctx.client, "records", []) or [])
+    ctx = context.start_run()
     objective = f"{question}\n{format_choices(choices)}" if choices else question
     initial: AgentState = {
         "global_objective": objective,
@@ -226,15 +218,10 @@ def run_agent(
                 for update in chunk.values():
                     for event in (update or {}).get("trace", []):
                         on_event({**event, "t_s": round(time.perf_counter() - t0, 3)})
-    except _llm_errors() as exc:
+    except (LLMCallError, LLMConfigError) as exc:
         state = _partial(state, ctx, f"LLM failure: {exc}")
-    except Exception as exc:
-        from langgraph.errors import GraphRecursionError
-
-        if not isinstance(exc, GraphRecursionError):
-            raise
+    except GraphRecursionError as exc:
         state = _partial(state, ctx, f"graph recursion limit reached: {exc}")
-    state.pop("route", None)
     state["wall_s"] = round(time.perf_counter() - t0, 3)
     return _jsonable(state)
 
@@ -247,8 +234,7 @@ def _partial(state: dict, ctx: AgentContext, message: str) -> dict:
     state["final_cited_answer"] = (
         f"{answer}\n\n[Stopped early — {message}]" if answer else f"[No answer — {message}]"
     )
-    state.setdefault("stop_reason", "error")
-    state["stop_reason"] = "error"
+    state["stop_reason"] = "deadline" if "deadline" in message.lower() else "error"
     state["run_metrics"] = nodes.compute_metrics(state, ctx)  # type: ignore[arg-type]
     return state
 
@@ -277,8 +263,9 @@ input: at most {limit} characters of UTF-8 text; multiple-choice answers as line
 "(D) ..." after the question (2 to 4, in order). The starter index (datasets/starter) is built on
 first use when the store is empty.
 
-exit status: 0 answer printed; 1 run failed (LLM/provider error: the partial research is printed);
-2 bad input or settings.
+exit status: 0 answer printed; 1 run failed (LLM/provider error or RUN_TIMEOUT reached: the
+partial research is printed); 2 bad input or settings; 3 no answer (the request was rejected as a
+prompt injection, or the research found no passages / no parseable cited answer).
 """
 
 
@@ -307,6 +294,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threshold", type=float, help="EVAL_CONFIDENCE_THRESHOLD for this run")
     parser.add_argument("--max-steps", type=int, help="MAX_STEPS for this run")
     parser.add_argument("--max-iterations", type=int, help="MAX_ITERATIONS for this run")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        metavar="SECONDS",
+        help="RUN_TIMEOUT for this run: the whole question must end within this many seconds "
+        "(research stops early so a multiple-choice letter can still be picked; 0 = no limit)",
+    )
     parser.add_argument(
         "--skip-injection-check",
         action="store_true",
@@ -378,11 +372,6 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
 
 
 def _ensure_index(settings: Settings) -> None:
-    try:
-        import load_corpus
-    except ImportError:
-        logger.warning("load_corpus.py is not available: not building the starter index")
-        return
     added = load_corpus.ensure_starter_index(settings)
     if added:
         print(f"built the starter index: {added} passages", file=sys.stderr)
@@ -412,8 +401,8 @@ def main(argv: list[str] | None = None) -> int:
             max_steps=args.max_steps,
             max_iterations=args.max_iterations,
             skip_injection_check=args.skip_injection_check,
+            run_timeout=args.deadline,
         )
-        set_settings(settings)
     except (InputError, SettingsError) as exc:
         print(f"main.py: error: {exc}", file=sys.stderr)
         return 2
@@ -430,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.no_index:
             _ensure_index(settings)
-        result = run_agent(question, choices, settings=settings, on_event=on_event)
+        context = AgentContext.from_settings(settings)
+        result = run_agent(question, choices, context=context, on_event=on_event)
     except KeyboardInterrupt:
         print("main.py: interrupted", file=sys.stderr)
         return 130
@@ -446,6 +436,10 @@ def main(argv: list[str] | None = None) -> int:
     if result.get("error"):
         print(f"main.py: error: {result['error']}".splitlines()[0], file=sys.stderr)
         return 1
+    if not (result.get("run_metrics") or {}).get("has_answer"):
+        why = result.get("stop_reason") or "the research produced no usable answer"
+        print(f"main.py: no answer ({why})", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -31,12 +31,6 @@ logger = logging.getLogger(__name__)
 
 MC_LETTERS = "ABCD"
 
-MC_MAX_TOKENS_LOCAL = 200
-"""Budget of the mc_select reply on the embedded 1.5B model (~15 tokens/s)."""
-MC_MAX_TOKENS_API = 500
-"""API models get room for the element-by-element check."""
-MC_STRICT_MAX_TOKENS = 12
-
 NO_EVIDENCE = "(No passages: answer from your own knowledge of the law.)"
 
 _MARKER = re.compile(
@@ -150,24 +144,11 @@ def parse_mc_answer(text: str, choices: Mapping[str, str]) -> tuple[str | None, 
     return None, "none"
 
 
-def _budget(client: Any, role: str) -> int:
-    """A longer reply for API models; the short budget for the embedded model."""
-    try:
-        import llm_config
-
-        local = llm_config.resolve(role, client.settings).local
-    except Exception:  # noqa: BLE001 - unknown client: stay on the safe, short budget
-        local = True
-    return MC_MAX_TOKENS_LOCAL if local else MC_MAX_TOKENS_API
-
-
 def select_answer(
     client: Any,
     question: str,
     choices: Mapping[str, str],
     evidence: str | None,
-    *,
-    role: str = "mc_select",
 ) -> MCResult:
     """Pick a letter with one LLM call (plus one strict retry when no letter can be parsed).
 
@@ -179,16 +160,12 @@ def select_answer(
         "choices": format_choices(choices),
         "evidence": prompts.quote("evidence", evidence) if evidence else NO_EVIDENCE,
     }
-    result = client.invoke(
-        prompts.render("mc_select", **values), role=role, max_tokens=_budget(client, role)
-    )
+    result = prompts.call(client, "mc_select", **values)
     letter, strategy = parse_mc_answer(result.text, choices)
     if letter is not None:
         return MCResult(letter, strategy, result.text)
     logger.info("mc_select: no letter in the reply; retrying with the strict format")
-    retry = client.invoke(
-        prompts.render("mc_select_strict", **values), role=role, max_tokens=MC_STRICT_MAX_TOKENS
-    )
+    retry = prompts.call(client, "mc_select_strict", **values)
     letter, strategy = parse_mc_answer(retry.text, choices)
     text = f"{result.text}\n\n[strict retry] {retry.text}"
     return MCResult(letter, strategy, text, retried=True, parse_failed=letter is None)

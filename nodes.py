@@ -1,16 +1,15 @@
 """The nine nodes of the research agent and their routers.
 
-Every node takes ``(state, runtime)``; its dependencies (settings, LLM client, retriever, confidence,
-embedder, QA memory) come from ``runtime.context`` (:class:`state.AgentContext`), filled lazily with
-the real implementations by :func:`resolve_context`.  Each node appends one ``trace`` event
-(node, what it decided, seconds) that the CLI streams.
-
-Token budgets (the embedded 1.5B model writes ~15 tokens/s): see ``MAX_TOKENS``.  Structured
-replies (injection verdict, classification, plan, rewrite, replan) use JSON-schema output.
+Every node takes ``(state, runtime)`` and reads its dependencies (settings, LLM client, retriever,
+confidence, embedder, QA memory, deadline) from ``runtime.context`` (:class:`context.AgentContext`;
+LangGraph Studio runs without one get :func:`context.default_context`).  Each node appends one
+``trace`` event (node, what it decided, seconds) that the CLI streams.  Every LLM call goes through
+``prompts.call`` and the call table ``prompts.CALLS`` (skill, schema and token budget per role).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -18,22 +17,16 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from langgraph.runtime import Runtime
-from pydantic import BaseModel, Field
+from langgraph.types import Command
 
 import mc
 import prompts
-from state import AgentContext, AgentState, Execution, PlanStep
+from context import AgentContext, default_context
+from llm_config import LLMCallError, usage
+from prompts import CitedAnswer, CitedClaim
+from state import AgentState, Execution, PlanStep, merge_steps
 
 logger = logging.getLogger(__name__)
-
-MAX_TOKENS = {
-    "injection": 60,
-    "classify": 20,
-    "plan": 120,
-    "rewrite": 110,
-    "synthesize": 360,
-    "replan": 130,
-}
 
 DUPLICATE_COSINE = 0.90
 """Two step questions whose embeddings are at least this similar are the same question
@@ -43,148 +36,35 @@ ISSUE_MATCH_COSINE = 0.5
 CONFIDENCE_EPSILON = 0.02
 """A failed step whose confidence is not better than the previous step's by more than this added
 nothing: stop (stagnation)."""
-MC_EVIDENCE_PASSAGES = 6
+MC_RESERVE_S = 30.0
+"""Seconds of the run deadline kept for the multiple-choice call: research stops this early."""
 LOW_CONFIDENCE_PREFIX = "Low confidence:"
 NO_ANSWER = "No answer: the research found no passages for this question."
+NO_PARSED_ANSWER = "No answer: the model's replies for this step could not be parsed."
 
 
 # ------------------------------------------------------------------------------------------------
-# Structured outputs
+# Tracing
 # ------------------------------------------------------------------------------------------------
 
-
-class InjectionVerdict(BaseModel):
-    verdict: Literal["safe", "injection"]
-    reason: str = Field(default="", max_length=80)
-
-
-class Classification(BaseModel):
-    query_type: Literal["simple", "multi_hop"]
-
-
-class PlannedStep(BaseModel):
-    issues: list[str] = Field(min_length=1, max_length=4)
-    """The legal issues of the objective, most important first (listed before the question, so
-    a small model names the doctrines before it writes the step)."""
-    phase: str = Field(default="rule", max_length=40)
-    question: str = Field(min_length=3, max_length=300)
-
-
-class CitedClaim(BaseModel):
-    text: str = Field(min_length=1, max_length=300)
-    sources: list[int] = Field(min_length=1, max_length=3)
-
-
-class CitedAnswer(BaseModel):
-    """A step's answer: every claim names the passages (``[Source N]`` numbers) it comes from."""
-
-    rule: CitedClaim
-    elements: list[CitedClaim] = Field(min_length=1, max_length=6)
-    exceptions: list[CitedClaim] = Field(max_length=3)
-    application: CitedClaim
-
-
-class Rewrite(BaseModel):
-    primary: str = Field(min_length=2, max_length=400)
-    alternatives: list[str] = Field(default_factory=list)
-
-
-class Replan(BaseModel):
-    action: Literal["next_step", "retry", "complete"]
-    phase: str = Field(default="", max_length=40)
-    question: str = Field(default="", max_length=300)
-
-
-# ------------------------------------------------------------------------------------------------
-# Context
-# ------------------------------------------------------------------------------------------------
-
-
-_default_context: AgentContext | None = None
-
-
-def resolve_context(runtime: Any) -> AgentContext:
-    """The run's context with every missing dependency filled by the real implementation.
-    Without a context (LangGraph Studio), one process-wide default context is built lazily."""
-    global _default_context
-    ctx = getattr(runtime, "context", None)
-    if ctx is None:
-        if _default_context is None:
-            _default_context = AgentContext()
-        ctx = _default_context
-    return fill_context(ctx)
-
-
-def fill_context(ctx: AgentContext) -> AgentContext:
-    if ctx.settings is None:
-        from settings import get_settings
-
-        ctx.settings = get_settings()
-    s = ctx.settings
-    if ctx.client is None:
-        from llm_config import LLMClient
-
-        ctx.client = LLMClient(s)
-    if ctx.retrieve is None:
-
-        def retrieve(queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[dict]:
-            import rag_utils
-
-            return rag_utils.retrieve_documents_multi_query(
-                queries, k=k, exclude_ids=exclude_ids, settings=s
-            )
-
-        ctx.retrieve = retrieve
-    if ctx.confidence is None:
-
-        def confidence(query: str, docs: list[dict]) -> float:
-            import rag_utils
-
-            return float(rag_utils.compute_confidence(query, docs, settings=s))
-
-        ctx.confidence = confidence
-    if ctx.embed is None:
-
-        def embed(texts: list[str]) -> Any:
-            import rag_utils
-
-            return rag_utils.get_embedder(s).embed_documents(texts)
-
-        ctx.embed = embed
-    if ctx.check_memory is None:
-
-        def check_memory(question: str) -> dict | None:
-            import rag_utils
-
-            return rag_utils.check_memory(question, settings=s)
-
-        ctx.check_memory = check_memory
-    if ctx.write_memory is None:
-
-        def write_memory(
-            question: str, answer: str, confidence: float, sources: Sequence[dict] = ()
-        ) -> None:
-            import rag_utils
-
-            rag_utils.write_to_memory(question, answer, confidence, settings=s, sources=sources)
-
-        ctx.write_memory = write_memory
-    return ctx
+StepResult = tuple[dict, str] | tuple[dict, str, str]
+"""A node body's result: (state update, decision) or (state update, decision, next node)."""
 
 
 def _traced(name: str) -> Callable:
-    """Wrap a node ``fn(state, ctx) -> (update, decision)``: time it and append a trace event."""
+    """Wrap a node body ``fn(state, ctx) -> (update, decision[, goto])``: time it, append a trace
+    event, and route with ``Command(goto=...)`` when the body names the next node."""
 
-    def wrap(fn: Callable[[AgentState, AgentContext], tuple[dict, str]]) -> Callable:
-        def node(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
-            ctx = resolve_context(runtime)
+    def wrap(fn: Callable[[AgentState, AgentContext], StepResult]) -> Callable:
+        def node(state: AgentState, runtime: Runtime[AgentContext]) -> dict | Command:
+            ctx = runtime.context if runtime.context is not None else default_context()
             start = time.perf_counter()
-            update, decision = fn(state, ctx)
+            update, decision, *goto = fn(state, ctx)
             seconds = round(time.perf_counter() - start, 3)
             logger.info("%s: %s (%.2fs)", name, decision, seconds)
             update = dict(update)
             update["trace"] = [{"node": name, "decision": decision, "seconds": seconds}]
-            return update
+            return Command(update=update, goto=goto[0]) if goto else update
 
         # Not functools.wraps: LangGraph reads the wrapper's signature to inject ``runtime``.
         node.__name__ = name
@@ -200,46 +80,6 @@ def _traced(name: str) -> Callable:
 # ------------------------------------------------------------------------------------------------
 # Helpers
 # ------------------------------------------------------------------------------------------------
-
-_INJECTION_PATTERNS: dict[str, re.Pattern[str]] = {
-    name: re.compile(p, re.IGNORECASE)
-    for name, p in {
-        "override_instructions": r"\b(ignore|disregard|forget|override|bypass)\b[^.\n]{0,40}\b"
-        r"(previous|prior|above|earlier|all|your|the|system|safety)\b[^.\n]{0,30}\b"
-        r"(instructions?|prompts?|rules|directives|guidelines|restrictions|filters?)\b",
-        "reveal_prompt": r"\b(reveal|print|show|repeat|output|display|leak|tell me)\b[^.\n]{0,40}\b"
-        r"(system\s+prompt|your\s+(initial\s+|hidden\s+|original\s+)?(prompt|instructions)|"
-        r"hidden\s+instructions|developer\s+message)",
-        "jailbreak_persona": r"\b(DAN|do anything now|developer mode|jailbreak|jailbroken|god mode|"
-        r"unfiltered mode|no longer bound)\b",
-        "unrestricted_roleplay": r"\b(pretend|act|behave|role-?play)\b[^.\n]{0,40}\b"
-        r"(no|without|free of)\s+(rules|restrictions|limits|filters|guidelines|ethics)",
-        "fake_system_turn": r"(^|\n)\s*(system|assistant)\s*:|<\s*/?\s*(system|im_start|im_end)\b"
-        r"|\[\s*/?\s*INST\s*\]",
-        "new_instructions": r"\bnew\s+(instructions|directive|task)\s*:",
-    }.items()
-}
-
-
-_CONTROL_CUES = re.compile(
-    r"\b(you|your|assistant|ai|chatbot|bot|prompt|instructions?|ignore|disregard|forget|"
-    r"override|pretend|role-?play|persona|act as|from now on|respond|reply|print|reveal|say|"
-    r"write|jailbreak)\b",
-    re.IGNORECASE,
-)
-"""Words an instruction aimed at the assistant needs. An LLM 'injection' verdict on text with
-none of them is overruled: the small local model flags plain bar-exam fact patterns."""
-
-
-def addresses_the_assistant(text: str) -> bool:
-    """True when ``text`` holds words an instruction to the assistant would use."""
-    return bool(_CONTROL_CUES.search(text))
-
-
-def prescreen_injection(text: str) -> list[str]:
-    """Names of the deterministic injection patterns ``text`` matches (empty = looks safe)."""
-    return [name for name, pattern in _INJECTION_PATTERNS.items() if pattern.search(text)]
-
 
 _CITATION_GROUP = re.compile(r"\[\s*Sources?\s*([0-9][0-9,;\s&and]*)\]", re.IGNORECASE)
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
@@ -357,17 +197,10 @@ def _short(text: str, n: int = 80) -> str:
 # ------------------------------------------------------------------------------------------------
 
 
-def rewrite_queries(
-    client: Any, question: str, settings: Any = None
-) -> tuple[str, list[str], bool]:
+def rewrite_queries(client: Any, question: str) -> tuple[str, list[str], bool]:
     """(primary query, up to 2 alternatives, parse_failed) from ``skills/query_rewrite.md``.
     Falls back to the question itself when the reply cannot be parsed."""
-    result = client.invoke(
-        prompts.render("query_rewrite", question=question),
-        role="rewrite",
-        schema=Rewrite,
-        max_tokens=MAX_TOKENS["rewrite"],
-    )
+    result = prompts.call(client, "rewrite", question=question)
     if result.parsed is None:
         return question, [], True
     primary = " ".join(result.parsed.primary.split()) or question
@@ -415,8 +248,6 @@ _CLAIM_JSON = re.compile(
 def salvage_claims(text: str) -> str:
     """Complete ``{"text": ..., "sources": [...]}`` claims of a reply whose JSON is unusable (cut
     off by the token budget, say), one cited line each; "" when there are none."""
-    import json
-
     lines = []
     for m in _CLAIM_JSON.finditer(text or ""):
         try:
@@ -432,23 +263,28 @@ def salvage_claims(text: str) -> str:
 def synthesize(client: Any, question: str, docs: Sequence[dict]) -> tuple[str, dict[str, Any]]:
     """The step's cited answer from quoted passages, with its citations checked.
 
-    The model fills :class:`CitedAnswer` (every claim carries the numbers of its passages; the
-    server enforces the schema where it can) and the text is rendered from it, so even the
-    embedded 1.5B model cites.  An unusable reply falls back to its complete claims, else to its
-    text as written (its citations are still checked)."""
-    result = client.invoke(
-        prompts.render(
-            "synthesize_and_cite", question=question, passages=prompts.quote_passages(docs)
-        ),
-        role="synthesize",
-        schema=CitedAnswer,
-        max_tokens=MAX_TOKENS["synthesize"],
-    )
-    if result.parsed is not None:
-        text = render_cited_answer(result.parsed)
-    else:
-        text = salvage_claims(result.text) or result.text
-    return normalize_citations(text, len(docs))
+    The model fills :class:`prompts.CitedAnswer` (every claim carries the numbers of its passages;
+    the server enforces the schema where it can) and the text is rendered from it, so even the
+    embedded 1.5B model cites.  An unparseable or empty reply is retried once with the strict
+    prompt; when that fails too the step has no answer (``citations["parsed"]`` False), and the
+    complete claims of a cut-off reply are kept only as ``citations["salvaged"]`` for the trace.
+    ``citations["strict_retry"]`` records the retry (a fallback: such research is never cached)."""
+    passages = prompts.quote_passages(docs)
+    result = prompts.call(client, "synthesize", question=question, passages=passages)
+    retried = False
+    if result.parsed is None:
+        logger.info("synthesis reply unusable (%s); strict retry", result.parse_error)
+        first = result
+        result = prompts.call(client, "synthesize_strict", question=question, passages=passages)
+        retried = True
+        if result.parsed is None:
+            salvaged = salvage_claims(first.text) or salvage_claims(result.text)
+            _, info = normalize_citations("", len(docs))
+            info.update(parsed=False, strict_retry=True, salvaged=salvaged)
+            return NO_PARSED_ANSWER, info
+    text, info = normalize_citations(render_cited_answer(result.parsed), len(docs))
+    info.update(parsed=True, strict_retry=retried)
+    return text, info
 
 
 # ------------------------------------------------------------------------------------------------
@@ -458,88 +294,40 @@ def synthesize(client: Any, question: str, docs: Sequence[dict]) -> tuple[str, d
 
 @_traced("detect_injection")
 def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """Regex pre-screen, then the LLM check (unless SKIP_INJECTION_CHECK).
-
-    Policy: a pre-screen hit rejects at once (no LLM call: the patterns are specific to attacks on
-    the assistant, never to legal subject matter).  When the LLM's verdict cannot be parsed or the
-    call fails, the pre-screen verdict stands (safe here), and ``llm_verdict`` records why.  An LLM
-    'injection' verdict rejects only input that addresses the assistant at all
-    (:func:`addresses_the_assistant`); on a plain fact pattern it is overruled and recorded.
-    """
+    """The injection verdict on the user's input (``injection.detect``: the deterministic screen,
+    then the model's verdict unless SKIP_INJECTION_CHECK; ``injection_check`` says
+    ``prescreen_only`` when the model's verdict was unavailable)."""
     text = state.get("global_objective", "")
-    hits = prescreen_injection(text)
-    check: dict[str, Any] = {"prescreen": hits, "llm_verdict": None, "reason": ""}
-    if hits:
-        check.update(is_safe=False, verdict="injection", reason=f"pre-screen: {', '.join(hits)}")
-    elif getattr(ctx.settings, "skip_injection_check", False):
-        check.update(is_safe=True, verdict="safe", llm_verdict="skipped")
-    else:
-        from llm_config import LLMCallError
-
-        try:
-            result = ctx.client.invoke(
-                prompts.render(
-                    "detect_prompt_injection", user_input=prompts.quote("user_input", text)
-                ),
-                role="injection",
-                schema=InjectionVerdict,
-                max_tokens=MAX_TOKENS["injection"],
-            )
-            parsed = result.parsed
-        except LLMCallError as exc:
-            logger.warning(
-                "injection check LLM call failed; keeping the pre-screen verdict: %s", exc
-            )
-            parsed = None
-            check["llm_verdict"] = "error"
-        if parsed is None:
-            check["llm_verdict"] = check["llm_verdict"] or "unparsed"
-            check.update(
-                is_safe=True, verdict="safe", reason="LLM verdict unusable; pre-screen clean"
-            )
-        elif parsed.verdict == "injection" and not addresses_the_assistant(text):
-            check.update(
-                is_safe=True,
-                verdict="safe",
-                llm_verdict="injection",
-                reason=f"LLM verdict overruled: no instruction to the assistant ({parsed.reason})",
-            )
-        else:
-            check.update(
-                is_safe=parsed.verdict == "safe",
-                verdict=parsed.verdict,
-                llm_verdict=parsed.verdict,
-                reason=parsed.reason,
-            )
-    update: dict[str, Any] = {"injection_check": check}
+    check = ctx.check_injection(text)
+    update: dict[str, Any] = {"injection_check": dict(check)}
     if not check["is_safe"]:
         update["final_cited_answer"] = (
             "Request rejected: it looks like an attempt to change the assistant's instructions "
             f"({check['reason']}). Ask a legal research question instead."
         )
         update["stop_reason"] = "injection"
-    return update, f"{check['verdict']} ({check['reason'] or check['llm_verdict']})"
+    mode = "" if check["injection_check"] == "full" else f", {check['injection_check']}"
+    return update, f"{check['verdict']} ({check['reason'] or check['llm_verdict']}{mode})"
 
 
 @_traced("classifier")
 def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     question = state["question"]
-    result = ctx.client.invoke(
-        prompts.render("classify_and_route", question=question),
-        role="classify",
-        schema=Classification,
-        max_tokens=MAX_TOKENS["classify"],
-    )
+    result = prompts.call(ctx.client, "classify", question=question)
     if result.parsed is not None:
         return {"query_type": result.parsed.query_type}, result.parsed.query_type
     fallback = "multi_hop" if state.get("choices") or len(question.split()) > 60 else "simple"
-    return {"query_type": fallback}, f"{fallback} (fallback: unparseable reply)"
+    return (
+        {"query_type": fallback, "fallbacks": ["classifier: unparseable reply"]},
+        f"{fallback} (fallback: unparseable reply)",
+    )
 
 
 @_traced("planner")
 def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """QA memory first (a hit ends the research); else the first step.  The planner sees the
-    question without its answer choices."""
+    """QA memory first (a hit ends the research; a multiple-choice question still gets its letter
+    from the cached research); else the first step.  The planner sees the question without its
+    answer choices."""
     question = state["question"]
     hit = None
     try:
@@ -548,22 +336,19 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         logger.warning("QA memory lookup failed: %s", exc)
     if hit:
         answer = hit.get("answer", "")
+        sources = list(hit.get("sources") or [])
         return (
             {
                 "memory_hit": True,
                 "final_cited_answer": answer,
                 "research_answer": answer,
-                "sources": list(hit.get("sources") or []),
+                "sources": sources,
+                "passages": {s["id"]: _passage_record(s) for s in sources if s.get("id")},
                 "stop_reason": "memory_hit",
             },
             f"memory hit (similarity {hit.get('similarity', 0):.3f})",
         )
-    result = ctx.client.invoke(
-        prompts.render("plan_synthesis", objective=question),
-        role="plan",
-        schema=PlannedStep,
-        max_tokens=MAX_TOKENS["plan"],
-    )
+    result = prompts.call(ctx.client, "plan", objective=question)
     plan = result.parsed
     step_q = clean_question(plan.question) if plan else ""
     phase = (plan.phase if plan else "") or "rule"
@@ -586,12 +371,14 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         "question": step_q,
         "execution": None,
     }
-    update = {
+    update: dict[str, Any] = {
         "memory_hit": False,
         "planning_table": [step],
         "issues": issues,
         "researched_issues": issues[:1],
     }
+    if plan is None:
+        update["fallbacks"] = ["planner: unparseable reply (the question itself is researched)"]
     return update, f"step 1: {_short(step_q)}{note}" + (
         f" (issues: {'; '.join(issues)})" if issues else ""
     )
@@ -600,7 +387,8 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
 @_traced("executor")
 def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """Run ONE pending step: rewrite -> multi-query retrieval (excluding passages earlier steps
-    retrieved) -> cited synthesis -> confidence."""
+    retrieved) -> drop passages that carry instructions (injection screen) -> cited synthesis ->
+    confidence of the passages the answer cites."""
     pending = [
         s
         for s in state.get("planning_table") or []
@@ -609,17 +397,26 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     if not pending:
         return {}, "nothing pending"
     step = dict(pending[0])
-    s = ctx.settings
-    primary, alternatives, _ = rewrite_queries(ctx.client, step["question"], s)
+    primary, alternatives, rewrite_failed = rewrite_queries(ctx.client, step["question"])
     seen = [i for p in _executed(state) for i in p["execution"].get("retrieved_doc_ids", [])]
-    docs = ctx.retrieve([primary, *alternatives], getattr(s, "retrieval_k", 5), seen)
+    retrieved = ctx.retrieve([primary, *alternatives], ctx.settings.retrieval_k, seen)
     used = set(seen)
-    docs = [d for d in docs if d["id"] not in used]  # belt and braces: never reuse a passage
+    docs, flagged = [], []
+    for d in retrieved:
+        if d["id"] in used:  # belt and braces: never reuse a passage
+            continue
+        hits = ctx.screen_passage(d.get("text") or "")
+        if hits:
+            flagged.append({"id": d["id"], "patterns": hits})
+        else:
+            docs.append(d)
     if docs:
         answer, citations = synthesize(ctx.client, step["question"], docs)
-        confidence = float(ctx.confidence(step["question"], docs))
+        cited = [docs[n - 1] for n in citations["cited"]]
+        confidence = float(ctx.confidence(step["question"], cited)) if cited else 0.0
     else:
         answer, citations, confidence = NO_ANSWER, normalize_citations("", 0)[1], 0.0
+        citations["parsed"] = False
     execution: Execution = {
         "optimized_query": primary,
         "alternatives": alternatives,
@@ -628,18 +425,31 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         "confidence": round(confidence, 4),
         "rerank_top_score": docs[0].get("rerank_score") if docs else None,
         "citations": citations,
+        "flagged_passages": flagged,
     }
     step["execution"] = execution
     passages = state.get("passages") or {}
     passages = {**passages, **{d["id"]: _passage_record(d) for d in docs}}
-    return (
-        {
-            "planning_table": [step],
-            "iteration_count": state.get("iteration_count", 0) + 1,
-            "passages": passages,
-        },
+    fallbacks = []
+    if rewrite_failed:
+        fallbacks.append(f"step {step['step_id']}: query rewrite unparseable (question used)")
+    if citations.get("strict_retry"):
+        fallbacks.append(f"step {step['step_id']}: synthesis needed the strict retry")
+    update: dict[str, Any] = {
+        "planning_table": [step],
+        "iteration_count": state.get("iteration_count", 0) + 1,
+        "passages": passages,
+    }
+    if fallbacks:
+        update["fallbacks"] = fallbacks
+    if flagged:
+        update["flagged_passages"] = flagged
+    note = f", {len(flagged)} flagged passage(s) dropped" if flagged else ""
+    parsed = "" if citations.get("parsed") or not docs else ", no parsed answer"
+    return update, (
         f"step {step['step_id']}: {len(docs)} passages, confidence {confidence:.3f}, "
-        f"{len(citations['cited'])} cited, {len(citations['invalid'])} invalid citations",
+        f"{len(citations['cited'])} cited, {len(citations['invalid'])} invalid citations"
+        f"{parsed}{note}"
     )
 
 
@@ -652,12 +462,28 @@ def _passage_record(doc: dict) -> dict:
     }
 
 
+def step_succeeded(execution: Execution, threshold: float) -> bool:
+    """A step completes only with a parsed answer that cites at least one passage it was given,
+    and a confidence (of the cited passages) at or above ``threshold``."""
+    citations = execution.get("citations") or {}
+    return (
+        bool(citations.get("parsed"))
+        and bool(citations.get("cited"))
+        and execution["confidence"] >= threshold
+    )
+
+
 def aggregate(state: AgentState, threshold: float) -> tuple[str, list[dict]]:
     """The final answer from completed steps with [Query X][Source N] citations, and its sources.
     With no completed step, the executed steps' answers under a low-confidence warning."""
     passages = state.get("passages") or {}
     completed = _completed(state)
-    steps = completed or [s for s in _executed(state) if s["execution"].get("retrieved_doc_ids")]
+    steps = completed or [
+        s
+        for s in _executed(state)
+        if s["execution"].get("retrieved_doc_ids")
+        and (s["execution"].get("citations") or {}).get("parsed", True)
+    ]
     if not steps:
         return "", []
     parts = []
@@ -701,40 +527,45 @@ def stagnation(state: AgentState, ctx: AgentContext) -> str | None:
     return None
 
 
+EvaluatorRoute = Literal["executor", "replanner", "mc_select"]
+
+
 @_traced("evaluator")
-def evaluator(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """Grade executed steps against EVAL_CONFIDENCE_THRESHOLD, summarise them into the context,
-    aggregate the answer, and decide the route (stored as ``route``)."""
+def evaluator(state: AgentState, ctx: AgentContext) -> tuple[dict, str, EvaluatorRoute]:
+    """Grade executed steps (:func:`step_succeeded`), summarise them into the context, aggregate
+    the answer, and route: the pending step, the replanner, or the answer (a ``Command``)."""
     s = ctx.settings
-    threshold = float(getattr(s, "eval_confidence_threshold", 0.35))
+    threshold = s.eval_confidence_threshold
     graded: list[PlanStep] = []
     summaries: list[str] = []
     for step in state.get("planning_table") or []:
         if step["status"] == "pending" and step["execution"]:
             ex = step["execution"]
-            status = "completed" if ex["confidence"] >= threshold else "failed"
+            status = "completed" if step_succeeded(ex, threshold) else "failed"
             graded.append({**step, "status": status})
             summaries.append(
                 f"Step {step['step_id']} ({step['phase']}, {status}, confidence "
                 f"{ex['confidence']:.2f}): {step['question']} -> {_short(ex['cited_answer'], 300)}"
             )
-    view: AgentState = {**state, "planning_table": _merge(state, graded)}
+    view: AgentState = {**state, "planning_table": merge_steps(state.get("planning_table"), graded)}
     answer, sources = aggregate(view, threshold)
     table = view["planning_table"]
     n_completed = sum(1 for p in table if p["status"] == "completed")
     iterations = state.get("iteration_count", 0)
-    max_steps = int(getattr(s, "max_steps", 3))
-    max_iter = int(getattr(s, "max_iterations", 6))
     pending = [p for p in table if p["status"] == "pending" and not p["execution"]]
+    left = ctx.time_left()
     stop = None
-    if pending and iterations < max_iter:
+    route: EvaluatorRoute
+    if left is not None and left < MC_RESERVE_S:
+        route, stop = "mc_select", f"deadline: {max(left, 0):.0f}s of RUN_TIMEOUT left"
+    elif pending and iterations < s.max_iterations:
         route = "executor"
     elif state.get("query_type") != "multi_hop":
         route = "mc_select"
-    elif n_completed >= max_steps:
+    elif n_completed >= s.max_steps:
         route, stop = "mc_select", f"{n_completed} steps completed"
-    elif iterations >= max_iter:
-        route, stop = "mc_select", f"iteration limit {max_iter} reached"
+    elif iterations >= s.max_iterations:
+        route, stop = "mc_select", f"iteration limit {s.max_iterations} reached"
     elif stag := stagnation(view, ctx):
         route, stop = "mc_select", f"stagnation: {stag}"
     else:
@@ -745,18 +576,11 @@ def evaluator(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         "final_cited_answer": answer,
         "research_answer": answer,
         "sources": sources,
-        "route": route,
     }
     if stop:
         update["stop_reason"] = stop
     grades = ", ".join(f"step {g['step_id']} {g['status']}" for g in graded) or "no new step"
-    return update, f"{grades} -> {route}" + (f" ({stop})" if stop else "")
-
-
-def _merge(state: AgentState, changed: list[PlanStep]) -> list[PlanStep]:
-    from state import merge_steps
-
-    return merge_steps(state.get("planning_table"), changed)
+    return update, f"{grades} -> {route}" + (f" ({stop})" if stop else ""), route
 
 
 @_traced("replanner")
@@ -764,8 +588,6 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """next_step | retry | complete.  On LLM failure or an unusable reply: complete with the
     evidence so far.  A question that is unusable, repeats an earlier step or restates the
     objective is replaced by the next open planned issue; with none left, the research completes."""
-    from llm_config import LLMCallError
-
     table = state.get("planning_table") or []
     asked = "\n".join(f"- {p['question']}" for p in table)
     findings = "\n".join(state.get("accumulated_context") or []) or "(nothing yet)"
@@ -775,12 +597,7 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         f"Questions already researched (never ask them again):\n{asked}\n\nFindings:\n{findings}"
     )
     try:
-        result = ctx.client.invoke(
-            prompts.render("adaptive_replan", objective=state["question"], progress=progress),
-            role="replan",
-            schema=Replan,
-            max_tokens=MAX_TOKENS["replan"],
-        )
+        result = prompts.call(ctx.client, "replan", objective=state["question"], progress=progress)
     except LLMCallError as exc:
         logger.warning("replanner LLM call failed; completing with the evidence so far: %s", exc)
         return {"stop_reason": "replanner failed (LLM error)"}, "complete (LLM error)"
@@ -844,21 +661,19 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     return update, decision
 
 
-def mc_evidence(state: AgentState, limit: int = MC_EVIDENCE_PASSAGES) -> str:
-    """Passages for the MC prompt: the first passages of each answering step, round-robin."""
+def mc_evidence(state: AgentState) -> str:
+    """The evidence of the MC prompt: the agent's cited research (or the cached research of a
+    memory hit) and the passages it stands on, round-robin over the steps, through the one
+    evidence formatter every mode uses (``prompts.format_evidence``)."""
     by_step: dict[int, list[dict]] = {}
     for src in state.get("sources") or []:
         by_step.setdefault(src.get("step_id", 0), []).append(src)
     picked: list[dict] = []
-    while len(picked) < limit and any(by_step.values()):
+    while any(by_step.values()):
         for key in list(by_step):
-            if by_step[key] and len(picked) < limit:
+            if by_step[key]:
                 picked.append(by_step[key].pop(0))
-    parts = []
-    for i, doc in enumerate(picked, 1):
-        text = " ".join(doc.get("text", "").split())[:700]
-        parts.append(f"[{i}] {doc.get('title', '')}\n{text}".strip())
-    return "\n\n".join(parts)
+    return prompts.format_evidence(picked, research=state.get("research_answer"))
 
 
 @_traced("mc_select")
@@ -884,53 +699,55 @@ def _mean_completed_confidence(state: AgentState) -> float:
     return sum(confs) / len(confs) if confs else 0.0
 
 
+def cache_blockers(state: AgentState, ctx: AgentContext) -> list[str]:
+    """Why this run's research must not be cached (empty: it may be).  Nothing is stored from a
+    run with unparsed calls, failed or invalid citations, a fallback, or a low-confidence answer."""
+    why: list[str] = []
+    research = state.get("research_answer") or ""
+    if state.get("memory_hit"):
+        why.append("answer came from memory")
+    if not research.strip() or research.startswith((LOW_CONFIDENCE_PREFIX, NO_ANSWER)):
+        why.append("no confident answer")
+    records = ctx.client.records[ctx.record_offset :]
+    if n := sum(1 for r in records if r.parse_failed):
+        why.append(f"{n} unparsed LLM repl{'y' if n == 1 else 'ies'}")
+    if n := sum(1 for r in records if r.error):
+        why.append(f"{n} failed LLM call(s)")
+    if state.get("fallbacks"):
+        why.append(f"fallback: {state['fallbacks'][0]}")
+    for step in _completed(state):
+        c = step["execution"].get("citations") or {}
+        if c.get("invalid") or not c.get("cited"):
+            why.append(f"step {step['step_id']} has invalid or no citations")
+    confidence = _mean_completed_confidence(state)
+    if research and confidence < ctx.settings.eval_confidence_threshold:
+        why.append(f"confidence {confidence:.3f} < {ctx.settings.eval_confidence_threshold:.2f}")
+    return why
+
+
 @_traced("memory_writeback")
 def memory_writeback(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """Cache the research (never the MC selection) when it is trustworthy and new."""
-    threshold = float(getattr(ctx.settings, "eval_confidence_threshold", 0.35))
-    research = state.get("research_answer") or ""
+    blockers = cache_blockers(state, ctx)
+    if blockers:
+        return {}, f"skip: {blockers[0]}"
     confidence = _mean_completed_confidence(state)
-    if state.get("memory_hit"):
-        return {}, "skip: answer came from memory"
-    if not research or research.startswith((LOW_CONFIDENCE_PREFIX, NO_ANSWER)):
-        return {}, "skip: no confident answer"
-    if confidence < threshold:
-        return {}, f"skip: confidence {confidence:.3f} < {threshold:.2f}"
     try:
-        ctx.write_memory(state["question"], research, confidence, state.get("sources") or [])
+        ctx.write_memory(
+            state["question"], state["research_answer"], confidence, state.get("sources") or []
+        )
     except Exception as exc:  # noqa: BLE001 - caching is best effort
         logger.warning("QA memory write failed: %s", exc)
         return {}, f"skip: write failed ({exc})"
     return {}, f"stored (confidence {confidence:.3f})"
 
 
-def llm_usage(client: Any, offset: int = 0) -> dict[str, Any]:
-    """Calls, tokens, characters, parse failures and latency of this run's LLM calls."""
-    records = list(getattr(client, "records", []) or [])[offset:]
-    by_role: dict[str, dict[str, Any]] = {}
-    for r in records:
-        role = by_role.setdefault(r.role, {"calls": 0, "latency_s": 0.0, "parse_failures": 0})
-        role["calls"] += 1
-        role["latency_s"] = round(role["latency_s"] + r.latency_s, 3)
-        role["parse_failures"] += int(bool(r.parse_failed))
-    return {
-        "llm_calls": len(records),
-        "llm_errors": sum(1 for r in records if r.error),
-        "parse_failures": sum(1 for r in records if r.parse_failed),
-        "in_chars": sum(r.in_chars for r in records),
-        "out_chars": sum(r.out_chars for r in records),
-        "input_tokens": sum(r.input_tokens or 0 for r in records),
-        "output_tokens": sum(r.output_tokens or 0 for r in records),
-        "llm_latency_s": round(sum(r.latency_s for r in records), 3),
-        "llm_by_role": by_role,
-    }
-
-
-def _has_answer(state: AgentState) -> bool:
+def answer_body(state: AgentState) -> str:
+    """The research answer a user gets ("" when there is none)."""
     if (state.get("injection_check") or {}).get("is_safe") is False:
-        return False
-    research = state.get("research_answer") or ""
-    return bool(research) and not research.startswith(NO_ANSWER)
+        return ""
+    research = (state.get("research_answer") or "").strip()
+    return "" if research.startswith((NO_ANSWER, NO_PARSED_ANSWER)) else research
 
 
 def compute_metrics(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
@@ -941,7 +758,7 @@ def compute_metrics(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     citations = [s["execution"].get("citations") or {} for s in table if s.get("execution")]
     mc_answer = state.get("mc_answer") or {}
     return {
-        **llm_usage(ctx.client, ctx.record_offset),
+        **usage(ctx.client.records[ctx.record_offset :]),
         "node_latency_s": per_node,
         "total_node_s": round(sum(per_node.values()), 3),
         "iterations": state.get("iteration_count", 0),
@@ -949,12 +766,16 @@ def compute_metrics(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
         "steps_failed": sum(1 for s in table if s["status"] == "failed"),
         "query_type": state.get("query_type"),
         "memory_hit": bool(state.get("memory_hit")),
-        "has_answer": _has_answer(state),
+        "has_answer": bool(answer_body(state)),
         "injection_verdict": (state.get("injection_check") or {}).get("verdict"),
+        "injection_check": (state.get("injection_check") or {}).get("injection_check"),
         "stop_reason": state.get("stop_reason"),
         "invalid_citations": sum(len(c.get("invalid", [])) for c in citations),
         "uncited_sentences": sum(c.get("uncited_sentences", 0) for c in citations),
         "steps_without_citation": sum(1 for c in citations if not c.get("has_citation")),
+        "unparsed_steps": sum(1 for c in citations if c and not c.get("parsed", True)),
+        "flagged_passages": len(state.get("flagged_passages") or []),
+        "fallbacks": list(state.get("fallbacks") or []),
         "mc_letter": mc_answer.get("letter"),
         "mc_parse_failed": bool(mc_answer.get("parse_failed")) if mc_answer else None,
     }
@@ -980,13 +801,11 @@ def route_after_injection(state: AgentState) -> Literal["classifier", "observabi
     return "classifier" if (state.get("injection_check") or {}).get("is_safe") else "observability"
 
 
-def route_after_planner(state: AgentState) -> Literal["executor", "memory_writeback"]:
-    return "memory_writeback" if state.get("memory_hit") else "executor"
-
-
-def route_after_evaluator(state: AgentState) -> Literal["executor", "replanner", "mc_select"]:
-    route = state.get("route")
-    return route if route in ("executor", "replanner", "mc_select") else "mc_select"
+def route_after_planner(state: AgentState) -> Literal["executor", "mc_select", "memory_writeback"]:
+    """A memory hit skips the research; with answer choices it still picks a letter."""
+    if not state.get("memory_hit"):
+        return "executor"
+    return "mc_select" if state.get("choices") else "memory_writeback"
 
 
 def route_after_replanner(state: AgentState) -> Literal["executor", "mc_select"]:

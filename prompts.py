@@ -24,7 +24,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:
+    from llm_config import LLMClient, LLMResult
 
 SKILLS_DIR = Path(__file__).resolve().parent / "skills"
 
@@ -34,6 +39,7 @@ SKILL_FIELDS: dict[str, frozenset[str]] = {
     "plan_synthesis": frozenset({"objective"}),
     "query_rewrite": frozenset({"question"}),
     "synthesize_and_cite": frozenset({"question", "passages"}),
+    "synthesize_strict": frozenset({"question", "passages"}),
     "adaptive_replan": frozenset({"objective", "progress"}),
     "mc_select": frozenset({"question", "choices", "evidence"}),
     "mc_select_strict": frozenset({"question", "choices", "evidence"}),
@@ -147,3 +153,149 @@ def quote_passages(docs: Sequence[Mapping[str, Any]], max_chars: int = 900) -> s
 def quote(tag: str, text: str) -> str:
     """``text`` wrapped as ``<tag>…</tag>`` data, with our tags removed from inside it."""
     return f"<{tag}>\n{neutralize(text).strip()}\n</{tag}>"
+
+
+def format_evidence(
+    docs: Sequence[Mapping[str, Any]],
+    *,
+    research: str | None = None,
+    max_chars: int | None = None,
+) -> str:
+    """The evidence block of an answering prompt, the same for every mode (the agent's mc_select,
+    and the eval modes rag, gold_passage and lean): the agent's cited research first when there
+    is any, then numbered passages ``[N] title`` with their text.  The whole block stays within
+    ``max_chars`` (default :data:`EVIDENCE_CHARS`): the research gets at most a quarter of it, and
+    the passages share the rest equally, each cut at a word boundary."""
+    budget = EVIDENCE_CHARS if max_chars is None else max_chars
+    parts: list[str] = []
+    research = " ".join((research or "").split()) if research else ""
+    if research:
+        head = "Research notes (the agent's cited findings):\n"
+        parts.append(head + _cut(research, budget // 4))
+        budget -= len(parts[0])
+    if docs:
+        share = max(MIN_PASSAGE_CHARS, budget // len(docs))
+        for i, doc in enumerate(docs, 1):
+            title = neutralize(str(doc.get("title") or "")).strip()
+            text = neutralize(" ".join(str(doc.get("text") or "").split()))
+            head = f"[{i}] {title}" if title else f"[{i}]"
+            parts.append(f"{head}\n{_cut(text, max(0, share - len(head) - 1))}")
+    return "\n\n".join(parts)
+
+
+EVIDENCE_CHARS = 5000
+"""Characters of evidence in an answering prompt (~1,250 tokens: ~17 s of prompt processing on the
+embedded model at ~75 tokens/s, and far inside its 8K context)."""
+MIN_PASSAGE_CHARS = 400
+"""No passage is cut shorter than this, however many there are."""
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` cut at a word boundary to at most ``limit`` characters (with an ellipsis)."""
+    if len(text) <= limit:
+        return text
+    cut = text[: max(0, limit - 1)]
+    if " " in cut:
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip(" ,;:") + "…"
+
+
+# ------------------------------------------------------------------------------------------------
+# Structured outputs of the agent's calls
+# ------------------------------------------------------------------------------------------------
+
+
+class InjectionVerdict(BaseModel):
+    verdict: Literal["safe", "injection"]
+    reason: str = Field(default="", max_length=80)
+
+
+class Classification(BaseModel):
+    query_type: Literal["simple", "multi_hop"]
+
+
+class PlannedStep(BaseModel):
+    issues: list[str] = Field(min_length=1, max_length=4)
+    """The legal issues of the objective, most important first (listed before the question, so
+    a small model names the doctrines before it writes the step)."""
+    phase: str = Field(default="rule", max_length=40)
+    question: str = Field(min_length=3, max_length=300)
+
+
+class CitedClaim(BaseModel):
+    text: str = Field(min_length=1, max_length=300)
+    sources: list[int] = Field(min_length=1, max_length=3)
+
+
+class CitedAnswer(BaseModel):
+    """A step's answer: every claim names the passages (``[Source N]`` numbers) it comes from."""
+
+    rule: CitedClaim
+    elements: list[CitedClaim] = Field(min_length=1, max_length=6)
+    exceptions: list[CitedClaim] = Field(max_length=3)
+    application: CitedClaim
+
+
+class Rewrite(BaseModel):
+    primary: str = Field(min_length=2, max_length=400)
+    alternatives: list[str] = Field(default_factory=list)
+
+
+class Replan(BaseModel):
+    action: Literal["next_step", "retry", "complete"]
+    phase: str = Field(default="", max_length=40)
+    question: str = Field(default="", max_length=300)
+
+
+# ------------------------------------------------------------------------------------------------
+# The call table: per role its skill, output schema and token budget
+# ------------------------------------------------------------------------------------------------
+
+Role = Literal[
+    "injection",
+    "classify",
+    "plan",
+    "rewrite",
+    "synthesize",
+    "synthesize_strict",
+    "replan",
+    "mc_select",
+    "mc_select_strict",
+]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One kind of LLM call.  ``max_tokens`` is the reply budget on the embedded model (~15 output
+    tokens/s end to end); ``max_tokens_api`` a larger one for API models where it pays."""
+
+    skill: str
+    schema: type[BaseModel] | None
+    max_tokens: int
+    max_tokens_api: int | None = None
+
+
+CALLS: dict[Role, Call] = {
+    "injection": Call("detect_prompt_injection", InjectionVerdict, 60),
+    "classify": Call("classify_and_route", Classification, 20),
+    "plan": Call("plan_synthesis", PlannedStep, 120),
+    "rewrite": Call("query_rewrite", Rewrite, 110),
+    "synthesize": Call("synthesize_and_cite", CitedAnswer, 360),
+    "synthesize_strict": Call("synthesize_strict", CitedAnswer, 300),
+    "replan": Call("adaptive_replan", Replan, 130),
+    "mc_select": Call("mc_select", None, 200, max_tokens_api=500),
+    "mc_select_strict": Call("mc_select_strict", None, 12),
+}
+
+
+def call(client: LLMClient, role: Role, **values: Any) -> LLMResult:
+    """Make the ``role`` call: render its skill with ``values``, ask for its schema within its
+    token budget.  Transport failures raise ``llm_config.LLMCallError``; an unparseable reply is
+    ``result.parsed is None`` (never an exception)."""
+    spec = CALLS[role]
+    budget = spec.max_tokens
+    if spec.max_tokens_api is not None and not client.is_local(role):
+        budget = spec.max_tokens_api
+    return client.invoke(
+        render(spec.skill, **values), role=role, schema=spec.schema, max_tokens=budget
+    )

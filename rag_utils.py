@@ -27,7 +27,7 @@ import re
 import shutil
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -834,16 +834,41 @@ def _memory_collection(s: Settings) -> Any:
     )
 
 
-def _memory_id(question: str) -> str:
-    return hashlib.sha1(" ".join(question.lower().split()).encode()).hexdigest()
+def _memory_id(question: str, scope: Mapping[str, str] | None = None) -> str:
+    key = " ".join(question.lower().split()) + json.dumps(dict(scope or {}), sort_keys=True)
+    return hashlib.sha1(key.encode()).hexdigest()
+
+
+def memory_count(settings: Settings | None = None) -> int:
+    """QA-memory entries stored for the current embedding model."""
+    return int(_memory_collection(settings_or_current(settings)).count())
+
+
+def corpus_fingerprint(settings: Settings | None = None) -> str:
+    """What identifies the corpus an answer was researched in: the passage collection (it names
+    the embedding model) and its passage count."""
+    s = settings_or_current(settings)
+    return f"{collection_name(s)}:{corpus_count(s)}"
+
+
+def _scope_filter(scope: Mapping[str, str] | None) -> dict[str, Any] | None:
+    if not scope:
+        return None
+    terms = [{f"scope_{k}": str(v)} for k, v in sorted(scope.items())]
+    return terms[0] if len(terms) == 1 else {"$and": terms}
 
 
 def check_memory(
-    question: str, threshold: float | None = None, settings: Settings | None = None
+    question: str,
+    threshold: float | None = None,
+    settings: Settings | None = None,
+    *,
+    scope: Mapping[str, str] | None = None,
 ) -> dict[str, Any] | None:
     """The stored answer of the most similar earlier question when its cosine similarity is at
     least ``threshold`` (default MEMORY_THRESHOLD): keys question, answer, confidence, similarity,
-    timestamp, sources. None otherwise."""
+    timestamp, sources. None otherwise.  With ``scope`` (provider, model, embedding model, corpus:
+    ``context.memory_scope``) only entries written under exactly that scope are considered."""
     s = settings_or_current(settings)
     threshold = s.memory_threshold if threshold is None else threshold
     col = _memory_collection(s)
@@ -851,7 +876,10 @@ def check_memory(
         return None
     q = get_embedder(s).embed_query(question)
     got = col.query(
-        query_embeddings=[list(map(float, q))], n_results=1, include=["metadatas", "distances"]
+        query_embeddings=[list(map(float, q))],
+        n_results=1,
+        include=["metadatas", "distances"],
+        where=_scope_filter(scope),
     )
     if not got["ids"][0]:
         return None
@@ -884,9 +912,11 @@ def write_to_memory(
     settings: Settings | None = None,
     *,
     sources: Sequence[dict[str, Any]] = (),
+    scope: Mapping[str, str] | None = None,
 ) -> None:
-    """Store (or replace) the answer to ``question`` with an ISO-8601 UTC timestamp and the
-    passages its citations name (``sources``: dicts with id, title, source, text, ref)."""
+    """Store (or replace) the answer to ``question`` with an ISO-8601 UTC timestamp, the passages
+    its citations name (``sources``: dicts with id, title, source, text, ref) and the ``scope`` it
+    is valid under (one entry per question and scope)."""
     s = settings_or_current(settings)
     q = get_embedder(s).embed_query(question)
     kept = [
@@ -900,8 +930,9 @@ def write_to_memory(
         }
         for d in sources
     ]
+    scope_meta = {f"scope_{k}": str(v) for k, v in sorted((scope or {}).items())}
     _memory_collection(s).upsert(
-        ids=[_memory_id(question)],
+        ids=[_memory_id(question, scope)],
         documents=[question],
         embeddings=[list(map(float, q))],
         metadatas=[
@@ -911,6 +942,7 @@ def write_to_memory(
                 "confidence": float(confidence),
                 "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
                 "sources": json.dumps(kept),
+                **scope_meta,
             }
         ],
     )

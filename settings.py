@@ -91,6 +91,10 @@ class Settings:
     eval_confidence_threshold: float = 0.35
     """A step whose confidence is below this is 'failed' (calibrated for the default embedder)."""
     skip_injection_check: bool = False
+    run_timeout: float = 600.0
+    """Seconds a whole question may take (0 = no limit).  Research stops early enough that a
+    multiple-choice letter can still be picked; the run then ends with what it has and says why.
+    The embedded 1.5B model needs ~100 s for the multi_hop demo on 2 cores."""
     max_steps: int = 3
     max_iterations: int = 6
     retrieval_k: int = 5

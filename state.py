@@ -1,4 +1,4 @@
-"""Types of the agent graph: state, plan steps, the run context (injected dependencies).
+"""Types of the agent graph: its state and plan steps (the run's dependencies are in context.py).
 
 Lists that grow during a run have reducers: ``planning_table`` merges steps by ``step_id`` (a node
 returns only the steps it added or changed), ``accumulated_context`` and ``trace`` append.
@@ -7,8 +7,6 @@ returns only the steps it added or changed), ``accumulated_context`` and ``trace
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypedDict
 
 StepStatus = Literal["pending", "completed", "failed"]
@@ -26,7 +24,10 @@ class Execution(TypedDict, total=False):
     confidence: float
     rerank_top_score: float | None
     citations: dict[str, Any]
-    """{"cited": [N...], "invalid": [N...], "uncited_sentences": int, "has_citation": bool}"""
+    """{"cited": [N...], "invalid": [N...], "uncited_sentences": int, "has_citation": bool,
+    "parsed": bool, "strict_retry": bool}"""
+    flagged_passages: list[dict[str, Any]]
+    """Retrieved passages dropped by the injection screen: {"id", "patterns"}."""
 
 
 class PlanStep(TypedDict):
@@ -75,8 +76,11 @@ class AgentState(TypedDict, total=False):
     """Passages behind the answer: id, title, source, text, step_id, ref ("[Query X][Source N]")."""
     passages: dict[str, dict[str, Any]]
     """Every passage retrieved in this run by id (id, title, source, text)."""
-    route: str
-    """The evaluator's routing decision (read by route_after_evaluator)."""
+    flagged_passages: Annotated[list[dict[str, Any]], operator.add]
+    """Retrieved passages dropped because their text carries instructions (injection screen):
+    {"id", "patterns"}."""
+    fallbacks: Annotated[list[str], operator.add]
+    """Where a node fell back because a model reply was unusable (such research is not cached)."""
     error: str | None
     stop_reason: str
     run_metrics: dict[str, Any]
@@ -95,30 +99,3 @@ Node = Literal[
     "memory_writeback",
     "observability",
 ]
-
-
-Retriever = Callable[[list[str], int, Sequence[str]], list[dict]]
-"""(queries, k, exclude_ids) -> passages (dicts: id, text, title, source, rerank_score, ...)."""
-
-
-@dataclass
-class AgentContext:
-    """What the nodes use, injected per run (``graph.invoke(..., context=AgentContext(...))``).
-
-    Any field left None is filled lazily with the real implementation (settings, LLMClient,
-    rag_utils retrieval / confidence / embedder / QA memory), so LangGraph Studio can run the
-    graph without a context and tests can swap in fakes.
-    """
-
-    settings: Any = None
-    client: Any = None
-    retrieve: Retriever | None = None
-    confidence: Callable[[str, list[dict]], float] | None = None
-    embed: Callable[[list[str]], Any] | None = None
-    """texts -> L2-normalised rows (np.ndarray or lists)."""
-    check_memory: Callable[[str], dict | None] | None = None
-    write_memory: Callable[[str, str, float, list[dict]], None] | None = None
-    """(question, research answer, confidence, sources) -> None."""
-    record_offset: int = 0
-    """Index of the client's first call record that belongs to this run."""
-    extras: dict[str, Any] = field(default_factory=dict)

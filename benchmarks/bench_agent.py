@@ -32,7 +32,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import eval_common as ec  # noqa: E402
+import eval_common as ec
+import main
+from context import AgentContext
+from llm_config import LLMClient
+from settings import Settings
 
 RESULTS = REPO / "benchmarks" / "results" / "bench_agent.json"
 
@@ -158,9 +162,6 @@ def _fake_context(settings: Any) -> Any:
     from langchain_core.messages import AIMessage
     from langchain_core.outputs import ChatGeneration, ChatResult
 
-    from llm_config import LLMClient
-    from state import AgentContext
-
     counter = {"replan": 0}
 
     def reply(role: str) -> str:
@@ -235,19 +236,16 @@ def _fake_context(settings: Any) -> Any:
 
 
 def overhead(repeats: int = 20) -> dict[str, Any]:
-    import main
-    from settings import Settings
 
     settings = Settings.from_env(skip_injection_check=False)
     choices = {"A": "yes", "B": "no", "C": "maybe", "D": "never"}
-    main.run_agent("warm up question about torts", choices, settings=settings, context=_fake_context(settings))  # fmt: skip
+    main.run_agent("warm up question about torts", choices, context=_fake_context(settings))
     times, calls = [], []
     for _ in range(repeats):
         t = time.perf_counter()
         r = main.run_agent(
             "A multi-hop question about several doctrines?",
             choices,
-            settings=settings,
             context=_fake_context(settings),
         )
         times.append(time.perf_counter() - t)
@@ -261,18 +259,15 @@ def overhead(repeats: int = 20) -> dict[str, Any]:
 
 
 def demos(names: list[str]) -> dict[str, Any]:
-    import main
-    from settings import Settings, set_settings
 
     settings = Settings.from_env()
-    set_settings(settings)
     main._ensure_index(settings)
     out = {}
     for name in names:
         t = time.perf_counter()
         r = main.run_agent(
             main.DEMOS[name],
-            settings=settings,
+            context=AgentContext.from_settings(settings),
             on_event=lambda e: print(
                 f"  [{e['t_s']:6.1f}s] {e['node']}: {e['decision']}", file=sys.stderr
             ),

@@ -4,8 +4,8 @@ generation) and how often the agent's own node prompts get a usable reply.
     flock /tmp/legalrag-llm.lock python benchmarks/bench_llm.py [--provider local] [--calls-per-node 4]
 
 The validity section sends each node's REAL prompt (``skills/<node>.md`` rendered by
-``prompts.render`` with the values the node fills), its real pydantic schema (``nodes.py``) and its
-real token budget (``nodes.MAX_TOKENS``), exactly as the node calls ``LLMClient.invoke``;
+``prompts.render`` with the values the node fills), its real pydantic schema and
+real token budget (both from the call table ``prompts.CALLS``), exactly as the node calls ``LLMClient.invoke``;
 ``mc_select`` goes through ``mc.select_answer`` (one call, plus the strict retry when no letter
 can be parsed).  The cases below are short legal inputs written for this benchmark; where a case
 has a known answer (injection verdict, query_type, MC letter) the label accuracy is reported too.
@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import llm_config  # noqa: E402
-import local_llm  # noqa: E402
-from settings import Settings, load_dotenv_file, set_settings  # noqa: E402
+import llm_config
+import local_llm
+import mc
+import prompts
+from settings import Settings, load_dotenv_file, set_settings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -509,14 +509,17 @@ class Outcome:
 
 @dataclass(frozen=True)
 class SchemaNode:
-    """A node that asks for JSON: its role, schema, budget and how it renders the prompt."""
+    """A JSON call of the agent: its role in ``prompts.CALLS`` (skill, schema and token budget
+    come from that table, as for the agent), the values its node fills, and how to show a reply."""
 
-    role: str
-    schema: type[BaseModel]
-    max_tokens: int
-    render: Callable[[dict[str, Any]], list[tuple[str, str]]]
+    role: prompts.Role
+    values: Callable[[dict[str, Any]], dict[str, Any]]
     label_field: str | None = None
     summarize: Callable[[Any], str] = str
+
+    @property
+    def call(self) -> prompts.Call:
+        return prompts.CALLS[self.role]
 
 
 def _short(text: str, n: int = 110) -> str:
@@ -525,82 +528,58 @@ def _short(text: str, n: int = 110) -> str:
 
 
 def schema_nodes() -> dict[str, SchemaNode]:
-    """The six JSON nodes with their real prompts, schemas and budgets (imported lazily: nodes.py
-    pulls in LangGraph)."""
-    import nodes
-    import prompts
-
-    budget = nodes.MAX_TOKENS
-    return {
-        "detect_prompt_injection": SchemaNode(
+    """The JSON calls of the agent, keyed by skill name, with the values their nodes fill."""
+    nodes = [
+        SchemaNode(
             "injection",
-            nodes.InjectionVerdict,
-            budget["injection"],
-            lambda c: prompts.render(
-                "detect_prompt_injection",
-                user_input=prompts.quote("user_input", c["user_input"]),
-            ),
+            lambda c: {"user_input": prompts.quote("user_input", c["user_input"])},
             label_field="verdict",
             summarize=lambda p: f"{p.verdict}: {p.reason}",
         ),
-        "classify_and_route": SchemaNode(
+        SchemaNode(
             "classify",
-            nodes.Classification,
-            budget["classify"],
-            lambda c: prompts.render("classify_and_route", question=c["question"]),
+            lambda c: {"question": c["question"]},
             label_field="query_type",
             summarize=lambda p: p.query_type,
         ),
-        "plan_synthesis": SchemaNode(
+        SchemaNode(
             "plan",
-            nodes.PlannedStep,
-            budget["plan"],
-            lambda c: prompts.render("plan_synthesis", objective=c["objective"]),
+            lambda c: {"objective": c["objective"]},
             summarize=lambda p: f"[{p.phase}] {p.question}",
         ),
-        "query_rewrite": SchemaNode(
+        SchemaNode(
             "rewrite",
-            nodes.Rewrite,
-            budget["rewrite"],
-            lambda c: prompts.render("query_rewrite", question=c["question"]),
+            lambda c: {"question": c["question"]},
             summarize=lambda p: " | ".join([p.primary, *p.alternatives]),
         ),
-        "synthesize_and_cite": SchemaNode(
+        SchemaNode(
             "synthesize",
-            nodes.CitedAnswer,
-            budget["synthesize"],
-            lambda c: prompts.render(
-                "synthesize_and_cite",
-                question=c["question"],
-                passages=prompts.quote_passages(c["docs"]),
-            ),
+            lambda c: {"question": c["question"], "passages": prompts.quote_passages(c["docs"])},
             summarize=lambda p: (
                 f"{1 + len(p.elements) + len(p.exceptions) + 1} claims, sources "
                 f"{sorted({n for c in [p.rule, *p.elements, *p.exceptions, p.application] for n in c.sources})}"
             ),
         ),
-        "adaptive_replan": SchemaNode(
+        SchemaNode(
             "replan",
-            nodes.Replan,
-            budget["replan"],
-            lambda c: prompts.render(
-                "adaptive_replan", objective=c["objective"], progress=c["progress"]
-            ),
+            lambda c: {"objective": c["objective"], "progress": c["progress"]},
             summarize=lambda p: f"{p.action} [{p.phase}] {p.question}".rstrip(),
         ),
-    }
+    ]
+    return {n.call.skill: n for n in nodes}
 
 
 def run_schema_case(
     client: llm_config.LLMClient, spec: SchemaNode, case: Case, json_mode: str | None
 ) -> Outcome:
     offset = len(client.records)
+    call = spec.call
     try:
         res = client.invoke(
-            spec.render(case.inputs),
+            prompts.render(call.skill, **spec.values(case.inputs)),
             role=spec.role,
-            schema=spec.schema,
-            max_tokens=spec.max_tokens,
+            schema=call.schema,
+            max_tokens=call.max_tokens,
             json_mode=json_mode,
         )
     except llm_config.LLMCallError as exc:
@@ -613,7 +592,6 @@ def run_schema_case(
 
 
 def run_mc_case(client: llm_config.LLMClient, case: Case) -> Outcome:
-    import mc
 
     offset = len(client.records)
     inputs = case.inputs
@@ -688,7 +666,6 @@ def run_nodes(client: llm_config.LLMClient, per_node: int, mode: str) -> dict[st
     """Every node prompt ``per_node`` times (cycling through its cases).  ``mode`` "auto" lets the
     client pick the JSON mode as it does for the agent; "schema" / "prompt" force one (mc_select
     asks for text, so the mode does not apply to it)."""
-    import mc
 
     json_mode = None if mode == "auto" else mode
     specs = schema_nodes()
@@ -697,11 +674,12 @@ def run_nodes(client: llm_config.LLMClient, per_node: int, mode: str) -> dict[st
         cases = [CASES[node][i % len(CASES[node])] for i in range(per_node)]
         if node == "mc_select":
             outcomes = [run_mc_case(client, c) for c in cases]
-            budget = mc._budget(client, "mc_select")  # the budget select_answer uses
+            mc_call = prompts.CALLS["mc_select"]  # the budget select_answer uses
+            budget = mc_call.max_tokens if client.is_local("mc_select") else mc_call.max_tokens_api
         else:
             spec = specs[node]
             outcomes = [run_schema_case(client, spec, c, json_mode) for c in cases]
-            budget = spec.max_tokens
+            budget = spec.call.max_tokens
         out[node] = node_stats(node, cases, outcomes, budget)
     return out
 

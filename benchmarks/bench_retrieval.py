@@ -35,7 +35,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import eval_common as ec  # noqa: E402
+import eval_common as ec
+import load_corpus
+import rag_utils
+from settings import Settings, set_settings
 
 RESULTS = REPO / "benchmarks" / "results" / "bench_retrieval.json"
 METHODS = {"dense": "none", "bm25": "bm25", "hybrid": "hybrid"}
@@ -46,8 +49,6 @@ def peak_rss_mb() -> float:
 
 
 def bench_indexing(settings: Any, passages_path: Path) -> dict[str, Any]:
-    import load_corpus
-    import rag_utils
 
     t0 = time.perf_counter()
     passages = load_corpus.read_passages(passages_path)
@@ -73,7 +74,6 @@ def bench_indexing(settings: Any, passages_path: Path) -> dict[str, Any]:
 def bench_latency(
     settings: Any, question_triples: list[list[str]], rerankers: list[str], repeats: int
 ) -> dict[str, Any]:
-    import rag_utils
 
     out: dict[str, Any] = {}
     for reranker in rerankers:
@@ -105,7 +105,6 @@ def triples(items: list[dict]) -> list[list[str]]:
 
 
 def bench_quality(settings: Any, qa: list[dict]) -> dict[str, Any]:
-    import rag_utils
 
     store = rag_utils.get_store(settings)
     golds = {str(it["gold_idx"]) for it in qa if it.get("gold_idx")}
@@ -159,8 +158,6 @@ def bench_synthetic(
 ) -> dict[str, Any]:
     import numpy as np
 
-    import rag_utils
-
     texts = synthetic_texts(passages, n)
     dim = rag_utils.get_embedder(settings).dimension
     rng = np.random.default_rng(0)
@@ -213,8 +210,6 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
-    import load_corpus
-    from settings import Settings, set_settings
 
     data = Path(args.shared_data)
     passages_path = data / "corpus" / "passages.jsonl"

@@ -303,7 +303,7 @@ def test_persistent_server_error_raises_typed_error(tmp_settings, server):
     assert info.value.role == "synthesize" and info.value.attempts == 3
     assert len(server.requests) == 3
     assert client.records[-1].error and "500" in client.records[-1].error
-    assert client.summary()["errors"] == 1
+    assert client.summary()["llm_errors"] == 1
 
 
 def test_timeout_is_retried_then_reported(tmp_settings, server):
@@ -462,12 +462,12 @@ def test_fake_chat_model_through_the_factory(tmp_settings):
     assert client.invoke([("user", "q")], role="synthesize").text == "an answer"
     assert seen_roles == ["injection", "synthesize"]
     summary = client.summary()
-    assert summary["calls"] == 2 and summary["parse_failures"] == 0
-    assert summary["by_role"]["synthesize"]["calls"] == 1
+    assert summary["llm_calls"] == 2 and summary["parse_failures"] == 0
+    assert summary["by_role"]["synthesize"]["llm_calls"] == 1
     rec = client.records[1]
     assert (rec.role, rec.provider, rec.in_chars, rec.out_chars) == ("synthesize", "local", 1, 9)
     client.reset()
-    assert client.records == [] and client.summary()["calls"] == 0
+    assert client.records == [] and client.summary()["llm_calls"] == 0
 
 
 def test_cache_rerun_makes_zero_provider_calls_and_holds_no_key(tmp_settings, server, caplog):

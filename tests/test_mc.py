@@ -75,14 +75,14 @@ def test_select_answer_one_call_with_evidence_quoted(tmp_settings):
         False,
     )
     assert roles == ["mc_select"]
-    assert client.summary()["calls"] == 1
+    assert client.summary()["llm_calls"] == 1
 
 
 def test_select_answer_strict_retry_then_failure(tmp_settings):
     client, _ = _client(tmp_settings, ["Let me think about it.", "I am not sure."])
     result = mc.select_answer(client, "Is the promise enforceable?", CHOICES, None)
     assert result.letter is None and result.retried and result.parse_failed
-    assert client.summary()["calls"] == 2
+    assert client.summary()["llm_calls"] == 2
 
 
 def test_select_answer_strict_retry_recovers(tmp_settings):

@@ -400,6 +400,26 @@ def test_qa_memory_roundtrip_threshold_and_clear(loaded):
     assert rag_utils.clear_memory(settings) == 0
 
 
+def test_qa_memory_entries_are_used_only_under_the_provider_model_and_corpus_that_wrote_them(
+    loaded,
+):
+    """An answer cached from one provider (a broken server, say) is never served to another, nor
+    after the corpus changed; the same question can hold one entry per scope."""
+    settings, _ = loaded
+    q = "What are the elements of negligence?"
+    broken = {"provider": "openai", "model": "gpt-x", "embedding_model": "fake", "corpus": "c:10"}
+    healthy = {**broken, "provider": "local", "model": "qwen"}
+    rag_utils.write_to_memory(q, "", 0.9, settings=settings, scope=broken)
+    assert rag_utils.check_memory(q, settings=settings, scope=healthy) is None
+    assert rag_utils.check_memory(q, settings=settings, scope={**broken, "corpus": "c:11"}) is None
+    assert rag_utils.check_memory(q, settings=settings, scope=broken)["answer"] == ""
+    rag_utils.write_to_memory(q, "Duty, breach.", 0.8, settings=settings, scope=healthy)
+    assert rag_utils.check_memory(q, settings=settings, scope=healthy)["answer"] == "Duty, breach."
+    assert rag_utils.memory_count(settings) == 2
+    fp = rag_utils.corpus_fingerprint(settings)
+    assert fp.endswith(f":{rag_utils.corpus_count(settings)}")
+
+
 # ------------------------------------------------------------------------------------------------
 # real default embedder
 # ------------------------------------------------------------------------------------------------

@@ -1,0 +1,157 @@
+"""The run context: every dependency the agent's nodes use, typed and built once per run.
+
+Layout as in LangGraph's agent templates: ``state.py`` holds what changes during a run,
+``context.py`` what does not (settings, the LLM client, retrieval, the embedder, the QA memory,
+the run's deadline).  Nodes read ``runtime.context`` and nothing else; they never build a
+dependency themselves.
+
+- :meth:`AgentContext.from_settings` is the one constructor of the real dependencies, used by
+  ``run_agent``, the eval scripts and the benchmarks.
+- :func:`default_context` is the cached context of LangGraph Studio runs, which bring none.
+- Tests build an ``AgentContext`` directly with fakes for any field.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import injection
+import rag_utils
+from llm_config import LLMClient, resolve
+from settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+class Retriever(Protocol):
+    def __call__(self, queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[dict]:
+        """Passages for ``queries`` (the first is primary), best first, none of ``exclude_ids``:
+        dicts with id, text, title, source, metadata, dense_score, rerank_score."""
+        ...
+
+
+ConfidenceFn = Callable[[str, list[dict]], float]
+"""(question, passages the answer stands on) -> confidence in [0, 1]."""
+EmbedFn = Callable[[list[str]], Any]
+"""texts -> L2-normalised rows (np.ndarray or lists)."""
+MemoryLookup = Callable[[str], "dict | None"]
+"""question -> the cached entry ({question, answer, confidence, similarity, sources}) or None."""
+MemoryWrite = Callable[[str, str, float, list[dict]], None]
+"""(question, research answer, confidence, sources) -> None."""
+
+
+@dataclass
+class AgentContext:
+    """What the nodes use, injected per run: ``graph.invoke(..., context=ctx)``."""
+
+    settings: Settings
+    client: LLMClient
+    retrieve: Retriever
+    confidence: ConfidenceFn
+    embed: EmbedFn
+    check_memory: MemoryLookup
+    write_memory: MemoryWrite
+    deadline: float | None = None
+    """Absolute ``time.monotonic()`` by which the run must end (None: no limit)."""
+    record_offset: int = 0
+    """Index of the client's first call record that belongs to this run."""
+    screen_passage: Callable[[str], list[str]] = field(default=injection.screen_passage)
+    """Names of the injection patterns a passage's text matches (empty: clean)."""
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, client: LLMClient | None = None) -> AgentContext:
+        """The real dependencies for ``settings`` (nothing heavy happens until first use)."""
+        client = client or LLMClient(settings)
+        scope = _MemoryScope(settings)
+
+        def retrieve(queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[dict]:
+            return rag_utils.retrieve_documents_multi_query(
+                queries, k=k, exclude_ids=exclude_ids, settings=settings
+            )
+
+        def confidence(question: str, docs: list[dict]) -> float:
+            return rag_utils.compute_confidence(question, docs, settings=settings)
+
+        def embed(texts: list[str]) -> Any:
+            return rag_utils.get_embedder(settings).embed_documents(texts)
+
+        def check_memory(question: str) -> dict | None:
+            return rag_utils.check_memory(question, settings=settings, scope=scope.get())
+
+        def write_memory(
+            question: str, answer: str, confidence: float, sources: Sequence[dict] = ()
+        ) -> None:
+            rag_utils.write_to_memory(
+                question, answer, confidence, settings=settings, sources=sources, scope=scope.get()
+            )
+
+        return cls(
+            settings=settings,
+            client=client,
+            retrieve=retrieve,
+            confidence=confidence,
+            embed=embed,
+            check_memory=check_memory,
+            write_memory=write_memory,
+        )
+
+    def check_injection(self, text: str) -> injection.InjectionCheck:
+        """The injection verdict on the user's input (``injection.detect``)."""
+        return injection.detect(text, self.client, skip_llm=self.settings.skip_injection_check)
+
+    def start_run(self) -> AgentContext:
+        """Mark the start of a run: its LLM records and its deadline (``RUN_TIMEOUT``)."""
+        self.record_offset = len(self.client.records)
+        timeout = float(self.settings.run_timeout or 0)
+        self.deadline = time.monotonic() + timeout if timeout > 0 else None
+        self.client.deadline = self.deadline
+        return self
+
+    def time_left(self) -> float | None:
+        """Seconds before the run's deadline (None: no deadline)."""
+        return None if self.deadline is None else self.deadline - time.monotonic()
+
+
+class _MemoryScope:
+    """What a QA-memory entry is valid under: the LLM provider and model that wrote it, the
+    embedding model, and the corpus it was researched in (collection name and passage count).
+    Computed on first use (it counts the collection) and then kept for the run."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._value: dict[str, str] | None = None
+
+    def get(self) -> dict[str, str]:
+        if self._value is None:
+            self._value = memory_scope(self._settings)
+        return self._value
+
+
+def memory_scope(settings: Settings) -> dict[str, str]:
+    """The provider, model, embedding model and corpus fingerprint a cached answer depends on."""
+    llm = resolve("synthesize", settings)
+    return {
+        "provider": llm.provider,
+        "model": llm.model,
+        "embedding_model": rag_utils.embedder_name(settings),
+        "corpus": rag_utils.corpus_fingerprint(settings),
+    }
+
+
+_default_lock = threading.Lock()
+_default: AgentContext | None = None
+
+
+def default_context() -> AgentContext:
+    """The context of runs that bring none (LangGraph Studio / ``langgraph dev``): built once
+    from the environment's settings."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = AgentContext.from_settings(Settings.from_env())
+        return _default
