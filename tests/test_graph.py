@@ -15,9 +15,9 @@ from langchain_core.messages import AIMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 
 import injection
-import prompts
 import main
 import nodes
+import prompts
 from context import AgentContext
 from llm_config import LLMClient
 
