@@ -131,15 +131,23 @@ def scope_citations(text: str, step_id: int) -> str:
     return re.sub(r"\[Source (\d+)\]", lambda m: f"[Query {step_id}][Source {m.group(1)}]", text)
 
 
-_CHOICE_MENTION = re.compile(
-    r"\b(answer\s+)?(choice|option)s?\s*\(?[A-D]?\)?|\(\s*[A-D]\s*\)|\bstep\s*\d+\b", re.IGNORECASE
+_STEP_MENTION = re.compile(
+    r"\(\s*(see\s+)?step\s*\d+\s*\)|\b(as\s+in|in|from|see|per)\s+step\s*\d+\s*,?|\bstep\s*\d+\b",
+    re.IGNORECASE,
 )
+_CHOICE = r"(?:(?:answer\s+)?(?:choice|option)s?\s*\(?\s*[A-D]\s*\)?(?![A-Za-z])|\(\s*[A-D]\s*\))"
+_CHOICE_PAIR = re.compile(rf"{_CHOICE}\s*(,|and|or)\s*{_CHOICE}", re.IGNORECASE)
+_CHOICE_MENTION = re.compile(_CHOICE, re.IGNORECASE)
 
 
 def clean_question(text: str) -> str:
-    """A step question without mentions of answer choices or step numbers."""
-    text = _CHOICE_MENTION.sub("", text or "")
-    return " ".join(text.split()).strip(" ,;:-")
+    """A step question without mentions of answer choices or step numbers: step references are
+    dropped, a choice becomes "it" and a pair of choices "them", so the question stays English."""
+    text = _STEP_MENTION.sub(" ", text or "")
+    text = _CHOICE_PAIR.sub("them", text)
+    text = _CHOICE_MENTION.sub("it", text)
+    text = re.sub(r"\s+([,;:?.!])", r"\1", " ".join(text.split())).strip(" ,;:-")
+    return text[:1].upper() + text[1:]
 
 
 def _cosines(ctx: AgentContext, text: str, others: list[str]) -> list[float]:

@@ -701,10 +701,18 @@ def test_rewrite_queries_helper_falls_back_to_question(tmp_settings):
     assert nodes.rewrite_queries(client, "What is hearsay?") == ("What is hearsay?", [], True)
 
 
-def test_clean_question_removes_choice_and_step_mentions():
-    assert nodes.clean_question("As in step 2, is choice (B) right about hearsay?") == (
-        "As in , is right about hearsay?"
-    )
+@pytest.mark.parametrize(
+    ("raw", "clean"),
+    [
+        ("As in step 2, is choice (B) right about hearsay?", "Is it right about hearsay?"),
+        ("Does option C describe the mailbox rule?", "Does it describe the mailbox rule?"),
+        ("What elements of battery (see step 1) must be shown?", "What elements of battery must be shown?"),
+        ("Which of (A) and (D) states the rule against perpetuities?", "Which of them states the rule against perpetuities?"),
+        ("What is the mailbox rule?", "What is the mailbox rule?"),
+    ],
+)  # fmt: skip
+def test_clean_question_removes_choice_and_step_mentions(raw, clean):
+    assert nodes.clean_question(raw) == clean
 
 
 # ------------------------------------------------------------------------------------------------
