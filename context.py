@@ -62,6 +62,9 @@ class AgentContext:
     """Index of the client's first call record that belongs to this run."""
     screen_passage: Callable[[str], list[str]] = field(default=injection.screen_passage)
     """Names of the injection patterns a passage's text matches (empty: clean)."""
+    searchers: dict[str, Retriever] = field(default_factory=dict)
+    """A retriever per search type (dense, keyword, hybrid, graph, combined); a type without one
+    uses ``retrieve``."""
 
     @classmethod
     def from_settings(cls, settings: Settings, *, client: LLMClient | None = None) -> AgentContext:
@@ -73,6 +76,14 @@ class AgentContext:
             return rag_utils.retrieve_documents_multi_query(
                 queries, k=k, exclude_ids=exclude_ids, settings=settings
             )
+
+        def with_reranker(name: str) -> Retriever:
+            def search(queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[dict]:
+                return rag_utils.retrieve_documents_multi_query(
+                    queries, k=k, exclude_ids=exclude_ids, reranker=name, settings=settings
+                )
+
+            return search
 
         def confidence(question: str, docs: list[dict]) -> float:
             return rag_utils.compute_confidence(question, docs, settings=settings)
@@ -98,7 +109,18 @@ class AgentContext:
             embed=embed,
             check_memory=check_memory,
             write_memory=write_memory,
+            searchers={
+                "dense": with_reranker("none"),
+                "keyword": with_reranker("bm25"),
+                "hybrid": with_reranker("hybrid"),
+            },
         )
+
+    def search(
+        self, search_type: str, queries: list[str], k: int, exclude_ids: Sequence[str]
+    ) -> list[dict]:
+        """Route one step's search on its strategy's ``search_type``."""
+        return self.searchers.get(search_type, self.retrieve)(queries, k, exclude_ids)
 
     def check_injection(self, text: str) -> injection.InjectionCheck:
         """The injection verdict on the user's input (``injection.detect``)."""

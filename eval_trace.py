@@ -25,6 +25,7 @@ from typing import Any
 import eval_common as ec
 import load_corpus
 import main as agent
+import nodes
 import rag_utils
 from context import AgentContext
 from settings import Settings
@@ -76,6 +77,7 @@ def _step_rows(state: dict) -> list[dict]:
                 "alternatives": execution.get("alternatives"),
                 "retrieved_doc_ids": execution.get("retrieved_doc_ids"),
                 "flagged_passages": execution.get("flagged_passages", []),
+                "strategy": step.get("strategy"),
                 "answer": execution.get("cited_answer"),
             }
         )
@@ -170,6 +172,7 @@ def trace_query(
             "agent_s": round(agent_s, 3),
             "llm": usage,
             "rewrite_llm": rewrite_usage,
+            "chain_of_thought": state.get("chain_of_thought") or [],
             "run_metrics": ec.to_jsonable(state.get("run_metrics") or {}),
         }
     )
@@ -185,6 +188,9 @@ def trace_query(
         }
         verdict = "CORRECT" if case["mc"]["correct"] else "WRONG"
         out(f"MC: predicted {letter} / answer {case['answer']} -> {verdict}")
+    if case["chain_of_thought"]:
+        out("working memory (search type per step):")
+        out(nodes.memory_lines(state))
     out(f"answer: {ec.preview(case['final_answer'], 400)}")
     out(
         f"{case['steps_completed']} step(s) completed, {case['steps_failed']} failed; "

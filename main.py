@@ -295,6 +295,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-steps", type=int, help="MAX_STEPS for this run")
     parser.add_argument("--max-iterations", type=int, help="MAX_ITERATIONS for this run")
     parser.add_argument(
+        "--strategy",
+        choices=["auto", "dense", "keyword", "hybrid", "graph", "combined"],
+        help="SEARCH_STRATEGY for this run: force one search type for every research step",
+    )
+    parser.add_argument(
+        "--show-memory",
+        action="store_true",
+        help="print the working memory (one line per research iteration: search type, results, "
+        "leads, dead ends, next steps)",
+    )
+    parser.add_argument(
         "--deadline",
         type=float,
         metavar="SECONDS",
@@ -402,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
             max_iterations=args.max_iterations,
             skip_injection_check=args.skip_injection_check,
             run_timeout=args.deadline,
+            search_strategy=args.strategy,
         )
     except (InputError, SettingsError) as exc:
         print(f"main.py: error: {exc}", file=sys.stderr)
@@ -433,6 +445,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, indent=2, ensure_ascii=False))
     else:
         _print_result(result, print)
+        if args.show_memory:
+            print("\nWORKING MEMORY")
+            print(nodes.memory_lines(result) or "  (no research iterations)")
     if result.get("error"):
         print(f"main.py: error: {result['error']}".splitlines()[0], file=sys.stderr)
         return 1

@@ -291,7 +291,8 @@ def synthesize(client: Any, question: str, docs: Sequence[dict]) -> tuple[str, d
             info.update(parsed=False, strict_retry=True, salvaged=salvaged)
             return NO_PARSED_ANSWER, info
     text, info = normalize_citations(render_cited_answer(result.parsed), len(docs))
-    info.update(parsed=True, strict_retry=retried)
+    leads = [" ".join(x.split()) for x in result.parsed.leads if x.strip()]
+    info.update(parsed=True, strict_retry=retried, leads=leads[:3])
     return text, info
 
 
@@ -378,6 +379,7 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         "phase": phase,
         "question": step_q,
         "execution": None,
+        "strategy": plan.strategy.model_dump() if plan else {"search_type": "hybrid"},
     }
     update: dict[str, Any] = {
         "memory_hit": False,
@@ -405,9 +407,11 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     if not pending:
         return {}, "nothing pending"
     step = dict(pending[0])
+    strategy = dict(step.get("strategy") or {})
+    search_type, why = choose_search_type(state, ctx, step["question"], strategy.get("search_type"))
     primary, alternatives, rewrite_failed = rewrite_queries(ctx.client, step["question"])
     seen = [i for p in _executed(state) for i in p["execution"].get("retrieved_doc_ids", [])]
-    retrieved = ctx.retrieve([primary, *alternatives], ctx.settings.retrieval_k, seen)
+    retrieved = ctx.search(search_type, [primary, *alternatives], ctx.settings.retrieval_k, seen)
     used = set(seen)
     docs, flagged = [], []
     for d in retrieved:
@@ -443,10 +447,15 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         fallbacks.append(f"step {step['step_id']}: query rewrite unparseable (question used)")
     if citations.get("strict_retry"):
         fallbacks.append(f"step {step['step_id']}: synthesis needed the strict retry")
+    entry = memory_entry(
+        step, primary, {**strategy, "executed_as": search_type, "note": why}, retrieved, docs,
+        set(seen), citations, confidence, ctx.settings.eval_confidence_threshold,
+    )  # fmt: skip
     update: dict[str, Any] = {
         "planning_table": [step],
         "iteration_count": state.get("iteration_count", 0) + 1,
         "passages": passages,
+        "chain_of_thought": [*(state.get("chain_of_thought") or []), entry],
     }
     if fallbacks:
         update["fallbacks"] = fallbacks
@@ -455,10 +464,131 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     note = f", {len(flagged)} flagged passage(s) dropped" if flagged else ""
     parsed = "" if citations.get("parsed") or not docs else ", no parsed answer"
     return update, (
-        f"step {step['step_id']}: {len(docs)} passages, confidence {confidence:.3f}, "
+        f"step {step['step_id']} [{search_type}]: {len(docs)} passages, confidence {confidence:.3f}, "
         f"{len(citations['cited'])} cited, {len(citations['invalid'])} invalid citations"
         f"{parsed}{note}"
     )
+
+
+_AUTHORITY = re.compile(
+    r"\b\d+\s+U\.S\.C\.\s*§+\s*[\w.()-]+|\bFed\.\s*R\.\s*(?:Civ|Crim|Evid)\.\s*P?\.?\s*\d+[\w()]*"
+    r"|\b(?:FRE|FRCP|Rule)\s+\d{1,4}(?:\([a-z0-9]+\))*|\b[A-Z][A-Za-z.'&-]+ v\. [A-Z][A-Za-z.'&-]+"
+    r"|\b(?:First|Second|Fourth|Fifth|Sixth|Eighth|Tenth|Fourteenth) Amendment\b"
+)
+
+
+def _norm_question(text: str) -> str:
+    return " ".join(re.findall(r"[a-z0-9]+", (text or "").lower()))
+
+
+def dead_ends_of(state: AgentState) -> set[tuple[str, str]]:
+    """(normalised step question, search type) pairs the working memory records as dead ends."""
+    return {
+        (_norm_question(e.get("question", "")), e["strategy"].get("executed_as", ""))
+        for e in state.get("chain_of_thought") or []
+        if e["dead_ends"]
+    }
+
+
+def choose_search_type(
+    state: AgentState, ctx: AgentContext, question: str, planned: str | None
+) -> tuple[str, str]:
+    """(search type to run, why it differs from the plan).  SEARCH_STRATEGY forces one; else the
+    planned type, unless the working memory records it as a dead end for this question, in which
+    case the next type of ``prompts.SEARCH_TYPES`` that is not."""
+    forced = ctx.settings.search_strategy
+    if forced != "auto":
+        return forced, "forced by SEARCH_STRATEGY"
+    wanted = planned if planned in prompts.SEARCH_TYPES else "hybrid"
+    dead = dead_ends_of(state)
+    key = _norm_question(question)
+    for search_type in (wanted, *prompts.SEARCH_TYPES):
+        if (key, search_type) not in dead:
+            return search_type, "" if search_type == wanted else f"{wanted} was a dead end"
+    return wanted, "every search type was a dead end for this question"
+
+
+def memory_entry(
+    step: PlanStep,
+    query: str,
+    strategy: dict[str, Any],
+    retrieved: list[dict],
+    docs: list[dict],
+    seen: set[str],
+    citations: dict[str, Any],
+    confidence: float,
+    threshold: float,
+) -> dict[str, Any]:
+    """The working-memory entry of one research iteration, computed from what happened (only
+    ``leads`` comes from the model, inside the synthesis reply)."""
+    source_types: dict[str, int] = {}
+    authorities: list[str] = []
+    for d in docs:
+        kind = _source_type(d)
+        source_types[kind] = source_types.get(kind, 0) + 1
+        for m in _AUTHORITY.finditer(d.get("text") or ""):
+            if m.group(0) not in authorities:
+                authorities.append(m.group(0))
+    dead_ends = []
+    if not retrieved:
+        dead_ends.append("no results")
+    elif not docs and all(d["id"] in seen for d in retrieved):
+        dead_ends.append("only passages already seen")
+    elif not docs:
+        dead_ends.append("every passage was flagged by the injection screen")
+    if docs and not citations.get("parsed"):
+        dead_ends.append("no parsed answer")
+    if docs and confidence < threshold:
+        dead_ends.append(f"confidence {confidence:.2f} below threshold {threshold:.2f}")
+    return {
+        "step_id": step["step_id"],
+        "question": step["question"],
+        "query": query,
+        "strategy": strategy,
+        "results": {
+            "count": len(docs),
+            "new": sum(1 for d in docs if d["id"] not in seen),
+            "source_types": source_types,
+            "authorities": authorities[:6],
+            "top_score": round(float(docs[0].get("rerank_score") or 0.0), 4) if docs else None,
+            "confidence": round(confidence, 4),
+        },
+        "leads": list(citations.get("leads") or []),
+        "dead_ends": dead_ends,
+        "next_steps": [],
+    }
+
+
+def _source_type(doc: dict) -> str:
+    """statute/rule, caselaw or study material, from the passage's id and source."""
+    key = f"{doc.get('id', '')} {doc.get('source') or ''}".lower()
+    if "caselaw" in key or "holding" in key:
+        return "caselaw"
+    if any(t in key for t in ("fre", "frcp", "frcrp", "usc", "const", "rule", "ucc", "statute")):
+        return "statute/rule"
+    return "study material"
+
+
+def memory_lines(state: AgentState) -> str:
+    """The working memory, one compact line per iteration (the replanner's and the CLI's view)."""
+    lines = []
+    for e in state.get("chain_of_thought") or []:
+        r = e["results"]
+        s = e["strategy"]
+        line = (
+            f"- step {e['step_id']} [{s.get('executed_as', s.get('search_type', '?'))}] "
+            f"{_short(e['query'], 70)!r}: {r['count']} passages ({r['new']} new), "
+            f"confidence {r['confidence']:.2f}"
+        )
+        if r["authorities"]:
+            line += f"; authorities: {', '.join(r['authorities'][:3])}"
+        if e["leads"]:
+            line += f"; leads: {'; '.join(e['leads'])}"
+        line += f"; dead ends: {'; '.join(e['dead_ends']) or 'none'}"
+        if e["next_steps"]:
+            line += f"; next: {'; '.join(e['next_steps'])}"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def _passage_record(doc: dict) -> dict:
@@ -602,7 +732,9 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     issues = "; ".join(state.get("issues") or []) or "(not listed)"
     progress = (
         f"Legal issues identified when planning: {issues}\n\n"
-        f"Questions already researched (never ask them again):\n{asked}\n\nFindings:\n{findings}"
+        f"Questions already researched (never ask them again):\n{asked}\n\n"
+        f"Research memory (search type, results, leads, dead ends):\n"
+        f"{memory_lines(state) or '(empty)'}\n\nFindings:\n{findings}"
     )
     try:
         result = prompts.call(ctx.client, "replan", objective=state["question"], progress=progress)
@@ -659,8 +791,13 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         "phase": phase,
         "question": question,
         "execution": None,
+        "strategy": plan.strategy.model_dump() if problem is None else {"search_type": "hybrid"},
     }
     update: dict[str, Any] = {"planning_table": [step]}
+    memory = [dict(e) for e in state.get("chain_of_thought") or []]
+    if memory:
+        memory[-1]["next_steps"] = [*memory[-1]["next_steps"], f"{action}: {question}"]
+        update["chain_of_thought"] = memory
     if issue is not None:
         update["researched_issues"] = [*(state.get("researched_issues") or []), issue]
     decision = f"{action}: step {step['step_id']}: {_short(question)}"

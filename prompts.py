@@ -214,12 +214,29 @@ class Classification(BaseModel):
     query_type: Literal["simple", "multi_hop"]
 
 
+SearchType = Literal["dense", "keyword", "graph", "hybrid", "combined"]
+SEARCH_TYPES: tuple[SearchType, ...] = ("hybrid", "dense", "keyword", "graph", "combined")
+"""The search strategies, in the order the executor falls back through them after a dead end."""
+
+
+class Strategy(BaseModel):
+    """How one research step searches: the executor routes on ``search_type`` (dense = the
+    embedder, keyword = BM25, hybrid = both fused, graph = the legal knowledge graph, combined =
+    hybrid and graph fused)."""
+
+    search_type: SearchType = "hybrid"
+    focus: list[str] = Field(default_factory=list, max_length=3)
+    """Doctrines or authorities the step should find."""
+    reason: str = Field(default="", max_length=100)
+
+
 class PlannedStep(BaseModel):
     issues: list[str] = Field(min_length=1, max_length=4)
     """The legal issues of the objective, most important first (listed before the question, so
     a small model names the doctrines before it writes the step)."""
     phase: str = Field(default="rule", max_length=40)
     question: str = Field(min_length=3, max_length=300)
+    strategy: Strategy = Field(default_factory=Strategy)
 
 
 class CitedClaim(BaseModel):
@@ -234,6 +251,8 @@ class CitedAnswer(BaseModel):
     elements: list[CitedClaim] = Field(min_length=1, max_length=6)
     exceptions: list[CitedClaim] = Field(max_length=3)
     application: CitedClaim
+    leads: list[str] = Field(default_factory=list, max_length=3)
+    """Doctrines or authorities the passages point to that deserve their own research."""
 
 
 class Rewrite(BaseModel):
@@ -245,6 +264,7 @@ class Replan(BaseModel):
     action: Literal["next_step", "retry", "complete"]
     phase: str = Field(default="", max_length=40)
     question: str = Field(default="", max_length=300)
+    strategy: Strategy = Field(default_factory=Strategy)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -280,7 +300,7 @@ CALLS: dict[Role, Call] = {
     "classify": Call("classify_and_route", Classification, 20),
     "plan": Call("plan_synthesis", PlannedStep, 120),
     "rewrite": Call("query_rewrite", Rewrite, 110),
-    "synthesize": Call("synthesize_and_cite", CitedAnswer, 360),
+    "synthesize": Call("synthesize_and_cite", CitedAnswer, 400),
     "synthesize_strict": Call("synthesize_strict", CitedAnswer, 300),
     "replan": Call("adaptive_replan", Replan, 130),
     "mc_select": Call("mc_select", None, 200, max_tokens_api=500),

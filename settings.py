@@ -95,6 +95,9 @@ class Settings:
     """Seconds a whole question may take (0 = no limit).  Research stops early enough that a
     multiple-choice letter can still be picked; the run then ends with what it has and says why.
     The embedded 1.5B model needs ~100 s for the multi_hop demo on 2 cores."""
+    search_strategy: str = "auto"
+    """auto = each step searches as its plan says; dense | keyword | hybrid | graph | combined
+    forces one search type for every step (for evaluation)."""
     max_steps: int = 3
     max_iterations: int = 6
     retrieval_k: int = 5
@@ -136,6 +139,11 @@ class Settings:
         if self.reranker not in {"auto", "cross-encoder", "hybrid", "none"}:
             raise SettingsError(
                 f"RERANKER={self.reranker!r}: use auto, cross-encoder, hybrid or none"
+            )
+        if self.search_strategy not in {"auto", "dense", "keyword", "hybrid", "graph", "combined"}:
+            raise SettingsError(
+                f"SEARCH_STRATEGY={self.search_strategy!r}: use auto, dense, keyword, hybrid, "
+                "graph or combined"
             )
         for name in ("eval_confidence_threshold", "memory_threshold"):
             value = getattr(self, name)

@@ -30,12 +30,29 @@ class Execution(TypedDict, total=False):
     """Retrieved passages dropped by the injection screen: {"id", "patterns"}."""
 
 
-class PlanStep(TypedDict):
+class PlanStep(TypedDict, total=False):
     step_id: int
     status: StepStatus
     phase: str
     question: str
     execution: Execution | None
+    strategy: dict[str, Any]
+    """``prompts.Strategy`` as chosen by the planner or replanner: search_type, focus, reason."""
+
+
+class MemoryEntry(TypedDict):
+    """One research iteration in the working memory (``chain_of_thought``).  Everything but
+    ``leads`` (the model's judgement, from the synthesis reply) is computed in code."""
+
+    step_id: int
+    query: str
+    strategy: dict[str, Any]
+    """search_type (as planned), executed_as (what ran), focus, reason."""
+    results: dict[str, Any]
+    """count, new, source_types, authorities, top_score, confidence."""
+    leads: list[str]
+    dead_ends: list[str]
+    next_steps: list[str]
 
 
 def merge_steps(left: list[PlanStep] | None, right: list[PlanStep] | None) -> list[PlanStep]:
@@ -79,6 +96,8 @@ class AgentState(TypedDict, total=False):
     flagged_passages: Annotated[list[dict[str, Any]], operator.add]
     """Retrieved passages dropped because their text carries instructions (injection screen):
     {"id", "patterns"}."""
+    chain_of_thought: list[MemoryEntry]
+    """The working memory: one entry per research iteration (the replanner reads it)."""
     fallbacks: Annotated[list[str], operator.add]
     """Where a node fell back because a model reply was unusable (such research is not cached)."""
     error: str | None

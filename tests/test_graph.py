@@ -538,7 +538,7 @@ def test_structured_answer_is_rendered_with_a_citation_on_every_claim(tmp_settin
     ]
     assert step["citations"] == {
         "cited": [1, 2], "invalid": [], "uncited_sentences": 0, "has_citation": True,
-        "parsed": True, "strict_retry": False,
+        "parsed": True, "strict_retry": False, "leads": [],
     }  # fmt: skip
     assert result["run_metrics"]["parse_failures"] == 0
 
@@ -787,3 +787,100 @@ def test_mc_prompt_gets_the_cited_research_and_the_passages_within_the_budget(tm
     evidence = prompt.split("<evidence>")[1].split("</evidence>")[0]
     assert len(evidence) <= prompts.EVIDENCE_CHARS + 50
     assert all(f"[{n}] Passage {n}" in evidence for n in range(1, 6))
+
+
+# ------------------------------------------------------------------------------------------------
+# Strategy routing and the working memory
+# ------------------------------------------------------------------------------------------------
+
+
+class Tagged(FakeRetriever):
+    """A retriever that records which search type ran."""
+
+    def __init__(self, name: str, log: list[str], corpus: list[dict] | None = None) -> None:
+        super().__init__(corpus)
+        self.name, self.log = name, log
+
+    def __call__(self, queries, k, exclude_ids):
+        self.log.append(self.name)
+        return super().__call__(queries, k, exclude_ids)
+
+
+def _searchers(log: list[str], empty: tuple[str, ...] = ()) -> dict[str, Tagged]:
+    return {
+        t: Tagged(t, log, [] if t in empty else None)
+        for t in ("dense", "keyword", "hybrid", "graph", "combined")
+    }
+
+
+def run_with_searchers(tmp_settings, replies, searchers, **kw):
+    """``run`` with per-search-type retrievers in the context."""
+    original = AgentContext.__init__
+
+    def init(self, *a, **fields):
+        original(self, *a, **fields)
+        self.searchers = searchers
+
+    AgentContext.__init__ = init
+    try:
+        return run(tmp_settings, replies, **kw)
+    finally:
+        AgentContext.__init__ = original
+
+
+def test_each_step_searches_as_its_plan_says_and_the_memory_records_it(tmp_settings):
+    log: list[str] = []
+    replies = multi_replies(n_steps=2)
+    replies["plan"] = [J(issues=["student speech", "due process"], phase="rule", question="What free speech protections apply to students at public universities?", strategy={"search_type": "keyword", "focus": ["Tinker"], "reason": "case name"})]  # fmt: skip
+    replies["replan"] = [J(action="next_step", phase="rule", question="What procedural due process is required before suspending a public university student?", strategy={"search_type": "graph", "focus": [], "reason": "doctrine elements"}), J(action="complete")]  # fmt: skip
+    replies["synthesize"] = [J(rule={"text": "speech is protected", "sources": [1]}, elements=[{"text": "no disruption", "sources": [2]}], exceptions=[], application={"text": "applies", "sources": [1]}, leads=["Tinker v. Des Moines"]), SYNTH]  # fmt: skip
+    result, script, *_ = run_with_searchers(tmp_settings, replies, _searchers(log))
+    assert log == ["keyword", "graph"]
+    memory = result["chain_of_thought"]
+    assert [e["strategy"]["executed_as"] for e in memory] == ["keyword", "graph"]
+    first = memory[0]
+    assert first["query"] == "query 0" and first["results"]["count"] == 5
+    assert first["results"]["new"] == 5 and first["results"]["confidence"] == 0.6
+    assert first["leads"] == ["Tinker v. Des Moines"]
+    assert first["dead_ends"] == []
+    assert first["next_steps"] == [
+        "next_step: What procedural due process is required before suspending a public university student?"
+    ]
+    # The replanner reads the memory.
+    assert "Research memory" in script.prompts("replan")[0]
+    assert "leads: Tinker v. Des Moines" in script.prompts("replan")[0]
+
+
+def test_search_strategy_setting_forces_one_type_for_every_step(tmp_settings):
+    log: list[str] = []
+    result, *_ = run_with_searchers(
+        tmp_settings, multi_replies(n_steps=3), _searchers(log), search_strategy="dense"
+    )
+    assert log == ["dense", "dense", "dense"]
+    assert all(
+        e["strategy"]["note"] == "forced by SEARCH_STRATEGY" for e in result["chain_of_thought"]
+    )
+
+
+def test_a_search_that_found_nothing_is_a_dead_end_and_is_not_repeated(tmp_settings):
+    """Step 1's hybrid search finds nothing (dead end: no results).  When the same question comes
+    back with the same strategy, the executor runs the next search type instead."""
+    log: list[str] = []
+    question = "What free speech protections apply to students at public universities?"
+    state = {
+        "chain_of_thought": [
+            {"step_id": 1, "question": question, "query": "q", "strategy": {"search_type": "hybrid", "executed_as": "hybrid"},
+             "results": {}, "leads": [], "dead_ends": ["no results"], "next_steps": []}
+        ]
+    }  # fmt: skip
+    ctx = fake_context(settings=tmp_settings)
+    assert nodes.choose_search_type(state, ctx, question, "hybrid") == (
+        "dense",
+        "hybrid was a dead end",
+    )
+    assert nodes.choose_search_type(state, ctx, "What is due process?", "hybrid") == ("hybrid", "")
+    # End to end: the first step's search is empty, so its memory entry is a dead end.
+    replies = multi_replies(n_steps=1, replan=[J(action="complete")])
+    replies["synthesize"] = []
+    result, *_ = run_with_searchers(tmp_settings, replies, _searchers(log, empty=("hybrid",)))
+    assert result["chain_of_thought"][0]["dead_ends"] == ["no results"]
