@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= local,dev
 
-.PHONY: setup demo test lint bench clean-index
+.PHONY: setup demo test lint bench lock clean-index
 
 setup: $(VENV)/.installed
 
@@ -29,6 +29,11 @@ lint: setup
 
 bench: setup
 	$(BIN)/python benchmarks/bench_retrieval.py
+
+# Re-lock uv.lock at the versions `make setup` installs (constraints.txt and TORCH_SPEC), so the uv
+# path and the make path run the same packages; tests/test_packaging.py checks that they agree.
+lock: setup
+	$(BIN)/uv lock $(addprefix -P ,$(shell grep -v -e '^\s*#' -e '^\s*$$' constraints.txt)) -P "$(TORCH_SPEC)"
 
 clean-index:
 	rm -rf chroma_db
