@@ -35,5 +35,6 @@ bench: setup
 lock: setup
 	$(BIN)/uv lock $(addprefix -P ,$(shell grep -v -e '^\s*#' -e '^\s*$$' constraints.txt)) -P "$(TORCH_SPEC)"
 
-clean-index:
-	rm -rf chroma_db
+# Deletes the local Chroma folder (CHROMA_DIR, by default ~/.cache/legalragagent/chroma_db).
+clean-index: setup
+	rm -rf "$$($(BIN)/python -c 'import settings as s; s.load_dotenv_file(); print(s.Settings.from_env().chroma_dir)')"
