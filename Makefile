@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= local,dev
 
-.PHONY: setup demo test lint bench clean-index
+.PHONY: setup demo test lint bench lock clean-index
 
 setup: $(VENV)/.installed
 
@@ -30,5 +30,11 @@ lint: setup
 bench: setup
 	$(BIN)/python benchmarks/bench_retrieval.py
 
-clean-index:
-	rm -rf chroma_db
+# Re-lock uv.lock at the versions `make setup` installs (constraints.txt and TORCH_SPEC), so the uv
+# path and the make path run the same packages; tests/test_packaging.py checks that they agree.
+lock: setup
+	$(BIN)/uv lock $(addprefix -P ,$(shell grep -v -e '^\s*#' -e '^\s*$$' constraints.txt)) -P "$(TORCH_SPEC)"
+
+# Deletes the local Chroma folder (CHROMA_DIR, by default ~/.cache/legalragagent/chroma_db).
+clean-index: setup
+	rm -rf "$$($(BIN)/python -c 'import settings as s; s.load_dotenv_file(); print(s.Settings.from_env().chroma_dir)')"

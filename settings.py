@@ -27,16 +27,36 @@ class SettingsError(ValueError):
     """A setting has a value that cannot be used; the message names the variable."""
 
 
-def _default_cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return str(Path(base) / "legalragagent")
+def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where runtime data goes by default: ``$XDG_CACHE_HOME/legalragagent`` (``~/.cache/...``).
+
+    Outside the project folder on purpose: ``langgraph dev`` watches that folder and reports every
+    write there (index, QA memory, LLM cache) as a change while a run goes.  Everything here can be
+    rebuilt (the index from the corpus, the model from its packages, the cache by calling again).
+    """
+    env = os.environ if env is None else env
+    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "legalragagent"
+
+
+_DATA_DIR_FIELDS = {
+    "chroma_dir": "chroma_db",
+    "llm_cache_path": "llm_cache.sqlite",
+    "local_model_dir": "models",
+}
+"""Settings whose default is a path below :func:`default_data_dir`."""
+
+
+def _data_default(name: str) -> Any:
+    return field(default_factory=lambda: str(default_data_dir() / _DATA_DIR_FIELDS[name]))
 
 
 @dataclass(frozen=True)
 class Settings:
     # --- vector store -------------------------------------------------------------------------
-    chroma_dir: str = "chroma_db"
-    """Folder of the local Chroma PersistentClient."""
+    chroma_dir: str = _data_default("chroma_dir")
+    """Folder of the local Chroma PersistentClient (the index and the QA memory);
+    default ``~/.cache/legalragagent/chroma_db``."""
     chroma_host: str | None = None
     """When set, use a Chroma server (HttpClient) instead of the local folder."""
     chroma_port: int = 8000
@@ -80,9 +100,10 @@ class Settings:
     published limit from the registry (none for local servers)."""
     llm_cache: bool = False
     """Cache LLM responses in SQLite (the eval scripts turn this on)."""
-    llm_cache_path: str = ".cache/llm_cache.sqlite"
-    local_model_dir: str = field(default_factory=lambda: str(Path(_default_cache_dir()) / "models"))
-    """Where the embedded GGUF model is assembled once."""
+    llm_cache_path: str = _data_default("llm_cache_path")
+    """Default ``~/.cache/legalragagent/llm_cache.sqlite``."""
+    local_model_dir: str = _data_default("local_model_dir")
+    """Where the embedded GGUF model is assembled once; default ``~/.cache/legalragagent/models``."""
     local_ctx_size: int = 8192
     local_threads: int = 0
     """0 = all cores."""
@@ -128,6 +149,9 @@ class Settings:
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise TypeError(f"unknown settings: {sorted(unknown)}")
+        # Data paths follow the XDG_CACHE_HOME of ``env``, not only that of the process.
+        for name, leaf in _DATA_DIR_FIELDS.items():
+            values.setdefault(name, str(default_data_dir(env) / leaf))
         settings = cls(environ=env, **values)
         settings.validate()
         return settings

@@ -29,6 +29,7 @@ from llm_config import (
     parse_json_reply,
     resolve,
 )
+from settings import Settings
 
 SECRET = "gsk-test-SECRET-value-123456"
 
@@ -187,6 +188,60 @@ def test_missing_key_fails_at_once_naming_the_variable(tmp_settings, server):
 def test_unknown_provider_lists_the_choices(tmp_settings):
     with pytest.raises(LLMConfigError, match="groq-small"):
         resolve(None, tmp_settings.replace(llm_provider="nope"))
+
+
+@pytest.mark.parametrize(
+    ("original", "provider", "base_url", "model", "key_var"),
+    [
+        ("gemma", "google-gemma", "https://generativelanguage.googleapis.com/v1beta/openai/",
+         "gemma-3-27b-it", "GOOGLE_API_KEY"),
+        ("groq-llama70b", "groq", "https://api.groq.com/openai/v1", "llama-3.3-70b-versatile",
+         "GROQ_API_KEY"),
+        ("or-llama70b", "openrouter-llama-free", "https://openrouter.ai/api/v1",
+         "meta-llama/llama-3.3-70b-instruct:free", "OPENROUTER_API_KEY"),
+        ("cerebras", "cerebras", "https://api.cerebras.ai/v1", "llama-3.3-70b", "CEREBRAS_API_KEY"),
+        ("ollama", "ollama", "http://localhost:11434/v1", PROVIDERS["ollama"].model, None),
+    ],
+)  # fmt: skip
+def test_an_env_file_of_the_original_project_selects_the_same_endpoint(
+    original, provider, base_url, model, key_var
+):
+    env = {"LLM_PROVIDER": original, **({key_var: "k-123"} if key_var else {})}
+    cfg = resolve(None, Settings.from_env(env=env))
+    assert (cfg.provider, cfg.base_url, cfg.model) == (provider, base_url, model)
+    assert cfg.api_key == ("k-123" if key_var else None)
+    # The fast provider accepts the same names.
+    fast_env = {"LLM_PROVIDER": "ollama", "LLM_PROVIDER_FAST": original, **env}
+    assert resolve("classify", Settings.from_env(env=fast_env)).provider == provider
+
+
+def test_google_ai_studio_takes_gemini_or_google_api_key():
+    for name in ("gemma", "google-gemma", "google-gemini-flash"):
+        env = {"LLM_PROVIDER": name}
+        with pytest.raises(LLMConfigError, match="GEMINI_API_KEY.*GOOGLE_API_KEY"):
+            resolve(None, Settings.from_env(env=env))
+        assert resolve(None, Settings.from_env(env={**env, "GOOGLE_API_KEY": "g"})).api_key == "g"
+        both = {**env, "GOOGLE_API_KEY": "g", "GEMINI_API_KEY": "m"}
+        assert resolve(None, Settings.from_env(env=both)).api_key == "m"
+    # The Google variable is no key for another provider.
+    with pytest.raises(LLMConfigError, match="GROQ_API_KEY"):
+        resolve(None, Settings.from_env(env={"LLM_PROVIDER": "groq", "GOOGLE_API_KEY": "g"}))
+
+
+def test_original_gemma_settings_reach_the_endpoint_with_the_google_key(tmp_settings, server):
+    """LLM_PROVIDER=gemma + GOOGLE_API_KEY, as in the original .env: the request carries that key
+    and gemma's folded system prompt; records name the registry entry."""
+    server.script = [{"body": completion("ok")}]
+    settings = tmp_settings.replace(
+        llm_provider="gemma", llm_base_url=server.url, environ={"GOOGLE_API_KEY": SECRET}
+    )
+    client = LLMClient(settings)
+    assert client.invoke(MSGS, role="synthesize").text == "ok"
+    (req,) = server.requests
+    assert req["headers"]["authorization"] == f"Bearer {SECRET}"
+    assert req["body"]["model"] == "gemma-3-27b-it"
+    assert [m["role"] for m in req["body"]["messages"]] == ["user"]
+    assert client.records[0].provider == "google-gemma"
 
 
 def test_fast_roles_use_the_fast_provider_and_model(tmp_settings):
@@ -525,6 +580,29 @@ def test_cli_lists_providers_and_key_status_without_the_key(
     assert llm_config.main([]) == 0
     table = capsys.readouterr().out
     assert "GROQ_API_KEY: set" in table and "14,400" in table and SECRET not in table
+
+
+def test_cli_lists_the_original_provider_names(monkeypatch, capsys, tmp_path, tmp_settings):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LLM_PROVIDER", "gemma")
+    monkeypatch.setenv("GOOGLE_API_KEY", SECRET)
+    monkeypatch.delenv("GEMINI_API_KEY", raising=False)
+    try:
+        assert llm_config.main(["--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["aliases"]["or-llama70b"] == "openrouter-llama-free"
+        rows = {r["name"]: r for r in data["providers"]}
+        assert rows["google-gemma"]["aliases"] == ["gemma"]
+        assert rows["google-gemma"]["key"] == "set"
+        assert data["selected"]["main"]["provider"] == "google-gemma"
+        assert llm_config.main([]) == 0
+        table = capsys.readouterr().out
+        assert "google-gemma (gemma)" in table and "groq-llama70b = groq" in table
+        assert "GEMINI_API_KEY/GOOGLE_API_KEY: set" in table and SECRET not in table
+    finally:
+        import settings as settings_mod
+
+        settings_mod.set_settings(None)
 
 
 def test_cli_ping_goes_through_the_selected_provider(monkeypatch, capsys, tmp_path, server):

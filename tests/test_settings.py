@@ -1,8 +1,12 @@
 """Settings: CLI flag > environment > default, with clear errors for bad values."""
 
+from pathlib import Path
+
 import pytest
 
 from settings import Settings, SettingsError
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_defaults_are_the_offline_default():
@@ -54,3 +58,19 @@ def test_env_example_documents_every_setting():
     names = {f.name.upper() for f in dataclasses.fields(Settings) if f.name != "environ"}
     assert names - documented == set()
     assert documented - names - {n for n in documented if n.endswith("_API_KEY")} == set()
+
+
+def test_runtime_data_defaults_to_the_user_cache_not_the_working_folder(tmp_path):
+    """The index, QA memory, LLM cache and model live under $XDG_CACHE_HOME/legalragagent, so
+    nothing is written below the project folder that `langgraph dev` watches."""
+    s = Settings.from_env(env={"XDG_CACHE_HOME": str(tmp_path)})
+    data = tmp_path / "legalragagent"
+    assert Path(s.chroma_dir) == data / "chroma_db"
+    assert Path(s.llm_cache_path) == data / "llm_cache.sqlite"
+    assert Path(s.local_model_dir) == data / "models"
+    default = Settings.from_env(env={})
+    for path in (default.chroma_dir, default.llm_cache_path, default.local_model_dir):
+        assert Path(path).is_absolute() and REPO not in Path(path).parents
+    # An explicit folder still wins (CHROMA_DIR=chroma_db keeps the index in the project).
+    s = Settings.from_env(env={"XDG_CACHE_HOME": str(tmp_path), "CHROMA_DIR": "chroma_db"})
+    assert s.chroma_dir == "chroma_db"
