@@ -90,6 +90,9 @@ class Settings:
     # --- agent --------------------------------------------------------------------------------
     eval_confidence_threshold: float = 0.35
     """A step whose confidence is below this is 'failed' (calibrated for the default embedder)."""
+    evidence_floor: float = 0.35
+    """Evidence mode: a passage whose cosine to the question is below this never reaches quote
+    extraction (calibrated for the default embedder: benchmarks/bench_evidence.py floor)."""
     skip_injection_check: bool = False
     max_steps: int = 3
     max_iterations: int = 6
@@ -133,7 +136,7 @@ class Settings:
             raise SettingsError(
                 f"RERANKER={self.reranker!r}: use auto, cross-encoder, hybrid or none"
             )
-        for name in ("eval_confidence_threshold", "memory_threshold"):
+        for name in ("eval_confidence_threshold", "memory_threshold", "evidence_floor"):
             value = getattr(self, name)
             if not -1.0 <= value <= 1.0:
                 raise SettingsError(f"{name.upper()}={value}: must be between -1 and 1")
