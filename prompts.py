@@ -43,6 +43,11 @@ SKILL_FIELDS: dict[str, frozenset[str]] = {
     "adaptive_replan": frozenset({"objective", "progress"}),
     "mc_select": frozenset({"question", "choices", "evidence"}),
     "mc_select_strict": frozenset({"question", "choices", "evidence"}),
+    "extract_quotes": frozenset({"question", "passages"}),
+    "verify_quotes": frozenset({"question", "quotes"}),
+    "compose_from_quotes": frozenset({"question", "quotes", "feedback"}),
+    "review_answer": frozenset({"claims"}),
+    "grade_answer": frozenset({"question", "expectation", "answer"}),
 }
 """Skill name -> the placeholders its node fills (exactly those must appear in the file)."""
 

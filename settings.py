@@ -111,6 +111,9 @@ class Settings:
     # --- agent --------------------------------------------------------------------------------
     eval_confidence_threshold: float = 0.35
     """A step whose confidence is below this is 'failed' (calibrated for the default embedder)."""
+    evidence_floor: float = 0.35
+    """Evidence mode: a passage whose cosine to the question is below this never reaches quote
+    extraction (calibrated for the default embedder: benchmarks/bench_evidence.py floor)."""
     skip_injection_check: bool = False
     run_timeout: float = 600.0
     """Seconds a whole question may take (0 = no limit).  Research stops early enough that a
@@ -169,7 +172,7 @@ class Settings:
                 f"SEARCH_STRATEGY={self.search_strategy!r}: use auto, dense, keyword, hybrid, "
                 "graph or combined"
             )
-        for name in ("eval_confidence_threshold", "memory_threshold"):
+        for name in ("eval_confidence_threshold", "memory_threshold", "evidence_floor"):
             value = getattr(self, name)
             if not -1.0 <= value <= 1.0:
                 raise SettingsError(f"{name.upper()}={value}: must be between -1 and 1")

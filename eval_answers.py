@@ -1,0 +1,368 @@
+"""Phase 3: how good are the answers to open questions, per answer mode (research vs evidence).
+
+Pure metric functions over answers, the A–F grader (``skills/grade_answer.md``) and
+:func:`run_answers`, which scores any set of modes given as callables ``answer_fn(question) ->
+dict`` — so it depends on no agent internals.  An answer dict carries ``answer`` (text) and may
+carry ``abstained`` (bool; else read from the text), ``quotes`` (evidence mode), ``passages`` ({id:
+text} of the passages the answer saw, for quote validity), ``valid_citations`` (citation strings the
+answer may use, e.g. ``"Q2"``, ``"[Query 1][Source 3]"``), ``llm_calls`` and ``seconds``.
+
+Metrics per mode, each with a 95% interval (Wilson for shares of items or sentences, bootstrap for
+means): abstention recall on the questions that should be declined (out of corpus, non-legal);
+false-abstention rate on the answerable ones (in corpus, multi-hop, answerable edge cases);
+key-point coverage (deterministic content-word check); share of answer sentences with a valid
+citation (``[Qn]`` of a verified quote, ``[Source N]`` or ``[Query X][Source N]``) and the count
+of uncited sentences; quote validity (verified quotes that occur verbatim in their passage); and
+the A+B rate of the grader.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+import eval_common as ec
+import prompts
+from evidence import ABSTAIN_TEXT, content_words, split_sentences
+
+logger = logging.getLogger(__name__)
+
+OPEN_QUESTIONS = Path(__file__).resolve().parent / "datasets" / "open_questions.jsonl"
+CATEGORIES = ("in_corpus", "multi_hop", "out_of_corpus", "edge")
+KEY_POINT_COVERAGE = 0.6
+"""A key point is covered when this share of its content words occurs in the answer."""
+ABSTENTION_PREFIXES = (ABSTAIN_TEXT, "No answer:", "No authoritative")
+"""Answer openings that decline (evidence mode's sentence, research mode's no-passage answer)."""
+
+_CITATION = re.compile(
+    r"\[\s*(?:Query\s*\d+\s*\]\s*\[\s*)?Source\s*\d+\s*\]|\[\s*Q\d+(?:\s*,\s*Q\d+)*\s*\]"
+)
+_REF = re.compile(
+    r"(?:\[\s*Query\s*(\d+)\s*\]\s*)?\[\s*Source\s*(\d+)\s*\]|\[\s*(Q\d+(?:\s*,\s*Q\d+)*)\s*\]"
+)
+_HEADING = re.compile(r"^[A-Z][A-Za-z ]{0,30}:$")
+_BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+")
+
+
+class AnswerGrade(BaseModel):
+    grade: Literal["A", "B", "C", "D", "F"]
+    reason: str = Field(default="", max_length=300)
+
+
+# ------------------------------------------------------------------------------------------------
+# Data
+# ------------------------------------------------------------------------------------------------
+
+
+def load_open_questions(path: str | Path | None = None) -> list[dict]:
+    """The open question set: ``id, question, category, key_points, should_abstain`` (+ gold_ids)."""
+    path = Path(path) if path else OPEN_QUESTIONS
+    items = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    for item in items:
+        missing = {"id", "question", "category", "key_points", "should_abstain"} - set(item)
+        if missing or item["category"] not in CATEGORIES:
+            raise ValueError(
+                f"{path}: item {item.get('id')!r} lacks {sorted(missing)} or has a bad category"
+            )
+    return items
+
+
+# ------------------------------------------------------------------------------------------------
+# Pure metrics of one answer
+# ------------------------------------------------------------------------------------------------
+
+
+def is_abstention(result: Mapping[str, Any]) -> bool:
+    """The answer's own ``abstained`` flag, else whether its text opens with a declining line."""
+    if isinstance(result.get("abstained"), bool):
+        return result["abstained"]
+    return str(result.get("answer") or "").lstrip().startswith(ABSTENTION_PREFIXES)
+
+
+def answer_sentences(answer: str) -> list[str]:
+    """The sentences of an answer, without bullets and bare headings ("Elements:"); a citation
+    written after the period joins the sentence before it."""
+    out: list[str] = []
+    for line in (answer or "").splitlines():
+        line = _BULLET.sub("", line).strip()
+        if not line or _HEADING.match(line):
+            continue
+        for s in split_sentences(line):
+            s = s.strip()
+            if not s:
+                continue
+            if out and not _CITATION.sub("", s).strip(" .;,"):
+                out[-1] = f"{out[-1]} {s}"
+            else:
+                out.append(s)
+    return out
+
+
+def citations_in(sentence: str) -> list[str]:
+    """Normalised citations: ``"Q2"`` per quote ID, ``"[Query 1][Source 3]"`` or ``"[Source 3]"``."""
+    refs: list[str] = []
+    for m in _REF.finditer(sentence):
+        if m.group(3):
+            refs.extend(p.strip() for p in m.group(3).split(","))
+        elif m.group(1):
+            refs.append(f"[Query {int(m.group(1))}][Source {int(m.group(2))}]")
+        else:
+            refs.append(f"[Source {int(m.group(2))}]")
+    return refs
+
+
+def citation_counts(answer: str, valid: Iterable[str] | None = None) -> dict[str, int]:
+    """Sentences, sentences with at least one citation, and sentences whose citations are all valid
+    (every citation in ``valid``; any citation counts when ``valid`` is None)."""
+    allowed = set(valid) if valid is not None else None
+    sentences = answer_sentences(answer)
+    cited = valid_n = 0
+    for s in sentences:
+        refs = citations_in(s)
+        if refs:
+            cited += 1
+            if allowed is None or all(r in allowed for r in refs):
+                valid_n += 1
+    return {"sentences": len(sentences), "cited": cited, "valid": valid_n}
+
+
+def key_point_hits(
+    answer: str, key_points: Sequence[str], threshold: float = KEY_POINT_COVERAGE
+) -> list[bool]:
+    """Per key point: at least ``threshold`` of its content words occur in the answer."""
+    words = content_words(_CITATION.sub(" ", answer or ""))
+    hits = []
+    for point in key_points:
+        need = content_words(point)
+        hits.append(bool(need) and len(need & words) / len(need) >= threshold)
+    return hits
+
+
+def quote_validity(
+    quotes: Sequence[Mapping[str, Any]], passages: Mapping[str, str]
+) -> tuple[int, int]:
+    """(verified quotes whose text occurs verbatim in their passage, verified quotes)."""
+    verified = [q for q in quotes if q.get("verified")]
+    ok = sum(
+        str(q.get("text") or "") in str(passages.get(q.get("passage_id"), ""))
+        and bool(q.get("text"))
+        for q in verified
+    )
+    return ok, len(verified)
+
+
+def valid_citations_of(result: Mapping[str, Any]) -> list[str] | None:
+    """What an answer may cite: its ``valid_citations``, else the IDs of its verified quotes."""
+    if result.get("valid_citations") is not None:
+        return list(result["valid_citations"])
+    if result.get("quotes") is not None:
+        return [q["id"] for q in result["quotes"] if q.get("verified")]
+    return None
+
+
+def score_answer(
+    item: Mapping[str, Any], mode: str, result: Mapping[str, Any], seconds: float
+) -> dict:
+    """One result row: what the metrics need, per item and mode."""
+    answer = str(result.get("answer") or "")
+    abstained = is_abstention(result)
+    counts = (
+        citation_counts(answer, valid_citations_of(result))
+        if not abstained
+        else {"sentences": 0, "cited": 0, "valid": 0}
+    )
+    hits = (
+        key_point_hits(answer, item.get("key_points") or [])
+        if not abstained
+        else [False] * len(item.get("key_points") or [])
+    )
+    q_ok, q_n = quote_validity(result.get("quotes") or [], result.get("passages") or {})
+    return {
+        "id": item["id"],
+        "mode": mode,
+        "category": item["category"],
+        "should_abstain": bool(item["should_abstain"]),
+        "abstained": abstained,
+        "answer": answer,
+        "sentences": counts["sentences"],
+        "cited_sentences": counts["cited"],
+        "valid_cited_sentences": counts["valid"],
+        "key_points": len(hits),
+        "key_points_covered": sum(hits),
+        "quotes_valid": q_ok,
+        "quotes_verified": q_n,
+        "llm_calls": result.get("llm_calls"),
+        "seconds": round(float(seconds), 3),
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# The grader
+# ------------------------------------------------------------------------------------------------
+
+
+def expectation(item: Mapping[str, Any]) -> str:
+    if item["should_abstain"]:
+        return "Expected: the sources hold no answer to this question, so the answer should say so and decline."
+    points = "\n".join(f"- {p}" for p in item.get("key_points") or [])
+    return f"Expected key points:\n{points}"
+
+
+def grade_answer(client: Any, item: Mapping[str, Any], answer: str, role: str = "judge") -> dict:
+    """A–F grade of one answer (``skills/grade_answer.md``); ``grade`` None when unparseable."""
+    result = client.invoke(
+        prompts.render(
+            "grade_answer",
+            question=prompts.quote("question", str(item["question"])),
+            expectation=prompts.quote("expectation", expectation(item)),
+            answer=prompts.quote("answer", answer or "(empty)"),
+        ),
+        role=role,
+        schema=AnswerGrade,
+        max_tokens=80,
+    )
+    if result.parsed is None:
+        return {"grade": None, "reason": result.parse_error or "unparseable"}
+    return {"grade": result.parsed.grade, "reason": result.parsed.reason}
+
+
+# ------------------------------------------------------------------------------------------------
+# Summary
+# ------------------------------------------------------------------------------------------------
+
+
+def _share(k: int, n: int) -> dict[str, Any]:
+    lo, hi = ec.wilson_ci(k, n)
+    return {
+        "k": k,
+        "n": n,
+        "rate": round(k / n, 4) if n else None,
+        "ci95": [round(lo, 4), round(hi, 4)] if n else None,
+    }
+
+
+def _mean(values: Sequence[float]) -> dict[str, Any]:
+    lo, hi = ec.bootstrap_ci(values)
+    return {
+        "n": len(values),
+        "mean": round(ec.mean(values), 4) if values else None,
+        "ci95": [round(lo, 4), round(hi, 4)] if values else None,
+    }
+
+
+def summarize_mode(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    decline = [r for r in rows if r["should_abstain"]]
+    answerable = [r for r in rows if not r["should_abstain"]]
+    answered = [r for r in rows if not r["abstained"]]
+    coverage = [r["key_points_covered"] / r["key_points"] for r in answerable if r["key_points"]]
+    per_answer_cited = [
+        r["valid_cited_sentences"] / r["sentences"] for r in answered if r["sentences"]
+    ]
+    graded = [r for r in rows if r.get("grade")]
+    calls = [float(r["llm_calls"]) for r in rows if r.get("llm_calls") is not None]
+    return {
+        "items": len(rows),
+        "abstention_recall": _share(sum(r["abstained"] for r in decline), len(decline)),
+        "false_abstention": _share(sum(r["abstained"] for r in answerable), len(answerable)),
+        "false_abstention_in_corpus": _share(
+            sum(r["abstained"] for r in answerable if r["category"] == "in_corpus"),
+            sum(r["category"] == "in_corpus" for r in answerable),
+        ),
+        "key_point_coverage": _mean(coverage),
+        "cited_sentences": _share(
+            sum(r["valid_cited_sentences"] for r in answered), sum(r["sentences"] for r in answered)
+        ),
+        "cited_share_per_answer": _mean(per_answer_cited),
+        "uncited_sentences": sum(r["sentences"] - r["cited_sentences"] for r in answered),
+        "quote_validity": _share(
+            sum(r["quotes_valid"] for r in rows), sum(r["quotes_verified"] for r in rows)
+        ),
+        "a_or_b": _share(sum(r["grade"] in ("A", "B") for r in graded), len(graded)),
+        "grades": dict(sorted(Counter(r["grade"] for r in graded).items())),
+        "ungraded": sum(1 for r in rows if "grade" in r and not r["grade"]),
+        "llm_calls_per_question": _mean(calls),
+        "seconds_per_question": _mean([float(r["seconds"]) for r in rows]),
+    }
+
+
+def summarize_answers(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Metrics per mode (see the module docstring)."""
+    return {
+        mode: summarize_mode([r for r in rows if r["mode"] == mode])
+        for mode in dict.fromkeys(r["mode"] for r in rows)
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# Running
+# ------------------------------------------------------------------------------------------------
+
+
+def run_answers(
+    items: Sequence[Mapping[str, Any]],
+    answer_fns: Mapping[str, Callable[[str], Mapping[str, Any]]],
+    *,
+    grader: Callable[[Mapping[str, Any], str], Mapping[str, Any]] | None = None,
+    on_row: Callable[[dict], None] | None = None,
+) -> tuple[list[dict], dict[str, dict[str, Any]]]:
+    """Every item through every mode (``answer_fns[mode](question) -> answer dict``), scored and
+    optionally graded (``grader(item, answer) -> {"grade", "reason"}``); ``on_row`` sees each row
+    as it is finished (write it to results.jsonl there).  Returns the rows and the summary."""
+    rows: list[dict] = []
+    for item in items:
+        for mode, fn in answer_fns.items():
+            t0 = time.perf_counter()
+            try:
+                result = dict(fn(str(item["question"])))
+            except Exception as exc:  # one failing item must not end a long eval run
+                logger.warning("answers: %s/%s failed: %s", item["id"], mode, exc)
+                result = {"answer": "", "abstained": False, "error": str(exc)}
+            row = score_answer(item, mode, result, time.perf_counter() - t0)
+            if result.get("error"):
+                row["error"] = result["error"]
+            if grader is not None:
+                row.update(
+                    {
+                        k: v
+                        for k, v in dict(grader(item, row["answer"])).items()
+                        if k in ("grade", "reason")
+                    }
+                )
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+    return rows, summarize_answers(rows)
+
+
+def make_evidence_answer_fn(
+    client: Any,
+    retrieve: Callable[[str], Sequence[Mapping[str, Any]]],
+    *,
+    floor: float | None = None,
+    settings: Any = None,
+) -> Callable[[str], dict]:
+    """``answer_fn`` of evidence mode over any retriever ``retrieve(question) -> passages``
+    (dicts with ``dense_score`` as cosine to the question); adds ``passages`` for quote validity
+    and ``llm_calls``/``seconds`` from the audit trail."""
+    from evidence import answer_from_evidence
+
+    def answer(question: str) -> dict:
+        passages = list(retrieve(question))
+        result = answer_from_evidence(client, question, passages, floor=floor, settings=settings)
+        trail = result.get("audit_trail") or {}
+        return {
+            **result,
+            "passages": {str(p.get("id")): str(p.get("text") or "") for p in passages},
+            "llm_calls": trail.get("llm_calls"),
+            "seconds": trail.get("seconds"),
+        }
+
+    return answer

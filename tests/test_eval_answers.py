@@ -1,0 +1,170 @@
+"""Phase-3 answer metrics: the open question set, citation counting for both answer styles,
+abstention, key-point coverage, quote validity, the grader, and run_answers over answer callables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import eval_answers as ea
+from evidence import ABSTAIN_TEXT
+
+REPO = Path(__file__).resolve().parent.parent
+STARTER = {
+    json.loads(line)["idx"]: json.loads(line)
+    for line in (REPO / "datasets" / "starter" / "passages.jsonl").read_text().splitlines()
+    if line.strip()
+}
+
+
+def test_open_question_set_is_complete_and_its_key_points_are_in_the_starter_corpus():
+    items = ea.load_open_questions()
+    assert len(items) >= 40
+    assert len({i["id"] for i in items}) == len(items)
+    by_cat = {c: [i for i in items if i["category"] == c] for c in ea.CATEGORIES}
+    assert all(by_cat.values())
+    assert all(i["should_abstain"] for i in by_cat["out_of_corpus"])
+    for item in by_cat["in_corpus"] + by_cat["multi_hop"]:
+        assert 2 <= len(item["key_points"]) <= 5 and not item["should_abstain"]
+    for item in items:
+        if item["should_abstain"]:
+            assert not item["key_points"]
+            continue
+        gold = " ".join(STARTER[g]["text"] for g in item["gold_ids"])
+        hits = ea.key_point_hits(gold, item["key_points"])
+        assert all(hits), (
+            item["id"],
+            [k for k, h in zip(item["key_points"], hits, strict=True) if not h],
+        )
+
+
+def test_citations_are_counted_in_research_and_evidence_answers():
+    research = (
+        "Rule: A plaintiff must prove duty and breach [Source 1].\n"
+        "Elements:\n"
+        "- Duty of care [Source 1][Source 2].\n"
+        "- Breach of the duty.\n"
+        "Application: The store owed reasonable care. [Query 2][Source 3]"
+    )
+    counts = ea.citation_counts(research)
+    assert counts == {"sentences": 4, "cited": 3, "valid": 3}
+    counts = ea.citation_counts(research, valid=["[Source 1]", "[Query 2][Source 3]"])
+    assert counts["valid"] == 2  # [Source 2] is not a valid reference here
+    evidence_answer = "Duty is required [Q1].\nBreach is required [Q1, Q3].\nNo citation here."
+    assert ea.citation_counts(evidence_answer, valid=["Q1", "Q2"]) == {
+        "sentences": 3,
+        "cited": 2,
+        "valid": 1,
+    }
+
+
+def test_abstention_is_read_from_the_flag_or_the_text():
+    assert ea.is_abstention({"answer": f"{ABSTAIN_TEXT}\nMissing: x."})
+    assert ea.is_abstention({"answer": "No answer: the research found no passages."})
+    assert not ea.is_abstention({"answer": "The rule is X [Source 1]."})
+    assert not ea.is_abstention({"answer": ABSTAIN_TEXT, "abstained": False})
+
+
+def test_key_point_coverage_and_quote_validity():
+    answer = "An acceptance is effective when it is dispatched [Q1]. Rejections matter [Q2]."
+    hits = ea.key_point_hits(
+        answer,
+        [
+            "an acceptance is effective when dispatched",
+            "revocations and rejections are effective only on receipt",
+            "the rule does not apply to option contracts",
+        ],
+    )
+    assert hits == [True, False, False]
+    quotes = [
+        {"id": "Q1", "passage_id": "p", "text": "effective when dispatched", "verified": True},
+        {"id": "Q2", "passage_id": "p", "text": "invented words", "verified": True},
+        {"id": "Q3", "passage_id": "p", "text": "unverified", "verified": False},
+    ]
+    assert ea.quote_validity(quotes, {"p": "An acceptance is effective when dispatched."}) == (1, 2)
+
+
+class FakeGrader:
+    def __init__(self, reply: str) -> None:
+        self.reply = reply
+        self.prompts: list[str] = []
+
+    def invoke(self, messages, *, role, schema, max_tokens):
+        from llm_config import LLMResult, parse_json_reply
+
+        self.prompts.append("\n".join(m[1] for m in messages))
+        assert role == "judge"
+        return LLMResult(text=self.reply, parsed=parse_json_reply(self.reply, schema))
+
+
+def test_grader_sees_the_expectation_and_returns_the_grade():
+    items = {i["id"]: i for i in ea.load_open_questions()}
+    grader = FakeGrader('{"grade": "B", "reason": "one element missing"}')
+    out = ea.grade_answer(
+        grader, items["in_mailbox_rule"], "Acceptance is effective on dispatch [Q1]."
+    )
+    assert out == {"grade": "B", "reason": "one element missing"}
+    assert "effective only on receipt" in grader.prompts[0]
+    ea.grade_answer(grader, items["ooc_h1b"], ABSTAIN_TEXT)
+    assert "should say so and decline" in grader.prompts[1]
+
+
+def test_run_answers_scores_every_mode_with_intervals():
+    items = [
+        i
+        for i in ea.load_open_questions()
+        if i["id"] in {"in_mailbox_rule", "ooc_h1b", "in_burglary"}
+    ]
+
+    def research(question: str) -> dict:
+        return {
+            "answer": "Rule: An acceptance is effective when dispatched [Source 1].",
+            "llm_calls": 4,
+        }
+
+    def evidence_mode(question: str) -> dict:
+        if "H-1B" in question or "burglary" in question:
+            return {"answer": f"{ABSTAIN_TEXT}\nMissing: a rule.", "abstained": True, "quotes": []}
+        return {
+            "answer": "An acceptance is effective when dispatched [Q1].",
+            "abstained": False,
+            "quotes": [
+                {
+                    "id": "Q1",
+                    "passage_id": "p",
+                    "text": "effective when dispatched",
+                    "verified": True,
+                }
+            ],
+            "passages": {"p": "An acceptance is effective when dispatched."},
+            "llm_calls": 4,
+        }
+
+    def broken(question: str) -> dict:
+        raise RuntimeError("boom")
+
+    seen = []
+    rows, summary = ea.run_answers(
+        items,
+        {"research": research, "evidence": evidence_mode, "broken": broken},
+        grader=lambda item, answer: {"grade": "A" if "dispatched" in answer else "D", "reason": ""},
+        on_row=seen.append,
+    )
+    assert len(rows) == len(seen) == 9
+    ev, rs = summary["evidence"], summary["research"]
+    assert ev["abstention_recall"]["rate"] == 1.0 and rs["abstention_recall"]["rate"] == 0.0
+    assert ev["false_abstention"]["k"] == 1 and ev["false_abstention"]["n"] == 2
+    assert ev["cited_sentences"]["rate"] == 1.0 and ev["uncited_sentences"] == 0
+    assert ev["quote_validity"] == {
+        "k": 1,
+        "n": 1,
+        "rate": 1.0,
+        "ci95": ev["quote_validity"]["ci95"],
+    }
+    lo, hi = ev["quote_validity"]["ci95"]
+    assert 0 < lo < 1 and hi == 1.0
+    assert ev["a_or_b"]["k"] == 1 and ev["grades"] == {"A": 1, "D": 2}
+    assert 0 < ev["key_point_coverage"]["mean"] < 1
+    assert summary["broken"]["items"] == 3 and all(
+        r.get("error") for r in rows if r["mode"] == "broken"
+    )
