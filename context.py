@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import evidence
 import injection
 import rag_utils
 from llm_config import LLMClient, resolve
@@ -122,6 +123,14 @@ class AgentContext:
         """Route one step's search on its strategy's ``search_type``."""
         return self.searchers.get(search_type, self.retrieve)(queries, k, exclude_ids)
 
+    def answer_from_evidence(
+        self, question: str, passages: list[dict], choices: dict[str, str] | None
+    ) -> dict[str, Any]:
+        """The evidence-first answer (``evidence.answer_from_evidence``) from ``passages``."""
+        return evidence.answer_from_evidence(
+            self.client, question, passages, choices=choices, floor=self.settings.evidence_floor
+        )
+
     def check_injection(self, text: str) -> injection.InjectionCheck:
         """The injection verdict on the user's input (``injection.detect``)."""
         return injection.detect(text, self.client, skip_llm=self.settings.skip_injection_check)
@@ -162,6 +171,7 @@ def memory_scope(settings: Settings) -> dict[str, str]:
         "model": llm.model,
         "embedding_model": rag_utils.embedder_name(settings),
         "corpus": rag_utils.corpus_fingerprint(settings),
+        "answer_mode": settings.answer_mode,
     }
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from langgraph.errors import GraphRecursionError
 
+import evidence
 import load_corpus
 import nodes
 from context import AgentContext
@@ -59,8 +60,10 @@ class InputError(ValueError):
 # ------------------------------------------------------------------------------------------------
 
 
-def build_graph() -> Any:
-    """A freshly compiled graph (call once per run or test; nothing heavy happens here)."""
+def build_graph(answer_mode: str | None = None) -> Any:
+    """A freshly compiled graph (call once per run or test; nothing heavy happens here).
+    ``answer_mode`` fixes research or evidence answering; None: the input's ``answer_mode`` or
+    ANSWER_MODE decides."""
     from langgraph.graph import END, START, StateGraph
 
     g = StateGraph(AgentState, context_schema=AgentContext)
@@ -68,7 +71,12 @@ def build_graph() -> Any:
     g.add_node("classifier", nodes.classifier)
     g.add_node("planner", nodes.planner)
     g.add_node("executor", nodes.executor)
-    g.add_node("evaluator", nodes.evaluator, destinations=("executor", "replanner", "mc_select"))
+    g.add_node(
+        "evaluator",
+        nodes.make_evaluator(answer_mode),
+        destinations=("executor", "replanner", "mc_select", "answer_from_evidence"),
+    )
+    g.add_node("answer_from_evidence", nodes.answer_from_evidence)
     g.add_node("replanner", nodes.replanner)
     g.add_node("mc_select", nodes.mc_select)
     g.add_node("memory_writeback", nodes.memory_writeback)
@@ -79,6 +87,7 @@ def build_graph() -> Any:
     g.add_conditional_edges("planner", nodes.route_after_planner)
     g.add_edge("executor", "evaluator")
     g.add_conditional_edges("replanner", nodes.route_after_replanner)
+    g.add_edge("answer_from_evidence", "mc_select")
     g.add_edge("mc_select", "memory_writeback")
     g.add_edge("memory_writeback", "observability")
     g.add_edge("observability", END)
@@ -90,6 +99,11 @@ def make_graph() -> Any:
     {"global_objective": ..., "question": ...}; without a context the nodes use
     ``context.default_context()``, built once from the environment's settings."""
     return build_graph()
+
+
+def make_evidence_graph() -> Any:
+    """The same agent answering in evidence mode (langgraph.json's ``evidence_agent``)."""
+    return build_graph("evidence")
 
 
 def recursion_limit(settings: Settings) -> int:
@@ -203,6 +217,7 @@ def run_agent(
         "memory_hit": False,
         "mc_answer": None,
         "error": None,
+        "answer_mode": ctx.settings.answer_mode,
     }
     graph = build_graph()
     config = {"recursion_limit": recursion_limit(ctx.settings)}
@@ -223,6 +238,12 @@ def run_agent(
     except GraphRecursionError as exc:
         state = _partial(state, ctx, f"graph recursion limit reached: {exc}")
     state["wall_s"] = round(time.perf_counter() - t0, 3)
+    if state.get("evidence"):  # evidence mode's result at the top level of --json
+        ev = state["evidence"]
+        for key in ("answer", "abstained", "grounded", "quotes", "audit_trail"):
+            state[key] = ev.get(key)
+        if state.get("choices"):
+            state["grounded"] = bool(ev.get("grounded")) and not ev.get("abstained")
     return _jsonable(state)
 
 
@@ -295,6 +316,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-steps", type=int, help="MAX_STEPS for this run")
     parser.add_argument("--max-iterations", type=int, help="MAX_ITERATIONS for this run")
     parser.add_argument(
+        "--mode",
+        choices=["research", "evidence"],
+        help="ANSWER_MODE for this run: research = cited research ([Source N]); evidence = only "
+        "verified verbatim quotes ([Qn]) or an explicit abstention, with an audit trail",
+    )
+    parser.add_argument(
         "--strategy",
         choices=["auto", "dense", "keyword", "hybrid", "graph", "combined"],
         help="SEARCH_STRATEGY for this run: force one search type for every research step",
@@ -356,6 +383,10 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
         out(f"  ({letter}) {text}")
     out("=" * 78)
     out(result.get("final_cited_answer") or "(no answer)")
+    if result.get("evidence"):
+        out("")
+        out("AUDIT TRAIL")
+        out("  " + evidence.format_audit_block(result["evidence"]).replace("\n", "\n  "))
     sources = result.get("sources") or []
     if sources:
         out("")
@@ -398,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.graph:
         print(build_graph().get_graph().draw_mermaid())
+        print("\n%% evidence mode: the stages of answer_from_evidence (evidence.py)")
+        print(evidence.build_evidence_graph().get_graph().draw_mermaid())
         return 0
     if args.query is None:
         parser.print_usage(sys.stderr)
@@ -414,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
             skip_injection_check=args.skip_injection_check,
             run_timeout=args.deadline,
             search_strategy=args.strategy,
+            answer_mode=args.mode,
         )
     except (InputError, SettingsError) as exc:
         print(f"main.py: error: {exc}", file=sys.stderr)

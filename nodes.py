@@ -340,7 +340,8 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     question = state["question"]
     hit = None
     try:
-        hit = ctx.check_memory(question)
+        if answer_mode(state, ctx) == "research":  # evidence answers are never cached
+            hit = ctx.check_memory(question)
     except Exception as exc:  # noqa: BLE001 - a broken memory must not stop the research
         logger.warning("QA memory lookup failed: %s", exc)
     if hit:
@@ -665,13 +666,39 @@ def stagnation(state: AgentState, ctx: AgentContext) -> str | None:
     return None
 
 
-EvaluatorRoute = Literal["executor", "replanner", "mc_select"]
+EvaluatorRoute = Literal["executor", "replanner", "mc_select", "answer_from_evidence"]
 
 
-@_traced("evaluator")
-def evaluator(state: AgentState, ctx: AgentContext) -> tuple[dict, str, EvaluatorRoute]:
-    """Grade executed steps (:func:`step_succeeded`), summarise them into the context, aggregate
-    the answer, and route: the pending step, the replanner, or the answer (a ``Command``)."""
+def answer_mode(state: AgentState, ctx: AgentContext) -> str:
+    """research or evidence: the run's input may choose, else ANSWER_MODE."""
+    return state.get("answer_mode") or ctx.settings.answer_mode
+
+
+def answer_node(mode: str) -> Literal["mc_select", "answer_from_evidence"]:
+    """Where finished research goes: evidence mode composes from verified quotes first."""
+    return "answer_from_evidence" if mode == "evidence" else "mc_select"
+
+
+def make_evaluator(forced_mode: str | None = None) -> Callable:
+    """The evaluator node; ``forced_mode`` fixes the answer mode (the evidence graph of
+    langgraph.json), else the state's or ANSWER_MODE decides."""
+
+    @_traced("evaluator")
+    def evaluator(state: AgentState, ctx: AgentContext) -> tuple[dict, str, EvaluatorRoute]:
+        """Grade executed steps (:func:`step_succeeded`), summarise them into the context,
+        aggregate the answer, and route: the pending step, the replanner, or the answer."""
+        mode = forced_mode or answer_mode(state, ctx)
+        update, decision, route = evaluate(state, ctx)
+        if route == "mc_select":
+            route = answer_node(mode)
+        return {**update, "answer_mode": mode}, f"{decision} -> {route}", route
+
+    return evaluator
+
+
+def evaluate(state: AgentState, ctx: AgentContext) -> tuple[dict, str, EvaluatorRoute]:
+    """The evaluator's work: grades, the aggregated answer and the next node (mc_select standing
+    for "answer now")."""
     s = ctx.settings
     threshold = s.eval_confidence_threshold
     graded: list[PlanStep] = []
@@ -718,7 +745,10 @@ def evaluator(state: AgentState, ctx: AgentContext) -> tuple[dict, str, Evaluato
     if stop:
         update["stop_reason"] = stop
     grades = ", ".join(f"step {g['step_id']} {g['status']}" for g in graded) or "no new step"
-    return update, f"{grades} -> {route}" + (f" ({stop})" if stop else ""), route
+    return update, grades + (f" ({stop})" if stop else ""), route
+
+
+evaluator = make_evaluator()
 
 
 @_traced("replanner")
@@ -806,6 +836,24 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     return update, decision
 
 
+@_traced("answer_from_evidence")
+def answer_from_evidence(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
+    """Evidence mode: the answer is composed only from verbatim quotes of the passages the research
+    found that pass the grounding gate (``evidence.py``: retrieval floor, extraction, gate,
+    composition, review and revision), or an abstention."""
+    passages = [dict(p) for p in (state.get("passages") or {}).values()]
+    cosines = _cosines(ctx, state["question"], [p["text"] for p in passages])
+    for p, cos in zip(passages, cosines, strict=False):
+        p["dense_score"] = cos
+    result = ctx.answer_from_evidence(state["question"], passages, state.get("choices") or None)
+    verified = sum(1 for q in result.get("quotes") or [] if q.get("verified"))
+    decision = (
+        f"{'abstained' if result['abstained'] else 'grounded'}: {verified} verified quote(s), "
+        f"score {result.get('quality_score')}, {result.get('revisions', 0)} revision(s)"
+    )
+    return {"evidence": result, "final_cited_answer": result["answer"]}, decision
+
+
 def mc_evidence(state: AgentState) -> str:
     """The evidence of the MC prompt: the agent's cited research (or the cached research of a
     memory hit) and the passages it stands on, round-robin over the steps, through the one
@@ -818,7 +866,8 @@ def mc_evidence(state: AgentState) -> str:
         for key in list(by_step):
             if by_step[key]:
                 picked.append(by_step[key].pop(0))
-    return prompts.format_evidence(picked, research=state.get("research_answer"))
+    research = (state.get("evidence") or {}).get("answer") or state.get("research_answer")
+    return prompts.format_evidence(picked, research=research)
 
 
 @_traced("mc_select")
@@ -827,7 +876,12 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     if not choices:
         return {}, "no choices: pass through"
     result = mc.select_answer(ctx.client, state["question"], choices, mc_evidence(state) or None)
-    research = state.get("research_answer") or state.get("final_cited_answer") or ""
+    research = (
+        (state.get("evidence") or {}).get("answer")
+        or state.get("research_answer")
+        or state.get("final_cited_answer")
+        or ""
+    )
     if result.letter:
         line = f"**Answer: ({result.letter})** {choices.get(result.letter, '')}"
     else:
@@ -851,6 +905,8 @@ def cache_blockers(state: AgentState, ctx: AgentContext) -> list[str]:
     research = state.get("research_answer") or ""
     if state.get("memory_hit"):
         why.append("answer came from memory")
+    if state.get("evidence"):
+        why.append("evidence-mode answers are not cached")
     if not research.strip() or research.startswith((LOW_CONFIDENCE_PREFIX, NO_ANSWER)):
         why.append("no confident answer")
     records = ctx.client.records[ctx.record_offset :]
@@ -891,6 +947,8 @@ def answer_body(state: AgentState) -> str:
     """The research answer a user gets ("" when there is none)."""
     if (state.get("injection_check") or {}).get("is_safe") is False:
         return ""
+    if state.get("evidence"):
+        return (state["evidence"].get("answer") or "").strip()
     research = (state.get("research_answer") or "").strip()
     return "" if research.startswith((NO_ANSWER, NO_PARSED_ANSWER)) else research
 
@@ -953,10 +1011,12 @@ def route_after_planner(state: AgentState) -> Literal["executor", "mc_select", "
     return "mc_select" if state.get("choices") else "memory_writeback"
 
 
-def route_after_replanner(state: AgentState) -> Literal["executor", "mc_select"]:
+def route_after_replanner(
+    state: AgentState,
+) -> Literal["executor", "mc_select", "answer_from_evidence"]:
     pending = [
         s
         for s in state.get("planning_table") or []
         if s["status"] == "pending" and not s["execution"]
     ]
-    return "executor" if pending else "mc_select"
+    return "executor" if pending else answer_node(state.get("answer_mode") or "research")

@@ -119,6 +119,9 @@ class Settings:
     """Seconds a whole question may take (0 = no limit).  Research stops early enough that a
     multiple-choice letter can still be picked; the run then ends with what it has and says why.
     The embedded 1.5B model needs ~100 s for the multi_hop demo on 2 cores."""
+    answer_mode: str = "research"
+    """research = the answer is the cited research ([Source N] per claim); evidence = the answer is
+    composed only from verified verbatim quotes ([Qn]), or the agent abstains (evidence.py)."""
     search_strategy: str = "auto"
     """auto = each step searches as its plan says; dense | keyword | hybrid | graph | combined
     forces one search type for every step (for evaluation)."""
@@ -167,6 +170,8 @@ class Settings:
             raise SettingsError(
                 f"RERANKER={self.reranker!r}: use auto, cross-encoder, hybrid or none"
             )
+        if self.answer_mode not in {"research", "evidence"}:
+            raise SettingsError(f"ANSWER_MODE={self.answer_mode!r}: use research or evidence")
         if self.search_strategy not in {"auto", "dense", "keyword", "hybrid", "graph", "combined"}:
             raise SettingsError(
                 f"SEARCH_STRATEGY={self.search_strategy!r}: use auto, dense, keyword, hybrid, "

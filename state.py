@@ -96,6 +96,11 @@ class AgentState(TypedDict, total=False):
     flagged_passages: Annotated[list[dict[str, Any]], operator.add]
     """Retrieved passages dropped because their text carries instructions (injection screen):
     {"id", "patterns"}."""
+    answer_mode: Literal["research", "evidence"]
+    """How the answer is made (ANSWER_MODE; a Studio run may set it in its input)."""
+    evidence: dict[str, Any]
+    """Evidence mode's result: answer, abstained, grounded, quotes, requirement_references,
+    composition_confidence, quality_score, revisions, missing_evidence, audit_trail."""
     chain_of_thought: list[MemoryEntry]
     """The working memory: one entry per research iteration (the replanner reads it)."""
     fallbacks: Annotated[list[str], operator.add]

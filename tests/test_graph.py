@@ -14,6 +14,7 @@ from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 
+import evidence
 import injection
 import main
 import nodes
@@ -685,14 +686,36 @@ def test_completed_steps_capped_at_max_steps(tmp_settings):
 # ------------------------------------------------------------------------------------------------
 
 
-def test_graph_has_the_nine_nodes_and_mermaid():
+def test_graph_has_the_nine_research_nodes_and_the_evidence_stage():
     graph = main.build_graph()
     names = set(graph.get_graph().nodes) - {"__start__", "__end__"}
     assert names == {
         "detect_injection", "classifier", "planner", "executor", "evaluator", "replanner",
-        "mc_select", "memory_writeback", "observability",
+        "mc_select", "memory_writeback", "observability", "answer_from_evidence",
     }  # fmt: skip
-    assert "replanner" in graph.get_graph().draw_mermaid()
+    mermaid = graph.get_graph().draw_mermaid()
+    assert "evaluator -.-> answer_from_evidence" in mermaid
+    assert "answer_from_evidence --> mc_select" in mermaid
+
+
+def test_evidence_mode_abstains_when_no_passage_clears_the_floor_and_still_picks_a_letter(
+    tmp_settings,
+):
+    """The fake corpus shares no words with the question, so no passage reaches extraction: the
+    answer is the abstention, the letter is still chosen, the result says grounded: false, and
+    nothing is cached."""
+    replies = simple_replies(mc_select=["**Answer: (B)**"])
+    result, script, memory, _ = run(tmp_settings, replies, choices=CHOICES, answer_mode="evidence")
+    assert result["abstained"] is True and result["grounded"] is False
+    assert result["answer"].startswith(evidence.ABSTAIN_TEXT)
+    assert result["final_cited_answer"].startswith(evidence.ABSTAIN_TEXT)
+    assert "**Answer: (B)**" in result["final_cited_answer"]
+    assert result["audit_trail"]["passages"]["below_floor"] == 5
+    assert [e["node"] for e in result["_events"]][-4:] == [
+        "answer_from_evidence", "mc_select", "memory_writeback", "observability",
+    ]  # fmt: skip
+    assert memory.writes == []
+    assert result["run_metrics"]["has_answer"] is True  # an explicit abstention is an answer
 
 
 def test_rewrite_queries_helper_falls_back_to_question(tmp_settings):
