@@ -47,7 +47,7 @@ from settings import Settings
 
 logger = logging.getLogger(__name__)
 
-MODES = ("llm_only", "rag", "pipeline", "gold_passage")
+MODES = ("llm_only", "rag", "pipeline", "gold_passage", "evidence")
 QUERY_VARIANTS = ("question", "question+choices", "rewrite")
 RETRIEVAL_K = 10
 RETRIEVAL_PREFIX = "retrieval:"
@@ -156,10 +156,16 @@ def run_mc_item(
         fields = _mc_fields(
             mc.select_answer(client, question, choices, prompts.format_evidence(docs))
         )
-    elif mode == "pipeline":
-        context = AgentContext.from_settings(settings, client=client)
+    elif mode in ("pipeline", "evidence"):
+        answer_mode = "evidence" if mode == "evidence" else "research"
+        context = AgentContext.from_settings(
+            settings.replace(answer_mode=answer_mode), client=client
+        )
         state = agent.run_agent(question, choices, context=context)
         fields, extra = _pipeline_fields(state, gold)
+        if mode == "evidence":
+            extra["grounded"] = bool(state.get("grounded"))
+            extra["abstained"] = bool(state.get("abstained"))
     else:
         raise ValueError(f"unknown mode {mode!r}")
     seconds = time.perf_counter() - start
@@ -271,6 +277,13 @@ def summarize_mc(rows: Sequence[dict]) -> dict[str, dict]:
                 s: {"n": len(v), "accuracy": ec.accuracy(v)} for s, v in sorted(subjects.items())
             },
         }
+        if mode == "evidence":
+            grounded = [r for r in rs if r.get("grounded")]
+            entry["coverage"] = ec.mean(float(bool(r.get("grounded"))) for r in rs)
+            entry["grounded_n"] = len(grounded)
+            entry["accuracy_grounded"] = (
+                ec.accuracy([bool(r["correct"]) for r in grounded]) if grounded else None
+            )
         if any("gold_in_evidence" in r for r in rs):
             entry["gold_in_evidence_rate"] = ec.mean(
                 float(bool(r.get("gold_in_evidence"))) for r in rs
@@ -402,6 +415,15 @@ def render_markdown(summary: dict[str, Any]) -> str:
             f"most common one scores {summary['constant_letter_baseline']:.3f}. Predicted letters: "
             + "; ".join(f"{m}: {v['predicted_letters']}" for m, v in summary["mc"].items()),
         ]
+        if ev := summary["mc"].get("evidence"):
+            grounded_acc = ev["accuracy_grounded"]
+            lines += [
+                "",
+                f"Evidence mode: grounded on {ev['grounded_n']} of {ev['n']} items (coverage "
+                f"{ev['coverage']:.3f}); accuracy on the grounded items "
+                + (f"{grounded_acc:.3f}" if grounded_acc is not None else "n/a")
+                + f" vs {ev['accuracy']:.3f} overall.",
+            ]
         subjects = sorted({s for m in summary["mc"].values() for s in m["per_subject"]})
         lines += ["", "### Accuracy per subject", ""]
         modes = list(summary["mc"])
@@ -443,8 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="eval_comprehensive.py",
         description=(
             "Phase 1: retrieval metrics (Recall@1/5/10, MRR, nDCG@10) over items whose gold passage "
-            "is in the store. Phase 2: MC accuracy per mode (llm_only, rag, pipeline, gold_passage) "
-            "with bootstrap CIs and McNemar tests. Results go to eval_results/<run-id>/."
+            "is in the store. Phase 2: MC accuracy per mode (llm_only, rag, pipeline, gold_passage, "
+            "evidence: the agent in evidence mode, with coverage = share grounded and accuracy on "
+            "the grounded items) with bootstrap CIs and McNemar tests. Results go to eval_results/<run-id>/."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(
@@ -474,7 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--pipeline-n",
         type=int,
-        help="run the (slow) pipeline mode on only the first M of the N items",
+        help="run the (slow) pipeline and evidence modes on only the first M of the N items",
     )
     p.add_argument(
         "--rewrite",
@@ -630,7 +653,8 @@ def run(
                 (it, m)
                 for i, it in enumerate(items)
                 for m in modes
-                if (m != "pipeline" or i < pipe_n) and (ec.item_id(it), m) not in done
+                if (m not in ("pipeline", "evidence") or i < pipe_n)
+                and (ec.item_id(it), m) not in done
             ]
             if any(m == "pipeline" for _, m in tasks):
                 cleared = rag_utils.clear_memory(settings)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import eval_common as ec
+import evidence
 import load_corpus
 import main as agent
 import nodes
@@ -173,6 +174,7 @@ def trace_query(
             "llm": usage,
             "rewrite_llm": rewrite_usage,
             "chain_of_thought": state.get("chain_of_thought") or [],
+            "evidence": state.get("evidence"),
             "run_metrics": ec.to_jsonable(state.get("run_metrics") or {}),
         }
     )
@@ -188,6 +190,9 @@ def trace_query(
         }
         verdict = "CORRECT" if case["mc"]["correct"] else "WRONG"
         out(f"MC: predicted {letter} / answer {case['answer']} -> {verdict}")
+    if case["evidence"]:
+        out("evidence audit trail:")
+        out("  " + evidence.format_audit_block(case["evidence"]).replace("\n", "\n  "))
     if case["chain_of_thought"]:
         out("working memory (search type per step):")
         out(nodes.memory_lines(state))
@@ -275,6 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--case-dir", default=CASE_DIR, help=argparse.SUPPRESS)
     p.add_argument("--provider", help="LLM provider (overrides LLM_PROVIDER)")
+    p.add_argument(
+        "--mode",
+        choices=["research", "evidence"],
+        help="ANSWER_MODE: evidence traces the quote extraction, grounding gate and audit trail too",
+    )
     p.add_argument("--json", action="store_true", help="print the case studies as JSON")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -328,6 +338,7 @@ def main(
     rc, cases = ec.cli_run(
         lambda settings: run(args, settings, llm_factory=llm_factory, out=out),
         llm_provider=args.provider,
+        answer_mode=args.mode,
     )
     if rc:
         return rc

@@ -943,6 +943,13 @@ def memory_writeback(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     return {}, f"stored (confidence {confidence:.3f})"
 
 
+def worst_case_calls(settings: Any, *, choices: bool = True, injection: bool = False) -> int:
+    """The most LLM calls one question can take: classify and plan; per executor run a rewrite, a
+    synthesis and its strict retry; a replan between runs; the MC call and its strict retry."""
+    runs = settings.max_iterations
+    return 2 + 3 * runs + (runs - 1) + (2 if choices else 0) + int(injection)
+
+
 def answer_body(state: AgentState) -> str:
     """The research answer a user gets ("" when there is none)."""
     if (state.get("injection_check") or {}).get("is_safe") is False:

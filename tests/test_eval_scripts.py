@@ -268,6 +268,22 @@ def test_interrupted_run_resumes_without_repeating_rows(env, capsys):
 
 
 @pytest.mark.slow
+def test_evidence_mode_reports_coverage_and_accuracy_on_grounded_items(env, capsys):
+    factory, _ = reader()
+    args = ["pipeline", "2", "--modes", "llm_only,evidence", "--run-id", "ev", "--json"]
+    assert comprehensive(args, factory, env) == 0
+    mc = json.loads(capsys.readouterr().out)["mc"]
+    rows = [r for r in _read_rows(env, "ev") if r["mode"] == "evidence"]
+    assert len(rows) == 2 and all(isinstance(r["grounded"], bool) for r in rows)
+    ev = mc["evidence"]
+    assert ev["coverage"] == pytest.approx(sum(r["grounded"] for r in rows) / 2)
+    grounded = [r["correct"] for r in rows if r["grounded"]]
+    expected = sum(grounded) / len(grounded) if grounded else None
+    assert ev["accuracy_grounded"] == (pytest.approx(expected) if grounded else None)
+    assert "vs_llm_only" in ev
+
+
+@pytest.mark.slow
 def test_n_limits_items_and_extending_n_runs_only_new_items(env):
     factory, calls = reader()
     assert (

@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -907,3 +908,28 @@ def test_a_search_that_found_nothing_is_a_dead_end_and_is_not_repeated(tmp_setti
     replies["synthesize"] = []
     result, *_ = run_with_searchers(tmp_settings, replies, _searchers(log, empty=("hybrid",)))
     assert result["chain_of_thought"][0]["dead_ends"] == ["no results"]
+
+
+def test_worst_case_multi_hop_mc_question_stays_within_the_documented_call_budget(tmp_settings):
+    """Every step needs the strict synthesis retry and fails on confidence while improving just
+    enough to avoid stagnation; the replanner always asks a new question; the MC reply needs its
+    strict retry.  That is the worst case, and it is the README's number."""
+    n = tmp_settings.max_iterations
+    topics = ["easements", "adverse possession", "hearsay", "mailbox rule", "battery", "larceny"]
+    replies = {
+        "classify": [J(query_type="multi_hop")],
+        "plan": [J(issues=["easements"], phase="rule", question="What creates an easement by necessity?")],
+        "rewrite": [J(primary=f"q{i}", alternatives=["a", "b"]) for i in range(n)],
+        "synthesize": ["not json"] * n,
+        "synthesize_strict": [SYNTH] * n,
+        "replan": [J(action="next_step", phase="rule", question=f"What are the elements of {t}?") for t in topics[1:n]],
+        "mc_select": ["thinking..."],
+        "mc_select_strict": ["**Answer: (A)**"],
+    }  # fmt: skip
+    confidences = [0.05 + 0.04 * i for i in range(n)]  # all below 0.35, each up by > 0.02
+    result, *_ = run(tmp_settings, replies, choices=CHOICES, confidences=confidences)
+    m = result["run_metrics"]
+    assert m["steps_failed"] == n and m["iterations"] == n
+    assert m["llm_calls"] == nodes.worst_case_calls(tmp_settings) == 27
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert f"at most **{nodes.worst_case_calls(tmp_settings)}**" in readme
