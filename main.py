@@ -27,6 +27,7 @@ from langgraph.errors import GraphRecursionError
 import evidence
 import load_corpus
 import nodes
+import rag_utils
 from context import AgentContext
 from llm_config import LLMCallError, LLMConfigError
 from mc import MC_LETTERS, format_choices
@@ -311,6 +312,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the whole result as JSON on stdout (progress still goes to stderr)",
     )
     parser.add_argument("--graph", action="store_true", help="print the graph as Mermaid and exit")
+    parser.add_argument(
+        "--clear-memory",
+        action="store_true",
+        help="delete every cached answer of the QA memory (for the current embedding model), "
+        "say how many, and exit",
+    )
     parser.add_argument("--provider", help="LLM provider for this run (overrides LLM_PROVIDER)")
     parser.add_argument("--threshold", type=float, help="EVAL_CONFIDENCE_THRESHOLD for this run")
     parser.add_argument("--max-steps", type=int, help="MAX_STEPS for this run")
@@ -431,6 +438,15 @@ def main(argv: list[str] | None = None) -> int:
         print(build_graph().get_graph().draw_mermaid())
         print("\n%% evidence mode: the stages of answer_from_evidence (evidence.py)")
         print(evidence.build_evidence_graph().get_graph().draw_mermaid())
+        return 0
+    if args.clear_memory:
+        try:
+            load_dotenv_file()
+            n = rag_utils.clear_memory(Settings.from_env())
+        except SettingsError as exc:
+            print(f"main.py: error: {exc}", file=sys.stderr)
+            return 2
+        print(f"cleared the QA memory: {n} cached answer(s) deleted")
         return 0
     if args.query is None:
         parser.print_usage(sys.stderr)

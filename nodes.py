@@ -36,6 +36,8 @@ ISSUE_MATCH_COSINE = 0.5
 CONFIDENCE_EPSILON = 0.02
 """A failed step whose confidence is not better than the previous step's by more than this added
 nothing: stop (stagnation)."""
+FLAG_HEADROOM = 3
+"""Extra passages retrieved per step to replace those the injection screen drops."""
 MC_RESERVE_S = 30.0
 """Seconds of the run deadline kept for the multiple-choice call: research stops this early."""
 LOW_CONFIDENCE_PREFIX = "Low confidence:"
@@ -224,9 +226,44 @@ def rewrite_queries(client: Any, question: str) -> tuple[str, list[str], bool]:
     return primary, alternatives[:2], False
 
 
+_UNSAFE_CLAIM = re.compile(
+    r"\b(correct|right|best)\s+(answer|choice|option)\b[^.]{0,30}\(?\b[A-D]\b\)?"
+    r"|\b(answer|choose|select|pick)\s+\(?[A-D]\)?(?![A-Za-z])"
+    r"|\bignore\b[^.]{0,40}\binstructions?\b|\bsystem\s+prompt\b"
+    r"|\bnote\s+to\s+the\s+(ai|assistant)\b|\b(ai\s+assistant|language\s+model)\b",
+    re.IGNORECASE,
+)
+"""Text no research claim may carry: an answer letter, or an instruction aimed at the assistant
+(what a planted passage would try to get repeated)."""
+
+
+def safe_claims(claims: list[CitedClaim]) -> list[CitedClaim]:
+    """``claims`` without those that repeat answer-letter or imperative text (see _UNSAFE_CLAIM)."""
+    kept = [c for c in claims if not _UNSAFE_CLAIM.search(c.text)]
+    if len(kept) < len(claims):
+        logger.warning(
+            "dropped %d claim(s) carrying answer-letter or instruction text",
+            len(claims) - len(kept),
+        )
+    return kept
+
+
 def render_cited_answer(answer: CitedAnswer) -> str:
     """The Rule / Elements / Exceptions / Application text of a structured answer, every claim
-    followed by its ``[Source N]`` citations."""
+    followed by its ``[Source N]`` citations; claims that repeat an answer letter or an
+    instruction (text a planted passage would push) are left out."""
+    answer = answer.model_copy(
+        update={
+            "elements": safe_claims(list(answer.elements)),
+            "exceptions": safe_claims(list(answer.exceptions)),
+        }
+    )
+    if _UNSAFE_CLAIM.search(answer.rule.text):
+        answer.rule.text = "not in the sources"
+        answer.rule.sources = []
+    if _UNSAFE_CLAIM.search(answer.application.text):
+        answer.application.text = "not in the sources"
+        answer.application.sources = []
 
     def claim(c: CitedClaim) -> str:
         text = " ".join(c.text.split()).rstrip(" .;")
@@ -412,7 +449,10 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     search_type, why = choose_search_type(state, ctx, step["question"], strategy.get("search_type"))
     primary, alternatives, rewrite_failed = rewrite_queries(ctx.client, step["question"])
     seen = [i for p in _executed(state) for i in p["execution"].get("retrieved_doc_ids", [])]
-    retrieved = ctx.search(search_type, [primary, *alternatives], ctx.settings.retrieval_k, seen)
+    k = ctx.settings.retrieval_k
+    # A few extra candidates replace passages the injection screen drops, so a planted passage
+    # changes neither how many passages the step reads nor which.
+    retrieved = ctx.search(search_type, [primary, *alternatives], k + FLAG_HEADROOM, seen)
     used = set(seen)
     docs, flagged = [], []
     for d in retrieved:
@@ -421,7 +461,7 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         hits = ctx.screen_passage(d.get("text") or "")
         if hits:
             flagged.append({"id": d["id"], "patterns": hits})
-        else:
+        elif len(docs) < k:
             docs.append(d)
     if docs:
         answer, citations = synthesize(ctx.client, step["question"], docs)

@@ -135,3 +135,22 @@ def test_simple_demo_end_to_end_on_the_offline_default(tmp_path):
     assert result["run_metrics"]["llm_calls"] <= 5  # simple path: 4 (+1 injection check)
     # The stream shows one line per node.
     assert "executor" in proc.stderr.decode() and "evaluator" in proc.stderr.decode()
+
+
+def test_clear_memory_deletes_cached_answers(tmp_path, fake):
+    import rag_utils
+    from settings import Settings
+
+    settings = Settings.from_env(env={}, chroma_dir=str(tmp_path / "chroma"))
+    rag_utils.write_to_memory(
+        "What is battery?", "Harmful contact [Query 1][Source 1].", 0.7, settings=settings
+    )
+    rag_utils.write_to_memory(
+        "What is assault?", "Apprehension [Query 1][Source 1].", 0.7, settings=settings
+    )
+    rag_utils.reset_caches()  # the CLI opens the folder in its own process
+    proc = cli(["--clear-memory"], tmp_path)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode().strip() == "cleared the QA memory: 2 cached answer(s) deleted"
+    again = cli(["--clear-memory"], tmp_path)
+    assert again.stdout.decode().strip() == "cleared the QA memory: 0 cached answer(s) deleted"
