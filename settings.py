@@ -72,8 +72,9 @@ class Settings:
     """Provider for cheap calls (classify, rewrite); empty = same as LLM_PROVIDER."""
     llm_model_fast: str | None = None
     llm_temperature: float = 0.0
-    llm_timeout: float = 300.0
-    """Seconds per LLM call before it is abandoned (the local model is slow)."""
+    llm_timeout: float = 0.0
+    """Seconds per LLM call attempt before it is abandoned; 0 = auto: 300 for the embedded model
+    and servers on this machine (slow CPU inference), 60 for remote APIs (llm_config.call_timeout)."""
     llm_max_retries: int = 4
     llm_requests_per_minute: int = 0
     """Calls per minute the client allows itself (shared by eval workers); 0 = the provider's
@@ -94,6 +95,10 @@ class Settings:
     max_steps: int = 3
     max_iterations: int = 6
     retrieval_k: int = 5
+    run_timeout: float = 600.0
+    """Seconds one question may take end to end (the run deadline); 0 = no deadline.  The embedded
+    1.5B model needs ~100 s for the multi_hop demo on 2 cores; 600 leaves room for a slower laptop
+    and bounds a hung endpoint (5 attempts x 60 s + backoff per call) to ten minutes."""
 
     # --- data ---------------------------------------------------------------------------------
     hf_dataset: str = "reglab/barexam_qa"
@@ -137,6 +142,9 @@ class Settings:
             value = getattr(self, name)
             if not -1.0 <= value <= 1.0:
                 raise SettingsError(f"{name.upper()}={value}: must be between -1 and 1")
+        for name in ("llm_timeout", "run_timeout", "llm_max_retries"):
+            if getattr(self, name) < 0:
+                raise SettingsError(f"{name.upper()}={getattr(self, name)}: must be 0 or more")
         for name in ("max_steps", "max_iterations", "retrieval_k", "overretrieve_factor"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name.upper()} must be at least 1")
