@@ -355,17 +355,22 @@ def eval_settings(env: dict[str, str] | None = None, **overrides: Any) -> Settin
 
 
 def settings_record(settings: Settings) -> dict[str, Any]:
-    """Every setting except secrets (API keys) and the environment snapshot."""
+    """Every setting except secrets (API keys) and the environment snapshot; URLs lose their
+    credentials (``LLM_BASE_URL=http://user:password@host`` is recorded as ``http://***@host``)."""
+    from llm_config import redact_url
+
     out = {}
     for f in dataclasses.fields(settings):
         if f.name == "environ" or _SECRET_FIELD.search(f.name):
             continue
-        out[f.name] = getattr(settings, f.name)
+        value = getattr(settings, f.name)
+        out[f.name] = redact_url(value) if isinstance(value, str) else value
     return out
 
 
 def llm_record(settings: Settings, roles: Sequence[str] = ("mc_select", "rewrite")) -> dict:
-    """Provider, model and base URL each role resolves to (no key), or the configuration error."""
+    """Provider, model and base URL (without credentials) each role resolves to — no key — or
+    the configuration error."""
     from llm_config import LLMConfigError, resolve
 
     out: dict[str, Any] = {}
@@ -375,7 +380,7 @@ def llm_record(settings: Settings, roles: Sequence[str] = ("mc_select", "rewrite
         except LLMConfigError as exc:
             out[role] = {"error": str(exc)}
             continue
-        out[role] = {"provider": r.provider, "model": r.model, "base_url": r.base_url}
+        out[role] = {"provider": r.provider, "model": r.model, "base_url": r.display_url}
     return out
 
 
@@ -437,14 +442,14 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 
 def require_llm(settings: Settings, llm_factory: Callable[[str], Any] | None = None) -> None:
-    """Raise LLMConfigError (a missing API key, an unknown provider) before any work is done;
-    nothing to check when a test injects its own chat models."""
+    """Raise LLMConfigError (a missing API key, an unknown provider, the embedded model's packages
+    missing) for any role before any work is done; nothing to check when a test injects its own
+    chat models."""
     if llm_factory is not None:
         return
-    from llm_config import resolve
+    from llm_config import check_config
 
-    for role in ("mc_select", "rewrite"):  # the main and the fast provider
-        resolve(role, settings)
+    check_config(settings)
 
 
 def cli_run(fn: Callable[[Settings], Any], **overrides: Any) -> tuple[int, Any]:
@@ -773,3 +778,6 @@ def configure_logging(verbose: bool = False) -> None:
         "openai",
     ):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    from llm_config import install_log_redaction
+
+    install_log_redaction()
