@@ -789,8 +789,10 @@ def test_credentials_in_the_base_url_reach_no_record_log_or_error(tmp_settings, 
     handler = logging.StreamHandler(stream)
     root = logging.getLogger()
     root.addHandler(handler)
-    old_level = root.level
-    root.setLevel(logging.DEBUG)
+    loggers = [root, logging.getLogger("httpx"), logging.getLogger("httpx2")]
+    old_levels = [lg.level for lg in loggers]
+    for lg in loggers:  # an eval CLI run earlier in the session may have quietened httpx
+        lg.setLevel(logging.DEBUG)
     try:
         llm_config.install_log_redaction()
         server.script = [{"body": completion("ok")}]
@@ -801,10 +803,32 @@ def test_credentials_in_the_base_url_reach_no_record_log_or_error(tmp_settings, 
             client.invoke([("user", "again")], role="synthesize")
     finally:
         root.removeHandler(handler)
-        root.setLevel(old_level)
+        for lg, level in zip(loggers, old_levels, strict=True):
+            lg.setLevel(level)
     logged = stream.getvalue()
     assert "HTTP Request" in logged and "alice" not in logged  # httpx logged the request
     for secret in (password, token):
         assert secret not in logged
         assert secret not in str(info.value)
         assert secret not in json.dumps([r.to_dict() for r in client.records])
+
+
+def test_check_config_covers_every_role_before_any_work(tmp_settings, monkeypatch, server):
+    import local_llm
+
+    llm_config.check_config(tmp_settings.replace(llm_provider="vllm", llm_model="m"))
+    with pytest.raises(LLMConfigError, match="LLM_PROVIDER_FAST=groq needs an API key"):
+        llm_config.check_config(
+            tmp_settings.replace(llm_provider="vllm", llm_model="m", llm_provider_fast="groq")
+        )
+    with pytest.raises(LLMConfigError, match="not a known provider"):
+        llm_config.check_config(tmp_settings.replace(llm_provider="groq-llama70b"))
+    # The embedded model's packages are looked up, nothing is started or assembled.
+    spec = local_llm.LocalModelSpec(
+        "local", "x.gguf", "x", ("no_such_part_pkg1",), "0" * 64, "local"
+    )
+    monkeypatch.setitem(local_llm.LOCAL_MODELS, "local", spec)
+    monkeypatch.setattr(local_llm, "_start", lambda *a, **k: pytest.fail("started the model"))
+    with pytest.raises(LLMConfigError, match=r'no_such_part_pkg1.*pip install -e "\.\[local\]"'):
+        llm_config.check_config(tmp_settings)
+    assert server.requests == []
