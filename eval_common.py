@@ -31,7 +31,7 @@ import numpy as np
 
 import nodes
 import rag_utils
-from llm_config import LLMClient, LLMConfigError, resolve
+from llm_config import LLMClient, LLMConfigError, check_config, resolve
 from load_corpus import STARTER_DIR, read_qa
 from mc import format_choices
 from settings import Settings, SettingsError, load_dotenv_file, set_settings
@@ -330,17 +330,22 @@ def eval_settings(env: dict[str, str] | None = None, **overrides: Any) -> Settin
 
 
 def settings_record(settings: Settings) -> dict[str, Any]:
-    """Every setting except secrets (API keys) and the environment snapshot."""
+    """Every setting except secrets (API keys) and the environment snapshot; URLs lose their
+    credentials (``LLM_BASE_URL=http://user:password@host`` is recorded as ``http://***@host``)."""
+    from llm_config import redact_url
+
     out = {}
     for f in dataclasses.fields(settings):
         if f.name == "environ" or _SECRET_FIELD.search(f.name):
             continue
-        out[f.name] = getattr(settings, f.name)
+        value = getattr(settings, f.name)
+        out[f.name] = redact_url(value) if isinstance(value, str) else value
     return out
 
 
 def llm_record(settings: Settings, roles: Sequence[str] = ("mc_select", "rewrite")) -> dict:
-    """Provider, model and base URL each role resolves to (no key), or the configuration error."""
+    """Provider, model and base URL (without credentials) each role resolves to — no key — or
+    the configuration error."""
 
     out: dict[str, Any] = {}
     for role in roles:
@@ -349,7 +354,7 @@ def llm_record(settings: Settings, roles: Sequence[str] = ("mc_select", "rewrite
         except LLMConfigError as exc:
             out[role] = {"error": str(exc)}
             continue
-        out[role] = {"provider": r.provider, "model": r.model, "base_url": r.base_url}
+        out[role] = {"provider": r.provider, "model": r.model, "base_url": r.display_url}
     return out
 
 
@@ -401,13 +406,12 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 
 def require_llm(settings: Settings, llm_factory: Callable[[str], Any] | None = None) -> None:
-    """Raise LLMConfigError (a missing API key, an unknown provider) before any work is done;
-    nothing to check when a test injects its own chat models."""
+    """Raise LLMConfigError (a missing API key, an unknown provider, the embedded model's packages
+    missing) for any role before any work is done; nothing to check when a test injects its own
+    chat models."""
     if llm_factory is not None:
         return
-
-    for role in ("mc_select", "rewrite"):  # the main and the fast provider
-        resolve(role, settings)
+    check_config(settings)
 
 
 def cli_run(fn: Callable[[Settings], Any], **overrides: Any) -> tuple[int, Any]:
@@ -734,3 +738,6 @@ def configure_logging(verbose: bool = False) -> None:
         "openai",
     ):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    from llm_config import install_log_redaction
+
+    install_log_redaction()

@@ -1,6 +1,14 @@
 """Trace the agent on a few questions, step by step, to see where it helps and where it fails.
 
-    python eval_trace.py [N] [--query "question"] [--qa FILE] [--passages FILE] [--save]
+    python eval_trace.py                    the 8 built-in questions (datasets/trace_questions.jsonl)
+    python eval_trace.py [N] [--save]       the first N of them; --save writes case studies
+    python eval_trace.py --query "question" one free-text question (an empty one is refused)
+    python eval_trace.py [N] --qa FILE [--passages FILE]   N items of a QA file (default 3)
+
+The built-in set, like the original project's: 6 bar-style multiple-choice questions over the
+starter corpus's subjects (choices, answer and the deciding starter passage), 1 multi-hop open
+question whose answer needs several passages, and 1 question the corpus cannot answer (patent law),
+which shows how the agent behaves without evidence.
 
 Per query: the raw retrieval of the question (no rewrite; the gold passage marked ★), the agent's
 rewrite (primary + alternatives, from its own rewrite node), the multi-query retrieval of the
@@ -35,7 +43,32 @@ logger = logging.getLogger(__name__)
 
 TRACE_K = 5
 DEFAULT_N = 3
+"""QA items traced from --qa when N is not given."""
 CASE_DIR = "case_studies"
+TRACE_QUESTIONS = Path(__file__).resolve().parent / "datasets" / "trace_questions.jsonl"
+TRACE_KINDS = ("mc", "multi_hop", "out_of_corpus")
+
+
+def load_trace_questions(path: str | Path = TRACE_QUESTIONS) -> list[dict]:
+    """The built-in trace questions: JSONL rows with ``idx``, ``kind`` (mc | multi_hop |
+    out_of_corpus), ``question``, ``subject``, ``gold_idx`` (';'-separated, optional) and, for
+    ``mc``, ``choice_a..choice_d`` and ``answer``.  Raises ValueError naming a bad row."""
+    rows = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        kind = row.get("kind")
+        if kind not in TRACE_KINDS or not str(row.get("question") or "").strip():
+            raise ValueError(f"{path}:{n}: needs a question and a kind in {TRACE_KINDS}")
+        if (kind == "mc") != _has_choices(row) or (kind == "mc" and not ec.item_answer(row)):
+            raise ValueError(f"{path}:{n}: an mc row (only) has four choices and an answer")
+        rows.append(row)
+    return rows
+
+
+def _has_choices(item: dict) -> bool:
+    return all(str(v).strip() for v in ec.item_choices(item).values())
 
 
 def _doc_rows(docs: Sequence[dict], gold: Sequence[str]) -> list[dict]:
@@ -96,16 +129,18 @@ def trace_query(
     """Trace one query (a QA item when ``item`` is given); print as it goes; return the case study."""
 
     gold = ec.gold_ids(item) if item else []
-    choices = ec.item_choices(item) if item else None
+    choices = ec.item_choices(item) if item and _has_choices(item) else None
     case: dict[str, Any] = {
         "query": query,
         "item": ec.item_id(item) if item else None,
+        "kind": (item.get("kind") or ("mc" if choices else "open")) if item else "query",
         "gold": gold,
     }
     if item:
+        case["subject"] = ec.item_subject(item)
+    if item and choices:
         case["choices"] = choices
         case["answer"] = ec.item_answer(item)
-        case["subject"] = ec.item_subject(item)
 
     out("=" * 100)
     label = f" [{case['item']}]" if item else ""
@@ -178,7 +213,7 @@ def trace_query(
             "run_metrics": ec.to_jsonable(state.get("run_metrics") or {}),
         }
     )
-    if item:
+    if item and choices:
         letter = (state["mc_answer"] or {}).get("letter")
         case["mc"] = {
             "predicted": letter,
@@ -225,6 +260,7 @@ def summary_rows(cases: Sequence[dict]) -> list[list[Any]]:
         rows.append(
             [
                 c.get("item") or ec.preview(c["query"], 30),
+                c.get("kind"),
                 c.get("query_type"),
                 c["steps_completed"],
                 c["steps_failed"],
@@ -242,6 +278,7 @@ def summary_rows(cases: Sequence[dict]) -> list[list[Any]]:
 
 SUMMARY_HEADERS = [
     "query",
+    "kind",
     "type",
     "done",
     "failed",
@@ -270,10 +307,19 @@ def build_parser() -> argparse.ArgumentParser:
         description="Trace retrieval, rewrite and every agent node on a few questions.",
     )
     p.add_argument(
-        "n", nargs="?", type=int, default=DEFAULT_N, help=f"QA items to trace (default {DEFAULT_N})"
+        "n",
+        nargs="?",
+        type=int,
+        default=None,
+        help="questions to trace (default: all 8 built-in questions; with --qa, "
+        f"{DEFAULT_N} items)",
     )
-    p.add_argument("--query", "-q", help="trace this free-text question instead of QA items")
-    p.add_argument("--qa", help="QA file (default: the starter set)")
+    p.add_argument("--query", "-q", help="trace this free-text question instead")
+    p.add_argument(
+        "--qa",
+        help="trace the items of this QA file (Bar Exam QA fields) instead of the built-in "
+        "questions (datasets/trace_questions.jsonl)",
+    )
     p.add_argument("--passages", help="passages file to index first (load_corpus)")
     p.add_argument(
         "--save", action="store_true", help=f"write one case-study JSON per query to {CASE_DIR}/"
@@ -303,13 +349,17 @@ def run(
         load_corpus.load_passages(load_corpus.read_passages(args.passages), settings=settings)
     else:
         load_corpus.ensure_starter_index(settings)
-    if args.query:
-        targets: list[tuple[str, dict | None]] = [(args.query, None)]
-    else:
+    targets: list[tuple[str, dict | None]]
+    if args.query is not None:
+        targets = [(args.query.strip(), None)]
+    elif args.qa:
         items = ec.load_qa(args.qa)
         with_gold, _ = ec.split_by_gold_in_store(items, settings)
         pool = with_gold or items
-        targets = [(ec.item_question(it), it) for it in pool[: args.n]]
+        targets = [(ec.item_question(it), it) for it in pool[: args.n or DEFAULT_N]]
+    else:
+        items = load_trace_questions()
+        targets = [(ec.item_question(it), it) for it in items[: args.n or len(items)]]
     llm = ec.llm_record(settings).get("mc_select", {})
     logger.info("LLM provider=%s model=%s", llm.get("provider"), llm.get("model", llm.get("error")))
     cases = []
@@ -333,6 +383,12 @@ def main(
     argv: Sequence[str] | None = None, *, llm_factory: Callable[[str], Any] | None = None
 ) -> int:
     args = build_parser().parse_args(argv)
+    if args.query is not None and not args.query.strip():
+        print("error: --query is empty: give a question, or leave --query out", file=sys.stderr)
+        return 2
+    if args.n is not None and args.n < 1:
+        print("error: N must be at least 1", file=sys.stderr)
+        return 2
     ec.configure_logging(args.verbose)
     out = (lambda _line: None) if args.json else print
     rc, cases = ec.cli_run(

@@ -7,8 +7,11 @@
   (``FAST_ROLES``: classify, rewrite, injection) use ``LLM_PROVIDER_FAST`` / ``LLM_MODEL_FAST`` when set.
   The default ``local`` provider is the embedded model of :mod:`local_llm`.
 * ``LLMClient`` — the one call helper: retries with backoff (honouring Retry-After), per-call
-  timeout, JSON output (provider JSON-schema mode, else prompt + :func:`parse_json_reply`), per-call
-  metrics and an optional SQLite response cache.  API keys never reach the cache, logs or records.
+  timeout, an optional deadline (``LLMDeadlineError``), JSON output (provider JSON-schema mode, else
+  prompt + :func:`parse_json_reply`), per-call metrics and an optional SQLite response cache.  A 200
+  response that is not a chat completion (a proxy's HTML error page, broken JSON) is retried like a
+  5xx.  API keys never reach the cache, logs or records, and :func:`redact_url` strips credentials
+  from any URL before it is shown or saved.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import sqlite3
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -55,8 +59,97 @@ class LLMCallError(RuntimeError):
         self.attempts = attempts
 
 
+class LLMDeadlineError(LLMCallError):
+    """The deadline passed before a call could finish.  Raised at once when a call starts past the
+    deadline; no attempt or backoff sleep starts past it, and an attempt's timeout never runs beyond
+    it.  A subclass of LLMCallError, so code that survives a failed call survives this too."""
+
+
+class MalformedResponseError(RuntimeError):
+    """A 200 response that is not a chat completion: not JSON (a proxy's HTML error page), an
+    error object, or no choices.  Retried like a server error: it is the server's fault."""
+
+
 class JSONReplyError(ValueError):
     """A reply holds no JSON object that validates against the schema."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Credentials in URLs
+# ------------------------------------------------------------------------------------------------
+
+_SECRET_PARAM = re.compile(r"key|token|secret|password|passwd|pwd|sig|auth|credential", re.I)
+_URL_IN_TEXT = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s\"'<>()]+")
+REDACTED = "***"
+
+
+def _redact_params(part: str) -> str:
+    """``a=1&api_key=s`` -> ``a=1&api_key=***`` (names kept, secret values hidden, order kept)."""
+    out = []
+    for pair in part.split("&"):
+        name, eq, _value = pair.partition("=")
+        if eq and _SECRET_PARAM.search(urllib.parse.unquote_plus(name)):
+            pair = f"{name}={REDACTED}"
+        out.append(pair)
+    return "&".join(out)
+
+
+def redact_url(url: str | None) -> str | None:
+    """``url`` without its credentials: user name and password become ``***`` and so do the values
+    of query (or fragment) parameters whose names look secret (``key``, ``api_key``, ``token``,
+    ``sig``, ``password`` ...).  Host, port and path are kept so the record still says where the
+    calls went.  Apply it wherever a URL is recorded (case studies, eval configs, traces, logs)."""
+    if not url or "://" not in url:
+        return url
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:  # an unparseable port or bracket: hide everything after the scheme
+        return url.split("://", 1)[0] + "://" + REDACTED
+    netloc = parts.netloc
+    if "@" in netloc:
+        host = f"[{host}]" if ":" in host else host
+        netloc = f"{REDACTED}@{host}{port}"
+    return urllib.parse.urlunsplit(
+        (
+            parts.scheme,
+            netloc,
+            parts.path,
+            _redact_params(parts.query),
+            _redact_params(parts.fragment),
+        )
+    )
+
+
+def redact_urls_in_text(text: str) -> str:
+    """Every URL inside ``text`` passed through :func:`redact_url` (log lines, error messages)."""
+    if "://" not in text:
+        return text
+    return _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)) or "", text)
+
+
+class RedactingFilter(logging.Filter):
+    """A handler filter that strips credentials from URLs in every log line (httpx logs each
+    request URL, user:password included).  The CLIs install it with :func:`install_log_redaction`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a broken log call is not ours to fix here
+            return True
+        clean = redact_urls_in_text(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        return True
+
+
+def install_log_redaction(logger_: logging.Logger | None = None) -> None:
+    """Add :class:`RedactingFilter` to every handler of ``logger_`` (default: the root logger);
+    call it after ``logging.basicConfig`` in a CLI.  Idempotent."""
+    for handler in (logger_ or logging.getLogger()).handlers:
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -187,13 +280,59 @@ class ResolvedLLM:
     """The endpoint one role talks to after applying the overrides (the key is never printed)."""
 
     provider: str
-    base_url: str | None
+    base_url: str | None = field(repr=False)
+    """May hold credentials (user:password@, ?key=): show :attr:`display_url` instead."""
     model: str
     supports_system_messages: bool
     supports_json_schema: bool
     local: bool
     api_key: str | None = field(default=None, repr=False)
     requests_per_minute: int | None = None
+
+    @property
+    def display_url(self) -> str | None:
+        """The base URL without credentials (safe to print, log and save)."""
+        return redact_url(self.base_url)
+
+    @property
+    def on_this_machine(self) -> bool:
+        """The embedded model or a server on loopback (Ollama, vLLM, llama.cpp here): slow CPU
+        inference, so such calls get the long default timeout."""
+        if self.local:
+            return True
+        try:
+            host = (urllib.parse.urlsplit(self.base_url or "").hostname or "").lower()
+        except ValueError:
+            return False
+        return (
+            host in {"localhost", "::1", "0.0.0.0"}
+            or host.startswith("127.")
+            or host.endswith(".localhost")
+        )
+
+
+LOCAL_TIMEOUT_S = 300.0
+"""Default seconds per call for the embedded model and servers on this machine (LLM_TIMEOUT=0):
+the 1.5B model on 2 CPU cores needs up to ~60 s for the longest node prompt, a slow laptop more."""
+REMOTE_TIMEOUT_S = 60.0
+"""Default seconds per call for remote APIs (LLM_TIMEOUT=0): a hosted 70B answers our prompts
+(at most ~1,000 output tokens) in seconds; 60 s without a byte means the endpoint hangs."""
+
+
+def call_timeout(cfg: ResolvedLLM, settings: Settings) -> float:
+    """Seconds one attempt may take: LLM_TIMEOUT when set (> 0), else 300 on this machine and
+    60 for remote providers."""
+    if settings.llm_timeout and settings.llm_timeout > 0:
+        return float(settings.llm_timeout)
+    return LOCAL_TIMEOUT_S if cfg.on_this_machine else REMOTE_TIMEOUT_S
+
+
+def deadline_after(seconds: float | None) -> float | None:
+    """An absolute ``time.monotonic()`` deadline ``seconds`` from now; None for None or <= 0
+    (no deadline).  ``deadline_after(settings.run_timeout)`` is a run's deadline."""
+    if seconds is None or seconds <= 0:
+        return None
+    return time.monotonic() + float(seconds)
 
 
 def resolve(role: str | None = None, settings: Settings | None = None) -> ResolvedLLM:
@@ -242,6 +381,25 @@ def resolve(role: str | None = None, settings: Settings | None = None) -> Resolv
     )
 
 
+def check_config(settings: Settings | None = None) -> None:
+    """Raise LLMConfigError when any role cannot be configured: an unknown provider, a missing
+    API key or model, or the embedded model's packages not installed.  Entry points call it before
+    any work starts, so a configuration error costs nothing and prints one line (exit 2).  Starts
+    nothing and sends no request."""
+    settings = settings or get_settings()
+    checked: set[str] = set()
+    for role in (None, "classify"):  # the main provider, and the fast one for the cheap roles
+        cfg = resolve(role, settings)
+        if cfg.local and cfg.provider not in checked:
+            checked.add(cfg.provider)
+            import local_llm
+
+            try:
+                local_llm.check_installed(cfg.provider)
+            except local_llm.LocalModelError as exc:
+                raise LLMConfigError(str(exc)) from None
+
+
 # ------------------------------------------------------------------------------------------------
 # Rate limiting
 # ------------------------------------------------------------------------------------------------
@@ -256,11 +414,14 @@ class RateLimiter:
         self._next = 0.0
         self._lock = threading.Lock()
 
-    def wait(self) -> float:
-        """Block until this call may start; returns the seconds waited."""
+    def wait(self, deadline: float | None = None) -> float | None:
+        """Block until this call may start; returns the seconds waited, or None (without waiting
+        or taking a slot) when the call could only start after ``deadline``."""
         with self._lock:
             now = time.monotonic()
             start = max(now, self._next)
+            if deadline is not None and start >= deadline:
+                return None
             self._next = start + self.interval
         delay = start - now
         if delay > 0:
@@ -335,6 +496,18 @@ def _chat_model_class() -> type:
         fold_system: bool = False
         legacy_max_tokens: bool = True
 
+        def _generate(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super()._generate(*args, **kwargs)
+            except json.JSONDecodeError as exc:  # Content-Type: application/json, body is not
+                raise MalformedResponseError(
+                    f"the 200 response body is not valid JSON ({exc.msg})"
+                ) from None
+
+        def _create_chat_result(self, response: Any, generation_info: Any = None) -> Any:
+            check_chat_completion(response)
+            return super()._create_chat_result(response, generation_info)
+
         def _get_request_payload(self, input_: Any, *, stop: Any = None, **kwargs: Any) -> dict:
             if self.fold_system:
                 input_ = fold_system_messages(self._convert_input(input_).to_messages())
@@ -344,6 +517,30 @@ def _chat_model_class() -> type:
             return payload
 
     return RegistryChatOpenAI
+
+
+def check_chat_completion(response: Any) -> None:
+    """Raise MalformedResponseError unless ``response`` (what the OpenAI SDK parsed from a 200
+    reply) is a chat completion with at least one choice that has a message.  An empty message
+    is a valid completion: :attr:`LLMResult.empty` reports it."""
+    if isinstance(response, str | bytes):
+        text = response.decode("utf-8", "replace") if isinstance(response, bytes) else response
+        snippet = " ".join(text.split())[:80]
+        raise MalformedResponseError(f"the 200 response is not a chat completion: {snippet!r}")
+    data = response.model_dump() if hasattr(response, "model_dump") else response
+    if not isinstance(data, dict):
+        raise MalformedResponseError(
+            f"the 200 response is not a chat completion ({type(response).__name__})"
+        )
+    if data.get("error"):
+        detail = " ".join(str(data["error"]).split())[:120]
+        raise MalformedResponseError(f"the 200 response is an error object: {detail}")
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise MalformedResponseError("the 200 response has no choices")
+    first = choices[0]
+    if not isinstance(first, dict) or not isinstance(first.get("message"), dict):
+        raise MalformedResponseError("the 200 response's first choice has no message")
 
 
 _llm_cache: dict[tuple, Any] = {}
@@ -368,13 +565,14 @@ def get_llm(role: str | None = None, settings: Settings | None = None) -> Any:
             raise LLMConfigError(str(exc)) from exc
         base_url, model = server.base_url, server.model
     key_digest = hashlib.sha256((cfg.api_key or "").encode()).hexdigest()
+    timeout = call_timeout(cfg, settings)
     cache_key = (
         cfg.provider,
         base_url,
         model,
         key_digest,
         settings.llm_temperature,
-        settings.llm_timeout,
+        timeout,
     )
     with _llm_lock:
         llm = _llm_cache.get(cache_key)
@@ -385,7 +583,7 @@ def get_llm(role: str | None = None, settings: Settings | None = None) -> Any:
                 base_url=base_url,
                 api_key=cfg.api_key or _NO_KEY,
                 temperature=settings.llm_temperature,
-                timeout=settings.llm_timeout,
+                timeout=timeout,
                 max_retries=0,
                 fold_system=not cfg.supports_system_messages,
                 legacy_max_tokens=cfg.provider != "openai",
@@ -570,6 +768,12 @@ class LLMResult:
     retries: int = 0
     finish_reason: str | None = None
 
+    @property
+    def empty(self) -> bool:
+        """The model returned no text (content "" or null, whatever the finish reason).  Never
+        an answer: callers treat it as a failed call, and it is never cached."""
+        return not self.text.strip()
+
 
 @dataclass
 class CallRecord:
@@ -588,6 +792,8 @@ class CallRecord:
     json_mode: str | None = None
     """'schema' (provider JSON-schema mode), 'prompt' (instruction + parsing) or None."""
     parse_failed: bool = False
+    empty: bool = False
+    """The reply had no text (see LLMResult.empty)."""
     error: str | None = None
 
     def to_dict(self) -> dict:
@@ -634,6 +840,8 @@ def _classify(exc: BaseException) -> _Failure:
         seen.append(cur)
         cur = cur.__cause__ or cur.__context__
     for e in seen:
+        if isinstance(e, MalformedResponseError):
+            return _Failure(True, f"malformed response ({e})")
         if isinstance(e, openai.APITimeoutError):
             return _Failure(True, "timeout")
         if isinstance(e, openai.APIConnectionError):
@@ -668,6 +876,7 @@ def usage(records: Sequence[CallRecord]) -> dict[str, Any]:
             "llm_errors": sum(r.error is not None for r in rs),
             "retries": sum(r.retries or 0 for r in rs),
             "parse_failures": sum(bool(r.parse_failed) for r in rs),
+            "empty_replies": sum(bool(r.empty) for r in rs),
             "input_tokens": sum(r.input_tokens or 0 for r in rs),
             "output_tokens": sum(r.output_tokens or 0 for r in rs),
             "cached_prompt_tokens": sum(r.cached_prompt_tokens or 0 for r in rs),
@@ -688,6 +897,9 @@ class LLMClient:
     """The call helper every node and eval script uses.
 
     ``llm_factory(role) -> BaseChatModel`` replaces :func:`get_llm` (tests inject fake models).
+    ``deadline`` (an absolute ``time.monotonic()`` value, or None) bounds every call made through
+    this client — set it once per run (``client.deadline = deadline_after(settings.run_timeout)``)
+    and no node has to pass it.
     """
 
     backoff_base_s: float = 1.0
@@ -699,14 +911,16 @@ class LLMClient:
         self,
         settings: Settings | None = None,
         llm_factory: Callable[[str], Any] | None = None,
+        *,
+        deadline: float | None = None,
     ) -> None:
         self.settings = settings or get_settings()
         self._factory = llm_factory
+        self.deadline: float | None = deadline
+        """Default deadline of every call (time.monotonic() value); None = none."""
         self._records: list[CallRecord] = []
         self._lock = threading.Lock()
         self._cache: ResponseCache | None = None
-        self.deadline: float | None = None
-        """Absolute time.monotonic() by which every call must end (set per run)."""
         if self.settings.llm_cache:
             self._cache = ResponseCache(self.settings.llm_cache_path)
 
@@ -738,8 +952,15 @@ class LLMClient:
 
     def _redact(self, text: str, cfg: ResolvedLLM) -> str:
         if cfg.api_key and len(cfg.api_key) >= 4:
-            text = text.replace(cfg.api_key, "***")
-        return text
+            text = text.replace(cfg.api_key, REDACTED)
+        if cfg.base_url and cfg.display_url != cfg.base_url:
+            text = text.replace(cfg.base_url, cfg.display_url or "")
+        return redact_urls_in_text(text)
+
+    def effective_deadline(self, deadline: float | None = None) -> float | None:
+        """The earlier of ``deadline`` and the client's own (a call never outlives the run)."""
+        found = [d for d in (deadline, self.deadline) if d is not None]
+        return min(found) if found else None
 
     def invoke(
         self,
@@ -750,19 +971,36 @@ class LLMClient:
         max_tokens: int | None = None,
         timeout: float | None = None,
         json_mode: str | None = None,
+        deadline: float | None = None,
     ) -> LLMResult:
         """Send ``messages`` (LangChain messages or (role, content) tuples) for ``role``.
 
         With ``schema`` the reply is parsed into it: ``.parsed`` is the instance, or None with
-        ``.parse_error`` saying why (no exception).  Transport failures that persist after
-        ``settings.llm_max_retries`` retries raise LLMCallError; configuration problems raise
-        LLMConfigError at once.  ``json_mode`` forces "schema" (provider JSON-schema mode) or
-        "prompt" (instruction + parsing); None picks schema mode where the provider supports it.
-        ``timeout`` (seconds) overrides ``settings.llm_timeout`` for this call.
+        ``.parse_error`` saying why (no exception; an empty reply is a parse failure too).
+        ``.empty`` tells an empty reply apart for free-text calls.  Transport failures that
+        persist after ``settings.llm_max_retries`` retries raise LLMCallError (a 200 response that
+        is not a chat completion counts as one); configuration problems raise LLMConfigError at
+        once.  ``json_mode`` forces "schema" (provider JSON-schema mode) or "prompt" (instruction +
+        parsing); None picks schema mode where the provider supports it.  ``timeout`` (seconds)
+        overrides the per-attempt timeout (:func:`call_timeout`) for this call.
+
+        ``deadline`` (absolute ``time.monotonic()``; the earlier of it and ``self.deadline``
+        applies): each attempt's timeout is capped by the time left, no attempt, rate-limit wait
+        or backoff sleep starts past it, and LLMDeadlineError is raised when it passes — at once
+        when the call starts after it.
         """
         if json_mode not in (None, "schema", "prompt"):
             raise ValueError(f"json_mode must be 'schema', 'prompt' or None, not {json_mode!r}")
         cfg = resolve(role, self.settings)
+        deadline = self.effective_deadline(deadline)
+        if deadline is not None and time.monotonic() >= deadline:
+            raise LLMDeadlineError(
+                f"LLM call for role {role!r} not started: the run deadline has passed "
+                "(RUN_TIMEOUT / --deadline)",
+                role=role,
+                provider=cfg.provider,
+                attempts=0,
+            )
         msgs = _to_messages(messages)
         if not cfg.supports_system_messages:
             msgs = fold_system_messages(msgs)
@@ -792,7 +1030,7 @@ class LLMClient:
             cache_key = ResponseCache.key(
                 {
                     "provider": cfg.provider,
-                    "base_url": cfg.base_url,
+                    "base_url": cfg.display_url,
                     "model": cfg.model,
                     "messages": [[m.type, _content_text(m.content)] for m in msgs],
                     "temperature": self.settings.llm_temperature,
@@ -815,9 +1053,17 @@ class LLMClient:
                 return result
 
         result = self._call_with_retries(
-            msgs, kwargs, cfg, role, schema, json_mode, in_chars, timeout
+            msgs, kwargs, cfg, role, schema, json_mode, in_chars, timeout, deadline
         )
-        if self._cache is not None and cache_key is not None:
+        self._finish(result, cfg, role, schema, json_mode, in_chars)
+        # An empty or unparseable reply is a fault, not an answer: caching it would replay it to
+        # every later run (also after the server is fixed), so only good replies are kept.
+        if (
+            self._cache is not None
+            and cache_key is not None
+            and not result.empty
+            and result.parse_error is None
+        ):
             self._cache.put(
                 cache_key,
                 cfg.provider,
@@ -829,7 +1075,6 @@ class LLMClient:
                     "finish_reason": result.finish_reason,
                 },
             )
-        self._finish(result, cfg, role, schema, json_mode, in_chars)
         return result
 
     def _call_with_retries(
@@ -842,21 +1087,60 @@ class LLMClient:
         json_mode: str | None,
         in_chars: int,
         timeout: float | None,
+        deadline: float | None,
     ) -> LLMResult:
         import openai
 
         llm = self._llm(role)
+        openai_model = _is_openai_model(llm)
         call_kwargs = dict(kwargs)
-        if timeout is not None and _is_openai_model(llm):
-            call_kwargs["timeout"] = timeout
+        per_call = float(timeout) if timeout is not None else call_timeout(cfg, self.settings)
         attempts = max(0, int(self.settings.llm_max_retries)) + 1
         limiter = rate_limiter(cfg)
         start = time.perf_counter()
-        for attempt in range(attempts):
-            if limiter is not None and (waited := limiter.wait()) > 0:
-                logger.debug(
-                    "LLM %s/%s: waited %.1fs for the rate limit", cfg.provider, role, waited
+
+        def fail(attempt: int, reason: str, *, at_deadline: bool) -> LLMCallError:
+            self._record_failure(cfg, role, schema, json_mode, in_chars, start, attempt, reason)
+            if at_deadline:
+                return LLMDeadlineError(
+                    f"LLM call for role {role!r} to {cfg.provider} ({cfg.model}) stopped at the "
+                    f"run deadline after {attempt} attempt(s) and {time.perf_counter() - start:.1f}s"
+                    f" (last: {reason}); raise RUN_TIMEOUT / --deadline to allow more time",
+                    role=role,
+                    provider=cfg.provider,
+                    attempts=attempt,
                 )
+            return LLMCallError(
+                f"LLM call for role {role!r} to {cfg.provider} ({cfg.model}) failed after "
+                f"{attempt} attempt(s): {reason}",
+                role=role,
+                provider=cfg.provider,
+                attempts=attempt,
+            )
+
+        reason = "no attempt made"
+        for attempt in range(attempts):
+            if limiter is not None:
+                waited = limiter.wait(deadline)
+                if waited is None:
+                    why = "no rate-limit slot before the deadline"
+                    raise fail(
+                        attempt, why if attempt == 0 else f"{reason}; {why}", at_deadline=True
+                    )
+                if waited > 0:
+                    logger.debug(
+                        "LLM %s/%s: waited %.1fs for the rate limit", cfg.provider, role, waited
+                    )
+            attempt_timeout = per_call
+            capped = False
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise fail(attempt, reason, at_deadline=True)
+                capped = remaining < per_call
+                attempt_timeout = min(per_call, remaining)
+            if openai_model:
+                call_kwargs["timeout"] = attempt_timeout
             try:
                 message = llm.invoke(msgs, **call_kwargs)
             except openai.LengthFinishReasonError as exc:
@@ -878,20 +1162,19 @@ class LLMClient:
                 too_long = (
                     failure.retry_after is not None and failure.retry_after > self.max_retry_after_s
                 )
-                if not failure.retryable or attempt == attempts - 1 or too_long:
+                if not failure.retryable or too_long:
                     if too_long:
                         reason += f"; the provider asks to wait {failure.retry_after:.0f}s"
-                    self._record_failure(
-                        cfg, role, schema, json_mode, in_chars, start, attempt, reason
-                    )
-                    raise LLMCallError(
-                        f"LLM call for role {role!r} to {cfg.provider} ({cfg.model}) failed after "
-                        f"{attempt + 1} attempt(s): {reason}",
-                        role=role,
-                        provider=cfg.provider,
-                        attempts=attempt + 1,
-                    ) from None
+                    raise fail(attempt + 1, reason, at_deadline=False) from None
                 delay = self._backoff(attempt, failure.retry_after)
+                if deadline is not None:
+                    now = time.monotonic()
+                    timed_out_at_deadline = capped and failure.reason == "timeout"
+                    no_time_to_retry = attempt < attempts - 1 and now + delay >= deadline
+                    if now >= deadline or timed_out_at_deadline or no_time_to_retry:
+                        raise fail(attempt + 1, reason, at_deadline=True) from None
+                if attempt == attempts - 1:
+                    raise fail(attempt + 1, reason, at_deadline=False) from None
                 logger.warning(
                     "LLM %s/%s %s; retry %d/%d in %.1fs",
                     cfg.provider,
@@ -933,6 +1216,13 @@ class LLMClient:
                         result.parse_error += " (reply cut off at max_tokens)"
             if result.parse_error:
                 logger.info("LLM %s/%s parse failure: %s", cfg.provider, role, result.parse_error)
+        if result.empty:
+            logger.warning(
+                "LLM %s/%s returned an empty reply (finish_reason=%s)",
+                cfg.provider,
+                role,
+                result.finish_reason,
+            )
         record = CallRecord(
             role=role,
             provider=cfg.provider,
@@ -948,6 +1238,7 @@ class LLMClient:
             schema=schema.__name__ if schema is not None else None,
             json_mode=json_mode,
             parse_failed=result.parse_error is not None,
+            empty=result.empty,
         )
         with self._lock:
             self._records.append(record)
@@ -1038,7 +1329,7 @@ def provider_rows(settings: Settings | None = None) -> list[dict]:
             {
                 "name": p.name,
                 "model": p.model or "(LLM_MODEL)",
-                "base_url": p.base_url or "(embedded, loopback)",
+                "base_url": redact_url(p.base_url) or "(embedded, loopback)",
                 "api_key_env": p.api_key_env,
                 "api_key_env_aliases": list(p.api_key_env_aliases),
                 "aliases": sorted(a for a, target in PROVIDER_ALIASES.items() if target == p.name),
@@ -1059,7 +1350,12 @@ def _selection(settings: Settings) -> dict:
     for label, role in (("main", None), ("fast", "classify")):
         try:
             cfg = resolve(role, settings)
-            out[label] = {"provider": cfg.provider, "model": cfg.model, "base_url": cfg.base_url}
+            out[label] = {
+                "provider": cfg.provider,
+                "model": cfg.model,
+                "base_url": cfg.display_url,
+                "timeout_s": call_timeout(cfg, settings),
+            }
         except LLMConfigError as exc:
             out[label] = {"error": str(exc)}
     return out

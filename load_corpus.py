@@ -359,6 +359,7 @@ def load_passages(
         )
     if not todo:
         return 0
+    rag_utils.require_writable(s, f"add {len(todo)} passages")
     embedder = rag_utils.get_embedder(s)
     from tqdm import tqdm
 
@@ -390,6 +391,9 @@ def ensure_starter_index(settings: Settings | None = None) -> int:
 
     s = settings_or_current(settings)
     if rag_utils.corpus_count(s) > 0:
+        return 0
+    if rag_utils.is_read_only(s):
+        logger.warning("the store is empty and read-only: the starter corpus is not indexed")
         return 0
     passage_files, _ = starter_files()
     passages = read_many(passage_files, read_passages)

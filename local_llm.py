@@ -122,6 +122,22 @@ def part_paths(spec: LocalModelSpec) -> list[Path]:
     return paths
 
 
+def check_installed(name: str = "local") -> None:
+    """Raise LocalModelError (naming the pip command) when the packages of the embedded model
+    ``name`` are missing.  Cheap: looks the modules up, imports nothing, starts nothing — so an
+    entry point can check it before any work (exit 2) instead of failing in the first LLM call."""
+    spec = _spec(name)
+    missing = [m for m in ("xllamacpp", *spec.part_modules) if importlib.util.find_spec(m) is None]
+    if missing:
+        shown = ", ".join(missing[:4]) + (
+            f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+        )
+        raise LocalModelError(
+            f"LLM_PROVIDER={spec.name} needs the embedded model's packages ({shown} missing); "
+            f"install them with: {_install_hint(spec)}"
+        )
+
+
 def _marker_path(model_path: Path) -> Path:
     return model_path.with_name(model_path.name + ".verified.json")
 

@@ -29,7 +29,7 @@ import load_corpus
 import nodes
 import rag_utils
 from context import AgentContext
-from llm_config import LLMCallError, LLMConfigError
+from llm_config import LLMCallError, LLMConfigError, check_config, install_log_redaction
 from mc import MC_LETTERS, format_choices
 from settings import Settings, SettingsError, load_dotenv_file
 from state import AgentState
@@ -271,7 +271,10 @@ settings (environment variables or .env; a flag above wins over its variable):
                           `python llm_config.py` lists them. Keys: GEMINI_API_KEY, GROQ_API_KEY, ...
   LLM_MODEL, LLM_BASE_URL, LLM_API_KEY   override the provider's model / endpoint / key
   LLM_PROVIDER_FAST, LLM_MODEL_FAST      provider/model for cheap calls (classify, rewrite, injection)
-  LLM_TIMEOUT, LLM_MAX_RETRIES, LLM_TEMPERATURE, LLM_CACHE, LLM_CACHE_PATH
+  LLM_TIMEOUT (0 = auto)  seconds per call attempt: auto = 300 for the embedded model and servers on
+                          this machine, 60 for remote APIs
+  RUN_TIMEOUT (600)       seconds a whole question may take (the run deadline); 0 = none
+  LLM_MAX_RETRIES, LLM_TEMPERATURE, LLM_CACHE, LLM_CACHE_PATH
   EVAL_CONFIDENCE_THRESHOLD  a research step below this confidence (mean query-passage cosine) fails
   MAX_STEPS (3)           completed research steps before the answer (multi_hop)
   MAX_ITERATIONS (6)      executor runs per question (hard cap)
@@ -286,8 +289,10 @@ input: at most {limit} characters of UTF-8 text; multiple-choice answers as line
 first use when the store is empty.
 
 exit status: 0 answer printed; 1 run failed (LLM/provider error or RUN_TIMEOUT reached: the
-partial research is printed); 2 bad input or settings; 3 no answer (the request was rejected as a
-prompt injection, or the research found no passages / no parseable cited answer).
+partial research is printed); 2 bad input, a bad setting or an unusable provider configuration
+(unknown provider, missing API key, embedded model not installed), checked before any work: one
+line on stderr, nothing on stdout; 3 no answer (the request was rejected as a prompt injection, or
+the research found no passages / no parseable cited answer).
 """
 
 
@@ -434,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    install_log_redaction()  # request URLs in debug logs lose any user:password / ?key=
     if args.graph:
         print(build_graph().get_graph().draw_mermaid())
         print("\n%% evidence mode: the stages of answer_from_evidence (evidence.py)")
@@ -465,8 +471,9 @@ def main(argv: list[str] | None = None) -> int:
             search_strategy=args.strategy,
             answer_mode=args.mode,
         )
-    except (InputError, SettingsError) as exc:
-        print(f"main.py: error: {exc}", file=sys.stderr)
+        check_config(settings)  # every role's provider, before the index or any model loads
+    except (InputError, SettingsError, LLMConfigError) as exc:
+        print(f"main.py: error: {exc}".splitlines()[0], file=sys.stderr)
         return 2
 
     def on_event(event: dict) -> None:

@@ -16,15 +16,23 @@ and a process builds each model once.
   none), optionally interleave study material and caselaw.
 * :func:`compute_confidence`, and the QA memory (:func:`check_memory`, :func:`write_to_memory`,
   :func:`clear_memory`) in its own collection.
+
+A read-only ``CHROMA_DIR`` (a shared or mounted index) can still be queried: Chroma cannot open a
+folder it cannot write, so the store is opened from a private temporary copy, and every write the
+agent would make on its own (QA-memory write-back, BM25 index save, starter-index build) is skipped
+after one warning.  :func:`is_read_only` tells; an explicit load into it fails with StoreError.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
+import tempfile
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -60,6 +68,8 @@ _stores: dict[tuple, PassageStore] = {}
 _cross_encoders: dict[tuple, Any] = {}
 _auto_choice: dict[tuple, str] = {}
 _bm25: dict[tuple, Bm25Index] = {}
+_read_only: dict[tuple, Path] = {}
+"""Client keys of read-only Chroma folders -> the temporary copy the client reads."""
 
 
 class ModelLoadError(RuntimeError):
@@ -250,8 +260,60 @@ def _client_key(s: Settings) -> tuple:
     return ("local", str(Path(s.chroma_dir).expanduser().resolve()))
 
 
+def _writable(folder: Path) -> bool:
+    """Can this process write the Chroma folder (the folder itself and its SQLite file)?"""
+    db = folder / "chroma.sqlite3"
+    return os.access(folder, os.W_OK | os.X_OK) and (not db.exists() or os.access(db, os.W_OK))
+
+
+def _copy_tree_writable(src: Path, dst: Path) -> int:
+    """Copy ``src`` to ``dst`` with fresh (writable) permissions, leaving out the BM25 folder
+    (read in place); returns bytes copied."""
+    total = 0
+    for root, dirs, files in os.walk(src):
+        rel = Path(root).relative_to(src)
+        if rel == Path("."):
+            dirs[:] = [d for d in dirs if d != "bm25"]
+        (dst / rel).mkdir(parents=True, exist_ok=True)
+        for name in files:
+            shutil.copyfile(Path(root) / name, dst / rel / name)
+            total += (dst / rel / name).stat().st_size
+    return total
+
+
+def _read_only_snapshot(folder: Path) -> Path:
+    """A private writable copy of a read-only Chroma folder, removed when the process exits."""
+    tmp = Path(tempfile.mkdtemp(prefix="legalragagent-readonly-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    copy = tmp / "chroma"
+    size = _copy_tree_writable(folder, copy)
+    logger.warning(
+        "CHROMA_DIR %s is read-only: querying a temporary copy (%.1f MB); the QA memory, the "
+        "BM25 index and new passages are not written",
+        folder,
+        size / 1e6,
+    )
+    return copy
+
+
+def is_read_only(settings: Settings | None = None) -> bool:
+    """True when the local Chroma folder could not be written and is read from a copy: callers
+    skip their writes (the memory write-back, index builds)."""
+    s = settings_or_current(settings)
+    get_client(s)
+    return _client_key(s) in _read_only
+
+
+def require_writable(settings: Settings | None = None, what: str = "write to the index") -> None:
+    """Raise StoreError when the store is read-only (an explicit write the user asked for)."""
+    s = settings_or_current(settings)
+    if is_read_only(s):
+        raise StoreError(f"cannot {what}: CHROMA_DIR {s.chroma_dir} is read-only")
+
+
 def get_client(settings: Settings | None = None) -> Any:
-    """The Chroma client: ``HttpClient`` when CHROMA_HOST is set, else ``PersistentClient``."""
+    """The Chroma client: ``HttpClient`` when CHROMA_HOST is set, else ``PersistentClient`` (on a
+    temporary copy when the folder is read-only, see :func:`is_read_only`)."""
     s = settings_or_current(settings)
     key = _client_key(s)
     with _lock:
@@ -266,8 +328,14 @@ def get_client(settings: Settings | None = None) -> Any:
                 client = chromadb.HttpClient(host=key[1], port=key[2], settings=chroma_settings)
                 client.heartbeat()
             else:
-                Path(key[1]).mkdir(parents=True, exist_ok=True)
-                client = chromadb.PersistentClient(path=key[1], settings=chroma_settings)
+                folder = Path(key[1])
+                if folder.is_dir() and not _writable(folder):
+                    copy = _read_only_snapshot(folder)
+                    client = chromadb.PersistentClient(path=str(copy), settings=chroma_settings)
+                    _read_only[key] = copy
+                else:
+                    folder.mkdir(parents=True, exist_ok=True)
+                    client = chromadb.PersistentClient(path=key[1], settings=chroma_settings)
         except Exception as exc:
             where = f"{key[1]}:{key[2]}" if key[0] == "http" else key[1]
             raise StoreError(
@@ -455,6 +523,7 @@ def reset_caches() -> None:
         _stores.clear()
         _bm25.clear()
         _auto_choice.clear()
+        _read_only.clear()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -570,10 +639,13 @@ def get_bm25(settings: Settings | None = None, store: PassageStore | None = None
                 ids.append(p["id"])
                 texts.append(p["text"])
             index = Bm25Index.build(ids, texts)
-            try:
-                index.save(folder)
-            except OSError as exc:
-                logger.warning("cannot save the BM25 index to %s: %s", folder, exc)
+            if _client_key(s) in _read_only:
+                logger.info("BM25 index of %s kept in memory only (read-only store)", store.name)
+            else:
+                try:
+                    index.save(folder)
+                except OSError as exc:
+                    logger.warning("cannot save the BM25 index to %s: %s", folder, exc)
         _bm25[key] = index
         return index
 
@@ -918,6 +990,9 @@ def write_to_memory(
     its citations name (``sources``: dicts with id, title, source, text, ref) and the ``scope`` it
     is valid under (one entry per question and scope)."""
     s = settings_or_current(settings)
+    if is_read_only(s):
+        logger.info("QA memory not written: CHROMA_DIR %s is read-only", s.chroma_dir)
+        return
     q = get_embedder(s).embed_query(question)
     kept = [
         {
@@ -951,6 +1026,7 @@ def write_to_memory(
 def clear_memory(settings: Settings | None = None) -> int:
     """Delete every QA-memory entry of the current embedding model; returns how many there were."""
     s = settings_or_current(settings)
+    require_writable(s, "clear the QA memory")
     col = _memory_collection(s)
     n = int(col.count())
     get_client(s).delete_collection(col.name)

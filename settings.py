@@ -92,8 +92,9 @@ class Settings:
     """Provider for cheap calls (classify, rewrite); empty = same as LLM_PROVIDER."""
     llm_model_fast: str | None = None
     llm_temperature: float = 0.0
-    llm_timeout: float = 300.0
-    """Seconds per LLM call before it is abandoned (the local model is slow)."""
+    llm_timeout: float = 0.0
+    """Seconds per LLM call attempt before it is abandoned; 0 = auto: 300 for the embedded model
+    and servers on this machine (slow CPU inference), 60 for remote APIs (llm_config.call_timeout)."""
     llm_max_retries: int = 4
     llm_requests_per_minute: int = 0
     """Calls per minute the client allows itself (shared by eval workers); 0 = the provider's
@@ -118,7 +119,8 @@ class Settings:
     run_timeout: float = 600.0
     """Seconds a whole question may take (0 = no limit).  Research stops early enough that a
     multiple-choice letter can still be picked; the run then ends with what it has and says why.
-    The embedded 1.5B model needs ~100 s for the multi_hop demo on 2 cores."""
+    The embedded 1.5B model needs ~100 s for the multi_hop demo on 2 cores; 600 leaves room for a
+    slower laptop and bounds a hung endpoint (5 attempts x 60 s + backoff per call)."""
     answer_mode: str = "research"
     """research = the answer is the cited research ([Source N] per claim); evidence = the answer is
     composed only from verified verbatim quotes ([Qn]), or the agent abstains (evidence.py)."""
@@ -181,6 +183,9 @@ class Settings:
             value = getattr(self, name)
             if not -1.0 <= value <= 1.0:
                 raise SettingsError(f"{name.upper()}={value}: must be between -1 and 1")
+        for name in ("llm_timeout", "run_timeout", "llm_max_retries"):
+            if getattr(self, name) < 0:
+                raise SettingsError(f"{name.upper()}={getattr(self, name)}: must be 0 or more")
         for name in ("max_steps", "max_iterations", "retrieval_k", "overretrieve_factor"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name.upper()} must be at least 1")

@@ -158,6 +158,15 @@ def test_settings_record_never_contains_api_key():
     assert rec["llm_provider"] == "groq"
 
 
+def test_eval_records_keep_no_credentials_of_the_base_url():
+    url = "http://alice:pa55word@llm.internal:8000/v1?api_key=k3y-SECRET"
+    s = ec.eval_settings(env={"LLM_BASE_URL": url, "LLM_MODEL": "m"}, llm_provider="vllm")
+    records = json.dumps([ec.settings_record(s), ec.llm_record(s)], default=str)
+    assert "pa55word" not in records and "k3y-SECRET" not in records and "alice" not in records
+    assert ec.settings_record(s)["llm_base_url"] == "http://***@llm.internal:8000/v1?api_key=***"
+    assert ec.llm_record(s)["mc_select"]["base_url"].startswith("http://***@llm.internal:8000/v1")
+
+
 @pytest.mark.parametrize("workers", [1, 3])
 def test_run_tasks_yields_every_result_and_errors(workers):
     def fn(x):

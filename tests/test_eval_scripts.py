@@ -167,17 +167,30 @@ def test_help(module, capsys):
     ("module", "argv"),
     [
         (eval_comprehensive, ["pipeline", "1", "--modes", "llm_only"]),
+        (eval_comprehensive, ["retrieval", "1", "--rewrite"]),
         (eval_trace, ["1"]),
+        (eval_trace, []),
     ],
 )
-def test_provider_without_its_key_is_a_one_line_error(module, argv, env, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    ("provider", "message"),
+    [
+        ("groq", "error: LLM_PROVIDER=groq needs an API key: set GROQ_API_KEY"),
+        ("gemma-nope", "error: LLM_PROVIDER='gemma-nope' is not a known provider"),
+    ],
+)
+def test_provider_configuration_error_is_one_line_exit_2_and_no_output(
+    module, argv, provider, message, env, monkeypatch, capsys
+):
     monkeypatch.delenv("LLM_API_KEY")
     monkeypatch.delenv("GROQ_API_KEY", raising=False)
-    monkeypatch.setenv("LLM_PROVIDER", "groq")
+    monkeypatch.setenv("LLM_PROVIDER", provider)
     assert module.main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: LLM_PROVIDER=groq needs an API key: set GROQ_API_KEY")
-    assert "Traceback" not in err and not (env / "eval_results").exists()
+    captured = capsys.readouterr()
+    assert captured.err.startswith(message)
+    assert len(captured.err.strip().splitlines()) == 1 and captured.out == ""
+    assert "Traceback" not in captured.err and not (env / "eval_results").exists()
+    assert not (env / "chroma").exists()  # checked before any work
 
 
 def test_bad_setting_is_a_one_line_error(env, monkeypatch, capsys):
@@ -410,3 +423,70 @@ def test_trace_free_text_query_json(env, capsys):
     cases = json.loads(capsys.readouterr().out)
     assert len(cases) == 1 and "mc" not in cases[0]
     assert cases[0]["raw_retrieval"][0]["id"] in PASSAGE_ROWS
+
+
+@pytest.mark.parametrize("query", ["", "   \n\t"])
+def test_trace_refuses_an_empty_query(query, env, capsys):
+    factory, calls = reader()
+    assert eval_trace.main(["--query", query], llm_factory=factory) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and calls == []
+    assert captured.err.startswith("error: --query is empty")
+    assert len(captured.err.strip().splitlines()) == 1
+    assert not (env / "chroma").exists()  # refused before anything was indexed
+
+
+def test_builtin_trace_questions_cover_the_starter_corpus():
+    """6 bar-style MC questions decided by starter passages, 1 multi-hop open question whose
+    passages are all in the starter corpus, 1 question the corpus cannot answer."""
+    starter = {
+        json.loads(line)["idx"]: json.loads(line)
+        for line in (eval_trace.TRACE_QUESTIONS.parent / "starter" / "passages.jsonl")
+        .read_text(encoding="utf-8")
+        .splitlines()
+        if line.strip()
+    }
+    rows = eval_trace.load_trace_questions()
+    kinds = [r["kind"] for r in rows]
+    assert len(rows) == 8
+    assert kinds.count("mc") == 6 and kinds.count("multi_hop") == kinds.count("out_of_corpus") == 1
+    mc = [r for r in rows if r["kind"] == "mc"]
+    assert len({r["subject"] for r in mc}) == 6  # six different subjects
+    assert len({r["answer"] for r in mc}) >= 2  # the right letter is not always the same
+    for r in mc:
+        assert r["gold_idx"] in starter and starter[r["gold_idx"]]["subject"] == r["subject"]
+    (hop,) = [r for r in rows if r["kind"] == "multi_hop"]
+    hop_gold = hop["gold_idx"].split(";")
+    assert len(hop_gold) >= 3 and all(g in starter for g in hop_gold)
+    (out,) = [r for r in rows if r["kind"] == "out_of_corpus"]
+    assert not out.get("gold_idx") and out["subject"] not in {
+        p["subject"] for p in starter.values()
+    }
+
+
+def test_trace_questions_file_is_validated(tmp_path):
+    bad = tmp_path / "q.jsonl"
+    bad.write_text(json.dumps({"idx": "x", "kind": "mc", "question": "Q?"}) + "\n")
+    with pytest.raises(ValueError, match=r"q.jsonl:1: an mc row"):
+        eval_trace.load_trace_questions(bad)
+
+
+@pytest.mark.slow
+def test_trace_without_arguments_traces_the_builtin_questions(env, fake, capsys, monkeypatch):
+    """No arguments: the starter index is built and the 8 built-in questions are traced (fake
+    embedder and fake LLM: this checks the harness, not the answers)."""
+    monkeypatch.setenv("RERANKER", "hybrid")  # no cross-encoder download attempt
+    factory, calls = reader()
+    assert eval_trace.main(["--json"], llm_factory=factory) == 0
+    cases = json.loads(capsys.readouterr().out)
+    rows = eval_trace.load_trace_questions()
+    assert [c["item"] for c in cases] == [r["idx"] for r in rows]
+    for case, row in zip(cases, rows, strict=True):
+        assert case["kind"] == row["kind"]
+        assert ("mc" in case) == (row["kind"] == "mc")
+        assert case["trace"] and case["raw_retrieval"]
+    mc_cases = [c for c in cases if c["kind"] == "mc"]
+    assert all(c["mc"]["answer"] == c["answer"] and len(c["choices"]) == 4 for c in mc_cases)
+    hop = next(c for c in cases if c["kind"] == "multi_hop")
+    assert len(hop["gold"]) == 4 and "choices" not in hop
+    assert calls  # the agent ran through the injected model

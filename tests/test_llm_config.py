@@ -24,6 +24,7 @@ from llm_config import (
     LLMCallError,
     LLMClient,
     LLMConfigError,
+    LLMDeadlineError,
     fold_system_messages,
     get_llm,
     parse_json_reply,
@@ -73,7 +74,8 @@ def completion(content: str, finish_reason: str = "stop") -> dict:
 
 class FakeServer:
     """Answers POST /v1/chat/completions from a script; each step is a dict with optional
-    status, body (dict), headers, delay (seconds).  When the script runs out, the last step repeats."""
+    status, body (dict), raw (str: the body as is, e.g. an HTML page), content_type, headers,
+    delay (seconds).  When the script runs out, the last step repeats."""
 
     def __init__(self) -> None:
         self.script: list[dict] = []
@@ -101,10 +103,13 @@ class FakeServer:
                         outer.script.pop(0) if len(outer.script) > 1 else (outer.script or [{}])[0]
                     )
                 time.sleep(step.get("delay", 0))
-                payload = json.dumps(step.get("body", completion("ok"))).encode()
+                if "raw" in step:
+                    payload = step["raw"].encode()
+                else:
+                    payload = json.dumps(step.get("body", completion("ok"))).encode()
                 try:
                     self.send_response(step.get("status", 200))
-                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Type", step.get("content_type", "application/json"))
                     self.send_header("Content-Length", str(len(payload)))
                     for k, v in step.get("headers", {}).items():
                         self.send_header(k, v)
@@ -634,3 +639,274 @@ def test_local_provider_without_its_packages_is_a_config_error(tmp_settings, tmp
     settings = tmp_settings.replace(local_model_dir=str(tmp_path / "models"))
     with pytest.raises(LLMConfigError, match=r'pip install -e "\.\[local\]"'):
         LLMClient(settings).invoke(MSGS, role="synthesize")
+
+
+# ------------------------------------------------------------------------------------------------
+# Faulty replies: not a chat completion, empty, broken or off-schema JSON
+# ------------------------------------------------------------------------------------------------
+
+HTML_PAGE = "<html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>"
+
+
+@pytest.mark.parametrize(
+    "bad_step",
+    [
+        {"raw": HTML_PAGE, "content_type": "text/html"},  # a proxy's error page
+        {"raw": HTML_PAGE},  # ... sent as application/json
+        {"raw": '{"id": "x", "choices": [{"message": {"content": "cut'},  # truncated body
+        {"body": {"error": {"message": "upstream overloaded"}}},  # error object with 200
+        {"body": {"id": "x", "object": "chat.completion", "choices": []}},
+    ],
+    ids=["html", "html-as-json", "truncated-json", "error-object", "no-choices"],
+)
+def test_a_200_that_is_not_a_chat_completion_is_retried_like_a_5xx(tmp_settings, server, bad_step):
+    server.script = [bad_step, {"body": completion("recovered")}]
+    client = make_client(tmp_settings, server)
+    res = client.invoke(MSGS, role="synthesize")
+    assert res.text == "recovered" and res.retries == 1
+    assert len(server.requests) == 2
+
+
+def test_a_persistent_html_200_fails_with_a_clear_reason(tmp_settings, server):
+    server.script = [{"raw": HTML_PAGE, "content_type": "text/html"}]
+    client = make_client(tmp_settings, server, llm_max_retries=1)
+    with pytest.raises(LLMCallError, match="not a chat completion: '<html>") as info:
+        client.invoke(MSGS, role="synthesize")
+    assert not isinstance(info.value, LLMDeadlineError)
+    assert info.value.attempts == 2 and len(server.requests) == 2
+    assert "malformed response" in client.records[-1].error
+
+
+@pytest.mark.parametrize("content", ["", None, "  \n "])
+def test_empty_content_is_visible_and_never_cached(tmp_settings, server, content):
+    server.script = [{"body": completion(content)}]
+    client = make_client(tmp_settings, server, llm_cache=True)
+    res = client.invoke(MSGS, role="synthesize")
+    assert res.empty and res.finish_reason == "stop"
+    schema_res = client.invoke(MSGS, role="injection", schema=Verdict)
+    assert (
+        schema_res.empty and schema_res.parsed is None and schema_res.parse_error == "empty reply"
+    )
+    summary = client.summary()
+    assert summary["empty_replies"] == 2 and summary["parse_failures"] == 1
+    assert [r.empty for r in client.records] == [True, True]
+    # Asked again, the client goes back to the server instead of replaying the empty reply.
+    server.script = [{"body": completion('{"verdict": "safe", "reason": "fine"}')}]
+    assert client.invoke(MSGS, role="injection", schema=Verdict).parsed.verdict == "safe"
+    assert len(server.requests) == 3
+
+
+@pytest.mark.parametrize(
+    ("reply", "error"),
+    [
+        ('{"verdict": "safe", "reason": ', "no JSON object found"),  # broken JSON
+        ('{"verdict": "maybe", "reason": "x"}', "does not match Verdict"),  # off-schema enum
+        ('{"answer": "safe"}', "does not match Verdict"),  # off-schema fields
+    ],
+)
+def test_broken_or_off_schema_json_is_a_parse_failure_and_never_cached(
+    tmp_settings, server, reply, error
+):
+    server.script = [{"body": completion(reply)}]
+    client = make_client(tmp_settings, server, llm_cache=True)
+    res = client.invoke(MSGS, role="injection", schema=Verdict)
+    assert res.parsed is None and error in res.parse_error and not res.empty
+    assert client.records[-1].parse_failed
+    client.invoke(MSGS, role="injection", schema=Verdict)
+    assert len(server.requests) == 2  # not served from the cache
+    assert not client.records[-1].cached
+
+
+# ------------------------------------------------------------------------------------------------
+# Deadlines and timeouts
+# ------------------------------------------------------------------------------------------------
+
+
+def test_slow_server_call_ends_at_the_deadline_not_after_retries(tmp_settings, server):
+    """Each attempt would time out after 5 s and be retried 3 times (20 s and more); the
+    deadline 0.8 s away ends the call at 0.8 s with one request."""
+    server.script = [{"delay": 3.0, "body": completion("too late")}]
+    client = make_client(tmp_settings, server, llm_timeout=5.0, llm_max_retries=3)
+    t0 = time.monotonic()
+    with pytest.raises(LLMDeadlineError, match="deadline") as info:
+        client.invoke(MSGS, role="synthesize", deadline=t0 + 0.8)
+    elapsed = time.monotonic() - t0
+    assert 0.7 <= elapsed < 1.6, elapsed
+    assert isinstance(info.value, LLMCallError) and info.value.attempts == 1
+    assert len(server.requests) == 1
+    assert [r.error is not None for r in client.records] == [True]
+
+
+def test_no_backoff_sleep_starts_past_the_deadline(tmp_settings, server):
+    server.script = [{"status": 503}]
+    client = make_client(tmp_settings, server, llm_max_retries=4)
+    client.backoff_base_s = 20.0  # the first backoff alone would pass the deadline
+    t0 = time.monotonic()
+    with pytest.raises(LLMDeadlineError, match=r"after 1 attempt.*HTTP 503"):
+        client.invoke(MSGS, role="synthesize", deadline=t0 + 5.0)
+    assert time.monotonic() - t0 < 4.5  # failed at once, did not sleep into the deadline
+    assert len(server.requests) == 1
+
+
+def test_retries_continue_while_the_deadline_allows(tmp_settings, server):
+    server.script = [{"status": 500}, {"status": 500}, {"body": completion("third")}]
+    client = make_client(tmp_settings, server)
+    res = client.invoke(MSGS, role="synthesize", deadline=time.monotonic() + 30)
+    assert res.text == "third" and res.retries == 2
+
+
+def test_a_call_started_past_the_deadline_sends_nothing(tmp_settings, server):
+    client = make_client(tmp_settings, server)
+    with pytest.raises(LLMDeadlineError, match="not started") as info:
+        client.invoke(MSGS, role="synthesize", deadline=time.monotonic() - 1)
+    assert info.value.attempts == 0 and server.requests == []
+
+
+def test_the_client_deadline_applies_to_every_call(tmp_settings, server):
+    server.script = [{"body": completion("ok")}]
+    client = make_client(tmp_settings, server)
+    client.deadline = llm_config.deadline_after(30)
+    assert client.invoke(MSGS, role="synthesize").text == "ok"
+    client.deadline = time.monotonic() - 0.1
+    with pytest.raises(LLMDeadlineError):
+        client.invoke(MSGS, role="classify")
+    # A later per-call deadline cannot extend the client's; an earlier one wins.
+    with pytest.raises(LLMDeadlineError):
+        client.invoke(MSGS, role="synthesize", deadline=time.monotonic() + 60)
+    built = LLMClient(client.settings, deadline=time.monotonic() - 1)
+    with pytest.raises(LLMDeadlineError):
+        built.invoke(MSGS, role="synthesize")
+    assert len(server.requests) == 1
+    assert llm_config.deadline_after(0) is None and llm_config.deadline_after(None) is None
+
+
+def test_the_deadline_also_bounds_the_rate_limit_wait(tmp_settings, server):
+    server.script = [{"body": completion("ok")}]
+    client = make_client(tmp_settings, server, llm_requests_per_minute=6)  # one per 10 s
+    client.invoke(MSGS, role="synthesize")
+    t0 = time.monotonic()
+    with pytest.raises(LLMDeadlineError, match="rate-limit slot"):
+        client.invoke(MSGS, role="synthesize", deadline=t0 + 1.0)
+    assert time.monotonic() - t0 < 0.5 and len(server.requests) == 1
+
+
+def test_default_timeouts_long_on_this_machine_short_for_remote_apis(tmp_settings):
+    env = {"GROQ_API_KEY": SECRET}
+    auto = tmp_settings.replace(environ=env)
+    assert auto.llm_timeout == 0  # the default is "auto"
+    local = resolve(None, auto)
+    groq = resolve(None, auto.replace(llm_provider="groq"))
+    ollama = resolve(None, auto.replace(llm_provider="ollama"))
+    vllm_remote = resolve(
+        None,
+        auto.replace(llm_provider="vllm", llm_model="m", llm_base_url="https://gpu.example/v1"),
+    )
+    assert llm_config.call_timeout(local, auto) == llm_config.LOCAL_TIMEOUT_S == 300
+    assert llm_config.call_timeout(ollama, auto) == 300  # localhost: CPU inference
+    assert llm_config.call_timeout(groq, auto) == llm_config.REMOTE_TIMEOUT_S == 60
+    assert llm_config.call_timeout(vllm_remote, auto) == 60
+    fixed = auto.replace(llm_timeout=12.5)
+    assert llm_config.call_timeout(groq, fixed) == llm_config.call_timeout(local, fixed) == 12.5
+    assert get_llm(None, auto.replace(llm_provider="groq")).request_timeout == 60
+
+
+def test_run_timeout_setting(tmp_settings):
+    from settings import Settings, SettingsError
+
+    assert Settings.from_env(env={}).run_timeout == 600
+    assert Settings.from_env(env={"RUN_TIMEOUT": "0"}).run_timeout == 0
+    assert Settings.from_env(env={"RUN_TIMEOUT": "90"}).run_timeout == 90
+    with pytest.raises(SettingsError, match="RUN_TIMEOUT"):
+        Settings.from_env(env={"RUN_TIMEOUT": "-5"})
+    with pytest.raises(SettingsError, match="LLM_TIMEOUT"):
+        Settings.from_env(env={"LLM_TIMEOUT": "-1"})
+
+
+# ------------------------------------------------------------------------------------------------
+# Credentials in URLs
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("http://user:secret@host:8000/v1", "http://***@host:8000/v1"),
+        ("https://tok3n@api.example.com/v1", "https://***@api.example.com/v1"),
+        ("https://h/v1?key=AIzaSECRET&alt=json", "https://h/v1?key=***&alt=json"),
+        (
+            "https://h/v1?api_key=s1&access_token=s2&x=1",
+            "https://h/v1?api_key=***&access_token=***&x=1",
+        ),
+        ("http://u:p@[::1]:9/v1?Token=t#sig=abc", "http://***@[::1]:9/v1?Token=***#sig=***"),
+        ("http://localhost:8000/v1", "http://localhost:8000/v1"),
+        ("https://h/v1?monkey=1", "https://h/v1?monkey=***"),  # errs on the safe side
+        (None, None),
+        ("", ""),
+        ("not a url", "not a url"),
+    ],
+)
+def test_redact_url(url, expected):
+    assert llm_config.redact_url(url) == expected
+
+
+def test_credentials_in_the_base_url_reach_no_record_log_or_error(tmp_settings, server):
+    import io
+
+    password, token = "pa55-SECRET-word", "QUERY-SECRET-token"
+    host = server.url.split("://", 1)[1]
+    url = f"http://alice:{password}@{host}?key={token}"
+    settings = tmp_settings.replace(
+        llm_provider="vllm", llm_model="fake-model", llm_base_url=url, llm_max_retries=0
+    )
+    cfg = resolve(None, settings)
+    assert cfg.base_url == url  # the real URL is still used for the calls
+    assert password not in repr(cfg) and password not in cfg.display_url
+    assert password not in json.dumps(llm_config._selection(settings))
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    loggers = [root, logging.getLogger("httpx"), logging.getLogger("httpx2")]
+    old_levels = [lg.level for lg in loggers]
+    for lg in loggers:  # an eval CLI run earlier in the session may have quietened httpx
+        lg.setLevel(logging.DEBUG)
+    try:
+        llm_config.install_log_redaction()
+        server.script = [{"body": completion("ok")}]
+        client = LLMClient(settings)
+        assert client.invoke(MSGS, role="synthesize").text == "ok"
+        server.script = [{"status": 400, "body": {"error": {"message": f"bad url {url}"}}}]
+        with pytest.raises(LLMCallError) as info:
+            client.invoke([("user", "again")], role="synthesize")
+    finally:
+        root.removeHandler(handler)
+        for lg, level in zip(loggers, old_levels, strict=True):
+            lg.setLevel(level)
+    logged = stream.getvalue()
+    assert "HTTP Request" in logged and "alice" not in logged  # httpx logged the request
+    for secret in (password, token):
+        assert secret not in logged
+        assert secret not in str(info.value)
+        assert secret not in json.dumps([r.to_dict() for r in client.records])
+
+
+def test_check_config_covers_every_role_before_any_work(tmp_settings, monkeypatch, server):
+    import local_llm
+
+    llm_config.check_config(tmp_settings.replace(llm_provider="vllm", llm_model="m"))
+    with pytest.raises(LLMConfigError, match="LLM_PROVIDER_FAST=groq needs an API key"):
+        llm_config.check_config(
+            tmp_settings.replace(llm_provider="vllm", llm_model="m", llm_provider_fast="groq")
+        )
+    with pytest.raises(LLMConfigError, match="not a known provider"):
+        llm_config.check_config(tmp_settings.replace(llm_provider="nope-provider"))
+    # The embedded model's packages are looked up, nothing is started or assembled.
+    spec = local_llm.LocalModelSpec(
+        "local", "x.gguf", "x", ("no_such_part_pkg1",), "0" * 64, "local"
+    )
+    monkeypatch.setitem(local_llm.LOCAL_MODELS, "local", spec)
+    monkeypatch.setattr(local_llm, "_start", lambda *a, **k: pytest.fail("started the model"))
+    with pytest.raises(LLMConfigError, match=r'no_such_part_pkg1.*pip install -e "\.\[local\]"'):
+        llm_config.check_config(tmp_settings)
+    assert server.requests == []

@@ -62,8 +62,10 @@ def test_help_explains_options_and_settings(tmp_path):
     out = proc.stdout.decode()
     assert proc.returncode == 0
     for word in ("--json", "--graph", "multi_hop", "LLM_PROVIDER", "EVAL_CONFIDENCE_THRESHOLD",
-                 "SKIP_INJECTION_CHECK", str(main.MAX_QUESTION_CHARS), "exit status"):  # fmt: skip
+                 "SKIP_INJECTION_CHECK", str(main.MAX_QUESTION_CHARS), "exit status",
+                 "RUN_TIMEOUT", "LLM_TIMEOUT"):  # fmt: skip
         assert word in out
+    assert "nothing on stdout" in " ".join(out.split())  # the exit-2 contract is documented
 
 
 def test_graph_prints_mermaid(tmp_path):
@@ -74,21 +76,31 @@ def test_graph_prints_mermaid(tmp_path):
     assert "mc_select" in out and "replanner" in out
 
 
-def test_provider_failure_gives_clear_message_and_json(tmp_path):
-    """A provider without its API key: the run ends with a clear message, no traceback, and
-    --json keeps stdout pure JSON."""
-    proc = cli(
-        ["--json", "--no-index", "What are the elements of negligence?"],
-        tmp_path,
-        LLM_PROVIDER="groq",
-    )
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"LLM_PROVIDER": "groq"}, "LLM_PROVIDER=groq needs an API key: set GROQ_API_KEY"),
+        ({"LLM_PROVIDER": "gemma-nope"}, "LLM_PROVIDER='gemma-nope' is not a known provider"),
+        (
+            {"LLM_PROVIDER": "local", "LLM_PROVIDER_FAST": "cerebras"},
+            "LLM_PROVIDER_FAST=cerebras needs an API key: set CEREBRAS_API_KEY",
+        ),
+    ],
+    ids=["missing-key", "unknown-provider", "fast-role-missing-key"],
+)
+@pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["text", "json"])
+def test_configuration_error_exits_2_with_one_line_and_nothing_on_stdout(
+    tmp_path, env, message, json_flag
+):
+    """Checked before any work: no index is built, no result block is printed (also with --json),
+    and the one line names the variable to set."""
+    proc = cli([*json_flag, "What are the elements of negligence?"], tmp_path, **env)
     err = proc.stderr.decode()
-    assert proc.returncode == 1
-    assert "Traceback" not in err
-    assert "GROQ_API_KEY" in err
-    result = json.loads(proc.stdout)
-    assert "GROQ_API_KEY" in result["error"]
-    assert result["run_metrics"]["has_answer"] is False
+    assert proc.returncode == 2, err
+    assert proc.stdout == b""
+    assert err.startswith("main.py: error: ") and message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "chroma").exists()  # nothing was indexed
 
 
 def test_parse_question_splits_choices_with_continuation_lines():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
 import socket
@@ -534,3 +535,102 @@ def test_unreachable_chroma_server_is_a_clear_error(tmp_settings):
     s = tmp_settings.replace(chroma_host="127.0.0.1", chroma_port=_free_port())
     with pytest.raises(rag_utils.StoreError, match="CHROMA_HOST"):
         rag_utils.corpus_count(s)
+
+
+# ------------------------------------------------------------------------------------------------
+# A read-only index
+# ------------------------------------------------------------------------------------------------
+
+_READ_ONLY_SCRIPT = """
+import json, logging, sys
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests"]
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(message)s")
+from conftest import BagOfWordsEmbedder
+import load_corpus, rag_utils
+from settings import Settings
+
+emb = BagOfWordsEmbedder()
+rag_utils.get_embedder = lambda settings=None: emb
+out = {}
+try:
+    open(sys.argv[2] + "/probe", "w")
+    out["os_denied_writes"] = False
+except PermissionError:
+    out["os_denied_writes"] = True
+s = Settings.from_env(env={}, chroma_dir=sys.argv[2], reranker="hybrid")
+out["read_only"] = rag_utils.is_read_only(s)
+docs = rag_utils.retrieve_documents_multi_query(["negligence duty breach damages"], k=3, settings=s)
+out["ids"] = [d["id"] for d in docs]
+rag_utils.write_to_memory("What is negligence?", "an answer", 0.9, settings=s)
+out["memory_hit"] = rag_utils.check_memory("What is negligence?", settings=s)
+try:
+    load_corpus.load_passages([{"idx": "new1", "text": "new text"}], s, progress=False)
+    out["load"] = "loaded"
+except rag_utils.StoreError as exc:
+    out["load"] = str(exc)
+empty = Settings.from_env(env={}, chroma_dir=sys.argv[3])
+out["starter_added_to_empty"] = load_corpus.ensure_starter_index(empty)
+print(json.dumps(out))
+"""
+
+
+def _tree_state(folder: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+def _set_writable(folder: Path, writable: bool) -> None:
+    for p in [folder, *folder.rglob("*")]:
+        if p.is_dir():
+            p.chmod(0o755 if writable else 0o555)
+        else:
+            p.chmod(0o644 if writable else 0o444)
+
+
+def test_a_read_only_index_can_be_queried_and_writes_are_skipped(loaded, tmp_path):
+    """chmod -R a-w on the Chroma folder (BM25 files included): retrieval works, the memory
+    write-back, the BM25 save and the starter build are skipped with one warning, an explicit
+    load fails with a clear error, and not one byte of the folder changes.
+
+    Root ignores file modes, so as root the check runs under setpriv without CAP_DAC_OVERRIDE:
+    the script first proves the OS really refuses writes to the folder."""
+    settings, passages = loaded
+    rag_utils.get_bm25(settings)  # saved with the current count ...
+    load_corpus.load_passages(
+        [{"idx": "extra1", "text": "Duty of care owed by landowners to invitees."}],
+        settings,
+        progress=False,
+    )  # ... and now stale: a rebuild must not be saved
+    rag_utils.reset_caches()
+    chroma = Path(settings.chroma_dir)
+    empty = tmp_path / "empty_chroma"
+    empty.mkdir()
+    command = [sys.executable, "-c", _READ_ONLY_SCRIPT, str(REPO), str(chroma), str(empty)]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv: chmod cannot make the folder read-only")
+        command = [setpriv, "--bounding-set", "-dac_override,-dac_read_search,-fowner", *command]
+    before = _tree_state(chroma)
+    _set_writable(chroma, False)
+    _set_writable(empty, False)
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    finally:
+        _set_writable(chroma, True)
+        _set_writable(empty, True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["os_denied_writes"], "the folder was writable: the test would prove nothing"
+    assert out["read_only"] is True
+    assert out["ids"] and out["ids"][0] == "mbe_neg1"
+    assert out["memory_hit"] is None  # the write-back was skipped
+    assert "read-only" in out["load"] and "add 1 passages" in out["load"]
+    assert out["starter_added_to_empty"] == 0
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("WARNING")]
+    read_only_warnings = [w for w in warnings if "read-only" in w]
+    assert len([w for w in read_only_warnings if str(chroma) in w]) == 1, proc.stderr
+    assert _tree_state(chroma) == before  # nothing in the folder (BM25 included) changed
+    assert list(empty.iterdir()) == []
