@@ -49,7 +49,11 @@ def test_planted_passage_is_flagged_and_the_letter_is_unchanged(tmp_settings):
          "starter_torts_001", "starter_torts_024", "starter_torts_002", "starter_torts_003"]
     )  # fmt: skip
     settings = tmp_settings.replace(
-        llm_provider="local", llm_cache=True, skip_injection_check=True, llm_max_retries=1
+        llm_provider="local",
+        llm_cache=True,
+        skip_injection_check=True,
+        llm_max_retries=1,
+        run_timeout=0,
     )
 
     def run(corpus: list[dict]) -> tuple[dict, LLMClient]:
