@@ -359,7 +359,7 @@ def load_passages(
         )
     if not todo:
         return 0
-    embedder = rag_utils.get_embedder(s)
+    rag_utils.get_embedder(s)  # load (or export) the model before the progress bar starts
     from tqdm import tqdm
 
     bar = tqdm(
@@ -375,7 +375,7 @@ def load_passages(
         for i in range(0, len(todo), batch_size):
             batch = todo[i : i + batch_size]
             texts = [p["text"] for p in batch]
-            vecs = embedder.embed_documents(texts)
+            vecs = rag_utils.embed_passages(texts, s)
             store.upsert([str(p["idx"]) for p in batch], texts, [_metadata(p) for p in batch], vecs)
             added += len(batch)
             bar.update(len(batch))
