@@ -440,7 +440,8 @@ def get_embedder(settings: Settings | None = None) -> Embedder | OnnxEmbedder:
     s = settings_or_current(settings)
     name = embedder_name(s)
     backend = resolve_embedding_backend(s)
-    key = (name, backend, s.embedding_device, s.trust_remote_code, s.embedding_batch_size)
+    asked = (s.embedding_backend or "auto").strip().lower()
+    key = (name, asked, backend, s.embedding_device, s.trust_remote_code, s.embedding_batch_size)
     if backend == "onnx":
         key += (str(onnx_cache_dir(s)),)
     with _lock:
@@ -455,7 +456,7 @@ def get_embedder(settings: Settings | None = None) -> Embedder | OnnxEmbedder:
                     onnx_file = ensure_onnx_model(path, onnx_cache_dir(s), DEFAULT_MODEL_SHA256)
                     emb = OnnxEmbedder.load(onnx_file, path, name, s.embedding_batch_size)
                 except ModelLoadError as exc:
-                    if (s.embedding_backend or "auto").strip().lower() == "onnx":
+                    if asked == "onnx":
                         raise
                     logger.warning("ONNX embedder unavailable (%s); using torch", _short(exc))
             if emb is None:
