@@ -414,6 +414,69 @@ def _short(exc: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+class EmbeddingsAdapter:
+    """Any LangChain ``Embeddings`` (``embed_documents`` / ``embed_query`` returning lists of
+    floats) as this module's embedder: float32 arrays, L2-normalised (the store searches by
+    cosine and the thresholds assume unit vectors)."""
+
+    backend = "langchain"
+
+    def __init__(self, embeddings: Any, name: str) -> None:
+        self.embeddings = embeddings
+        self.name = name
+        self._dimension: int | None = None
+
+    @property
+    def dimension(self) -> int:
+        if self._dimension is None:
+            self._dimension = int(len(self.embeddings.embed_query("dimension probe")))
+        return self._dimension
+
+    def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
+        import numpy as np
+
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        vecs = np.asarray(self.embeddings.embed_documents(list(texts)), dtype=np.float32)
+        self._dimension = int(vecs.shape[1])
+        return vecs / np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        import numpy as np
+
+        vec = np.asarray(self.embeddings.embed_query(text), dtype=np.float32)
+        return vec / max(float(np.linalg.norm(vec)), 1e-12)
+
+
+_registered: dict[str, EmbeddingsAdapter] = {}
+
+
+def register_embeddings(name: str, embeddings: Any) -> None:
+    """Make a LangChain ``Embeddings`` object the embedder of ``EMBEDDING_MODEL=name``: e.g.
+    ``register_embeddings("openai-3-small", OpenAIEmbeddings(model="text-embedding-3-small"))``.
+    The collection name encodes ``name``, so its index is kept apart from other models'."""
+    with _lock:
+        _registered[name.strip()] = EmbeddingsAdapter(embeddings, name.strip())
+
+
+def as_langchain(embedder: Any) -> Any:
+    """This module's embedder (ONNX, torch or adapted) as a LangChain ``Embeddings``, for
+    LangChain components (vector stores, retrievers) that take one."""
+    from langchain_core.embeddings import Embeddings
+
+    class _LangChainEmbedder(Embeddings):
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def embed_documents(self, texts: list[str]) -> list[list[float]]:
+            return self.inner.embed_documents(texts).tolist()
+
+        def embed_query(self, text: str) -> list[float]:
+            return self.inner.embed_query(text).tolist()
+
+    return _LangChainEmbedder(embedder)
+
+
 def resolve_embedding_backend(settings: Settings | None = None) -> str:
     """``onnx`` or ``torch``: what EMBEDDING_BACKEND asks for. ``auto`` is onnx for the default
     model on the CPU (the only model with an int8 export), torch otherwise."""
@@ -423,6 +486,8 @@ def resolve_embedding_backend(settings: Settings | None = None) -> str:
         raise ModelLoadError(
             f"EMBEDDING_BACKEND={backend!r}: use one of {', '.join(EMBEDDING_BACKENDS)}"
         )
+    if embedder_name(s) in _registered:
+        return "langchain"
     default = embedder_name(s) == DEFAULT_MODEL_NAME
     if backend == "onnx" and not default:
         raise ModelLoadError(
@@ -434,9 +499,14 @@ def resolve_embedding_backend(settings: Settings | None = None) -> str:
     return backend
 
 
-def get_embedder(settings: Settings | None = None) -> Embedder | OnnxEmbedder:
+def get_embedder(
+    settings: Settings | None = None,
+) -> Embedder | OnnxEmbedder | EmbeddingsAdapter:
     """The configured embedder, built once per (model, backend, device, trust_remote_code, batch
-    size). With EMBEDDING_BACKEND=auto an ONNX export that fails falls back to torch (logged)."""
+    size): a LangChain ``Embeddings`` registered under EMBEDDING_MODEL
+    (:func:`register_embeddings`), else the default model through ONNX or torch, else a
+    sentence-transformers model. With EMBEDDING_BACKEND=auto an ONNX export that fails falls back
+    to torch (logged)."""
     s = settings_or_current(settings)
     name = embedder_name(s)
     backend = resolve_embedding_backend(s)
@@ -445,6 +515,8 @@ def get_embedder(settings: Settings | None = None) -> Embedder | OnnxEmbedder:
     if backend == "onnx":
         key += (str(onnx_cache_dir(s)),)
     with _lock:
+        if name in _registered:
+            return _registered[name]
         if key in _embedders:
             return _embedders[key]
         emb: Embedder | OnnxEmbedder | None = None

@@ -274,3 +274,33 @@ def test_onnx_export_matches_torch_and_a_corrupted_cache_is_rebuilt(tmp_settings
         == json.loads((cache / rag_utils.ONNX_MANIFEST).read_text())["onnx_sha256"]
     )
     assert again.embed_documents(texts) == pytest.approx(got, abs=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------
+# LangChain Embeddings, both ways
+# ------------------------------------------------------------------------------------------------
+
+
+def test_any_langchain_embeddings_plugs_in_under_its_own_index(tmp_settings, monkeypatch):
+    from langchain_core.embeddings import DeterministicFakeEmbedding, Embeddings
+
+    monkeypatch.setattr(rag_utils, "_registered", {})
+    rag_utils.register_embeddings("lc-fake-64", DeterministicFakeEmbedding(size=64))
+    s = tmp_settings.replace(embedding_model="lc-fake-64")
+    emb = rag_utils.get_embedder(s)
+    assert emb.backend == "langchain" and emb.dimension == 64
+    vecs = emb.embed_documents(["negligence duty", "battery contact"])
+    assert vecs.shape == (2, 64) and vecs.dtype == np.float32
+    assert np.linalg.norm(vecs, axis=1) == pytest.approx([1.0, 1.0], abs=1e-5)
+    assert rag_utils.collection_name(s) == "passages__lc-fake-64"
+    passages = load_corpus.read_passages(PASSAGES)
+    load_corpus.load_passages(passages, s, progress=False)
+    assert rag_utils.corpus_count(s) == len(passages) and rag_utils.corpus_count(tmp_settings) == 0
+    text = passages[3]["text"]  # the fake embeds identical text identically
+    docs = rag_utils.retrieve_documents(text, k=1, reranker="none", settings=s)
+    assert docs[0]["id"] == passages[3]["idx"]
+
+    wrapped = rag_utils.as_langchain(emb)  # and back: ours as a LangChain Embeddings
+    assert isinstance(wrapped, Embeddings)
+    as_lists = wrapped.embed_documents(["negligence duty"])
+    assert isinstance(as_lists[0], list) and as_lists[0] == pytest.approx(vecs[0].tolist())
