@@ -360,7 +360,7 @@ def load_passages(
     if not todo:
         return 0
     rag_utils.require_writable(s, f"add {len(todo)} passages")
-    embedder = rag_utils.get_embedder(s)
+    rag_utils.get_embedder(s)  # load (or export) the model before the progress bar starts
     from tqdm import tqdm
 
     bar = tqdm(
@@ -376,7 +376,7 @@ def load_passages(
         for i in range(0, len(todo), batch_size):
             batch = todo[i : i + batch_size]
             texts = [p["text"] for p in batch]
-            vecs = embedder.embed_documents(texts)
+            vecs = rag_utils.embed_passages(texts, s)
             store.upsert([str(p["idx"]) for p in batch], texts, [_metadata(p) for p in batch], vecs)
             added += len(batch)
             bar.update(len(batch))

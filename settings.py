@@ -70,6 +70,9 @@ class Settings:
     embedding_batch_size: int = 16
     """Texts per forward pass. Small batches pad less: 16 embeds ~15% faster than 64 on 2 CPU
     cores (bench: 30.8 vs 26.2 passages/s on the shared corpus); raise it on a GPU."""
+    embedding_backend: str = "auto"
+    """auto | onnx | torch. onnx runs the default model from an int8 export (made once in
+    LOCAL_MODEL_DIR); auto = onnx for the default model on the CPU, torch otherwise."""
     trust_remote_code: bool = False
     """Needed by some hub models (e.g. Alibaba-NLP/gte-large-en-v1.5)."""
     reranker: str = "auto"
@@ -79,6 +82,13 @@ class Settings:
     """Interleave study material (3) and caselaw (2) passages in each top-5."""
     overretrieve_factor: int = 4
     """Candidates pooled per query = factor x k."""
+    fusion_dense_weight: float = 0.5
+    """Hybrid reranking: weight of the dense ranking in the reciprocal rank fusion (BM25 gets
+    1 - weight); chosen on one half of barexam_dev (benchmarks/bench_retrieval.py)."""
+    passage_window_tokens: int = 0
+    """0 = embed each passage whole (truncated at the model's limit). N > 0: passages longer than
+    the model's limit are embedded as overlapping N-token windows averaged into one vector. Part
+    of the collection name, so changing it builds a new index."""
     memory_threshold: float = 0.92
     """Cosine similarity at which a cached QA-memory answer is reused."""
 
@@ -186,6 +196,18 @@ class Settings:
         for name in ("llm_timeout", "run_timeout", "llm_max_retries"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name.upper()}={getattr(self, name)}: must be 0 or more")
+        if self.embedding_backend.strip().lower() not in {"auto", "onnx", "torch"}:
+            raise SettingsError(
+                f"EMBEDDING_BACKEND={self.embedding_backend!r}: use auto, onnx or torch"
+            )
+        if not 0.0 <= self.fusion_dense_weight <= 1.0:
+            raise SettingsError(
+                f"FUSION_DENSE_WEIGHT={self.fusion_dense_weight}: must be between 0 and 1"
+            )
+        if self.passage_window_tokens and not 16 <= self.passage_window_tokens <= 512:
+            raise SettingsError(
+                f"PASSAGE_WINDOW_TOKENS={self.passage_window_tokens}: 0 (off) or 16 to 512"
+            )
         for name in ("max_steps", "max_iterations", "retrieval_k", "overretrieve_factor"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name.upper()} must be at least 1")

@@ -4,9 +4,12 @@
     python benchmarks/bench_retrieval.py --skip-synthetic # no 100K-passage corpus
     python benchmarks/bench_retrieval.py --json           # machine-readable
 
-1. Indexing: ``load_corpus.load_passages`` of ../shared/data's 2,476 passages into a fresh temporary
-   store with the default embedder (all-MiniLM-L6-v2, CPU); passages/s end to end (read file, load
-   model, embed, upsert) and of the loader alone; peak resident memory (ru_maxrss) of the process.
+1. Indexing, per embedding backend (int8 ONNX and torch), each in its own process:
+   ``load_corpus.load_passages`` of ../shared/data's 2,476 passages into a fresh temporary store with
+   the default embedder (all-MiniLM-L6-v2, CPU); passages/s end to end (read file, load model,
+   embed, upsert) and of the loader alone; peak resident memory (ru_maxrss) of that process. Then
+   the cosine between the two backends' vectors of every passage, and Recall@10 of each backend's
+   index, and of the torch index searched with ONNX query vectors (a mixed index).
 2. Query latency p50/p95 of ``retrieve_documents_multi_query`` with 3 queries (k=5) at the shared
    corpus, and at a 100K-passage synthetic corpus. The synthetic texts recombine sentences of the
    shared corpus; their embeddings are random unit vectors (embedding 100K texts takes ~45 min
@@ -15,6 +18,11 @@
 3. Quality on ../shared/data/qa/barexam_dev.jsonl (gold_idx) against the full shared corpus:
    Recall@1/5/10 and MRR@10 for dense only, BM25 only and hybrid (RRF), with query = question
    (fact pattern + stem) and question + the four choices.
+4. Fusion tuned honestly: FUSION_DENSE_WEIGHT from 0 to 1, Recall@10 with the question alone on
+   the tuning half of barexam_dev (even positions in the file) and the report half (odd positions);
+   the weight is chosen on the tuning half only.
+5. Passage windows: dense Recall@10 with passages embedded whole (truncated) or as overlapping
+   windows of 128 and 254 tokens, scored per passage by the max or the mean of its windows.
 
 Results are also written to benchmarks/results/bench_retrieval.json.
 """
@@ -45,6 +53,14 @@ METHODS = {"dense": "none", "bm25": "bm25", "hybrid": "hybrid"}
 
 
 def peak_rss_mb() -> float:
+    """Peak resident memory of this process: VmHWM (ru_maxrss survives exec, so a child started
+    by a big parent would report the parent's peak)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
@@ -142,6 +158,156 @@ def bench_quality(settings: Any, qa: list[dict]) -> dict[str, Any]:
     return out
 
 
+def recall_at_10(settings: Any, items: list[dict], make: Any, reranker: str) -> float:
+    import rag_utils
+
+    hits = 0
+    for it in items:
+        docs = rag_utils.retrieve_documents(make(it), k=10, reranker=reranker, settings=settings)
+        hits += str(it["gold_idx"]) in [d["id"] for d in docs]
+    return round(hits / max(1, len(items)), 3)
+
+
+def gold_items(settings: Any, qa: list[dict]) -> list[dict]:
+    import rag_utils
+
+    golds = sorted({str(it["gold_idx"]) for it in qa if it.get("gold_idx")})
+    present = {p["id"] for p in rag_utils.get_store(settings).get(golds)}
+    return [it for it in qa if str(it.get("gold_idx")) in present]
+
+
+def bench_fusion(settings: Any, qa: list[dict]) -> dict[str, Any]:
+    """Weighted RRF: the dense weight chosen on the even half of barexam_dev, reported on the odd."""
+    present = {id(it) for it in gold_items(settings, qa)}
+    halves = {
+        "tune": [it for i, it in enumerate(qa) if i % 2 == 0 and id(it) in present],
+        "report": [it for i, it in enumerate(qa) if i % 2 == 1 and id(it) in present],
+    }
+    grid: dict[str, dict[str, float]] = {}
+    for w in [round(0.1 * i, 1) for i in range(11)]:
+        s = settings.replace(fusion_dense_weight=w)
+        grid[str(w)] = {
+            h: recall_at_10(s, items, ec.item_question, "hybrid") for h, items in halves.items()
+        }
+    best = max(grid, key=lambda w: (grid[w]["tune"], -abs(float(w) - 0.5)))
+    report = halves["report"]
+    return {
+        "items": {h: len(v) for h, v in halves.items()},
+        "recall@10_by_weight": grid,
+        "chosen_weight": float(best),
+        "report_half": {
+            "hybrid_chosen": grid[best]["report"],
+            "hybrid_0.5": grid["0.5"]["report"],
+            "dense": recall_at_10(settings, report, ec.item_question, "none"),
+            "bm25": recall_at_10(settings, report, ec.item_question, "bm25"),
+        },
+    }
+
+
+def bench_windows(
+    settings: Any, passages: list[dict], qa: list[dict], sizes: tuple[int, ...] = (128, 254)
+) -> dict[str, Any]:
+    """Dense Recall@10 (question alone) with long passages as windows, scored by max or mean."""
+    import numpy as np
+
+    import rag_utils
+
+    emb = rag_utils.get_embedder(settings)
+    ids = [str(p["idx"]) for p in passages]
+    texts = [p["text"] for p in passages]
+    row = {pid: i for i, pid in enumerate(ids)}
+    items = [it for it in qa if str(it.get("gold_idx")) in row]
+    gold = np.asarray([row[str(it["gold_idx"])] for it in items])
+    queries = emb.embed_documents([ec.item_question(it) for it in items])
+    limit = emb.max_tokens - 2
+    spans = [emb.token_spans(t) for t in texts]
+
+    def recall(scores: Any) -> float:
+        top = np.argsort(-scores, axis=1, kind="stable")[:, :10]
+        return round(float(np.mean([g in t for g, t in zip(gold, top, strict=True)])), 3)
+
+    whole = emb.embed_documents(texts)
+    out: dict[str, Any] = {
+        "items": len(items),
+        "passages_longer_than_the_model_window": sum(len(s) > limit for s in spans),
+        "whole (truncated)": recall(queries @ whole.T),
+    }
+    for size in sizes:
+        pieces, owner = [], []
+        for i, (t, sp) in enumerate(zip(texts, spans, strict=True)):
+            for piece in rag_utils.passage_windows(t, sp, size, limit):
+                pieces.append(piece)
+                owner.append(i)
+        owner_arr = np.asarray(owner)
+        vecs = emb.embed_documents(pieces)
+        sims = queries @ vecs.T
+        best = np.full((len(items), len(texts)), -np.inf, dtype=np.float32)
+        np.maximum.at(best.T, owner_arr, sims.T)
+        mean_vec = np.zeros_like(whole)
+        np.add.at(mean_vec, owner_arr, vecs)
+        mean_vec /= np.linalg.norm(mean_vec, axis=1, keepdims=True)
+        out[f"{size}-token windows"] = {
+            "windows": len(pieces),
+            "max": recall(best),
+            "mean vector (PASSAGE_WINDOW_TOKENS)": recall(queries @ mean_vec.T),
+        }
+    return out
+
+
+def index_in_subprocess(backend: str, chroma_dir: str, passages_path: Path) -> dict[str, Any]:
+    """Index the shared corpus with one backend in a fresh process, so its peak RSS is its own."""
+    import subprocess
+
+    cmd = [sys.executable, __file__, "--index-only", backend, "--chroma-dir", chroma_dir]
+    cmd += ["--shared-data", str(passages_path.parent.parent)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def bench_backends(settings: Any, tmp: Path, passages_path: Path, qa: list[dict]) -> dict[str, Any]:
+    """Indexing speed and memory per backend, their cosine, and Recall@10 of each index."""
+    import numpy as np
+
+    import rag_utils
+
+    out: dict[str, Any] = {}
+    dirs = {}
+    for backend in ("onnx", "torch"):
+        dirs[backend] = str(tmp / f"index-{backend}")
+        out[backend] = {"indexing": index_in_subprocess(backend, dirs[backend], passages_path)}
+    by = {b: settings.replace(chroma_dir=dirs[b], embedding_backend=b) for b in dirs}
+    vecs = {}
+    for b, s in by.items():
+        got = {
+            p["id"]: p["embedding"]
+            for p in rag_utils.get_store(s).get(
+                [str(p["idx"]) for p in __import__("load_corpus").read_passages(passages_path)],
+                with_embeddings=True,
+            )
+        }
+        vecs[b] = got
+        items = gold_items(s, qa)
+        out[b]["recall@10"] = {
+            "dense, question": recall_at_10(s, items, ec.item_question, "none"),
+            "hybrid, question": recall_at_10(s, items, ec.item_question, "hybrid"),
+        }
+    common = sorted(set(vecs["onnx"]) & set(vecs["torch"]))
+    a = np.asarray([vecs["onnx"][i] for i in common], dtype=np.float32)
+    t = np.asarray([vecs["torch"][i] for i in common], dtype=np.float32)
+    cos = (a * t).sum(axis=1)
+    out["cosine_onnx_vs_torch"] = {
+        "min": round(float(cos.min()), 4),
+        "p5": round(float(np.percentile(cos, 5)), 4),
+        "mean": round(float(cos.mean()), 4),
+    }
+    mixed = by["torch"].replace(embedding_backend="onnx")  # torch index, ONNX queries
+    items = gold_items(mixed, qa)
+    out["mixed: torch index, onnx queries"] = {
+        "dense, question": recall_at_10(mixed, items, ec.item_question, "none")
+    }
+    return out
+
+
 def synthetic_texts(passages: list[dict], n: int, seed: int = 13) -> list[str]:
     sentences = [
         s.strip()
@@ -204,7 +370,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=40, help="timed queries per configuration")
     p.add_argument("--skip-synthetic", action="store_true")
     p.add_argument("--skip-quality", action="store_true")
+    p.add_argument("--skip-backends", action="store_true", help="index with the default only")
+    p.add_argument("--skip-fusion", action="store_true")
+    p.add_argument("--skip-windows", action="store_true")
     p.add_argument("--json", action="store_true", help="print JSON only")
+    p.add_argument("--index-only", metavar="BACKEND", help=argparse.SUPPRESS)
+    p.add_argument("--chroma-dir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
     import logging
@@ -217,6 +388,11 @@ def main(argv: list[str] | None = None) -> int:
     if not passages_path.exists():
         print(f"error: {passages_path} not found (give --shared-data)", file=sys.stderr)
         return 2
+    if args.index_only:  # the child process of bench_backends: index, print one JSON line
+        s = Settings.from_env(env={}, chroma_dir=args.chroma_dir, embedding_backend=args.index_only)
+        set_settings(s)
+        print(json.dumps(bench_indexing(s, passages_path)))
+        return 0
     qa = load_corpus.read_qa(qa_path)
     results: dict[str, Any] = {"machine": {"cpus": __import__("os").cpu_count()}}
 
@@ -225,15 +401,41 @@ def main(argv: list[str] | None = None) -> int:
             print(msg, flush=True)
 
     with tempfile.TemporaryDirectory(prefix="bench_retrieval_") as tmp:
-        shared = Settings.from_env(env={}, chroma_dir=str(Path(tmp) / "shared"))
-        set_settings(shared)
-        say(f"indexing {passages_path} with the default embedder ...")
-        results["indexing"] = idx = bench_indexing(shared, passages_path)
+        import rag_utils
+
+        default = Settings.from_env(env={})
+        t0 = time.perf_counter()
+        rag_utils.get_embedder(default)  # the one-time ONNX export, not counted as indexing
         say(
-            f"  {idx['passages']} passages: {idx['passages_per_s_end_to_end']} passages/s end to end "
-            f"({idx['end_to_end_s']} s incl. {idx['model_load_s']} s model load), "
-            f"{idx['passages_per_s_loader']} passages/s embed+upsert; peak RSS {idx['peak_rss_mb']} MB"
+            f"default embedder ready ({rag_utils.resolve_embedding_backend(default)}) in "
+            f"{time.perf_counter() - t0:.1f} s (includes the ONNX export on a first run)"
         )
+        if args.skip_backends:
+            shared = default.replace(chroma_dir=str(Path(tmp) / "shared"))
+            set_settings(shared)
+            results["indexing"] = {"default": bench_indexing(shared, passages_path)}
+        else:
+            say(f"indexing {passages_path} with each backend, each in its own process ...")
+            results["backends"] = bk = bench_backends(default, Path(tmp), passages_path, qa)
+            results["indexing"] = {b: bk[b]["indexing"] for b in ("onnx", "torch")}
+            say(f"  cosine of ONNX to torch passage vectors: {bk['cosine_onnx_vs_torch']}")
+            for b in ("onnx", "torch"):
+                say(f"  {b} Recall@10: {bk[b]['recall@10']}")
+            say(
+                f"  torch index searched with ONNX queries: {bk['mixed: torch index, onnx queries']}"
+            )
+            shared = default.replace(
+                chroma_dir=str(Path(tmp) / f"index-{rag_utils.resolve_embedding_backend(default)}")
+            )
+            set_settings(shared)
+        for b, idx in results["indexing"].items():
+            say(
+                f"  {b}: {idx['passages']} passages, {idx['passages_per_s_end_to_end']} passages/s "
+                f"end to end ({idx['end_to_end_s']} s incl. {idx['model_load_s']} s model load), "
+                f"{idx['passages_per_s_loader']} passages/s embed+upsert; peak RSS "
+                f"{idx['peak_rss_mb']} MB"
+            )
+        idx = next(iter(results["indexing"].values()))
         qt = triples(qa)
         results["latency_shared"] = lat = bench_latency(
             shared, qt, ["none", "hybrid"], args.repeats
@@ -249,6 +451,17 @@ def main(argv: list[str] | None = None) -> int:
                     say(
                         f"  {key:<28} {m['recall@1']:<6} {m['recall@5']:<6} {m['recall@10']:<6} {m['mrr@10']}"
                     )
+        if not args.skip_fusion:
+            say("fusion weight, chosen on the even half of barexam_dev, reported on the odd half")
+            results["fusion"] = fu = bench_fusion(shared, qa)
+            for w, r in fu["recall@10_by_weight"].items():
+                say(f"  FUSION_DENSE_WEIGHT={w:<4} R@10 tune {r['tune']:<6} report {r['report']}")
+            say(f"  chosen {fu['chosen_weight']}; report half: {json.dumps(fu['report_half'])}")
+        if not args.skip_windows:
+            say("passage windows (dense, question alone) ...")
+            passages = load_corpus.read_passages(passages_path)
+            results["windows"] = wi = bench_windows(shared, passages, qa)
+            say("  " + json.dumps(wi))
         if not args.skip_synthetic:
             say(
                 f"synthetic corpus of {args.synthetic} passages (random unit-vector embeddings) ..."

@@ -1,0 +1,306 @@
+"""Embedding backends (ONNX int8 / torch), batched multi-query retrieval, weighted rank fusion and
+passage windows.
+
+Unit tests use the deterministic bag-of-words embedder; the ONNX export test (slow) uses the real
+default model."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import load_corpus
+import rag_utils
+
+pytestmark = pytest.mark.usefixtures("fresh_rag_caches")
+
+PASSAGES = Path(__file__).resolve().parent / "fixtures" / "retrieval_passages.jsonl"
+
+
+@pytest.fixture
+def loaded(tmp_settings, fake):
+    passages = load_corpus.read_passages(PASSAGES)
+    load_corpus.load_passages(passages, tmp_settings, progress=False)
+    return tmp_settings, passages
+
+
+def _ids(docs):
+    return [d["id"] for d in docs]
+
+
+# ------------------------------------------------------------------------------------------------
+# backend choice and the ONNX cache
+# ------------------------------------------------------------------------------------------------
+
+
+def test_auto_backend_is_onnx_only_for_the_default_model_on_cpu(tmp_settings):
+    assert rag_utils.resolve_embedding_backend(tmp_settings) == "onnx"
+    other = tmp_settings.replace(embedding_model="sentence-transformers/all-mpnet-base-v2")
+    assert rag_utils.resolve_embedding_backend(other) == "torch"
+    assert rag_utils.resolve_embedding_backend(tmp_settings.replace(embedding_device="cuda")) == (
+        "torch"
+    )
+    assert rag_utils.resolve_embedding_backend(tmp_settings.replace(embedding_backend="torch")) == (
+        "torch"
+    )
+    with pytest.raises(rag_utils.ModelLoadError, match="EMBEDDING_BACKEND=onnx supports only"):
+        rag_utils.resolve_embedding_backend(other.replace(embedding_backend="onnx"))
+
+
+def test_onnx_cache_is_used_only_when_its_checksums_match(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    model = cache / rag_utils.ONNX_FILE
+    model.write_bytes(b"onnx bytes")
+    manifest = {
+        "recipe": rag_utils.ONNX_RECIPE,
+        "source_sha256": "a" * 64,
+        "onnx_sha256": hashlib.sha256(b"onnx bytes").hexdigest(),
+    }
+    (cache / rag_utils.ONNX_MANIFEST).write_text(json.dumps(manifest))
+    assert rag_utils._valid_onnx_cache(cache, "a" * 64) == model
+    assert rag_utils._valid_onnx_cache(cache, "b" * 64) is None  # exported from another model
+    (cache / rag_utils.ONNX_MANIFEST).write_text(json.dumps({**manifest, "recipe": -1}))
+    assert rag_utils._valid_onnx_cache(cache, "a" * 64) is None  # another export recipe
+    (cache / rag_utils.ONNX_MANIFEST).write_text(json.dumps(manifest))
+    model.write_bytes(b"onnx bytes, truncated or corrupted")
+    assert rag_utils._valid_onnx_cache(cache, "a" * 64) is None
+    (cache / rag_utils.ONNX_MANIFEST).write_text("{not json")
+    assert rag_utils._valid_onnx_cache(cache, "a" * 64) is None
+
+
+def test_auto_falls_back_to_torch_when_the_onnx_export_fails(tmp_settings, monkeypatch, caplog):
+    def fail(*_a, **_k):
+        raise rag_utils.ModelLoadError("cannot export the ONNX embedder: onnx is not installed")
+
+    monkeypatch.setattr(rag_utils, "ensure_onnx_model", fail)
+    monkeypatch.setattr(rag_utils, "_load_sentence_transformer", lambda name, s: object())
+    monkeypatch.setattr(rag_utils, "_embedders", {})
+    with caplog.at_level(logging.WARNING, logger="rag_utils"):
+        emb = rag_utils.get_embedder(tmp_settings)
+    assert emb.backend == "torch"
+    assert any("using torch" in r.message for r in caplog.records)
+    # asked for explicitly, the failure is the error
+    with pytest.raises(rag_utils.ModelLoadError, match="onnx is not installed"):
+        rag_utils.get_embedder(tmp_settings.replace(embedding_backend="onnx"))
+
+
+# ------------------------------------------------------------------------------------------------
+# batched multi-query retrieval
+# ------------------------------------------------------------------------------------------------
+
+
+def test_multi_query_embeds_once_and_searches_chroma_and_bm25_once(loaded, monkeypatch):
+    settings, _ = loaded
+    queries = ["negligence duty breach", "battery transferred intent", "miranda custody"]
+    store = rag_utils.get_store(settings)
+    rag_utils.get_bm25(settings, store)  # built (tokenizing the corpus) before counting calls
+    chroma_calls, bm25_calls = [], []
+    real_query = store.collection.query
+    monkeypatch.setattr(
+        store.collection,
+        "query",
+        lambda **kw: chroma_calls.append(len(kw["query_embeddings"])) or real_query(**kw),
+    )
+    real_tokenize = rag_utils.bm25_tokenize
+    monkeypatch.setattr(
+        rag_utils,
+        "bm25_tokenize",
+        lambda texts: bm25_calls.append(len(texts)) or real_tokenize(texts),
+    )
+    emb = rag_utils.get_embedder(settings)
+    before = emb.calls
+    docs = rag_utils.retrieve_documents_multi_query(
+        queries, k=5, reranker="hybrid", settings=settings
+    )
+    assert len(docs) == 5
+    assert emb.calls - before == 1  # one forward pass for the three queries
+    assert chroma_calls == [3]  # one Chroma query with three embeddings
+    assert bm25_calls == [3]  # the three queries scored as one matrix
+
+
+def test_batched_pool_equals_one_search_per_query(loaded):
+    settings, _ = loaded
+    queries = ["negligence duty breach", "adverse possession hostile", "hearsay statement"]
+    store = rag_utils.get_store(settings)
+    bm25 = rag_utils.get_bm25(settings, store)
+    qvecs = rag_utils.get_embedder(settings).embed_documents(queries)
+    pool = rag_utils.candidate_pool(store, queries, qvecs, bm25, 3, {"mbe_neg1"})
+    expected: dict[str, None] = {}
+    for q, v in zip(queries, qvecs, strict=True):
+        for d in store.query(v, 3):
+            expected.setdefault(d["id"], None)
+        for pid, _ in bm25.top(q, 3):
+            expected.setdefault(pid, None)
+    assert pool == [i for i in expected if i != "mbe_neg1"]
+
+
+# ------------------------------------------------------------------------------------------------
+# weighted rank fusion
+# ------------------------------------------------------------------------------------------------
+
+
+def test_fusion_weight_moves_the_ranking_from_bm25_to_dense():
+    dense = [0.9, 0.5, 0.1]  # dense order: a, b, c
+    lexical = [0.0, 2.0, 7.0]  # BM25 order: c, b, a
+
+    def order(w):
+        fused = rag_utils.fuse_rankings(dense, lexical, w)
+        return sorted(range(3), key=lambda i: -fused[i])
+
+    assert order(1.0) == [0, 1, 2]
+    assert order(0.0) == [2, 1, 0]
+    assert order(0.7)[0] == 0 and order(0.3)[0] == 2
+    even = rag_utils.fuse_rankings(dense, lexical, 0.5)
+    assert even[0] == pytest.approx(even[2])  # rank 1 + rank 3 either way
+
+
+def test_fusion_dense_weight_setting_reaches_hybrid_retrieval(loaded):
+    settings, _ = loaded
+    q = "a contract needs offer acceptance and consideration"
+    dense = rag_utils.retrieve_documents(q, k=3, reranker="none", settings=settings)
+    bm25 = rag_utils.retrieve_documents(q, k=3, reranker="bm25", settings=settings)
+    all_dense = rag_utils.retrieve_documents(
+        q, k=3, reranker="hybrid", settings=settings.replace(fusion_dense_weight=1.0)
+    )
+    all_bm25 = rag_utils.retrieve_documents(
+        q, k=3, reranker="hybrid", settings=settings.replace(fusion_dense_weight=0.0)
+    )
+    assert _ids(all_dense) == _ids(dense)
+    assert _ids(all_bm25)[0] == _ids(bm25)[0]
+
+
+def test_fusion_weight_outside_0_1_is_rejected():
+    from settings import Settings, SettingsError
+
+    with pytest.raises(SettingsError, match="FUSION_DENSE_WEIGHT"):
+        Settings.from_env(env={"FUSION_DENSE_WEIGHT": "1.5"})
+
+
+# ------------------------------------------------------------------------------------------------
+# passage windows
+# ------------------------------------------------------------------------------------------------
+
+
+def _spans(text):
+    import re
+
+    return [m.span() for m in re.finditer(r"\S+", text)]
+
+
+def test_short_passages_are_not_windowed_and_long_ones_overlap_and_cover_everything():
+    short = "one two three"
+    assert rag_utils.passage_windows(short, _spans(short), 4, 10) == [short]
+    words = [f"w{i}" for i in range(23)]
+    text = " ".join(words)
+    windows = rag_utils.passage_windows(text, _spans(text), 8, 10)
+    assert all(len(w.split()) <= 8 for w in windows)
+    assert windows[0].split()[0] == "w0" and windows[-1].split()[-1] == "w22"
+    for a, b in zip(windows, windows[1:], strict=False):  # consecutive windows share tokens
+        assert set(a.split()) & set(b.split())
+    covered = {w for win in windows for w in win.split()}
+    assert covered == set(words)
+
+
+def test_windowed_passage_vector_is_the_mean_of_its_windows(tmp_settings, fake):
+    fake.max_tokens = 12  # a tiny model window, so the fixture-sized text is "long"
+    s = tmp_settings.replace(passage_window_tokens=16)
+    head = "negligence duty breach causation damages " * 2
+    tail = "zoning variance unnecessary hardship ordinance " * 2
+    text = (head + tail).strip()
+    vec = rag_utils.embed_passages([text, "short text"], s)
+    windows = rag_utils.passage_windows(text, _spans(text), 16, 10)
+    expected = fake.embed_documents(windows).sum(axis=0)
+    expected /= np.linalg.norm(expected)
+    assert vec[0] == pytest.approx(expected, abs=1e-6)
+    assert vec[1] == pytest.approx(fake.embed_query("short text"), abs=1e-6)
+    # off by default: the whole text in one vector
+    assert rag_utils.embed_passages([text], tmp_settings)[0] == pytest.approx(
+        fake.embed_query(text), abs=1e-6
+    )
+
+
+def test_windowed_index_is_its_own_collection(tmp_settings, fake):
+    s = tmp_settings.replace(passage_window_tokens=128)
+    assert rag_utils.collection_name(s) == "passages__all-minilm-l6-v2-w128"
+    load_corpus.load_passages(load_corpus.read_passages(PASSAGES), s, progress=False)
+    assert rag_utils.corpus_count(s) > 0 and rag_utils.corpus_count(tmp_settings) == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# the real ONNX export (slow)
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_onnx_export_matches_torch_and_a_corrupted_cache_is_rebuilt(tmp_settings, tmp_path):
+    s = tmp_settings.replace(local_model_dir=str(tmp_path / "models"), embedding_backend="onnx")
+    onnx_emb = rag_utils.get_embedder(s)
+    assert onnx_emb.backend == "onnx" and onnx_emb.name == "all-MiniLM-L6-v2"
+    cache = rag_utils.onnx_cache_dir(s)
+    manifest = json.loads((cache / rag_utils.ONNX_MANIFEST).read_text())
+    assert manifest["source_sha256"] == rag_utils.DEFAULT_MODEL_SHA256
+    assert manifest["onnx_sha256"] == rag_utils.sha256_file(cache / rag_utils.ONNX_FILE)
+
+    texts = [
+        "Battery is an intentional harmful or offensive contact with the person of another.",
+        "Hearsay is an out-of-court statement offered to prove the truth of the matter asserted.",
+        "A contract requires offer, acceptance and consideration. " * 40,  # past 256 tokens
+    ]
+    got = onnx_emb.embed_documents(texts)
+    torch_emb = rag_utils.get_embedder(s.replace(embedding_backend="torch"))
+    assert torch_emb.backend == "torch"
+    ref = torch_emb.embed_documents(texts)
+    assert got.shape == ref.shape == (3, 384) and got.dtype == np.float32
+    assert np.linalg.norm(got, axis=1) == pytest.approx([1.0] * 3, abs=1e-5)
+    assert (got * ref).sum(axis=1).min() > 0.98  # int8 weights: close to, not equal to, fp32
+    q = onnx_emb.embed_query("unwanted touching of another person")
+    assert float(got[0] @ q) > float(got[1] @ q)
+
+    # a corrupted export is detected by its checksum and exported again
+    with open(cache / rag_utils.ONNX_FILE, "r+b") as fh:
+        fh.seek(1000)
+        fh.write(b"\0" * 64)
+    rag_utils._embedders.clear()
+    again = rag_utils.get_embedder(s)
+    assert again is not onnx_emb
+    assert (
+        rag_utils.sha256_file(cache / rag_utils.ONNX_FILE)
+        == json.loads((cache / rag_utils.ONNX_MANIFEST).read_text())["onnx_sha256"]
+    )
+    assert again.embed_documents(texts) == pytest.approx(got, abs=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------
+# LangChain Embeddings, both ways
+# ------------------------------------------------------------------------------------------------
+
+
+def test_any_langchain_embeddings_plugs_in_under_its_own_index(tmp_settings, monkeypatch):
+    from langchain_core.embeddings import DeterministicFakeEmbedding, Embeddings
+
+    monkeypatch.setattr(rag_utils, "_registered", {})
+    rag_utils.register_embeddings("lc-fake-64", DeterministicFakeEmbedding(size=64))
+    s = tmp_settings.replace(embedding_model="lc-fake-64")
+    emb = rag_utils.get_embedder(s)
+    assert emb.backend == "langchain" and emb.dimension == 64
+    vecs = emb.embed_documents(["negligence duty", "battery contact"])
+    assert vecs.shape == (2, 64) and vecs.dtype == np.float32
+    assert np.linalg.norm(vecs, axis=1) == pytest.approx([1.0, 1.0], abs=1e-5)
+    assert rag_utils.collection_name(s) == "passages__lc-fake-64"
+    passages = load_corpus.read_passages(PASSAGES)
+    load_corpus.load_passages(passages, s, progress=False)
+    assert rag_utils.corpus_count(s) == len(passages) and rag_utils.corpus_count(tmp_settings) == 0
+    text = passages[3]["text"]  # the fake embeds identical text identically
+    docs = rag_utils.retrieve_documents(text, k=1, reranker="none", settings=s)
+    assert docs[0]["id"] == passages[3]["idx"]
+
+    wrapped = rag_utils.as_langchain(emb)  # and back: ours as a LangChain Embeddings
+    assert isinstance(wrapped, Embeddings)
+    as_lists = wrapped.embed_documents(["negligence duty"])
+    assert isinstance(as_lists[0], list) and as_lists[0] == pytest.approx(vecs[0].tolist())
