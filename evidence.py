@@ -458,19 +458,20 @@ def apply_retrieval_floor(state: EvidenceState, client: Any) -> dict:
 
 
 def offered_sentences(text: str, max_chars: int = PASSAGE_CHARS) -> list[tuple[int, int]]:
-    """The spans of ``text`` offered for quoting: whole sentences within the first ``max_chars``
-    characters, without a last fragment that has no closing punctuation (a truncated passage)."""
+    """The spans of ``text`` offered for quoting: its sentences in order while they total at most
+    ``max_chars`` characters (so the call budget holds), skipping sentences too long to quote and a
+    last fragment without closing punctuation (a truncated passage)."""
     spans = sentence_spans(text)
-    out = []
+    if spans and not re.search(r"[.!?][\"'\u201d\u2019)\]]*$", text[spans[-1][0] : spans[-1][1]]):
+        spans = spans[:-1]
+    out, total = [], 0
     for a, b in spans:
-        if b > max_chars and out:
-            break
-        if b > max_chars:  # a first sentence longer than the budget: still offered whole
-            out.append((a, b))
+        if word_count(text[a:b]) > MAX_SENTENCE_WORDS:
+            continue
+        if total + (b - a) > max_chars:
             break
         out.append((a, b))
-    if out and not re.search(r"[.!?][\"'\u201d\u2019)\]]*$", text[out[-1][0] : out[-1][1]]):
-        out.pop()
+        total += b - a
     return out
 
 

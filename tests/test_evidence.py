@@ -180,6 +180,15 @@ def test_sentences_are_exact_slices_and_abbreviations_do_not_split():
     assert offered == sentences[:3]
 
 
+def test_offered_sentences_fit_the_per_passage_budget_and_skip_unquotable_ones():
+    huge = "This sentence is far too long to quote " + "and goes on " * 60 + "forever."
+    short = "A rule of ten words that a court would apply here."
+    text = " ".join([huge, *[short] * 40])
+    spans = evidence.offered_sentences(text)
+    assert text[spans[0][0] : spans[0][1]] == short  # the 190-word sentence is never offered
+    assert sum(b - a for a, b in spans) <= evidence.PASSAGE_CHARS
+
+
 @pytest.mark.parametrize(
     ("pid", "source", "expected"),
     [
