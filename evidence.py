@@ -86,7 +86,9 @@ DUPLICATE_JACCARD = 0.8
 EXTRACTIVE_QUOTES = 5
 """Verified quotes an extractive answer (the fallback) shows."""
 
-MAX_TOKENS = {"extract": 60, "verify": 200, "compose": 360, "review": 50}
+MAX_TOKENS = {"extract": 60, "verify": 200, "compose": 400, "review": 50}
+"""Reply budgets (the embedded 1.5B model writes ~10–15 tokens/s on 2 cores): six verdicts of ~25
+tokens; up to six claims of ~30 words; a cut-off composition keeps its complete points."""
 ROLES = {
     "extract": "evidence_extract",
     "verify": "evidence_verify",
@@ -855,6 +857,28 @@ def extractive_draft(verified: Sequence[dict]) -> dict:
     return {"sentences": _sentences_of(points), "method": "extractive", "merged": merged}
 
 
+_POINT_JSON = re.compile(
+    r'"claim"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"quotes"\s*:\s*\[([^\]]*)\]', re.DOTALL
+)
+
+
+def salvage_composition(text: str) -> Composition | None:
+    """The complete ``{"claim": …, "quotes": […]}`` points of a reply whose JSON is unusable (cut
+    off by the token budget, say); None when there are none."""
+    import json
+
+    points = []
+    for m in _POINT_JSON.finditer(text or ""):
+        try:
+            claim = json.loads(f'"{m.group(1)}"')
+        except ValueError:
+            claim = m.group(1)
+        ids = re.findall(r"Q?\d+", m.group(2))
+        if claim.strip() and ids:
+            points.append(ComposedPoint(claim=claim, quotes=ids[:4]))
+    return Composition(points=points[:8]) if points else None
+
+
 def draft_from_composition(parsed: Composition | None, verified: Sequence[dict]) -> dict:
     """Sentences from the model's points: only verified IDs survive, a point left with none is
     dropped, identical claims merge, valid conflict pairs render side by side.  No usable point ->
@@ -921,8 +945,12 @@ def _compose(state: EvidenceState, client: Any, feedback: str) -> dict:
         "compose",
         Composition,
     )
-    draft = draft_from_composition(result.parsed if result is not None else None, verified)
+    parsed = None
+    if result is not None:
+        parsed = result.parsed or salvage_composition(result.text)
+    draft = draft_from_composition(parsed, verified)
     draft["parse_failed"] = result is None or result.parsed is None
+    draft["salvaged"] = result is not None and result.parsed is None and parsed is not None
     return draft
 
 
@@ -953,6 +981,7 @@ def _composition_audit(draft: dict) -> dict:
         "dropped_unverified_ids": draft.get("dropped_ids", 0),
         "dropped_points": draft.get("dropped_points", 0),
         "parse_failed": draft.get("parse_failed", False),
+        "salvaged_points": draft.get("salvaged", False),
     }
 
 

@@ -617,3 +617,23 @@ def test_embedded_model_keeps_the_evidence_invariants():
     else:
         assert_every_sentence_cited(result)
         assert 0 <= result["quality_score"] <= 10
+
+
+def test_a_composition_cut_off_by_the_token_budget_keeps_its_complete_points(tmp_settings):
+    cut = (
+        '{"points": [{"claim": "A plaintiff suing in negligence must prove a duty of care", '
+        '"quotes": ["Q1"]}, {"claim": "Nominal damages are not avail'
+    )
+    script = Script(
+        {
+            "evidence_extract": [pick("must prove", "Nominal damages")],
+            "evidence_verify": [verdicts()],
+            "evidence_compose": [cut],
+            "evidence_review": [NO_FLAGS],
+        }
+    )
+    result = run(script, tmp_settings)
+    first = result["answer"].splitlines()[0]
+    assert first == "A plaintiff suing in negligence must prove a duty of care [Q1]."
+    comp = result["audit_trail"]["composition"]
+    assert comp["method"] == "model" and comp["parse_failed"] and comp["salvaged_points"]
