@@ -28,8 +28,9 @@ The stages form a LangGraph subgraph (:func:`build_evidence_graph`)::
    claims beyond the quotes give a quality score 0–10; below :data:`QUALITY_THRESHOLD` the answer is
    revised (**revise_answer**: composed again with the problems as feedback), at most
    :data:`MAX_REVISIONS` times.
-6. **finalize** — sentences that fail the programmatic checks are dropped (the extractive answer
-   replaces an answer left empty), and the result keeps the last review's score.
+6. **finalize** — sentences that fail the programmatic checks or stay flagged by the LLM check are
+   dropped (the extractive answer replaces an answer left empty), and the result keeps the last
+   review's score.
 7. **abstain** — nothing above the floor, nothing extracted or nothing verified: the answer is
    :data:`ABSTAIN_TEXT` followed by what is missing and the rejection reasons; ``grounded`` is false
    (for a multiple-choice question the caller still picks a letter).
@@ -67,6 +68,8 @@ MAX_SENTENCE_WORDS = 120
 """A single sentence longer than MAX_QUOTE_WORDS is still quotable whole up to this length (the
 elements of negligence are one 85-word sentence in the starter corpus)."""
 MAX_QUOTE_SENTENCES = 3
+HEADING_WORDS = 6
+"""A passage's first sentence shorter than this is a heading (its title), never quoted."""
 MAX_PASSAGES = 6
 """Passages above the floor that reach extraction (the best by rerank score, then cosine)."""
 PASSAGE_CHARS = 1200
@@ -81,6 +84,13 @@ MAX_REVISIONS = 2
 QUALITY_THRESHOLD = 7.0
 MIN_SUPPORT_OVERLAP = 0.5
 """Share of a sentence's content words that must occur in the quotes it cites."""
+OVERRULE_OVERLAP = 0.9
+"""An LLM "unsupported" flag on a sentence that shares at least this share of its content words
+with its quotes, and keeps every negation they contain, is overruled and recorded: the embedded
+1.5B model flagged every claim of near-verbatim answers, which only wasted two revisions."""
+MIN_SENTENCE_WORDS = 4
+"""A rendered sentence shorter than this (a heading the composer copied) is left out when its
+claim has other sentences."""
 DUPLICATE_JACCARD = 0.8
 """Two claims whose content-word sets overlap this much (Jaccard) are one claim."""
 EXTRACTIVE_QUOTES = 5
@@ -174,14 +184,18 @@ _QID = re.compile(r"Q?\s*(\d+)", re.IGNORECASE)
 
 STOPWORDS = _word_set(
     """
-    a an the of to in on for and or but nor with without by from at as is are was were be been
+    a an the of to in on for and or but with by from at as is are was were be been
     being it its this that these those there their they them he she his her him we our you your
-    i not no if then than so such which who whom whose what when where why how any all each
+    i if then than so such which who whom whose what when where why how any all each
     every some may must can could would should shall will do does did has have had also only
     even more most other into onto upon about over under after before between through during
     while because whether same very just own both either neither per one two three
     """
 )
+
+
+# Negations (not, no, nor, never, without, unless) are deliberately content words: "is not
+# effective" must not count as supported by a quote saying "is effective".
 
 
 def sentence_spans(text: str) -> list[tuple[int, int]]:
@@ -235,6 +249,13 @@ def content_words(text: str) -> set[str]:
     return {
         w[:6] for w in _TOKEN.findall((text or "").lower()) if w not in STOPWORDS and len(w) > 2
     }
+
+
+NEGATIONS = frozenset({"not", "no", "nor", "never", "without", "unless", "cannot", "none"})
+
+
+def _negations(text: str) -> set[str]:
+    return set(_TOKEN.findall(text.lower().replace("n't", " not"))) & NEGATIONS
 
 
 def cited_ids(sentence: str) -> list[str]:
@@ -461,15 +482,17 @@ def apply_retrieval_floor(state: EvidenceState, client: Any) -> dict:
 
 def offered_sentences(text: str, max_chars: int = PASSAGE_CHARS) -> list[tuple[int, int]]:
     """The spans of ``text`` offered for quoting: its sentences in order while they total at most
-    ``max_chars`` characters (so the call budget holds), skipping sentences too long to quote and a
-    last fragment without closing punctuation (a truncated passage)."""
+    ``max_chars`` characters (so the call budget holds), skipping sentences too long to quote, a
+    first sentence that is a heading, and a last fragment without closing punctuation (a truncated
+    passage)."""
     spans = sentence_spans(text)
     if spans and not re.search(r"[.!?][\"'\u201d\u2019)\]]*$", text[spans[-1][0] : spans[-1][1]]):
         spans = spans[:-1]
     out, total = [], 0
-    for a, b in spans:
-        if word_count(text[a:b]) > MAX_SENTENCE_WORDS:
-            continue
+    for k, (a, b) in enumerate(spans):
+        n = word_count(text[a:b])
+        if n > MAX_SENTENCE_WORDS or (k == 0 and len(spans) > 1 and n < HEADING_WORDS):
+            continue  # too long to quote, or a heading ("Negligence: the elements.")
         if total + (b - a) > max_chars:
             break
         out.append((a, b))
@@ -836,9 +859,9 @@ def _sentences_of(points: Sequence[dict]) -> list[dict]:
     """Every sentence of every claim with the claim's IDs (a two-sentence claim cites twice)."""
     out = []
     for point in points:
-        for s in split_sentences(point["claim"]) or [point["claim"]]:
-            if _TOKEN.search(s.lower()):
-                out.append({"text": s.strip(), "ids": list(point["ids"])})
+        parts = [s.strip() for s in split_sentences(point["claim"]) if _TOKEN.search(s.lower())]
+        full = [s for s in parts if word_count(s) >= MIN_SENTENCE_WORDS]
+        out.extend({"text": s, "ids": list(point["ids"])} for s in (full or parts))
     return out
 
 
@@ -1047,6 +1070,7 @@ def review_answer(state: EvidenceState, client: Any) -> dict:
     sentences = (state.get("draft") or {}).get("sentences") or []
     checks = [check_sentence(s, by_id) for s in sentences]
     flagged: set[int] = set()
+    overruled: set[int] = set()
     llm_ok = True
     if sentences:
         claims = "\n".join(
@@ -1060,7 +1084,17 @@ def review_answer(state: EvidenceState, client: Any) -> dict:
             client, prompts.render("review_answer", claims=claims), "review", ClaimReview
         )
         if result is not None and result.parsed is not None:
-            flagged = {n - 1 for n in result.parsed.unsupported if 1 <= n <= len(sentences)}
+            raw = {n - 1 for n in result.parsed.unsupported if 1 <= n <= len(sentences)}
+            overruled = {
+                i
+                for i in raw
+                if checks[i]["overlap"] >= OVERRULE_OVERLAP
+                and _negations(
+                    " ".join(by_id[q]["text"] for q in sentences[i]["ids"] if q in by_id)
+                )
+                <= _negations(sentences[i]["text"])
+            }
+            flagged = raw - overruled
         else:
             llm_ok = False
     used = {i for s in sentences for i in s["ids"] if (by_id.get(i) or {}).get("verified")}
@@ -1070,6 +1104,7 @@ def review_answer(state: EvidenceState, client: Any) -> dict:
         "score": score,
         "checks": checks,
         "llm_flagged": sorted(i + 1 for i in flagged),
+        "llm_overruled": sorted(i + 1 for i in overruled),
         "llm_check_ok": llm_ok,
         "feedback": _feedback(sentences, checks, flagged),
     }
@@ -1082,6 +1117,7 @@ def review_answer(state: EvidenceState, client: Any) -> dict:
             "unverified_ids": sum(c["cited"] and not c["ids_verified"] for c in checks),
             "low_overlap": sum(c["ids_verified"] and not c["supported"] for c in checks),
             "llm_flagged": len(flagged),
+            "llm_overruled": len(overruled),
             "llm_check_ok": llm_ok,
         }
     )
@@ -1104,13 +1140,19 @@ def composition_confidence(n_verified: int, n_used: int) -> str:
 
 @_stage("finalize")
 def finalize(state: EvidenceState, client: Any) -> dict:
-    """Drop sentences that fail the programmatic checks, render, and assemble the result."""
+    """Drop sentences that fail the programmatic checks or that the last review's LLM check
+    flagged (and was not overruled), render, and assemble the result."""
     quotes = state.get("quotes") or []
     by_id = {q["id"]: q for q in quotes}
     verified = [q for q in quotes if q["verified"]]
     review = state.get("review") or {}
     sentences = (state.get("draft") or {}).get("sentences") or []
-    kept = [s for s in sentences if check_sentence(s, by_id)["supported"]]
+    flagged = {n - 1 for n in review.get("llm_flagged") or []}
+    kept = [
+        s
+        for i, s in enumerate(sentences)
+        if check_sentence(s, by_id)["supported"] and i not in flagged
+    ]
     dropped = len(sentences) - len(kept)
     method = (state.get("draft") or {}).get("method", "model")
     if not kept:

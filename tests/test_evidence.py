@@ -273,28 +273,41 @@ def test_answer_is_composed_only_from_verified_verbatim_quotes(tmp_settings):
     assert "1 below floor 0.30" in block and "4 calls (budget 10)" in block
 
 
-def test_long_single_sentence_is_kept_whole_and_a_title_alone_is_not_a_quote(tmp_settings):
-    script = Script(
-        {
-            "evidence_extract": [pick("Negligence: the elements.")],  # the 3-word title only
-            "evidence_verify": [verdicts()],
-            "evidence_compose": [restate],
-            "evidence_review": [NO_FLAGS],
-        }
-    )
-    result = run(script, tmp_settings, passages=PASSAGES[:1], floor=0.0)
-    # the title is too short alone and the next sentence is 85 words: no 2-sentence quote fits
-    assert result["abstained"]
-    assert result["audit_trail"]["extraction"]["too_short"] == 1
-    script = Script(
-        {
-            "evidence_extract": [pick("must prove")],
-            "evidence_verify": [verdicts()],
-            "evidence_compose": [restate],
-            "evidence_review": [NO_FLAGS],
-        }
-    )
-    result = run(script, tmp_settings, passages=PASSAGES[:1], floor=0.0)
+def test_word_limits_headings_short_and_long_sentences(tmp_settings):
+    long_a = "The first rule " + "applies to a party " * 17 + "in every case."
+    long_b = "The last rule " + "binds a party " * 22 + "in full."
+    synthetic = {
+        "id": "mbe_1",
+        "title": "Rules",
+        "source": "barexam_qa:mbe",
+        "text": f"Rules of things. {long_a} Short one here. {long_b}",
+        "dense_score": 0.7,
+    }
+
+    def answer(phrase: str, passages: list[dict]) -> tuple[dict, Script]:
+        script = Script(
+            {
+                "evidence_extract": [pick(phrase)],
+                "evidence_verify": [verdicts()],
+                "evidence_compose": [restate],
+                "evidence_review": [NO_FLAGS],
+            }
+        )
+        return run(script, tmp_settings, passages=passages, floor=0.0), script
+
+    # a 3-word sentence between two long ones can take in neither: too short, nothing to quote
+    result, script = answer("Short one here.", [synthetic])
+    assert result["abstained"] and result["audit_trail"]["extraction"]["too_short"] == 1
+    # the heading is never offered
+    assert "Rules of things." not in script.calls[0][1]
+    # with a short neighbour before it, the short sentence takes it in (still whole sentences)
+    synthetic["text"] = f"A party must act in good faith in every deal. Short one here. {long_b}"
+    result, _ = answer("Short one here.", [synthetic])
+    (quote,) = result["quotes"]
+    assert quote["text"] == "A party must act in good faith in every deal. Short one here."
+    # one whole sentence over 60 words is kept whole (the elements of negligence: 85 words)
+    result, script = answer("must prove", PASSAGES[:1])
+    assert "Negligence: the elements." not in script.calls[0][1]
     (quote,) = result["quotes"]
     assert evidence.word_count(quote["text"]) > evidence.MAX_QUOTE_WORDS
     assert quote["text"].startswith("A plaintiff suing") and quote["text"].endswith("damage.")
@@ -637,3 +650,31 @@ def test_a_composition_cut_off_by_the_token_budget_keeps_its_complete_points(tmp
     assert first == "A plaintiff suing in negligence must prove a duty of care [Q1]."
     comp = result["audit_trail"]["composition"]
     assert comp["method"] == "model" and comp["parse_failed"] and comp["salvaged_points"]
+
+
+def test_llm_flags_on_verbatim_claims_are_overruled_but_a_dropped_negation_is_not(tmp_settings):
+    compose = json.dumps(
+        {
+            "points": [
+                {
+                    "claim": "A plaintiff suing in negligence must prove a duty of care",
+                    "quotes": ["Q1"],
+                },
+                {"claim": "Nominal damages are available in negligence", "quotes": ["Q2"]},
+            ]
+        }
+    )
+    script = Script(
+        {
+            "evidence_extract": [pick("must prove", "Nominal damages")],
+            "evidence_verify": [verdicts()],
+            "evidence_compose": [compose],
+            "evidence_review": [json.dumps({"unsupported": [1, 2]})],
+        }
+    )
+    result = run(script, tmp_settings)
+    first = result["audit_trail"]["review"]["history"][0]
+    assert first["llm_overruled"] == 1 and first["llm_flagged"] == 1  # claim 2 dropped the "not"
+    assert first["score"] == 7.5 and result["revisions"] == 0
+    assert result["answer"] == "A plaintiff suing in negligence must prove a duty of care [Q1]."
+    assert result["audit_trail"]["review"]["dropped_sentences"] == 1
