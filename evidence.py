@@ -1172,6 +1172,7 @@ def finalize(state: EvidenceState, client: Any) -> dict:
     }
     result = _result(state, answer, abstained=False, references=references, used=used)
     result["quality_score"] = review.get("score")
+    result["audit_trail"] = _audit_summary(merge_audit(state.get("audit"), audit))
     return {"result": result, "audit": audit}
 
 
@@ -1218,7 +1219,9 @@ def abstain(state: EvidenceState, client: Any) -> dict:
     result = _result(state, answer, abstained=True, references=[], used=[])
     result["missing_evidence"] = missing
     result["quality_score"] = None
-    return {"result": result, "audit": {"review": {"score": None, "revisions": 0}}}
+    audit = {"review": {"score": None, "revisions": 0}}
+    result["audit_trail"] = _audit_summary(merge_audit(state.get("audit"), audit))
+    return {"result": result, "audit": audit}
 
 
 def _result(
@@ -1301,6 +1304,9 @@ RECURSION_LIMIT = 8 + 2 * MAX_REVISIONS + 5
 
 
 def _audit_summary(audit: dict) -> dict:
+    """The audit trail with its totals (the result of the subgraph carries one without the last
+    stage's own timing; :func:`answer_from_evidence` recomputes it from the final state)."""
+    audit = dict(audit)
     stages = audit.get("stages") or {}
     audit["llm_calls"] = sum(s.get("llm_calls", 0) for s in stages.values())
     audit["seconds"] = round(sum(s.get("seconds", 0.0) for s in stages.values()), 3)

@@ -678,3 +678,45 @@ def test_llm_flags_on_verbatim_claims_are_overruled_but_a_dropped_negation_is_no
     assert first["score"] == 7.5 and result["revisions"] == 0
     assert result["answer"] == "A plaintiff suing in negligence must prove a duty of care [Q1]."
     assert result["audit_trail"]["review"]["dropped_sentences"] == 1
+
+
+def test_the_subgraph_runs_as_a_node_of_a_parent_graph_under_its_context(tmp_settings):
+    """How the research graph can embed it: a parent state with question, choices, candidates,
+    floor and result; the parent's context only needs a ``client``."""
+    from dataclasses import dataclass
+    from typing import TypedDict
+
+    from langgraph.graph import END, START, StateGraph
+
+    class Parent(TypedDict, total=False):
+        question: str
+        choices: dict | None
+        candidates: list[dict]
+        floor: float
+        result: dict
+        trace: list[str]
+
+    @dataclass
+    class ParentContext:
+        client: Any = None
+        settings: Any = None
+
+    g = StateGraph(Parent, context_schema=ParentContext)
+    g.add_node("evidence_answer", evidence.build_evidence_graph())
+    g.add_edge(START, "evidence_answer")
+    g.add_edge("evidence_answer", END)
+    script = Script(
+        {
+            "evidence_extract": [pick("must prove")],
+            "evidence_verify": [verdicts()],
+            "evidence_compose": [restate],
+            "evidence_review": [NO_FLAGS],
+        }
+    )
+    out = g.compile().invoke(
+        {"question": QUESTION, "choices": None, "candidates": PASSAGES, "floor": 0.3},
+        context=ParentContext(client=client_for(script, tmp_settings)),
+    )
+    assert set(out) == {"question", "choices", "candidates", "floor", "result"}
+    assert out["result"]["answer"].endswith("[Q1].")
+    assert out["result"]["audit_trail"]["llm_calls"] == 4
