@@ -28,8 +28,9 @@ The stages form a LangGraph subgraph (:func:`build_evidence_graph`)::
    claims beyond the quotes give a quality score 0–10; below :data:`QUALITY_THRESHOLD` the answer is
    revised (**revise_answer**: composed again with the problems as feedback), at most
    :data:`MAX_REVISIONS` times.
-6. **finalize** — sentences that fail the programmatic checks are dropped (the extractive answer
-   replaces an answer left empty), and the result keeps the last review's score.
+6. **finalize** — sentences that fail the programmatic checks or stay flagged by the LLM check are
+   dropped (the extractive answer replaces an answer left empty), and the result keeps the last
+   review's score.
 7. **abstain** — nothing above the floor, nothing extracted or nothing verified: the answer is
    :data:`ABSTAIN_TEXT` followed by what is missing and the rejection reasons; ``grounded`` is false
    (for a multiple-choice question the caller still picks a letter).
@@ -67,6 +68,8 @@ MAX_SENTENCE_WORDS = 120
 """A single sentence longer than MAX_QUOTE_WORDS is still quotable whole up to this length (the
 elements of negligence are one 85-word sentence in the starter corpus)."""
 MAX_QUOTE_SENTENCES = 3
+HEADING_WORDS = 6
+"""A passage's first sentence shorter than this is a heading (its title), never quoted."""
 MAX_PASSAGES = 6
 """Passages above the floor that reach extraction (the best by rerank score, then cosine)."""
 PASSAGE_CHARS = 1200
@@ -81,12 +84,21 @@ MAX_REVISIONS = 2
 QUALITY_THRESHOLD = 7.0
 MIN_SUPPORT_OVERLAP = 0.5
 """Share of a sentence's content words that must occur in the quotes it cites."""
+OVERRULE_OVERLAP = 0.9
+"""An LLM "unsupported" flag on a sentence that shares at least this share of its content words
+with its quotes, and keeps every negation they contain, is overruled and recorded: the embedded
+1.5B model flagged every claim of near-verbatim answers, which only wasted two revisions."""
+MIN_SENTENCE_WORDS = 4
+"""A rendered sentence shorter than this (a heading the composer copied) is left out when its
+claim has other sentences."""
 DUPLICATE_JACCARD = 0.8
 """Two claims whose content-word sets overlap this much (Jaccard) are one claim."""
 EXTRACTIVE_QUOTES = 5
 """Verified quotes an extractive answer (the fallback) shows."""
 
-MAX_TOKENS = {"extract": 60, "verify": 200, "compose": 360, "review": 50}
+MAX_TOKENS = {"extract": 60, "verify": 200, "compose": 400, "review": 50}
+"""Reply budgets (the embedded 1.5B model writes ~10–15 tokens/s on 2 cores): six verdicts of ~25
+tokens; up to six claims of ~30 words; a cut-off composition keeps its complete points."""
 ROLES = {
     "extract": "evidence_extract",
     "verify": "evidence_verify",
@@ -118,7 +130,7 @@ class SentencePicks(BaseModel):
 
 
 class QuoteVerdict(BaseModel):
-    id: str = Field(max_length=8)
+    id: str | int
     verdict: Literal["ok", "does_not_address_question", "requires_inference", "incomplete_quote"]
 
 
@@ -130,14 +142,15 @@ class GateVerdicts(BaseModel):
 
 class ComposedPoint(BaseModel):
     claim: str = Field(min_length=1)
-    quotes: list[str] = Field(min_length=1, max_length=4)
+    quotes: list[str | int] = Field(min_length=1, max_length=4)
+    """Quote IDs ("Q2"; a bare 2 is read as Q2)."""
 
 
 class Composition(BaseModel):
     """The answer as short claims, each naming the quote IDs that state it."""
 
     points: list[ComposedPoint] = Field(default_factory=list, max_length=8)
-    conflicts: list[list[str]] = Field(default_factory=list, max_length=3)
+    conflicts: list[list[str | int]] = Field(default_factory=list, max_length=3)
 
 
 class ClaimReview(BaseModel):
@@ -171,14 +184,18 @@ _QID = re.compile(r"Q?\s*(\d+)", re.IGNORECASE)
 
 STOPWORDS = _word_set(
     """
-    a an the of to in on for and or but nor with without by from at as is are was were be been
+    a an the of to in on for and or but with by from at as is are was were be been
     being it its this that these those there their they them he she his her him we our you your
-    i not no if then than so such which who whom whose what when where why how any all each
+    i if then than so such which who whom whose what when where why how any all each
     every some may must can could would should shall will do does did has have had also only
     even more most other into onto upon about over under after before between through during
     while because whether same very just own both either neither per one two three
     """
 )
+
+
+# Negations (not, no, nor, never, without, unless) are deliberately content words: "is not
+# effective" must not count as supported by a quote saying "is effective".
 
 
 def sentence_spans(text: str) -> list[tuple[int, int]]:
@@ -232,6 +249,13 @@ def content_words(text: str) -> set[str]:
     return {
         w[:6] for w in _TOKEN.findall((text or "").lower()) if w not in STOPWORDS and len(w) > 2
     }
+
+
+NEGATIONS = frozenset({"not", "no", "nor", "never", "without", "unless", "cannot", "none"})
+
+
+def _negations(text: str) -> set[str]:
+    return set(_TOKEN.findall(text.lower().replace("n't", " not"))) & NEGATIONS
 
 
 def cited_ids(sentence: str) -> list[str]:
@@ -457,19 +481,22 @@ def apply_retrieval_floor(state: EvidenceState, client: Any) -> dict:
 
 
 def offered_sentences(text: str, max_chars: int = PASSAGE_CHARS) -> list[tuple[int, int]]:
-    """The spans of ``text`` offered for quoting: whole sentences within the first ``max_chars``
-    characters, without a last fragment that has no closing punctuation (a truncated passage)."""
+    """The spans of ``text`` offered for quoting: its sentences in order while they total at most
+    ``max_chars`` characters (so the call budget holds), skipping sentences too long to quote, a
+    first sentence that is a heading, and a last fragment without closing punctuation (a truncated
+    passage)."""
     spans = sentence_spans(text)
-    out = []
-    for a, b in spans:
-        if b > max_chars and out:
-            break
-        if b > max_chars:  # a first sentence longer than the budget: still offered whole
-            out.append((a, b))
+    if spans and not re.search(r"[.!?][\"'\u201d\u2019)\]]*$", text[spans[-1][0] : spans[-1][1]]):
+        spans = spans[:-1]
+    out, total = [], 0
+    for k, (a, b) in enumerate(spans):
+        n = word_count(text[a:b])
+        if n > MAX_SENTENCE_WORDS or (k == 0 and len(spans) > 1 and n < HEADING_WORDS):
+            continue  # too long to quote, or a heading ("Negligence: the elements.")
+        if total + (b - a) > max_chars:
             break
         out.append((a, b))
-    if out and not re.search(r"[.!?][\"'\u201d\u2019)\]]*$", text[out[-1][0] : out[-1][1]]):
-        out.pop()
+        total += b - a
     return out
 
 
@@ -832,9 +859,9 @@ def _sentences_of(points: Sequence[dict]) -> list[dict]:
     """Every sentence of every claim with the claim's IDs (a two-sentence claim cites twice)."""
     out = []
     for point in points:
-        for s in split_sentences(point["claim"]) or [point["claim"]]:
-            if _TOKEN.search(s.lower()):
-                out.append({"text": s.strip(), "ids": list(point["ids"])})
+        parts = [s.strip() for s in split_sentences(point["claim"]) if _TOKEN.search(s.lower())]
+        full = [s for s in parts if word_count(s) >= MIN_SENTENCE_WORDS]
+        out.extend({"text": s, "ids": list(point["ids"])} for s in (full or parts))
     return out
 
 
@@ -851,6 +878,28 @@ def extractive_draft(verified: Sequence[dict]) -> dict:
     points = [{"claim": " ".join(q["text"].split()), "ids": [q["id"]]} for q in verified]
     points, merged = merge_claims(points[:EXTRACTIVE_QUOTES])
     return {"sentences": _sentences_of(points), "method": "extractive", "merged": merged}
+
+
+_POINT_JSON = re.compile(
+    r'"claim"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"quotes"\s*:\s*\[([^\]]*)\]', re.DOTALL
+)
+
+
+def salvage_composition(text: str) -> Composition | None:
+    """The complete ``{"claim": …, "quotes": […]}`` points of a reply whose JSON is unusable (cut
+    off by the token budget, say); None when there are none."""
+    import json
+
+    points = []
+    for m in _POINT_JSON.finditer(text or ""):
+        try:
+            claim = json.loads(f'"{m.group(1)}"')
+        except ValueError:
+            claim = m.group(1)
+        ids = re.findall(r"Q?\d+", m.group(2))
+        if claim.strip() and ids:
+            points.append(ComposedPoint(claim=claim, quotes=ids[:4]))
+    return Composition(points=points[:8]) if points else None
 
 
 def draft_from_composition(parsed: Composition | None, verified: Sequence[dict]) -> dict:
@@ -919,8 +968,12 @@ def _compose(state: EvidenceState, client: Any, feedback: str) -> dict:
         "compose",
         Composition,
     )
-    draft = draft_from_composition(result.parsed if result is not None else None, verified)
+    parsed = None
+    if result is not None:
+        parsed = result.parsed or salvage_composition(result.text)
+    draft = draft_from_composition(parsed, verified)
     draft["parse_failed"] = result is None or result.parsed is None
+    draft["salvaged"] = result is not None and result.parsed is None and parsed is not None
     return draft
 
 
@@ -951,6 +1004,7 @@ def _composition_audit(draft: dict) -> dict:
         "dropped_unverified_ids": draft.get("dropped_ids", 0),
         "dropped_points": draft.get("dropped_points", 0),
         "parse_failed": draft.get("parse_failed", False),
+        "salvaged_points": draft.get("salvaged", False),
     }
 
 
@@ -1016,6 +1070,7 @@ def review_answer(state: EvidenceState, client: Any) -> dict:
     sentences = (state.get("draft") or {}).get("sentences") or []
     checks = [check_sentence(s, by_id) for s in sentences]
     flagged: set[int] = set()
+    overruled: set[int] = set()
     llm_ok = True
     if sentences:
         claims = "\n".join(
@@ -1029,7 +1084,17 @@ def review_answer(state: EvidenceState, client: Any) -> dict:
             client, prompts.render("review_answer", claims=claims), "review", ClaimReview
         )
         if result is not None and result.parsed is not None:
-            flagged = {n - 1 for n in result.parsed.unsupported if 1 <= n <= len(sentences)}
+            raw = {n - 1 for n in result.parsed.unsupported if 1 <= n <= len(sentences)}
+            overruled = {
+                i
+                for i in raw
+                if checks[i]["overlap"] >= OVERRULE_OVERLAP
+                and _negations(
+                    " ".join(by_id[q]["text"] for q in sentences[i]["ids"] if q in by_id)
+                )
+                <= _negations(sentences[i]["text"])
+            }
+            flagged = raw - overruled
         else:
             llm_ok = False
     used = {i for s in sentences for i in s["ids"] if (by_id.get(i) or {}).get("verified")}
@@ -1039,6 +1104,7 @@ def review_answer(state: EvidenceState, client: Any) -> dict:
         "score": score,
         "checks": checks,
         "llm_flagged": sorted(i + 1 for i in flagged),
+        "llm_overruled": sorted(i + 1 for i in overruled),
         "llm_check_ok": llm_ok,
         "feedback": _feedback(sentences, checks, flagged),
     }
@@ -1051,6 +1117,7 @@ def review_answer(state: EvidenceState, client: Any) -> dict:
             "unverified_ids": sum(c["cited"] and not c["ids_verified"] for c in checks),
             "low_overlap": sum(c["ids_verified"] and not c["supported"] for c in checks),
             "llm_flagged": len(flagged),
+            "llm_overruled": len(overruled),
             "llm_check_ok": llm_ok,
         }
     )
@@ -1073,13 +1140,19 @@ def composition_confidence(n_verified: int, n_used: int) -> str:
 
 @_stage("finalize")
 def finalize(state: EvidenceState, client: Any) -> dict:
-    """Drop sentences that fail the programmatic checks, render, and assemble the result."""
+    """Drop sentences that fail the programmatic checks or that the last review's LLM check
+    flagged (and was not overruled), render, and assemble the result."""
     quotes = state.get("quotes") or []
     by_id = {q["id"]: q for q in quotes}
     verified = [q for q in quotes if q["verified"]]
     review = state.get("review") or {}
     sentences = (state.get("draft") or {}).get("sentences") or []
-    kept = [s for s in sentences if check_sentence(s, by_id)["supported"]]
+    flagged = {n - 1 for n in review.get("llm_flagged") or []}
+    kept = [
+        s
+        for i, s in enumerate(sentences)
+        if check_sentence(s, by_id)["supported"] and i not in flagged
+    ]
     dropped = len(sentences) - len(kept)
     method = (state.get("draft") or {}).get("method", "model")
     if not kept:
@@ -1099,6 +1172,7 @@ def finalize(state: EvidenceState, client: Any) -> dict:
     }
     result = _result(state, answer, abstained=False, references=references, used=used)
     result["quality_score"] = review.get("score")
+    result["audit_trail"] = _audit_summary(merge_audit(state.get("audit"), audit))
     return {"result": result, "audit": audit}
 
 
@@ -1145,7 +1219,9 @@ def abstain(state: EvidenceState, client: Any) -> dict:
     result = _result(state, answer, abstained=True, references=[], used=[])
     result["missing_evidence"] = missing
     result["quality_score"] = None
-    return {"result": result, "audit": {"review": {"score": None, "revisions": 0}}}
+    audit = {"review": {"score": None, "revisions": 0}}
+    result["audit_trail"] = _audit_summary(merge_audit(state.get("audit"), audit))
+    return {"result": result, "audit": audit}
 
 
 def _result(
@@ -1228,6 +1304,9 @@ RECURSION_LIMIT = 8 + 2 * MAX_REVISIONS + 5
 
 
 def _audit_summary(audit: dict) -> dict:
+    """The audit trail with its totals (the result of the subgraph carries one without the last
+    stage's own timing; :func:`answer_from_evidence` recomputes it from the final state)."""
+    audit = dict(audit)
     stages = audit.get("stages") or {}
     audit["llm_calls"] = sum(s.get("llm_calls", 0) for s in stages.values())
     audit["seconds"] = round(sum(s.get("seconds", 0.0) for s in stages.values()), 3)

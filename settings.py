@@ -122,7 +122,7 @@ class Settings:
     # --- agent --------------------------------------------------------------------------------
     eval_confidence_threshold: float = 0.35
     """A step whose confidence is below this is 'failed' (calibrated for the default embedder)."""
-    evidence_floor: float = 0.35
+    evidence_floor: float = 0.39
     """Evidence mode: a passage whose cosine to the question is below this never reaches quote
     extraction (calibrated for the default embedder: benchmarks/bench_evidence.py floor)."""
     skip_injection_check: bool = False

@@ -1,6 +1,13 @@
 """Evidence-mode benchmarks.
 
     python benchmarks/bench_evidence.py floor     EVIDENCE_FLOOR for the default embedder
+    python benchmarks/bench_evidence.py demo [--save PATH]   evidence answers with the real LLM
+
+``demo`` indexes the starter corpus into a temporary Chroma folder, retrieves 5 passages per
+question (the question itself is the query, so ``dense_score`` is its cosine to each passage) and
+runs :func:`evidence.answer_from_evidence` with the configured LLM (the embedded model by default:
+wrap it as ``flock /tmp/legalrag-llm.lock python benchmarks/bench_evidence.py demo`` on a shared
+machine); it prints calls, seconds and the answers, and ``--save`` writes the first result.
 
 Calibration method (``floor``): evidence mode drops every passage whose cosine to the question is
 below ``EVIDENCE_FLOOR`` before quote extraction, so a question abstains at the floor when even its
@@ -242,20 +249,90 @@ def calibrate_floor(corpora: list[str] | None = None) -> dict[str, Any]:
                 f"{f:.2f}": _rates(test, f) for f in (0.20, 0.25, 0.30, 0.35, 0.40, 0.45, 0.50)
             },
         }
+        report[name]["_test_rows"] = test
         chosen = floor
     report["suggested_floor"] = chosen
+    for name in corpora:  # every corpus at the one suggested floor
+        test = report[name].pop("_test_rows")
+        report[name]["test_at_suggested_floor"] = _rates(test, chosen)
     return report
+
+
+DEMO_QUESTIONS = [
+    "What is the mailbox rule?",
+    "What are the elements of a negligence claim?",
+    "What are the requirements for an employer to sponsor an H-1B visa?",
+]
+
+
+def demo(questions: list[str], save: str | None = None) -> dict[str, Any]:
+    import tempfile
+
+    import evidence
+    import load_corpus
+    import rag_utils
+    from llm_config import LLMClient
+    from settings import Settings, set_settings
+
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = Settings.from_env(chroma_dir=str(Path(tmp) / "chroma"))
+        set_settings(settings)
+        load_corpus.ensure_starter_index(settings)
+        client = LLMClient(settings)
+        runs = []
+        for question in questions:
+            t0 = time.perf_counter()
+            docs = rag_utils.retrieve_documents(question, k=settings.retrieval_k, settings=settings)
+            retrieve_s = time.perf_counter() - t0
+            result = evidence.answer_from_evidence(client, question, docs, settings=settings)
+            result["question"] = question
+            result["retrieved"] = [
+                {k: d.get(k) for k in ("id", "title", "dense_score", "rerank_score")} for d in docs
+            ]
+            trail = result["audit_trail"]
+            runs.append(
+                {
+                    "question": question,
+                    "retrieve_s": round(retrieve_s, 2),
+                    "llm_calls": trail["llm_calls"],
+                    "seconds": trail["seconds"],
+                    "abstained": result["abstained"],
+                    "answer": result["answer"],
+                    "audit": evidence.format_audit_block(result),
+                    "result": result,
+                }
+            )
+        rag_utils.reset_caches()
+        set_settings(None)
+    if save and runs:
+        path = Path(save)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(ec.to_jsonable(runs[0]["result"]), indent=2) + "\n")
+    return {
+        "llm_provider": settings.llm_provider,
+        "evidence_floor": settings.evidence_floor,
+        "runs": [{k: v for k, v in r.items() if k != "result"} for r in runs],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["floor"])
+    parser.add_argument("what", choices=["floor", "demo"])
+    parser.add_argument("questions", nargs="*", help="demo questions (default: three)")
     parser.add_argument(
         "--starter-only", action="store_true", help="calibrate on the starter corpus only"
     )
+    parser.add_argument("--save", help="demo: write the first result (with its audit trail) here")
     args = parser.parse_args(argv)
     ec.configure_logging()
-    result = calibrate_floor(["starter"] if args.starter_only else None)
+    if args.what == "demo":
+        from settings import load_dotenv_file
+
+        load_dotenv_file()
+        result = demo(args.questions or DEMO_QUESTIONS, args.save)
+    else:
+        result = calibrate_floor(["starter"] if args.starter_only else None)
+    result = ec.to_jsonable(result)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     existing = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     existing[args.what] = result

@@ -180,6 +180,15 @@ def test_sentences_are_exact_slices_and_abbreviations_do_not_split():
     assert offered == sentences[:3]
 
 
+def test_offered_sentences_fit_the_per_passage_budget_and_skip_unquotable_ones():
+    huge = "This sentence is far too long to quote " + "and goes on " * 60 + "forever."
+    short = "A rule of ten words that a court would apply here."
+    text = " ".join([huge, *[short] * 40])
+    spans = evidence.offered_sentences(text)
+    assert text[spans[0][0] : spans[0][1]] == short  # the 190-word sentence is never offered
+    assert sum(b - a for a, b in spans) <= evidence.PASSAGE_CHARS
+
+
 @pytest.mark.parametrize(
     ("pid", "source", "expected"),
     [
@@ -264,28 +273,41 @@ def test_answer_is_composed_only_from_verified_verbatim_quotes(tmp_settings):
     assert "1 below floor 0.30" in block and "4 calls (budget 10)" in block
 
 
-def test_long_single_sentence_is_kept_whole_and_a_title_alone_is_not_a_quote(tmp_settings):
-    script = Script(
-        {
-            "evidence_extract": [pick("Negligence: the elements.")],  # the 3-word title only
-            "evidence_verify": [verdicts()],
-            "evidence_compose": [restate],
-            "evidence_review": [NO_FLAGS],
-        }
-    )
-    result = run(script, tmp_settings, passages=PASSAGES[:1], floor=0.0)
-    # the title is too short alone and the next sentence is 85 words: no 2-sentence quote fits
-    assert result["abstained"]
-    assert result["audit_trail"]["extraction"]["too_short"] == 1
-    script = Script(
-        {
-            "evidence_extract": [pick("must prove")],
-            "evidence_verify": [verdicts()],
-            "evidence_compose": [restate],
-            "evidence_review": [NO_FLAGS],
-        }
-    )
-    result = run(script, tmp_settings, passages=PASSAGES[:1], floor=0.0)
+def test_word_limits_headings_short_and_long_sentences(tmp_settings):
+    long_a = "The first rule " + "applies to a party " * 17 + "in every case."
+    long_b = "The last rule " + "binds a party " * 22 + "in full."
+    synthetic = {
+        "id": "mbe_1",
+        "title": "Rules",
+        "source": "barexam_qa:mbe",
+        "text": f"Rules of things. {long_a} Short one here. {long_b}",
+        "dense_score": 0.7,
+    }
+
+    def answer(phrase: str, passages: list[dict]) -> tuple[dict, Script]:
+        script = Script(
+            {
+                "evidence_extract": [pick(phrase)],
+                "evidence_verify": [verdicts()],
+                "evidence_compose": [restate],
+                "evidence_review": [NO_FLAGS],
+            }
+        )
+        return run(script, tmp_settings, passages=passages, floor=0.0), script
+
+    # a 3-word sentence between two long ones can take in neither: too short, nothing to quote
+    result, script = answer("Short one here.", [synthetic])
+    assert result["abstained"] and result["audit_trail"]["extraction"]["too_short"] == 1
+    # the heading is never offered
+    assert "Rules of things." not in script.calls[0][1]
+    # with a short neighbour before it, the short sentence takes it in (still whole sentences)
+    synthetic["text"] = f"A party must act in good faith in every deal. Short one here. {long_b}"
+    result, _ = answer("Short one here.", [synthetic])
+    (quote,) = result["quotes"]
+    assert quote["text"] == "A party must act in good faith in every deal. Short one here."
+    # one whole sentence over 60 words is kept whole (the elements of negligence: 85 words)
+    result, script = answer("must prove", PASSAGES[:1])
+    assert "Negligence: the elements." not in script.calls[0][1]
     (quote,) = result["quotes"]
     assert evidence.word_count(quote["text"]) > evidence.MAX_QUOTE_WORDS
     assert quote["text"].startswith("A plaintiff suing") and quote["text"].endswith("damage.")
@@ -416,7 +438,7 @@ def test_unknown_and_unverified_ids_never_reach_the_answer(tmp_settings):
                     "claim": "Res ipsa lets a plaintiff prove breach circumstantially",
                     "quotes": ["Q3"],
                 },
-                {"claim": "Nominal damages are not available in negligence", "quotes": ["2"]},
+                {"claim": "Nominal damages are not available in negligence", "quotes": [2]},
             ],
             "conflicts": [["Q1", "Q3"]],
         }
@@ -566,3 +588,135 @@ def test_worst_case_stays_within_the_stated_call_budget(tmp_settings):
     assert result["audit_trail"]["passages"]["over_cap"] == 3
     assert_every_sentence_cited(result)
     assert result["audit_trail"]["composition"]["method"] == "extractive"
+
+
+# ------------------------------------------------------------------------------------------------
+# The embedded model
+# ------------------------------------------------------------------------------------------------
+
+
+def _local_extra_installed() -> bool:
+    import importlib.util
+
+    from local_llm import LOCAL_MODELS
+
+    needed = ["xllamacpp", *LOCAL_MODELS["local"].part_modules]
+    return all(importlib.util.find_spec(m) is not None for m in needed)
+
+
+@pytest.mark.slow
+@pytest.mark.local_llm
+@pytest.mark.skipif(not _local_extra_installed(), reason='needs pip install -e ".[local]"')
+def test_embedded_model_keeps_the_evidence_invariants():
+    """Whatever the 1.5B model picks, quotes are verbatim, every sentence cites verified quotes,
+    and the run stays within the call budget."""
+    from settings import Settings
+
+    settings = Settings.from_env(env={"LLM_CACHE": "0"})  # default provider: local
+    passages = [
+        passage("starter_contracts_004", 0.62),
+        passage("starter_contracts_003", 0.45),
+        passage("starter_contracts_002", 0.41),
+    ]
+    result = evidence.answer_from_evidence(
+        LLMClient(settings), "What is the mailbox rule?", passages, floor=0.3
+    )
+    assert isinstance(result["abstained"], bool)
+    assert_quotes_verbatim(result, passages)
+    trail = result["audit_trail"]
+    assert 1 <= trail["llm_calls"] <= evidence.max_llm_calls()
+    if result["abstained"]:
+        assert result["answer"].startswith(evidence.ABSTAIN_TEXT)
+    else:
+        assert_every_sentence_cited(result)
+        assert 0 <= result["quality_score"] <= 10
+
+
+def test_a_composition_cut_off_by_the_token_budget_keeps_its_complete_points(tmp_settings):
+    cut = (
+        '{"points": [{"claim": "A plaintiff suing in negligence must prove a duty of care", '
+        '"quotes": ["Q1"]}, {"claim": "Nominal damages are not avail'
+    )
+    script = Script(
+        {
+            "evidence_extract": [pick("must prove", "Nominal damages")],
+            "evidence_verify": [verdicts()],
+            "evidence_compose": [cut],
+            "evidence_review": [NO_FLAGS],
+        }
+    )
+    result = run(script, tmp_settings)
+    first = result["answer"].splitlines()[0]
+    assert first == "A plaintiff suing in negligence must prove a duty of care [Q1]."
+    comp = result["audit_trail"]["composition"]
+    assert comp["method"] == "model" and comp["parse_failed"] and comp["salvaged_points"]
+
+
+def test_llm_flags_on_verbatim_claims_are_overruled_but_a_dropped_negation_is_not(tmp_settings):
+    compose = json.dumps(
+        {
+            "points": [
+                {
+                    "claim": "A plaintiff suing in negligence must prove a duty of care",
+                    "quotes": ["Q1"],
+                },
+                {"claim": "Nominal damages are available in negligence", "quotes": ["Q2"]},
+            ]
+        }
+    )
+    script = Script(
+        {
+            "evidence_extract": [pick("must prove", "Nominal damages")],
+            "evidence_verify": [verdicts()],
+            "evidence_compose": [compose],
+            "evidence_review": [json.dumps({"unsupported": [1, 2]})],
+        }
+    )
+    result = run(script, tmp_settings)
+    first = result["audit_trail"]["review"]["history"][0]
+    assert first["llm_overruled"] == 1 and first["llm_flagged"] == 1  # claim 2 dropped the "not"
+    assert first["score"] == 7.5 and result["revisions"] == 0
+    assert result["answer"] == "A plaintiff suing in negligence must prove a duty of care [Q1]."
+    assert result["audit_trail"]["review"]["dropped_sentences"] == 1
+
+
+def test_the_subgraph_runs_as_a_node_of_a_parent_graph_under_its_context(tmp_settings):
+    """How the research graph can embed it: a parent state with question, choices, candidates,
+    floor and result; the parent's context only needs a ``client``."""
+    from dataclasses import dataclass
+    from typing import TypedDict
+
+    from langgraph.graph import END, START, StateGraph
+
+    class Parent(TypedDict, total=False):
+        question: str
+        choices: dict | None
+        candidates: list[dict]
+        floor: float
+        result: dict
+        trace: list[str]
+
+    @dataclass
+    class ParentContext:
+        client: Any = None
+        settings: Any = None
+
+    g = StateGraph(Parent, context_schema=ParentContext)
+    g.add_node("evidence_answer", evidence.build_evidence_graph())
+    g.add_edge(START, "evidence_answer")
+    g.add_edge("evidence_answer", END)
+    script = Script(
+        {
+            "evidence_extract": [pick("must prove")],
+            "evidence_verify": [verdicts()],
+            "evidence_compose": [restate],
+            "evidence_review": [NO_FLAGS],
+        }
+    )
+    out = g.compile().invoke(
+        {"question": QUESTION, "choices": None, "candidates": PASSAGES, "floor": 0.3},
+        context=ParentContext(client=client_for(script, tmp_settings)),
+    )
+    assert set(out) == {"question", "choices", "candidates", "floor", "result"}
+    assert out["result"]["answer"].endswith("[Q1].")
+    assert out["result"]["audit_trail"]["llm_calls"] == 4
