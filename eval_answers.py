@@ -31,7 +31,7 @@ from pydantic import BaseModel, Field
 
 import eval_common as ec
 import prompts
-from evidence import ABSTAIN_TEXT, content_words, split_sentences
+from evidence import ABSTAIN_TEXT, answer_from_evidence, content_words, split_sentences
 
 logger = logging.getLogger(__name__)
 
@@ -352,7 +352,6 @@ def make_evidence_answer_fn(
     """``answer_fn`` of evidence mode over any retriever ``retrieve(question) -> passages``
     (dicts with ``dense_score`` as cosine to the question); adds ``passages`` for quote validity
     and ``llm_calls``/``seconds`` from the audit trail."""
-    from evidence import answer_from_evidence
 
     def answer(question: str) -> dict:
         passages = list(retrieve(question))

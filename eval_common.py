@@ -31,7 +31,14 @@ import numpy as np
 
 import nodes
 import rag_utils
-from llm_config import LLMClient, LLMConfigError, check_config, resolve
+from llm_config import (
+    LLMClient,
+    LLMConfigError,
+    check_config,
+    install_log_redaction,
+    redact_url,
+    resolve,
+)
 from load_corpus import STARTER_DIR, read_qa
 from mc import format_choices
 from settings import Settings, SettingsError, load_dotenv_file, set_settings
@@ -332,7 +339,6 @@ def eval_settings(env: dict[str, str] | None = None, **overrides: Any) -> Settin
 def settings_record(settings: Settings) -> dict[str, Any]:
     """Every setting except secrets (API keys) and the environment snapshot; URLs lose their
     credentials (``LLM_BASE_URL=http://user:password@host`` is recorded as ``http://***@host``)."""
-    from llm_config import redact_url
 
     out = {}
     for f in dataclasses.fields(settings):
@@ -738,6 +744,5 @@ def configure_logging(verbose: bool = False) -> None:
         "openai",
     ):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    from llm_config import install_log_redaction
 
     install_log_redaction()

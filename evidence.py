@@ -57,6 +57,8 @@ from typing import Annotated, Any, Literal, TypedDict
 from pydantic import BaseModel, Field
 
 import prompts
+from llm_config import LLMCallError, LLMClient
+from settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -355,10 +357,8 @@ class EvidenceContext:
 def _client(runtime: Any) -> Any:
     ctx = getattr(runtime, "context", None)
     client = getattr(ctx, "client", None)
-    if client is None:
-        from llm_config import LLMClient
-
-        client = LLMClient()
+    if client is None:  # a run without a context (LangGraph Studio): the environment's settings
+        client = LLMClient(Settings.from_env())
         if ctx is not None:
             with contextlib.suppress(AttributeError):  # a frozen context: use it for this call
                 ctx.client = client
@@ -400,7 +400,6 @@ def _stage(name: str) -> Callable:
 def _invoke(client: Any, messages: list, stage: str, schema: type[BaseModel]) -> Any:
     """One LLM call; a transport failure (after the client's retries) counts as an unusable reply,
     so every stage has its fail-safe path instead of an exception."""
-    from llm_config import LLMCallError
 
     try:
         return client.invoke(
@@ -1332,9 +1331,9 @@ def answer_from_evidence(
     Returns ``answer, abstained, grounded, quotes, requirement_references, quotes_used,
     composition_confidence, quality_score, revisions, missing_evidence, audit_trail``."""
     if floor is None:
-        from settings import settings_or_current
-
-        floor = float(settings_or_current(settings).evidence_floor)
+        if settings is None:
+            raise ValueError("answer_from_evidence needs floor= or settings= (EVIDENCE_FLOOR)")
+        floor = float(settings.evidence_floor)
     graph = graph or build_evidence_graph()
     state = graph.invoke(
         {

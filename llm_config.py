@@ -36,7 +36,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from settings import Settings, get_settings
+import local_llm
+from settings import Settings, load_dotenv_file, set_settings
 
 logger = logging.getLogger(__name__)
 
@@ -335,9 +336,8 @@ def deadline_after(seconds: float | None) -> float | None:
     return time.monotonic() + float(seconds)
 
 
-def resolve(role: str | None = None, settings: Settings | None = None) -> ResolvedLLM:
+def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
     """Which provider, URL, model and key ``role`` uses; raises LLMConfigError when unusable."""
-    settings = settings or get_settings()
     fast = role in FAST_ROLES
     use_fast_provider = fast and bool(settings.llm_provider_fast)
     given = settings.llm_provider_fast if use_fast_provider else settings.llm_provider
@@ -381,18 +381,16 @@ def resolve(role: str | None = None, settings: Settings | None = None) -> Resolv
     )
 
 
-def check_config(settings: Settings | None = None) -> None:
+def check_config(settings: Settings) -> None:
     """Raise LLMConfigError when any role cannot be configured: an unknown provider, a missing
     API key or model, or the embedded model's packages not installed.  Entry points call it before
     any work starts, so a configuration error costs nothing and prints one line (exit 2).  Starts
     nothing and sends no request."""
-    settings = settings or get_settings()
     checked: set[str] = set()
     for role in (None, "classify"):  # the main provider, and the fast one for the cheap roles
         cfg = resolve(role, settings)
         if cfg.local and cfg.provider not in checked:
             checked.add(cfg.provider)
-            import local_llm
 
             try:
                 local_llm.check_installed(cfg.provider)
@@ -547,18 +545,15 @@ _llm_cache: dict[tuple, Any] = {}
 _llm_lock = threading.Lock()
 
 
-def get_llm(role: str | None = None, settings: Settings | None = None) -> Any:
+def get_llm(role: str | None, settings: Settings) -> Any:
     """A cached ``ChatOpenAI`` for ``role`` (starts the embedded model when the provider is local).
 
     The client never retries by itself (max_retries=0): :class:`LLMClient` does, with backoff.
     """
-    settings = settings or get_settings()
     cfg = resolve(role, settings)
     base_url = cfg.base_url
     model = cfg.model
     if cfg.local:
-        import local_llm
-
         try:
             server = local_llm.get_local_server(cfg.provider, settings)
         except local_llm.LocalModelError as exc:
@@ -909,12 +904,12 @@ class LLMClient:
 
     def __init__(
         self,
-        settings: Settings | None = None,
+        settings: Settings,
         llm_factory: Callable[[str], Any] | None = None,
         *,
         deadline: float | None = None,
     ) -> None:
-        self.settings = settings or get_settings()
+        self.settings = settings
         self._factory = llm_factory
         self.deadline: float | None = deadline
         """Default deadline of every call (time.monotonic() value); None = none."""
@@ -935,9 +930,10 @@ class LLMClient:
         with self._lock:
             self._records.clear()
 
-    def summary(self) -> dict:
-        """:func:`usage` of the records since the last reset."""
-        return usage(self.records)
+    def summary(self, since: int = 0) -> dict:
+        """:func:`usage` of the records since the last reset, from record ``since`` on (a run's
+        first record: its context's ``record_offset``)."""
+        return usage(self.records[since:])
 
     def is_local(self, role: str) -> bool:
         """True when ``role`` talks to the embedded local model (short reply budgets)."""
@@ -1317,9 +1313,8 @@ def _result_from_message(message: Any, latency_s: float, retries: int) -> LLMRes
 # ------------------------------------------------------------------------------------------------
 
 
-def provider_rows(settings: Settings | None = None) -> list[dict]:
+def provider_rows(settings: Settings) -> list[dict]:
     """The registry as rows for display: limits and whether the key is set (never the key)."""
-    settings = settings or get_settings()
     rows = []
     for p in PROVIDERS.values():
         key = "set" if p.api_key(settings) else "missing"
@@ -1366,7 +1361,6 @@ def _fmt_limit(value: int | None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from settings import load_dotenv_file, set_settings
 
     parser = argparse.ArgumentParser(
         description="List the LLM providers (limits, whether each key is set) and the selection."

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from settings import Settings, get_settings
+from settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -176,15 +176,12 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def ensure_model(
-    name: str = "local", settings: Settings | None = None, timings: LocalTimings | None = None
-) -> Path:
+def ensure_model(name: str, settings: Settings, timings: LocalTimings | None = None) -> Path:
     """Return the path of the verified GGUF for ``name``, assembling it on first use.
 
     Safe against concurrent processes (a file lock in the model directory) and interrupted runs
     (parts are written to a temp file that is renamed only after its hash matched).
     """
-    settings = settings or get_settings()
     spec = _spec(name)
     timings = timings if timings is not None else LocalTimings()
     model_dir = Path(settings.local_model_dir).expanduser()
@@ -340,9 +337,8 @@ def _start(name: str, settings: Settings) -> LocalServer:
     )
 
 
-def get_local_server(name: str = "local", settings: Settings | None = None) -> LocalServer:
+def get_local_server(name: str, settings: Settings) -> LocalServer:
     """The running server for ``name``, started (and the model assembled) on first call."""
-    settings = settings or get_settings()
     with _lock:
         server = _servers.get(name)
         if server is None:

@@ -22,7 +22,7 @@ from langgraph.types import Command
 import mc
 import prompts
 from context import AgentContext, default_context
-from llm_config import LLMCallError, usage
+from llm_config import LLMCallError
 from prompts import CitedAnswer, CitedClaim
 from state import AgentState, Execution, PlanStep, merge_steps
 
@@ -1008,7 +1008,7 @@ def compute_metrics(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     citations = [s["execution"].get("citations") or {} for s in table if s.get("execution")]
     mc_answer = state.get("mc_answer") or {}
     return {
-        **usage(ctx.client.records[ctx.record_offset :]),
+        **ctx.client.summary(since=ctx.record_offset),
         "node_latency_s": per_node,
         "total_node_s": round(sum(per_node.values()), 3),
         "iterations": state.get("iteration_count", 0),

@@ -43,7 +43,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from settings import Settings, settings_or_current
+from settings import Settings
 
 if TYPE_CHECKING:
     import numpy as np
@@ -129,9 +129,9 @@ def verify_sha256(path: str | Path, expected: str) -> None:
     _verified_files[key] = expected
 
 
-def embedder_name(settings: Settings | None = None) -> str:
+def embedder_name(settings: Settings) -> str:
     """The name of the configured embedding model (without loading it)."""
-    model = (settings_or_current(settings).embedding_model or "default").strip()
+    model = (settings.embedding_model or "default").strip()
     return DEFAULT_MODEL_NAME if model.lower() == "default" else model
 
 
@@ -491,10 +491,10 @@ def as_langchain(embedder: Any) -> Any:
     return _LangChainEmbedder(embedder)
 
 
-def resolve_embedding_backend(settings: Settings | None = None) -> str:
+def resolve_embedding_backend(settings: Settings) -> str:
     """``onnx`` or ``torch``: what EMBEDDING_BACKEND asks for. ``auto`` is onnx for the default
     model on the CPU (the only model with an int8 export), torch otherwise."""
-    s = settings_or_current(settings)
+    s = settings
     backend = (s.embedding_backend or "auto").strip().lower()
     if backend not in EMBEDDING_BACKENDS:
         raise ModelLoadError(
@@ -514,14 +514,14 @@ def resolve_embedding_backend(settings: Settings | None = None) -> str:
 
 
 def get_embedder(
-    settings: Settings | None = None,
+    settings: Settings,
 ) -> Embedder | OnnxEmbedder | EmbeddingsAdapter:
     """The configured embedder, built once per (model, backend, device, trust_remote_code, batch
     size): a LangChain ``Embeddings`` registered under EMBEDDING_MODEL
     (:func:`register_embeddings`), else the default model through ONNX or torch, else a
     sentence-transformers model. With EMBEDDING_BACKEND=auto an ONNX export that fails falls back
     to torch (logged)."""
-    s = settings_or_current(settings)
+    s = settings
     name = embedder_name(s)
     backend = resolve_embedding_backend(s)
     asked = (s.embedding_backend or "auto").strip().lower()
@@ -582,14 +582,14 @@ def _word_spans(text: str) -> list[tuple[int, int]]:
     return [m.span() for m in re.finditer(r"\S+", text)]
 
 
-def embed_passages(texts: Sequence[str], settings: Settings | None = None) -> np.ndarray:
+def embed_passages(texts: Sequence[str], settings: Settings) -> np.ndarray:
     """Passage embeddings for the index. With PASSAGE_WINDOW_TOKENS=N a passage longer than the
     model's input is embedded as overlapping N-token windows whose normalised mean is its vector
     (one vector per passage, so the store, BM25 and confidence are unchanged); without it the
     model truncates. Measured on barexam_dev it did not help (see the README), so it is off."""
     import numpy as np
 
-    s = settings_or_current(settings)
+    s = settings
     embedder = get_embedder(s)
     window = int(s.passage_window_tokens or 0)
     if not window:
@@ -627,10 +627,10 @@ def sanitize_model_name(name: str) -> str:
     return slug
 
 
-def collection_name(settings: Settings | None = None, prefix: str = PASSAGE_PREFIX) -> str:
+def collection_name(settings: Settings, prefix: str = PASSAGE_PREFIX) -> str:
     """``passages__<model slug>`` (``-w<N>`` with passage windows) — a different embedding model
     or passage embedding never reads a stale index."""
-    s = settings_or_current(settings)
+    s = settings
     model = embedder_name(s)
     if prefix == PASSAGE_PREFIX and s.passage_window_tokens:
         model += f"-w{int(s.passage_window_tokens)}"
@@ -679,25 +679,25 @@ def _read_only_snapshot(folder: Path) -> Path:
     return copy
 
 
-def is_read_only(settings: Settings | None = None) -> bool:
+def is_read_only(settings: Settings) -> bool:
     """True when the local Chroma folder could not be written and is read from a copy: callers
     skip their writes (the memory write-back, index builds)."""
-    s = settings_or_current(settings)
+    s = settings
     get_client(s)
     return _client_key(s) in _read_only
 
 
-def require_writable(settings: Settings | None = None, what: str = "write to the index") -> None:
+def require_writable(settings: Settings, what: str = "write to the index") -> None:
     """Raise StoreError when the store is read-only (an explicit write the user asked for)."""
-    s = settings_or_current(settings)
+    s = settings
     if is_read_only(s):
         raise StoreError(f"cannot {what}: CHROMA_DIR {s.chroma_dir} is read-only")
 
 
-def get_client(settings: Settings | None = None) -> Any:
+def get_client(settings: Settings) -> Any:
     """The Chroma client: ``HttpClient`` when CHROMA_HOST is set, else ``PersistentClient`` (on a
     temporary copy when the folder is read-only, see :func:`is_read_only`)."""
-    s = settings_or_current(settings)
+    s = settings
     key = _client_key(s)
     with _lock:
         if key in _clients:
@@ -895,9 +895,9 @@ def _bm25_root(s: Settings) -> Path:
     return Path(s.chroma_dir).expanduser().resolve() / "bm25"
 
 
-def get_store(settings: Settings | None = None) -> PassageStore:
+def get_store(settings: Settings) -> PassageStore:
     """The passage collection for the configured embedding model (created when missing)."""
-    s = settings_or_current(settings)
+    s = settings
     name = collection_name(s)
     key = (_client_key(s), name)
     with _lock:
@@ -1029,10 +1029,10 @@ class Bm25Index:
         return [(self.ids[i], float(sc[i])) for i in idx if sc[i] > 0]
 
 
-def get_bm25(settings: Settings | None = None, store: PassageStore | None = None) -> Bm25Index:
+def get_bm25(settings: Settings, store: PassageStore | None = None) -> Bm25Index:
     """The BM25 index of the passage collection: loaded from disk when its passage count still
     matches the collection's, else rebuilt from the store's texts and saved."""
-    s = settings_or_current(settings)
+    s = settings
     store = store or get_store(s)
     count = store.count()
     key = (_client_key(s), store.name)
@@ -1065,9 +1065,9 @@ def get_bm25(settings: Settings | None = None, store: PassageStore | None = None
 # ------------------------------------------------------------------------------------------------
 
 
-def get_cross_encoder(settings: Settings | None = None, local_only: bool = False) -> Any:
+def get_cross_encoder(settings: Settings, local_only: bool = False) -> Any:
     """The sentence-transformers CrossEncoder of RERANKER_MODEL (a hub name or a local path)."""
-    s = settings_or_current(settings)
+    s = settings
     name = s.reranker_model
     key = (name, s.embedding_device)
     with _lock:
@@ -1102,10 +1102,10 @@ def get_cross_encoder(settings: Settings | None = None, local_only: bool = False
         return model
 
 
-def resolve_reranker(name: str | None = None, settings: Settings | None = None) -> str:
+def resolve_reranker(name: str | None, settings: Settings) -> str:
     """The reranker actually used: ``auto`` becomes cross-encoder when RERANKER_MODEL loads
     offline, else hybrid (logged once per model)."""
-    s = settings_or_current(settings)
+    s = settings
     name = (name or s.reranker or "auto").strip().lower()
     if name not in RERANKERS:
         raise ValueError(f"unknown reranker {name!r}: use one of {', '.join(RERANKERS)}")
@@ -1220,7 +1220,7 @@ def retrieve_documents_multi_query(
     exclude_ids: Iterable[str] = (),
     *,
     reranker: str | None = None,
-    settings: Settings | None = None,
+    settings: Settings,
 ) -> list[dict[str, Any]]:
     """Top ``k`` passages for ``queries`` (the first is primary).
 
@@ -1231,7 +1231,7 @@ def retrieve_documents_multi_query(
     better) and ``rank`` (1-based); ``metadata['reranker']`` names the reranker used."""
     import numpy as np
 
-    s = settings_or_current(settings)
+    s = settings
     queries = [q for q in (str(q).strip() for q in queries) if q]
     if not queries or k <= 0:
         return []
@@ -1295,9 +1295,7 @@ def retrieve_documents(
     return retrieve_documents_multi_query([query], k=k, exclude_ids=exclude_ids, **kw)
 
 
-def compute_confidence(
-    query: str, docs: Sequence[dict[str, Any]], settings: Settings | None = None
-) -> float:
+def compute_confidence(query: str, docs: Sequence[dict[str, Any]], settings: Settings) -> float:
     """Mean cosine similarity of ``query`` to ``docs`` (0.0 for no docs).
 
     Passage embeddings come from the store by id; docs not in the store are embedded from text."""
@@ -1305,7 +1303,7 @@ def compute_confidence(
 
     if not docs:
         return 0.0
-    s = settings_or_current(settings)
+    s = settings
     embedder = get_embedder(s)
     q = embedder.embed_query(query)
     ids = [str(d.get("id", "")) for d in docs]
@@ -1340,15 +1338,15 @@ def _memory_id(question: str, scope: Mapping[str, str] | None = None) -> str:
     return hashlib.sha1(key.encode()).hexdigest()
 
 
-def memory_count(settings: Settings | None = None) -> int:
+def memory_count(settings: Settings) -> int:
     """QA-memory entries stored for the current embedding model."""
-    return int(_memory_collection(settings_or_current(settings)).count())
+    return int(_memory_collection(settings).count())
 
 
-def corpus_fingerprint(settings: Settings | None = None) -> str:
+def corpus_fingerprint(settings: Settings) -> str:
     """What identifies the corpus an answer was researched in: the passage collection (it names
     the embedding model) and its passage count."""
-    s = settings_or_current(settings)
+    s = settings
     return f"{collection_name(s)}:{corpus_count(s)}"
 
 
@@ -1362,15 +1360,15 @@ def _scope_filter(scope: Mapping[str, str] | None) -> dict[str, Any] | None:
 def check_memory(
     question: str,
     threshold: float | None = None,
-    settings: Settings | None = None,
     *,
+    settings: Settings,
     scope: Mapping[str, str] | None = None,
 ) -> dict[str, Any] | None:
     """The stored answer of the most similar earlier question when its cosine similarity is at
     least ``threshold`` (default MEMORY_THRESHOLD): keys question, answer, confidence, similarity,
     timestamp, sources. None otherwise.  With ``scope`` (provider, model, embedding model, corpus:
     ``context.memory_scope``) only entries written under exactly that scope are considered."""
-    s = settings_or_current(settings)
+    s = settings
     threshold = s.memory_threshold if threshold is None else threshold
     col = _memory_collection(s)
     if col.count() == 0:
@@ -1410,7 +1408,7 @@ def write_to_memory(
     question: str,
     answer: str,
     confidence: float,
-    settings: Settings | None = None,
+    settings: Settings,
     *,
     sources: Sequence[dict[str, Any]] = (),
     scope: Mapping[str, str] | None = None,
@@ -1418,7 +1416,7 @@ def write_to_memory(
     """Store (or replace) the answer to ``question`` with an ISO-8601 UTC timestamp, the passages
     its citations name (``sources``: dicts with id, title, source, text, ref) and the ``scope`` it
     is valid under (one entry per question and scope)."""
-    s = settings_or_current(settings)
+    s = settings
     if is_read_only(s):
         logger.info("QA memory not written: CHROMA_DIR %s is read-only", s.chroma_dir)
         return
@@ -1452,9 +1450,9 @@ def write_to_memory(
     )
 
 
-def clear_memory(settings: Settings | None = None) -> int:
+def clear_memory(settings: Settings) -> int:
     """Delete every QA-memory entry of the current embedding model; returns how many there were."""
-    s = settings_or_current(settings)
+    s = settings
     require_writable(s, "clear the QA memory")
     col = _memory_collection(s)
     n = int(col.count())
