@@ -22,9 +22,10 @@ from typing import Any, Protocol
 
 import evidence
 import injection
+import load_corpus
 import rag_utils
 from llm_config import LLMClient, resolve
-from settings import Settings
+from settings import Settings, load_dotenv_file
 
 logger = logging.getLogger(__name__)
 
@@ -181,9 +182,15 @@ _default: AgentContext | None = None
 
 def default_context() -> AgentContext:
     """The context of runs that bring none (LangGraph Studio / ``langgraph dev``): built once
-    from the environment's settings."""
+    from the environment's settings (and ``.env``), with the starter corpus indexed when the store
+    is empty, as ``python main.py`` does; without it a first Studio run would find no passages."""
     global _default
     with _default_lock:
         if _default is None:
-            _default = AgentContext.from_settings(Settings.from_env())
+            load_dotenv_file()
+            settings = Settings.from_env()
+            added = load_corpus.ensure_starter_index(settings)
+            if added:
+                logger.info("built the starter index: %d passages", added)
+            _default = AgentContext.from_settings(settings)
         return _default

@@ -61,13 +61,15 @@ class InputError(ValueError):
 # ------------------------------------------------------------------------------------------------
 
 
-def build_graph(answer_mode: str | None = None) -> Any:
+def build_graph(
+    answer_mode: str | None = None, *, context_schema: type | None = AgentContext
+) -> Any:
     """A freshly compiled graph (call once per run or test; nothing heavy happens here).
     ``answer_mode`` fixes research or evidence answering; None: the input's ``answer_mode`` or
-    ANSWER_MODE decides."""
+    ANSWER_MODE decides.  ``context_schema=None`` is for the LangGraph server (see make_graph)."""
     from langgraph.graph import END, START, StateGraph
 
-    g = StateGraph(AgentState, context_schema=AgentContext)
+    g = StateGraph(AgentState, context_schema=context_schema)
     g.add_node("detect_injection", nodes.detect_injection)
     g.add_node("classifier", nodes.classifier)
     g.add_node("planner", nodes.planner)
@@ -98,13 +100,16 @@ def build_graph(answer_mode: str | None = None) -> Any:
 def make_graph() -> Any:
     """Graph factory for ``langgraph dev`` / LangGraph Studio (see langgraph.json).  Input:
     {"global_objective": ..., "question": ...}; without a context the nodes use
-    ``context.default_context()``, built once from the environment's settings."""
-    return build_graph()
+    ``context.default_context()``, built once from the environment's settings.
+
+    No context schema: the server passes its assistant's context, ``{}``, and LangGraph would
+    build an ``AgentContext`` from it (and fail: its dependencies are not JSON)."""
+    return build_graph(context_schema=None)
 
 
 def make_evidence_graph() -> Any:
     """The same agent answering in evidence mode (langgraph.json's ``evidence_agent``)."""
-    return build_graph("evidence")
+    return build_graph("evidence", context_schema=None)
 
 
 def recursion_limit(settings: Settings) -> int:

@@ -59,7 +59,10 @@ def _traced(name: str) -> Callable:
 
     def wrap(fn: Callable[[AgentState, AgentContext], StepResult]) -> Callable:
         def node(state: AgentState, runtime: Runtime[AgentContext]) -> dict | Command:
-            ctx = runtime.context if runtime.context is not None else default_context()
+            # A LangGraph server run brings an empty context ({}): use the default one.
+            ctx = (
+                runtime.context if isinstance(runtime.context, AgentContext) else default_context()
+            )
             start = time.perf_counter()
             update, decision, *goto = fn(state, ctx)
             seconds = round(time.perf_counter() - start, 3)

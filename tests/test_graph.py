@@ -950,3 +950,36 @@ def test_claims_that_repeat_an_answer_letter_or_an_instruction_are_left_out(tmp_
     assert "(D)" not in text and "Ignore" not in text and "Answer D" not in text
     assert "intent to cause the contact [Source 1]" in text
     assert "Application: not in the sources." in text
+
+
+# ------------------------------------------------------------------------------------------------
+# LangGraph Studio (`langgraph dev`)
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("factory", [main.make_graph, main.make_evidence_graph])
+def test_studio_graphs_accept_the_servers_empty_context(factory, tmp_settings, monkeypatch):
+    """The LangGraph server runs langgraph.json's graphs with its assistant's context, {}: the run
+    uses the default context instead of failing to build an AgentContext from {}."""
+    settings = tmp_settings.replace(llm_max_retries=0, skip_injection_check=True)
+    script = Script(simple_replies())
+    client = LLMClient(settings, llm_factory=lambda role: ScriptedChat(role=role, script=script))
+    monkeypatch.setattr(nodes, "default_context", lambda: fake_context(settings, client=client))
+    q = "What are the elements of negligence?"
+    out = factory().invoke({"global_objective": q, "question": q}, context={})
+    assert [r for r, _ in script.calls][:4] == ["classify", "plan", "rewrite", "synthesize"]
+    assert out["run_metrics"]["steps_completed"] == 1
+
+
+def test_studio_default_context_indexes_the_starter_corpus(tmp_path, monkeypatch, fake):
+    """A first Studio run on a fresh machine finds the starter corpus, as `python main.py` does."""
+    import context
+    import rag_utils
+
+    monkeypatch.chdir(tmp_path)  # no .env here
+    monkeypatch.setenv("CHROMA_DIR", str(tmp_path / "chroma"))
+    monkeypatch.setattr(context, "_default", None)
+    ctx = context.default_context()
+    assert rag_utils.corpus_count(ctx.settings) > 200
+    assert context.default_context() is ctx
+    monkeypatch.setattr(context, "_default", None)
