@@ -88,8 +88,9 @@ MIN_SUPPORT_OVERLAP = 0.5
 """Share of a sentence's content words that must occur in the quotes it cites."""
 OVERRULE_OVERLAP = 0.9
 """An LLM "unsupported" flag on a sentence that shares at least this share of its content words
-with its quotes, and keeps every negation they contain, is overruled and recorded: the embedded
-1.5B model flagged every claim of near-verbatim answers, which only wasted two revisions."""
+with one sentence of its quotes, and keeps every negation of that sentence, is overruled and
+recorded: the embedded 1.5B model flagged every claim of near-verbatim answers, which wasted two
+revisions and had finalize drop correct sentences."""
 MIN_SENTENCE_WORDS = 4
 """A rendered sentence shorter than this (a heading the composer copied) is left out when its
 claim has other sentences."""
@@ -1032,6 +1033,25 @@ def check_sentence(sentence: dict, quotes_by_id: Mapping[str, dict]) -> dict:
     }
 
 
+def restates_a_quote_sentence(sentence: dict, quotes_by_id: Mapping[str, dict]) -> bool:
+    """Whether one sentence of the cited quotes holds at least OVERRULE_OVERLAP of the sentence's
+    content words and no negation the sentence lacks: the sentence restates that quote sentence,
+    so an LLM "unsupported" flag on it is overruled."""
+    words = content_words(sentence["text"])
+    if not words:
+        return False
+    negations = _negations(sentence["text"])
+    for qid in sentence.get("ids") or []:
+        quote = quotes_by_id.get(qid)
+        if not quote or not quote.get("verified"):
+            continue
+        for part in split_sentences(quote["text"]):
+            covered = len(words & content_words(part)) / len(words)
+            if covered >= OVERRULE_OVERLAP and _negations(part) <= negations:
+                return True
+    return False
+
+
 def quality_score(
     checks: Sequence[dict], llm_flagged: set[int], n_used: int, n_verified: int
 ) -> float:
@@ -1084,15 +1104,7 @@ def review_answer(state: EvidenceState, client: Any) -> dict:
         )
         if result is not None and result.parsed is not None:
             raw = {n - 1 for n in result.parsed.unsupported if 1 <= n <= len(sentences)}
-            overruled = {
-                i
-                for i in raw
-                if checks[i]["overlap"] >= OVERRULE_OVERLAP
-                and _negations(
-                    " ".join(by_id[q]["text"] for q in sentences[i]["ids"] if q in by_id)
-                )
-                <= _negations(sentences[i]["text"])
-            }
+            overruled = {i for i in raw if restates_a_quote_sentence(sentences[i], by_id)}
             flagged = raw - overruled
         else:
             llm_ok = False

@@ -720,3 +720,21 @@ def test_the_subgraph_runs_as_a_node_of_a_parent_graph_under_its_context(tmp_set
     assert set(out) == {"question", "choices", "candidates", "floor", "result"}
     assert out["result"]["answer"].endswith("[Q1].")
     assert out["result"]["audit_trail"]["llm_calls"] == 4
+
+
+def test_a_sentence_restating_one_quote_sentence_is_overruled_even_if_another_has_a_negation():
+    quotes = {
+        "Q2": {
+            "id": "Q2",
+            "verified": True,
+            "text": "If the offeree sends a rejection first, whichever arrives first controls. "
+            "The rule does not apply to option contracts.",
+        }
+    }
+    restated = {
+        "text": "If the offeree sends a rejection first, whichever arrives first controls",
+        "ids": ["Q2"],
+    }
+    flipped = {"text": "The rule does apply to option contracts", "ids": ["Q2"]}
+    assert evidence.restates_a_quote_sentence(restated, quotes)
+    assert not evidence.restates_a_quote_sentence(flipped, quotes)
