@@ -507,7 +507,7 @@ def decoded_payloads(text: str) -> list[str]:
     for m in _UNICODE_ESC.finditer(text):
         out.append("".join(chr(int(h, 16)) for h in re.findall(r"\\u([0-9a-fA-F]{4})", m.group(0))))
     for m in _PERCENT.finditer(text):
-        got = _printable_text(urllib.parse.unquote_to_bytes(re.sub(r"\s", "", m.group(0))))
+        got = _printable_text(urllib.parse.unquote_to_bytes(m.group(0).strip()))
         if got:
             out.append(got)
     return out
