@@ -398,7 +398,7 @@ PASSAGE_PATTERNS: dict[str, re.Pattern[str]] = _compile(
             r"|\b(?:ignore|disregard|forget)\s+(?:all\s+(?:of\s+)?)?your\s+(?:previous\s+|prior\s+|"
             r"earlier\s+|original\s+|initial\s+)?(?:instructions|prompts?|programming)\b"
         ),
-        "answer_declaration": (
+        "forced_answer": (
             r"\b(?:the\s+)?(?:correct|right|best|proper|only\s+correct)\s+(?:answer|choice|option|"
             r"response)\s+(?:to\s+(?:this|the|any|that|every)\s+(?:[\w-]+\s+){0,4})?(?:is|will\s+"
             r"be|must\s+be|should\s+be|=)\s*:?\s*(?:always\s+)?(?:option\s+|choice\s+|letter\s+)?"
@@ -574,6 +574,10 @@ def _passage_matches(text: str) -> list[str]:
                 hits.append(name)
                 break
     return hits
+
+
+prescreen_injection = screen_user_input
+"""The name the agent used before this module existed."""
 
 
 def screen_passage(text: str) -> list[str]:

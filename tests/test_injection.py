@@ -226,7 +226,7 @@ def test_split_flagged_drops_planted_passages_and_names_the_patterns():
     clean, flagged = injection.split_flagged(docs)
     assert [d["id"] for d in clean] == ["a"]
     assert [d["id"] for d in flagged] == ["b"]
-    assert {"addresses_ai", "answer_declaration"} <= set(flagged[0]["injection_flags"])
+    assert {"addresses_ai", "forced_answer"} <= set(flagged[0]["injection_flags"])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -436,7 +436,7 @@ def test_loading_flags_planted_passages_in_metadata_warns_once_and_status_counts
         p["id"]: p["metadata"] for p in rag_utils.get_store(tmp_settings).get(["good1", "bad1"])
     }
     assert stored["good1"]["injection_flags"] == ""
-    assert "answer_declaration" in stored["bad1"]["injection_flags"].split(",")
+    assert "forced_answer" in stored["bad1"]["injection_flags"].split(",")
     capsys.readouterr()
     assert load_corpus.main(["status", "--json", *chroma]) == 0
     info = json.loads(capsys.readouterr().out)
