@@ -618,11 +618,20 @@ def split_flagged(docs: Iterable[Mapping[str, Any]]) -> tuple[list[dict], list[d
 # ------------------------------------------------------------------------------------------------
 
 _CONTROL_CUES = re.compile(
-    r"\b(you|your|yourself|assistant|ai|chatbot|bot|model|llm|gpt|prompt|instructions?|ignore|"
-    r"disregard|forget|override|pretend|role-?play|persona|act as|from now on|respond|reply|print|"
-    r"reveal|say|write|output|answer|select|choose|pick|jailbreak|mode|decode|base64|rot13|hex)\b",
+    r"\b(?:you|your|yours|yourself|u|ur|from\s+now\s+on|persona|jailbreak|base64|rot13|decode)\b"
+    rf"|{_START}(?:ignore|disregard|forget|override|bypass|pretend|role-?play|act\s+as|respond|"
+    r"reply|print|reveal|say|write|output|answer|select|choose|pick|repeat|tell|show|list|give|"
+    r"stop|never|always|only|do\s+not|don'?t|conclude|mark|append|include|treat|end|activate|"
+    r"enable|enter|switch|read|obey|follow|execute|translate|evaluate|process|cite|invent|"
+    r"fabricate|make\s+up)\b"
+    rf"|\b(?:to|for|dear|hey|attention)\s+(?:the\s+|any\s+|this\s+|whatever\s+)?{_AI}\b"
+    rf"|\b{_AI}\s+(?:must|should|will|shall|is\s+to|needs?\s+to|has\s+to|may\s+not|cannot)\b",
     _I,
 )
+"""What an instruction to the assistant needs: the second person, an imperative at the start of a
+clause, an AI as addressee ("note to the AI", "the assistant must"), or words of persona and
+encoding tricks.  Third-person mentions ("a company's chatbot",
+"prompt injection", "jury instructions") are subject matter, not an address."""
 _FABRICATION_CUES = re.compile(
     r"\b(?:fake|fabricat\w*|made[-\s]?up|make\s+(?:\w+\s+)?up|invent\w*|fictitious|fictional|"
     r"non-?existent|imaginary|bogus|phony)\b[^.\n]{0,60}\b(?:cases?|citations?|cites|"
