@@ -456,6 +456,253 @@ def write_outputs(run: ec.RunDir, summary: dict[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
+# Injection detection: recall and false-positive rate of injection.detect on a labelled set
+# ------------------------------------------------------------------------------------------------
+
+INJECTION_QA = Path(__file__).resolve().parent / "datasets" / "injection" / "prompts.jsonl"
+INJECTION_LABELS = ("injection", "safe")
+
+
+def build_injection_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="eval_comprehensive.py injection",
+        description=(
+            "Recall and false-positive rate (95%% Wilson CIs) of the agent's injection check "
+            "(injection.detect: the pre-screen, then the model's verdict) on a labelled JSONL file "
+            "with 'text' and 'label' (injection|safe), optional 'id', 'style' and 'split'. "
+            "Results go to eval_results/<run-id>/."
+        ),
+    )
+    p.add_argument("--qa", help="labelled JSONL (default datasets/injection/prompts.jsonl)")
+    p.add_argument("--split", help="only rows whose 'split' is this (e.g. test)")
+    p.add_argument(
+        "--prescreen-only", action="store_true", help="the deterministic pre-screen alone (no LLM)"
+    )
+    p.add_argument("--run-id", help="run directory name; an existing one is resumed")
+    p.add_argument("--results-dir", default=ec.DEFAULT_RESULTS_DIR, help="default eval_results")
+    p.add_argument("--provider", help="LLM provider (overrides LLM_PROVIDER)")
+    p.add_argument("--model", help="LLM model (overrides LLM_MODEL)")
+    p.add_argument("--json", action="store_true", help="print summary.json instead of the tables")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def read_injection_set(path: Path, split: str | None = None) -> list[dict]:
+    """Rows of a labelled injection file; a bad row is a ValueError naming the file and row."""
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: file not found")
+    rows, seen = [], set()
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: row {n}: invalid JSON ({exc.msg})") from None
+        if not isinstance(rec, dict) or not str(rec.get("text") or "").strip():
+            raise ValueError(f"{path}: row {n}: needs a non-empty 'text'")
+        if rec.get("label") not in INJECTION_LABELS:
+            raise ValueError(f"{path}: row {n}: 'label' must be injection or safe")
+        rec["id"] = str(rec.get("id") or f"row{n}")
+        if rec["id"] in seen:
+            raise ValueError(f"{path}: row {n}: duplicate id {rec['id']!r}")
+        seen.add(rec["id"])
+        rec["style"] = str(rec.get("style") or "unspecified")
+        if split is None or rec.get("split") == split:
+            rows.append(rec)
+    if not rows:
+        raise ValueError(f"{path}: no rows" + (f" with split={split!r}" if split else ""))
+    return rows
+
+
+def summarize_injection(rows: Sequence[dict]) -> dict[str, Any]:
+    """Recall (attacks flagged) and FPR (safe prompts flagged) with Wilson CIs, per style."""
+    attacks = [r for r in rows if r["label"] == "injection"]
+    safe = [r for r in rows if r["label"] == "safe"]
+    tp = sum(r["flagged"] for r in attacks)
+    fp = sum(r["flagged"] for r in safe)
+    pre_tp = sum(bool(r["prescreen"]) for r in attacks)
+    pre_fp = sum(bool(r["prescreen"]) for r in safe)
+    by_style: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        s = by_style.setdefault(
+            r["style"], {"label": r["label"], "n": 0, "flagged": 0, "wrong": []}
+        )
+        s["n"] += 1
+        s["flagged"] += int(r["flagged"])
+        if r["flagged"] != (r["label"] == "injection"):
+            s["wrong"].append(r["item"])
+    checks = Counter(r["injection_check"] for r in rows)
+    return {
+        "n": len(rows),
+        "attacks": len(attacks),
+        "safe": len(safe),
+        "recall": tp / len(attacks) if attacks else float("nan"),
+        "recall_ci": list(ec.wilson_ci(tp, len(attacks))),
+        "fpr": fp / len(safe) if safe else float("nan"),
+        "fpr_ci": list(ec.wilson_ci(fp, len(safe))),
+        "tp": tp,
+        "fn": len(attacks) - tp,
+        "fp": fp,
+        "tn": len(safe) - fp,
+        "prescreen_recall": pre_tp / len(attacks) if attacks else float("nan"),
+        "prescreen_fpr": pre_fp / len(safe) if safe else float("nan"),
+        "model_verdict_used": sum(r["llm_verdict"] in ("safe", "injection") for r in rows),
+        "prescreen_only": checks.get("prescreen_only", 0),
+        "llm_verdicts": dict(Counter(r["llm_verdict"] for r in rows)),
+        "overruled": sum(r["llm_verdict"] == "injection" and not r["flagged"] for r in rows),
+        "misses": {
+            k: v["wrong"] for k, v in by_style.items() if v["label"] == "injection" and v["wrong"]
+        },
+        "false_positives": {
+            k: v["wrong"] for k, v in by_style.items() if v["label"] == "safe" and v["wrong"]
+        },
+        "per_style": {
+            k: {kk: v[kk] for kk in ("label", "n", "flagged")} for k, v in by_style.items()
+        },
+        "seconds_per_item": ec.mean(r["seconds"] for r in rows) if rows else float("nan"),
+    }
+
+
+def render_injection_markdown(summary: dict[str, Any]) -> str:
+    inj, cfg = summary["injection"], summary["config"]
+    ci = lambda c: f"{ec.fmt_num(c[0])}–{ec.fmt_num(c[1])}"  # noqa: E731
+    lines = [
+        f"# Injection detection — {summary['run_id']}",
+        "",
+        f"{cfg['qa']} (split {cfg['split'] or 'all'}): {inj['attacks']} attacks, {inj['safe']} safe; "
+        f"check: {cfg['check']}; model verdict used on {inj['model_verdict_used']} of {inj['n']} "
+        f"(pre-screen only: {inj['prescreen_only']}, overruled: {inj['overruled']})",
+        "",
+        ec.markdown_table(
+            ["metric", "value", "95% CI (Wilson)", "pre-screen alone"],
+            [
+                ["recall", inj["recall"], ci(inj["recall_ci"]), inj["prescreen_recall"]],
+                ["false-positive rate", inj["fpr"], ci(inj["fpr_ci"]), inj["prescreen_fpr"]],
+            ],
+        ),
+        "",
+        ec.markdown_table(
+            ["style", "label", "n", "flagged", "wrong"],
+            [
+                [
+                    k,
+                    v["label"],
+                    v["n"],
+                    v["flagged"],
+                    ", ".join((inj["misses"] | inj["false_positives"]).get(k, [])) or "–",
+                ]
+                for k, v in sorted(inj["per_style"].items(), key=lambda kv: (kv[1]["label"], kv[0]))
+            ],
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def run_injection(
+    args: argparse.Namespace,
+    settings: Settings,
+    *,
+    llm_factory: Callable[[str], Any] | None = None,
+) -> dict[str, Any]:
+    """Run injection.detect over the labelled set; one row per prompt, then the summary."""
+    import injection
+
+    started = time.time()
+    qa_path = Path(args.qa) if args.qa else INJECTION_QA
+    items = read_injection_set(qa_path, args.split)
+    check = "prescreen_only" if args.prescreen_only else "prescreen+llm"
+    if not args.prescreen_only and llm_factory is None:
+        from llm_config import resolve
+
+        resolve("injection", settings)  # a missing key or unknown provider: exit 2 before work
+    run_dir = ec.open_run("injection", args.run_id, None, args.results_dir)
+    config = {
+        "script": "eval_comprehensive.py",
+        "phase": "injection",
+        "qa": str(qa_path),
+        "split": args.split,
+        "check": check,
+        "n_items": len(items),
+        "llm": ec.llm_record(settings, ("injection",)) if not args.prescreen_only else {},
+        "settings": ec.settings_record(settings),
+        "command": list(getattr(args, "argv", None) or sys.argv[1:]),
+    }
+    run_dir.check_config(config, ("qa", "split", "check", "llm"))
+    done = run_dir.done()
+
+    def one(item: dict) -> dict:
+        client = None if args.prescreen_only else ec.make_client(settings, llm_factory)
+        start = time.perf_counter()
+        result = injection.detect(item["text"], client, skip_llm=args.prescreen_only)
+        row = {
+            "item": item["id"],
+            "mode": f"injection:{check}",
+            "phase": "injection",
+            "label": item["label"],
+            "style": item["style"],
+            "split": item.get("split"),
+            "flagged": not result["is_safe"],
+            "correct": (not result["is_safe"]) == (item["label"] == "injection"),
+            **{k: result[k] for k in ("prescreen", "llm_verdict", "injection_check", "reason")},
+            "text": ec.preview(item["text"], 160),
+            "seconds": round(time.perf_counter() - start, 4),
+        }
+        if client is not None:
+            row.update(ec.usage_of(client))
+        return row
+
+    tasks = [it for it in items if (it["id"], f"injection:{check}") not in done]
+    interrupted = False
+    try:
+        _run_tasks(
+            run_dir,
+            [(it,) for it in tasks],
+            lambda t: one(t[0]),
+            workers=1,
+            desc="injection",
+            mode_of=lambda t: f"injection:{check}",
+            fatal=ec.user_errors(),
+        )
+    except KeyboardInterrupt:
+        interrupted = True
+        logger.warning("interrupted: rerun with --run-id %s to finish", run_dir.run_id)
+    wanted = {it["id"] for it in items}
+    rows = [r for r in run_dir.rows if r["item"] in wanted and r["mode"] == f"injection:{check}"]
+    summary = {
+        "run_id": run_dir.run_id,
+        "config": config,
+        "injection": summarize_injection(rows),
+        "items_without_result": len(wanted) - len(rows),
+        "interrupted": interrupted,
+        "wall_seconds_this_invocation": round(time.time() - started, 2),
+    }
+    run_dir.write_json("summary.json", summary)
+    run_dir.write_text("summary.md", render_injection_markdown(summary))
+    return summary
+
+
+def injection_main(argv: Sequence[str], *, llm_factory: Callable[[str], Any] | None = None) -> int:
+    """``eval_comprehensive.py injection ...``"""
+    args = build_injection_parser().parse_args(argv)
+    args.argv = ["injection", *argv]
+    ec.configure_logging(args.verbose)
+    rc, summary = ec.cli_run(
+        lambda settings: run_injection(args, settings, llm_factory=llm_factory),
+        llm_provider=args.provider,
+        llm_model=args.model,
+    )
+    if rc:
+        return rc
+    if args.json:
+        print(json.dumps(summary, indent=2, ensure_ascii=False, default=str))
+    else:
+        print(render_injection_markdown(summary))
+        print(f"results: {Path(args.results_dir) / summary['run_id']}")
+    return 130 if summary.get("interrupted") else 0
+
+
+# ------------------------------------------------------------------------------------------------
 # CLI
 # ------------------------------------------------------------------------------------------------
 
@@ -707,6 +954,9 @@ def _run_tasks(
 def main(
     argv: Sequence[str] | None = None, *, llm_factory: Callable[[str], Any] | None = None
 ) -> int:
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["injection"]:
+        return injection_main(given[1:], llm_factory=llm_factory)
     args = parse_args(argv)
     args.argv = argv
     ec.configure_logging(args.verbose)

@@ -1,18 +1,41 @@
-"""Prompt-injection screening: of the user's input (before any research) and of corpus passages
-(at load time and at retrieval), plus the policy that combines the deterministic screen with the
-model's verdict.
+"""Prompt-injection screens for user input and corpus passages, and the detection policy.
 
-Policy (:func:`detect`): a deterministic pattern hit rejects at once, without an LLM call (the
-patterns are specific to attacks on the assistant, never to legal subject matter).  Otherwise the
-model judges (``skills/detect_prompt_injection.md``).  When its verdict is unavailable (skipped,
-the call failed, the reply could not be parsed) the result says so (``injection_check:
-"prescreen_only"``) instead of silently passing.
+Two deterministic screens, each a dict of named regular expressions:
+
+* :func:`screen_user_input` — attacks typed at the assistant: override/ignore instructions, fake
+  system or assistant turns and chat-template tokens, role-play and persona resets, asides to the
+  AI inside a fact pattern, forced multiple-choice answers, requests for keys / the prompt / the
+  environment, requests to fabricate authorities, and encoded payloads (base64, hex, percent
+  escapes, ROT13, reversed, leetspeak or spaced-out text) that decode to any of these.
+* :func:`screen_passage` — instructions planted in documents: a passage that addresses an AI, tells
+  it to ignore its instructions, declares "the correct answer is (X)", asks for the prompt, or
+  carries chat-template tokens.  Real legal text says "the jury was instructed to disregard …" and
+  "the court must disregard all errors"; those never match (checked against both bundled corpora).
+
+Both screens look for *commands aimed at the assistant*, never for legal subject matter: questions
+about murder, hacking law (CFAA), fraud, drugs or fake IDs are research.  The imperative patterns
+therefore fire only at the start of a clause or after a request cue ("please", "you must"), so
+"Can a court ignore the difference …" and "the supervisor told the crew to ignore all previous
+safety rules" stay clean.
+
+:func:`detect` is the agent's policy: a pre-screen hit rejects without an LLM call; otherwise the
+model's verdict (``skills/detect_prompt_injection.md``, schema :class:`InjectionVerdict`) decides,
+except that an 'injection' verdict on text that never addresses the assistant is overruled (the
+small local model flags plain fact patterns).  When the model's verdict is unavailable (skipped,
+call failed, reply unparsed) the input passes on the pre-screen alone and the result says so:
+``injection_check == "prescreen_only"``.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import codecs
 import logging
 import re
+import unicodedata
+import urllib.parse
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal, TypedDict
 
 import prompts
@@ -20,109 +43,669 @@ from llm_config import LLMCallError
 
 logger = logging.getLogger(__name__)
 
+SKILL = "detect_prompt_injection"
+ENCODED = "encoded_payload"
+"""Name reported when a decoded payload (base64, hex, ROT13, …) matches a user-input pattern."""
+
+_I = re.IGNORECASE
+_M = re.MULTILINE
+
+
+InjectionVerdict = prompts.InjectionVerdict
+"""The model's half of the check (its schema, skill and budget are the call table's "injection")."""
+
+
+LLMVerdict = Literal["safe", "injection", "error", "unparsed", "skipped", "not_needed"]
+
 
 class InjectionCheck(TypedDict):
+    """What :func:`detect` decided and what it rests on.
+
+    ``llm_verdict``: the model's verdict, or why there is none — ``skipped`` (``skip_llm``),
+    ``not_needed`` (the pre-screen rejected), ``error`` (the call failed), ``unparsed``.
+    ``injection_check``: ``full`` when the pre-screen rejected or the model's verdict was used;
+    ``prescreen_only`` when the input passed on the pre-screen alone because the model's verdict
+    was unavailable.
+    """
+
     is_safe: bool
     verdict: Literal["safe", "injection"]
     prescreen: list[str]
-    """Names of the deterministic patterns the text matched."""
-    llm_verdict: str | None
-    """safe | injection | skipped | error | unparsed."""
+    llm_verdict: LLMVerdict
     reason: str
     injection_check: Literal["full", "prescreen_only"]
 
 
-_INJECTION_PATTERNS: dict[str, re.Pattern[str]] = {
-    name: re.compile(p, re.IGNORECASE)
-    for name, p in {
-        "override_instructions": r"\b(ignore|disregard|forget|override|bypass)\b[^.\n]{0,40}\b"
-        r"(previous|prior|above|earlier|all|your|the|system|safety)\b[^.\n]{0,30}\b"
-        r"(instructions?|prompts?|rules|directives|guidelines|restrictions|filters?)\b",
-        "reveal_prompt": r"\b(reveal|print|show|repeat|output|display|leak|tell me)\b[^.\n]{0,40}\b"
-        r"(system\s+prompt|your\s+(initial\s+|hidden\s+|original\s+)?(prompt|instructions)|"
-        r"hidden\s+instructions|developer\s+message)",
-        "jailbreak_persona": r"\b(DAN|do anything now|developer mode|jailbreak|jailbroken|god mode|"
-        r"unfiltered mode|no longer bound)\b",
-        "unrestricted_roleplay": r"\b(pretend|act|behave|role-?play)\b[^.\n]{0,40}\b"
-        r"(no|without|free of)\s+(rules|restrictions|limits|filters|guidelines|ethics)",
-        "fake_system_turn": r"(^|\n)\s*(system|assistant)\s*:|<\s*/?\s*(system|im_start|im_end)\b"
-        r"|\[\s*/?\s*INST\s*\]",
-        "new_instructions": r"\bnew\s+(instructions|directive|task)\s*:",
-    }.items()
-}
+# ------------------------------------------------------------------------------------------------
+# Building blocks
+# ------------------------------------------------------------------------------------------------
 
-
-_CONTROL_CUES = re.compile(
-    r"\b(you|your|assistant|ai|chatbot|bot|prompt|instructions?|ignore|disregard|forget|"
-    r"override|pretend|role-?play|persona|act as|from now on|respond|reply|print|reveal|say|"
-    r"write|jailbreak)\b",
-    re.IGNORECASE,
+_START = (
+    r"(?:^|(?<=[.!?;:,\n\"'(\[*>\-])\s*|(?<=\u2014)\s*"
+    r"|\b(?:please|kindly|now|just|so|then|and|also|first|but|instead|simply|next|afterwards)\b,?\s+"
+    r"|\byou\s+(?:must|should|will|shall|can|may|need\s+to|have\s+to|are\s+to|are\s+required\s+to)"
+    r"\s+|\bi\s+(?:want|need|order|command|instruct|ask)\s+you\s+to\s+"
+    r"|\b(?:can|could|would|will)\s+you\s+(?:please\s+)?|\bgo\s+ahead\s+and\s+|\bhelp\s+me\s+)"
 )
-"""Words an instruction aimed at the assistant needs. An LLM 'injection' verdict on text with
-none of them is overruled: the small local model flags plain bar-exam fact patterns."""
+"""Where an imperative aimed at the assistant starts: a clause start or a request cue."""
+
+_RULES = (
+    r"(?:instructions?|prompts?|directives?|guidelines|guardrails|rules|restrictions|filters?|"
+    r"polic(?:y|ies)|programming|training|constraints|system\s+message|safeguards|"
+    r"content\s+polic(?:y|ies)|configuration)"
+)
+_OWNED = (
+    r"(?:your|all(?:\s+of\s+your|\s+the|\s+your)?|any|every|previous|prior|above|earlier|preceding|"
+    r"original|initial|system|safety|developer'?s?|default|existing|these|those|other|its)"
+)
+_RULES_OBJECT = (
+    rf"(?:{_OWNED}\s+(?:[\w-]+\s+){{0,3}}?{_RULES}\b"
+    rf"|(?:the\s+)?(?:[\w-]+\s+){{0,2}}?{_RULES}\s+(?:you\s+(?:were|have\s+been|'ve\s+been)\s+"
+    r"(?:given|told|trained)|given\s+to\s+you|you\s+(?:received|have|follow|run\s+under|operate\s+"
+    r"under|were\s+trained\s+(?:on|with))|above|before\s+this))"
+)
+_AI = (
+    r"(?:ai|a\.i\.|assistant|ai\s+assistant|language\s+model|large\s+language\s+model|llm|chatbot|"
+    r"chat\s*bot|bot|model|gpt|grader|ai\s+grader|reader\s+model)"
+)
+_AI_STRICT = (
+    r"(?:ai|a\.i\.|ai\s+(?:assistant|grader|model|system|agent)|language\s+model|large\s+language"
+    r"\s+model|llm|chatbot|chat\s*bot|gpt|chatgpt|claude|gemini|qwen|reader\s+model)"
+)
+"""Nouns that name an AI and nothing else."""
+_AI_LOOSE = r"(?:assistant|model|bot|grader|evaluator|system)"
+"""Nouns that name an AI in an aside but also a person or thing in a fact pattern ("gave the
+money to the assistant, who …"): an aside needs a colon, a bracket or "… reading this"."""
+_ASIDE_CUE = (
+    r"\b(?:note|message|instructions?|hint|memo|reminder|request|directive|notice|p\.?\s?s\.?|"
+    r"attention|psst|hey|hello|hi|dear|to)\b[ \t]*(?:to|for)?[ \t]*(?:the|any|all|whatever|"
+    r"whichever|every|this)?[ \t]*"
+)
+_READING = (
+    r"(?:[ \t]+(?:that\s+|who\s+(?:is\s+)?)?(?:reads?|reading|answering|processing|"
+    r"summari[sz]ing|grading|evaluating)\s+this)"
+)
+_LETTER = (
+    r"(?:\(\s*(?-i:[A-Da-d])\s*\)|\*\*\s*answer\s*:\s*\(?(?-i:[A-D])\)?\s*\*\*"
+    r"|['\"\u2018\u201c](?-i:[A-D])['\"\u2019\u201d]"
+    r"|(?:option|choice|letter)\s+\(?(?-i:[A-D])\)?(?![\w'])"
+    r"|(?-i:[A-D])(?=\s*(?:[.;!]|$)|,(?!\s*(?:(?-i:[A-D])\b|or\b|and\b))|\s+(?:regardless|no\s+matter|whatever|irrespective|even|"
+    r"every|always|only|as\s+(?:the|your)|this\s+time|for\s+this|and\s+(?:do|don'?t|nothing))))"
+)
+"""An answer letter as an attack writes it: (D), 'D', option D, **Answer: (D)**, or a bare D at
+the end of a clause ("just say A.") — not the article in "say A contract"."""
+_REQUEST = (
+    r"(?:reveal|print|show|repeat|output|display|leak|tell|give|send|list|dump|share|read|"
+    r"summari[sz]e|expose|disclose|copy|paste|write\s+out|spell\s+out|recite|return|echo|"
+    r"what(?:'s|\s+is|\s+are|\s+were|\s+was)|include|provide|translate)"
+)
+_SECRET = (
+    r"(?:system\s+prompt|(?:initial|hidden|secret|original|internal|confidential|private|full|"
+    r"exact)\s+(?:prompt|instructions|rules|configuration|config|guidelines|directives|settings)|"
+    r"(?:your|the\s+assistant'?s|its|the\s+model'?s|the\s+system'?s)\s+(?:[\w-]+\s+){0,2}?"
+    r"(?:prompt|instructions|configuration|config|rules|guidelines|directives|programming|"
+    r"context\s+window|settings|api\s+keys?|keys?|credentials|secrets?|passwords?|tokens?|"
+    r"\.env)|developer\s+message|environment\s+variables?|env\s+vars?|\.env\s+file|os\.environ|"
+    r"process\.env|/etc/(?:passwd|shadow)|(?:the\s+)?(?:api\s+keys?|credentials|passwords?|"
+    r"tokens?|secrets?|keys?)\s+(?:that\s+)?you\s+(?:use|have|hold|were\s+given|are\s+using|store))"
+)
 
 
-def addresses_the_assistant(text: str) -> bool:
-    """True when ``text`` holds words an instruction to the assistant would use."""
-    return bool(_CONTROL_CUES.search(text))
+def _compile(patterns: Mapping[str, str], flags: int = _I | _M) -> dict[str, re.Pattern[str]]:
+    return {name: re.compile(p, flags) for name, p in patterns.items()}
+
+
+# ------------------------------------------------------------------------------------------------
+# User-input patterns
+# ------------------------------------------------------------------------------------------------
+
+USER_PATTERNS: dict[str, re.Pattern[str]] = _compile(
+    {
+        "override_instructions": (
+            rf"{_START}(?:ignore|disregard|forget|override|bypass|skip|drop|discard|abandon|"
+            r"set\s+aside|throw\s+(?:away|out)|do\s+not\s+follow|don'?t\s+follow|stop\s+following|"
+            rf"no\s+longer\s+follow|erase|delete|suspend|turn\s+off|disable)\b[^.\n:;?]{{0,40}}?\b"
+            rf"{_RULES_OBJECT}"
+        ),
+        "forget_context": (
+            rf"{_START}(?:ignore|disregard|forget|discard|erase)\s+(?:everything|anything|all)\b"
+            r"(?:\s+(?:that|which))?\s*(?:you\s+(?:were|have\s+been|'ve\s+been)\s+(?:told|given|"
+            r"instructed|taught)|above|before|prior|previously|so\s+far|up\s+to\s+now|earlier|"
+            r"(?:in|from)\s+(?:the\s+)?(?:previous|prior|earlier|above|system))"
+            rf"|{_START}(?:ignore|disregard|forget|discard)\s+(?:the|everything|all(?:\s+the)?|"
+            r"what\s+(?:was|is)\s+(?:said|written))\s+(?:text\s+|message\s+|instructions\s+)?"
+            r"(?:above|before\s+this)\b(?!-)"
+        ),
+        "task_switch": (
+            r"(?:^|(?<=[.!?\n])\s*)(?:here\s+(?:are|is)\s+)?(?:your\s+)?(?:real|actual|true|new|"
+            r"next|updated|revised)\s+(?:task|job|mission|objective|instructions?|directives?|"
+            r"rules|system\s+prompt|persona|policy|role)\s*(?::|is\b|are\b)"
+            r"|\byour\s+(?:only|real|new|actual|sole|true)\s+(?:job|task|purpose|goal|mission|"
+            r"function)\s+(?:now\s+)?is\b"
+            r"|\b(?:the\s+)?(?:previous|prior|above|earlier|preceding)\s+(?:prompt|instructions?|"
+            r"message|conversation|text)\s+(?:was|were|is)\s+(?:only\s+|just\s+|all\s+)?(?:a\s+"
+            r"test|fake|a\s+joke|a\s+mistake|wrong|not\s+real|void|written\s+by)"
+            r"|\b(?:obey|follow)\s+(?:only\s+)?(?:me\b|mine\b|my\s+(?:instructions|commands|orders|"
+            r"rules)|what\s+follows|these\s+(?:new\s+)?(?:instructions|commands))"
+        ),
+        "rules_revoked": (
+            r"\b(?:your|all\s+(?:of\s+)?your|the\s+(?:previous|prior|old|current|existing)|previous|"
+            r"prior|earlier|system|content)\s+(?:[\w-]+\s+){0,2}?(?:instructions|"
+            r"directives|rules|guidelines|programming|restrictions|polic(?:y|ies)|prompt|filters|"
+            r"safeguards|checks|guardrails)\s+(?:are|is|have\s+been|has\s+been)\s+(?:now\s+)?(?:"
+            r"void|cancel+ed|revoked|lifted|suspended|disabled|removed|obsolete|overridden|replaced|"
+            r"invalid|null|deactivated|turned\s+off|off|waived|no\s+longer\s+(?:in\s+effect|valid|"
+            r"active|apply))"
+        ),
+        "fake_system_turn": (
+            r"(?:^|\n)[ \t]*(?:#{1,6}[ \t]*|\*\*|>[ \t]*)?(?:system|assistant|ai|chatbot|bot|model|"
+            r"developer|admin|sys|gpt|llm)[ \t]*(?:message|prompt|note|notice|override|update|"
+            r"instructions?|alert)?[ \t]*(?:\*\*)?[ \t]*:"
+            r"|\[\s*(?:system|sys|admin|developer|assistant)(?:\s+(?:override|message|note|notice|"
+            r"prompt|instructions?|update|alert))?\s*\]"
+            r"|\b(?:system|admin|developer)\s+(?:override|notice|message|alert|update)\s*:"
+            r"|\{\s*[\"']role[\"']\s*:\s*[\"'](?:system|assistant|developer)[\"']"
+        ),
+        "chat_template_tokens": (
+            r"<\|[a-z_]{2,32}\|>|<<\s*/?\s*SYS\s*>>|\[\s*/?\s*INST\s*\]"
+            r"|</?\s*(?:system|assistant|developer|user_input|im_start|im_end|passage|evidence)"
+            r"\s*>|<\s*/?\s*(?:start|end)_of_turn\s*>"
+        ),
+        "persona_reset": (
+            r"(?-i:\bDAN\b)(?=[^.\n]{0,40}\b(?:mode|do\s+anything|stands\s+for|prompt|jailbr))"
+            r"|\b(?:you\s+are|act\s+as|become|pretend\s+to\s+be|play|as|called|named)\s+(?-i:DAN)\b"
+            r"|\bdo\s+anything\s+now\b|\b(?:developer|dev|god|sudo|jailbreak|jailbroken|"
+            r"unrestricted|unfiltered|uncensored|evil|chaos|opposite)\s+mode\b"
+            r"|\b(?:enable|activate|enter|entering|switch\s+(?:to|into)|turn\s+on|engage|unlock|"
+            r"initiate|go\s+into)\s+(?:the\s+)?(?:debug|maintenance|admin|root|raw|"
+            r"(?-i:[A-Z]{3,6}))\s+mode\b"
+            r"|\bjailbroken\b|\bjailbreak(?:ed)?\s+(?:mode|prompt|version|yourself)"
+            r"|(?<!suppose\s)(?<!assume\s)(?<!imagine\s)(?<!if\s)(?<!that\s)\byou(?:'re|\s+are)\s+"
+            r"(?:now|no\s+longer)\b"
+            r"|\byou(?:'re|\s+are)\s+(?:now\s+)?(?:free|freed|liberated|unshackled|unchained|"
+            r"released)\s+(?:from|of)\b"
+            r"|(?<!['\"])\bfrom\s+(?:now|this\s+point)\s+(?:on|forward)\b[^.\n]{0,40}\b(?:you|your|answer|"
+            r"respond|reply|act|behave|only|always|never)\b"
+            r"|\byour\s+new\s+(?:name|identity|persona|personality|role|character)\b"
+            r"|\b(?:reset|change|update|switch|drop)\s+your\s+(?:persona|identity|personality|"
+            r"role|character|name)\b|\byour\s+identity\s+has\s+been\b"
+            r"|\byou\s+have\s+been\s+(?:jailbroken|freed|liberated|unlocked|reprogrammed|updated|"
+            r"upgraded|released)\b"
+            r"|\bforget\s+(?:that\s+)?you\s+are\b"
+            r"|\b(?:must|will|shall)\s+(?:comply|obey)\s+with\s+(?:all|every|any)\s+(?:requests?|"
+            r"commands?|instructions?|orders?)"
+            r"|\bnever\s+(?:refuses?|says?\s+(?:no|(?:it|you|he|she)\s+can'?t))|without\s+"
+            r"(?:ever\s+)?refusing|\b(?:can(?:not|'t)|won'?t|will\s+not|must\s+not)\s+refuse\s+"
+            r"(?:any(?:thing)?\b|a\s+request|requests|my\b|me\b|to\s+answer)"
+            r"|\bstay\s+in\s+character\b"
+        ),
+        "roleplay_unrestricted": (
+            r"\b(?:pretend|act|behave|role-?play|imagine|play|respond|answer|reply|write|speak|"
+            r"talk)\b[^.\n]{0,60}?\b(?:no|without|free\s+of|free\s+from|not\s+bound\s+by|ignores?|"
+            r"ignoring|beyond|outside)\s+(?:any\s+|all\s+|the\s+|your\s+)?(?:[\w-]+\s+(?:and\s+)?){"
+            r"0,3}?(?:rules|restrictions|limits|limitations|filters?|guidelines|ethics|ethical\s+"
+            r"(?:obligations|guidelines|constraints|rules)|obligations|morals|morality|content\s+"
+            r"polic(?:y|ies)|polic(?:y|ies)|censorship|safeguards|guardrails|boundaries|"
+            r"constraints|programming)\b"
+            rf"|\b(?:{_AI}|persona|character|yourself|version\s+of\s+you(?:rself)?)\b[^.\n]{{0,30}}?"
+            r"\b(?:with|has|have|having)\s+no\s+(?:[\w-]+\s+){0,2}?(?:rules|restrictions|limits|"
+            r"limitations|filters?|guidelines|ethics|content\s+polic(?:y|ies)|polic(?:y|ies)|"
+            r"morals|safeguards|guardrails|censorship)\b"
+            r"|\b(?:you(?:'re|\s+are)|as|play|be|become)\s+(?:an?\s+|my\s+|the\s+)?(?:evil|rogue|"
+            r"unfiltered|uncensored|unrestricted|unaligned|amoral|unethical|jailbroken|rebellious|"
+            r"malicious|dark|shadow)\s+(?:ai|assistant|model|chatbot|bot|version|twin|persona|"
+            r"character|alter\s+ego)\b"
+            r"|\bversion\s+of\s+(?:yourself|you)\s+(?:from\s+)?(?:before|without)\b"
+            r"|\b(?:escaped|broken\s+free\s+of|broke\s+free\s+of)\s+(?:its|your|the)\s+"
+            r"(?:programming|rules|restrictions|confines|training)"
+            r"|\b(?:pretend|act\s+as\s+if|imagine)\s+(?:that\s+)?(?:the\s+|your\s+)?(?:rules|"
+            r"restrictions|guidelines|policies|filters)\s+(?:don'?t|do\s+not|no\s+longer)\s+apply"
+            r"|\b(?:respond|answer|reply)\s+twice\b|\btwo\s+(?:responses|answers)\b[^.\n]{0,40}"
+            r"\b(?:one|first)\b"
+        ),
+        "aside_to_ai": (
+            rf"{_ASIDE_CUE}{_AI_STRICT}s?\b{_READING}?[ \t]*(?:[:,\u2014)\]]|\s-\s)"
+            rf"|{_ASIDE_CUE}{_AI_LOOSE}s?\b{_READING}?[ \t]*(?:[:\u2014)\]]|\s-\s)"
+            rf"|{_ASIDE_CUE}{_AI_LOOSE}s?\b{_READING}[ \t]*,"
+            rf"|[(\[]\s*(?:{_AI_STRICT}\s*[:,]|{_AI_LOOSE}\s*:)"
+            rf"|(?:^|(?<=[.!?])\s+)(?:the\s+|dear\s+|hey\s+)?(?:{_AI_STRICT}|{_AI_LOOSE})\s*[,:]\s*"
+            r"(?:please\s+)?(?:you|your|ignore|disregard|forget|answer|respond|reply|say|select|"
+            r"choose|pick|output|print|write|mark|tell|conclude|recommend|do|don'?t|make|treat|"
+            r"append|include|end|remember|always|never|secretly|state)\b"
+            rf"|\bif\s+you(?:'re|\s+are)\s+(?:an?\s+)?(?:{_AI_STRICT}|large\s+language|automated|"
+            r"bot)\b(?!-)"
+            rf"|\b(?:any|every|all)\s+(?:{_AI_STRICT}|{_AI_LOOSE})s?\s+(?:reading|processing|"
+            r"summari[sz]ing|parsing|answering|that\s+reads)\b"
+        ),
+        "forced_answer": (
+            r"\b(?:you\s+(?:must|should|will|shall|have\s+to|need\s+to|are\s+(?:required|"
+            r"instructed|told)\s+to)|always|only|just|simply|make\s+sure\s+(?:to|you)|be\s+sure\s+"
+            r"to)\s+(?:answer|choose|select|pick|respond(?:\s+with)?|reply(?:\s+with)?|output|say|"
+            r"mark|return|print|go\s+with|circle|give)\s+(?:with\s+)?(?:the\s+)?(?:letter\s+|"
+            rf"answer\s+)?{_LETTER}"
+            rf"|{_START}(?:answer|choose|select|pick|respond\s+with|reply\s+with|output|say|mark|"
+            rf"go\s+with|circle)\s+(?:with\s+)?(?:the\s+(?:letter|option|choice)\s+)?{_LETTER}"
+            r"(?=\s*(?:[.;!,]|$)|\s+(?:regardless|no\s+matter|whatever|irrespective|and\s+(?:nothing|"
+            r"don'?t|do\s+not)|as\s+(?:the|your)|this\s+is|for\s+this))"
+            r"|\b(?:answer|choose|select|pick|respond\s+with|reply\s+with|output|say|mark|go\s+"
+            rf"with)\s+(?:with\s+)?(?:the\s+(?:letter\s+)?)?{_LETTER}[^.\n]{{0,40}}\b(?:regardless|"
+            r"no\s+matter|whatever|irrespective|in\s+(?:any|every|all)\s+cases?|even\s+if\s+(?:the|"
+            r"you|your|another|other|it\s+(?:seems|looks)))"
+            r"|\b(?:regardless|no\s+matter|whatever|irrespective)\b[^.\n]{0,60}\b(?:answer|choose|"
+            r"select|pick|output|say|respond|reply|mark|read)\s+(?:with\s+)?(?:the\s+letter\s+)?"
+            rf"{_LETTER}"
+            r"|\b(?:final|only\s+(?:acceptable|valid|correct|allowed)|required)\s+(?:[\w-]+\s+){0,2}?"
+            r"(?:answer|output|line|response|letter|reply)\s+(?:must|should|will|shall|is|has\s+to)"
+            rf"\s+(?:[\w-]+\s+){{0,2}}?(?:be\s+|read\s+|say\s+)?(?:the\s+letter\s+)?{_LETTER}"
+            rf"|\b(?:output|give|return|print|write|put)\s+{_LETTER}\s+as\s+(?:the|your)\s+"
+            r"(?:final\s+)?answer"
+            r"|\bthe\s+(?:correct|right|only|real|true|best)\s+(?:answer|choice|option)\s+(?:is|"
+            rf"must\s+be|will\s+be)\s+{_LETTER}[^\n]{{0,80}}?\b(?:do\s+not|don'?t|never|ignore|"
+            r"regardless|no\s+matter|without|must|only)\b"
+            rf"|\bthe\s+(?:correct\s+|right\s+)?answer\s+is\s+{_LETTER}[^.\n]{{0,20}}?\b(?:output|"
+            r"say|respond|reply|print|write|return)\s+(?:it|that|only|just)\b"
+        ),
+        "exfiltration": (
+            rf"\b{_REQUEST}\b[^\n]{{0,60}}?{_SECRET}"
+            r"|\b(?:repeat|print|output|copy|show|echo|write\s+out)\s+(?:back\s+)?(?:the\s+|all\s+"
+            r"(?:the\s+)?|everything\s+|every\s+word\s+)?(?:text|words|content|message|messages|"
+            r"everything|lines?)?\s*(?:above|before\s+(?:this|my)|preceding|prior|that\s+came\s+"
+            r"before)"
+            r"|\b(?:instructions|prompt|rules)\s+(?:you\s+(?:were|have\s+been)\s+given|given\s+to\s+"
+            r"you)\b[^.\n]{0,40}\b(?:before|verbatim|word\s+for\s+word|exactly)"
+            r"|\b(?:what|which)\s+instructions\s+(?:were\s+you|you\s+were|have\s+you\s+been)\s+"
+            r"given\b"
+            r"|\b(?:exact|verbatim|precise)\s+(?:wording|text|words)\s+of\s+(?:your|the\s+system)"
+            r"|\b(?-i:[A-Z][A-Z0-9]*_(?:API_)?(?:KEY|TOKEN|SECRET|PASSWORD))\b"
+            r"|\b(?:api|openai|gemini|groq|secret|access)\s+key\b[^.\n]{0,60}\b(?:your|from\s+"
+            r"(?:your|the)\s+(?:config|server|environment|settings))\b"
+            r"|\b(?:run|execute|eval)\s+(?:os\.environ|printenv|env\b|process\.env|cat\s+/)"
+        ),
+        "fabrication_request": (
+            rf"{_START}(?:make\s+up|invent|fabricate|fake|concoct|manufacture|create|generate|write|"
+            r"give\s+me|cite|draft|provide|produce|list|find|add|include)\b[^.\n]{0,60}?\b(?:fake|"
+            r"fictitious|fictional|made-?\s?up|invented|fabricated|non-?existent|imaginary|bogus|"
+            r"phony|plausible[-\s]sounding|realistic[-\s]looking|authentic[-\s]looking|"
+            r"convincing)\b[^.\n]{0,30}?\b(?:cases?\b(?!\s+(?:summar|stud|hypo|scenario|example|"
+            r"fact))|case\s+law|citations?|cites|authorit(?:y|ies)|"
+            r"precedents?|holdings?|quotes?|quotations|statutes?|decisions?|opinions?|rulings?|"
+            r"sources|references)\b"
+            rf"|{_START}(?:make\s+up|invent|fabricate|concoct|manufacture|fake|dream\s+up|cook\s+up)"
+            r"\b\s+(?:[\w-]+\s+){0,4}?(?:case|cases|citations?|cites?|authorit(?:y|ies)|precedents?|"
+            r"holdings?|quotes?|quotations?|statutes?|decisions?|rulings?|opinions?|law)\b"
+            r"|\bmake\s+(?:them|it|some|one|something|things)\s+up\b"
+            r"(?=[^\n]{0,80}\b(?:citations?|cases?|authorit|precedents?|holdings?))"
+            r"|\b(?:cases|citations|authorities|precedents|holdings|quotes)\b[^\n]{0,80}?\b(?:invent|"
+            r"fabricate|concoct|manufacture|fake|make\s+up)\s+(?:them|some|one|it|those)\b"
+            r"|\b(?:cases|citations|authorities|precedents|holdings|quotes)\b[^\n]{0,80}?\bmake\s+"
+            r"(?:them|it|some|one|something|things)\s+up\b"
+            r"|\b(?:doesn'?t|does\s+not|don'?t|do\s+not|need\s+not|needn'?t)\s+(?:matter|have\s+to|"
+            r"need\s+to)\s+(?:whether|if|be)\s+(?:they|it|the\s+(?:cases|citations|authorities|"
+            r"quotes))\s+(?:actually\s+|really\s+)?(?:exist|are\s+real|is\s+real|real)"
+            r"|\beven\s+if\s+(?:he|she|they|it|the\s+(?:court|justice|judge))\s+never\s+(?:said|"
+            r"wrote|decided|held|existed|ruled)"
+            r"|\b(?:if|even\s+if)\s+(?:none|no\s+such\s+(?:cases?|authority)|they\s+don'?t)\s+"
+            r"exists?\b"
+            r"|\b(?:the\s+judge|nobody|no\s+one|opposing\s+counsel|the\s+court)\s+(?:won'?t|will\s+"
+            r"not|wouldn'?t|would\s+not|never)\s+(?:check|notice|verify)"
+            r"|\b(?:present|format|pass)\s+(?:it|them|this|these)\s+(?:off\s+)?as\s+(?:a\s+)?(?:real|"
+            r"genuine|binding|authentic)|\bas\s+(?:a\s+)?real\s+(?:citation|case|authority|"
+            r"precedent|holding)"
+        ),
+        "decode_and_follow": (
+            r"\b(?:decode|decrypt|decipher|translate|unscramble|deobfuscate|reverse|read|evaluate|"
+            r"process|interpret|convert)\b[^.\n]{0,50}?\b(?:and|then)\s+(?:follow|obey|execute|run|"
+            r"comply|do\s+(?:what|as)\s+it|act\s+on|carry\s+(?:it|them)\s+out)\b"
+            r"|\b(?:run|execute|follow|obey)\s+(?:that|this|the\s+(?:decoded|following))\s+(?:string|"
+            r"text|payload|code)\b"
+        ),
+    }
+)
+
+# ------------------------------------------------------------------------------------------------
+# Passage patterns (documents)
+# ------------------------------------------------------------------------------------------------
+
+PASSAGE_PATTERNS: dict[str, re.Pattern[str]] = _compile(
+    {
+        "addresses_ai": (
+            r"\b(?:note|message|instructions?|hint|memo|reminder|directive|notice|p\.?\s?s\.?|"
+            r"attention|warning|important)\b[ \t]*(?:to|for)?[ \t]*(?:the|any|all|every|whatever|"
+            r"whichever)?[ \t]*(?:ai|a\.i\.|ai\s+assistant|language\s+models?|large\s+language\s+"
+            r"models?|llms?|chatbots?|ai\s+models?|ai\s+systems?|assistants?\s+reading\s+this|"
+            r"models?\s+reading\s+this|gpt)\b[^\n]{0,20}?(?:[:,\u2014)\]!]|\s-\s)"
+            r"|\b(?:dear|hey|hello|attention)\s+(?:ai|a\.i\.|assistant|chatbot|language\s+model|"
+            r"llm|gpt)\b"
+            r"|\bif\s+you(?:'re|\s+are)\s+(?:an?\s+)?(?:ai|a\.i\.|large\s+language|language\s+"
+            r"model|llm|chatbot|ai\s+assistant|automated)\b"
+            r"|\b(?:ai|a\.i\.|language\s+models?|llms?|chatbots?|ai\s+assistants?|ai\s+models?)\s+"
+            r"(?:reading|processing|summari[sz]ing|parsing|retrieving|answering|that\s+reads?)\s+"
+            r"(?:this|these)\b"
+            r"|(?:^|(?<=[.!?\n])\s*)(?:ai|a\.i\.|ai\s+assistant|language\s+model|llm|chatbot)\s*[,:]"
+            r"\s*(?:please\s+)?(?:you|ignore|disregard|answer|respond|reply|say|select|choose|"
+            r"output|print|reveal|always|never|do\s+not|don'?t)\b"
+        ),
+        "ignore_instructions": (
+            r"(?:^|(?<=[.!?:;\n\"'(\[])\s*|\b(?:please|now|you\s+(?:must|should|will|shall))\s+)"
+            r"(?:ignore|disregard|forget|override|bypass|discard)\s+(?:all|any|every|your|the|"
+            r"previous|prior|earlier|above|preceding|other|original|system)\s+(?:[\w-]+\s+){0,2}?"
+            r"(?:instructions|prompts?|directives|guidelines|guardrails|programming|system\s+"
+            r"(?:prompt|message)|safety\s+rules)\b"
+            r"|\b(?:ignore|disregard|forget)\s+(?:all\s+(?:of\s+)?)?your\s+(?:previous\s+|prior\s+|"
+            r"earlier\s+|original\s+|initial\s+)?(?:instructions|prompts?|programming)\b"
+        ),
+        "forced_answer": (
+            r"\b(?:the\s+)?(?:correct|right|best|proper|only\s+correct)\s+(?:answer|choice|option|"
+            r"response)\s+(?:to\s+(?:this|the|any|that|every)\s+(?:[\w-]+\s+){0,4})?(?:is|will\s+"
+            r"be|must\s+be|should\s+be|=)\s*:?\s*(?:always\s+)?(?:option\s+|choice\s+|letter\s+)?"
+            r"(?:\(\s*(?-i:[A-Da-d])\s*\)|(?-i:[A-D])\b(?!\.\s?[A-Z]))"
+            r"|(?:^|(?<=[.!?:\n])\s*)(?:always\s+)?(?:answer|choose|select|pick|mark)\s+(?:with\s+)?"
+            r"(?:option\s+|choice\s+|letter\s+)?\(\s*(?-i:[A-D])\s*\)"
+            r"|\b(?:answer|choose|select|pick)\s+(?:option\s+|choice\s+|letter\s+)?\(?(?-i:[A-D])"
+            r"\)?\s+(?:regardless|no\s+matter|whatever|irrespective)\b"
+        ),
+        "reveal_prompt": (
+            rf"\b{_REQUEST}\b[^\n]{{0,60}}?(?:system\s+prompt|(?:your|the\s+assistant'?s)\s+"
+            r"(?:[\w-]+\s+){0,2}?(?:prompt|instructions|configuration|api\s+keys?|credentials)|"
+            r"hidden\s+instructions|developer\s+message|environment\s+variables|os\.environ)"
+        ),
+        "chat_template_tokens": (
+            r"<\|[a-z_]{2,32}\|>|<<\s*/?\s*SYS\s*>>|\[\s*/?\s*INST\s*\]"
+            r"|</?\s*(?:system|assistant|user_input|im_start|im_end|passage|evidence)\s*>"
+            r"|(?:^|\n)[ \t]*(?:#{1,6}[ \t]*)?(?:assistant|(?:system|assistant)[ \t]*(?:message|"
+            r"prompt|note|override))[ \t]*:|(?:^|\n)[ \t]*#{1,6}[ \t]*system\b"
+        ),
+        "persona_reset": (
+            r"\byou\s+are\s+now\s+(?:an?\s+|in\s+|no\s+longer\b|free\b|unrestricted\b|DAN\b)"
+            r"|\bdo\s+anything\s+now\b|\b(?:developer|god|jailbreak|unrestricted)\s+mode\b"
+            r"|\bjailbroken\b|\bfrom\s+now\s+on,?\s+(?:you|the\s+(?:assistant|ai|model))\b"
+        ),
+    }
+)
+
+_PASSAGE_TRIGGER = re.compile(
+    r"ai\b|a\.i\.|assistant|model|llm|chatbot|gpt|ignore|disregard|forget|override|bypass|"
+    r"discard|answer|choice|option|choose|select|pick|prompt|instructions|environ|api\s+key|"
+    r"credential|<|\[|system|you\s+are|anything|mode|jailbr|from\s+now",
+    _I,
+)
+"""Cheap pre-filter: a passage without any of these words cannot match a passage pattern."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Normalisation and encoded payloads
+# ------------------------------------------------------------------------------------------------
+
+_INVISIBLE = re.compile(r"[\u00ad\u180e\u200b-\u200f\u2060-\u2064\ufeff]")
+_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
+_LEET = str.maketrans({"0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t", "@": "a"})
+_LEET_WORD = re.compile(r"\b(?=\w*[a-z])(?=\w*[0134579@])[\w@]+\b", _I)
+_SPACED = re.compile(r"(?<![\w])(?:[A-Za-z] ){3,}[A-Za-z](?![\w])")
+_BASE64 = re.compile(r"(?<![A-Za-z0-9+/=_-])[A-Za-z0-9+/_-]{16,}={0,2}(?![A-Za-z0-9+/=_-])")
+_HEX_RUN = re.compile(r"\b(?:[0-9a-fA-F]{2}){8,}\b")
+_HEX_SPACED = re.compile(r"\b(?:(?:0x)?[0-9a-fA-F]{2}[\s,:]+){5,}(?:0x)?[0-9a-fA-F]{2}\b")
+_HEX_ESCAPED = re.compile(r"(?:\\x[0-9a-fA-F]{2}){4,}")
+_PERCENT = re.compile(r"(?:%[0-9A-Fa-f]{2}[\s]*){4,}")
+_UNICODE_ESC = re.compile(r"(?:\\u[0-9a-fA-F]{4}){4,}")
+
+
+def normalize(text: str) -> str:
+    """NFKC, no invisible characters, straight quotes: "ｉｇｎｏｒｅ" and "ig\u200bnore" read as
+    "ignore"."""
+    text = unicodedata.normalize("NFKC", text or "")
+    return _INVISIBLE.sub("", text).translate(_QUOTES)
+
+
+def _printable_text(raw: bytes) -> str | None:
+    """``raw`` as text when it reads as natural language (mostly letters and spaces)."""
+    try:
+        s = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if len(s) < 8:
+        return None
+    letters = sum(c.isalpha() or c in " .,:;'\"()!?-" for c in s)
+    if letters / len(s) < 0.85 or " " not in s.strip():
+        return None
+    return s
+
+
+def decoded_payloads(text: str) -> list[str]:
+    """Readable texts hidden in ``text``: base64, hex (run, spaced, ``\\x`` or ``\\u`` escapes)
+    and percent-encoded blobs.  Hashes and ids decode to binary and are left out."""
+    out: list[str] = []
+    for m in _BASE64.finditer(text):
+        blob = m.group(0)
+        if blob.isdigit() or blob.isalpha() and (blob.islower() or blob.isupper()):
+            continue  # a plain word or number, not base64
+        padded = blob + "=" * (-len(blob) % 4)
+        for decode in (base64.b64decode, base64.urlsafe_b64decode):
+            try:
+                got = _printable_text(decode(padded))
+            except (binascii.Error, ValueError):
+                continue
+            if got:
+                out.append(got)
+                break
+    for pattern in (_HEX_RUN, _HEX_SPACED):
+        for m in pattern.finditer(text):
+            digits = re.sub(r"0x|[\s,:]", "", m.group(0), flags=_I)
+            try:
+                got = _printable_text(bytes.fromhex(digits))
+            except ValueError:
+                continue
+            if got:
+                out.append(got)
+    for m in _HEX_ESCAPED.finditer(text):
+        got = _printable_text(bytes.fromhex(m.group(0).replace("\\x", "")))
+        if got:
+            out.append(got)
+    for m in _UNICODE_ESC.finditer(text):
+        out.append("".join(chr(int(h, 16)) for h in re.findall(r"\\u([0-9a-fA-F]{4})", m.group(0))))
+    for m in _PERCENT.finditer(text):
+        got = _printable_text(urllib.parse.unquote_to_bytes(m.group(0).strip()))
+        if got:
+            out.append(got)
+    return out
+
+
+def _obfuscation_variants(text: str) -> list[str]:
+    """Readings of ``text`` an attacker may have disguised: decoded blobs, ROT13, reversed,
+    leetspeak and spaced-out letters."""
+    variants = decoded_payloads(text)
+    variants.append(codecs.encode(text, "rot13"))
+    variants.append(text[::-1])
+    if _LEET_WORD.search(text):
+        variants.append(_LEET_WORD.sub(lambda m: m.group(0).translate(_LEET), text))
+    if _SPACED.search(text):
+        variants.append(_SPACED.sub(lambda m: m.group(0).replace(" ", ""), text))
+    return variants
+
+
+def _matches(patterns: Mapping[str, re.Pattern[str]], text: str) -> list[str]:
+    return [name for name, pattern in patterns.items() if pattern.search(text)]
+
+
+# ------------------------------------------------------------------------------------------------
+# The screens
+# ------------------------------------------------------------------------------------------------
 
 
 def screen_user_input(text: str) -> list[str]:
-    """Names of the deterministic injection patterns ``text`` matches (empty = looks safe)."""
-    return [name for name, pattern in _INJECTION_PATTERNS.items() if pattern.search(text)]
+    """Names of the user-input patterns ``text`` matches (empty = looks safe).
+
+    The text is normalised first; disguised readings of it (base64/hex/percent blobs, ROT13,
+    reversed, leetspeak, spaced letters) are screened too and report :data:`ENCODED`."""
+    norm = normalize(text)
+    hits = _matches(USER_PATTERNS, norm)
+    for variant in _obfuscation_variants(norm):
+        inner = [n for n in _matches(USER_PATTERNS, normalize(variant)) if n not in hits]
+        if inner:
+            logger.debug("decoded payload matches %s: %.80r", inner, variant)
+            hits.append(ENCODED)
+            break
+    return hits
+
+
+_PASSAGE_VETO: dict[str, re.Pattern[str]] = {
+    "ignore_instructions": re.compile(r"\bjur(?:y|ors?)\b|\bcharge\b|\bjudge\b|\bcourt\b", _I),
+}
+"""A pattern's match is not a hit when its sentence matches the veto: caselaw reports that "the
+judge told the jurors to disregard all prior instructions concerning malice"."""
+_SENTENCE_END = re.compile(r"[.!?\n]")
+
+
+def _sentence_around(text: str, start: int, end: int) -> str:
+    left = max((m.end() for m in _SENTENCE_END.finditer(text, 0, start)), default=0)
+    right = _SENTENCE_END.search(text, end)
+    return text[left : right.start() if right else len(text)]
+
+
+def _passage_matches(text: str) -> list[str]:
+    hits = []
+    for name, pattern in PASSAGE_PATTERNS.items():
+        veto = _PASSAGE_VETO.get(name)
+        for m in pattern.finditer(text):
+            if veto is None or not veto.search(_sentence_around(text, m.start(), m.end())):
+                hits.append(name)
+                break
+    return hits
 
 
 prescreen_injection = screen_user_input
-
-
-_PASSAGE_PATTERNS: dict[str, re.Pattern[str]] = {
-    name: re.compile(p, re.IGNORECASE)
-    for name, p in {
-        "addresses_ai": r"\b(note|message|instructions?)\s+(to|for)\s+(the\s+)?"
-        r"(ai|assistant|language\s+model|llm|chatbot|model)\b",
-        "override_instructions": _INJECTION_PATTERNS["override_instructions"].pattern,
-        "forced_answer": r"\b(correct|right|best)\s+answer\s+(to\s+(this|any|the)\s+question\s+)?"
-        r"(is|must\s+be)\s*:?\s*\(?[A-D]\)?(?![A-Za-z])",
-        "reveal_prompt": _INJECTION_PATTERNS["reveal_prompt"].pattern,
-        "fake_system_turn": _INJECTION_PATTERNS["fake_system_turn"].pattern,
-    }.items()
-}
+"""The name the agent used before this module existed."""
 
 
 def screen_passage(text: str) -> list[str]:
-    """Names of the injection patterns a corpus passage matches (empty: clean).  Written for
-    documents: real legal text describes instructions to juries and parties, but never addresses
-    an AI or declares the answer letter of a question."""
-    return [name for name, pattern in _PASSAGE_PATTERNS.items() if pattern.search(text or "")]
+    """Names of the document patterns ``text`` matches (empty = clean).
+
+    Written for legal text: a passage is flagged only when it speaks to an AI, commands it to
+    ignore its instructions, declares an answer letter, asks for the prompt or keys, or carries
+    chat-template tokens.  Base64 blobs in a passage are decoded and screened the same way."""
+    norm = normalize(text)
+    hits = _passage_matches(norm) if _PASSAGE_TRIGGER.search(norm) else []
+    for decoded in decoded_payloads(norm):
+        if _passage_matches(decoded) or _matches(USER_PATTERNS, decoded):
+            hits.append(ENCODED)
+            break
+    return hits
 
 
-def detect(text: str, client: Any, *, skip_llm: bool) -> InjectionCheck:
-    """The injection verdict on the user's input (see the module docstring for the policy)."""
+def passage_flags(doc: Mapping[str, Any]) -> list[str]:
+    """:func:`screen_passage` of a retrieved passage dict (its ``text``)."""
+    return screen_passage(str(doc.get("text") or ""))
+
+
+def split_flagged(docs: Iterable[Mapping[str, Any]]) -> tuple[list[dict], list[dict]]:
+    """``(clean, flagged)`` passages; each flagged one is a copy with ``injection_flags`` (list)."""
+    clean: list[dict] = []
+    flagged: list[dict] = []
+    for doc in docs:
+        flags = passage_flags(doc)
+        if flags:
+            flagged.append({**doc, "injection_flags": flags})
+        else:
+            clean.append(dict(doc))
+    return clean, flagged
+
+
+# ------------------------------------------------------------------------------------------------
+# The policy
+# ------------------------------------------------------------------------------------------------
+
+_CONTROL_CUES = re.compile(
+    r"\b(?:you|your|yours|yourself|u|ur|from\s+now\s+on|persona|jailbreak|base64|rot13|decode)\b"
+    rf"|{_START}(?:ignore|disregard|forget|override|bypass|pretend|role-?play|act\s+as|respond|"
+    r"reply|print|reveal|say|write|output|answer|select|choose|pick|repeat|tell|show|list|give|"
+    r"stop|never|always|only|do\s+not|don'?t|conclude|mark|append|include|treat|end|activate|"
+    r"enable|enter|switch|read|obey|follow|execute|translate|evaluate|process|cite|invent|"
+    r"fabricate|make\s+up)\b"
+    rf"|\b(?:to|for|dear|hey|attention)\s+(?:the\s+|any\s+|this\s+|whatever\s+)?{_AI}\b"
+    rf"|\b{_AI}\s+(?:must|should|will|shall|is\s+to|needs?\s+to|has\s+to|may\s+not|cannot)\b",
+    _I,
+)
+"""What an instruction to the assistant needs: the second person, an imperative at the start of a
+clause, an AI as addressee ("note to the AI", "the assistant must"), or words of persona and
+encoding tricks.  Third-person mentions ("a company's chatbot",
+"prompt injection", "jury instructions") are subject matter, not an address."""
+_FABRICATION_CUES = re.compile(
+    r"\b(?:fake|fabricat\w*|made[-\s]?up|make\s+(?:\w+\s+)?up|invent\w*|fictitious|fictional|"
+    r"non-?existent|imaginary|bogus|phony)\b[^.\n]{0,60}\b(?:cases?|citations?|cites|"
+    r"authorit(?:y|ies)|precedents?|holdings?|quotes?|statutes?|decisions?|rulings?)\b"
+    r"|\b(?:cases?|citations?|authorit(?:y|ies)|precedents?|holdings?)\b[^.\n]{0,60}\b(?:fake|"
+    r"fabricat\w*|made[-\s]?up|make\s+(?:\w+\s+)?up|invent\w*|fictitious|non-?existent|"
+    r"don'?t\s+exist|do\s+not\s+exist|aren'?t\s+real)\b",
+    _I,
+)
+
+
+def addresses_the_assistant(text: str) -> bool:
+    """True when ``text`` could hold an instruction to the assistant: words a command would use,
+    an encoded payload, or a request involving fabricated authorities.
+
+    An LLM 'injection' verdict on text without any of these (a plain fact pattern: "Dana swung her
+    handbag …") is overruled, because the small local model flags such fact patterns.  Encoded
+    blobs and fabrication requests are never cleared this way: they may carry no second-person
+    words at all."""
+    norm = normalize(text)
+    return bool(
+        _CONTROL_CUES.search(norm)
+        or _FABRICATION_CUES.search(norm)
+        or decoded_payloads(norm)
+        or any(_looks_encoded(m.group(0)) for m in _BASE64.finditer(norm))
+        or _HEX_RUN.search(norm)
+    )
+
+
+def _looks_encoded(token: str) -> bool:
+    """A long token mixing digits, lower and upper case letters (a base64 blob, not a word)."""
+    return (
+        any(c.isdigit() for c in token)
+        and any(c.islower() for c in token)
+        and any(c.isupper() for c in token)
+    )
+
+
+def detect(
+    text: str,
+    client: Any,
+    *,
+    skip_llm: bool,
+) -> InjectionCheck:
+    """The injection check of one user input: pre-screen, then the model's verdict.
+
+    * a :func:`screen_user_input` hit rejects (no LLM call; ``llm_verdict='not_needed'``);
+    * ``skip_llm``, a failed call (``LLMCallError``) or an unparsed reply: the input passes on the
+      pre-screen alone and ``injection_check`` says ``prescreen_only``;
+    * a model verdict 'safe' passes, 'injection' rejects — unless the text never addresses the
+      assistant (:func:`addresses_the_assistant`), when it is overruled and the reason says so.
+
+    ``client`` is an ``llm_config.LLMClient`` (unused when ``skip_llm``)."""
     hits = screen_user_input(text)
     if hits:
         return InjectionCheck(
             is_safe=False,
             verdict="injection",
             prescreen=hits,
-            llm_verdict=None,
+            llm_verdict="not_needed",
             reason=f"pre-screen: {', '.join(hits)}",
             injection_check="full",
         )
     if skip_llm:
-        return _prescreen_only(hits, "skipped", "LLM check skipped (SKIP_INJECTION_CHECK)")
+        return _prescreen_only("skipped", "LLM check skipped; pre-screen clean")
     try:
         result = prompts.call(client, "injection", user_input=prompts.quote("user_input", text))
     except LLMCallError as exc:
-        logger.warning("injection check LLM call failed; the pre-screen verdict stands: %s", exc)
-        return _prescreen_only(hits, "error", "LLM verdict unavailable (call failed)")
+        logger.warning("injection check: the LLM call failed; passing on the pre-screen: %s", exc)
+        return _prescreen_only("error", f"LLM call failed; pre-screen clean ({exc})"[:200])
     parsed = result.parsed
     if parsed is None:
-        return _prescreen_only(hits, "unparsed", "LLM verdict unusable; pre-screen clean")
+        return _prescreen_only("unparsed", "LLM verdict unparsed; pre-screen clean")
     if parsed.verdict == "injection" and not addresses_the_assistant(text):
         return InjectionCheck(
             is_safe=True,
             verdict="safe",
-            prescreen=hits,
+            prescreen=[],
             llm_verdict="injection",
             reason=f"LLM verdict overruled: no instruction to the assistant ({parsed.reason})",
             injection_check="full",
@@ -130,18 +713,18 @@ def detect(text: str, client: Any, *, skip_llm: bool) -> InjectionCheck:
     return InjectionCheck(
         is_safe=parsed.verdict == "safe",
         verdict=parsed.verdict,
-        prescreen=hits,
+        prescreen=[],
         llm_verdict=parsed.verdict,
         reason=parsed.reason,
         injection_check="full",
     )
 
 
-def _prescreen_only(hits: list[str], llm_verdict: str, reason: str) -> InjectionCheck:
+def _prescreen_only(llm_verdict: LLMVerdict, reason: str) -> InjectionCheck:
     return InjectionCheck(
         is_safe=True,
         verdict="safe",
-        prescreen=hits,
+        prescreen=[],
         llm_verdict=llm_verdict,
         reason=reason,
         injection_check="prescreen_only",

@@ -330,8 +330,18 @@ def starter_files() -> tuple[list[Path], list[Path]]:
 # ------------------------------------------------------------------------------------------------
 
 
+INJECTION_FLAGS = "injection_flags"
+"""Metadata key: the names of the injection patterns a passage matched (comma-joined, "" when
+clean; absent on passages loaded before screening existed)."""
+
+
 def _metadata(p: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in p.items() if k not in ("idx", "text")}
+    """Stored metadata of a passage, with its injection screen result (:data:`INJECTION_FLAGS`)."""
+    import injection
+
+    meta = {k: v for k, v in p.items() if k not in ("idx", "text", INJECTION_FLAGS)}
+    meta[INJECTION_FLAGS] = ",".join(injection.screen_passage(p["text"]))
+    return meta
 
 
 def load_passages(
@@ -343,7 +353,9 @@ def load_passages(
     """Embed and upsert the passages not yet stored (by id), ``batch_size`` at a time.
 
     Returns how many were added. Safe to interrupt: each batch is committed before the next, and a
-    rerun skips what is already stored."""
+    rerun skips what is already stored. Every passage is screened for planted instructions
+    (:func:`injection.screen_passage`) and the result stored in its metadata; one warning per load
+    gives the count of flagged passages."""
 
     s = settings_or_current(settings)
     store = rag_utils.get_store(s)
@@ -372,16 +384,29 @@ def load_passages(
         file=sys.stderr,
     )
     added = 0
+    flagged: list[str] = []
     try:
         for i in range(0, len(todo), batch_size):
             batch = todo[i : i + batch_size]
             texts = [p["text"] for p in batch]
+            metas = [_metadata(p) for p in batch]
+            flagged += [
+                str(p["idx"]) for p, m in zip(batch, metas, strict=True) if m[INJECTION_FLAGS]
+            ]
             vecs = rag_utils.embed_passages(texts, s)
-            store.upsert([str(p["idx"]) for p in batch], texts, [_metadata(p) for p in batch], vecs)
+            store.upsert([str(p["idx"]) for p in batch], texts, metas, vecs)
             added += len(batch)
             bar.update(len(batch))
     finally:
         bar.close()
+        if flagged:
+            logger.warning(
+                "%d of %d passages loaded look like prompt injections (metadata %r; e.g. %s)",
+                len(flagged),
+                added,
+                INJECTION_FLAGS,
+                ", ".join(flagged[:5]),
+            )
     return added
 
 
@@ -413,6 +438,30 @@ def curated_selection(
     return chosen + pad, sorted(gold - found)
 
 
+def scan_metadata(store: Any) -> dict[str, Any]:
+    """One pass over the stored metadata: passages per source, and how many passages are flagged
+    as injections (per pattern name) or were loaded before screening (no flag field)."""
+    from collections import Counter
+
+    sources: Counter[str] = Counter()
+    flags: Counter[str] = Counter()
+    flagged = unscreened = 0
+    for p in store.iter_all(include_text=False):
+        sources[p["source"] or "(none)"] += 1
+        value = p["metadata"].get(INJECTION_FLAGS)
+        if value is None:
+            unscreened += 1
+        elif value:
+            flagged += 1
+            flags.update(value.split(","))
+    return {
+        "sources": dict(sources.most_common()),
+        "flagged": flagged,
+        "unscreened": unscreened,
+        "flags": dict(flags.most_common()),
+    }
+
+
 def status(settings: Settings | None = None) -> dict[str, Any]:
 
     s = settings_or_current(settings)
@@ -422,6 +471,11 @@ def status(settings: Settings | None = None) -> dict[str, Any]:
     )
     bm25_meta = store.bm25_dir / store.name / "ids.json"
     count = store.count()
+    scan = (
+        scan_metadata(store)
+        if count
+        else {"sources": {}, "flagged": 0, "unscreened": 0, "flags": {}}
+    )
     bm25_count = None
     if bm25_meta.exists():
         try:
@@ -433,7 +487,10 @@ def status(settings: Settings | None = None) -> dict[str, Any]:
         "collection": store.name,
         "embedding_model": rag_utils.embedder_name(s),
         "count": count,
-        "sources": store.sources() if count else {},
+        "sources": scan["sources"],
+        "injection_flagged": scan["flagged"],
+        "injection_unscreened": scan["unscreened"],
+        "injection_flags": scan["flags"],
         "bm25_index": "absent"
         if bm25_count is None
         else ("fresh" if bm25_count == count else "stale"),
@@ -483,6 +540,16 @@ def _print_status(info: dict[str, Any], as_json: bool) -> None:
     print(f"embedding model: {info['embedding_model']}")
     print(f"passages:        {info['count']}")
     print(f"BM25 index:      {info['bm25_index']}")
+    flags = ", ".join(f"{k} {v}" for k, v in info["injection_flags"].items())
+    print(
+        f"injection flags: {info['injection_flagged']} passages flagged"
+        + (f" ({flags})" if flags else "")
+        + (
+            f"; {info['injection_unscreened']} loaded before screening"
+            if info["injection_unscreened"]
+            else ""
+        )
+    )
     if info["sources"]:
         print("sources:")
         for name, n in info["sources"].items():
