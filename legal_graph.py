@@ -62,12 +62,21 @@ RELATIONS = {"element_of": "ELEMENT_OF", "exception_to": "EXCEPTION_TO", "relate
 MODES = ("keyword", "principles", "semantic", "graph", "combined")
 EMBEDDED_ENGINES = ("ladybug", "kuzu", "ryugraph")
 """Python packages of the Kùzu lineage with the same API (``Database``, ``Connection``)."""
+EMBEDDED_THREADS = 1
+"""Threads per embedded query. Graph queries are tiny: one thread answers in ~2 ms, while the
+engine's default (every core) waits on scheduling on a busy 2-core machine (p50 24 ms measured)."""
 RRF_K = 60
 BATCH = 500
-SEMANTIC_TOP = 5
-"""Doctrines the semantic mode expands from."""
+SEMANTIC_TOP = 1
+"""Doctrines the semantic mode expands from (on barexam_dev, more doctrines only added noise)."""
 PRINCIPLE_DECAY = 0.5
 """Weight of a doctrine reached through one relation, relative to the doctrine it came from."""
+CANDIDATES = 100
+"""Passages per mode, by graph score, that the text similarity then orders."""
+GRAPH_WEIGHT = 0.1
+"""Share of the normalised graph score in a mode's ordering score (the rest: cosine to the query)."""
+COMBINED_GRAPH_WEIGHT = 0.5
+"""Weight of the graph ranking against the hybrid ranking in ``combined`` (RRF)."""
 
 
 class GraphError(RuntimeError):
@@ -110,7 +119,8 @@ class Doctrine:
     """How it was linked: ``alias 'notice or a hearing'``, ``semantic 0.41`` or both."""
 
     def text_for_embedding(self) -> str:
-        return f"{self.name}: {self.description}"
+        """Name, description and the first aliases: the aliases carry the words fact patterns use."""
+        return f"{self.name}: {self.description} ({'; '.join(self.aliases[:8])})"
 
 
 @dataclass(frozen=True)
@@ -612,7 +622,9 @@ class EmbeddedBackend:
         try:
             if not read_only:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = self._mod.Database(str(self.path), read_only=read_only)
+            self._db = self._mod.Database(
+                str(self.path), read_only=read_only, max_num_threads=EMBEDDED_THREADS
+            )
             self._conn = self._mod.Connection(self._db)
         except Exception as exc:
             raise GraphError(
@@ -741,7 +753,15 @@ def get_graph(settings: Settings | None = None, *, write: bool = False) -> Graph
             )
         else:
             path = graph_path(s)
-            backend = EmbeddedBackend(path, s.graph_engine, read_only=not write and path.exists())
+            try:
+                backend = EmbeddedBackend(
+                    path, s.graph_engine, read_only=not write and path.exists()
+                )
+            except GraphError:
+                if write or not path.exists():
+                    raise
+                # a read-only open fails on a file left with a write-ahead log to replay
+                backend = EmbeddedBackend(path, s.graph_engine, read_only=False)
         if not getattr(backend, "read_only", False):
             backend.ensure_schema()
             sync_taxonomy(backend)
@@ -759,6 +779,7 @@ def close_graphs() -> None:
                 logger.debug("closing graph %s: %s", backend.where, exc)
         _graphs.clear()
         _cache.clear()
+        _query_vectors.clear()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1081,19 +1102,6 @@ def query_authorities(g: GraphBackend, query: str) -> dict[str, _Seed]:
     return {str(r["id"]): _Seed(1.0, f"cites {r['name']}", str(r["name"])) for r in rows}
 
 
-def semantic_doctrines(
-    query: str, settings: Settings | None = None, top: int = SEMANTIC_TOP
-) -> dict[str, _Seed]:
-    """The ``top`` doctrines whose description is closest to the query by embedding cosine."""
-    tax = load_taxonomy()
-    ids, sims = _doctrine_similarities(query, settings)
-    order = sims.argsort()[::-1][:top]
-    return {
-        ids[i]: _Seed(float(sims[i]), f"semantic {float(sims[i]):.2f} '{tax[ids[i]].name}'")
-        for i in order
-    }
-
-
 _doctrine_vectors: dict[tuple, tuple[list[str], Any]] = {}
 
 
@@ -1137,12 +1145,31 @@ def doctrine_vectors(settings: Settings | None = None) -> tuple[list[str], np.nd
     return ids, vecs
 
 
-def _doctrine_similarities(query: str, settings: Settings | None) -> tuple[list[str], np.ndarray]:
+_query_vectors: dict[tuple[int, str], Any] = {}
+
+
+def embed_query(query: str, settings: Settings | None = None) -> np.ndarray:
+    """The query's embedding, remembered for the last 64 queries (graph_search, its graph
+    modes and link_doctrines embed the same question)."""
     import rag_utils
 
+    s = settings_or_current(settings)
+    embedder = rag_utils.get_embedder(s)
+    key = (id(embedder), query)
+    with _lock:
+        if key in _query_vectors:
+            return _query_vectors[key]
+    vec = embedder.embed_query(query)
+    with _lock:
+        if len(_query_vectors) >= 64:
+            _query_vectors.pop(next(iter(_query_vectors)))
+        _query_vectors[key] = vec
+    return vec
+
+
+def _doctrine_similarities(query: str, settings: Settings | None) -> tuple[list[str], np.ndarray]:
     ids, vecs = doctrine_vectors(settings)
-    q = rag_utils.get_embedder(settings_or_current(settings)).embed_query(query)
-    return ids, vecs @ q
+    return ids, vecs @ embed_query(query, settings)
 
 
 def _expand(
@@ -1186,21 +1213,25 @@ def _rank(hits: dict[str, GraphHit], k: int) -> list[GraphHit]:
     return sorted(hits.values(), key=lambda h: (-h.score, h.id))[:k]
 
 
-def _fuse(rankings: Sequence[Sequence[GraphHit]], k: int) -> list[GraphHit]:
-    """Reciprocal rank fusion; each passage keeps the path from its best-ranked list."""
+def _fuse(
+    rankings: Sequence[Sequence[GraphHit]], k: int, weights: Sequence[float] | None = None
+) -> list[GraphHit]:
+    """Weighted reciprocal rank fusion; each passage keeps the path from its best-ranked list."""
     fused: dict[str, GraphHit] = {}
     best_rank: dict[str, int] = {}
-    for ranking in rankings:
+    for i, ranking in enumerate(rankings):
+        w = 1.0 if weights is None else weights[i]
         for r, h in enumerate(ranking, start=1):
             cur = fused.setdefault(h.id, GraphHit(h.id, 0.0, h.path))
-            cur.score += 1.0 / (RRF_K + r)
+            cur.score += w / (RRF_K + r)
             if r < best_rank.get(h.id, 10**9):
                 best_rank[h.id] = r
                 cur.path = h.path
     return _rank(fused, k)
 
 
-def _keyword(g: GraphBackend, query: str, exclude: list[str], pool: int) -> list[GraphHit]:
+def _keyword(g: GraphBackend, query: str, exclude: list[str]) -> dict[str, GraphHit]:
+    """Passages mentioning a doctrine the query names, or citing an authority it cites."""
     hits = _expand(g, alias_doctrines(g, query), exclude)
     for pid, h in _expand(g, query_authorities(g, query), exclude, kind="authority").items():
         cur = hits.get(pid)
@@ -1210,35 +1241,70 @@ def _keyword(g: GraphBackend, query: str, exclude: list[str], pool: int) -> list
         if h.score > cur.score:  # the path of the larger contribution
             cur.path = h.path
         cur.score += h.score
-    return _rank(hits, pool)
+    return hits
 
 
-def _principles(
-    g: GraphBackend, query: str, exclude: list[str], pool: int, settings: Settings
-) -> list[GraphHit]:
+def _principles(g: GraphBackend, query: str, exclude: list[str]) -> dict[str, GraphHit]:
+    """Passages of the doctrines the query names and of their elements, exceptions and related
+    doctrines (one hop, weight x PRINCIPLE_DECAY)."""
     tax = load_taxonomy()
     seeds = alias_doctrines(g, query)
-    for did, seed in semantic_doctrines(query, settings, top=3).items():
-        seeds.setdefault(did, seed)
-    rows = [
-        (rel, r)
-        for rel in RELATIONS.values()
-        for r in g.run(Q_NEIGHBOURS.replace("{rel}", rel), {"ids": list(seeds)})
-    ]
+    if not seeds:
+        return {}
     expanded = {did: _Seed(s.weight, s.why) for did, s in seeds.items()}
-    for rel, r in rows:
-        src, dst = str(r["src"]), str(r["dst"])
-        weight = seeds[src].weight * PRINCIPLE_DECAY
-        if dst not in expanded or expanded[dst].weight < weight:
-            why = f"{seeds[src].why} -> {tax[src].name} -[{rel}]- {tax[dst].name}"
-            expanded[dst] = _Seed(weight, why)
-    return _rank(_expand(g, expanded, exclude), pool)
+    for rel in RELATIONS.values():
+        for r in g.run(Q_NEIGHBOURS.replace("{rel}", rel), {"ids": list(seeds)}):
+            src, dst = str(r["src"]), str(r["dst"])
+            weight = seeds[src].weight * PRINCIPLE_DECAY
+            if dst not in expanded or expanded[dst].weight < weight:
+                why = f"{seeds[src].why} -> {tax[src].name} -[{rel}]- {tax[dst].name}"
+                expanded[dst] = _Seed(weight, why)
+    return _expand(g, expanded, exclude)
 
 
 def _semantic(
-    g: GraphBackend, query: str, exclude: list[str], pool: int, settings: Settings
-) -> list[GraphHit]:
-    return _rank(_expand(g, semantic_doctrines(query, settings), exclude), pool)
+    g: GraphBackend, query: str, exclude: list[str], qvec: np.ndarray, settings: Settings
+) -> dict[str, GraphHit]:
+    """Passages of the doctrine(s) whose description is closest to the query."""
+    tax = load_taxonomy()
+    ids, vecs = doctrine_vectors(settings)
+    sims = vecs @ qvec
+    seeds = {
+        ids[i]: _Seed(float(sims[i]), f"semantic {float(sims[i]):.2f} '{tax[ids[i]].name}'")
+        for i in sims.argsort()[::-1][:SEMANTIC_TOP]
+    }
+    return _expand(g, seeds, exclude)
+
+
+def _order_by_text(
+    candidates: Sequence[dict[str, GraphHit]], qvec: np.ndarray, settings: Settings
+) -> list[list[GraphHit]]:
+    """Each mode's top CANDIDATES passages by graph score, ordered by cosine to the query +
+    GRAPH_WEIGHT x graph score / the mode's best graph score. The graph decides which passages
+    are on topic; within that set the text decides the order (graph scores alone tie across the
+    many passages that mention the same doctrine). One store read for all modes."""
+    import numpy as np
+
+    import rag_utils
+
+    tops = [_rank(c, CANDIDATES) for c in candidates]
+    wanted = list(dict.fromkeys(h.id for top in tops for h in top))
+    if not wanted:
+        return [[] for _ in tops]
+    stored = rag_utils.get_store(settings).get(wanted, with_embeddings=True)
+    cos = {
+        d["id"]: float(np.asarray(d["embedding"], dtype=np.float32) @ qvec)
+        for d in stored
+        if d.get("embedding") is not None
+    }
+    out = []
+    for top in tops:
+        best = max((h.score for h in top), default=0.0) or 1.0
+        ordered = [
+            GraphHit(h.id, cos.get(h.id, 0.0) + GRAPH_WEIGHT * h.score / best, h.path) for h in top
+        ]
+        out.append(sorted(ordered, key=lambda h: (-h.score, h.id)))
+    return out
 
 
 def search_graph(
@@ -1250,7 +1316,8 @@ def search_graph(
 ) -> list[GraphHit]:
     """Passage ids the graph reaches for ``query`` with scores and paths, best first, without
     ``exclude_ids``. Modes: keyword, principles, semantic, graph (the three fused by RRF).
-    ``combined`` needs passage texts and is served by :func:`graph_search`."""
+    ``combined`` needs the hybrid retrieval too and is served by :func:`graph_search`."""
+
     s = settings_or_current(settings)
     if mode not in MODES or mode == "combined":
         raise ValueError(f"unknown graph mode {mode!r}: use keyword, principles, semantic or graph")
@@ -1259,19 +1326,20 @@ def search_graph(
         return []
     g = get_graph(s)
     exclude = [str(i) for i in dict.fromkeys(exclude_ids)]
-    pool = max(k, 50)
-    if mode == "keyword":
-        return _keyword(g, query, exclude, k)
-    if mode == "principles":
-        return _principles(g, query, exclude, k, s)
-    if mode == "semantic":
-        return _semantic(g, query, exclude, k, s)
-    rankings = [
-        _keyword(g, query, exclude, pool),
-        _principles(g, query, exclude, pool, s),
-        _semantic(g, query, exclude, pool, s),
-    ]
-    return _fuse([r for r in rankings if r], k)
+    qvec = embed_query(query, s)
+    modes = ("keyword", "principles", "semantic") if mode == "graph" else (mode,)
+    candidates = []
+    for m in modes:
+        if m == "keyword":
+            candidates.append(_keyword(g, query, exclude))
+        elif m == "principles":
+            candidates.append(_principles(g, query, exclude))
+        else:
+            candidates.append(_semantic(g, query, exclude, qvec, s))
+    ordered = _order_by_text(candidates, qvec, s)
+    if mode != "graph":
+        return ordered[0][:k]
+    return _fuse([o for o in ordered if o], k)
 
 
 def graph_search(
@@ -1288,8 +1356,9 @@ def graph_search(
     dense_score, rerank_score, rank``), texts fetched from the vector store; ``metadata`` adds
     ``graph_mode`` and ``graph_path`` (how the graph reached the passage).
 
-    ``mode="combined"`` fuses the graph ranking with ``rag_utils`` retrieval (``reranker``,
-    hybrid dense + BM25 by default) by reciprocal rank fusion."""
+    ``mode="combined"`` fuses ``rag_utils`` retrieval (``reranker``: hybrid dense + BM25 by
+    default) with the graph ranking by reciprocal rank fusion, the graph weighted
+    COMBINED_GRAPH_WEIGHT."""
     import numpy as np
 
     import rag_utils
@@ -1297,7 +1366,7 @@ def graph_search(
     s = settings_or_current(settings)
     excluded = [str(i) for i in dict.fromkeys(exclude_ids)]
     if mode == "combined":
-        pool = max(k, 4 * k, 20)
+        pool = max(4 * k, 20)
         graph_hits = search_graph(query, pool, excluded, "graph", s)
         dense = rag_utils.retrieve_documents_multi_query(
             [query], k=pool, exclude_ids=excluded, reranker=reranker, settings=s
@@ -1306,14 +1375,14 @@ def graph_search(
             GraphHit(d["id"], float(d.get("rerank_score") or 0.0), [f"{reranker} retrieval"])
             for d in dense
         ]
-        hits = _fuse([graph_hits, dense_hits], k)
+        hits = _fuse([dense_hits, graph_hits], k, weights=[1.0, COMBINED_GRAPH_WEIGHT])
     else:
         hits = search_graph(query, k, excluded, mode, s)
     if not hits:
         return []
     store = rag_utils.get_store(s)
     docs = {d["id"]: d for d in store.get([h.id for h in hits], with_embeddings=True)}
-    q = rag_utils.get_embedder(s).embed_query(query)
+    q = embed_query(query, s)
     out: list[dict[str, Any]] = []
     for h in hits:
         d = docs.get(h.id)

@@ -219,7 +219,7 @@ def test_loading_is_idempotent_and_redoes_an_interrupted_passage(tiny_graph, gra
     assert lg.graph_counts(tiny_graph) == before
 
 
-def test_keyword_search_by_alias_and_by_citation(tiny_graph, graph_settings):
+def test_keyword_search_by_alias_and_by_citation(tiny_graph, graph_settings, fake):
     hits = lg.search_graph("Is the excited utterance admissible?", 5, mode="keyword")
     assert hits[0].id == "p_excited"
     assert "alias 'excited utterance'" in hits[0].path[0]
@@ -362,14 +362,14 @@ def test_neo4j_runs_the_same_cypher_and_parameters_as_the_embedded_graph(graph_s
     recorded = Recorder(lg.get_graph(graph_settings, write=True))
     lg.add_passages(TINY, graph_settings, backend=recorded)
     lg._cache.clear()
-    want = lg._keyword(recorded, "excited utterance under Rule 803(2) and FRE 803", [], 5)
+    want = lg._rank(lg._keyword(recorded, "excited utterance under Rule 803(2) and FRE 803", []), 5)
     assert want and want[0].id == "p_excited"
 
     driver = FakeDriver(replies=[rows for _, _, rows in recorded.calls])
     neo = lg.Neo4jBackend("bolt://localhost:7687", database="legal", driver=driver)
     assert lg.add_passages(TINY, graph_settings, backend=neo) == len(TINY)
     lg._cache.clear()
-    got = lg._keyword(neo, "excited utterance under Rule 803(2) and FRE 803", [], 5)
+    got = lg._rank(lg._keyword(neo, "excited utterance under Rule 803(2) and FRE 803", []), 5)
 
     assert [(c, p) for c, p, _ in driver.sent] == [(c, p) for c, p, _ in recorded.calls]
     assert all(db == "legal" for _, _, db in driver.sent)
