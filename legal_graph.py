@@ -77,6 +77,8 @@ GRAPH_WEIGHT = 0.1
 """Share of the normalised graph score in a mode's ordering score (the rest: cosine to the query)."""
 COMBINED_GRAPH_WEIGHT = 0.5
 """Weight of the graph ranking against the hybrid ranking in ``combined`` (RRF)."""
+COMBINED_POOL = 100
+"""Depth of each ranking fused in ``combined``."""
 
 
 class GraphError(RuntimeError):
@@ -133,33 +135,13 @@ class Match:
     end: int
 
 
-class Taxonomy:
-    """The doctrines with an alias index for longest-match linking."""
+class AliasIndex:
+    """Alias token sequences -> doctrine ids, matched greedily left to right."""
 
-    def __init__(self, doctrines: Sequence[Doctrine], fingerprint: str = "") -> None:
-        self.doctrines: dict[str, Doctrine] = {d.id: d for d in doctrines}
-        self.fingerprint = fingerprint
-        self.subjects: list[str] = sorted({d.subject for d in doctrines})
-        index: dict[tuple[str, ...], list[str]] = defaultdict(list)
-        for d in doctrines:
-            for alias in (d.name, *d.aliases):
-                key = tuple(tokens(alias))
-                if key and d.id not in index[key]:
-                    index[key].append(d.id)
-        self._index = {k: tuple(v) for k, v in index.items()}
-        self._max_len = max((len(k) for k in self._index), default=0)
-        self._first = {k[0] for k in self._index}
-
-    def __len__(self) -> int:
-        return len(self.doctrines)
-
-    def __getitem__(self, doctrine_id: str) -> Doctrine:
-        return self.doctrines[doctrine_id]
-
-    def aliases_of(self, doctrine_id: str) -> list[str]:
-        """Normalized aliases (name included) of a doctrine, as stored on its graph node."""
-        d = self.doctrines[doctrine_id]
-        return list(dict.fromkeys(normalize(a) for a in (d.name, *d.aliases) if tokens(a)))
+    def __init__(self, entries: dict[tuple[str, ...], tuple[str, ...]]) -> None:
+        self._index = entries
+        self._max_len = max((len(k) for k in entries), default=0)
+        self._first = {k[0] for k in entries}
 
     def find(self, text: str | Sequence[str]) -> list[Match]:
         """Alias matches in ``text`` (or its tokens): at each position the longest alias wins and
@@ -180,6 +162,37 @@ class Taxonomy:
             else:
                 i += 1
         return out
+
+
+class Taxonomy:
+    """The doctrines with an alias index for longest-match linking."""
+
+    def __init__(self, doctrines: Sequence[Doctrine], fingerprint: str = "") -> None:
+        self.doctrines: dict[str, Doctrine] = {d.id: d for d in doctrines}
+        self.fingerprint = fingerprint
+        self.subjects: list[str] = sorted({d.subject for d in doctrines})
+        index: dict[tuple[str, ...], list[str]] = defaultdict(list)
+        for d in doctrines:
+            for alias in (d.name, *d.aliases):
+                key = tuple(tokens(alias))
+                if key and d.id not in index[key]:
+                    index[key].append(d.id)
+        self._aliases = AliasIndex({k: tuple(v) for k, v in index.items()})
+
+    def __len__(self) -> int:
+        return len(self.doctrines)
+
+    def __getitem__(self, doctrine_id: str) -> Doctrine:
+        return self.doctrines[doctrine_id]
+
+    def aliases_of(self, doctrine_id: str) -> list[str]:
+        """Normalized aliases (name included) of a doctrine, as stored on its graph node."""
+        d = self.doctrines[doctrine_id]
+        return list(dict.fromkeys(normalize(a) for a in (d.name, *d.aliases) if tokens(a)))
+
+    def find(self, text: str | Sequence[str]) -> list[Match]:
+        """Alias matches in ``text`` (or its tokens), longest match first (see AliasIndex)."""
+        return self._aliases.find(text)
 
     def resolve(self, matches: Sequence[Match]) -> Counter[str]:
         """Mention counts per doctrine. An alias shared by doctrines of several subjects goes to
@@ -1062,13 +1075,10 @@ def _passage_count(g: GraphBackend) -> int:
     return _cache[key]
 
 
-def alias_doctrines(
-    g: GraphBackend, query: str, taxonomy: Taxonomy | None = None
-) -> dict[str, _Seed]:
+def alias_doctrines(g: GraphBackend, query: str) -> dict[str, _Seed]:
     """Doctrines whose aliases occur in ``query`` — found by Cypher over the Doctrine nodes'
     aliases, then reduced to the longest non-overlapping matches (so "procedural due process"
     does not also count as "due process")."""
-    tax = taxonomy or load_taxonomy()
     q = normalize(query)
     rows = g.run(Q_ALIAS_MATCH, {"q": q})
     if not rows:
@@ -1076,13 +1086,9 @@ def alias_doctrines(
     by_alias: dict[str, list[str]] = defaultdict(list)
     for r in rows:
         by_alias[str(r["alias"]).strip()].append(str(r["id"]))
-    sub = Taxonomy.__new__(Taxonomy)  # an index of just the hit aliases, for longest matching
-    sub.doctrines = tax.doctrines
-    sub._index = {tuple(a.split()): tuple(ids) for a, ids in by_alias.items()}
-    sub._max_len = max(len(k) for k in sub._index)
-    sub._first = {k[0] for k in sub._index}
+    hit_index = AliasIndex({tuple(a.split()): tuple(ids) for a, ids in by_alias.items()})
     seeds: dict[str, _Seed] = {}
-    for m in sub.find(q.split()):
+    for m in hit_index.find(q.split()):
         share = 1.0 / len(m.doctrine_ids)  # an alias naming several doctrines counts less for each
         for did in m.doctrine_ids:
             cur = seeds.get(did)
@@ -1366,7 +1372,7 @@ def graph_search(
     s = settings_or_current(settings)
     excluded = [str(i) for i in dict.fromkeys(exclude_ids)]
     if mode == "combined":
-        pool = max(4 * k, 20)
+        pool = max(k, COMBINED_POOL)
         graph_hits = search_graph(query, pool, excluded, "graph", s)
         dense = rag_utils.retrieve_documents_multi_query(
             [query], k=pool, exclude_ids=excluded, reranker=reranker, settings=s
