@@ -28,6 +28,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import injection
+import legal_graph
 import rag_utils
 from settings import Settings, SettingsError, load_dotenv_file, set_settings, settings_or_current
 
@@ -337,7 +339,6 @@ clean; absent on passages loaded before screening existed)."""
 
 def _metadata(p: dict[str, Any]) -> dict[str, Any]:
     """Stored metadata of a passage, with its injection screen result (:data:`INJECTION_FLAGS`)."""
-    import injection
 
     meta = {k: v for k, v in p.items() if k not in ("idx", "text", INJECTION_FLAGS)}
     meta[INJECTION_FLAGS] = ",".join(injection.screen_passage(p["text"]))
@@ -370,6 +371,7 @@ def load_passages(
             "%d of %d passages already stored; loading %d", len(present), len(ids), len(todo)
         )
     if not todo:
+        _update_graph(passages, s)
         return 0
     rag_utils.require_writable(s, f"add {len(todo)} passages")
     rag_utils.get_embedder(s)  # load (or export) the model before the progress bar starts
@@ -407,7 +409,17 @@ def load_passages(
                 INJECTION_FLAGS,
                 ", ".join(flagged[:5]),
             )
+    _update_graph(passages, s)
     return added
+
+
+def _update_graph(passages: Sequence[dict[str, Any]], settings: Settings) -> None:
+    """Add the passages to the knowledge graph (legal_graph.py); those already in it are skipped,
+    so the graph catches up with the vector store on every load."""
+
+    added = legal_graph.on_passages_loaded(passages, settings)
+    if added:
+        logger.info("knowledge graph: %d passages added", added)
 
 
 def ensure_starter_index(settings: Settings | None = None) -> int:
@@ -495,7 +507,13 @@ def status(settings: Settings | None = None) -> dict[str, Any]:
         if bm25_count is None
         else ("fresh" if bm25_count == count else "stale"),
         "reranker": s.reranker,
+        "graph": _graph_status(s),
     }
+
+
+def _graph_status(settings: Settings) -> dict[str, Any]:
+
+    return legal_graph.graph_status(settings)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -513,12 +531,13 @@ def build_parser() -> argparse.ArgumentParser:
             "  N                 load the first N passages of the source (all when omitted)\n"
             "  status            collection size, embedding model and sources (--json)\n"
             "  curated [N]       every gold passage of the QA set + N padding passages (default 500)\n"
-            "  starter           (re)load the bundled starter corpus\n\n"
+            "  starter           (re)load the bundled starter corpus\n"
+            "  graph             rebuild the knowledge graph from the vector store's passages\n\n"
             "source: --passages PATH, else datasets/barexam_qa/, else a download of HF_DATASET\n"
             "(reglab/barexam_qa) when online, else the starter corpus."
         ),
     )
-    p.add_argument("command", nargs="?", help="N | status | curated | starter")
+    p.add_argument("command", nargs="?", help="N | status | curated | starter | graph")
     p.add_argument("n", nargs="?", type=int, help="number of padding passages for 'curated'")
     p.add_argument("--passages", help="passages file (CSV, TSV, JSONL, JSON, Parquet)")
     p.add_argument("--qa", help="QA file for 'curated' (same formats; needs gold_idx)")
@@ -554,6 +573,12 @@ def _print_status(info: dict[str, Any], as_json: bool) -> None:
         print("sources:")
         for name, n in info["sources"].items():
             print(f"  {n:>8}  {name}")
+    graph = info.get("graph")
+    if graph:
+        print(f"graph:           {graph.get('engine')} ({graph.get('state')})")
+        for kind in ("nodes", "edges"):
+            counts = ", ".join(f"{k} {v}" for k, v in graph.get(kind, {}).items())
+            print(f"  {kind + ':':<7} {counts}")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -561,6 +586,16 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     command = (args.command or "").strip().lower()
     if command == "status":
         _print_status(status(settings), args.json)
+        return 0
+    if command == "graph":
+        built = legal_graph.rebuild(settings, progress=not args.no_progress)
+        if args.json:
+            print(json.dumps(built, indent=2))
+        else:
+            nodes = ", ".join(f"{k} {v}" for k, v in built["nodes"].items())
+            edges = ", ".join(f"{k} {v}" for k, v in built["edges"].items())
+            print(f"graph rebuilt from {built['passages']} passages in {built['seconds']} s")
+            print(f"  nodes: {nodes}\n  edges: {edges}")
         return 0
 
     limit: int | None = None
@@ -572,7 +607,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     elif command == "curated":
         padding = DEFAULT_PADDING if args.n is None else args.n
     elif command != "starter":
-        raise CorpusError(f"unknown command {args.command!r}: use N, status, curated or starter")
+        raise CorpusError(
+            f"unknown command {args.command!r}: use N, status, curated, starter or graph"
+        )
     if command != "curated" and args.n is not None:
         raise CorpusError(f"unexpected extra argument {args.n}")
 
@@ -649,7 +686,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
-        if isinstance(exc, rag_utils.ModelLoadError | rag_utils.StoreError):
+        if isinstance(
+            exc, rag_utils.ModelLoadError | rag_utils.StoreError | legal_graph.GraphError
+        ):
             print(f"error: {exc}", file=sys.stderr)
             return 1
         raise

@@ -141,6 +141,20 @@ class Settings:
     max_iterations: int = 6
     retrieval_k: int = 5
 
+    # --- knowledge graph (legal_graph.py) ------------------------------------------------------
+    graph_build: bool = True
+    """Build the knowledge graph when passages load (python load_corpus.py graph rebuilds it)."""
+    graph_engine: str = "ladybug"
+    """Embedded graph database: ladybug (default), kuzu or ryugraph; unused when NEO4J_URI is set."""
+    graph_dir: str | None = None
+    """Folder of the embedded graph; empty = CHROMA_DIR/graph."""
+    neo4j_uri: str | None = None
+    """bolt://host:7687 or neo4j://...: use Neo4j (official driver) instead of the embedded graph."""
+    neo4j_user: str = "neo4j"
+    neo4j_password: str | None = field(default=None, repr=False)
+    neo4j_database: str | None = None
+    """Neo4j database name; empty = the server's default."""
+
     # --- data ---------------------------------------------------------------------------------
     hf_dataset: str = "reglab/barexam_qa"
     datasets_dir: str = "datasets"
@@ -207,6 +221,11 @@ class Settings:
         if self.passage_window_tokens and not 16 <= self.passage_window_tokens <= 512:
             raise SettingsError(
                 f"PASSAGE_WINDOW_TOKENS={self.passage_window_tokens}: 0 (off) or 16 to 512"
+            )
+        if self.graph_engine not in {"ladybug", "kuzu", "ryugraph"}:
+            raise SettingsError(
+                f"GRAPH_ENGINE={self.graph_engine!r}: use ladybug, kuzu or ryugraph "
+                "(set NEO4J_URI for Neo4j)"
             )
         for name in ("max_steps", "max_iterations", "retrieval_k", "overretrieve_factor"):
             if getattr(self, name) < 1:

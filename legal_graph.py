@@ -1,0 +1,1515 @@
+"""A legal knowledge graph over the passage corpus: doctrines, authorities and the passages that
+mention or cite them, queried with Cypher.
+
+Why a graph: dense and BM25 retrieval see words, not the structure of the law. A question about an
+excited utterance should reach passages on the hearsay exceptions even when they share few words
+with the fact pattern, and a multi-issue question should be split into the doctrines it raises
+(free speech, free exercise, procedural due process), not researched as one blurred topic.
+
+* **Taxonomy** (``datasets/legal_taxonomy.jsonl``, written by the team): several hundred doctrines
+  of the MBE subjects, each with aliases (the phrasings a question or passage uses), a one-line
+  description (for embedding similarity) and relations ``element_of`` / ``exception_to`` /
+  ``related_to``. :func:`load_taxonomy`.
+* **Extraction** is deterministic, so a corpus loads at about the vector load's speed: doctrine
+  mentions by alias (word boundaries, case-insensitive, longest match) and authorities by citation
+  patterns (``28 U.S.C. § 1332``, ``Fed. R. Civ. P. 12(b)(6)``, ``FRE 803(2)``, ``Rule 803(2)``,
+  ``U.S. Const. amend. XIV, § 1``, ``First Amendment``, ``U.C.C. § 2-207``, ``X v. Y``).
+  :func:`extract_doctrines`, :func:`extract_authorities`.
+* **Graph**: nodes Passage, Doctrine, Authority, Subject; edges MENTIONS (passage → doctrine),
+  CITES (passage → authority), PART_OF (doctrine → subject), ELEMENT_OF / EXCEPTION_TO /
+  RELATED_TO (doctrine → doctrine). The engine is an embedded Kùzu-lineage database (LadybugDB by
+  default, no server) or Neo4j through its official driver when ``NEO4J_URI`` is set; both run the
+  same Cypher (only the schema statements differ). :func:`get_graph`.
+* **Loading** is idempotent and resumable like the vector load: :func:`add_passages` skips passages
+  already complete in the graph; :func:`rebuild` rebuilds from the vector store's passages.
+* **Search** (:func:`search_graph`, :func:`graph_search`) in the modes ``keyword`` (Cypher over
+  doctrine aliases and authority names in the query), ``principles`` (linked doctrines → their
+  elements, exceptions and related doctrines → passages), ``semantic`` (query embedding against
+  the doctrine descriptions → passages), ``graph`` (the three fused) and ``combined`` (graph fused
+  with the hybrid dense + BM25 retrieval by reciprocal rank fusion).
+* **Issue spotting**: :func:`link_doctrines` links a question to doctrines (aliases and embedding
+  similarity); :func:`merge_agenda` merges them with the model's issue list, one item per doctrine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import re
+import shutil
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import rag_utils
+from settings import Settings, settings_or_current
+
+if TYPE_CHECKING:
+    import numpy as np
+
+logger = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+TAXONOMY_PATH = HERE / "datasets" / "legal_taxonomy.jsonl"
+NODE_TYPES = ("Passage", "Doctrine", "Authority", "Subject")
+EDGE_TYPES = ("MENTIONS", "CITES", "PART_OF", "ELEMENT_OF", "EXCEPTION_TO", "RELATED_TO")
+RELATIONS = {"element_of": "ELEMENT_OF", "exception_to": "EXCEPTION_TO", "related_to": "RELATED_TO"}
+MODES = ("keyword", "principles", "semantic", "graph", "combined")
+EMBEDDED_ENGINES = ("ladybug", "kuzu", "ryugraph")
+"""Python packages of the Kùzu lineage with the same API (``Database``, ``Connection``)."""
+EMBEDDED_THREADS = 1
+"""Threads per embedded query. Graph queries are tiny: one thread answers in ~2 ms, while the
+engine's default (every core) waits on scheduling on a busy 2-core machine (p50 24 ms measured)."""
+RRF_K = 60
+BATCH = 500
+SEMANTIC_TOP = 1
+"""Doctrines the semantic mode expands from (on barexam_dev, more doctrines only added noise)."""
+PRINCIPLE_DECAY = 0.5
+"""Weight of a doctrine reached through one relation, relative to the doctrine it came from."""
+CANDIDATES = 100
+"""Passages per mode, by graph score, that the text similarity then orders."""
+GRAPH_WEIGHT = 0.1
+"""Share of the normalised graph score in a mode's ordering score (the rest: cosine to the query)."""
+COMBINED_GRAPH_WEIGHT = 0.5
+"""Weight of the graph ranking against the hybrid ranking in ``combined`` (RRF)."""
+COMBINED_POOL = 100
+"""Depth of each ranking fused in ``combined``."""
+
+
+class GraphError(RuntimeError):
+    """The graph database cannot be opened or used; the message says what to do."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Taxonomy
+# ------------------------------------------------------------------------------------------------
+
+
+_TOKEN = re.compile(r"[a-z0-9]+")
+
+
+def tokens(text: str) -> list[str]:
+    """Lower-case word tokens; punctuation and hyphens separate words ("res ipsa", "2-207")."""
+    return _TOKEN.findall(text.lower())
+
+
+def normalize(text: str) -> str:
+    """Tokens joined by single spaces and padded with one space on each side, so that
+    ``" due process " in normalize(text)`` is a whole-word test (used in Cypher CONTAINS)."""
+    return " " + " ".join(tokens(text)) + " "
+
+
+@dataclass(frozen=True)
+class Doctrine:
+    """One doctrine of the taxonomy; ``score`` and ``via`` are set when it is linked to a text."""
+
+    id: str
+    name: str
+    subject: str
+    description: str
+    aliases: tuple[str, ...] = ()
+    element_of: tuple[str, ...] = ()
+    exception_to: tuple[str, ...] = ()
+    related_to: tuple[str, ...] = ()
+    score: float = 0.0
+    via: str = ""
+    """How it was linked: ``alias 'notice or a hearing'``, ``semantic 0.41`` or both."""
+
+    def text_for_embedding(self) -> str:
+        """Name, description and the first aliases: the aliases carry the words fact patterns use."""
+        return f"{self.name}: {self.description} ({'; '.join(self.aliases[:8])})"
+
+
+@dataclass(frozen=True)
+class Match:
+    """A doctrine alias found in a text: token span [start, end)."""
+
+    doctrine_ids: tuple[str, ...]
+    alias: str
+    start: int
+    end: int
+
+
+class AliasIndex:
+    """Alias token sequences -> doctrine ids, matched greedily left to right."""
+
+    def __init__(self, entries: dict[tuple[str, ...], tuple[str, ...]]) -> None:
+        self._index = entries
+        self._max_len = max((len(k) for k in entries), default=0)
+        self._first = {k[0] for k in entries}
+
+    def find(self, text: str | Sequence[str]) -> list[Match]:
+        """Alias matches in ``text`` (or its tokens): at each position the longest alias wins and
+        matches never overlap, so "procedural due process" is not also "due process"."""
+        toks = tokens(text) if isinstance(text, str) else list(text)
+        out: list[Match] = []
+        i, n = 0, len(toks)
+        while i < n:
+            if toks[i] in self._first:
+                for length in range(min(self._max_len, n - i), 0, -1):
+                    ids = self._index.get(tuple(toks[i : i + length]))
+                    if ids:
+                        out.append(Match(ids, " ".join(toks[i : i + length]), i, i + length))
+                        i += length
+                        break
+                else:
+                    i += 1
+            else:
+                i += 1
+        return out
+
+
+class Taxonomy:
+    """The doctrines with an alias index for longest-match linking."""
+
+    def __init__(self, doctrines: Sequence[Doctrine], fingerprint: str = "") -> None:
+        self.doctrines: dict[str, Doctrine] = {d.id: d for d in doctrines}
+        self.fingerprint = fingerprint
+        self.subjects: list[str] = sorted({d.subject for d in doctrines})
+        index: dict[tuple[str, ...], list[str]] = defaultdict(list)
+        for d in doctrines:
+            for alias in (d.name, *d.aliases):
+                key = tuple(tokens(alias))
+                if key and d.id not in index[key]:
+                    index[key].append(d.id)
+        self._aliases = AliasIndex({k: tuple(v) for k, v in index.items()})
+
+    def __len__(self) -> int:
+        return len(self.doctrines)
+
+    def __getitem__(self, doctrine_id: str) -> Doctrine:
+        return self.doctrines[doctrine_id]
+
+    def aliases_of(self, doctrine_id: str) -> list[str]:
+        """Normalized aliases (name included) of a doctrine, as stored on its graph node."""
+        d = self.doctrines[doctrine_id]
+        return list(dict.fromkeys(normalize(a) for a in (d.name, *d.aliases) if tokens(a)))
+
+    def find(self, text: str | Sequence[str]) -> list[Match]:
+        """Alias matches in ``text`` (or its tokens), longest match first (see AliasIndex)."""
+        return self._aliases.find(text)
+
+    def resolve(self, matches: Sequence[Match]) -> Counter[str]:
+        """Mention counts per doctrine. An alias shared by doctrines of several subjects goes to
+        the subject the text's unambiguous mentions favour (all of them on a tie)."""
+        counts: Counter[str] = Counter()
+        subjects: Counter[str] = Counter()
+        for m in matches:
+            if len(m.doctrine_ids) == 1:
+                counts[m.doctrine_ids[0]] += 1
+                subjects[self.doctrines[m.doctrine_ids[0]].subject] += 1
+        for m in matches:
+            if len(m.doctrine_ids) > 1:
+                best = max(subjects[self.doctrines[i].subject] for i in m.doctrine_ids)
+                for i in m.doctrine_ids:
+                    if subjects[self.doctrines[i].subject] == best:
+                        counts[i] += 1
+        return counts
+
+    def root(self, doctrine_id: str) -> str:
+        """The claim a doctrine belongs to: follow ``element_of`` / ``exception_to`` upward
+        (first parent each time) to a doctrine that has neither."""
+        seen = {doctrine_id}
+        cur = self.doctrines[doctrine_id]
+        while True:
+            parents = [p for p in (*cur.element_of, *cur.exception_to) if p in self.doctrines]
+            nxt = next((p for p in parents if p not in seen), None)
+            if nxt is None:
+                return cur.id
+            seen.add(nxt)
+            cur = self.doctrines[nxt]
+
+    def neighbours(self, doctrine_id: str) -> list[tuple[str, str]]:
+        """``(relation, other doctrine id)`` in both directions."""
+        return list(self._neighbours().get(doctrine_id, ()))
+
+    def _neighbours(self) -> dict[str, list[tuple[str, str]]]:
+        cached = getattr(self, "_nb", None)
+        if cached is None:
+            cached = defaultdict(list)
+            for d in self.doctrines.values():
+                for field_name, rel in RELATIONS.items():
+                    for other in getattr(d, field_name):
+                        if other in self.doctrines:
+                            cached[d.id].append((rel, other))
+                            cached[other].append((rel, d.id))
+            self._nb = cached
+        return cached
+
+
+_taxonomies: dict[tuple[str, int], Taxonomy] = {}
+_lock = threading.RLock()
+
+
+def load_taxonomy(path: str | Path | None = None) -> Taxonomy:
+    """The doctrine taxonomy (JSONL, one doctrine a line), validated: unique ids, a name, a
+    subject and relations that name existing ids. Cached per file and modification time."""
+    p = Path(path) if path is not None else TAXONOMY_PATH
+    try:
+        raw = p.read_bytes()
+        mtime = p.stat().st_mtime_ns
+    except OSError as exc:
+        raise GraphError(f"cannot read the doctrine taxonomy {p}: {exc.strerror}") from None
+    key = (str(p.resolve()), mtime)
+    with _lock:
+        if key in _taxonomies:
+            return _taxonomies[key]
+    doctrines: list[Doctrine] = []
+    for lineno, line in enumerate(raw.decode("utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            doctrines.append(
+                Doctrine(
+                    id=str(rec["id"]),
+                    name=str(rec["name"]),
+                    subject=str(rec["subject"]),
+                    description=str(rec.get("description", "")),
+                    aliases=tuple(str(a) for a in rec.get("aliases", ())),
+                    element_of=tuple(rec.get("element_of", ())),
+                    exception_to=tuple(rec.get("exception_to", ())),
+                    related_to=tuple(rec.get("related_to", ())),
+                )
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise GraphError(f"{p}: line {lineno}: not a doctrine record ({exc})") from None
+    ids = [d.id for d in doctrines]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise GraphError(f"{p}: duplicate doctrine id {dup!r}")
+    known = set(ids)
+    for d in doctrines:
+        for field_name in RELATIONS:
+            for other in getattr(d, field_name):
+                if other not in known:
+                    raise GraphError(f"{p}: {d.id}.{field_name} names unknown doctrine {other!r}")
+    tax = Taxonomy(doctrines, fingerprint=hashlib.sha1(raw).hexdigest()[:12])
+    with _lock:
+        _taxonomies[key] = tax
+    return tax
+
+
+# ------------------------------------------------------------------------------------------------
+# Authority extraction (citation patterns)
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Authority:
+    """A cited source of law: ``kind`` is statute, rule, constitution or case."""
+
+    id: str
+    name: str
+    kind: str
+
+
+_ROMAN = {"I": 1, "V": 5, "X": 10, "L": 50, "C": 100}
+_ORDINALS = [
+    "first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth",
+    "eleventh", "twelfth", "thirteenth", "fourteenth", "fifteenth", "sixteenth", "seventeenth",
+    "eighteenth", "nineteenth", "twentieth", "twenty-first", "twenty-second", "twenty-third",
+    "twenty-fourth", "twenty-fifth", "twenty-sixth", "twenty-seventh",
+]  # fmt: skip
+_RULE_FAMILIES = {
+    "frcp": "Fed. R. Civ. P.",
+    "fre": "Fed. R. Evid.",
+    "frcrp": "Fed. R. Crim. P.",
+    "frap": "Fed. R. App. P.",
+}
+_SUB = r"((?:\([A-Za-z0-9]{1,4}\))*)"
+
+USC_RE = re.compile(
+    r"\b(\d{1,2})\s*U\.?\s?S\.?\s?C\.?(?:\s?A\.?)?\s*(?:§§?|[Ss]ec(?:tion|\.)|[Ss]ections?)?\s*"
+    r"(\d{1,5}[a-z]?(?:-\d+)?)" + _SUB
+)
+FED_RULE_RE = re.compile(
+    r"\bFed(?:eral|\.)?\s*R(?:ules?|\.)?\s*(?:of\s+)?"
+    r"(Civ(?:il|\.)?\s*P(?:roc(?:edure|\.)?|\.)?|Evid(?:ence|\.)?|Crim(?:inal|\.)?\s*P(?:roc(?:edure|\.)?|\.)?"
+    r"|App(?:ellate|\.)?\s*P(?:roc(?:edure|\.)?|\.)?)\s*(?:Rule\s*)?(\d{1,4}(?:\.\d)?)" + _SUB,
+    re.IGNORECASE,
+)
+ABBR_RULE_RE = re.compile(
+    r"\b(FRCP|FRE|FRCrP|FRAP|F\.\s?R\.\s?C\.\s?P\.|F\.\s?R\.\s?E\.|F\.\s?R\.\s?Crim\.\s?P\.)\s*(?:Rule\s*)?"
+    r"(\d{1,4}(?:\.\d)?)" + _SUB
+)
+BARE_RULE_RE = re.compile(r"\bRule\s+(\d{1,4}(?:\.\d)?)" + _SUB)
+CONST_RE = re.compile(
+    r"\bU\.?\s?S\.?\s+Const(?:itution|\.)?\s*,?\s*(amend(?:ment|\.)?|art(?:icle|\.)?)\s*"
+    r"([IVXLC]+|\d{1,2})\b(?:\s*,\s*(?:§|sec(?:tion|\.)?)\s*(\d+))?",
+    re.IGNORECASE,
+)
+ORDINAL_AMEND_RE = re.compile(r"\b(" + "|".join(_ORDINALS) + r")\s+Amendments?\b", re.IGNORECASE)
+ROMAN_AMEND_RE = re.compile(r"\bAmendment\s+([IVX]{1,6})\b")
+ARTICLE_RE = re.compile(r"\bArticle\s+(I{1,3}|IV|V|VI|VII)\b(?:\s*,?\s*(?:§|Section)\s*(\d+))?")
+UCC_RE = re.compile(
+    r"(?:\b(?:U\.?\s?C\.?\s?C\.?|Uniform Commercial Code)\s*(?:§+|[Ss]ection)?\s*(\d{1,2}A?-\d{3})"
+    r"|§\s*([1-9]A?-\d{3}))\b"
+)
+_CAP = r"(?:[A-Z][A-Za-z0-9'’&.\-]*|\d+[A-Za-z.]*)"
+_JOIN = r"(?:of|the|and|de|la|du|von|van|for|in|ex rel\.|&)"
+CASE_RE = re.compile(
+    rf"\b({_CAP}(?:,? (?:{_CAP}|{_JOIN})){{0,7}}) vs?\. ({_CAP}(?: (?:{_CAP}|{_JOIN})){{0,7}})"
+)
+_CASE_LEAD = {
+    "in", "see", "under", "the", "cf", "cf.", "but", "also", "accord", "compare", "and", "citing",
+    "quoting", "e.g.", "id.", "although", "when", "while", "because", "as", "thus", "here", "then",
+    "however", "following", "after", "before", "since", "unlike", "like", "per", "applying",
+    "relying", "with", "from", "on", "by", "at", "to", "a", "an", "this", "that", "it", "where",
+    "held", "holding", "court", "supreme", "decided", "overruling", "overruled", "affirming",
+}  # fmt: skip
+_NOT_A_PARTY = {"federal", "plaintiff", "defendant", "rule", "section", "article", "court", "law"}
+_CASE_STOP = {
+    "the", "in", "a", "an", "this", "that", "it", "he", "she", "they", "we", "under", "see",
+    "but", "however", "here", "there", "thus", "when", "because", "as", "court", "held",
+}  # fmt: skip
+
+
+def _roman(s: str) -> int:
+    s = s.upper()
+    if s.isdigit():
+        return int(s)
+    total = 0
+    for i, ch in enumerate(s):
+        v = _ROMAN.get(ch, 0)
+        total += -v if i + 1 < len(s) and _ROMAN.get(s[i + 1], 0) > v else v
+    return total
+
+
+def _to_roman(n: int) -> str:
+    out = ""
+    for v, sym in ((100, "C"), (90, "XC"), (50, "L"), (40, "XL"), (10, "X"), (9, "IX"), (5, "V"),
+                   (4, "IV"), (1, "I")):  # fmt: skip
+        while n >= v:
+            out += sym
+            n -= v
+    return out
+
+
+def _rule(family: str, number: str) -> Authority:
+    return Authority(f"{family}:{number}", f"{_RULE_FAMILIES[family]} {number}", "rule")
+
+
+def _family_of(raw: str) -> str:
+    low = re.sub(r"[\s.]", "", raw.lower())
+    if low.startswith(("frcrp", "fedrcrimp", "crim", "frcrimp")) or "crim" in low:
+        return "frcrp"
+    if low.startswith("frap") or low.startswith("app"):
+        return "frap"
+    if low.startswith(("fre", "evid")) or "evid" in low:
+        return "fre"
+    return "frcp"
+
+
+def _context_family(context: str, explicit: Counter[str]) -> str | None:
+    """The rule family a bare "Rule N" refers to: the passage's source/title first, then the
+    family its explicit citations use most."""
+    low = context.lower()
+    if "evidence" in low:
+        return "fre"
+    if "criminal procedure" in low:
+        return "frcrp"
+    if "civil procedure" in low or "civ pro" in low:
+        return "frcp"
+    if explicit:
+        return explicit.most_common(1)[0][0]
+    return None
+
+
+def _clean_party(words: list[str], leading: bool) -> list[str]:
+    if leading:
+        while words and (
+            words[0].lower().rstrip(",") in _CASE_LEAD or re.fullmatch(r"\d+\.?", words[0])
+        ):
+            words = words[1:]
+        # a plaintiff's name is its last few capitalised words ("... in Smith Corp.")
+        words = words[-5:]
+    else:
+        kept: list[str] = []
+        for i, w in enumerate(words):
+            if i > 0 and (w.lower() in _CASE_STOP or w[:1].isdigit()):
+                break
+            kept.append(w)
+            if i > 0 and w.endswith(".") and len(w.rstrip(".")) > 4:
+                break  # "Tompkins." ends a sentence; "Co." and "Fin." do not
+        words = kept
+    while words and re.fullmatch(_JOIN, words[-1]):
+        words = words[:-1]
+    return words
+
+
+def extract_authorities(text: str, context: str = "") -> list[tuple[Authority, str]]:
+    """Authorities cited in ``text`` as ``(authority, the citation as written)``, in order.
+
+    ``context`` (the passage's source and title) decides which rule family a bare "Rule 803(2)"
+    belongs to; without a hint, 3- and 4-digit rules 101-1103 are Evidence and others are skipped.
+    Subdivisions ("(b)(6)") stay in the citation, not in the authority's identity."""
+    found: list[tuple[int, Authority, str]] = []
+    taken: list[tuple[int, int]] = []
+
+    def add(m: re.Match[str], auth: Authority) -> None:
+        if any(s < m.end() and m.start() < e for s, e in taken):
+            return
+        taken.append((m.start(), m.end()))
+        found.append((m.start(), auth, " ".join(m.group(0).split())))
+
+    for m in USC_RE.finditer(text):
+        title, sec = m.group(1), m.group(2)
+        add(m, Authority(f"usc:{title}:{sec}", f"{title} U.S.C. § {sec}", "statute"))
+    explicit: Counter[str] = Counter()
+    for m in FED_RULE_RE.finditer(text):
+        fam = _family_of(m.group(1))
+        explicit[fam] += 1
+        add(m, _rule(fam, m.group(2)))
+    for m in ABBR_RULE_RE.finditer(text):
+        fam = _family_of(m.group(1))
+        explicit[fam] += 1
+        add(m, _rule(fam, m.group(2)))
+    fam_hint = _context_family(context, explicit)
+    for m in BARE_RULE_RE.finditer(text):
+        number = m.group(1)
+        fam = fam_hint
+        if fam is None and len(number) >= 3 and 101 <= int(float(number)) <= 1103:
+            fam = "fre"
+        if fam is not None:
+            add(m, _rule(fam, number))
+    for m in CONST_RE.finditer(text):
+        n = _roman(m.group(2))
+        if m.group(1).lower().startswith("amend"):
+            add(
+                m,
+                Authority(f"const:amend:{n}", f"U.S. Const. amend. {_to_roman(n)}", "constitution"),
+            )
+        else:
+            sec = f", § {m.group(3)}" if m.group(3) else ""
+            key = f"const:art:{n}" + (f":{m.group(3)}" if m.group(3) else "")
+            add(m, Authority(key, f"U.S. Const. art. {_to_roman(n)}{sec}", "constitution"))
+    for m in ORDINAL_AMEND_RE.finditer(text):
+        n = _ORDINALS.index(m.group(1).lower()) + 1
+        add(m, Authority(f"const:amend:{n}", f"U.S. Const. amend. {_to_roman(n)}", "constitution"))
+    for m in ROMAN_AMEND_RE.finditer(text):
+        n = _roman(m.group(1))
+        if 1 <= n <= 27:
+            add(
+                m,
+                Authority(f"const:amend:{n}", f"U.S. Const. amend. {_to_roman(n)}", "constitution"),
+            )
+    for m in ARTICLE_RE.finditer(text):
+        n = _roman(m.group(1))
+        sec = m.group(2)
+        key = f"const:art:{n}" + (f":{sec}" if sec else "")
+        name = f"U.S. Const. art. {_to_roman(n)}" + (f", § {sec}" if sec else "")
+        add(m, Authority(key, name, "constitution"))
+    for m in UCC_RE.finditer(text):
+        sec = m.group(1) or m.group(2)
+        add(m, Authority(f"ucc:{sec}", f"U.C.C. § {sec}", "statute"))
+    for m in CASE_RE.finditer(text):
+        left = _clean_party(m.group(1).replace(",", "").split(), leading=True)
+        right = _clean_party(m.group(2).split(), leading=False)
+        if not left or not right or len(" ".join(left)) < 2:
+            continue
+        if len(left) == 1 and left[0].lower() in _NOT_A_PARTY:
+            continue  # "federal v. state law", "plaintiff v. defendant"
+        name = f"{' '.join(left)} v. {' '.join(right).rstrip('.,')}"
+        if not re.search(r"[A-Za-z]{2}", name.split(" v. ")[1]):
+            continue
+        key = "case:" + " ".join(tokens(name))
+        add(m, Authority(key, name, "case"))
+    found.sort(key=lambda t: t[0])
+    return [(a, cite) for _, a, cite in found]
+
+
+def extract_doctrines(text: str, taxonomy: Taxonomy | None = None) -> Counter[str]:
+    """Doctrine ids mentioned in ``text`` with their mention counts (alias matching)."""
+    tax = taxonomy or load_taxonomy()
+    return tax.resolve(tax.find(text))
+
+
+@dataclass
+class PassageFacts:
+    """What the graph records about one passage."""
+
+    id: str
+    source: str
+    title: str
+    doctrines: Counter[str] = field(default_factory=Counter)
+    authorities: dict[str, tuple[Authority, list[str]]] = field(default_factory=dict)
+
+
+def passage_id(p: dict[str, Any]) -> str:
+    """Id of a passage as load_corpus (``idx``) or the vector store (``id``) spells it."""
+    return str(p.get("idx", p.get("id", "")))
+
+
+def extract(passage: dict[str, Any], taxonomy: Taxonomy | None = None) -> PassageFacts:
+    """Doctrine mentions and citations of one passage (its title and text)."""
+    tax = taxonomy or load_taxonomy()
+    meta = passage.get("metadata") or {}
+    source = str(passage.get("source") or meta.get("source") or "")
+    title = str(passage.get("title") or meta.get("title") or "")
+    body = f"{title}\n{passage.get('text') or ''}" if title else str(passage.get("text") or "")
+    facts = PassageFacts(passage_id(passage), source, title, extract_doctrines(body, tax))
+    for auth, cite in extract_authorities(body, context=f"{source} {title}"):
+        if auth.id in facts.authorities:
+            facts.authorities[auth.id][1].append(cite)
+        else:
+            facts.authorities[auth.id] = (auth, [cite])
+    return facts
+
+
+# ------------------------------------------------------------------------------------------------
+# Backends: embedded (Kùzu lineage) and Neo4j, the same Cypher
+# ------------------------------------------------------------------------------------------------
+
+
+class GraphBackend(Protocol):
+    """What the graph code needs from a database: run Cypher with parameters."""
+
+    name: str
+    where: str
+
+    def run(self, cypher: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]: ...
+
+    def ensure_schema(self) -> None: ...
+
+    def drop_all(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+EMBEDDED_SCHEMA = (
+    "CREATE NODE TABLE IF NOT EXISTS Passage(id STRING, source STRING, title STRING, "
+    "done BOOLEAN, PRIMARY KEY(id))",
+    "CREATE NODE TABLE IF NOT EXISTS Doctrine(id STRING, name STRING, subject STRING, "
+    "description STRING, aliases STRING[], PRIMARY KEY(id))",
+    "CREATE NODE TABLE IF NOT EXISTS Authority(id STRING, name STRING, kind STRING, "
+    "PRIMARY KEY(id))",
+    "CREATE NODE TABLE IF NOT EXISTS Subject(id STRING, name STRING, PRIMARY KEY(id))",
+    "CREATE NODE TABLE IF NOT EXISTS Meta(key STRING, value STRING, PRIMARY KEY(key))",
+    "CREATE REL TABLE IF NOT EXISTS MENTIONS(FROM Passage TO Doctrine, count INT64)",
+    "CREATE REL TABLE IF NOT EXISTS CITES(FROM Passage TO Authority, count INT64, cite STRING)",
+    "CREATE REL TABLE IF NOT EXISTS PART_OF(FROM Doctrine TO Subject)",
+    "CREATE REL TABLE IF NOT EXISTS ELEMENT_OF(FROM Doctrine TO Doctrine)",
+    "CREATE REL TABLE IF NOT EXISTS EXCEPTION_TO(FROM Doctrine TO Doctrine)",
+    "CREATE REL TABLE IF NOT EXISTS RELATED_TO(FROM Doctrine TO Doctrine)",
+)
+NEO4J_SCHEMA = tuple(
+    f"CREATE CONSTRAINT {label.lower()}_{key} IF NOT EXISTS FOR (n:{label}) REQUIRE n.{key} IS UNIQUE"
+    for label, key in (
+        ("Passage", "id"),
+        ("Doctrine", "id"),
+        ("Authority", "id"),
+        ("Subject", "id"),
+        ("Meta", "key"),
+    )
+)
+
+
+class EmbeddedBackend:
+    """An embedded Kùzu-lineage database in one file (``ladybug``, ``kuzu`` or ``ryugraph``).
+
+    One read-write ``Database`` per file per process (the engine locks the file); calls are
+    serialised by a lock because a connection is not meant for concurrent queries."""
+
+    def __init__(self, path: Path, engine: str = "ladybug", read_only: bool = False) -> None:
+        import importlib
+
+        if engine not in EMBEDDED_ENGINES:
+            raise GraphError(f"GRAPH_ENGINE={engine!r}: use one of {', '.join(EMBEDDED_ENGINES)}")
+        try:
+            self._mod = importlib.import_module(engine)
+        except ImportError as exc:
+            raise GraphError(
+                f"the graph engine package {engine!r} is not installed: pip install {engine}"
+            ) from exc
+        self.name = engine
+        self.path = Path(path)
+        self.where = str(self.path)
+        self.read_only = read_only
+        self._lock = threading.RLock()
+        try:
+            if not read_only:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = self._mod.Database(
+                str(self.path), read_only=read_only, max_num_threads=EMBEDDED_THREADS
+            )
+            self._conn = self._mod.Connection(self._db)
+        except Exception as exc:
+            raise GraphError(
+                f"cannot open the graph database {self.path}: {_short(exc)} — is another process "
+                "writing it? (the embedded engine allows one writer)"
+            ) from None
+
+    def run(self, cypher: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            result = self._conn.execute(cypher, params or {})
+            if isinstance(result, list):  # several statements: the last one's rows
+                result = result[-1]
+            cols = result.get_column_names()
+            rows = [dict(zip(cols, row, strict=True)) for row in result.get_all()]
+            result.close()
+            return rows
+
+    def ensure_schema(self) -> None:
+        for stmt in EMBEDDED_SCHEMA:
+            self.run(stmt)
+
+    def drop_all(self) -> None:
+        """Delete every node and edge (the schema stays)."""
+        for label in (*NODE_TYPES, "Meta"):
+            self.run(f"MATCH (n:{label}) DETACH DELETE n")
+
+    def close(self) -> None:
+        with self._lock:
+            for obj in (getattr(self, "_conn", None), getattr(self, "_db", None)):
+                if obj is not None and hasattr(obj, "close"):
+                    obj.close()
+
+
+class Neo4jBackend:
+    """Neo4j through the official ``neo4j`` driver (``NEO4J_URI``, ``NEO4J_USER``,
+    ``NEO4J_PASSWORD``, ``NEO4J_DATABASE``). ``driver`` may be given (tests pass a fake)."""
+
+    def __init__(
+        self,
+        uri: str,
+        user: str = "neo4j",
+        password: str | None = None,
+        database: str | None = None,
+        driver: Any = None,
+    ) -> None:
+        self.name = "neo4j"
+        self.where = uri
+        self.database = database
+        if driver is None:
+            try:
+                from neo4j import GraphDatabase
+            except ImportError as exc:
+                raise GraphError(
+                    "NEO4J_URI is set but the driver is missing: pip install neo4j"
+                ) from exc
+            try:
+                driver = GraphDatabase.driver(uri, auth=(user, password or ""))
+                driver.verify_connectivity()
+            except Exception as exc:
+                raise GraphError(
+                    f"cannot reach Neo4j at {uri}: {_short(exc)} — is it running? Check NEO4J_URI, "
+                    "NEO4J_USER and NEO4J_PASSWORD"
+                ) from None
+        self._driver = driver
+
+    def run(self, cypher: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        kwargs = {"database": self.database} if self.database else {}
+        with self._driver.session(**kwargs) as session:
+            result = session.run(cypher, params or {})
+            return [record.data() for record in result]
+
+    def ensure_schema(self) -> None:
+        for stmt in NEO4J_SCHEMA:
+            self.run(stmt)
+
+    def drop_all(self) -> None:
+        for label in (*NODE_TYPES, "Meta"):
+            self.run(f"MATCH (n:{label}) DETACH DELETE n")
+
+    def close(self) -> None:
+        self._driver.close()
+
+
+def _short(exc: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(exc).split()) or exc.__class__.__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def graph_path(settings: Settings | None = None) -> Path:
+    """File of the embedded graph: ``<GRAPH_DIR or CHROMA_DIR/graph>/<passage collection>.<engine>``
+    (one graph per passage collection, like the BM25 index)."""
+
+    s = settings_or_current(settings)
+    folder = (
+        Path(s.graph_dir).expanduser() if s.graph_dir else Path(s.chroma_dir).expanduser() / "graph"
+    )
+    return folder.resolve() / f"{rag_utils.collection_name(s)}.{s.graph_engine}"
+
+
+_graphs: dict[tuple, GraphBackend] = {}
+
+
+def _graph_key(s: Settings) -> tuple:
+    if s.neo4j_uri:
+        return ("neo4j", s.neo4j_uri, s.neo4j_user, s.neo4j_database)
+    return ("embedded", s.graph_engine, str(graph_path(s)))
+
+
+def get_graph(settings: Settings | None = None, *, write: bool = False) -> GraphBackend:
+    """The configured graph with its schema and taxonomy in place: Neo4j when NEO4J_URI is set,
+    else the embedded database file (created on first use). One handle per process; a handle
+    opened read-only is reopened for writing when ``write`` is asked."""
+    s = settings_or_current(settings)
+    key = _graph_key(s)
+    with _lock:
+        backend = _graphs.get(key)
+        if backend is not None and not (write and getattr(backend, "read_only", False)):
+            return backend
+        if backend is not None:
+            backend.close()
+            del _graphs[key]
+        if key[0] == "neo4j":
+            backend = Neo4jBackend(
+                s.neo4j_uri or "", s.neo4j_user, s.neo4j_password, s.neo4j_database
+            )
+        else:
+            path = graph_path(s)
+            try:
+                backend = EmbeddedBackend(
+                    path, s.graph_engine, read_only=not write and path.exists()
+                )
+            except GraphError:
+                if write or not path.exists():
+                    raise
+                # a read-only open fails on a file left with a write-ahead log to replay
+                backend = EmbeddedBackend(path, s.graph_engine, read_only=False)
+        if not getattr(backend, "read_only", False):
+            backend.ensure_schema()
+            sync_taxonomy(backend)
+        _graphs[key] = backend
+        return backend
+
+
+def close_graphs() -> None:
+    """Close every open graph handle (tests; a process that rebuilds a graph file)."""
+    with _lock:
+        for backend in _graphs.values():
+            try:
+                backend.close()
+            except Exception as exc:  # closing is best effort
+                logger.debug("closing graph %s: %s", backend.where, exc)
+        _graphs.clear()
+        _cache.clear()
+        _query_vectors.clear()
+
+
+# ------------------------------------------------------------------------------------------------
+# Writing: taxonomy and passages (the same Cypher on every backend)
+# ------------------------------------------------------------------------------------------------
+
+Q_META_GET = "MATCH (m:Meta) WHERE m.key = $key RETURN m.value AS value"
+Q_META_SET = "MERGE (m:Meta {key: $key}) SET m.value = $value"
+Q_SUBJECTS = "UNWIND $rows AS r MERGE (s:Subject {id: r.id}) SET s.name = r.name"
+Q_DOCTRINES = (
+    "UNWIND $rows AS r MERGE (d:Doctrine {id: r.id}) "
+    "SET d.name = r.name, d.subject = r.subject, d.description = r.description, d.aliases = r.aliases"
+)
+Q_PART_OF = (
+    "UNWIND $rows AS r MATCH (d:Doctrine {id: r.id}), (s:Subject {id: r.subject}) "
+    "MERGE (d)-[:PART_OF]->(s)"
+)
+Q_RELATION = "UNWIND $rows AS r MATCH (a:Doctrine {id: r.src}), (b:Doctrine {id: r.dst}) MERGE (a)-[:{rel}]->(b)"
+Q_DONE = "UNWIND $ids AS i MATCH (p:Passage {id: i}) WHERE p.done = true RETURN p.id AS id"
+Q_PASSAGES = (
+    "UNWIND $rows AS r MERGE (p:Passage {id: r.id}) "
+    "SET p.source = r.source, p.title = r.title, p.done = false"
+)
+Q_AUTHORITIES = (
+    "UNWIND $rows AS r MERGE (a:Authority {id: r.id}) SET a.name = r.name, a.kind = r.kind"
+)
+Q_MENTIONS = (
+    "UNWIND $rows AS r MATCH (p:Passage {id: r.pid}), (d:Doctrine {id: r.did}) "
+    "MERGE (p)-[m:MENTIONS]->(d) SET m.count = r.count"
+)
+Q_CITES = (
+    "UNWIND $rows AS r MATCH (p:Passage {id: r.pid}), (a:Authority {id: r.aid}) "
+    "MERGE (p)-[c:CITES]->(a) SET c.count = r.count, c.cite = r.cite"
+)
+Q_MARK_DONE = "UNWIND $ids AS i MATCH (p:Passage {id: i}) SET p.done = true"
+Q_COUNT_NODES = "MATCH (n:{label}) RETURN count(n) AS n"
+Q_COUNT_EDGES = "MATCH ()-[e:{rel}]->() RETURN count(e) AS n"
+
+
+def _subject_id(name: str) -> str:
+    return "-".join(tokens(name))
+
+
+def sync_taxonomy(backend: GraphBackend, taxonomy: Taxonomy | None = None) -> bool:
+    """Write the taxonomy's subjects, doctrines and relations unless the graph already has this
+    version (recorded in a Meta node). Returns True when it wrote. A changed taxonomy leaves old
+    MENTIONS edges in place: ``python load_corpus.py graph`` rebuilds them."""
+    tax = taxonomy or load_taxonomy()
+    got = backend.run(Q_META_GET, {"key": "taxonomy"})
+    if got and got[0]["value"] == tax.fingerprint:
+        return False
+    if got:
+        logger.warning(
+            "the doctrine taxonomy changed since the graph was built: run `python load_corpus.py "
+            "graph` to re-link the passages"
+        )
+    backend.run(Q_SUBJECTS, {"rows": [{"id": _subject_id(n), "name": n} for n in tax.subjects]})
+    rows = [
+        {
+            "id": d.id,
+            "name": d.name,
+            "subject": d.subject,
+            "description": d.description,
+            "aliases": tax.aliases_of(d.id),
+        }
+        for d in tax.doctrines.values()
+    ]
+    backend.run(Q_DOCTRINES, {"rows": rows})
+    backend.run(
+        Q_PART_OF,
+        {"rows": [{"id": d.id, "subject": _subject_id(d.subject)} for d in tax.doctrines.values()]},
+    )
+    for field_name, rel in RELATIONS.items():
+        pairs = [
+            {"src": d.id, "dst": other}
+            for d in tax.doctrines.values()
+            for other in getattr(d, field_name)
+        ]
+        if pairs:
+            backend.run(Q_RELATION.replace("{rel}", rel), {"rows": pairs})
+    backend.run(Q_META_SET, {"key": "taxonomy", "value": tax.fingerprint})
+    return True
+
+
+def done_ids(backend: GraphBackend, ids: Sequence[str]) -> set[str]:
+    """Passages already complete in the graph (their edges written)."""
+    out: set[str] = set()
+    for i in range(0, len(ids), 5000):
+        out.update(r["id"] for r in backend.run(Q_DONE, {"ids": list(ids[i : i + 5000])}))
+    return out
+
+
+def write_facts(backend: GraphBackend, facts: Sequence[PassageFacts]) -> None:
+    """Write passages with their edges, then mark them done: an interrupted batch is redone
+    (every write is a MERGE) on the next load."""
+    if not facts:
+        return
+    backend.run(
+        Q_PASSAGES, {"rows": [{"id": f.id, "source": f.source, "title": f.title} for f in facts]}
+    )
+    auths = {a.id: a for f in facts for a, _ in f.authorities.values()}
+    if auths:
+        backend.run(
+            Q_AUTHORITIES,
+            {"rows": [{"id": a.id, "name": a.name, "kind": a.kind} for a in auths.values()]},
+        )
+    mentions = [
+        {"pid": f.id, "did": did, "count": int(n)} for f in facts for did, n in f.doctrines.items()
+    ]
+    if mentions:
+        backend.run(Q_MENTIONS, {"rows": mentions})
+    cites = [
+        {"pid": f.id, "aid": aid, "count": len(c), "cite": c[0]}
+        for f in facts
+        for aid, (_, c) in f.authorities.items()
+    ]
+    if cites:
+        backend.run(Q_CITES, {"rows": cites})
+    backend.run(Q_MARK_DONE, {"ids": [f.id for f in facts]})
+
+
+def add_passages(
+    passages: Sequence[dict[str, Any]],
+    settings: Settings | None = None,
+    *,
+    backend: GraphBackend | None = None,
+    batch_size: int = BATCH,
+    progress: bool = False,
+) -> int:
+    """Extract and write the passages not yet complete in the graph; returns how many were added.
+
+    Passages are dicts as load_corpus reads them (``idx, text, source, title``) or as the vector
+    store returns them (``id, text, metadata``). Safe to interrupt and rerun."""
+    if not passages:
+        return 0
+    s = settings_or_current(settings)
+    g = backend or get_graph(s, write=True)
+    tax = load_taxonomy()
+    ids = [passage_id(p) for p in passages]
+    present = done_ids(g, ids)
+    todo = [p for p, pid in zip(passages, ids, strict=True) if pid not in present]
+    if not todo:
+        return 0
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(todo), unit="passage", desc="graph", disable=not progress, leave=False)
+    try:
+        for i in range(0, len(todo), batch_size):
+            batch = todo[i : i + batch_size]
+            write_facts(g, [extract(p, tax) for p in batch])
+            bar.update(len(batch))
+    finally:
+        bar.close()
+    _cache.clear()
+    return len(todo)
+
+
+def on_passages_loaded(passages: Sequence[dict[str, Any]], settings: Settings | None = None) -> int:
+    """The vector load's hook: add ``passages`` to the graph unless GRAPH_BUILD is off. A graph
+    failure is logged, never raised: the vector load stays usable, and ``python load_corpus.py
+    graph`` builds the graph later."""
+    s = settings_or_current(settings)
+    if not s.graph_build:
+        return 0
+    try:
+        return add_passages(passages, s)
+    except Exception as exc:
+        logger.warning(
+            "the knowledge graph was not updated (%s); run `python load_corpus.py graph` to build it",
+            _short(exc),
+        )
+        return 0
+
+
+def rebuild(settings: Settings | None = None, *, progress: bool = True) -> dict[str, Any]:
+    """Rebuild the graph from every passage of the vector store; returns the build's numbers
+    (passages, seconds, nodes and edges by type)."""
+
+    s = settings_or_current(settings)
+    start = time.perf_counter()
+    if s.neo4j_uri:
+        g = get_graph(s, write=True)
+        g.drop_all()
+    else:
+        close_graphs()
+        path = graph_path(s)
+        for p in (path, path.with_name(path.name + ".wal")):
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.exists():
+                p.unlink()
+        g = get_graph(s, write=True)
+    sync_taxonomy(g)
+    passages = list(rag_utils.get_store(s).iter_all())
+    added = add_passages(passages, s, backend=g, progress=progress)
+    seconds = time.perf_counter() - start
+    return {"passages": added, "seconds": round(seconds, 2), **graph_counts(g)}
+
+
+def graph_counts(backend: GraphBackend) -> dict[str, dict[str, int]]:
+    """``{"nodes": {type: n}, "edges": {type: n}}``."""
+    nodes = {
+        label: int(backend.run(Q_COUNT_NODES.replace("{label}", label))[0]["n"])
+        for label in NODE_TYPES
+    }
+    edges = {
+        rel: int(backend.run(Q_COUNT_EDGES.replace("{rel}", rel))[0]["n"]) for rel in EDGE_TYPES
+    }
+    return {"nodes": nodes, "edges": edges}
+
+
+def graph_status(settings: Settings | None = None) -> dict[str, Any]:
+    """Engine, location and node/edge counts by type, for ``load_corpus.py status``. Never
+    creates a graph: an absent embedded file reports zero counts."""
+    s = settings_or_current(settings)
+    engine = "neo4j" if s.neo4j_uri else s.graph_engine
+    empty = {"nodes": dict.fromkeys(NODE_TYPES, 0), "edges": dict.fromkeys(EDGE_TYPES, 0)}
+    if not s.neo4j_uri and not graph_path(s).exists() and _graph_key(s) not in _graphs:
+        return {"engine": engine, "where": str(graph_path(s)), "state": "absent", **empty}
+    try:
+        g = get_graph(s)
+        counts = graph_counts(g)
+    except Exception as exc:
+        return {"engine": engine, "state": f"error: {_short(exc)}", **empty}
+    return {"engine": engine, "where": g.where, "state": "ready", **counts}
+
+
+# ------------------------------------------------------------------------------------------------
+# Search
+# ------------------------------------------------------------------------------------------------
+
+Q_ALIAS_MATCH = (
+    "MATCH (d:Doctrine) UNWIND d.aliases AS a WITH d, a WHERE $q CONTAINS a "
+    "RETURN d.id AS id, a AS alias"
+)
+Q_AUTHORITY_BY_ID = "MATCH (a:Authority) WHERE a.id IN $ids RETURN a.id AS id, a.name AS name"
+Q_DOCTRINE_PASSAGES = (
+    "MATCH (p:Passage)-[m:MENTIONS]->(d:Doctrine) WHERE d.id IN $ids AND NOT p.id IN $exclude "
+    "RETURN p.id AS pid, d.id AS did, m.count AS n"
+)
+Q_AUTHORITY_PASSAGES = (
+    "MATCH (p:Passage)-[c:CITES]->(a:Authority) WHERE a.id IN $ids AND NOT p.id IN $exclude "
+    "RETURN p.id AS pid, a.id AS aid, c.count AS n"
+)
+Q_DOCTRINE_DF = "MATCH (p:Passage)-[:MENTIONS]->(d:Doctrine) WHERE d.id IN $ids RETURN d.id AS id, count(p) AS df"
+Q_AUTHORITY_DF = (
+    "MATCH (p:Passage)-[:CITES]->(a:Authority) WHERE a.id IN $ids RETURN a.id AS id, count(p) AS df"
+)
+Q_NEIGHBOURS = (
+    "MATCH (d:Doctrine)-[:{rel}]-(e:Doctrine) WHERE d.id IN $ids RETURN d.id AS src, e.id AS dst"
+)
+Q_PASSAGE_COUNT = "MATCH (p:Passage) RETURN count(p) AS n"
+
+_cache: dict[tuple, Any] = {}
+"""Per-graph memo of the passage count (cleared when passages are added)."""
+
+
+@dataclass
+class GraphHit:
+    """A passage the graph reached: its score and the path that led there."""
+
+    id: str
+    score: float
+    path: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Seed:
+    weight: float
+    why: str
+    name: str = ""
+    """Display name of the node (authorities; doctrines are named by the taxonomy)."""
+
+
+def _passage_count(g: GraphBackend) -> int:
+    key = ("count", g.where)
+    if key not in _cache:
+        _cache[key] = int(g.run(Q_PASSAGE_COUNT)[0]["n"])
+    return _cache[key]
+
+
+def alias_doctrines(g: GraphBackend, query: str) -> dict[str, _Seed]:
+    """Doctrines whose aliases occur in ``query`` — found by Cypher over the Doctrine nodes'
+    aliases, then reduced to the longest non-overlapping matches (so "procedural due process"
+    does not also count as "due process")."""
+    q = normalize(query)
+    rows = g.run(Q_ALIAS_MATCH, {"q": q})
+    if not rows:
+        return {}
+    by_alias: dict[str, list[str]] = defaultdict(list)
+    for r in rows:
+        by_alias[str(r["alias"]).strip()].append(str(r["id"]))
+    hit_index = AliasIndex({tuple(a.split()): tuple(ids) for a, ids in by_alias.items()})
+    seeds: dict[str, _Seed] = {}
+    for m in hit_index.find(q.split()):
+        share = 1.0 / len(m.doctrine_ids)  # an alias naming several doctrines counts less for each
+        for did in m.doctrine_ids:
+            cur = seeds.get(did)
+            if cur is None:
+                seeds[did] = _Seed(share, f"alias '{m.alias}'")
+            else:
+                cur.weight += share
+    return seeds
+
+
+def query_authorities(g: GraphBackend, query: str) -> dict[str, _Seed]:
+    """Authorities cited in the query that exist in the graph."""
+    cited = {a.id: cite for a, cite in extract_authorities(query)}
+    if not cited:
+        return {}
+    rows = g.run(Q_AUTHORITY_BY_ID, {"ids": list(cited)})
+    return {str(r["id"]): _Seed(1.0, f"cites {r['name']}", str(r["name"])) for r in rows}
+
+
+_doctrine_vectors: dict[tuple, tuple[list[str], Any]] = {}
+
+
+def doctrine_vectors(settings: Settings | None = None) -> tuple[list[str], np.ndarray]:
+    """Embeddings of every doctrine's name and description, computed once per embedder and
+    taxonomy version and cached on disk beside the graph (``doctrines-<model>-<version>.npy``)."""
+    import numpy as np
+
+    s = settings_or_current(settings)
+    tax = load_taxonomy()
+    model = rag_utils.embedder_name(s)
+    key = (model, tax.fingerprint)
+    with _lock:
+        if key in _doctrine_vectors:
+            return _doctrine_vectors[key]
+    ids = list(tax.doctrines)
+    folder = graph_path(s).parent
+    cache = folder / f"doctrines-{rag_utils.sanitize_model_name(model)}-{tax.fingerprint}.npy"
+    vecs = None
+    if cache.exists():
+        try:
+            vecs = np.load(cache)
+            if vecs.shape[0] != len(ids):
+                vecs = None
+        except (OSError, ValueError):
+            vecs = None
+    if vecs is None:
+        embedder = rag_utils.get_embedder(s)
+        vecs = np.asarray(
+            embedder.embed_documents([tax[i].text_for_embedding() for i in ids]), dtype=np.float32
+        )
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            np.save(cache, vecs)
+        except OSError as exc:
+            logger.debug("cannot cache doctrine embeddings at %s: %s", cache, exc)
+    with _lock:
+        _doctrine_vectors[key] = (ids, vecs)
+    return ids, vecs
+
+
+_query_vectors: dict[tuple[int, str], Any] = {}
+
+
+def embed_query(query: str, settings: Settings | None = None) -> np.ndarray:
+    """The query's embedding, remembered for the last 64 queries (graph_search, its graph
+    modes and link_doctrines embed the same question)."""
+
+    s = settings_or_current(settings)
+    embedder = rag_utils.get_embedder(s)
+    key = (id(embedder), query)
+    with _lock:
+        if key in _query_vectors:
+            return _query_vectors[key]
+    vec = embedder.embed_query(query)
+    with _lock:
+        if len(_query_vectors) >= 64:
+            _query_vectors.pop(next(iter(_query_vectors)))
+        _query_vectors[key] = vec
+    return vec
+
+
+def _doctrine_similarities(query: str, settings: Settings | None) -> tuple[list[str], np.ndarray]:
+    ids, vecs = doctrine_vectors(settings)
+    return ids, vecs @ embed_query(query, settings)
+
+
+def _expand(
+    g: GraphBackend, seeds: dict[str, _Seed], exclude: list[str], kind: str = "doctrine"
+) -> dict[str, GraphHit]:
+    """Passages of the seed doctrines (or authorities), scored
+    sum(seed weight x idf x (1 + log mentions)); each keeps the path of its best contribution."""
+    if not seeds:
+        return {}
+    ids = list(seeds)
+    q_pass, q_df = (
+        (Q_DOCTRINE_PASSAGES, Q_DOCTRINE_DF)
+        if kind == "doctrine"
+        else (Q_AUTHORITY_PASSAGES, Q_AUTHORITY_DF)
+    )
+    df = {str(r["id"]): int(r["df"]) for r in g.run(q_df, {"ids": ids})}
+    total = max(1, _passage_count(g))
+    rows = g.run(q_pass, {"ids": ids, "exclude": exclude})
+    hits: dict[str, GraphHit] = {}
+    best: dict[str, float] = {}
+    tax = load_taxonomy()
+    for r in rows:
+        pid, nid, n = str(r["pid"]), str(r.get("did") or r.get("aid")), int(r["n"] or 1)
+        idf = math.log(1.0 + total / max(1, df.get(nid, 1)))
+        contrib = seeds[nid].weight * idf * (1.0 + math.log(n))
+        hit = hits.setdefault(pid, GraphHit(pid, 0.0))
+        hit.score += contrib
+        if contrib > best.get(pid, -1.0):
+            best[pid] = contrib
+            target = (
+                tax[nid].name
+                if kind == "doctrine" and nid in tax.doctrines
+                else seeds[nid].name or nid
+            )
+            edge = "MENTIONS" if kind == "doctrine" else "CITES"
+            hit.path = [f"query {seeds[nid].why}", f"{kind} {target}", f"{edge} <- passage {pid}"]
+    return hits
+
+
+def _rank(hits: dict[str, GraphHit], k: int) -> list[GraphHit]:
+    return sorted(hits.values(), key=lambda h: (-h.score, h.id))[:k]
+
+
+def _fuse(
+    rankings: Sequence[Sequence[GraphHit]], k: int, weights: Sequence[float] | None = None
+) -> list[GraphHit]:
+    """Weighted reciprocal rank fusion; each passage keeps the path from its best-ranked list."""
+    fused: dict[str, GraphHit] = {}
+    best_rank: dict[str, int] = {}
+    for i, ranking in enumerate(rankings):
+        w = 1.0 if weights is None else weights[i]
+        for r, h in enumerate(ranking, start=1):
+            cur = fused.setdefault(h.id, GraphHit(h.id, 0.0, h.path))
+            cur.score += w / (RRF_K + r)
+            if r < best_rank.get(h.id, 10**9):
+                best_rank[h.id] = r
+                cur.path = h.path
+    return _rank(fused, k)
+
+
+def _keyword(g: GraphBackend, query: str, exclude: list[str]) -> dict[str, GraphHit]:
+    """Passages mentioning a doctrine the query names, or citing an authority it cites."""
+    hits = _expand(g, alias_doctrines(g, query), exclude)
+    for pid, h in _expand(g, query_authorities(g, query), exclude, kind="authority").items():
+        cur = hits.get(pid)
+        if cur is None:
+            hits[pid] = h
+            continue
+        if h.score > cur.score:  # the path of the larger contribution
+            cur.path = h.path
+        cur.score += h.score
+    return hits
+
+
+def _principles(g: GraphBackend, query: str, exclude: list[str]) -> dict[str, GraphHit]:
+    """Passages of the doctrines the query names and of their elements, exceptions and related
+    doctrines (one hop, weight x PRINCIPLE_DECAY)."""
+    tax = load_taxonomy()
+    seeds = alias_doctrines(g, query)
+    if not seeds:
+        return {}
+    expanded = {did: _Seed(s.weight, s.why) for did, s in seeds.items()}
+    for rel in RELATIONS.values():
+        for r in g.run(Q_NEIGHBOURS.replace("{rel}", rel), {"ids": list(seeds)}):
+            src, dst = str(r["src"]), str(r["dst"])
+            weight = seeds[src].weight * PRINCIPLE_DECAY
+            if dst not in expanded or expanded[dst].weight < weight:
+                why = f"{seeds[src].why} -> {tax[src].name} -[{rel}]- {tax[dst].name}"
+                expanded[dst] = _Seed(weight, why)
+    return _expand(g, expanded, exclude)
+
+
+def _semantic(
+    g: GraphBackend, query: str, exclude: list[str], qvec: np.ndarray, settings: Settings
+) -> dict[str, GraphHit]:
+    """Passages of the doctrine(s) whose description is closest to the query."""
+    tax = load_taxonomy()
+    ids, vecs = doctrine_vectors(settings)
+    sims = vecs @ qvec
+    seeds = {
+        ids[i]: _Seed(float(sims[i]), f"semantic {float(sims[i]):.2f} '{tax[ids[i]].name}'")
+        for i in sims.argsort()[::-1][:SEMANTIC_TOP]
+    }
+    return _expand(g, seeds, exclude)
+
+
+def _order_by_text(
+    candidates: Sequence[dict[str, GraphHit]], qvec: np.ndarray, settings: Settings
+) -> list[list[GraphHit]]:
+    """Each mode's top CANDIDATES passages by graph score, ordered by cosine to the query +
+    GRAPH_WEIGHT x graph score / the mode's best graph score. The graph decides which passages
+    are on topic; within that set the text decides the order (graph scores alone tie across the
+    many passages that mention the same doctrine). One store read for all modes."""
+    import numpy as np
+
+    tops = [_rank(c, CANDIDATES) for c in candidates]
+    wanted = list(dict.fromkeys(h.id for top in tops for h in top))
+    if not wanted:
+        return [[] for _ in tops]
+    stored = rag_utils.get_store(settings).get(wanted, with_embeddings=True)
+    cos = {
+        d["id"]: float(np.asarray(d["embedding"], dtype=np.float32) @ qvec)
+        for d in stored
+        if d.get("embedding") is not None
+    }
+    out = []
+    for top in tops:
+        best = max((h.score for h in top), default=0.0) or 1.0
+        ordered = [
+            GraphHit(h.id, cos.get(h.id, 0.0) + GRAPH_WEIGHT * h.score / best, h.path) for h in top
+        ]
+        out.append(sorted(ordered, key=lambda h: (-h.score, h.id)))
+    return out
+
+
+def search_graph(
+    query: str,
+    k: int = 10,
+    exclude_ids: Iterable[str] = (),
+    mode: str = "graph",
+    settings: Settings | None = None,
+) -> list[GraphHit]:
+    """Passage ids the graph reaches for ``query`` with scores and paths, best first, without
+    ``exclude_ids``. Modes: keyword, principles, semantic, graph (the three fused by RRF).
+    ``combined`` needs the hybrid retrieval too and is served by :func:`graph_search`."""
+
+    s = settings_or_current(settings)
+    if mode not in MODES or mode == "combined":
+        raise ValueError(f"unknown graph mode {mode!r}: use keyword, principles, semantic or graph")
+    query = (query or "").strip()
+    if not query or k <= 0:
+        return []
+    g = get_graph(s)
+    exclude = [str(i) for i in dict.fromkeys(exclude_ids)]
+    qvec = embed_query(query, s)
+    modes = ("keyword", "principles", "semantic") if mode == "graph" else (mode,)
+    candidates = []
+    for m in modes:
+        if m == "keyword":
+            candidates.append(_keyword(g, query, exclude))
+        elif m == "principles":
+            candidates.append(_principles(g, query, exclude))
+        else:
+            candidates.append(_semantic(g, query, exclude, qvec, s))
+    ordered = _order_by_text(candidates, qvec, s)
+    if mode != "graph":
+        return ordered[0][:k]
+    return _fuse([o for o in ordered if o], k)
+
+
+def graph_search(
+    query: str,
+    k: int = 5,
+    exclude_ids: Iterable[str] = (),
+    mode: str = "graph",
+    settings: Settings | None = None,
+    *,
+    reranker: str = "hybrid",
+) -> list[dict[str, Any]]:
+    """Graph retrieval for the agent: passages with the dict shape of
+    :func:`rag_utils.retrieve_documents_multi_query` (``id, text, source, title, metadata,
+    dense_score, rerank_score, rank``), texts fetched from the vector store; ``metadata`` adds
+    ``graph_mode`` and ``graph_path`` (how the graph reached the passage).
+
+    ``mode="combined"`` fuses ``rag_utils`` retrieval (``reranker``: hybrid dense + BM25 by
+    default) with the graph ranking by reciprocal rank fusion, the graph weighted
+    COMBINED_GRAPH_WEIGHT."""
+    import numpy as np
+
+    s = settings_or_current(settings)
+    excluded = [str(i) for i in dict.fromkeys(exclude_ids)]
+    if mode == "combined":
+        pool = max(k, COMBINED_POOL)
+        graph_hits = search_graph(query, pool, excluded, "graph", s)
+        dense = rag_utils.retrieve_documents_multi_query(
+            [query], k=pool, exclude_ids=excluded, reranker=reranker, settings=s
+        )
+        dense_hits = [
+            GraphHit(d["id"], float(d.get("rerank_score") or 0.0), [f"{reranker} retrieval"])
+            for d in dense
+        ]
+        hits = _fuse([dense_hits, graph_hits], k, weights=[1.0, COMBINED_GRAPH_WEIGHT])
+    else:
+        hits = search_graph(query, k, excluded, mode, s)
+    if not hits:
+        return []
+    store = rag_utils.get_store(s)
+    docs = {d["id"]: d for d in store.get([h.id for h in hits], with_embeddings=True)}
+    q = embed_query(query, s)
+    out: list[dict[str, Any]] = []
+    for h in hits:
+        d = docs.get(h.id)
+        if d is None:  # in the graph but not in the store (a graph built from another corpus)
+            continue
+        emb = d.pop("embedding", None)
+        d["dense_score"] = float(np.asarray(emb, dtype=np.float32) @ q) if emb is not None else None
+        d["rerank_score"] = float(h.score)
+        d["metadata"] = {
+            **d["metadata"],
+            "reranker": f"graph:{mode}",
+            "graph_mode": mode,
+            "graph_path": " | ".join(h.path),
+        }
+        d["rank"] = len(out) + 1
+        out.append(d)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Issue spotting
+# ------------------------------------------------------------------------------------------------
+
+ALIAS_WEIGHT = 0.35
+"""Score an alias hit adds to a doctrine's link score (cosine similarities are ~0.1-0.6)."""
+MAX_PER_CLAIM = 2
+"""Doctrines of one claim (same root) that link_doctrines returns at most."""
+
+
+def link_doctrines(
+    question: str,
+    settings: Settings | None = None,
+    k: int = 6,
+    *,
+    use_embeddings: bool = True,
+) -> list[Doctrine]:
+    """The doctrines a question raises, best first: alias matches in the question (longest
+    match; an alias shared by n doctrines counts 1/n) plus the embedding cosine of the question
+    to each doctrine's description. At most ``MAX_PER_CLAIM`` doctrines of one claim, so that
+    one issue cannot crowd out the others. Needs no graph database."""
+    tax = load_taxonomy()
+    scores: dict[str, float] = defaultdict(float)
+    why: dict[str, list[str]] = defaultdict(list)
+    for m in tax.find(question):
+        for did in m.doctrine_ids:
+            scores[did] += ALIAS_WEIGHT / len(m.doctrine_ids)
+            if f"alias '{m.alias}'" not in why[did]:
+                why[did].append(f"alias '{m.alias}'")
+    if use_embeddings:
+        ids, sims = _doctrine_similarities(question, settings)
+        for did, sim in zip(ids, sims.tolist(), strict=True):
+            if sim > 0:
+                scores[did] += sim
+        for i in sims.argsort()[::-1][:k]:
+            why[ids[i]].append(f"semantic {float(sims[i]):.2f}")
+    ranked = sorted(scores, key=lambda d: (-scores[d], d))
+    out: list[Doctrine] = []
+    per_root: Counter[str] = Counter()
+    for did in ranked:
+        if not why.get(did):
+            continue  # neither an alias hit nor among the top by similarity
+        root = tax.root(did)
+        if per_root[root] >= MAX_PER_CLAIM:
+            continue
+        per_root[root] += 1
+        out.append(replace(tax[did], score=round(scores[did], 4), via="; ".join(why[did])))
+        if len(out) >= k:
+            break
+    return out
+
+
+def issue_doctrine(issue: str, taxonomy: Taxonomy | None = None) -> str | None:
+    """The doctrine an issue label names (its first, longest alias match), or None."""
+    tax = taxonomy or load_taxonomy()
+    matches = tax.find(issue)
+    if not matches:
+        return None
+    best = max(matches, key=lambda m: (m.end - m.start, -m.start))
+    return best.doctrine_ids[0]
+
+
+def merge_agenda(
+    model_issues: Sequence[str],
+    linked_doctrines: Sequence[Doctrine],
+    *,
+    max_items: int | None = None,
+) -> list[str]:
+    """The research agenda: the model's issues, then the linked doctrines they miss, one item
+    per claim. Issues and doctrines that belong to the same claim (a doctrine, its elements and
+    exceptions: "First Amendment", "Right to Free Speech" and the public forum doctrine) collapse
+    into the first of them, which names the others it absorbed in parentheses. Issues that name
+    no doctrine are kept, deduplicated by their words."""
+    tax = load_taxonomy()
+    order: list[str] = []
+    label: dict[str, str] = {}
+    extra: dict[str, list[str]] = defaultdict(list)
+
+    def add(key: str, text: str, doctrine_name: str | None) -> None:
+        if key not in label:
+            order.append(key)
+            label[key] = text
+        elif (
+            doctrine_name
+            and doctrine_name.lower() not in label[key].lower()
+            and doctrine_name not in extra[key]
+        ):
+            extra[key].append(doctrine_name)
+
+    for issue in model_issues:
+        text = " ".join(str(issue).split())
+        if not text:
+            continue
+        did = issue_doctrine(text, tax)
+        key = f"doctrine:{tax.root(did)}" if did else f"text:{' '.join(tokens(text))}"
+        add(key, text, tax[did].name if did else None)
+    for d in linked_doctrines:
+        if d.id not in tax.doctrines:
+            continue
+        add(f"doctrine:{tax.root(d.id)}", d.name, d.name)
+    items = []
+    for key in order:
+        names = extra.get(key, [])[:3]
+        items.append(f"{label[key]} ({'; '.join(names)})" if names else label[key])
+    return items[:max_items] if max_items else items
+
+
+def iter_passages_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Passages of a JSONL file (benchmarks and coverage checks)."""
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                yield json.loads(line)
