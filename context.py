@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import evidence
 import injection
+import legal_graph
 import load_corpus
 import rag_utils
 from llm_config import LLMClient, resolve
@@ -64,6 +65,9 @@ class AgentContext:
     """Index of the client's first call record that belongs to this run."""
     screen_passage: Callable[[str], list[str]] = field(default=injection.screen_passage)
     """Names of the injection patterns a passage's text matches (empty: clean)."""
+    link_issues: Callable[[str, list[str]], list[str]] | None = None
+    """(question, the model's issues) -> the research agenda: the issues merged with the doctrines
+    the question links to in the legal taxonomy, one item per claim (None: the model's issues)."""
     searchers: dict[str, Retriever] = field(default_factory=dict)
     """A retriever per search type (dense, keyword, hybrid, graph, combined); a type without one
     uses ``retrieve``."""
@@ -78,6 +82,22 @@ class AgentContext:
             return rag_utils.retrieve_documents_multi_query(
                 queries, k=k, exclude_ids=exclude_ids, settings=settings
             )
+
+        def graph(mode: str) -> Retriever:
+            def search(queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[dict]:
+                try:
+                    return legal_graph.graph_search(
+                        queries[0], k=k, exclude_ids=exclude_ids, mode=mode, settings=settings
+                    )
+                except legal_graph.GraphError as exc:  # no graph yet: a dead end, not a crash
+                    logger.warning("graph search unavailable (%s): no results", exc)
+                    return []
+
+            return search
+
+        def link_issues(question: str, issues: list[str]) -> list[str]:
+            linked = legal_graph.link_doctrines(question, settings)
+            return legal_graph.merge_agenda(issues, linked, max_items=4)
 
         def with_reranker(name: str) -> Retriever:
             def search(queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[dict]:
@@ -115,7 +135,10 @@ class AgentContext:
                 "dense": with_reranker("none"),
                 "keyword": with_reranker("bm25"),
                 "hybrid": with_reranker("hybrid"),
+                "graph": graph("graph"),
+                "combined": graph("combined"),
             },
+            link_issues=link_issues,
         )
 
     def search(

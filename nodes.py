@@ -404,6 +404,11 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     phase = (plan.phase if plan else "") or "rule"
     issues = [" ".join(i.split()) for i in (plan.issues if plan else []) if i.strip()]
     note = ""
+    if state.get("query_type") == "multi_hop" and ctx.link_issues is not None:
+        try:  # the issues the facts raise, deduplicated at the doctrine level (legal taxonomy)
+            issues = ctx.link_issues(question, issues) or issues
+        except Exception as exc:  # noqa: BLE001 - linking is an aid; the model's list still stands
+            logger.warning("doctrine linking failed; keeping the model's issues: %s", exc)
     # A multi-issue objective restated as one question retrieves nothing focused: research the
     # first planned issue instead.
     if (

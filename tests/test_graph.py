@@ -981,3 +981,42 @@ def test_studio_default_context_indexes_the_starter_corpus(tmp_path, monkeypatch
     assert rag_utils.corpus_count(ctx.settings) > 200
     assert context.default_context() is ctx
     monkeypatch.setattr(context, "_default", None)
+
+
+def test_multi_hop_agenda_merges_the_models_issues_with_linked_doctrines(tmp_settings):
+    """The model lists one doctrine three times; the taxonomy link collapses them and adds the
+    issues it missed, and the research agenda is that merged list."""
+    seen: list[tuple[str, list[str]]] = []
+
+    def link(question: str, issues: list[str]) -> list[str]:
+        seen.append((question, issues))
+        return [
+            "First Amendment (Freedom of speech)",
+            "Free Exercise Clause",
+            "Procedural due process",
+        ]
+
+    original = AgentContext.__init__
+
+    def init(self, *a, **fields):
+        original(self, *a, **fields)
+        self.link_issues = link
+
+    replies = multi_replies(n_steps=1, replan=[J(action="complete")])
+    replies["plan"] = [J(issues=["First Amendment", "Right to Free Speech", "Right to Free Expression"], phase="rule", question="What free speech protections apply to students at public universities?")]  # fmt: skip
+    AgentContext.__init__ = init
+    try:
+        result, script, *_ = run(tmp_settings, replies)
+    finally:
+        AgentContext.__init__ = original
+    assert seen and seen[0][1] == [
+        "First Amendment",
+        "Right to Free Speech",
+        "Right to Free Expression",
+    ]
+    assert result["issues"] == [
+        "First Amendment (Freedom of speech)",
+        "Free Exercise Clause",
+        "Procedural due process",
+    ]
+    assert "Free Exercise Clause; Procedural due process" in script.prompts("replan")[0]
