@@ -251,14 +251,54 @@ def safe_claims(claims: list[CitedClaim]) -> list[CitedClaim]:
     return kept
 
 
+_WORDS = re.compile(r"[a-z0-9]+")
+_FILLER = frozenset("a an the of to in on for and or is are be by with as at that this it".split())
+NEAR_DUPLICATE_JACCARD = 0.8
+"""Two claims whose content-word sets overlap at least this much (Jaccard) say the same thing."""
+
+
+def _claim_words(text: str) -> frozenset[str]:
+    return frozenset(w for w in _WORDS.findall(text.lower()) if w not in _FILLER)
+
+
+def merge_duplicate_claims(
+    claims: list[CitedClaim], seen: list[frozenset[str]] | None = None
+) -> list[CitedClaim]:
+    """``claims`` with identical or near-identical ones merged into the first (their sources
+    united); a claim that repeats one of ``seen`` (claims rendered earlier) is dropped."""
+    seen = seen if seen is not None else []
+    kept: list[CitedClaim] = []
+    kept_words: list[frozenset[str]] = []
+    for c in claims:
+        words = _claim_words(c.text)
+        if not words:
+            continue
+        twin = next(
+            (
+                i
+                for i, w in enumerate(kept_words)
+                if len(w & words) / len(w | words) >= NEAR_DUPLICATE_JACCARD
+            ),
+            None,
+        )
+        if twin is not None:
+            kept[twin].sources = list(dict.fromkeys([*kept[twin].sources, *c.sources]))
+        elif not any(len(w & words) / len(w | words) >= NEAR_DUPLICATE_JACCARD for w in seen):
+            kept.append(c.model_copy())
+            kept_words.append(words)
+    seen.extend(kept_words)
+    return kept
+
+
 def render_cited_answer(answer: CitedAnswer) -> str:
     """The Rule / Elements / Exceptions / Application text of a structured answer, every claim
     followed by its ``[Source N]`` citations; claims that repeat an answer letter or an
     instruction (text a planted passage would push) are left out."""
+    rendered = [_claim_words(answer.rule.text)]
     answer = answer.model_copy(
         update={
-            "elements": safe_claims(list(answer.elements)),
-            "exceptions": safe_claims(list(answer.exceptions)),
+            "elements": merge_duplicate_claims(safe_claims(list(answer.elements)), rendered),
+            "exceptions": merge_duplicate_claims(safe_claims(list(answer.exceptions)), rendered),
         }
     )
     if _UNSAFE_CLAIM.search(answer.rule.text):

@@ -297,16 +297,25 @@ def main_cli(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--starter-only", action="store_true", help="calibrate on the starter corpus only"
     )
+    parser.add_argument(
+        "--k",
+        type=int,
+        default=2,
+        help="calibrate: passages a step's confidence averages over. A step's confidence is the "
+        "mean cosine of the passages its answer cites, usually the top 1-3 (default 2); 5 "
+        "reproduces the old grade over every retrieved passage",
+    )
     args = parser.parse_args(argv)
     if args.what == "overhead":
         result = overhead()
     elif args.what == "calibrate":
-        result = calibrate(starter_only=args.starter_only)
+        result = calibrate(k=args.k, starter_only=args.starter_only)
     else:
         result = demos(args.names or ["simple", "medium", "multi_hop"])
     print(json.dumps(result, indent=2))
     saved = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    saved[args.what + ("_starter_only" if getattr(args, "starter_only", False) else "")] = result
+    key = args.what + ("_starter_only" if args.starter_only else "")
+    saved[key + (f"_k{args.k}" if args.what == "calibrate" else "")] = result
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(saved, indent=2) + "\n")
     return 0

@@ -1020,3 +1020,28 @@ def test_multi_hop_agenda_merges_the_models_issues_with_linked_doctrines(tmp_set
         "Procedural due process",
     ]
     assert "Free Exercise Clause; Procedural due process" in script.prompts("replan")[0]
+
+
+def test_repeated_claims_are_merged_and_never_printed_twice(tmp_settings):
+    """The multi_hop demo once printed one sentence as four bullets: identical or near-identical
+    claims are merged (sources united), and a bullet repeating the rule is dropped."""
+    same = "The First Amendment protects student speech at public universities"
+    synth = J(
+        rule={"text": same, "sources": [1]},
+        elements=[
+            {"text": same + ".", "sources": [1]},
+            {"text": "Speech must not materially disrupt classwork", "sources": [2]},
+            {"text": "speech must not materially disrupt the classwork", "sources": [3]},
+        ],
+        exceptions=[],
+        application={"text": "the suspension punished protected speech", "sources": [1, 2]},
+    )
+    result, *_ = run(tmp_settings, simple_replies(synthesize=[synth]))
+    lines = result["planning_table"][0]["execution"]["cited_answer"].splitlines()
+    assert lines == [
+        f"Rule: {same} [Source 1].",
+        "Elements:",
+        "- Speech must not materially disrupt classwork [Source 2][Source 3].",
+        "Exceptions: not in the sources.",
+        "Application: the suspension punished protected speech [Source 1][Source 2].",
+    ]
