@@ -507,6 +507,7 @@ def status(settings: Settings | None = None) -> dict[str, Any]:
         if bm25_count is None
         else ("fresh" if bm25_count == count else "stale"),
         "reranker": s.reranker,
+        "qa_memory_entries": rag_utils.memory_count(s),
         "graph": _graph_status(s),
     }
 
@@ -559,6 +560,7 @@ def _print_status(info: dict[str, Any], as_json: bool) -> None:
     print(f"embedding model: {info['embedding_model']}")
     print(f"passages:        {info['count']}")
     print(f"BM25 index:      {info['bm25_index']}")
+    print(f"QA memory:       {info['qa_memory_entries']} cached answer(s) (main.py --clear-memory)")
     flags = ", ".join(f"{k} {v}" for k, v in info["injection_flags"].items())
     print(
         f"injection flags: {info['injection_flagged']} passages flagged"

@@ -252,7 +252,30 @@ def safe_claims(claims: list[CitedClaim]) -> list[CitedClaim]:
 
 
 _WORDS = re.compile(r"[a-z0-9]+")
-_FILLER = frozenset("a an the of to in on for and or is are be by with as at that this it".split())
+_FILLER = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "of",
+        "to",
+        "in",
+        "on",
+        "for",
+        "and",
+        "or",
+        "is",
+        "are",
+        "be",
+        "by",
+        "with",
+        "as",
+        "at",
+        "that",
+        "this",
+        "it",
+    ]
+)
 NEAR_DUPLICATE_JACCARD = 0.8
 """Two claims whose content-word sets overlap at least this much (Jaccard) say the same thing."""
 

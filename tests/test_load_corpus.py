@@ -188,16 +188,19 @@ def test_first_n_then_more_is_incremental_and_exact(cli, fake):
     assert "added 0 passages" in out and fake.calls == calls  # nothing re-embedded
 
 
-def test_status_reports_size_model_and_sources(cli):
+def test_status_reports_size_model_and_sources(cli, tmp_settings):
     cli("--passages", str(PASSAGES))
+    rag_utils.write_to_memory("What is battery?", "Harmful contact.", 0.7, settings=tmp_settings)
     rc, out, _ = cli("status", "--json")
     info = json.loads(out)
     assert rc == 0
+    assert info["qa_memory_entries"] == 1
     assert info["count"] == 24 and info["collection"] == "passages__all-minilm-l6-v2"
     assert info["embedding_model"] == "all-MiniLM-L6-v2"
     assert info["sources"]["barexam_qa:caselaw"] == 6 and sum(info["sources"].values()) == 24
     rc, out, _ = cli("status")
     assert "passages:        24" in out and "barexam_qa:caselaw" in out
+    assert "QA memory:       1 cached answer(s)" in out
 
 
 def test_curated_loads_every_gold_passage_plus_padding(cli, tmp_settings):
