@@ -82,6 +82,14 @@ COMBINED_POOL = 100
 """Depth of each ranking fused in ``combined``."""
 
 
+EMBEDDED_BUFFER_POOL = 512 * 1024 * 1024
+"""Bytes of the embedded engine's buffer pool.  Its default (80% of RAM) beside the in-process LLM
+server and the embedder ended the multi_hop demo with std::bad_alloc; the shared corpus's graph
+needs a few MB."""
+EMBEDDED_MAX_DB_SIZE = 1 << 34
+"""Largest database file (16 GiB): the default reserves 8 TiB of address space per process."""
+
+
 class GraphError(RuntimeError):
     """The graph database cannot be opened or used; the message says what to do."""
 
@@ -637,7 +645,11 @@ class EmbeddedBackend:
             if not read_only:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = self._mod.Database(
-                str(self.path), read_only=read_only, max_num_threads=EMBEDDED_THREADS
+                str(self.path),
+                read_only=read_only,
+                max_num_threads=EMBEDDED_THREADS,
+                buffer_pool_size=EMBEDDED_BUFFER_POOL,
+                max_db_size=EMBEDDED_MAX_DB_SIZE,
             )
             self._conn = self._mod.Connection(self._db)
         except Exception as exc:
