@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import eval_answers
 import eval_common as ec
 import load_corpus
 import main as agent
@@ -703,6 +704,129 @@ def injection_main(argv: Sequence[str], *, llm_factory: Callable[[str], Any] | N
 
 
 # ------------------------------------------------------------------------------------------------
+# Phase 3: open answers (research vs evidence mode)
+# ------------------------------------------------------------------------------------------------
+
+ANSWER_MODES = ("research", "evidence")
+
+
+def build_answers_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="eval_comprehensive.py answers",
+        description=(
+            "Phase 3: the agent's open answers per answer mode (research, evidence) on the open "
+            "question set: abstention recall on out-of-corpus questions and false abstention on "
+            "in-corpus ones, key-point coverage, the share of answer sentences with a valid "
+            "citation, quote validity, and with --grade an A-F grade by the main model "
+            "(skills/grade_answer.md), all with 95%% CIs."
+        ),
+    )
+    p.add_argument("n", nargs="?", type=int, help="number of questions (default all)")
+    p.add_argument("--qa", help="open questions JSONL (default datasets/open_questions.jsonl)")
+    p.add_argument("--modes", default=",".join(ANSWER_MODES), help="research,evidence")
+    p.add_argument("--grade", action="store_true", help="grade every answer A-F with the judge")
+    p.add_argument("--run-id", help="run directory name; an existing one is resumed")
+    p.add_argument("--results-dir", default=ec.DEFAULT_RESULTS_DIR)
+    p.add_argument("--provider", help="LLM provider (overrides LLM_PROVIDER)")
+    p.add_argument("--json", action="store_true", help="print summary.json")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def agent_answer_fn(
+    settings: Settings, mode: str, llm_factory: Any = None
+) -> Callable[[str], dict]:
+    """``question -> answer dict`` (eval_answers' shape) running the whole agent in ``mode``."""
+
+    def answer(question: str) -> dict:
+        client = ec.make_client(settings, llm_factory)
+        context = AgentContext.from_settings(settings.replace(answer_mode=mode), client=client)
+        state = agent.run_agent(question, None, context=context)
+        passages = {pid: p["text"] for pid, p in (state.get("passages") or {}).items()}
+        out = {
+            "answer": state.get("answer") or state.get("final_cited_answer") or "",
+            "abstained": bool(state.get("abstained")),
+            "passages": passages,
+            "llm_calls": client.summary()["llm_calls"],
+        }
+        if mode == "evidence":
+            out["quotes"] = state.get("quotes") or []
+        else:
+            out["valid_citations"] = [s["ref"] for s in state.get("sources") or []]
+        return out
+
+    return answer
+
+
+def run_answers_phase(
+    args: argparse.Namespace, settings: Settings, *, llm_factory: Any = None
+) -> dict[str, Any]:
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in ANSWER_MODES]
+    if bad:
+        raise ValueError(f"unknown answer mode(s) {bad}; choose from {', '.join(ANSWER_MODES)}")
+    ec.require_llm(settings, llm_factory)
+    load_corpus.ensure_starter_index(settings)
+    items = eval_answers.load_open_questions(args.qa)[: args.n]
+    run_dir = ec.open_run("answers", args.run_id, None, args.results_dir)
+    config = {
+        "script": "eval_comprehensive.py",
+        "phase": "answers",
+        "qa": args.qa or "datasets/open_questions.jsonl",
+        "modes": modes,
+        "n_items": len(items),
+        "llm": ec.llm_record(settings),
+        "retrieval": ec.retrieval_record(settings),
+        "settings": ec.settings_record(settings),
+    }
+    run_dir.check_config(config, ("qa", "llm"))
+    done = run_dir.done()
+    judge = ec.make_client(settings, llm_factory) if args.grade else None
+    grader = (
+        (lambda item, answer: eval_answers.grade_answer(judge, item, answer)) if judge else None
+    )
+    interrupted = False
+    try:
+        for mode in modes:
+            todo = [it for it in items if (it["id"], mode) not in done]
+            rows, _ = eval_answers.run_answers(
+                todo,
+                {mode: agent_answer_fn(settings, mode, llm_factory)},
+                grader=grader,
+                on_row=lambda row: run_dir.append({**row, "item": row["id"], "phase": "answers"}),
+            )
+    except KeyboardInterrupt:
+        interrupted = True
+        logger.warning("interrupted: rerun with --run-id %s to finish", run_dir.run_id)
+    wanted = {it["id"] for it in items}
+    rows = [r for r in run_dir.rows if r.get("phase") == "answers" and r["item"] in wanted]
+    summary = {
+        "run_id": run_dir.run_id,
+        "config": config,
+        "answers": eval_answers.summarize_answers(rows),
+        "interrupted": interrupted,
+    }
+    run_dir.write_json("summary.json", summary)
+    return summary
+
+
+def answers_main(argv: Sequence[str], *, llm_factory: Callable[[str], Any] | None = None) -> int:
+    """``eval_comprehensive.py answers ...``"""
+    args = build_answers_parser().parse_args(argv)
+    ec.configure_logging(args.verbose)
+    rc, summary = ec.cli_run(
+        lambda settings: run_answers_phase(args, settings, llm_factory=llm_factory),
+        llm_provider=args.provider,
+    )
+    if rc:
+        return rc
+    print(json.dumps(summary if args.json else summary["answers"], indent=2, default=str))
+    if not args.json:
+        print(f"results: {Path(args.results_dir) / summary['run_id']}")
+    return 130 if summary.get("interrupted") else 0
+
+
+# ------------------------------------------------------------------------------------------------
 # CLI
 # ------------------------------------------------------------------------------------------------
 
@@ -957,6 +1081,8 @@ def main(
     given = list(sys.argv[1:] if argv is None else argv)
     if given[:1] == ["injection"]:
         return injection_main(given[1:], llm_factory=llm_factory)
+    if given[:1] == ["answers"]:
+        return answers_main(given[1:], llm_factory=llm_factory)
     args = parse_args(argv)
     args.argv = argv
     ec.configure_logging(args.verbose)

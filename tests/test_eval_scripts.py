@@ -490,3 +490,25 @@ def test_trace_without_arguments_traces_the_builtin_questions(env, fake, capsys,
     hop = next(c for c in cases if c["kind"] == "multi_hop")
     assert len(hop["gold"]) == 4 and "choices" not in hop
     assert calls  # the agent ran through the injected model
+
+
+@pytest.mark.slow
+def test_phase_3_answers_scores_both_answer_modes_on_the_open_questions(env, capsys):
+    """The agent answers open questions in research and evidence mode (fake LLM, starter index):
+    one row per question and mode, metrics per mode, and a resumed run repeats nothing."""
+    factory, calls = reader()
+    args = ["answers", "3", "--run-id", "ans", "--json", "--results-dir", str(env / "res")]
+    assert eval_comprehensive.main(args, llm_factory=factory) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert set(summary["answers"]) == {"research", "evidence"}
+    rows = _read_rows(env, "ans")
+    assert (
+        sorted((r["item"], r["mode"]) for r in rows)
+        == sorted((q, m) for q in {r["item"] for r in rows} for m in ("research", "evidence"))
+        and len(rows) == 6
+    )
+    for r in rows:
+        assert r["valid_cited_sentences"] <= r["cited_sentences"] <= r["sentences"]
+    n_calls = len(calls)
+    assert eval_comprehensive.main(args, llm_factory=factory) == 0
+    assert len(calls) == n_calls  # resumed: nothing re-run
