@@ -41,7 +41,7 @@ import re
 import shutil
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -805,6 +805,7 @@ def close_graphs() -> None:
         _graphs.clear()
         _cache.clear()
         _query_vectors.clear()
+        _passage_cache.clear()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1244,9 +1245,12 @@ def _fuse(
     return _rank(fused, k)
 
 
-def _keyword(g: GraphBackend, query: str, exclude: list[str]) -> dict[str, GraphHit]:
+def _keyword(
+    g: GraphBackend, query: str, exclude: list[str], seeds: dict[str, _Seed] | None = None
+) -> dict[str, GraphHit]:
     """Passages mentioning a doctrine the query names, or citing an authority it cites."""
-    hits = _expand(g, alias_doctrines(g, query), exclude)
+    seeds = alias_doctrines(g, query) if seeds is None else seeds
+    hits = _expand(g, seeds, exclude)
     for pid, h in _expand(g, query_authorities(g, query), exclude, kind="authority").items():
         cur = hits.get(pid)
         if cur is None:
@@ -1258,11 +1262,13 @@ def _keyword(g: GraphBackend, query: str, exclude: list[str]) -> dict[str, Graph
     return hits
 
 
-def _principles(g: GraphBackend, query: str, exclude: list[str]) -> dict[str, GraphHit]:
+def _principles(
+    g: GraphBackend, query: str, exclude: list[str], seeds: dict[str, _Seed] | None = None
+) -> dict[str, GraphHit]:
     """Passages of the doctrines the query names and of their elements, exceptions and related
     doctrines (one hop, weight x PRINCIPLE_DECAY)."""
     tax = load_taxonomy()
-    seeds = alias_doctrines(g, query)
+    seeds = alias_doctrines(g, query) if seeds is None else seeds
     if not seeds:
         return {}
     expanded = {did: _Seed(s.weight, s.why) for did, s in seeds.items()}
@@ -1290,6 +1296,40 @@ def _semantic(
     return _expand(g, seeds, exclude)
 
 
+PASSAGE_VECTOR_CACHE = 20_000
+"""Passage embeddings kept in memory (~30 MB for MiniLM): the passages of common doctrines come
+back query after query, and reading them from the store was 40% of a graph search."""
+_passage_cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+
+
+def _passage_vectors(store: Any, ids: Sequence[str]) -> dict[str, np.ndarray]:
+    """Embeddings of ``ids`` from the store (missing ids are left out), through an LRU cache."""
+    import numpy as np
+
+    out: dict[str, np.ndarray] = {}
+    missing = []
+    with _lock:
+        for pid in ids:
+            vec = _passage_cache.get((store.name, pid))
+            if vec is None:
+                missing.append(pid)
+            else:
+                _passage_cache.move_to_end((store.name, pid))
+                out[pid] = vec
+    if missing:
+        got = store.get(missing, with_embeddings=True)
+        with _lock:
+            for d in got:
+                if d.get("embedding") is None:
+                    continue
+                vec = np.asarray(d["embedding"], dtype=np.float32)
+                out[d["id"]] = vec
+                _passage_cache[(store.name, d["id"])] = vec
+            while len(_passage_cache) > PASSAGE_VECTOR_CACHE:
+                _passage_cache.popitem(last=False)
+    return out
+
+
 def _order_by_text(
     candidates: Sequence[dict[str, GraphHit]], qvec: np.ndarray, settings: Settings
 ) -> list[list[GraphHit]]:
@@ -1297,18 +1337,14 @@ def _order_by_text(
     GRAPH_WEIGHT x graph score / the mode's best graph score. The graph decides which passages
     are on topic; within that set the text decides the order (graph scores alone tie across the
     many passages that mention the same doctrine). One store read for all modes."""
-    import numpy as np
 
     tops = [_rank(c, CANDIDATES) for c in candidates]
     wanted = list(dict.fromkeys(h.id for top in tops for h in top))
     if not wanted:
         return [[] for _ in tops]
-    stored = rag_utils.get_store(settings).get(wanted, with_embeddings=True)
-    cos = {
-        d["id"]: float(np.asarray(d["embedding"], dtype=np.float32) @ qvec)
-        for d in stored
-        if d.get("embedding") is not None
-    }
+    store = rag_utils.get_store(settings)
+    vecs = _passage_vectors(store, wanted)
+    cos = {pid: float(v @ qvec) for pid, v in vecs.items()}
     out = []
     for top in tops:
         best = max((h.score for h in top), default=0.0) or 1.0
@@ -1340,12 +1376,13 @@ def search_graph(
     exclude = [str(i) for i in dict.fromkeys(exclude_ids)]
     qvec = embed_query(query, s)
     modes = ("keyword", "principles", "semantic") if mode == "graph" else (mode,)
+    seeds = alias_doctrines(g, query) if mode != "semantic" else {}
     candidates = []
     for m in modes:
         if m == "keyword":
-            candidates.append(_keyword(g, query, exclude))
+            candidates.append(_keyword(g, query, exclude, seeds))
         elif m == "principles":
-            candidates.append(_principles(g, query, exclude))
+            candidates.append(_principles(g, query, exclude, seeds))
         else:
             candidates.append(_semantic(g, query, exclude, qvec, s))
     ordered = _order_by_text(candidates, qvec, s)
