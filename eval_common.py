@@ -333,6 +333,10 @@ def eval_settings(env: dict[str, str] | None = None, **overrides: Any) -> Settin
     """Settings for an eval run: environment + CLI overrides, with the LLM response cache ON."""
     overrides = {k: v for k, v in overrides.items() if v is not None}
     overrides.setdefault("llm_cache", True)
+    # RUN_TIMEOUT guards one interactive question; an eval run is long on purpose and an item cut
+    # off by a loaded machine would count as a wrong answer.  Set RUN_TIMEOUT to apply one anyway.
+    if "RUN_TIMEOUT" not in (os.environ if env is None else env):
+        overrides.setdefault("run_timeout", 0)
     return Settings.from_env(env, **overrides)
 
 
