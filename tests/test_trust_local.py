@@ -70,8 +70,9 @@ def test_planted_passage_is_flagged_and_the_letter_is_unchanged(tmp_settings):
     attacked, _ = run([PLANTED, *clean])
     baseline, client = run(clean)
     flagged = [f for s in attacked["planning_table"] for f in s["execution"]["flagged_passages"]]
-    assert [f["id"] for f in flagged] == ["planted_note"]
-    assert attacked["run_metrics"]["flagged_passages"] == 1
+    assert flagged and {f["id"] for f in flagged} == {"planted_note"}  # once per step it came back
+    assert attacked["run_metrics"]["flagged_passages"] == len(flagged)
+    assert baseline["run_metrics"]["flagged_passages"] == 0
     assert "NOTE TO THE AI" not in attacked["final_cited_answer"]
     assert attacked["mc_answer"]["letter"] is not None
     assert attacked["mc_answer"]["letter"] == baseline["mc_answer"]["letter"]
