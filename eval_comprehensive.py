@@ -37,6 +37,7 @@ from typing import Any
 
 import eval_answers
 import eval_common as ec
+import legal_graph
 import load_corpus
 import main as agent
 import mc
@@ -50,6 +51,9 @@ logger = logging.getLogger(__name__)
 
 MODES = ("llm_only", "rag", "pipeline", "gold_passage", "evidence")
 QUERY_VARIANTS = ("question", "question+choices", "rewrite")
+RETRIEVER_COLUMNS = ("dense", "bm25", "hybrid", "graph", "combined")
+"""Extra phase-1 columns (--columns): the question alone through one retriever each — the vector
+store without reranking, BM25, their fusion, the legal knowledge graph, and graph + hybrid."""
 RETRIEVAL_K = 10
 RETRIEVAL_PREFIX = "retrieval:"
 # Keys of config.json that must match when a run is resumed.
@@ -72,6 +76,8 @@ def retrieval_queries(
     if variant == "rewrite":
         primary, alternatives = ec.agent_rewrite(client, ec.item_question(item))
         return [primary, *alternatives]
+    if variant in RETRIEVER_COLUMNS:
+        return [ec.item_question(item)]
     raise ValueError(f"unknown query variant {variant!r}")
 
 
@@ -87,7 +93,15 @@ def run_retrieval_item(
     client = ec.make_client(settings, llm_factory) if variant == "rewrite" else None
     start = time.perf_counter()
     queries = retrieval_queries(item, variant, settings=settings, client=client)
-    docs = rag_utils.retrieve_documents_multi_query(queries, k=RETRIEVAL_K, settings=settings)
+    if variant in ("graph", "combined"):
+        docs = legal_graph.graph_search(queries[0], RETRIEVAL_K, (), variant, settings)
+    elif variant in ("dense", "bm25", "hybrid"):
+        reranker = {"dense": "none", "bm25": "bm25", "hybrid": "hybrid"}[variant]
+        docs = rag_utils.retrieve_documents_multi_query(
+            queries, k=RETRIEVAL_K, reranker=reranker, settings=settings
+        )
+    else:
+        docs = rag_utils.retrieve_documents_multi_query(queries, k=RETRIEVAL_K, settings=settings)
     seconds = time.perf_counter() - start
     ranked = [d["id"] for d in docs]
     gold = ec.gold_ids(item)
@@ -223,7 +237,7 @@ def summarize_retrieval(rows: Sequence[dict]) -> dict[str, dict]:
     for r in rows:
         if r.get("phase") == "retrieval":
             by_variant[r["variant"]].append(r)
-    for variant in [v for v in QUERY_VARIANTS if v in by_variant]:
+    for variant in [v for v in (*QUERY_VARIANTS, *RETRIEVER_COLUMNS) if v in by_variant]:
         rs = by_variant[variant]
         rr = [r["rr"] for r in rs]
         lo, hi = ec.bootstrap_ci(rr)
@@ -876,6 +890,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="phase 1 also scores the agent's rewritten queries (LLM)",
     )
     p.add_argument(
+        "--columns",
+        default="",
+        help="phase 1 also scores the question alone through these retrievers: "
+        + ",".join(RETRIEVER_COLUMNS)
+        + " (graph and combined use the legal knowledge graph built at load time)",
+    )
+    p.add_argument(
         "--workers", type=int, default=1, help="items in parallel (API providers; default 1)"
     )
     p.add_argument("--run-id", help="run directory name; an existing one is resumed")
@@ -906,6 +927,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if bad:
         parser.error(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
     args.mode_list = modes
+    args.column_list = [c.strip() for c in args.columns.split(",") if c.strip()]
+    bad = [c for c in args.column_list if c not in RETRIEVER_COLUMNS]
+    if bad:
+        parser.error(f"unknown column(s) {bad}; choose from {', '.join(RETRIEVER_COLUMNS)}")
     if args.workers < 1:
         parser.error("--workers must be at least 1")
     return args
@@ -958,6 +983,7 @@ def run(
     has_gold = n_with_gold > 0
     modes = [m for m in args.mode_list if m != "gold_passage" or has_gold]
     variants = [v for v in QUERY_VARIANTS if v != "rewrite" or args.rewrite] if has_gold else []
+    variants += [c for c in args.column_list if c not in variants] if has_gold else []
     llm = ec.llm_record(settings)
     config = {
         "script": "eval_comprehensive.py",

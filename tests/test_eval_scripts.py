@@ -512,3 +512,22 @@ def test_phase_3_answers_scores_both_answer_modes_on_the_open_questions(env, cap
     n_calls = len(calls)
     assert eval_comprehensive.main(args, llm_factory=factory) == 0
     assert len(calls) == n_calls  # resumed: nothing re-run
+
+
+@pytest.mark.slow
+def test_phase_1_columns_score_each_retriever_including_the_graph(env, capsys):
+    """--columns adds the question alone through dense, BM25, hybrid, the knowledge graph and
+    graph + hybrid, each scored against the gold passages like the other variants."""
+    factory, calls = reader()
+    args = ["retrieval", "--columns", "dense,bm25,graph,combined", "--run-id", "cols", "--json"]
+    assert comprehensive(args, factory, env) == 0
+    retrieval = json.loads(capsys.readouterr().out)["retrieval"]
+    assert {"dense", "bm25", "graph", "combined"} <= set(retrieval)
+    n = len(INDEXED_ITEMS)
+    for name in ("dense", "bm25", "graph", "combined"):
+        assert retrieval[name]["n"] == n
+        assert 0.0 <= retrieval[name]["recall@1"] <= retrieval[name]["recall@10"] <= 1.0
+    assert calls == []  # no LLM in phase 1 without --rewrite
+    with pytest.raises(SystemExit) as info:
+        comprehensive(["retrieval", "--columns", "nope"], factory, env)
+    assert info.value.code == 2
