@@ -34,6 +34,8 @@ with the fact pattern, and a multi-issue question should be split into the doctr
 from __future__ import annotations
 
 import hashlib
+import importlib
+import importlib.util
 import json
 import logging
 import math
@@ -88,6 +90,15 @@ server and the embedder ended the multi_hop demo with std::bad_alloc; the shared
 needs a few MB."""
 EMBEDDED_MAX_DB_SIZE = 1 << 34
 """Largest database file (16 GiB): the default reserves 8 TiB of address space per process."""
+
+
+def _load_llama_first() -> None:
+    """Import the embedded LLM's native library (when installed) before the first graph database
+    opens: importing xllamacpp after a LadybugDB database is open aborts the process with
+    std::bad_alloc (seen with ladybug 0.22 and xllamacpp in one process, in either load order of
+    the Python modules; only opening the database first matters)."""
+    if importlib.util.find_spec("xllamacpp") is not None:
+        importlib.import_module("xllamacpp")
 
 
 class GraphError(RuntimeError):
@@ -626,7 +637,6 @@ class EmbeddedBackend:
     serialised by a lock because a connection is not meant for concurrent queries."""
 
     def __init__(self, path: Path, engine: str = "ladybug", read_only: bool = False) -> None:
-        import importlib
 
         if engine not in EMBEDDED_ENGINES:
             raise GraphError(f"GRAPH_ENGINE={engine!r}: use one of {', '.join(EMBEDDED_ENGINES)}")
@@ -641,6 +651,7 @@ class EmbeddedBackend:
         self.where = str(self.path)
         self.read_only = read_only
         self._lock = threading.RLock()
+        _load_llama_first()
         try:
             if not read_only:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
