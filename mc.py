@@ -108,7 +108,8 @@ def _norm(text: str) -> str:
     return " ".join(_WORD.findall(text.lower()))
 
 
-def _content_words(text: str) -> set[str]:
+def content_words(text: str) -> set[str]:
+    """Lower-case words of ``text`` without stop words and single letters."""
     return {w for w in _WORD.findall(text.lower()) if w not in _STOP and len(w) > 1}
 
 
@@ -132,10 +133,10 @@ def parse_mc_answer(text: str, choices: Mapping[str, str]) -> tuple[str | None, 
         return quoted[0].upper(), "choice_text"
 
     lines = [ln for ln in reply.splitlines() if ln.strip()]
-    last = _content_words(lines[-1]) if lines else set()
+    last = content_words(lines[-1]) if lines else set()
     scores = []
     for k, v in choices.items():
-        words = _content_words(str(v))
+        words = content_words(str(v))
         if words:
             scores.append((len(words & last) / len(words), k.upper()))
     scores.sort(reverse=True)

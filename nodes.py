@@ -251,37 +251,20 @@ def safe_claims(claims: list[CitedClaim]) -> list[CitedClaim]:
     return kept
 
 
-_WORDS = re.compile(r"[a-z0-9]+")
-_FILLER = frozenset(
-    [
-        "a",
-        "an",
-        "the",
-        "of",
-        "to",
-        "in",
-        "on",
-        "for",
-        "and",
-        "or",
-        "is",
-        "are",
-        "be",
-        "by",
-        "with",
-        "as",
-        "at",
-        "that",
-        "this",
-        "it",
-    ]
-)
 NEAR_DUPLICATE_JACCARD = 0.8
 """Two claims whose content-word sets overlap at least this much (Jaccard) say the same thing."""
 
 
+_NEGATION = re.compile(r"\b(not|no|never|without|cannot|nor)\b|n't\b", re.IGNORECASE)
+
+
 def _claim_words(text: str) -> frozenset[str]:
-    return frozenset(w for w in _WORDS.findall(text.lower()) if w not in _FILLER)
+    """Content words of a claim; a negation counts, so "X is required" and "X is not required"
+    are never merged."""
+    words = set(mc.content_words(text))
+    if _NEGATION.search(text):
+        words.add("<not>")
+    return frozenset(words)
 
 
 def merge_duplicate_claims(

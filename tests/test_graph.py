@@ -22,6 +22,7 @@ import nodes
 import prompts
 from context import AgentContext
 from llm_config import LLMClient
+from prompts import CitedClaim
 
 # ------------------------------------------------------------------------------------------------
 # Fakes
@@ -1045,3 +1046,9 @@ def test_repeated_claims_are_merged_and_never_printed_twice(tmp_settings):
         "Exceptions: not in the sources.",
         "Application: the suspension punished protected speech [Source 1][Source 2].",
     ]
+
+
+def test_a_claim_and_its_negation_are_never_merged():
+    a = CitedClaim(text="Consideration is required for a modification", sources=[1])
+    b = CitedClaim(text="Consideration is not required for a modification", sources=[2])
+    assert [c.text for c in nodes.merge_duplicate_claims([a, b])] == [a.text, b.text]
