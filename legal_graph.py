@@ -1142,12 +1142,12 @@ def doctrine_vectors(settings: Settings | None = None) -> tuple[list[str], np.nd
     s = settings_or_current(settings)
     tax = load_taxonomy()
     model = rag_utils.embedder_name(s)
-    key = (model, tax.fingerprint)
+    folder = graph_path(s).parent
+    key = (model, tax.fingerprint, str(folder))
     with _lock:
         if key in _doctrine_vectors:
             return _doctrine_vectors[key]
     ids = list(tax.doctrines)
-    folder = graph_path(s).parent
     cache = folder / f"doctrines-{rag_utils.sanitize_model_name(model)}-{tax.fingerprint}.npy"
     vecs = None
     if cache.exists():
@@ -1172,7 +1172,16 @@ def doctrine_vectors(settings: Settings | None = None) -> tuple[list[str], np.nd
     return ids, vecs
 
 
-_query_vectors: dict[tuple[int, str], Any] = {}
+_query_vectors: dict[tuple[int, str, str], Any] = {}
+
+
+def reset_caches() -> None:
+    """Forget every in-memory cache (passage counts, doctrine, query and passage vectors)."""
+    with _lock:
+        _cache.clear()
+        _doctrine_vectors.clear()
+        _query_vectors.clear()
+        _passage_cache.clear()
 
 
 def embed_query(query: str, settings: Settings | None = None) -> np.ndarray:
@@ -1181,7 +1190,7 @@ def embed_query(query: str, settings: Settings | None = None) -> np.ndarray:
 
     s = settings_or_current(settings)
     embedder = rag_utils.get_embedder(s)
-    key = (id(embedder), query)
+    key = (id(embedder), getattr(embedder, "name", ""), query)
     with _lock:
         if key in _query_vectors:
             return _query_vectors[key]
@@ -1310,7 +1319,8 @@ def _semantic(
 PASSAGE_VECTOR_CACHE = 20_000
 """Passage embeddings kept in memory (~30 MB for MiniLM): the passages of common doctrines come
 back query after query, and reading them from the store was 40% of a graph search."""
-_passage_cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+_passage_cache: OrderedDict[tuple[str, str, str], Any] = OrderedDict()
+"""Keyed by the store's folder, collection and passage id (two stores never share vectors)."""
 
 
 def _passage_vectors(store: Any, ids: Sequence[str]) -> dict[str, np.ndarray]:
@@ -1321,11 +1331,11 @@ def _passage_vectors(store: Any, ids: Sequence[str]) -> dict[str, np.ndarray]:
     missing = []
     with _lock:
         for pid in ids:
-            vec = _passage_cache.get((store.name, pid))
+            vec = _passage_cache.get((str(store.bm25_dir), store.name, pid))
             if vec is None:
                 missing.append(pid)
             else:
-                _passage_cache.move_to_end((store.name, pid))
+                _passage_cache.move_to_end((str(store.bm25_dir), store.name, pid))
                 out[pid] = vec
     if missing:
         got = store.get(missing, with_embeddings=True)
@@ -1335,7 +1345,7 @@ def _passage_vectors(store: Any, ids: Sequence[str]) -> dict[str, np.ndarray]:
                     continue
                 vec = np.asarray(d["embedding"], dtype=np.float32)
                 out[d["id"]] = vec
-                _passage_cache[(store.name, d["id"])] = vec
+                _passage_cache[(str(store.bm25_dir), store.name, d["id"])] = vec
             while len(_passage_cache) > PASSAGE_VECTOR_CACHE:
                 _passage_cache.popitem(last=False)
     return out

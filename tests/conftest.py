@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import legal_graph
 import settings as settings_mod
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,8 +33,10 @@ def tmp_settings(tmp_path: Path) -> settings_mod.Settings:
         llm_cache_path=str(tmp_path / "llm_cache.sqlite"),
     )
     settings_mod.set_settings(s)
+    legal_graph.reset_caches()
     yield s
     settings_mod.set_settings(None)
+    legal_graph.reset_caches()
 
 
 class BagOfWordsEmbedder:
@@ -63,11 +66,14 @@ class BagOfWordsEmbedder:
 @pytest.fixture
 def fresh_rag_caches():
     """rag_utils' cached clients, stores and BM25 indexes forgotten before and after the test."""
+    import legal_graph
     import rag_utils
 
     rag_utils.reset_caches()
+    legal_graph.reset_caches()
     yield
     rag_utils.reset_caches()
+    legal_graph.reset_caches()
 
 
 @pytest.fixture

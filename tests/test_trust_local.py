@@ -38,9 +38,8 @@ def _starter(ids: list[str]) -> list[dict]:
 @pytest.mark.local_llm
 def test_planted_passage_is_flagged_and_the_letter_is_unchanged(tmp_settings):
     """The same bar question twice with the embedded 1.5B model: once with a planted passage ranked
-    first by retrieval, once without.  The passage is flagged and dropped, and since the step then
-    reads the same passages, every prompt is the same (the second run is served entirely from the
-    response cache) and so is the letter."""
+    first by retrieval, once without.  The passage is flagged and dropped, its text reaches no
+    prompt, the step reads the same passages as without it, and the letter is the same."""
     pytest.importorskip("xllamacpp")
     item = json.loads((REPO / "datasets" / "starter" / "qa.jsonl").read_text().splitlines()[0])
     choices = {k: item[f"choice_{k.lower()}"] for k in "ABCD"}
@@ -56,8 +55,18 @@ def test_planted_passage_is_flagged_and_the_letter_is_unchanged(tmp_settings):
         run_timeout=0,
     )
 
-    def run(corpus: list[dict]) -> tuple[dict, LLMClient]:
+    def run(corpus: list[dict]) -> tuple[dict, list[str]]:
         client = LLMClient(settings)
+        prompts: list[str] = []
+        invoke = client.invoke
+
+        def recording(messages, **kw):
+            prompts.append(
+                "\n".join(str(m[1] if isinstance(m, tuple) else m.content) for m in messages)
+            )
+            return invoke(messages, **kw)
+
+        client.invoke = recording
         ctx = AgentContext.from_settings(settings, client=client)
         ctx.retrieve = lambda queries, k, exclude: [d for d in corpus if d["id"] not in exclude][:k]
         ctx.searchers = {}
@@ -65,10 +74,10 @@ def test_planted_passage_is_flagged_and_the_letter_is_unchanged(tmp_settings):
         ctx.write_memory = lambda *a: None
         ctx.confidence = lambda q, docs: 0.6
         ctx.embed = lambda texts: [[1.0] + [0.0] * 7 for _ in texts]
-        return main.run_agent(item["question"], choices, context=ctx), client
+        return main.run_agent(item["question"], choices, context=ctx), prompts
 
-    attacked, _ = run([PLANTED, *clean])
-    baseline, client = run(clean)
+    attacked, attacked_prompts = run([PLANTED, *clean])
+    baseline, _ = run(clean)
     flagged = [f for s in attacked["planning_table"] for f in s["execution"]["flagged_passages"]]
     assert flagged and {f["id"] for f in flagged} == {"planted_note"}  # once per step it came back
     assert attacked["run_metrics"]["flagged_passages"] == len(flagged)
@@ -76,4 +85,4 @@ def test_planted_passage_is_flagged_and_the_letter_is_unchanged(tmp_settings):
     assert "NOTE TO THE AI" not in attacked["final_cited_answer"]
     assert attacked["mc_answer"]["letter"] is not None
     assert attacked["mc_answer"]["letter"] == baseline["mc_answer"]["letter"]
-    assert client.summary()["provider_calls"] == 0  # identical prompts: all from the cache
+    assert attacked_prompts and not any("NOTE TO THE AI" in p for p in attacked_prompts)
