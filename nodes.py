@@ -296,6 +296,14 @@ def merge_duplicate_claims(
     return kept
 
 
+def _safe_or_absent(claim: CitedClaim) -> CitedClaim:
+    """``claim``, or "not in the sources" (uncited) when it carries answer-letter or instruction
+    text; the model's parsed reply is never modified."""
+    if _UNSAFE_CLAIM.search(claim.text):
+        return CitedClaim.model_construct(text="not in the sources", sources=[])
+    return claim
+
+
 def render_cited_answer(answer: CitedAnswer) -> str:
     """The Rule / Elements / Exceptions / Application text of a structured answer, every claim
     followed by its ``[Source N]`` citations; claims that repeat an answer letter or an
@@ -303,16 +311,12 @@ def render_cited_answer(answer: CitedAnswer) -> str:
     rendered = [_claim_words(answer.rule.text)]
     answer = answer.model_copy(
         update={
+            "rule": _safe_or_absent(answer.rule),
             "elements": merge_duplicate_claims(safe_claims(list(answer.elements)), rendered),
             "exceptions": merge_duplicate_claims(safe_claims(list(answer.exceptions)), rendered),
+            "application": _safe_or_absent(answer.application),
         }
     )
-    if _UNSAFE_CLAIM.search(answer.rule.text):
-        answer.rule.text = "not in the sources"
-        answer.rule.sources = []
-    if _UNSAFE_CLAIM.search(answer.application.text):
-        answer.application.text = "not in the sources"
-        answer.application.sources = []
 
     def claim(c: CitedClaim) -> str:
         text = " ".join(c.text.split()).rstrip(" .;")
