@@ -65,6 +65,9 @@ class AgentContext:
     """Index of the client's first call record that belongs to this run."""
     screen_passage: Callable[[str], list[str]] = field(default=injection.screen_passage)
     """Names of the injection patterns a passage's text matches (empty: clean)."""
+    source_type: Callable[[dict], str] = field(default=evidence.source_type)
+    """statute/rule, caselaw or study material of a passage (one classification for the working
+    memory and the evidence audit trail)."""
     link_issues: Callable[[str, list[str]], list[str]] | None = None
     """(question, the model's issues) -> the research agenda: the issues merged with the doctrines
     the question links to in the legal taxonomy, one item per claim (None: the model's issues)."""

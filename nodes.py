@@ -549,6 +549,7 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     entry = memory_entry(
         step, primary, {**strategy, "executed_as": search_type, "note": why}, retrieved, docs,
         set(seen), citations, confidence, ctx.settings.eval_confidence_threshold,
+        ctx.source_type,
     )  # fmt: skip
     update: dict[str, Any] = {
         "planning_table": [step],
@@ -617,13 +618,14 @@ def memory_entry(
     citations: dict[str, Any],
     confidence: float,
     threshold: float,
+    classify: Callable[[dict], str],
 ) -> dict[str, Any]:
     """The working-memory entry of one research iteration, computed from what happened (only
     ``leads`` comes from the model, inside the synthesis reply)."""
     source_types: dict[str, int] = {}
     authorities: list[str] = []
     for d in docs:
-        kind = _source_type(d)
+        kind = classify(d)
         source_types[kind] = source_types.get(kind, 0) + 1
         for m in _AUTHORITY.finditer(d.get("text") or ""):
             if m.group(0) not in authorities:
@@ -656,16 +658,6 @@ def memory_entry(
         "dead_ends": dead_ends,
         "next_steps": [],
     }
-
-
-def _source_type(doc: dict) -> str:
-    """statute/rule, caselaw or study material, from the passage's id and source."""
-    key = f"{doc.get('id', '')} {doc.get('source') or ''}".lower()
-    if "caselaw" in key or "holding" in key:
-        return "caselaw"
-    if any(t in key for t in ("fre", "frcp", "frcrp", "usc", "const", "rule", "ucc", "statute")):
-        return "statute/rule"
-    return "study material"
 
 
 def memory_lines(state: AgentState) -> str:
