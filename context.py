@@ -20,8 +20,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
 import evidence
 import injection
+import lean
 import legal_graph
 import load_corpus
 import rag_utils
@@ -71,6 +74,9 @@ class AgentContext:
     link_issues: Callable[[str, list[str]], list[str]] | None = None
     """(question, the model's issues) -> the research agenda: the issues merged with the doctrines
     the question links to in the legal taxonomy, one item per claim (None: the model's issues)."""
+    evidence_score: ConfidenceFn | None = None
+    """(question, passages) -> the evidence gate's score, the highest question-passage cosine
+    (``rag_utils.evidence_score``); None: computed with ``embed``."""
     searchers: dict[str, Retriever] = field(default_factory=dict)
     """A retriever per search type (dense, keyword, hybrid, graph, combined); a type without one
     uses ``retrieve``."""
@@ -113,6 +119,9 @@ class AgentContext:
         def confidence(question: str, docs: list[dict]) -> float:
             return rag_utils.compute_confidence(question, docs, settings=settings)
 
+        def evidence_score(question: str, docs: list[dict]) -> float:
+            return rag_utils.evidence_score(question, docs, settings=settings)
+
         def embed(texts: list[str]) -> Any:
             return rag_utils.get_embedder(settings).embed_documents(texts)
 
@@ -131,6 +140,7 @@ class AgentContext:
             client=client,
             retrieve=retrieve,
             confidence=confidence,
+            evidence_score=evidence_score,
             embed=embed,
             check_memory=check_memory,
             write_memory=write_memory,
@@ -156,6 +166,32 @@ class AgentContext:
         """The evidence-first answer (``evidence.answer_from_evidence``) from ``passages``."""
         return evidence.answer_from_evidence(
             self.client, question, passages, choices=choices, floor=self.settings.evidence_floor
+        )
+
+    def score_evidence(self, question: str, docs: list[dict]) -> float:
+        """The evidence gate's score of ``docs`` for ``question`` (0.0 for none)."""
+        if not docs:
+            return 0.0
+        if self.evidence_score is not None:
+            return float(self.evidence_score(question, docs))
+        rows = np.asarray(self.embed([question, *[d.get("text") or "" for d in docs]]))
+        return float((rows[1:] @ rows[0]).max())
+
+    def below_gate(self, score: float) -> bool:
+        """True when evidence scoring ``score`` is below ``LEAN_GATE`` (``lean.below_gate``)."""
+        return lean.below_gate(score, self.settings.lean_gate)
+
+    def lean_answer(self, question: str, choices: dict[str, str]) -> lean.LeanResult:
+        """Lean mode (``lean.answer_lean``): one retrieval, the ``LEAN_GATE``, one answer."""
+        return lean.answer_lean(
+            self.client,
+            question,
+            choices,
+            gate=self.settings.lean_gate,
+            k=self.settings.retrieval_k,
+            retrieve=lambda query, k: self.retrieve([query], k, []),
+            score=self.score_evidence,
+            screen=self.screen_passage,
         )
 
     def check_injection(self, text: str) -> injection.InjectionCheck:

@@ -37,6 +37,7 @@ from typing import Any
 
 import eval_answers
 import eval_common as ec
+import lean
 import legal_graph
 import load_corpus
 import main as agent
@@ -49,7 +50,7 @@ from settings import Settings
 
 logger = logging.getLogger(__name__)
 
-MODES = ("llm_only", "rag", "pipeline", "gold_passage", "evidence")
+MODES = ("llm_only", "rag", "lean", "pipeline", "gold_passage", "evidence")
 QUERY_VARIANTS = ("question", "question+choices", "rewrite")
 RETRIEVER_COLUMNS = ("dense", "bm25", "hybrid", "graph", "combined")
 """Extra phase-1 columns (--columns): the question alone through one retriever each — the vector
@@ -163,6 +164,18 @@ def run_mc_item(
         fields = _mc_fields(
             mc.select_answer(client, question, choices, prompts.format_evidence(docs))
         )
+    elif mode == "lean":
+        result = lean.answer_lean_with_settings(client, question, choices, settings)
+        fields = _mc_fields(result.mc)
+        shown = result.docs if result.route == "rag" else []
+        extra = {
+            "route": result.route,
+            "evidence_score": round(result.evidence_score, 4),
+            "gate": result.gate,
+            "evidence_ids": [d["id"] for d in shown],
+            "gold_in_evidence": any(d["id"] in gold for d in shown),
+            "gold_retrieved": any(d["id"] in gold for d in result.docs),
+        }
     elif mode == "gold_passage":
         docs = [gold_texts[g] for g in gold if gold_texts and g in gold_texts]
         if not docs:
@@ -292,6 +305,9 @@ def summarize_mc(rows: Sequence[dict]) -> dict[str, dict]:
                 s: {"n": len(v), "accuracy": ec.accuracy(v)} for s, v in sorted(subjects.items())
             },
         }
+        if mode == "lean":
+            entry["rag_share"] = ec.mean(float(r.get("route") == "rag") for r in rs)
+            entry["gate"] = rs[0].get("gate")
         if mode == "evidence":
             grounded = [r for r in rs if r.get("grounded")]
             entry["coverage"] = ec.mean(float(bool(r.get("grounded"))) for r in rs)
@@ -438,6 +454,12 @@ def render_markdown(summary: dict[str, Any]) -> str:
                 f"{ev['coverage']:.3f}); accuracy on the grounded items "
                 + (f"{grounded_acc:.3f}" if grounded_acc is not None else "n/a")
                 + f" vs {ev['accuracy']:.3f} overall.",
+            ]
+        if ln := summary["mc"].get("lean"):
+            lines += [
+                "",
+                f"Lean mode: evidence used on {ln['rag_share']:.0%} of items (LEAN_GATE "
+                f"{ln['gate']}), closed-book on the rest.",
             ]
         subjects = sorted({s for m in summary["mc"].values() for s in m["per_subject"]})
         lines += ["", "### Accuracy per subject", ""]
@@ -850,8 +872,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="eval_comprehensive.py",
         description=(
             "Phase 1: retrieval metrics (Recall@1/5/10, MRR, nDCG@10) over items whose gold passage "
-            "is in the store. Phase 2: MC accuracy per mode (llm_only, rag, pipeline, gold_passage, "
-            "evidence: the agent in evidence mode, with coverage = share grounded and accuracy on "
+            "is in the store. Phase 2: MC accuracy per mode (llm_only, rag, lean: one retrieval, "
+            "the evidence gate, one answer; pipeline, gold_passage, evidence: the agent in evidence mode, with coverage = share grounded and accuracy on "
             "the grounded items) with bootstrap CIs and McNemar tests. Results go to eval_results/<run-id>/."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,

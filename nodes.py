@@ -521,7 +521,11 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
             flagged.append({"id": d["id"], "patterns": hits})
         elif len(docs) < k:
             docs.append(d)
-    if docs:
+    # The evidence gate (LEAN_GATE): passages that barely touch the step's question are not worth
+    # a synthesis call; the step fails and the working memory records the dead end.
+    score = ctx.score_evidence(step["question"], docs) if docs else 0.0
+    gated = bool(docs) and ctx.below_gate(score)
+    if docs and not gated:
         answer, citations = synthesize(ctx.client, step["question"], docs)
         cited = [docs[n - 1] for n in citations["cited"]]
         confidence = float(ctx.confidence(step["question"], cited)) if cited else 0.0
@@ -535,6 +539,8 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         "cited_answer": answer,
         "confidence": round(confidence, 4),
         "rerank_top_score": docs[0].get("rerank_score") if docs else None,
+        "evidence_score": round(score, 4),
+        "gated": gated,
         "citations": citations,
         "flagged_passages": flagged,
     }
@@ -563,6 +569,10 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         update["flagged_passages"] = flagged
     note = f", {len(flagged)} flagged passage(s) dropped" if flagged else ""
     parsed = "" if citations.get("parsed") or not docs else ", no parsed answer"
+    if gated:
+        parsed = f", evidence score {score:.3f} below the gate: not synthesized"
+        fallbacks.append(f"step {step['step_id']}: evidence below LEAN_GATE (not synthesized)")
+        update["fallbacks"] = fallbacks
     return update, (
         f"step {step['step_id']} [{search_type}]: {len(docs)} passages, confidence {confidence:.3f}, "
         f"{len(citations['cited'])} cited, {len(citations['invalid'])} invalid citations"

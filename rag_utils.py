@@ -1295,14 +1295,14 @@ def retrieve_documents(
     return retrieve_documents_multi_query([query], k=k, exclude_ids=exclude_ids, **kw)
 
 
-def compute_confidence(query: str, docs: Sequence[dict[str, Any]], settings: Settings) -> float:
-    """Mean cosine similarity of ``query`` to ``docs`` (0.0 for no docs).
+def passage_cosines(query: str, docs: Sequence[dict[str, Any]], settings: Settings) -> Any:
+    """Cosine of ``query`` to each of ``docs`` (an array; empty for no docs).
 
     Passage embeddings come from the store by id; docs not in the store are embedded from text."""
     import numpy as np
 
     if not docs:
-        return 0.0
+        return np.zeros(0, dtype=np.float32)
     s = settings
     embedder = get_embedder(s)
     q = embedder.embed_query(query)
@@ -1315,8 +1315,20 @@ def compute_confidence(query: str, docs: Sequence[dict[str, Any]], settings: Set
     missing = [d.get("text", "") for d, pid in zip(docs, ids, strict=True) if pid not in stored]
     fresh = iter(embedder.embed_documents(missing)) if missing else iter(())
     vecs = [stored[pid] if pid in stored else next(fresh) for pid in ids]
-    mat = np.asarray(vecs, dtype=np.float32)
-    return float(np.mean(mat @ q))
+    return np.asarray(vecs, dtype=np.float32) @ q
+
+
+def compute_confidence(query: str, docs: Sequence[dict[str, Any]], settings: Settings) -> float:
+    """Mean cosine similarity of ``query`` to ``docs`` (0.0 for no docs)."""
+    cos = passage_cosines(query, docs, settings)
+    return float(cos.mean()) if len(cos) else 0.0
+
+
+def evidence_score(query: str, docs: Sequence[dict[str, Any]], settings: Settings) -> float:
+    """The evidence gate's score: the highest cosine of ``query`` to one of ``docs`` (0.0 for
+    none).  Scored against the question as asked, whatever query retrieved the passages."""
+    cos = passage_cosines(query, docs, settings)
+    return float(cos.max()) if len(cos) else 0.0
 
 
 # ------------------------------------------------------------------------------------------------

@@ -125,6 +125,10 @@ class Settings:
     evidence_floor: float = 0.39
     """Evidence mode: a passage whose cosine to the question is below this never reaches quote
     extraction (calibrated for the default embedder: benchmarks/bench_evidence.py floor)."""
+    lean_gate: float = 0.5
+    """Evidence gate (lean mode, and each research step): evidence whose best cosine to the question
+    is below this is not used: lean answers closed-book, a research step is not synthesized.
+    0 = never gate.  Calibrated on barexam_dev by ``benchmarks/bench_agent.py gate``."""
     skip_injection_check: bool = False
     run_timeout: float = 600.0
     """Seconds a whole question may take (0 = no limit).  Research stops early enough that a
@@ -203,7 +207,9 @@ class Settings:
                 f"SEARCH_STRATEGY={self.search_strategy!r}: use auto, dense, keyword, hybrid, "
                 "graph or combined"
             )
-        for name in ("eval_confidence_threshold", "memory_threshold", "evidence_floor"):
+        for name in (
+            "eval_confidence_threshold", "memory_threshold", "evidence_floor", "lean_gate"
+        ):  # fmt: skip
             value = getattr(self, name)
             if not -1.0 <= value <= 1.0:
                 raise SettingsError(f"{name.upper()}={value}: must be between -1 and 1")

@@ -3,6 +3,8 @@
     python benchmarks/bench_agent.py overhead            graph overhead per question, zero-latency fake LLM
     python benchmarks/bench_agent.py demos [names...]    wall time + LLM calls of each demo (real LLM)
     python benchmarks/bench_agent.py calibrate           EVAL_CONFIDENCE_THRESHOLD for the default embedder
+    python benchmarks/bench_agent.py gate --qa F --start 40 --n 40
+                                                         LEAN_GATE: both answers per item, then the fit
 
 ``demos`` starts the configured LLM (the embedded local model by default): wrap it as
 ``flock /tmp/legalrag-llm.lock python benchmarks/bench_agent.py demos`` on a shared machine.
@@ -16,6 +18,13 @@ the mean top-5 cosine (what the agent's confidence is), the cosine to the gold p
 passages.  The threshold is set between the covered and uncovered top-5 distributions (the midpoint
 of the uncovered 90th percentile and the covered 10th percentile), so that a step fails when
 retrieval found nothing about its question.  Results go to benchmarks/results/bench_agent.json.
+
+Gate calibration (``gate``): for each item of a slice of a labelled MC set (``--start``/``--n``,
+chosen so that it does not overlap the items phase 2 reports on), lean mode's evidence is gathered
+once and the model answers twice, closed-book and with that evidence; the rows (evidence score,
+both correctness bits) go to ``benchmarks/results/lean_gate_rows.jsonl`` as they are made, so an
+interrupted run resumes.  ``lean.calibrate_gate`` then picks the gate that maximizes the gated
+accuracy on those rows.  LLM replies go through the response cache.
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ import eval_common as ec
 import main
 from context import AgentContext
 from llm_config import LLMClient
-from settings import Settings
+from settings import Settings, load_dotenv_file
 
 RESULTS = REPO / "benchmarks" / "results" / "bench_agent.json"
 
@@ -290,9 +299,61 @@ def demos(names: list[str]) -> dict[str, Any]:
     return {"provider": settings.llm_provider, "demos": out}
 
 
+GATE_ROWS = REPO / "benchmarks" / "results" / "lean_gate_rows.jsonl"
+
+
+def gate(qa: str, start: int, n: int | None, rows_path: Path, fit_only: bool) -> dict[str, Any]:
+    import lean
+    import mc
+    import prompts
+    from tqdm.auto import tqdm
+
+    load_dotenv_file()
+    settings = ec.eval_settings()
+    items = ec.load_qa(qa)[start : (start + n) if n else None]
+    done = {r["item"]: r for r in _read_jsonl(rows_path)} if rows_path.exists() else {}
+    if not fit_only:
+        ec.require_llm(settings)
+        retrieve, score = lean.real_retriever(settings)
+        client = LLMClient(settings)
+        rows_path.parent.mkdir(parents=True, exist_ok=True)
+        with rows_path.open("a", encoding="utf-8") as out:
+            for item in tqdm([it for it in items if ec.item_id(it) not in done], desc="gate"):
+                question, choices = ec.item_question(item), ec.item_choices(item)
+                docs, _, best = lean.gather_evidence(
+                    question, choices, k=settings.retrieval_k, retrieve=retrieve, score=score
+                )
+                closed = mc.select_answer(client, question, choices, None)
+                rag = mc.select_answer(client, question, choices, prompts.format_evidence(docs))
+                answer = ec.item_answer(item)
+                row = {
+                    "item": ec.item_id(item),
+                    "evidence_score": round(best, 4),
+                    "gold_in_evidence": any(d["id"] in ec.gold_ids(item) for d in docs),
+                    "closed_letter": closed.letter,
+                    "rag_letter": rag.letter,
+                    "answer": answer,
+                    "closed_correct": closed.letter == answer,
+                    "rag_correct": rag.letter == answer,
+                }
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+                done[row["item"]] = row
+    rows = [done[ec.item_id(it)] for it in items if ec.item_id(it) in done]
+    fit = lean.calibrate_gate(rows)
+    fit["curve"] = fit["curve"][:: max(1, len(fit["curve"]) // 20)]  # a readable sample
+    return {
+        "qa": Path(qa).name,
+        "items": f"{start}..{start + len(items) - 1}",
+        "embedding_model": settings.embedding_model,
+        "llm": settings.llm_model or settings.llm_provider,
+        **fit,
+    }
+
+
 def main_cli(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("what", choices=["overhead", "demos", "calibrate"])
+    parser.add_argument("what", choices=["overhead", "demos", "calibrate", "gate"])
     parser.add_argument("names", nargs="*", help="demo names (default: all)")
     parser.add_argument(
         "--starter-only", action="store_true", help="calibrate on the starter corpus only"
@@ -305,11 +366,20 @@ def main_cli(argv: list[str] | None = None) -> int:
         "mean cosine of the passages its answer cites, usually the top 1-3 (default 2); 5 "
         "reproduces the old grade over every retrieved passage",
     )
+    parser.add_argument("--qa", help="gate: labelled MC set (e.g. ../shared/data/qa/barexam_dev.jsonl)")
+    parser.add_argument("--start", type=int, default=40, help="gate: first item (default 40)")
+    parser.add_argument("--n", type=int, help="gate: number of items (default: to the end)")
+    parser.add_argument("--rows", type=Path, default=GATE_ROWS, help="gate: rows file (resumed)")
+    parser.add_argument("--fit-only", action="store_true", help="gate: fit the rows already made")
     args = parser.parse_args(argv)
+    if args.what == "gate" and not args.qa:
+        parser.error("gate needs --qa (a labelled multiple-choice set)")
     if args.what == "overhead":
         result = overhead()
     elif args.what == "calibrate":
         result = calibrate(k=args.k, starter_only=args.starter_only)
+    elif args.what == "gate":
+        result = gate(args.qa, args.start, args.n, args.rows, args.fit_only)
     else:
         result = demos(args.names or ["simple", "medium", "multi_hop"])
     print(json.dumps(result, indent=2))

@@ -531,3 +531,24 @@ def test_phase_1_columns_score_each_retriever_including_the_graph(env, capsys):
     with pytest.raises(SystemExit) as info:
         comprehensive(["retrieval", "--columns", "nope"], factory, env)
     assert info.value.code == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gate", ["0", "1"])
+def test_lean_mode_uses_the_evidence_only_above_the_gate(gate, env, capsys, monkeypatch):
+    monkeypatch.setenv("LEAN_GATE", gate)
+    factory, calls = reader()
+    args = ["pipeline", "--modes", "llm_only,lean", "--run-id", "lean" + gate, "--json"]
+    assert comprehensive(args, factory, env) == 0
+    mc = json.loads(capsys.readouterr().out)["mc"]
+    rows = [r for r in _read_rows(env, "lean" + gate) if r["mode"] == "lean"]
+    assert len(rows) == len(INDEXED_ITEMS)
+    assert mc["lean"]["llm_calls_per_q"] == 1.0
+    if gate == "0":  # every item reads its evidence: right exactly when the gold was retrieved
+        assert all(r["route"] == "rag" for r in rows) and mc["lean"]["rag_share"] == 1.0
+        assert all(r["correct"] == r["gold_in_evidence"] for r in rows)
+        assert any(r["correct"] for r in rows)
+    else:  # no cosine reaches 1: every item is answered closed-book, like llm_only
+        assert all(r["route"] == "closed_book" and r["evidence_ids"] == [] for r in rows)
+        assert mc["lean"]["accuracy"] == mc["llm_only"]["accuracy"] == 0.0
+        assert all(r["evidence_score"] < 1.0 for r in rows)

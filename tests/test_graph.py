@@ -637,6 +637,33 @@ def test_no_passages_found_skips_synthesis(tmp_settings):
     assert result["run_metrics"]["has_answer"] is False
 
 
+def test_evidence_below_the_gate_is_not_synthesized_and_never_reaches_the_answer(tmp_settings):
+    # The fake passages share no content word with the question: their score is ~0.
+    replies = simple_replies(synthesize=[], mc_select=["**Answer: (B)**"])
+    result, script, memory, _ = run(tmp_settings, replies, choices=CHOICES, lean_gate=0.3)
+    step = result["planning_table"][0]
+    assert "synthesize" not in [r for r, _ in script.calls]
+    assert step["status"] == "failed" and step["execution"]["gated"] is True
+    assert step["execution"]["evidence_score"] < 0.3
+    assert any("below LEAN_GATE" in f for f in result["run_metrics"]["fallbacks"])
+    assert "Rule text number" not in script.prompts("mc_select")[0]  # answered without them
+    assert result["mc_answer"]["letter"] == "B" and memory.writes == []
+
+
+def test_evidence_at_or_above_the_gate_is_synthesized(tmp_settings):
+    corpus = [
+        {"id": f"n{i}", "title": "Negligence", "source": "starter",
+         "text": f"The elements of negligence are duty, breach, causation and damages ({i})."}
+        for i in range(5)
+    ]  # fmt: skip
+    result, script, _, _ = run(
+        tmp_settings, simple_replies(), retriever=FakeRetriever(corpus), lean_gate=0.3
+    )
+    step = result["planning_table"][0]
+    assert step["execution"]["gated"] is False and step["execution"]["evidence_score"] >= 0.3
+    assert step["status"] == "completed" and "synthesize" in [r for r, _ in script.calls]
+
+
 def test_llm_failure_mid_run_returns_partial_research(tmp_settings):
     replies = multi_replies(n_steps=2, synthesize=[SYNTH, RuntimeError("connection reset")])
     result, *_ = run(tmp_settings, replies)

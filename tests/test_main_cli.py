@@ -45,6 +45,7 @@ def cli(args: list[str], tmp_path: Path, stdin: bytes | None = None, **env: str)
         (["Which is right?\n(A) only one"], None, "at least two choices"),
         (["Which is right?\n(A) one\n(B) two\n(A) again"], None, "appears twice"),
         (["(A) one\n(B) two"], None, "no question text"),
+        (["What is hearsay?", "--mode", "lean"], None, "--mode lean answers multiple-choice"),
     ],
 )
 def test_bad_input_one_line_error_nonzero_exit(tmp_path, args, stdin, message):
@@ -147,6 +148,34 @@ def test_simple_demo_end_to_end_on_the_offline_default(tmp_path):
     assert result["run_metrics"]["llm_calls"] <= 5  # simple path: 4 (+1 injection check)
     # The stream shows one line per node.
     assert "executor" in proc.stderr.decode() and "evaluator" in proc.stderr.decode()
+
+
+def test_lean_mode_on_the_offline_default_answers_in_at_most_three_calls(tmp_path):
+    """`python main.py "<MC question>" --mode lean` with the embedded LLM and the starter index."""
+    pytest.importorskip("xllamacpp")
+    question = (
+        "A bystander shouted 'The truck ran the red light!' seconds after a crash. Offered at "
+        "trial to prove the truck ran the light, the statement is\n(A) inadmissible hearsay.\n"
+        "(B) admissible as an excited utterance.\n(C) admissible only to impeach.\n"
+        "(D) inadmissible because the bystander did not testify."
+    )
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "main.py"), question, "--mode", "lean", "--json"],
+        capture_output=True, cwd=tmp_path, timeout=900,
+        env={**os.environ, "CHROMA_DIR": str(tmp_path / "chroma"), "LLM_PROVIDER": "local",
+             "LLM_CACHE": "0"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    result = json.loads(proc.stdout)
+    m = result["run_metrics"]
+    assert m["llm_calls"] <= 3 and m["mc_letter"] in "ABCD" and m["has_answer"]
+    assert m["route"] in ("rag", "closed_book") and "lean" in proc.stderr.decode()
+    lean = result["lean"]
+    # the gate decided: passages are shown (and listed as sources) exactly on the rag route
+    assert (m["route"] == "rag") == (lean["evidence_score"] >= lean["gate"]) == bool(
+        result["sources"]
+    )
+    assert f"**Answer: ({m['mc_letter']})**" in result["final_cited_answer"]
 
 
 def test_clear_memory_deletes_cached_answers(tmp_path, fake):

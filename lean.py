@@ -1,0 +1,214 @@
+"""Lean multiple-choice answering: one retrieval, an evidence gate, one answer.
+
+The research agent spends 5–11 LLM calls on a multiple-choice question.  Lean mode spends one (two
+when the reply carries no letter and the strict retry runs):
+
+1. **retrieve once** with the question and its choices as the query (the best expansion that costs
+   no LLM call: phase 1 on barexam_dev, R@10 0.25 against 0.15 for the question alone); passages
+   that carry instructions (the injection screen) are dropped and replaced by the next ones;
+2. **gate**: the evidence score is the highest cosine between the question as asked and a
+   retrieved passage (:func:`rag_utils.evidence_score`);
+3. **answer**: at or above ``LEAN_GATE`` the passages go to ``mc_select`` (the rag answer), below
+   it the model answers closed-book (the llm_only answer), so weak evidence never steers the letter.
+
+``LEAN_GATE`` is calibrated by ``python benchmarks/bench_agent.py gate`` on a part of barexam_dev
+that the reported phase-2 items are not in (see the README's calibration table).  The research
+agent's executor applies the same gate to each step: a step whose passages score below it is not
+synthesized (:func:`below_gate`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import injection
+import mc
+import prompts
+import rag_utils
+from settings import Settings
+
+logger = logging.getLogger(__name__)
+
+Route = Literal["rag", "closed_book"]
+FLAG_HEADROOM = 3
+"""Extra candidates fetched so that passages the injection screen drops are replaced."""
+
+Retrieve = Callable[[str, int], list[dict]]
+"""(query, k) -> passages, best first."""
+ScoreFn = Callable[[str, list[dict]], float]
+"""(question, passages) -> evidence score."""
+
+
+def lean_query(question: str, choices: Mapping[str, str]) -> str:
+    """The retrieval query: the question, then its choices as ``(A) text`` lines."""
+    return f"{' '.join(question.split())}\n{mc.format_choices(choices)}"
+
+
+def below_gate(score: float | None, gate: float) -> bool:
+    """True when evidence scoring ``score`` should not be used (a gate of 0 never blocks)."""
+    return gate > 0 and (score is None or score < gate)
+
+
+@dataclass
+class LeanResult:
+    """What a lean answer did: the route the gate chose and why, the passages, the letter."""
+
+    letter: str | None
+    route: Route
+    evidence_score: float
+    gate: float
+    docs: list[dict] = field(default_factory=list)
+    """The passages retrieved (shown to the model only on the rag route)."""
+    flagged: list[dict] = field(default_factory=list)
+    mc: mc.MCResult | None = None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "letter": self.letter,
+            "route": self.route,
+            "evidence_score": round(self.evidence_score, 4),
+            "gate": self.gate,
+            "evidence_ids": [d["id"] for d in self.docs],
+            "flagged_passages": self.flagged,
+            "mc_answer": self.mc.to_dict() if self.mc else None,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def gather_evidence(
+    question: str,
+    choices: Mapping[str, str],
+    *,
+    k: int,
+    retrieve: Retrieve,
+    score: ScoreFn,
+    screen: Callable[[str], list[str]] = injection.screen_passage,
+) -> tuple[list[dict], list[dict], float]:
+    """(passages, flagged passages, evidence score) for one question: one retrieval with
+    :func:`lean_query`, flagged passages dropped, at most ``k`` kept."""
+    docs, flagged = [], []
+    for d in retrieve(lean_query(question, choices), k + FLAG_HEADROOM):
+        hits = screen(d.get("text") or "")
+        if hits:
+            flagged.append({"id": d["id"], "patterns": hits})
+        elif len(docs) < k:
+            docs.append(d)
+    return docs, flagged, (score(question, docs) if docs else 0.0)
+
+
+def answer_lean(
+    client: Any,
+    question: str,
+    choices: Mapping[str, str],
+    *,
+    gate: float,
+    k: int,
+    retrieve: Retrieve,
+    score: ScoreFn,
+    screen: Callable[[str], list[str]] = injection.screen_passage,
+) -> LeanResult:
+    """Answer a multiple-choice question in lean mode (at most 2 LLM calls: ``mc_select`` and its
+    strict retry).  ``retrieve`` and ``score`` are injected so tests can use fakes;
+    :func:`answer_lean_with_settings` wires the real ones."""
+    if not choices:
+        raise ValueError("lean mode answers multiple-choice questions: give the choices")
+    start = time.perf_counter()
+    docs, flagged, best = gather_evidence(
+        question, choices, k=k, retrieve=retrieve, score=score, screen=screen
+    )
+    route: Route = "closed_book" if below_gate(best, gate) or not docs else "rag"
+    evidence_text = prompts.format_evidence(docs) if route == "rag" else None
+    logger.info("lean: evidence score %.3f vs gate %.3f -> %s", best, gate, route)
+    result = mc.select_answer(client, question, choices, evidence_text)
+    return LeanResult(
+        letter=result.letter,
+        route=route,
+        evidence_score=best,
+        gate=gate,
+        docs=docs,
+        flagged=flagged,
+        mc=result,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def real_retriever(settings: Settings) -> tuple[Retrieve, ScoreFn]:
+    """The store's default retriever and :func:`rag_utils.evidence_score` for ``settings``."""
+
+    def retrieve(query: str, k: int) -> list[dict]:
+        return rag_utils.retrieve_documents(query, k=k, settings=settings)
+
+    def score(question: str, docs: Sequence[dict]) -> float:
+        return rag_utils.evidence_score(question, docs, settings=settings)
+
+    return retrieve, score
+
+
+def answer_lean_with_settings(
+    client: Any, question: str, choices: Mapping[str, str], settings: Settings
+) -> LeanResult:
+    """:func:`answer_lean` with the real retriever, ``LEAN_GATE`` and ``RETRIEVAL_K``."""
+    retrieve, score = real_retriever(settings)
+    return answer_lean(
+        client,
+        question,
+        choices,
+        gate=settings.lean_gate,
+        k=settings.retrieval_k,
+        retrieve=retrieve,
+        score=score,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Calibration
+# ------------------------------------------------------------------------------------------------
+
+
+def gated_accuracy(rows: Sequence[Mapping[str, Any]], gate: float) -> float:
+    """Accuracy of the lean route choice at ``gate`` over rows holding ``evidence_score``,
+    ``rag_correct`` and ``closed_correct`` (both arms answered for every row)."""
+    if not rows:
+        return float("nan")
+    hits = [
+        r["closed_correct"] if below_gate(r["evidence_score"], gate) else r["rag_correct"]
+        for r in rows
+    ]
+    return sum(bool(h) for h in hits) / len(hits)
+
+
+def calibrate_gate(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The gate that maximizes :func:`gated_accuracy` on ``rows``.
+
+    Candidates are 0 (always use the evidence), every observed score, and just above the highest
+    (never use it).  Several gates often tie on a small set: the middle of the longest run of
+    tied candidates is taken, so the choice does not sit on the edge of a plateau."""
+    if not rows:
+        raise ValueError("no calibration rows")
+    scores = sorted({round(float(r["evidence_score"]), 4) for r in rows})
+    candidates = [0.0, *scores, round(scores[-1] + 1e-4, 4)]
+    accs = [gated_accuracy(rows, g) for g in candidates]
+    best = max(accs)
+    runs: list[list[int]] = []
+    for i, a in enumerate(accs):
+        if a == best:
+            if runs and runs[-1][-1] == i - 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+    longest = max(runs, key=len)
+    gate = candidates[longest[len(longest) // 2]]
+    return {
+        "gate": gate,
+        "accuracy": best,
+        "n": len(rows),
+        "rag_accuracy": sum(bool(r["rag_correct"]) for r in rows) / len(rows),
+        "closed_accuracy": sum(bool(r["closed_correct"]) for r in rows) / len(rows),
+        "rag_share": sum(not below_gate(r["evidence_score"], gate) for r in rows) / len(rows),
+        "curve": [{"gate": g, "accuracy": a} for g, a in zip(candidates, accs, strict=True)],
+    }
