@@ -322,8 +322,13 @@ def run_lean(
                 final_cited_answer=f"{reply.strip()}\n\n[lean mode: {how}]\n\n{line}",
                 mc_answer=lean_result.mc.to_dict() if lean_result.mc else None,
                 sources=[
-                    {"id": d["id"], "title": d.get("title", ""), "source": d.get("source", ""),
-                     "text": d.get("text", ""), "ref": f"[{n}]"}
+                    {
+                        "id": d["id"],
+                        "title": d.get("title", ""),
+                        "source": d.get("source", ""),
+                        "text": d.get("text", ""),
+                        "ref": f"[{n}]",
+                    }
                     for n, d in enumerate(shown, 1)
                 ],  # fmt: skip
                 lean=lean_result.to_dict(),

@@ -303,10 +303,11 @@ GATE_ROWS = REPO / "benchmarks" / "results" / "lean_gate_rows.jsonl"
 
 
 def gate(qa: str, start: int, n: int | None, rows_path: Path, fit_only: bool) -> dict[str, Any]:
+    from tqdm.auto import tqdm
+
     import lean
     import mc
     import prompts
-    from tqdm.auto import tqdm
 
     load_dotenv_file()
     settings = ec.eval_settings()
@@ -366,7 +367,9 @@ def main_cli(argv: list[str] | None = None) -> int:
         "mean cosine of the passages its answer cites, usually the top 1-3 (default 2); 5 "
         "reproduces the old grade over every retrieved passage",
     )
-    parser.add_argument("--qa", help="gate: labelled MC set (e.g. ../shared/data/qa/barexam_dev.jsonl)")
+    parser.add_argument(
+        "--qa", help="gate: labelled MC set (e.g. ../shared/data/qa/barexam_dev.jsonl)"
+    )
     parser.add_argument("--start", type=int, default=40, help="gate: first item (default 40)")
     parser.add_argument("--n", type=int, help="gate: number of items (default: to the end)")
     parser.add_argument("--rows", type=Path, default=GATE_ROWS, help="gate: rows file (resumed)")

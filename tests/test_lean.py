@@ -110,9 +110,7 @@ def test_a_gate_of_zero_never_blocks_and_a_missing_score_is_blocked():
 
 
 def _rows(spec):
-    return [
-        {"evidence_score": s, "rag_correct": r, "closed_correct": c} for s, r, c in spec
-    ]
+    return [{"evidence_score": s, "rag_correct": r, "closed_correct": c} for s, r, c in spec]
 
 
 def test_calibration_uses_evidence_only_where_it_helps():

@@ -172,8 +172,8 @@ def test_lean_mode_on_the_offline_default_answers_in_at_most_three_calls(tmp_pat
     assert m["route"] in ("rag", "closed_book") and "lean" in proc.stderr.decode()
     lean = result["lean"]
     # the gate decided: passages are shown (and listed as sources) exactly on the rag route
-    assert (m["route"] == "rag") == (lean["evidence_score"] >= lean["gate"]) == bool(
-        result["sources"]
+    assert (
+        (m["route"] == "rag") == (lean["evidence_score"] >= lean["gate"]) == bool(result["sources"])
     )
     assert f"**Answer: ({m['mc_letter']})**" in result["final_cited_answer"]
 
