@@ -2,14 +2,17 @@
 
     python eval_comprehensive.py [retrieval|pipeline|both] [N] [--qa FILE] [--passages FILE] ...
 
-Phase 1 (``retrieval``, no LLM unless ``--rewrite``): Recall@1/5/10, MRR and nDCG@10 over the QA
-items whose gold passage is in the store, for the query = the question, the question + its choices
-and (``--rewrite``) the agent's rewritten queries.
+Phase 1 (``retrieval``, no LLM unless an LLM variant is asked for): Recall@1/5/10, MRR and nDCG@10
+over the QA items whose gold passage is in the store, for the query = the question and the question
++ its choices; ``--variants`` adds the agent's rewrites, HyDE (alone and fused with the question)
+and one query per choice (RRF-fused); ``--columns`` the question through each retriever.
 
 Phase 2 (``pipeline``): MC accuracy on the same items for each mode —
 
 * ``llm_only``     closed book: the MC prompt with no evidence;
 * ``rag``          one retrieval of the question, the passages as evidence;
+* ``lean``         one retrieval of the question + choices, the evidence only when its score
+                   clears ``LEAN_GATE``, else closed book (``lean.py``);
 * ``pipeline``     the full agent (``main.run_agent``) with the choices;
 * ``gold_passage`` the gold passage as evidence (an upper bound for the reader).
 
@@ -51,7 +54,14 @@ from settings import Settings
 logger = logging.getLogger(__name__)
 
 MODES = ("llm_only", "rag", "lean", "pipeline", "gold_passage", "evidence")
-QUERY_VARIANTS = ("question", "question+choices", "rewrite")
+QUERY_VARIANTS = ("question", "question+choices")
+"""Phase-1 query variants scored on every run (no LLM)."""
+EXTRA_VARIANTS = ("rewrite", "hyde", "hyde+question", "per_choice")
+"""Phase-1 variants on request (--variants): the agent's rewrites (primary + 2 alternatives,
+pooled), HyDE (the model writes a short outline paragraph stating the rule; embedded alone, and
+RRF-fused with the question's ranking), and one query per answer choice (question + that choice),
+RRF-fused.  The LLM variants (rewrite, hyde, hyde+question) go through the response cache."""
+LLM_VARIANTS = ("rewrite", "hyde", "hyde+question")
 RETRIEVER_COLUMNS = ("dense", "bm25", "hybrid", "graph", "combined")
 """Extra phase-1 columns (--columns): the question alone through one retriever each — the vector
 store without reranking, BM25, their fusion, the legal knowledge graph, and graph + hybrid."""
@@ -77,9 +87,22 @@ def retrieval_queries(
     if variant == "rewrite":
         primary, alternatives = ec.agent_rewrite(client, ec.item_question(item))
         return [primary, *alternatives]
+    if variant in ("hyde", "hyde+question"):
+        passage = hyde_passage(client, ec.item_question(item))
+        return [passage] if variant == "hyde" else [ec.item_question(item), passage]
+    if variant == "per_choice":
+        question = ec.item_question(item)
+        return [f"{question}\n{text}" for _, text in sorted(ec.item_choices(item).items())]
     if variant in RETRIEVER_COLUMNS:
         return [ec.item_question(item)]
     raise ValueError(f"unknown query variant {variant!r}")
+
+
+def hyde_passage(client: Any, question: str) -> str:
+    """HyDE: a short outline paragraph stating the rule ``question`` turns on (the question itself
+    when the reply is empty)."""
+    text = " ".join((prompts.call(client, "hyde", question=question).text or "").split())
+    return text or question
 
 
 def run_retrieval_item(
@@ -91,10 +114,15 @@ def run_retrieval_item(
 ) -> dict:
     """Retrieve the top 10 for one (item, variant) and score it against the gold passages."""
 
-    client = ec.make_client(settings, llm_factory) if variant == "rewrite" else None
+    client = ec.make_client(settings, llm_factory) if variant in LLM_VARIANTS else None
     start = time.perf_counter()
     queries = retrieval_queries(item, variant, settings=settings, client=client)
-    if variant in ("graph", "combined"):
+    if variant in ("hyde+question", "per_choice"):  # one ranking per query, RRF-fused
+        rankings = [
+            rag_utils.retrieve_documents(q, k=2 * RETRIEVAL_K, settings=settings) for q in queries
+        ]
+        docs = rag_utils.rrf_merge(rankings, RETRIEVAL_K)
+    elif variant in ("graph", "combined"):
         docs = legal_graph.graph_search(queries[0], RETRIEVAL_K, (), variant, settings)
     elif variant in ("dense", "bm25", "hybrid"):
         reranker = {"dense": "none", "bm25": "bm25", "hybrid": "hybrid"}[variant]
@@ -118,7 +146,7 @@ def run_retrieval_item(
         **ec.retrieval_metrics(ranked, gold),
         "seconds": round(seconds, 4),
     }
-    if variant == "rewrite":
+    if client is not None:
         row["queries"] = queries
         row.update(ec.usage_of(client))
     return row
@@ -250,7 +278,9 @@ def summarize_retrieval(rows: Sequence[dict]) -> dict[str, dict]:
     for r in rows:
         if r.get("phase") == "retrieval":
             by_variant[r["variant"]].append(r)
-    for variant in [v for v in (*QUERY_VARIANTS, *RETRIEVER_COLUMNS) if v in by_variant]:
+    for variant in [
+        v for v in (*QUERY_VARIANTS, *EXTRA_VARIANTS, *RETRIEVER_COLUMNS) if v in by_variant
+    ]:
         rs = by_variant[variant]
         rr = [r["rr"] for r in rs]
         lo, hi = ec.bootstrap_ci(rr)
@@ -907,10 +937,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the (slow) pipeline and evidence modes on only the first M of the N items",
     )
     p.add_argument(
-        "--rewrite",
-        action="store_true",
-        help="phase 1 also scores the agent's rewritten queries (LLM)",
+        "--variants",
+        default="",
+        help="phase 1 also scores these query variants: "
+        + ",".join(EXTRA_VARIANTS)
+        + " (rewrite = the agent's rewrites; hyde = a model-written rule paragraph; hyde+question "
+        "= its ranking RRF-fused with the question's; per_choice = question + each choice, "
+        "RRF-fused; rewrite and hyde* call the LLM, through the response cache)",
     )
+    p.add_argument("--rewrite", action="store_true", help="same as --variants rewrite")
     p.add_argument(
         "--columns",
         default="",
@@ -949,6 +984,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if bad:
         parser.error(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
     args.mode_list = modes
+    args.variant_list = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if args.rewrite and "rewrite" not in args.variant_list:
+        args.variant_list.append("rewrite")
+    bad = [v for v in args.variant_list if v not in EXTRA_VARIANTS]
+    if bad:
+        parser.error(f"unknown variant(s) {bad}; choose from {', '.join(EXTRA_VARIANTS)}")
     args.column_list = [c.strip() for c in args.columns.split(",") if c.strip()]
     bad = [c for c in args.column_list if c not in RETRIEVER_COLUMNS]
     if bad:
@@ -998,13 +1039,14 @@ def run(
     """Run the phases of ``args`` and return the summary (also written to the run directory)."""
 
     started = time.time()
-    if args.phase != "retrieval" or args.rewrite:
+    llm_variants = [v for v in args.variant_list if v in LLM_VARIANTS]
+    if args.phase != "retrieval" or llm_variants:
         ec.require_llm(settings, llm_factory)
     run_dir = ec.open_run(args.phase, args.run_id, args.resume, args.results_dir)
     items, n_with_gold, qa_path = prepare_items(args, settings)
     has_gold = n_with_gold > 0
     modes = [m for m in args.mode_list if m != "gold_passage" or has_gold]
-    variants = [v for v in QUERY_VARIANTS if v != "rewrite" or args.rewrite] if has_gold else []
+    variants = [*QUERY_VARIANTS, *args.variant_list] if has_gold else []
     variants += [c for c in args.column_list if c not in variants] if has_gold else []
     llm = ec.llm_record(settings)
     config = {
@@ -1056,7 +1098,7 @@ def run(
                 lambda t: run_retrieval_item(
                     t[0], t[1], settings=settings, llm_factory=llm_factory
                 ),
-                workers=args.workers if args.rewrite else 1,
+                workers=args.workers if llm_variants else 1,
                 desc="retrieval",
                 mode_of=lambda t: RETRIEVAL_PREFIX + t[1],
                 fatal=(LLMConfigError,),

@@ -48,6 +48,7 @@ SKILL_FIELDS: dict[str, frozenset[str]] = {
     "compose_from_quotes": frozenset({"question", "quotes", "feedback"}),
     "review_answer": frozenset({"claims"}),
     "grade_answer": frozenset({"question", "expectation", "answer"}),
+    "hypothetical_passage": frozenset({"question"}),
 }
 """Skill name -> the placeholders its node fills (exactly those must appear in the file)."""
 
@@ -286,6 +287,7 @@ Role = Literal[
     "replan",
     "mc_select",
     "mc_select_strict",
+    "hyde",
 ]
 
 
@@ -310,6 +312,7 @@ CALLS: dict[Role, Call] = {
     "replan": Call("adaptive_replan", Replan, 130),
     "mc_select": Call("mc_select", None, 200, max_tokens_api=500),
     "mc_select_strict": Call("mc_select_strict", None, 12),
+    "hyde": Call("hypothetical_passage", None, 130),
 }
 
 

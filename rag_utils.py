@@ -1288,6 +1288,19 @@ def retrieve_documents_multi_query(
     return top
 
 
+def rrf_merge(rankings: Sequence[Sequence[dict[str, Any]]], k: int) -> list[dict[str, Any]]:
+    """Reciprocal rank fusion of ranked passage lists: each passage scores the sum over the lists
+    holding it of ``1 / (RRF_K + rank)``; the best ``k``, each with ``rrf_score`` and ``rank``."""
+    score: dict[str, float] = {}
+    first: dict[str, dict[str, Any]] = {}
+    for ranking in rankings:
+        for rank, doc in enumerate(ranking, start=1):
+            score[doc["id"]] = score.get(doc["id"], 0.0) + 1.0 / (RRF_K + rank)
+            first.setdefault(doc["id"], doc)
+    order = sorted(score, key=lambda i: -score[i])[:k]
+    return [{**first[i], "rrf_score": score[i], "rank": r} for r, i in enumerate(order, start=1)]
+
+
 def retrieve_documents(
     query: str, k: int = 5, exclude_ids: Iterable[str] = (), **kw: Any
 ) -> list[dict[str, Any]]:

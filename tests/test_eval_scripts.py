@@ -552,3 +552,33 @@ def test_lean_mode_uses_the_evidence_only_above_the_gate(gate, env, capsys, monk
         assert all(r["route"] == "closed_book" and r["evidence_ids"] == [] for r in rows)
         assert mc["lean"]["accuracy"] == mc["llm_only"]["accuracy"] == 0.0
         assert all(r["evidence_score"] < 1.0 for r in rows)
+
+
+@pytest.mark.slow
+def test_phase_1_query_variants_hyde_and_per_choice(env, capsys):
+    """--variants: HyDE asks the model once per item (cached on rerun) and embeds its paragraph;
+    per_choice retrieves once per answer choice and fuses the rankings, with no LLM call."""
+    factory, calls = reader()
+    args = ["retrieval", "--variants", "hyde,hyde+question,per_choice", "--run-id", "v", "--json"]
+    assert comprehensive(args, factory, env) == 0
+    retrieval = json.loads(capsys.readouterr().out)["retrieval"]
+    n = len(INDEXED_ITEMS)
+    assert {"question", "question+choices", "hyde", "hyde+question", "per_choice"} <= set(retrieval)
+    assert all(retrieval[v]["n"] == n for v in ("hyde", "hyde+question", "per_choice"))
+    rows = _read_rows(env, "v")
+    per_choice = [r for r in rows if r["variant"] == "per_choice"]
+    assert all("llm_calls" not in r for r in per_choice)
+    hyde = [r for r in rows if r["variant"] == "hyde"]
+    # the fake model's reply ("Answer: X") is the paragraph that was embedded
+    assert all(r["llm_calls"] == 1 and r["queries"][0].startswith("Answer: ") for r in hyde)
+    fused = [r for r in rows if r["variant"] == "hyde+question"]
+    assert all(len(r["queries"]) == 2 and r["queries"][1].startswith("Answer: ") for r in fused)
+    # one paragraph per item: hyde+question gets hyde's from the cache; per_choice calls no model
+    assert len(calls) == n
+    factory2, calls2 = reader()
+    args = ["retrieval", "--variants", "hyde", "--run-id", "v2", "--json"]
+    assert comprehensive(args, factory2, env) == 0
+    assert calls2 == []  # the HyDE paragraphs come from the response cache
+    with pytest.raises(SystemExit) as info:
+        comprehensive(["retrieval", "--variants", "colbert"], factory, env)
+    assert info.value.code == 2

@@ -304,3 +304,13 @@ def test_any_langchain_embeddings_plugs_in_under_its_own_index(tmp_settings, mon
     assert isinstance(wrapped, Embeddings)
     as_lists = wrapped.embed_documents(["negligence duty"])
     assert isinstance(as_lists[0], list) and as_lists[0] == pytest.approx(vecs[0].tolist())
+
+
+def test_rrf_merge_rewards_passages_ranked_well_by_several_queries():
+    a = [{"id": "x"}, {"id": "y"}, {"id": "z"}]
+    b = [{"id": "y"}, {"id": "w"}, {"id": "x"}]
+    merged = rag_utils.rrf_merge([a, b], k=3)
+    assert [d["id"] for d in merged] == ["y", "x", "w"]  # y: 1/62 + 1/61 beats x: 1/61 + 1/63
+    assert [d["rank"] for d in merged] == [1, 2, 3]
+    assert merged[0]["rrf_score"] == pytest.approx(1 / 62 + 1 / 61)
+    assert rag_utils.rrf_merge([], k=3) == []
