@@ -48,7 +48,7 @@ import mc
 import prompts
 import rag_utils
 from context import AgentContext
-from llm_config import LLMConfigError
+from llm_config import LLMConfigError, check_config
 from settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -783,8 +783,8 @@ def build_answers_parser() -> argparse.ArgumentParser:
             "Phase 3: the agent's open answers per answer mode (research, evidence) on the open "
             "question set: abstention recall on out-of-corpus questions and false abstention on "
             "in-corpus ones, key-point coverage, the share of answer sentences with a valid "
-            "citation, quote validity, and with --grade an A-F grade by the main model "
-            "(skills/grade_answer.md), all with 95%% CIs."
+            "citation, quote validity, and with --grade an A-F grade by the judge model "
+            "(skills/grade_answer.md; JUDGE_PROVIDER / JUDGE_MODEL choose the grader), all with 95%% CIs."
         ),
     )
     p.add_argument("n", nargs="?", type=int, help="number of questions (default all)")
@@ -832,6 +832,8 @@ def run_answers_phase(
     if bad:
         raise ValueError(f"unknown answer mode(s) {bad}; choose from {', '.join(ANSWER_MODES)}")
     ec.require_llm(settings, llm_factory)
+    if args.grade and llm_factory is None:
+        check_config(settings, roles=("judge",))  # JUDGE_PROVIDER / JUDGE_MODEL, before any work
     load_corpus.ensure_starter_index(settings)
     items = eval_answers.load_open_questions(args.qa)[: args.n]
     run_dir = ec.open_run("answers", args.run_id, None, args.results_dir)
@@ -841,7 +843,9 @@ def run_answers_phase(
         "qa": args.qa or "datasets/open_questions.jsonl",
         "modes": modes,
         "n_items": len(items),
-        "llm": ec.llm_record(settings),
+        "llm": ec.llm_record(
+            settings, ("mc_select", "rewrite", *(("judge",) if args.grade else ()))
+        ),
         "retrieval": ec.retrieval_record(settings),
         "settings": ec.settings_record(settings),
     }

@@ -336,12 +336,28 @@ def deadline_after(seconds: float | None) -> float | None:
     return time.monotonic() + float(seconds)
 
 
+JUDGE_ROLES = frozenset({"judge"})
+"""Roles that use JUDGE_PROVIDER / JUDGE_MODEL when set (the answer grader of the eval)."""
+
+
 def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
-    """Which provider, URL, model and key ``role`` uses; raises LLMConfigError when unusable."""
+    """Which provider, URL, model and key ``role`` uses; raises LLMConfigError when unusable.
+
+    The cheap roles (:data:`FAST_ROLES`) use LLM_PROVIDER_FAST / LLM_MODEL_FAST and the grader
+    (:data:`JUDGE_ROLES`) JUDGE_PROVIDER / JUDGE_MODEL when set.  A separately chosen provider
+    takes its own registry URL and key: LLM_BASE_URL, LLM_API_KEY and LLM_MODEL belong to the
+    main one."""
     fast = role in FAST_ROLES
+    judge = role in JUDGE_ROLES
     use_fast_provider = fast and bool(settings.llm_provider_fast)
-    given = settings.llm_provider_fast if use_fast_provider else settings.llm_provider
-    var = "LLM_PROVIDER_FAST" if use_fast_provider else "LLM_PROVIDER"
+    use_judge_provider = judge and bool(settings.judge_provider)
+    if use_judge_provider:
+        given, var = settings.judge_provider, "JUDGE_PROVIDER"
+    elif use_fast_provider:
+        given, var = settings.llm_provider_fast, "LLM_PROVIDER_FAST"
+    else:
+        given, var = settings.llm_provider, "LLM_PROVIDER"
+    use_fast_provider = use_fast_provider or use_judge_provider  # "not the main provider"
     provider = PROVIDERS.get(provider_name(given) or "")
     if provider is None:
         raise LLMConfigError(
@@ -359,6 +375,8 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
         api_key = settings.llm_api_key or api_key
     if fast and settings.llm_model_fast:
         model = settings.llm_model_fast
+    if judge and settings.judge_model:
+        model = settings.judge_model
     local = provider.local and not (settings.llm_base_url and not use_fast_provider)
     if provider.key_required and not api_key:
         raise LLMConfigError(
@@ -381,13 +399,13 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
     )
 
 
-def check_config(settings: Settings) -> None:
+def check_config(settings: Settings, roles: tuple[str | None, ...] = (None, "classify")) -> None:
     """Raise LLMConfigError when any role cannot be configured: an unknown provider, a missing
     API key or model, or the embedded model's packages not installed.  Entry points call it before
     any work starts, so a configuration error costs nothing and prints one line (exit 2).  Starts
     nothing and sends no request."""
     checked: set[str] = set()
-    for role in (None, "classify"):  # the main provider, and the fast one for the cheap roles
+    for role in roles:  # default: the main provider, and the fast one for the cheap roles
         cfg = resolve(role, settings)
         if cfg.local and cfg.provider not in checked:
             checked.add(cfg.provider)

@@ -101,6 +101,11 @@ class Settings:
     llm_provider_fast: str | None = None
     """Provider for cheap calls (classify, rewrite); empty = same as LLM_PROVIDER."""
     llm_model_fast: str | None = None
+    judge_provider: str | None = None
+    """Provider of the answer grader (eval_comprehensive.py answers --grade); empty = LLM_PROVIDER."""
+    judge_model: str | None = None
+    """Model of the answer grader; empty = the judge provider's default (or LLM_MODEL when the
+    judge provider is the main one)."""
     llm_temperature: float = 0.0
     llm_timeout: float = 0.0
     """Seconds per LLM call attempt before it is abandoned; 0 = auto: 300 for the embedded model

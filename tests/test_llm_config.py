@@ -25,6 +25,7 @@ from llm_config import (
     LLMClient,
     LLMConfigError,
     LLMDeadlineError,
+    check_config,
     fold_system_messages,
     get_llm,
     parse_json_reply,
@@ -263,6 +264,28 @@ def test_fast_roles_use_the_fast_provider_and_model(tmp_settings):
     s2 = tmp_settings.replace(llm_model_fast="tiny-model")
     assert resolve("rewrite", s2).model == "tiny-model"
     assert resolve("mc_select", s2).model == PROVIDERS["local"].model
+
+
+def test_the_grader_uses_the_judge_provider_and_model(tmp_settings):
+    s = tmp_settings.replace(
+        llm_provider="groq",
+        judge_provider="cerebras",
+        judge_model="judge-70b",
+        environ={"GROQ_API_KEY": "a-key", "CEREBRAS_API_KEY": "c-key"},
+        llm_model="override-main",
+    )
+    judge, main = resolve("judge", s), resolve("mc_select", s)
+    assert (judge.provider, judge.model, judge.api_key) == ("cerebras", "judge-70b", "c-key")
+    assert judge.base_url == PROVIDERS["cerebras"].base_url
+    assert (main.provider, main.model) == ("groq", "override-main")
+    # JUDGE_MODEL alone: the main provider with another model
+    alone = resolve("judge", tmp_settings.replace(judge_model="bigger-model"))
+    assert (alone.provider, alone.model) == ("local", "bigger-model")
+    # unset: the grader is the main model
+    assert resolve("judge", tmp_settings) == resolve("mc_select", tmp_settings)
+    # a judge provider without its key fails before any work, naming the variable
+    with pytest.raises(LLMConfigError, match="JUDGE_PROVIDER=groq needs an API key"):
+        check_config(tmp_settings.replace(judge_provider="groq", environ={}), roles=("judge",))
 
 
 def test_raw_overrides_replace_the_registry_entry(tmp_settings):
