@@ -9,10 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import fakes
 import pytest
-from langchain_core.language_models.chat_models import BaseChatModel
-from langchain_core.messages import AIMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
+from fakes import ScriptedChat
 
 import evidence
 from llm_config import LLMClient
@@ -30,41 +29,12 @@ STARTER = {
 # ------------------------------------------------------------------------------------------------
 
 
-class Script:
-    """Replies per role in order (the last one repeats); a reply may be a function of the prompt."""
-
-    def __init__(self, replies: dict[str, list[Any]]) -> None:
-        self.replies = {k: list(v) for k, v in replies.items()}
-        self.calls: list[tuple[str, str]] = []
-
-    def next(self, role: str, text: str) -> Any:
-        self.calls.append((role, text))
-        queue = self.replies.get(role)
-        if not queue:
-            raise AssertionError(f"unexpected LLM call for role {role!r}")
-        reply = queue.pop(0) if len(queue) > 1 else queue[0]
-        return reply(text) if callable(reply) else reply
-
-    def roles(self) -> list[str]:
-        return [r for r, _ in self.calls]
+def Script(replies: dict[str, list[Any]]) -> fakes.Script:  # noqa: N802 - reads like a class
+    """Replies per role in order; the last one repeats."""
+    return fakes.Script(replies, repeat_last=True)
 
 
-class ScriptedChat(BaseChatModel):
-    role: str
-    script: Any
-
-    def _generate(self, messages, stop=None, run_manager=None, **kwargs) -> ChatResult:
-        reply = self.script.next(self.role, "\n".join(str(m.content) for m in messages))
-        if isinstance(reply, BaseException):
-            raise reply
-        return ChatResult(generations=[ChatGeneration(message=AIMessage(content=reply))])
-
-    @property
-    def _llm_type(self) -> str:
-        return "scripted"
-
-
-def client_for(script: Script, settings) -> LLMClient:
+def client_for(script: fakes.Script, settings) -> LLMClient:
     return LLMClient(settings, llm_factory=lambda role: ScriptedChat(role=role, script=script))
 
 

@@ -11,9 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from langchain_core.language_models.chat_models import BaseChatModel
-from langchain_core.messages import AIMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
+from fakes import Script, ScriptedChat
 
 import evidence
 import injection
@@ -27,40 +25,6 @@ from prompts import CitedClaim
 # ------------------------------------------------------------------------------------------------
 # Fakes
 # ------------------------------------------------------------------------------------------------
-
-
-class Script:
-    """Replies per role, consumed in order; records every prompt it received."""
-
-    def __init__(self, replies: dict[str, list[Any]]) -> None:
-        self.replies = {k: list(v) for k, v in replies.items()}
-        self.calls: list[tuple[str, str]] = []
-
-    def next(self, role: str, messages: list[Any]) -> Any:
-        text = "\n".join(str(m.content) for m in messages)
-        self.calls.append((role, text))
-        queue = self.replies.get(role)
-        if not queue:
-            raise AssertionError(f"unexpected LLM call for role {role!r}")
-        return queue.pop(0)
-
-    def prompts(self, role: str) -> list[str]:
-        return [t for r, t in self.calls if r == role]
-
-
-class ScriptedChat(BaseChatModel):
-    role: str
-    script: Any
-
-    def _generate(self, messages, stop=None, run_manager=None, **kwargs) -> ChatResult:
-        reply = self.script.next(self.role, messages)
-        if isinstance(reply, BaseException):
-            raise reply
-        return ChatResult(generations=[ChatGeneration(message=AIMessage(content=reply))])
-
-    @property
-    def _llm_type(self) -> str:
-        return "scripted"
 
 
 def _words(text: str) -> list[str]:
