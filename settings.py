@@ -125,8 +125,10 @@ class Settings:
     """0 = all cores."""
 
     # --- agent --------------------------------------------------------------------------------
-    eval_confidence_threshold: float = 0.35
-    """A step whose confidence is below this is 'failed' (calibrated for the default embedder)."""
+    eval_confidence_threshold: float = 0.38
+    """A step whose confidence (mean cosine of its question to the passages its answer cites) is
+    below this is 'failed'; calibrated for the default embedder by ``benchmarks/bench_agent.py
+    calibrate --k 2``."""
     evidence_floor: float = 0.39
     """Evidence mode: a passage whose cosine to the question is below this never reaches quote
     extraction (calibrated for the default embedder: benchmarks/bench_evidence.py floor)."""
