@@ -132,7 +132,7 @@ class Settings:
     evidence_floor: float = 0.39
     """Evidence mode: a passage whose cosine to the question is below this never reaches quote
     extraction (calibrated for the default embedder: benchmarks/bench_evidence.py floor)."""
-    lean_gate: float = 0.5
+    lean_gate: float = 0.33
     """Evidence gate (lean mode, and each research step): evidence whose best cosine to the question
     is below this is not used: lean answers closed-book, a research step is not synthesized.
     0 = never gate.  Calibrated on barexam_dev by ``benchmarks/bench_agent.py gate``."""
