@@ -4,7 +4,7 @@ The research agent spends 5–11 LLM calls on a multiple-choice question.  Lean 
 when the reply carries no letter and the strict retry runs):
 
 1. **retrieve once** with the question and its choices as the query (the best expansion that costs
-   no LLM call: phase 1 on barexam_dev, R@10 0.25 against 0.15 for the question alone); passages
+   no LLM call: phase 1 on barexam_dev, R@10 0.243 against 0.162 for the question alone); passages
    that carry instructions (the injection screen) are dropped and replaced by the next ones;
 2. **gate**: the evidence score is the highest cosine between the question as asked and a
    retrieved passage (:func:`rag_utils.evidence_score`);
@@ -12,7 +12,7 @@ when the reply carries no letter and the strict retry runs):
    it the model answers closed-book (the llm_only answer), so weak evidence never steers the letter.
 
 ``LEAN_GATE`` is calibrated by ``python benchmarks/bench_agent.py gate`` on a part of barexam_dev
-that the reported phase-2 items are not in (see the README's calibration table).  The research
+that the reported phase-2 items are not in (the README's "Lean mode" section gives the fit).  The research
 agent's executor applies the same gate to each step: a step whose passages score below it is not
 synthesized (:func:`below_gate`).
 """
