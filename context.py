@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -77,6 +77,8 @@ class AgentContext:
     evidence_score: ConfidenceFn | None = None
     """(question, passages) -> the evidence gate's score, the highest question-passage cosine
     (``rag_utils.evidence_score``); None: computed with ``embed``."""
+    flag_headroom: ClassVar[int] = injection.FLAG_HEADROOM
+    """Extra passages a search fetches to replace those the injection screen drops."""
     searchers: dict[str, Retriever] = field(default_factory=dict)
     """A retriever per search type (dense, keyword, hybrid, graph, combined); a type without one
     uses ``retrieve``."""
@@ -177,21 +179,38 @@ class AgentContext:
         rows = np.asarray(self.embed([question, *[d.get("text") or "" for d in docs]]))
         return float((rows[1:] @ rows[0]).max())
 
+    def keep_clean(
+        self, retrieved: list[dict], k: int, exclude: Sequence[str] = ()
+    ) -> tuple[list[dict], list[dict]]:
+        """``(kept, flagged)``: ``injection.keep_clean`` with this run's passage screen."""
+        return injection.keep_clean(retrieved, k, self.screen_passage, exclude)
+
+    def rejection_message(self, check: injection.InjectionCheck) -> str:
+        """What the user reads when the input is rejected (``injection.rejection_message``)."""
+        return injection.rejection_message(check)
+
     def below_gate(self, score: float) -> bool:
         """True when evidence scoring ``score`` is below ``LEAN_GATE`` (``lean.below_gate``)."""
         return lean.below_gate(score, self.settings.lean_gate)
 
+    def _lean_sources(self) -> dict[str, Any]:
+        return {
+            "k": self.settings.retrieval_k,
+            "retrieve": lambda query, k: self.retrieve([query], k, []),
+            "score": self.score_evidence,
+            "screen": self.screen_passage,
+        }
+
+    def lean_evidence(
+        self, question: str, choices: dict[str, str]
+    ) -> tuple[list[dict], list[dict], float]:
+        """Lean mode's evidence (``lean.gather_evidence``): passages, flagged ones, the score."""
+        return lean.gather_evidence(question, choices, **self._lean_sources())
+
     def lean_answer(self, question: str, choices: dict[str, str]) -> lean.LeanResult:
         """Lean mode (``lean.answer_lean``): one retrieval, the ``LEAN_GATE``, one answer."""
         return lean.answer_lean(
-            self.client,
-            question,
-            choices,
-            gate=self.settings.lean_gate,
-            k=self.settings.retrieval_k,
-            retrieve=lambda query, k: self.retrieve([query], k, []),
-            score=self.score_evidence,
-            screen=self.screen_passage,
+            self.client, question, choices, gate=self.settings.lean_gate, **self._lean_sources()
         )
 
     def check_injection(self, text: str) -> injection.InjectionCheck:

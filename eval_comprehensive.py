@@ -40,7 +40,6 @@ from typing import Any
 
 import eval_answers
 import eval_common as ec
-import lean
 import legal_graph
 import load_corpus
 import main as agent
@@ -193,7 +192,7 @@ def run_mc_item(
             mc.select_answer(client, question, choices, prompts.format_evidence(docs))
         )
     elif mode == "lean":
-        result = lean.answer_lean_with_settings(client, question, choices, settings)
+        result = AgentContext.from_settings(settings, client=client).lean_answer(question, choices)
         fields = _mc_fields(result.mc)
         shown = result.docs if result.route == "rag" else []
         extra = {

@@ -35,7 +35,7 @@ import logging
 import re
 import unicodedata
 import urllib.parse
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, TypedDict
 
 import prompts
@@ -607,6 +607,42 @@ def split_flagged(docs: Iterable[Mapping[str, Any]]) -> tuple[list[dict], list[d
         else:
             clean.append(dict(doc))
     return clean, flagged
+
+
+FLAG_HEADROOM = 3
+"""Extra passages a search fetches so that those :func:`keep_clean` drops are replaced: a planted
+passage changes neither how many passages are read nor which."""
+
+
+def keep_clean(
+    docs: Iterable[Mapping[str, Any]],
+    k: int,
+    screen: Callable[[str], list[str]] = screen_passage,
+    exclude: Iterable[str] = (),
+) -> tuple[list[dict], list[dict]]:
+    """``(kept, flagged)``: the first ``k`` passages of ``docs`` (best first) whose text ``screen``
+    finds no instruction in, skipping ids in ``exclude``; and every screened-out one as
+    ``{"id", "patterns"}``."""
+    skip = set(exclude)
+    kept: list[dict] = []
+    flagged: list[dict] = []
+    for doc in docs:
+        if doc["id"] in skip:
+            continue
+        hits = screen(doc.get("text") or "")
+        if hits:
+            flagged.append({"id": doc["id"], "patterns": hits})
+        elif len(kept) < k:
+            kept.append(doc)
+    return kept, flagged
+
+
+def rejection_message(check: InjectionCheck) -> str:
+    """What the user reads when their input is rejected as an injection."""
+    return (
+        "Request rejected: it looks like an attempt to change the assistant's instructions "
+        f"({check['reason']}). Ask a legal research question instead."
+    )
 
 
 # ------------------------------------------------------------------------------------------------

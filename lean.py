@@ -28,15 +28,11 @@ from typing import Any, Literal
 import injection
 import mc
 import prompts
-import rag_utils
 from llm_config import LLMCallError, LLMConfigError
-from settings import Settings
 
 logger = logging.getLogger(__name__)
 
 Route = Literal["rag", "closed_book"]
-FLAG_HEADROOM = 3
-"""Extra candidates fetched so that passages the injection screen drops are replaced."""
 
 Retrieve = Callable[[str, int], list[dict]]
 """(query, k) -> passages, best first."""
@@ -92,13 +88,8 @@ def gather_evidence(
 ) -> tuple[list[dict], list[dict], float]:
     """(passages, flagged passages, evidence score) for one question: one retrieval with
     :func:`lean_query`, flagged passages dropped, at most ``k`` kept."""
-    docs, flagged = [], []
-    for d in retrieve(lean_query(question, choices), k + FLAG_HEADROOM):
-        hits = screen(d.get("text") or "")
-        if hits:
-            flagged.append({"id": d["id"], "patterns": hits})
-        elif len(docs) < k:
-            docs.append(d)
+    retrieved = retrieve(lean_query(question, choices), k + injection.FLAG_HEADROOM)
+    docs, flagged = injection.keep_clean(retrieved, k, screen)
     return docs, flagged, (score(question, docs) if docs else 0.0)
 
 
@@ -115,7 +106,7 @@ def answer_lean(
 ) -> LeanResult:
     """Answer a multiple-choice question in lean mode (at most 2 LLM calls: ``mc_select`` and its
     strict retry).  ``retrieve`` and ``score`` are injected so tests can use fakes;
-    :func:`answer_lean_with_settings` wires the real ones."""
+    ``context.AgentContext.lean_answer`` wires the real ones."""
     if not choices:
         raise ValueError("lean mode answers multiple-choice questions: give the choices")
     start = time.perf_counter()
@@ -135,34 +126,6 @@ def answer_lean(
         flagged=flagged,
         mc=result,
         seconds=time.perf_counter() - start,
-    )
-
-
-def real_retriever(settings: Settings) -> tuple[Retrieve, ScoreFn]:
-    """The store's default retriever and :func:`rag_utils.evidence_score` for ``settings``."""
-
-    def retrieve(query: str, k: int) -> list[dict]:
-        return rag_utils.retrieve_documents(query, k=k, settings=settings)
-
-    def score(question: str, docs: Sequence[dict]) -> float:
-        return rag_utils.evidence_score(question, docs, settings=settings)
-
-    return retrieve, score
-
-
-def answer_lean_with_settings(
-    client: Any, question: str, choices: Mapping[str, str], settings: Settings
-) -> LeanResult:
-    """:func:`answer_lean` with the real retriever, ``LEAN_GATE`` and ``RETRIEVAL_K``."""
-    retrieve, score = real_retriever(settings)
-    return answer_lean(
-        client,
-        question,
-        choices,
-        gate=settings.lean_gate,
-        k=settings.retrieval_k,
-        retrieve=retrieve,
-        score=score,
     )
 
 
@@ -209,10 +172,7 @@ def run_lean(
         result["injection_check"] = dict(check)
         event("detect_injection", check["verdict"], start)
         if not check["is_safe"]:
-            result["final_cited_answer"] = (
-                "Request rejected: it looks like an attempt to change the assistant's "
-                f"instructions ({check['reason']}). Ask a legal research question instead."
-            )
+            result["final_cited_answer"] = ctx.rejection_message(check)
             result["stop_reason"], result["mc_answer"], result["sources"] = "injection", None, []
         else:
             start = time.perf_counter()
@@ -232,12 +192,7 @@ def run_lean(
                 else f"evidence score {lean_result.evidence_score:.3f} < LEAN_GATE "
                 f"{lean_result.gate}: answered closed-book (the passages were not shown)"
             )
-            letter = lean_result.letter
-            line = (
-                f"**Answer: ({letter})** {choices.get(letter, '')}"
-                if letter
-                else "**Answer: none** (no letter could be parsed from the model's reply)"
-            )
+            line = mc.answer_line(lean_result.letter, choices)
             result.update(
                 final_cited_answer=f"{reply.strip()}\n\n[lean mode: {how}]\n\n{line}",
                 mc_answer=lean_result.mc.to_dict() if lean_result.mc else None,

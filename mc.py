@@ -104,6 +104,13 @@ def format_choices(choices: Mapping[str, str]) -> str:
     return "\n".join(f"({k}) {' '.join(str(v).split())}" for k, v in sorted(choices.items()))
 
 
+def answer_line(letter: str | None, choices: Mapping[str, str]) -> str:
+    """The answer's last line: ``**Answer: (X)** choice text``, or why there is no letter."""
+    if letter:
+        return f"**Answer: ({letter})** {choices.get(letter, '')}"
+    return "**Answer: none** (no letter could be parsed from the model's reply)"
+
+
 def _norm(text: str) -> str:
     return " ".join(_WORD.findall(text.lower()))
 

@@ -36,8 +36,6 @@ ISSUE_MATCH_COSINE = 0.5
 CONFIDENCE_EPSILON = 0.02
 """A failed step whose confidence is not better than the previous step's by more than this added
 nothing: stop (stagnation)."""
-FLAG_HEADROOM = 3
-"""Extra passages retrieved per step to replace those the injection screen drops."""
 MC_RESERVE_S = 30.0
 """Seconds of the run deadline kept for the multiple-choice call: research stops this early."""
 LOW_CONFIDENCE_PREFIX = "Low confidence:"
@@ -400,10 +398,7 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     check = ctx.check_injection(text)
     update: dict[str, Any] = {"injection_check": dict(check)}
     if not check["is_safe"]:
-        update["final_cited_answer"] = (
-            "Request rejected: it looks like an attempt to change the assistant's instructions "
-            f"({check['reason']}). Ask a legal research question instead."
-        )
+        update["final_cited_answer"] = ctx.rejection_message(check)
         update["stop_reason"] = "injection"
     mode = "" if check["injection_check"] == "full" else f", {check['injection_check']}"
     return update, f"{check['verdict']} ({check['reason'] or check['llm_verdict']}{mode})"
@@ -510,20 +505,12 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     k = ctx.settings.retrieval_k
     # A few extra candidates replace passages the injection screen drops, so a planted passage
     # changes neither how many passages the step reads nor which.
-    retrieved = ctx.search(search_type, [primary, *alternatives], k + FLAG_HEADROOM, seen)
-    used = set(seen)
-    docs, flagged = [], []
-    for d in retrieved:
-        if d["id"] in used:  # belt and braces: never reuse a passage
-            continue
-        hits = ctx.screen_passage(d.get("text") or "")
-        if hits:
-            flagged.append({"id": d["id"], "patterns": hits})
-        elif len(docs) < k:
-            docs.append(d)
+    retrieved = ctx.search(search_type, [primary, *alternatives], k + ctx.flag_headroom, seen)
+    # seen passages are excluded again (belt and braces: never reuse a passage)
+    docs, flagged = ctx.keep_clean(retrieved, k, exclude=seen)
     # The evidence gate (LEAN_GATE): passages that barely touch the step's question are not worth
     # a synthesis call; the step fails and the working memory records the dead end.
-    score = ctx.score_evidence(step["question"], docs) if docs else 0.0
+    score = ctx.score_evidence(step["question"], docs)
     gated = bool(docs) and ctx.below_gate(score)
     if docs and not gated:
         answer, citations = synthesize(ctx.client, step["question"], docs)
@@ -982,11 +969,7 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         or state.get("final_cited_answer")
         or ""
     )
-    if result.letter:
-        line = f"**Answer: ({result.letter})** {choices.get(result.letter, '')}"
-    else:
-        line = "**Answer: none** (no letter could be parsed from the model's reply)"
-    final = f"{research}\n\n{line}".strip()
+    final = f"{research}\n\n{mc.answer_line(result.letter, choices)}".strip()
     decision = f"({result.letter}) via {result.strategy}" + (
         " after strict retry" if result.retried else ""
     )

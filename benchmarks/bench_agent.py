@@ -319,17 +319,15 @@ def gate(qa: str, start: int, n: int | None, rows_path: Path, fit_only: bool) ->
     done = {r["item"]: r for r in _read_jsonl(rows_path)} if rows_path.exists() else {}
     if not fit_only:
         ec.require_llm(settings)
-        retrieve, score = lean.real_retriever(settings)
-        client = LLMClient(settings)
+        context = AgentContext.from_settings(settings)
         rows_path.parent.mkdir(parents=True, exist_ok=True)
         with rows_path.open("a", encoding="utf-8") as out:
             for item in tqdm([it for it in items if ec.item_id(it) not in done], desc="gate"):
                 question, choices = ec.item_question(item), ec.item_choices(item)
-                docs, _, best = lean.gather_evidence(
-                    question, choices, k=settings.retrieval_k, retrieve=retrieve, score=score
-                )
-                closed = mc.select_answer(client, question, choices, None)
-                rag = mc.select_answer(client, question, choices, prompts.format_evidence(docs))
+                docs, _, best = context.lean_evidence(question, choices)
+                closed = mc.select_answer(context.client, question, choices, None)
+                evidence = prompts.format_evidence(docs)
+                rag = mc.select_answer(context.client, question, choices, evidence)
                 answer = ec.item_answer(item)
                 row = {
                     "item": ec.item_id(item),

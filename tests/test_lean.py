@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from fakes import scripted_client
 
+import injection
 import lean
 
 CHOICES = {
@@ -46,7 +47,7 @@ def test_strong_evidence_goes_to_the_model_in_one_retrieval_and_one_call(tmp_set
     assert (result.letter, result.route) == ("A", "rag")
     # one retrieval, with the choices in the query and headroom for screened passages
     assert len(calls) == 1 and "(B) No, because it is hearsay." in calls[0][0]
-    assert calls[0][1] == 2 + lean.FLAG_HEADROOM
+    assert calls[0][1] == 2 + injection.FLAG_HEADROOM
     assert client.summary()["llm_calls"] == 1
     assert (
         "startling event" in script.prompts()[0] and "offered for its truth" in script.prompts()[0]
