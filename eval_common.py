@@ -440,6 +440,17 @@ def cli_run(fn: Callable[[Settings], Any], **overrides: Any) -> tuple[int, Any]:
         return 2, None
 
 
+def print_summary(summary: dict[str, Any], *, as_json: bool, human: str, results_dir: str) -> int:
+    """The end of an eval command: ``summary`` as JSON (``--json``) or ``human`` and the run's
+    folder; exit status 130 when the run was interrupted, else 0."""
+    if as_json:
+        out = json.dumps(summary, indent=2, ensure_ascii=False, default=str)
+    else:
+        out = f"{human}\nresults: {Path(results_dir) / summary['run_id']}"
+    print(out)  # noqa: T201 - CLI output
+    return 130 if summary.get("interrupted") else 0
+
+
 def new_run_id(kind: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}"
 

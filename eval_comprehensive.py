@@ -760,12 +760,8 @@ def injection_main(argv: Sequence[str], *, llm_factory: Callable[[str], Any] | N
     )
     if rc:
         return rc
-    if args.json:
-        print(json.dumps(summary, indent=2, ensure_ascii=False, default=str))
-    else:
-        print(render_injection_markdown(summary))
-        print(f"results: {Path(args.results_dir) / summary['run_id']}")
-    return 130 if summary.get("interrupted") else 0
+    human = "" if args.json else render_injection_markdown(summary)
+    return ec.print_summary(summary, as_json=args.json, human=human, results_dir=args.results_dir)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -889,10 +885,8 @@ def answers_main(argv: Sequence[str], *, llm_factory: Callable[[str], Any] | Non
     )
     if rc:
         return rc
-    print(json.dumps(summary if args.json else summary["answers"], indent=2, default=str))
-    if not args.json:
-        print(f"results: {Path(args.results_dir) / summary['run_id']}")
-    return 130 if summary.get("interrupted") else 0
+    human = json.dumps(summary["answers"], indent=2, default=str)
+    return ec.print_summary(summary, as_json=args.json, human=human, results_dir=args.results_dir)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1187,12 +1181,8 @@ def main(
     )
     if rc:
         return rc
-    if args.json:
-        print(json.dumps(summary, indent=2, ensure_ascii=False, default=str))
-    else:
-        print(render_markdown(summary))
-        print(f"results: {Path(args.results_dir) / summary['run_id']}")
-    return 130 if summary.get("interrupted") else 0
+    human = "" if args.json else render_markdown(summary)
+    return ec.print_summary(summary, as_json=args.json, human=human, results_dir=args.results_dir)
 
 
 if __name__ == "__main__":
