@@ -312,33 +312,45 @@ def run_answers(
     *,
     grader: Callable[[Mapping[str, Any], str], Mapping[str, Any]] | None = None,
     on_row: Callable[[dict], None] | None = None,
+    skip: Iterable[tuple[str, str]] = (),
 ) -> tuple[list[dict], dict[str, dict[str, Any]]]:
-    """Every item through every mode (``answer_fns[mode](question) -> answer dict``), scored and
-    optionally graded (``grader(item, answer) -> {"grade", "reason"}``); ``on_row`` sees each row
-    as it is finished (write it to results.jsonl there).  Returns the rows and the summary."""
+    """Every item through every mode (``answer_fns[mode](question) -> answer dict``), the modes of
+    one item one after another (a run cut short stays paired), scored and optionally graded
+    (``grader(item, answer) -> {"grade", "reason"}``); ``on_row`` sees each row as it is finished
+    (write it to results.jsonl there); ``(item id, mode)`` pairs in ``skip`` are not run.
+    Returns the rows and the summary."""
+    from tqdm.auto import tqdm
+
     rows: list[dict] = []
-    for item in items:
-        for mode, fn in answer_fns.items():
-            t0 = time.perf_counter()
-            try:
-                result = dict(fn(str(item["question"])))
-            except Exception as exc:  # one failing item must not end a long eval run
-                logger.warning("answers: %s/%s failed: %s", item["id"], mode, exc)
-                result = {"answer": "", "abstained": False, "error": str(exc)}
-            row = score_answer(item, mode, result, time.perf_counter() - t0)
-            if result.get("error"):
-                row["error"] = result["error"]
-            if grader is not None:
-                row.update(
-                    {
-                        k: v
-                        for k, v in dict(grader(item, row["answer"])).items()
-                        if k in ("grade", "reason")
-                    }
-                )
-            rows.append(row)
-            if on_row is not None:
-                on_row(row)
+    skipped = {(str(i), str(m)) for i, m in skip}
+    pairs = [
+        (item, mode)
+        for item in items
+        for mode in answer_fns
+        if (str(item["id"]), mode) not in skipped
+    ]
+    for item, mode in tqdm(pairs, desc="answers", unit="answer", disable=None, leave=False):
+        fn = answer_fns[mode]
+        t0 = time.perf_counter()
+        try:
+            result = dict(fn(str(item["question"])))
+        except Exception as exc:  # one failing item must not end a long eval run
+            logger.warning("answers: %s/%s failed: %s", item["id"], mode, exc)
+            result = {"answer": "", "abstained": False, "error": str(exc)}
+        row = score_answer(item, mode, result, time.perf_counter() - t0)
+        if result.get("error"):
+            row["error"] = result["error"]
+        if grader is not None:
+            row.update(
+                {
+                    k: v
+                    for k, v in dict(grader(item, row["answer"])).items()
+                    if k in ("grade", "reason")
+                }
+            )
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
     return rows, summarize_answers(rows)
 
 

@@ -34,7 +34,7 @@ import logging
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -819,6 +819,51 @@ def agent_answer_fn(
     return answer
 
 
+def answer_rows_with_grades(run_dir: ec.RunDir) -> list[dict]:
+    """The run's answer rows, each with its grade when one was written (``answers_grade`` rows)."""
+    grades = {
+        (r["item"], r["mode"]): {"grade": r.get("grade"), "reason": r.get("reason")}
+        for r in run_dir.rows
+        if r.get("phase") == "answers_grade"
+    }
+    return [
+        {**r, **grades.get((r["item"], r["mode"]), {})}
+        for r in run_dir.rows
+        if r.get("phase") == "answers"
+    ]
+
+
+def grade_answer_rows(
+    run_dir: ec.RunDir,
+    items: Sequence[Mapping[str, Any]],
+    modes: Sequence[str],
+    judge: Any,
+    judge_record: Mapping[str, Any] | None = None,
+) -> None:
+    """Grade every answer row of the run that has no grade yet (answered now or by an earlier,
+    ungraded run), one ``answers_grade`` row each, so grading resumes too."""
+    by_id = {str(it["id"]): it for it in items}
+    todo = [
+        r
+        for r in answer_rows_with_grades(run_dir)
+        if "grade" not in r and r["item"] in by_id and r["mode"] in modes
+    ]
+    grade = lambda row: eval_answers.grade_answer(judge, by_id[row["item"]], row["answer"])  # noqa: E731
+    for row, graded, err in ec.run_tasks(grade, todo, desc="grading"):
+        if err is not None:  # ungraded now, graded by the next resume
+            logger.warning("grading %s/%s failed: %s", row["item"], row["mode"], err)
+            continue
+        run_dir.append(
+            {
+                "item": row["item"],
+                "mode": row["mode"],
+                "phase": "answers_grade",
+                **graded,
+                "judge": judge_record,
+            }
+        )
+
+
 def run_answers_phase(
     args: argparse.Namespace, settings: Settings, *, llm_factory: Any = None
 ) -> dict[str, Any]:
@@ -838,33 +883,37 @@ def run_answers_phase(
         "qa": args.qa or "datasets/open_questions.jsonl",
         "modes": modes,
         "n_items": len(items),
-        "llm": ec.llm_record(
-            settings, ("mc_select", "rewrite", *(("judge",) if args.grade else ()))
-        ),
+        "llm": ec.llm_record(settings, ("mc_select", "rewrite")),
+        # Not checked on resume: a finished run can be graded later; each grade row names its judge.
+        "judge": ec.llm_record(settings, ("judge",))["judge"] if args.grade else None,
         "retrieval": ec.retrieval_record(settings),
         "settings": ec.settings_record(settings),
     }
     run_dir.check_config(config, ("qa", "llm"))
-    done = run_dir.done()
-    judge = ec.make_client(settings, llm_factory) if args.grade else None
-    grader = (
-        (lambda item, answer: eval_answers.grade_answer(judge, item, answer)) if judge else None
-    )
+    done = {(str(r["item"]), str(r["mode"])) for r in run_dir.rows if r.get("phase") == "answers"}
+    if "research" in modes and any((str(it["id"]), "research") not in done for it in items):
+        # A cached answer from an earlier run would stand in for the research being measured.
+        cleared = rag_utils.clear_memory(settings)
+        logger.info("cleared the QA memory before research-mode answers (%s entries)", cleared)
     interrupted = False
     try:
-        for mode in modes:
-            todo = [it for it in items if (it["id"], mode) not in done]
-            rows, _ = eval_answers.run_answers(
-                todo,
-                {mode: agent_answer_fn(settings, mode, llm_factory)},
-                grader=grader,
-                on_row=lambda row: run_dir.append({**row, "item": row["id"], "phase": "answers"}),
+        eval_answers.run_answers(
+            items,
+            {mode: agent_answer_fn(settings, mode, llm_factory) for mode in modes},
+            on_row=lambda row: run_dir.append({**row, "item": row["id"], "phase": "answers"}),
+            skip=done,
+        )
+        if args.grade:
+            grade_answer_rows(
+                run_dir, items, modes, ec.make_client(settings, llm_factory), config["judge"]
             )
     except KeyboardInterrupt:
         interrupted = True
         logger.warning("interrupted: rerun with --run-id %s to finish", run_dir.run_id)
     wanted = {it["id"] for it in items}
-    rows = [r for r in run_dir.rows if r.get("phase") == "answers" and r["item"] in wanted]
+    rows = [
+        r for r in answer_rows_with_grades(run_dir) if r["item"] in wanted and r["mode"] in modes
+    ]
     summary = {
         "run_id": run_dir.run_id,
         "config": config,

@@ -509,9 +509,21 @@ def test_phase_3_answers_scores_both_answer_modes_on_the_open_questions(env, cap
     )
     for r in rows:
         assert r["valid_cited_sentences"] <= r["cited_sentences"] <= r["sentences"]
+    # The two modes of a question run one after the other, so a run cut short stays paired.
+    assert [r["mode"] for r in rows[:2]] == ["research", "evidence"]
+    assert rows[0]["item"] == rows[1]["item"]
     n_calls = len(calls)
     assert eval_comprehensive.main(args, llm_factory=factory) == 0
     assert len(calls) == n_calls  # resumed: nothing re-run
+    capsys.readouterr()
+    # --grade on the finished run grades its answers (one judge call each) without re-answering,
+    # and a second --grade finds nothing left to grade.
+    assert eval_comprehensive.main([*args, "--grade"], llm_factory=factory) == 0
+    graded = json.loads(capsys.readouterr().out)["answers"]
+    assert len(calls) == n_calls + 6
+    assert all(graded[m]["a_or_b"]["n"] == 3 for m in ("research", "evidence"))
+    assert eval_comprehensive.main([*args, "--grade"], llm_factory=factory) == 0
+    assert len(calls) == n_calls + 6
 
 
 @pytest.mark.slow
