@@ -75,6 +75,18 @@ def load_open_questions(path: str | Path | None = None) -> list[dict]:
     return items
 
 
+def interleave_categories(items: Sequence[Mapping[str, Any]]) -> list[dict]:
+    """Round-robin over the categories (file order within each), so the first ``n`` questions, or
+    a run cut short, cover every category instead of the file's first one."""
+    groups: dict[str, list[dict]] = {}
+    for item in items:
+        groups.setdefault(str(item["category"]), []).append(dict(item))
+    out: list[dict] = []
+    for i in range(max((len(g) for g in groups.values()), default=0)):
+        out.extend(g[i] for g in groups.values() if i < len(g))
+    return out
+
+
 # ------------------------------------------------------------------------------------------------
 # Pure metrics of one answer
 # ------------------------------------------------------------------------------------------------

@@ -782,7 +782,12 @@ def build_answers_parser() -> argparse.ArgumentParser:
             "(skills/grade_answer.md; JUDGE_PROVIDER / JUDGE_MODEL choose the grader), all with 95%% CIs."
         ),
     )
-    p.add_argument("n", nargs="?", type=int, help="number of questions (default all)")
+    p.add_argument(
+        "n",
+        nargs="?",
+        type=int,
+        help="number of questions, taken round-robin over the categories (default all)",
+    )
     p.add_argument("--qa", help="open questions JSONL (default datasets/open_questions.jsonl)")
     p.add_argument("--modes", default=",".join(ANSWER_MODES), help="research,evidence")
     p.add_argument("--grade", action="store_true", help="grade every answer A-F with the judge")
@@ -875,7 +880,7 @@ def run_answers_phase(
     if args.grade and llm_factory is None:
         check_config(settings, roles=("judge",))  # JUDGE_PROVIDER / JUDGE_MODEL, before any work
     load_corpus.ensure_starter_index(settings)
-    items = eval_answers.load_open_questions(args.qa)[: args.n]
+    items = eval_answers.interleave_categories(eval_answers.load_open_questions(args.qa))[: args.n]
     run_dir = ec.open_run("answers", args.run_id, None, args.results_dir)
     config = {
         "script": "eval_comprehensive.py",

@@ -168,3 +168,13 @@ def test_run_answers_scores_every_mode_with_intervals():
     assert summary["broken"]["items"] == 3 and all(
         r.get("error") for r in rows if r["mode"] == "broken"
     )
+
+
+def test_interleaving_takes_the_categories_in_turn_so_a_short_run_covers_each():
+    items = [
+        {"id": f"{c}{i}", "category": c} for c in ("a", "b", "c") for i in range(3 - "abc".index(c))
+    ]
+    order = [it["id"] for it in ea.interleave_categories(items)]
+    assert order == ["a0", "b0", "c0", "a1", "b1", "a2"]
+    first = ea.interleave_categories(ea.load_open_questions())[:4]
+    assert {it["category"] for it in first} == set(ea.CATEGORIES)
