@@ -305,7 +305,8 @@ def _safe_or_absent(claim: CitedClaim) -> CitedClaim:
 def render_cited_answer(answer: CitedAnswer) -> str:
     """The Rule / Elements / Exceptions / Application text of a structured answer, every claim
     followed by its ``[Source N]`` citations; claims that repeat an answer letter or an
-    instruction (text a planted passage would push) are left out."""
+    instruction (text a planted passage would push) are left out, and a claim that repeats an
+    earlier one is merged into it or (the application) points back to it."""
     rendered = [_claim_words(answer.rule.text)]
     answer = answer.model_copy(
         update={
@@ -332,7 +333,14 @@ def render_cited_answer(answer: CitedAnswer) -> str:
         lines.extend(f"- {claim(e)}" for e in answer.exceptions)
     else:
         lines.append("Exceptions: not in the sources.")
-    lines.append(f"Application: {claim(answer.application)}")
+    applied = _claim_words(answer.application.text)
+    if applied and any(
+        len(w & applied) / len(w | applied) >= NEAR_DUPLICATE_JACCARD for w in rendered
+    ):  # the model restated the rule instead of applying it: point there, don't print it twice
+        refs = "".join(f"[Source {n}]" for n in dict.fromkeys(answer.application.sources))
+        lines.append(f"Application: as stated in the rule above {refs}.".replace(" .", "."))
+    else:
+        lines.append(f"Application: {claim(answer.application)}")
     return "\n".join(lines)
 
 

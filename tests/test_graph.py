@@ -1039,6 +1039,21 @@ def test_repeated_claims_are_merged_and_never_printed_twice(tmp_settings):
     ]
 
 
+def test_an_application_that_restates_the_rule_is_not_printed_twice(tmp_settings):
+    """The multi_hop demo's Free Exercise step printed its rule again as the application."""
+    rule = "A neutral law of general applicability that burdens religion gets rational basis review"
+    synth = J(
+        rule={"text": rule, "sources": [1]},
+        elements=[{"text": "The law is neutral and generally applicable", "sources": [1]}],
+        exceptions=[],
+        application={"text": "Free Exercise: " + rule.lower() + ".", "sources": [1]},
+    )
+    result, *_ = run(tmp_settings, simple_replies(synthesize=[synth]))
+    text = result["planning_table"][0]["execution"]["cited_answer"]
+    assert text.count("rational basis review") == 1
+    assert text.splitlines()[-1] == "Application: as stated in the rule above [Source 1]."
+
+
 def test_a_claim_and_its_negation_are_never_merged():
     a = CitedClaim(text="Consideration is required for a modification", sources=[1])
     b = CitedClaim(text="Consideration is not required for a modification", sources=[2])
