@@ -305,11 +305,11 @@ class Call:
 CALLS: dict[Role, Call] = {
     "injection": Call("detect_prompt_injection", InjectionVerdict, 60),
     "classify": Call("classify_and_route", Classification, 20),
-    "plan": Call("plan_synthesis", PlannedStep, 120),
+    "plan": Call("plan_synthesis", PlannedStep, 220),
     "rewrite": Call("query_rewrite", Rewrite, 110),
     "synthesize": Call("synthesize_and_cite", CitedAnswer, 400),
     "synthesize_strict": Call("synthesize_strict", CitedAnswer, 300),
-    "replan": Call("adaptive_replan", Replan, 130),
+    "replan": Call("adaptive_replan", Replan, 200),
     "mc_select": Call("mc_select", None, 200, max_tokens_api=500),
     "mc_select_strict": Call("mc_select_strict", None, 12),
     "hyde": Call("hypothetical_passage", None, 130),
