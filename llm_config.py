@@ -1230,6 +1230,7 @@ class LLMClient:
                         result.parse_error += " (reply cut off at max_tokens)"
             if result.parse_error:
                 logger.info("LLM %s/%s parse failure: %s", cfg.provider, role, result.parse_error)
+                logger.debug("LLM %s/%s unparsed reply: %r", cfg.provider, role, result.text)
         if result.empty:
             logger.warning(
                 "LLM %s/%s returned an empty reply (finish_reason=%s)",
