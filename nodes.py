@@ -41,6 +41,7 @@ MC_RESERVE_S = 30.0
 LOW_CONFIDENCE_PREFIX = "Low confidence:"
 NO_ANSWER = "No answer: the research found no passages for this question."
 NO_PARSED_ANSWER = "No answer: the model's replies for this step could not be parsed."
+NOT_FOUND = "No answer: the sources hold nothing that answers this question."
 
 
 # ------------------------------------------------------------------------------------------------
@@ -742,6 +743,23 @@ def aggregate(state: AgentState, threshold: float) -> tuple[str, list[dict]]:
     return answer, sources
 
 
+def no_answer(state: AgentState) -> tuple[str, str]:
+    """Why the research has no answer to give: ``("evidence", text)`` when what it found does
+    not reach the evidence gate or it found nothing (a decision: the agent abstains), else
+    ``("", text)`` (the model's replies failed: no decision was made)."""
+    executed = _executed(state)
+    gated = [s["execution"] for s in executed if s["execution"].get("gated")]
+    if gated:
+        best = max(float(ex.get("evidence_score") or 0.0) for ex in gated)
+        return "evidence", (
+            f"{NOT_FOUND} The closest passages found are off topic (best evidence score "
+            f"{best:.2f}, below LEAN_GATE); the corpus may not cover this subject."
+        )
+    if not any(s["execution"].get("retrieved_doc_ids") for s in executed):
+        return "evidence", NO_ANSWER
+    return "", NO_PARSED_ANSWER
+
+
 def stagnation(state: AgentState, ctx: AgentContext) -> str | None:
     """Why the research stopped making progress, or None.  Looks at the latest executed step:
     no new passages; failed without improving confidence by > CONFIDENCE_EPSILON over the previous
@@ -830,11 +848,13 @@ def evaluate(state: AgentState, ctx: AgentContext) -> tuple[dict, str, Evaluator
         route, stop = "mc_select", f"stagnation: {stag}"
     else:
         route = "replanner"
+    declined, why_not = ("", "") if answer else no_answer(view)
     update: dict[str, Any] = {
         "planning_table": graded,
         "accumulated_context": summaries,
-        "final_cited_answer": answer,
+        "final_cited_answer": answer or why_not,
         "research_answer": answer,
+        "abstained": bool(declined),
         "sources": sources,
     }
     if stop:

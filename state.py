@@ -84,6 +84,9 @@ class AgentState(TypedDict, total=False):
     final_cited_answer: str
     research_answer: str
     """The aggregated research without the MC selection (what memory stores)."""
+    abstained: bool
+    """True when the research declines to answer: no passage it found reaches the evidence gate
+    (research mode), or no verified quote (evidence mode)."""
     accumulated_context: Annotated[list[str], operator.add]
     iteration_count: int
     injection_check: dict[str, Any]

@@ -599,6 +599,7 @@ def test_no_passages_found_skips_synthesis(tmp_settings):
     result, *_ = run(tmp_settings, replies, retriever=FakeRetriever([]))
     assert result["run_metrics"]["llm_calls"] == 3
     assert result["run_metrics"]["has_answer"] is False
+    assert result["abstained"] is True and result["final_cited_answer"] == nodes.NO_ANSWER
 
 
 def test_evidence_below_the_gate_is_not_synthesized_and_never_reaches_the_answer(tmp_settings):
@@ -612,6 +613,26 @@ def test_evidence_below_the_gate_is_not_synthesized_and_never_reaches_the_answer
     assert any("below LEAN_GATE" in f for f in result["run_metrics"]["fallbacks"])
     assert "Rule text number" not in script.prompts("mc_select")[0]  # answered without them
     assert result["mc_answer"]["letter"] == "B" and memory.writes == []
+    # The user is told plainly that the sources hold no answer, then gets the exam's letter.
+    assert result["abstained"] is True
+    assert result["final_cited_answer"].startswith(nodes.NOT_FOUND)
+    assert "\n\n**Answer: (B)**" in result["final_cited_answer"]
+    assert result["run_metrics"]["has_answer"] is False
+
+
+def test_an_open_question_the_sources_do_not_cover_gets_a_clear_not_found(tmp_settings):
+    replies = simple_replies(synthesize=[])
+    result, *_ = run(tmp_settings, replies, lean_gate=0.3)
+    assert result["abstained"] is True
+    assert result["final_cited_answer"].startswith(nodes.NOT_FOUND)
+    assert "best evidence score 0." in result["final_cited_answer"]
+
+
+def test_unparsed_replies_are_a_failure_not_an_abstention(tmp_settings):
+    replies = simple_replies(synthesize=["not json"], synthesize_strict=["still not json"])
+    result, *_ = run(tmp_settings, replies)
+    assert result["abstained"] is False
+    assert result["final_cited_answer"] == nodes.NO_PARSED_ANSWER
 
 
 def test_evidence_at_or_above_the_gate_is_synthesized(tmp_settings):
