@@ -266,6 +266,10 @@ def _claim_words(text: str) -> frozenset[str]:
     return frozenset(words)
 
 
+def _near_duplicate(a: frozenset[str], b: frozenset[str]) -> bool:
+    return len(a & b) / len(a | b) >= NEAR_DUPLICATE_JACCARD
+
+
 def merge_duplicate_claims(
     claims: list[CitedClaim], seen: list[frozenset[str]] | None = None
 ) -> list[CitedClaim]:
@@ -278,17 +282,10 @@ def merge_duplicate_claims(
         words = _claim_words(c.text)
         if not words:
             continue
-        twin = next(
-            (
-                i
-                for i, w in enumerate(kept_words)
-                if len(w & words) / len(w | words) >= NEAR_DUPLICATE_JACCARD
-            ),
-            None,
-        )
+        twin = next((i for i, w in enumerate(kept_words) if _near_duplicate(w, words)), None)
         if twin is not None:
             kept[twin].sources = list(dict.fromkeys([*kept[twin].sources, *c.sources]))
-        elif not any(len(w & words) / len(w | words) >= NEAR_DUPLICATE_JACCARD for w in seen):
+        elif not any(_near_duplicate(w, words) for w in seen):
             kept.append(c.model_copy())
             kept_words.append(words)
     seen.extend(kept_words)
@@ -335,9 +332,8 @@ def render_cited_answer(answer: CitedAnswer) -> str:
     else:
         lines.append("Exceptions: not in the sources.")
     applied = _claim_words(answer.application.text)
-    if applied and any(
-        len(w & applied) / len(w | applied) >= NEAR_DUPLICATE_JACCARD for w in rendered
-    ):  # the model restated the rule instead of applying it: point there, don't print it twice
+    if applied and any(_near_duplicate(w, applied) for w in rendered):
+        # the model restated the rule instead of applying it: point there, don't print it twice
         refs = "".join(f"[Source {n}]" for n in dict.fromkeys(answer.application.sources))
         lines.append(f"Application: as stated in the rule above {refs}.".replace(" .", "."))
     else:
@@ -743,21 +739,21 @@ def aggregate(state: AgentState, threshold: float) -> tuple[str, list[dict]]:
     return answer, sources
 
 
-def no_answer(state: AgentState) -> tuple[str, str]:
-    """Why the research has no answer to give: ``("evidence", text)`` when what it found does
-    not reach the evidence gate or it found nothing (a decision: the agent abstains), else
-    ``("", text)`` (the model's replies failed: no decision was made)."""
+def no_answer(state: AgentState) -> tuple[bool, str]:
+    """``(abstained, text)``: why the research has no answer to give.  ``abstained`` is True when
+    what it found does not reach the evidence gate or it found nothing (a decision), False when
+    the model's replies failed (no decision was made)."""
     executed = _executed(state)
     gated = [s["execution"] for s in executed if s["execution"].get("gated")]
     if gated:
         best = max(float(ex.get("evidence_score") or 0.0) for ex in gated)
-        return "evidence", (
+        return True, (
             f"{NOT_FOUND} The closest passages found are off topic (best evidence score "
             f"{best:.2f}, below LEAN_GATE); the corpus may not cover this subject."
         )
     if not any(s["execution"].get("retrieved_doc_ids") for s in executed):
-        return "evidence", NO_ANSWER
-    return "", NO_PARSED_ANSWER
+        return True, NO_ANSWER
+    return False, NO_PARSED_ANSWER
 
 
 def stagnation(state: AgentState, ctx: AgentContext) -> str | None:
@@ -848,13 +844,13 @@ def evaluate(state: AgentState, ctx: AgentContext) -> tuple[dict, str, Evaluator
         route, stop = "mc_select", f"stagnation: {stag}"
     else:
         route = "replanner"
-    declined, why_not = ("", "") if answer else no_answer(view)
+    abstained, why_not = (False, "") if answer else no_answer(view)
     update: dict[str, Any] = {
         "planning_table": graded,
         "accumulated_context": summaries,
         "final_cited_answer": answer or why_not,
         "research_answer": answer,
-        "abstained": bool(declined),
+        "abstained": abstained,
         "sources": sources,
     }
     if stop:
