@@ -533,7 +533,7 @@ def build_injection_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="eval_comprehensive.py injection",
         description=(
-            "Recall and false-positive rate (95%% Wilson CIs) of the agent's injection check "
+            "Recall and false-positive rate (95% Wilson CIs) of the agent's injection check "
             "(injection.detect: the pre-screen, then the model's verdict) on a labelled JSONL file "
             "with 'text' and 'label' (injection|safe), optional 'id', 'style' and 'split'. "
             "Results go to eval_results/<run-id>/."
@@ -779,7 +779,7 @@ def build_answers_parser() -> argparse.ArgumentParser:
             "question set: abstention recall on out-of-corpus questions and false abstention on "
             "in-corpus ones, key-point coverage, the share of answer sentences with a valid "
             "citation, quote validity, and with --grade an A-F grade by the judge model "
-            "(skills/grade_answer.md; JUDGE_PROVIDER / JUDGE_MODEL choose the grader), all with 95%% CIs."
+            "(skills/grade_answer.md; JUDGE_PROVIDER / JUDGE_MODEL choose the grader), all with 95% CIs."
         ),
     )
     p.add_argument(

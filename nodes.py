@@ -739,11 +739,23 @@ def aggregate(state: AgentState, threshold: float) -> tuple[str, list[dict]]:
     return answer, sources
 
 
-def no_answer(state: AgentState) -> tuple[bool, str]:
+def no_answer(state: AgentState, threshold: float) -> tuple[bool, str]:
     """``(abstained, text)``: why the research has no answer to give.  ``abstained`` is True when
-    what it found does not reach the evidence gate or it found nothing (a decision), False when
-    the model's replies failed (no decision was made)."""
+    what it found does not reach the evidence gate, no step reaches ``threshold`` confidence, or it
+    found nothing (a decision); False when the model's replies failed (no decision was made)."""
     executed = _executed(state)
+    drafts = [
+        s["execution"]
+        for s in executed
+        if (s["execution"].get("citations") or {}).get("parsed") and s["execution"].get("cited_answer")
+    ]
+    if drafts:
+        best = max(float(ex.get("confidence") or 0.0) for ex in drafts)
+        return True, (
+            f"{NOT_FOUND} No research step's evidence reached the confidence threshold (best "
+            f"{best:.2f} < {threshold:.2f}), so its draft is not given as an answer; the drafts "
+            "and their passages are in the trace (`planning_table` in --json)."
+        )
     gated = [s["execution"] for s in executed if s["execution"].get("gated")]
     if gated:
         best = max(float(ex.get("evidence_score") or 0.0) for ex in gated)
@@ -844,7 +856,11 @@ def evaluate(state: AgentState, ctx: AgentContext) -> tuple[dict, str, Evaluator
         route, stop = "mc_select", f"stagnation: {stag}"
     else:
         route = "replanner"
-    abstained, why_not = (False, "") if answer else no_answer(view)
+    if answer and not _completed(view) and not state.get("choices"):
+        # An open question whose research reached no confident step is declined; a
+        # multiple-choice question still reads the low-confidence research (it must be answered).
+        answer, sources = "", []
+    abstained, why_not = (False, "") if answer else no_answer(view, threshold)
     update: dict[str, Any] = {
         "planning_table": graded,
         "accumulated_context": summaries,

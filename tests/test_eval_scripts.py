@@ -155,12 +155,23 @@ def test_bad_arguments_exit_with_usage_error(argv, capsys):
     assert exc.value.code == 2
 
 
-@pytest.mark.parametrize("module", [eval_comprehensive, eval_trace, eval_reranker])
-def test_help(module, capsys):
+@pytest.mark.parametrize(
+    ("module", "argv"),
+    [
+        (eval_comprehensive, []),
+        (eval_comprehensive, ["answers"]),
+        (eval_comprehensive, ["injection"]),
+        (eval_trace, []),
+        (eval_reranker, []),
+    ],
+)
+def test_help(module, argv, capsys):
     with pytest.raises(SystemExit) as exc:
-        module.main(["--help"])
+        module.main([*argv, "--help"])
     assert exc.value.code == 0
-    assert "usage" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "usage" in out
+    assert "%%" not in out  # a description is printed as written, not %-formatted
 
 
 @pytest.mark.parametrize(

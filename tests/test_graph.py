@@ -314,11 +314,26 @@ def test_planned_issues_reach_the_replanner_and_a_completed_step_is_never_retrie
     assert any(e["decision"].startswith("next_step: step 2") for e in result["_events"])
 
 
-def test_all_steps_failed_gives_low_confidence_answer_and_no_memory(tmp_settings):
+def test_an_open_question_with_no_confident_step_is_declined_and_not_cached(tmp_settings):
     result, _, memory, _ = run(tmp_settings, simple_replies(), confidences=[0.05])
-    assert result["final_cited_answer"].startswith("Low confidence:")
     assert result["run_metrics"]["steps_failed"] == 1
+    # A clear "not found" with the best confidence, not the draft under a warning.
+    assert result["abstained"] is True and result["run_metrics"]["has_answer"] is False
+    answer = result["final_cited_answer"]
+    assert answer.startswith(nodes.NOT_FOUND) and "(best 0.05 < 0.38)" in answer
+    assert "[Source" not in answer and result["sources"] == []
+    # The draft stays inspectable in the step.
+    assert "[Source 1]" in result["planning_table"][0]["execution"]["cited_answer"]
     assert memory.writes == []
+
+
+def test_a_multiple_choice_question_with_no_confident_step_still_reads_the_research(tmp_settings):
+    replies = simple_replies(mc_select=["**Answer: (C)**"])
+    result, script, memory, _ = run(tmp_settings, replies, choices=CHOICES, confidences=[0.05])
+    assert result["abstained"] is False
+    assert result["final_cited_answer"].startswith(nodes.LOW_CONFIDENCE_PREFIX)
+    assert "Rule text number" in script.prompts("mc_select")[0]  # the passages reach the letter
+    assert result["mc_answer"]["letter"] == "C" and memory.writes == []
 
 
 def test_stagnation_stops_a_retry_that_does_not_improve_confidence(tmp_settings):
