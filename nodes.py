@@ -747,7 +747,8 @@ def no_answer(state: AgentState, threshold: float) -> tuple[bool, str]:
     drafts = [
         s["execution"]
         for s in executed
-        if (s["execution"].get("citations") or {}).get("parsed") and s["execution"].get("cited_answer")
+        if (s["execution"].get("citations") or {}).get("parsed")
+        and s["execution"].get("cited_answer")
     ]
     if drafts:
         best = max(float(ex.get("confidence") or 0.0) for ex in drafts)
