@@ -222,21 +222,26 @@ def score_answer(
 
 
 def expectation(item: Mapping[str, Any]) -> str:
-    if item["should_abstain"]:
-        return "Expected: the sources hold no answer to this question, so the answer should say so and decline."
     points = "\n".join(f"- {p}" for p in item.get("key_points") or [])
     return f"Expected key points:\n{points}"
 
 
 def grade_answer(client: Any, item: Mapping[str, Any], answer: str, role: str = "judge") -> dict:
-    """A–F grade of one answer (``skills/grade_answer.md``); ``grade`` None when unparseable."""
+    """A–F grade of one answer; ``grade`` None when unparseable.  An answerable question is graded
+    against its key points (``skills/grade_answer.md``); one whose right answer declines, on
+    whether the answer declines (``skills/grade_abstention.md``)."""
+    fields = {
+        "question": prompts.quote("question", str(item["question"])),
+        "answer": prompts.quote("answer", answer or "(empty)"),
+    }
+    if item["should_abstain"]:
+        messages = prompts.render("grade_abstention", **fields)
+    else:
+        messages = prompts.render(
+            "grade_answer", expectation=prompts.quote("expectation", expectation(item)), **fields
+        )
     result = client.invoke(
-        prompts.render(
-            "grade_answer",
-            question=prompts.quote("question", str(item["question"])),
-            expectation=prompts.quote("expectation", expectation(item)),
-            answer=prompts.quote("answer", answer or "(empty)"),
-        ),
+        messages,
         role=role,
         schema=AnswerGrade,
         max_tokens=80,

@@ -48,6 +48,7 @@ SKILL_FIELDS: dict[str, frozenset[str]] = {
     "compose_from_quotes": frozenset({"question", "quotes", "feedback"}),
     "review_answer": frozenset({"claims"}),
     "grade_answer": frozenset({"question", "expectation", "answer"}),
+    "grade_abstention": frozenset({"question", "answer"}),
     "hypothetical_passage": frozenset({"question"}),
 }
 """Skill name -> the placeholders its node fills (exactly those must appear in the file)."""

@@ -105,8 +105,10 @@ def test_grader_sees_the_expectation_and_returns_the_grade():
     )
     assert out == {"grade": "B", "reason": "one element missing"}
     assert "effective only on receipt" in grader.prompts[0]
+    # A question the sources do not cover is graded on whether the answer declines.
     ea.grade_answer(grader, items["ooc_h1b"], ABSTAIN_TEXT)
-    assert "should say so and decline" in grader.prompts[1]
+    assert "the correct answer DECLINES" in grader.prompts[1]
+    assert "Expected key points" not in grader.prompts[1] and ABSTAIN_TEXT in grader.prompts[1]
 
 
 def test_run_answers_scores_every_mode_with_intervals():
