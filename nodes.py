@@ -266,6 +266,17 @@ def _claim_words(text: str) -> frozenset[str]:
     return frozenset(words)
 
 
+def echoes_instructions(question: str, objective: str, instructions: str) -> bool:
+    """True when a planned ``question`` restates the prompt's ``instructions`` instead of the
+    ``objective``: none of its content words is in the objective and at least half are in the
+    instructions (given "asdf qwerty zxcv", the small model planned "What are the legal issues
+    raised by the objective? Please provide the legal doctrines in two to five words...")."""
+    words = set(mc.content_words(question))
+    if not words or words & set(mc.content_words(objective)):
+        return False
+    return len(words & set(mc.content_words(instructions))) >= len(words) / 2
+
+
 def _near_duplicate(a: frozenset[str], b: frozenset[str]) -> bool:
     return len(a & b) / len(a | b) >= NEAR_DUPLICATE_JACCARD
 
@@ -467,6 +478,16 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         and (len(step_q) < 10 or _unfocused(ctx, step_q, issues[:1], question))
     ):
         step_q, phase, note = issue_question(issues[0]), "rule", " (agenda: first issue)"
+    fallbacks = []
+    if plan is None:
+        fallbacks.append("planner: unparseable reply (the question itself is researched)")
+    elif len(step_q) >= 10 and echoes_instructions(
+        step_q, question, prompts.get_skill("plan_synthesis").system
+    ):
+        fallbacks.append(
+            "planner: the plan restated its instructions (the question itself is researched)"
+        )
+        step_q, issues = "", []
     if len(step_q) < 10:
         step_q, phase = question, "rule"
     step: PlanStep = {
@@ -483,8 +504,8 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         "issues": issues,
         "researched_issues": issues[:1],
     }
-    if plan is None:
-        update["fallbacks"] = ["planner: unparseable reply (the question itself is researched)"]
+    if fallbacks:
+        update["fallbacks"] = fallbacks
     return update, f"step 1: {_short(step_q)}{note}" + (
         f" (issues: {'; '.join(issues)})" if issues else ""
     )

@@ -1094,3 +1094,28 @@ def test_a_claim_and_its_negation_are_never_merged():
     a = CitedClaim(text="Consideration is required for a modification", sources=[1])
     b = CitedClaim(text="Consideration is not required for a modification", sources=[2])
     assert [c.text for c in nodes.merge_duplicate_claims([a, b])] == [a.text, b.text]
+
+
+def test_a_plan_that_restates_its_instructions_researches_the_question_itself(tmp_settings):
+    echo = "What are the legal issues raised by the objective? Please provide the legal doctrines in two to five words, most important first."
+    replies = simple_replies(plan=[J(issues=["Rule of Evidence"], phase="rule", question=echo)])
+    result, script, *_ = run(tmp_settings, replies, question="asdf qwerty zxcv")
+    assert result["planning_table"][0]["question"] == "asdf qwerty zxcv"
+    rewrite = script.prompts("rewrite")[0]
+    assert "asdf qwerty zxcv" in rewrite and "two to five words" not in rewrite
+    assert any("restated its instructions" in f for f in result["run_metrics"]["fallbacks"])
+
+
+@pytest.mark.parametrize(
+    ("question", "objective", "echo"),
+    [
+        ("What are the legal issues raised by the objective? List the doctrines in two to five words.", "asdf qwerty zxcv", True),
+        ("What are the elements of a negligence claim?", "What are the elements of negligence?", False),
+        # A doctrine the objective does not name is not an echo.
+        ("What does the rule against perpetuities require of a contingent remainder?", "O conveyed Blackacre to A for life, then to A's children who reach 25.", False),
+        ("What free speech protections apply to students at public universities?", "A student was suspended for a speech.", False),
+    ],
+)  # fmt: skip
+def test_echoes_instructions(question, objective, echo):
+    instructions = prompts.get_skill("plan_synthesis").system
+    assert nodes.echoes_instructions(question, objective, instructions) is echo
