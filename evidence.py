@@ -94,8 +94,9 @@ revisions and had finalize drop correct sentences."""
 MIN_SENTENCE_WORDS = 4
 """A rendered sentence shorter than this (a heading the composer copied) is left out when its
 claim has other sentences."""
-DUPLICATE_JACCARD = 0.8
-"""Two claims whose content-word sets overlap this much (Jaccard) are one claim."""
+NEAR_DUPLICATE_JACCARD = 0.8
+"""Two claims whose content-word sets overlap at least this much (Jaccard) say the same thing (in
+both modes: evidence-mode points here, research-mode claims in nodes.merge_duplicate_claims)."""
 EXTRACTIVE_QUOTES = 5
 """Verified quotes an extractive answer (the fallback) shows."""
 
@@ -819,8 +820,9 @@ def _clean_claim(text: str) -> str:
     return " ".join(text.split()).strip(" -*•")
 
 
-def _jaccard(a: set[str], b: set[str]) -> float:
-    return len(a & b) / len(a | b) if a and b else 0.0
+def near_duplicate(a: set[str] | frozenset[str], b: set[str] | frozenset[str]) -> bool:
+    """Whether two claims' content-word sets overlap at least ``NEAR_DUPLICATE_JACCARD``."""
+    return bool(a and b) and len(a & b) / len(a | b) >= NEAR_DUPLICATE_JACCARD
 
 
 def merge_claims(points: Sequence[dict]) -> tuple[list[dict], int]:
@@ -837,7 +839,7 @@ def merge_claims(points: Sequence[dict]) -> tuple[list[dict], int]:
                 norm == o_norm
                 or (norm and norm in o_norm)
                 or (o_norm and o_norm in norm)
-                or _jaccard(words, content_words(other["claim"])) >= DUPLICATE_JACCARD
+                or near_duplicate(words, content_words(other["claim"]))
             ):
                 if len(point["claim"]) > len(other["claim"]):
                     other["claim"] = point["claim"]

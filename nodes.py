@@ -22,6 +22,7 @@ from langgraph.types import Command
 import mc
 import prompts
 from context import AgentContext, default_context
+from evidence import near_duplicate
 from llm_config import LLMCallError
 from prompts import CitedAnswer, CitedClaim
 from state import AgentState, Execution, PlanStep, merge_steps
@@ -250,10 +251,6 @@ def safe_claims(claims: list[CitedClaim]) -> list[CitedClaim]:
     return kept
 
 
-NEAR_DUPLICATE_JACCARD = 0.8
-"""Two claims whose content-word sets overlap at least this much (Jaccard) say the same thing."""
-
-
 _NEGATION = re.compile(r"\b(not|no|never|without|cannot|nor)\b|n't\b", re.IGNORECASE)
 
 
@@ -277,10 +274,6 @@ def echoes_instructions(question: str, objective: str, instructions: str) -> boo
     return len(words & set(mc.content_words(instructions))) >= len(words) / 2
 
 
-def _near_duplicate(a: frozenset[str], b: frozenset[str]) -> bool:
-    return len(a & b) / len(a | b) >= NEAR_DUPLICATE_JACCARD
-
-
 def merge_duplicate_claims(
     claims: list[CitedClaim], seen: list[frozenset[str]] | None = None
 ) -> list[CitedClaim]:
@@ -293,10 +286,10 @@ def merge_duplicate_claims(
         words = _claim_words(c.text)
         if not words:
             continue
-        twin = next((i for i, w in enumerate(kept_words) if _near_duplicate(w, words)), None)
+        twin = next((i for i, w in enumerate(kept_words) if near_duplicate(w, words)), None)
         if twin is not None:
             kept[twin].sources = list(dict.fromkeys([*kept[twin].sources, *c.sources]))
-        elif not any(_near_duplicate(w, words) for w in seen):
+        elif not any(near_duplicate(w, words) for w in seen):
             kept.append(c.model_copy())
             kept_words.append(words)
     seen.extend(kept_words)
@@ -343,7 +336,7 @@ def render_cited_answer(answer: CitedAnswer) -> str:
     else:
         lines.append("Exceptions: not in the sources.")
     applied = _claim_words(answer.application.text)
-    if applied and any(_near_duplicate(w, applied) for w in rendered):
+    if applied and any(near_duplicate(w, applied) for w in rendered):
         # the model restated the rule instead of applying it: point there, don't print it twice
         refs = "".join(f"[Source {n}]" for n in dict.fromkeys(answer.application.sources))
         lines.append(f"Application: as stated in the rule above {refs}.".replace(" .", "."))
