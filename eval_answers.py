@@ -1,8 +1,8 @@
 """Phase 3: how good are the answers to open questions, per answer mode (research vs evidence).
 
-Pure metric functions over answers, the A–F grader (``skills/grade_answer.md``) and
-:func:`run_answers`, which scores any set of modes given as callables ``answer_fn(question) ->
-dict`` — so it depends on no agent internals.  An answer dict carries ``answer`` (text) and may
+Pure metric functions over answers, the A–F grader (``skills/grade_answer.md``; for a question
+whose right answer declines, ``skills/grade_abstention.md``) and :func:`run_answers`, which
+scores any set of modes given as callables ``answer_fn(question) -> dict`` — so it depends on no agent internals.  An answer dict carries ``answer`` (text) and may
 carry ``abstained`` (bool; else read from the text), ``quotes`` (evidence mode), ``passages`` ({id:
 text} of the passages the answer saw, for quote validity), ``valid_citations`` (citation strings the
 answer may use, e.g. ``"Q2"``, ``"[Query 1][Source 3]"``), ``llm_calls`` and ``seconds``.
@@ -327,15 +327,14 @@ def run_answers(
     items: Sequence[Mapping[str, Any]],
     answer_fns: Mapping[str, Callable[[str], Mapping[str, Any]]],
     *,
-    grader: Callable[[Mapping[str, Any], str], Mapping[str, Any]] | None = None,
     on_row: Callable[[dict], None] | None = None,
     skip: Iterable[tuple[str, str]] = (),
 ) -> tuple[list[dict], dict[str, dict[str, Any]]]:
     """Every item through every mode (``answer_fns[mode](question) -> answer dict``), the modes of
-    one item one after another (a run cut short stays paired), scored and optionally graded
-    (``grader(item, answer) -> {"grade", "reason"}``); ``on_row`` sees each row as it is finished
-    (write it to results.jsonl there); ``(item id, mode)`` pairs in ``skip`` are not run.
-    Returns the rows and the summary."""
+    one item one after another (a run cut short stays paired), and scored; ``on_row`` sees each
+    row as it is finished (write it to results.jsonl there); ``(item id, mode)`` pairs in ``skip``
+    are not run.  Grading is a separate pass over the rows (``grade_answer``; the
+    ``answers --grade`` phase).  Returns the rows and the summary."""
     from tqdm.auto import tqdm
 
     rows: list[dict] = []
@@ -357,14 +356,6 @@ def run_answers(
         row = score_answer(item, mode, result, time.perf_counter() - t0)
         if result.get("error"):
             row["error"] = result["error"]
-        if grader is not None:
-            row.update(
-                {
-                    k: v
-                    for k, v in dict(grader(item, row["answer"])).items()
-                    if k in ("grade", "reason")
-                }
-            )
         rows.append(row)
         if on_row is not None:
             on_row(row)

@@ -149,10 +149,13 @@ def test_run_answers_scores_every_mode_with_intervals():
     rows, summary = ea.run_answers(
         items,
         {"research": research, "evidence": evidence_mode, "broken": broken},
-        grader=lambda item, answer: {"grade": "A" if "dispatched" in answer else "D", "reason": ""},
         on_row=seen.append,
     )
     assert len(rows) == len(seen) == 9
+    assert all("grade" not in r for r in rows)  # grading is its own pass
+    for r in rows:
+        r["grade"] = "A" if "dispatched" in r["answer"] else "D"
+    summary = ea.summarize_answers(rows)
     ev, rs = summary["evidence"], summary["research"]
     assert ev["abstention_recall"]["rate"] == 1.0 and rs["abstention_recall"]["rate"] == 0.0
     assert ev["false_abstention"]["k"] == 1 and ev["false_abstention"]["n"] == 2
