@@ -1,11 +1,12 @@
 """Phase 3: how good are the answers to open questions, per answer mode (research vs evidence).
 
 Pure metric functions over answers, the A–F grader (``skills/grade_answer.md``; for a question
-whose right answer declines, ``skills/grade_abstention.md``) and :func:`run_answers`, which
-scores any set of modes given as callables ``answer_fn(question) -> dict`` — so it depends on no agent internals.  An answer dict carries ``answer`` (text) and may
-carry ``abstained`` (bool; else read from the text), ``quotes`` (evidence mode), ``passages`` ({id:
-text} of the passages the answer saw, for quote validity), ``valid_citations`` (citation strings the
-answer may use, e.g. ``"Q2"``, ``"[Query 1][Source 3]"``), ``llm_calls`` and ``seconds``.
+whose right answer declines, ``skills/grade_abstention.md``) and :func:`run_answers`, which scores
+any set of modes given as callables ``answer_fn(question) -> dict`` — so it depends on no agent
+internals. An answer dict carries ``answer`` (text) and may carry ``abstained`` (bool; else read
+from the text), ``quotes`` (evidence mode), ``passages`` ({id: text} of the passages the answer
+saw, for quote validity), ``valid_citations`` (citation strings the answer may use, e.g. ``"Q2"``,
+``"[Query 1][Source 3]"``), ``llm_calls`` and ``seconds``.
 
 Metrics per mode, each with a 95% interval (Wilson for shares of items or sentences, bootstrap for
 means): abstention recall on the questions that should be declined (out of corpus, non-legal);
