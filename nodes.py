@@ -19,6 +19,7 @@ from typing import Any, Literal
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
+import injection
 import mc
 import prompts
 from context import AgentContext, default_context
@@ -407,7 +408,7 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     check = ctx.check_injection(text)
     update: dict[str, Any] = {"injection_check": dict(check)}
     if not check["is_safe"]:
-        update["final_cited_answer"] = ctx.rejection_message(check)
+        update["final_cited_answer"] = injection.rejection_message(check)
         update["stop_reason"] = "injection"
     mode = "" if check["injection_check"] == "full" else f", {check['injection_check']}"
     return update, f"{check['verdict']} ({check['reason'] or check['llm_verdict']}{mode})"
