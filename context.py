@@ -163,11 +163,20 @@ class AgentContext:
         return self.searchers.get(search_type, self.retrieve)(queries, k, exclude_ids)
 
     def answer_from_evidence(
-        self, question: str, passages: list[dict], choices: dict[str, str] | None
+        self,
+        question: str,
+        passages: list[dict],
+        choices: dict[str, str] | None,
+        declined: str | None = None,
     ) -> dict[str, Any]:
         """The evidence-first answer (``evidence.answer_from_evidence``) from ``passages``."""
         return evidence.answer_from_evidence(
-            self.client, question, passages, choices=choices, floor=self.settings.evidence_floor
+            self.client,
+            question,
+            passages,
+            choices=choices,
+            floor=self.settings.evidence_floor,
+            declined=declined,
         )
 
     def score_evidence(self, question: str, docs: list[dict]) -> float:

@@ -336,6 +336,8 @@ class EvidenceState(TypedDict, total=False):
     candidates: list[dict]
     """The input passages: {id, title, source, text, dense_score, rerank_score, injection_flags}."""
     floor: float
+    declined: str | None
+    """Why the research declined the (open) question; then no passage reaches extraction."""
     kept: list[dict]
     """Passages that reach extraction, best first."""
     quotes: list[dict]
@@ -427,7 +429,8 @@ def _score(value: Any) -> float | None:
 
 @_stage("apply_retrieval_floor")
 def apply_retrieval_floor(state: EvidenceState, client: Any) -> dict:
-    """Passages at or above the floor, unflagged, best first, at most MAX_PASSAGES."""
+    """Passages at or above the floor, unflagged, best first, at most MAX_PASSAGES; none when the
+    research declined the question (``declined``)."""
     floor = float(state.get("floor", 0.0))
     candidates = [
         dict(p) for p in state.get("candidates") or [] if str(p.get("text") or "").strip()
@@ -453,6 +456,9 @@ def apply_retrieval_floor(state: EvidenceState, client: Any) -> dict:
             -(_score(p.get("dense_score")) or 0.0),
         )
     )
+    declined = state.get("declined")
+    if declined:
+        kept = []
     over = kept[MAX_PASSAGES:]
     kept = kept[:MAX_PASSAGES]
     scores = [s for s in (_score(p.get("dense_score")) for p in candidates) if s is not None]
@@ -467,6 +473,7 @@ def apply_retrieval_floor(state: EvidenceState, client: Any) -> dict:
             "flagged_ids": [p["id"] for p in flagged],
             "unscored": unscored,
             "over_cap": len(over),
+            "declined_by_research": declined or None,
             "to_extraction": len(kept),
             "to_extraction_by_source_type": {
                 t: sum(p["source_type"] == t for p in kept) for t in SOURCE_TYPES
@@ -1197,6 +1204,8 @@ def _missing(state: EvidenceState) -> list[str]:
     out = [need]
     if not passages.get("received"):
         out.append("no passages were retrieved")
+    elif state.get("declined"):
+        out.append(f"the research declined the question ({state['declined']})")
     elif not state.get("kept"):
         best = passages.get("best_score")
         parts = []
@@ -1336,12 +1345,15 @@ def answer_from_evidence(
     floor: float | None = None,
     settings: Any = None,
     graph: Any = None,
+    declined: str | None = None,
 ) -> dict:
     """Answer ``question`` from ``passages`` with verified quotes only, or abstain.
 
     ``passages``: dicts ``{id, title, source, text, dense_score (cosine to the question),
     rerank_score, injection_flags}``.  ``floor`` defaults to ``settings.evidence_floor``.
     ``choices`` only marks the result as multiple choice (the letter is chosen elsewhere).
+    ``declined``: why the research declined the question; then the answer abstains without an LLM
+    call (an open question the research found no confident evidence for is not answered from it).
     Returns ``answer, abstained, grounded, quotes, requirement_references, quotes_used,
     composition_confidence, quality_score, revisions, missing_evidence, audit_trail``."""
     if floor is None:
@@ -1355,6 +1367,7 @@ def answer_from_evidence(
             "choices": dict(choices) if choices else None,
             "candidates": [dict(p) for p in passages],
             "floor": float(floor),
+            "declined": declined,
         },
         context=EvidenceContext(client=client),
         config={"recursion_limit": RECURSION_LIMIT},

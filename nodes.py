@@ -784,6 +784,14 @@ def no_answer(state: AgentState, threshold: float) -> tuple[bool, str]:
     return False, NO_PARSED_ANSWER
 
 
+def decline_reason(text: str) -> str:
+    """The reason clause of a :func:`no_answer` text: "no research step's evidence reached the
+    confidence threshold (best 0.25 < 0.38)"."""
+    reason = text.removeprefix(NOT_FOUND).strip().removeprefix("No answer:").strip()
+    reason = re.split(r", so |; ", reason, maxsplit=1)[0].strip().rstrip(".")
+    return (reason[:1].lower() + reason[1:]) or "no confident evidence"
+
+
 def stagnation(state: AgentState, ctx: AgentContext) -> str | None:
     """Why the research stopped making progress, or None.  Looks at the latest executed step:
     no new passages; failed without improving confidence by > CONFIDENCE_EPSILON over the previous
@@ -988,7 +996,13 @@ def answer_from_evidence(state: AgentState, ctx: AgentContext) -> tuple[dict, st
     cosines = _cosines(ctx, state["question"], [p["text"] for p in passages])
     for p, cos in zip(passages, cosines, strict=False):
         p["dense_score"] = cos
-    result = ctx.answer_from_evidence(state["question"], passages, state.get("choices") or None)
+    choices = state.get("choices") or None
+    # An open question the research declined is declined here too: its passages did not reach
+    # the confidence threshold or the evidence gate, so quotes from them are no ground to stand on.
+    declined = None
+    if state.get("abstained") and not choices:
+        declined = decline_reason(state.get("final_cited_answer") or "")
+    result = ctx.answer_from_evidence(state["question"], passages, choices, declined)
     verified = sum(1 for q in result.get("quotes") or [] if q.get("verified"))
     decision = (
         f"{'abstained' if result['abstained'] else 'grounded'}: {verified} verified quote(s), "

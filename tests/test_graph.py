@@ -745,6 +745,33 @@ def test_evidence_mode_abstains_when_no_passage_clears_the_floor_and_still_picks
     assert result["run_metrics"]["has_answer"] is True  # an explicit abstention is an answer
 
 
+def test_evidence_mode_declines_an_open_question_the_research_declined_without_a_call(
+    tmp_settings,
+):
+    """On-topic passages clear the floor, but no research step reaches the confidence
+    threshold: evidence mode does not build an answer from those passages."""
+    corpus = [
+        {"id": f"n{i}", "title": "Negligence", "source": "starter",
+         "text": f"The elements of negligence are duty, breach, causation and damages ({i})."}
+        for i in range(5)
+    ]  # fmt: skip
+    result, script, memory, _ = run(
+        tmp_settings,
+        simple_replies(),
+        retriever=FakeRetriever(corpus),
+        confidences=[0.05],
+        answer_mode="evidence",
+    )
+    assert [r for r, _ in script.calls] == ["classify", "plan", "rewrite", "synthesize"]
+    assert result["abstained"] is True and result["quotes"] == []
+    assert result["answer"].startswith(evidence.ABSTAIN_TEXT)
+    assert "the research declined the question (no research step's evidence" in result["answer"]
+    trail = result["audit_trail"]
+    assert trail["llm_calls"] == 0 and trail["passages"]["to_extraction"] == 0
+    assert trail["passages"]["declined_by_research"].startswith("no research step's evidence")
+    assert memory.writes == []
+
+
 def test_rewrite_queries_helper_falls_back_to_question(tmp_settings):
     script = Script({"rewrite": ["not json"]})
     client = LLMClient(tmp_settings.replace(llm_max_retries=0), llm_factory=lambda r: ScriptedChat(role=r, script=script))  # fmt: skip
