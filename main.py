@@ -300,8 +300,9 @@ first use when the store is empty.
 exit status: 0 answer printed; 1 run failed (LLM/provider error or RUN_TIMEOUT reached: the
 partial research is printed); 2 bad input, a bad setting or an unusable provider configuration
 (unknown provider, missing API key, embedded model not installed), checked before any work: one
-line on stderr, nothing on stdout; 3 no answer (the request was rejected as a prompt injection, or
-the research found no passages / no parseable cited answer).
+line on stderr, nothing on stdout; 3 no answer (the request was rejected as a prompt injection; the
+research declined: no passages, none past the evidence gate, no step at the confidence threshold;
+or no parseable cited answer). An evidence-mode abstention is an answer (0, "abstained": true).
 """
 
 
