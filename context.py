@@ -194,6 +194,11 @@ class AgentContext:
         """``(kept, flagged)``: ``injection.keep_clean`` with this run's passage screen."""
         return injection.keep_clean(retrieved, k, self.screen_passage, exclude)
 
+    def rejection_message(self, check: injection.InjectionCheck) -> str:
+        """What the user reads when the input is rejected (``injection.rejection_message``); here so
+        that the nodes depend on the context, not on the injection module."""
+        return injection.rejection_message(check)
+
     def below_gate(self, score: float) -> bool:
         """True when evidence scoring ``score`` is below ``LEAN_GATE`` (``lean.below_gate``)."""
         return lean.below_gate(score, self.settings.lean_gate)

@@ -58,6 +58,7 @@ from pydantic import BaseModel, Field
 
 import prompts
 from llm_config import LLMCallError, LLMClient
+from mc import near_duplicate
 from settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -94,9 +95,6 @@ revisions and had finalize drop correct sentences."""
 MIN_SENTENCE_WORDS = 4
 """A rendered sentence shorter than this (a heading the composer copied) is left out when its
 claim has other sentences."""
-NEAR_DUPLICATE_JACCARD = 0.8
-"""Two claims whose content-word sets overlap at least this much (Jaccard) say the same thing (in
-both modes: evidence-mode points here, research-mode claims in nodes.merge_duplicate_claims)."""
 EXTRACTIVE_QUOTES = 5
 """Verified quotes an extractive answer (the fallback) shows."""
 
@@ -825,11 +823,6 @@ def _clean_claim(text: str) -> str:
     text = strip_citations(" ".join(str(text).split()))
     text = re.sub(r"\[[^\]]*\]", " ", text)  # any other bracketed reference the model wrote
     return " ".join(text.split()).strip(" -*•")
-
-
-def near_duplicate(a: set[str] | frozenset[str], b: set[str] | frozenset[str]) -> bool:
-    """Whether two claims' content-word sets overlap at least ``NEAR_DUPLICATE_JACCARD``."""
-    return bool(a and b) and len(a & b) / len(a | b) >= NEAR_DUPLICATE_JACCARD
 
 
 def merge_claims(points: Sequence[dict]) -> tuple[list[dict], int]:

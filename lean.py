@@ -172,7 +172,7 @@ def run_lean(
         result["injection_check"] = dict(check)
         event("detect_injection", check["verdict"], start)
         if not check["is_safe"]:
-            result["final_cited_answer"] = injection.rejection_message(check)
+            result["final_cited_answer"] = ctx.rejection_message(check)
             result["stop_reason"], result["mc_answer"], result["sources"] = "injection", None, []
         else:
             start = time.perf_counter()

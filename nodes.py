@@ -19,11 +19,9 @@ from typing import Any, Literal
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-import injection
 import mc
 import prompts
 from context import AgentContext, default_context
-from evidence import near_duplicate
 from llm_config import LLMCallError
 from prompts import CitedAnswer, CitedClaim
 from state import AgentState, Execution, PlanStep, merge_steps
@@ -287,10 +285,10 @@ def merge_duplicate_claims(
         words = _claim_words(c.text)
         if not words:
             continue
-        twin = next((i for i, w in enumerate(kept_words) if near_duplicate(w, words)), None)
+        twin = next((i for i, w in enumerate(kept_words) if mc.near_duplicate(w, words)), None)
         if twin is not None:
             kept[twin].sources = list(dict.fromkeys([*kept[twin].sources, *c.sources]))
-        elif not any(near_duplicate(w, words) for w in seen):
+        elif not any(mc.near_duplicate(w, words) for w in seen):
             kept.append(c.model_copy())
             kept_words.append(words)
     seen.extend(kept_words)
@@ -337,7 +335,7 @@ def render_cited_answer(answer: CitedAnswer) -> str:
     else:
         lines.append("Exceptions: not in the sources.")
     applied = _claim_words(answer.application.text)
-    if applied and any(near_duplicate(w, applied) for w in rendered):
+    if applied and any(mc.near_duplicate(w, applied) for w in rendered):
         # the model restated the rule instead of applying it: point there, don't print it twice
         refs = "".join(f"[Source {n}]" for n in dict.fromkeys(answer.application.sources))
         lines.append(f"Application: as stated in the rule above {refs}.".replace(" .", "."))
@@ -408,7 +406,7 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     check = ctx.check_injection(text)
     update: dict[str, Any] = {"injection_check": dict(check)}
     if not check["is_safe"]:
-        update["final_cited_answer"] = injection.rejection_message(check)
+        update["final_cited_answer"] = ctx.rejection_message(check)
         update["stop_reason"] = "injection"
     mode = "" if check["injection_check"] == "full" else f", {check['injection_check']}"
     return update, f"{check['verdict']} ({check['reason'] or check['llm_verdict']}{mode})"
