@@ -752,10 +752,9 @@ def aggregate(state: AgentState, threshold: float) -> tuple[str, list[dict]]:
     return answer, sources
 
 
-def no_answer(state: AgentState, threshold: float) -> tuple[bool, str]:
-    """``(abstained, text)``: why the research has no answer to give.  ``abstained`` is True when
-    what it found does not reach the evidence gate, no step reaches ``threshold`` confidence, or it
-    found nothing (a decision); False when the model's replies failed (no decision was made)."""
+def _decline(state: AgentState, threshold: float) -> tuple[str, str] | None:
+    """``(reason, answer text)`` when the research declines the question, None when it made no
+    decision (the model's replies failed)."""
     executed = _executed(state)
     drafts = [
         s["execution"]
@@ -765,29 +764,33 @@ def no_answer(state: AgentState, threshold: float) -> tuple[bool, str]:
     ]
     if drafts:
         best = max(float(ex.get("confidence") or 0.0) for ex in drafts)
-        return True, (
-            f"{NOT_FOUND} No research step's evidence reached the confidence threshold (best "
-            f"{best:.2f} < {threshold:.2f}), so its draft is not given as an answer; the drafts "
-            "and their passages are in the trace (`planning_table` in --json)."
+        reason = f"evidence reached the confidence threshold (best {best:.2f} < {threshold:.2f})"
+        return f"no research step's {reason}", (
+            f"{NOT_FOUND} No research step's {reason}, so its draft is not given as an answer; "
+            "the drafts and their passages are in the trace (`planning_table` in --json)."
         )
     gated = [s["execution"] for s in executed if s["execution"].get("gated")]
     if gated:
         best = max(float(ex.get("evidence_score") or 0.0) for ex in gated)
-        return True, (
-            f"{NOT_FOUND} The closest passages found are off topic (best evidence score "
-            f"{best:.2f}, below LEAN_GATE); the corpus may not cover this subject."
-        )
+        reason = f"closest passages found are off topic (best evidence score {best:.2f}, below LEAN_GATE)"
+        return f"the {reason}", f"{NOT_FOUND} The {reason}; the corpus may not cover this subject."
     if not any(s["execution"].get("retrieved_doc_ids") for s in executed):
-        return True, NO_ANSWER
-    return False, NO_PARSED_ANSWER
+        return "the research found no passages for this question", NO_ANSWER
+    return None
 
 
-def decline_reason(text: str) -> str:
-    """The reason clause of a :func:`no_answer` text: "no research step's evidence reached the
-    confidence threshold (best 0.25 < 0.38)"."""
-    reason = text.removeprefix(NOT_FOUND).strip().removeprefix("No answer:").strip()
-    reason = re.split(r", so |; ", reason, maxsplit=1)[0].strip().rstrip(".")
-    return (reason[:1].lower() + reason[1:]) or "no confident evidence"
+def decline_reason(state: AgentState, threshold: float) -> str | None:
+    """Why the research declines the question ("no research step's evidence reached the
+    confidence threshold (best 0.25 < 0.38)"), or None when it does not."""
+    declined = _decline(state, threshold)
+    return declined[0] if declined else None
+
+
+def no_answer(state: AgentState, threshold: float) -> tuple[bool, str]:
+    """``(abstained, text)``: why the research has no answer to give.  ``abstained`` is True when
+    the research declined (:func:`decline_reason`), False when the model's replies failed."""
+    declined = _decline(state, threshold)
+    return (True, declined[1]) if declined else (False, NO_PARSED_ANSWER)
 
 
 def stagnation(state: AgentState, ctx: AgentContext) -> str | None:
@@ -999,7 +1002,7 @@ def answer_from_evidence(state: AgentState, ctx: AgentContext) -> tuple[dict, st
     # the confidence threshold or the evidence gate, so quotes from them are no ground to stand on.
     declined = None
     if state.get("abstained") and not choices:
-        declined = decline_reason(state.get("final_cited_answer") or "")
+        declined = decline_reason(state, ctx.settings.eval_confidence_threshold)
     result = ctx.answer_from_evidence(state["question"], passages, choices, declined)
     verified = sum(1 for q in result.get("quotes") or [] if q.get("verified"))
     decision = (
