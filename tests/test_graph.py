@@ -650,14 +650,20 @@ def test_unparsed_replies_are_a_failure_not_an_abstention(tmp_settings):
     assert result["final_cited_answer"] == nodes.NO_PARSED_ANSWER
 
 
+NEGLIGENCE_CORPUS = [
+    {"id": f"n{i}", "title": "Negligence", "source": "starter",
+     "text": f"The elements of negligence are duty, breach, causation and damages ({i})."}
+    for i in range(5)
+]  # fmt: skip
+"""On-topic passages for the negligence question: they clear the evidence gate and the floor."""
+
+
 def test_evidence_at_or_above_the_gate_is_synthesized(tmp_settings):
-    corpus = [
-        {"id": f"n{i}", "title": "Negligence", "source": "starter",
-         "text": f"The elements of negligence are duty, breach, causation and damages ({i})."}
-        for i in range(5)
-    ]  # fmt: skip
     result, script, _, _ = run(
-        tmp_settings, simple_replies(), retriever=FakeRetriever(corpus), lean_gate=0.3
+        tmp_settings,
+        simple_replies(),
+        retriever=FakeRetriever(NEGLIGENCE_CORPUS),
+        lean_gate=0.3,
     )
     step = result["planning_table"][0]
     assert step["execution"]["gated"] is False and step["execution"]["evidence_score"] >= 0.3
@@ -750,15 +756,10 @@ def test_evidence_mode_declines_an_open_question_the_research_declined_without_a
 ):
     """On-topic passages clear the floor, but no research step reaches the confidence
     threshold: evidence mode does not build an answer from those passages."""
-    corpus = [
-        {"id": f"n{i}", "title": "Negligence", "source": "starter",
-         "text": f"The elements of negligence are duty, breach, causation and damages ({i})."}
-        for i in range(5)
-    ]  # fmt: skip
     result, script, memory, _ = run(
         tmp_settings,
         simple_replies(),
-        retriever=FakeRetriever(corpus),
+        retriever=FakeRetriever(NEGLIGENCE_CORPUS),
         confidences=[0.05],
         answer_mode="evidence",
     )
