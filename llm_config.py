@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -692,6 +692,46 @@ def parse_json_reply(text: str, schema: type[T]) -> T:
         raise JSONReplyError(f"JSON does not match {schema.__name__}: {errors}")
     snippet = text.strip().replace("\n", " ")[:80]
     raise JSONReplyError(f"no JSON object found in reply: {snippet!r}")
+
+
+def cut_off_prefixes(text: str) -> Iterator[dict[str, Any]]:
+    """The JSON object a reply cut off mid-way (at max_tokens) began, completed at each place where
+    a value had ended, longest first: its open arrays and objects closed, the unfinished value
+    dropped.  A caller validates each against what it needs and takes the first that passes."""
+    start = text.find("{")
+    if start < 0:
+        return
+    closers: list[str] = []
+    cuts: list[tuple[int, str]] = []
+    in_string = escaped = False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            closers.append("}" if ch == "{" else "]")
+        elif ch in "}]":
+            if not closers or closers.pop() != ch:
+                break
+            if not closers:
+                break  # the object is complete: nothing was cut off
+            cuts.append((i + 1, "".join(reversed(closers))))
+        elif ch == ",":
+            cuts.append((i, "".join(reversed(closers))))
+    for end, close in reversed(cuts):
+        try:
+            data = json.loads(text[start:end] + close)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            yield data
 
 
 def json_schema_instruction(schema: type[BaseModel]) -> str:

@@ -193,6 +193,21 @@ def _unfocused(ctx: AgentContext, question: str, issues: list[str], objective: s
     return bool(sims) and max(sims[1:]) < sims[0]
 
 
+def issues_named(question: str, issues: Sequence[str]) -> list[str]:
+    """The ``issues`` whose names ``question`` spells out (every content word of the name, the part
+    before any parenthesis), an issue contained in another named one counted once.  On the
+    multi_hop demo the embedded model planned "What must the university show to demonstrate that
+    it violated the First Amendment, the Right to Free Speech, the Right to Public Speech, and the
+    Right to Free Expression?": four issues in one step, which retrieves nothing focused."""
+    words = mc.content_words(question)
+    named: list[tuple[str, set[str]]] = []
+    for issue in issues:
+        name = mc.content_words(issue.split("(")[0])
+        if name and name <= words and all(name != n for _, n in named):
+            named.append((issue, name))
+    return [i for i, n in named if not any(n < other for _, other in named)]
+
+
 def open_issues(state: AgentState) -> list[str]:
     """Planned issues no step has researched yet, in the planner's order."""
     done = set(state.get("researched_issues") or [])
@@ -298,9 +313,51 @@ def merge_duplicate_claims(
 def _safe_or_absent(claim: CitedClaim) -> CitedClaim:
     """``claim``, or "not in the sources" (uncited) when it carries answer-letter or instruction
     text; the model's parsed reply is never modified."""
-    if _UNSAFE_CLAIM.search(claim.text):
-        return CitedClaim.model_construct(text="not in the sources", sources=[])
-    return claim
+    return _ABSENT if _UNSAFE_CLAIM.search(claim.text) else claim
+
+
+_ABSENT = CitedClaim.model_construct(text=prompts.NOT_IN_SOURCES, sources=[])
+
+
+def restates_question(claim: CitedClaim, question: set[str], passages: Sequence[set[str]]) -> bool:
+    """True when ``claim`` only restates the step's question: every content word of it is in
+    ``question`` (content words), and some word is in none of the passages it cites (``passages``:
+    content words of each passage, ``[Source N]`` is ``passages[N-1]``).  On the multi_hop demo the
+    embedded model answered "What must the university show to demonstrate that it violated the
+    First Amendment, ..." with the rule "The university must show that it violated the First
+    Amendment, ..." and one such bullet per right, cited to passages that say nothing of it."""
+    words = mc.content_words(claim.text)
+    if len(words) < 2 or not words <= question:
+        return False
+    cited = set().union(*(passages[n - 1] for n in claim.sources if 1 <= n <= len(passages)))
+    return not words <= cited
+
+
+def drop_restatements(
+    answer: CitedAnswer, question: str, docs: Sequence[dict]
+) -> tuple[CitedAnswer, int]:
+    """``answer`` without the claims that restate ``question`` (see :func:`restates_question`):
+    a restated rule or application reads "not in the sources", restated elements and exceptions
+    are left out; and how many claims went."""
+    asked = mc.content_words(question)
+    passages = [mc.content_words(f"{d.get('title') or ''} {d.get('text') or ''}") for d in docs]
+
+    def restated(c: CitedClaim) -> bool:
+        return restates_question(c, asked, passages)
+
+    kept = {
+        "rule": _ABSENT if restated(answer.rule) else answer.rule,
+        "elements": [c for c in answer.elements if not restated(c)],
+        "exceptions": [c for c in answer.exceptions if not restated(c)],
+        "application": _ABSENT if restated(answer.application) else answer.application,
+    }
+    dropped = (
+        (kept["rule"] is _ABSENT and answer.rule is not _ABSENT)
+        + (len(answer.elements) - len(kept["elements"]))
+        + (len(answer.exceptions) - len(kept["exceptions"]))
+        + (kept["application"] is _ABSENT and answer.application is not _ABSENT)
+    )
+    return (answer.model_copy(update=kept) if dropped else answer), dropped
 
 
 def render_cited_answer(answer: CitedAnswer) -> str:
@@ -335,7 +392,8 @@ def render_cited_answer(answer: CitedAnswer) -> str:
     else:
         lines.append("Exceptions: not in the sources.")
     applied = _claim_words(answer.application.text)
-    if applied and any(mc.near_duplicate(w, applied) for w in rendered):
+    absent = _ABSENT in (answer.rule, answer.application)
+    if applied and not absent and any(mc.near_duplicate(w, applied) for w in rendered):
         # the model restated the rule instead of applying it: point there, don't print it twice
         refs = "".join(f"[Source {n}]" for n in dict.fromkeys(answer.application.sources))
         lines.append(f"Application: as stated in the rule above {refs}.".replace(" .", "."))
@@ -372,10 +430,17 @@ def synthesize(client: Any, question: str, docs: Sequence[dict]) -> tuple[str, d
     embedded 1.5B model cites.  An unparseable or empty reply is retried once with the strict
     prompt; when that fails too the step has no answer (``citations["parsed"]`` False), and the
     complete claims of a cut-off reply are kept only as ``citations["salvaged"]`` for the trace.
-    ``citations["strict_retry"]`` records the retry (a fallback: such research is never cached)."""
+    ``citations["strict_retry"]`` records the retry (a fallback: such research is never cached).
+    A reply cut off at its token budget keeps its complete claims instead (``prompts.cut_off_answer``,
+    ``citations["cut_off"]``, also a fallback); the strict retry has a smaller budget still.
+    Claims that only restate ``question`` are dropped (``citations["restated_question"]``)."""
     passages = prompts.quote_passages(docs)
     result = prompts.call(client, "synthesize", question=question, passages=passages)
-    retried = False
+    retried = cut_off = False
+    if result.parsed is None and result.finish_reason == "length":
+        # cut off at the budget: its complete claims stand (the strict retry has a smaller one)
+        result.parsed = prompts.cut_off_answer(result.text)
+        cut_off = result.parsed is not None
     if result.parsed is None:
         logger.info("synthesis reply unusable (%s); strict retry", result.parse_error)
         first = result
@@ -386,9 +451,13 @@ def synthesize(client: Any, question: str, docs: Sequence[dict]) -> tuple[str, d
             _, info = normalize_citations("", len(docs))
             info.update(parsed=False, strict_retry=True, salvaged=salvaged)
             return NO_PARSED_ANSWER, info
-    text, info = normalize_citations(render_cited_answer(result.parsed), len(docs))
+    answer, restated = drop_restatements(result.parsed, question, docs)
+    text, info = normalize_citations(render_cited_answer(answer), len(docs))
     leads = [" ".join(x.split()) for x in result.parsed.leads if x.strip()]
-    info.update(parsed=True, strict_retry=retried, leads=leads[:3])
+    info.update(
+        parsed=True, strict_retry=retried, cut_off=cut_off, leads=leads[:3],
+        restated_question=restated,
+    )  # fmt: skip
     return text, info
 
 
@@ -456,20 +525,13 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     step_q = clean_question(plan.question) if plan else ""
     phase = (plan.phase if plan else "") or "rule"
     issues = [" ".join(i.split()) for i in (plan.issues if plan else []) if i.strip()]
+    listed = list(issues)  # the model's own names, which its question tends to enumerate
     note = ""
     if state.get("query_type") == "multi_hop" and ctx.link_issues is not None:
         try:  # the issues the facts raise, deduplicated at the doctrine level (legal taxonomy)
             issues = ctx.link_issues(question, issues) or issues
         except Exception as exc:  # noqa: BLE001 - linking is an aid; the model's list still stands
             logger.warning("doctrine linking failed; keeping the model's issues: %s", exc)
-    # A multi-issue objective restated as one question retrieves nothing focused: research the
-    # first planned issue instead.
-    if (
-        issues
-        and state.get("query_type") == "multi_hop"
-        and (len(step_q) < 10 or _unfocused(ctx, step_q, issues[:1], question))
-    ):
-        step_q, phase, note = issue_question(issues[0]), "rule", " (agenda: first issue)"
     fallbacks = []
     if plan is None:
         fallbacks.append("planner: unparseable reply (the question itself is researched)")
@@ -480,6 +542,19 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
             "planner: the plan restated its instructions (the question itself is researched)"
         )
         step_q, issues = "", []
+    # A multi-issue objective restated as one question, or one question that enumerates several
+    # issues, retrieves nothing focused: research the first planned issue instead.
+    if (
+        issues
+        and state.get("query_type") == "multi_hop"
+        and (
+            len(step_q) < 10
+            or len(issues_named(step_q, [*listed, *issues])) > 1
+            or _unfocused(ctx, step_q, issues[:1], question)
+        )
+    ):
+        step_q, phase, note = issue_question(issues[0]), "rule", " (agenda: first issue)"
+    strategy = plan.strategy.model_dump() if plan and not note else {"search_type": "hybrid"}
     if len(step_q) < 10:
         step_q, phase = question, "rule"
     step: PlanStep = {
@@ -488,7 +563,7 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         "phase": phase,
         "question": step_q,
         "execution": None,
-        "strategy": plan.strategy.model_dump() if plan else {"search_type": "hybrid"},
+        "strategy": strategy,  # the model's strategy was for its own question
     }
     update: dict[str, Any] = {
         "memory_hit": False,
@@ -557,6 +632,10 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         fallbacks.append(f"step {step['step_id']}: query rewrite unparseable (question used)")
     if citations.get("strict_retry"):
         fallbacks.append(f"step {step['step_id']}: synthesis needed the strict retry")
+    if citations.get("cut_off"):
+        fallbacks.append(
+            f"step {step['step_id']}: synthesis cut off at its token budget (complete claims kept)"
+        )
     entry = memory_entry(
         step, primary, {**strategy, "executed_as": search_type, "note": why}, retrieved, docs,
         set(seen), citations, confidence, ctx.settings.eval_confidence_threshold,
@@ -573,6 +652,8 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     if flagged:
         update["flagged_passages"] = flagged
     note = f", {len(flagged)} flagged passage(s) dropped" if flagged else ""
+    if citations.get("restated_question"):
+        note += f", {citations['restated_question']} claim(s) restating the question dropped"
     parsed = "" if citations.get("parsed") or not docs else ", no parsed answer"
     if gated:
         parsed = f", evidence score {score:.3f} below the gate: not synthesized"
@@ -949,6 +1030,8 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         problem = f"the question repeats an earlier one (cosine {max(to_earlier):.2f})"
     elif to_agenda and max(to_agenda) < to_objective:
         problem = "the question is closer to the objective than to any open issue"
+    elif len(named := issues_named(question, state.get("issues") or [])) > 1:
+        problem = f"the question names {len(named)} planned issues at once"
     last = table[-1] if table else None
     action = plan.action
     if action == "retry" and last is not None and last["status"] == "completed":

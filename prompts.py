@@ -24,9 +24,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
 if TYPE_CHECKING:
     from llm_config import LLMClient, LLMResult
@@ -251,6 +251,13 @@ class CitedClaim(BaseModel):
     sources: list[int] = Field(min_length=1, max_length=3)
 
 
+Lead = Annotated[
+    str, BeforeValidator(lambda v: v[:80] if isinstance(v, str) else v), Field(max_length=80)
+]
+"""A lead: at most 80 characters (the schema caps what a grammar-constrained model writes; a
+longer lead from an unconstrained model is cut, not a reason to reject the answer)."""
+
+
 class CitedAnswer(BaseModel):
     """A step's answer: every claim names the passages (``[Source N]`` numbers) it comes from."""
 
@@ -258,8 +265,36 @@ class CitedAnswer(BaseModel):
     elements: list[CitedClaim] = Field(min_length=1, max_length=6)
     exceptions: list[CitedClaim] = Field(max_length=3)
     application: CitedClaim
-    leads: list[str] = Field(default_factory=list, max_length=3)
-    """Doctrines or authorities the passages point to that deserve their own research."""
+    leads: list[Lead] = Field(default_factory=list, max_length=3)
+    """Doctrines or authorities the passages point to that deserve their own research (names, not
+    passage text: the embedded model once spent its whole budget copying a passage as a lead)."""
+
+
+NOT_IN_SOURCES = "not in the sources"
+
+
+def cut_off_answer(text: str) -> CitedAnswer | None:
+    """The complete claims of a :class:`CitedAnswer` reply cut off at its token budget: the
+    longest prefix with a rule and at least one element, exceptions and leads as far as they went,
+    the application "not in the sources" when it was cut; None when not even that much is there.
+    (The embedded model copies passages into long claims: on the multi_hop demo's due-process
+    step its reply ran out in the leads after a complete, well-cited answer.)"""
+    from llm_config import cut_off_prefixes
+
+    absent = {"text": NOT_IN_SOURCES, "sources": [0]}
+    for data in cut_off_prefixes(text):
+        claim = data.get("application")
+        complete = isinstance(claim, dict) and {"text", "sources"} <= claim.keys()
+        try:
+            answer = CitedAnswer.model_validate(
+                {"exceptions": [], **data, "application": claim if complete else absent}
+            )
+        except ValueError:
+            continue
+        if not complete:
+            answer.application = CitedClaim.model_construct(text=NOT_IN_SOURCES, sources=[])
+        return answer
+    return None
 
 
 class Rewrite(BaseModel):

@@ -25,7 +25,9 @@ class Execution(TypedDict, total=False):
     rerank_top_score: float | None
     citations: dict[str, Any]
     """{"cited": [N...], "invalid": [N...], "uncited_sentences": int, "has_citation": bool,
-    "parsed": bool, "strict_retry": bool}"""
+    "parsed": bool, "strict_retry": bool, "cut_off": bool (the reply ran out of tokens and its
+    complete claims were kept), "restated_question": int (claims dropped because they only
+    restated the step's question)}"""
     flagged_passages: list[dict[str, Any]]
     """Retrieved passages dropped by the injection screen: {"id", "patterns"}."""
 

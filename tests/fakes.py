@@ -1,6 +1,6 @@
 """Scripted chat models for unit tests: replies per role, in order, with every prompt recorded.
 
-A reply is a string, an exception (raised, as a transport failure would be) or a function of the
+A reply is a string (a :class:`CutOff` string ran out of tokens), an exception (raised, as a transport failure would be) or a function of the
 prompt text.  Role ``"*"`` answers any role without its own queue.
 """
 
@@ -13,6 +13,10 @@ from langchain_core.messages import AIMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 
 from llm_config import LLMClient
+
+
+class CutOff(str):
+    """A reply that ran out of tokens (``finish_reason`` "length", as a provider reports it)."""
 
 
 class Script:
@@ -46,7 +50,9 @@ class ScriptedChat(BaseChatModel):
         reply = self.script.next(self.role, "\n".join(str(m.content) for m in messages))
         if isinstance(reply, BaseException):
             raise reply
-        return ChatResult(generations=[ChatGeneration(message=AIMessage(content=reply))])
+        meta = {"finish_reason": "length"} if isinstance(reply, CutOff) else {}
+        message = AIMessage(content=str(reply), response_metadata=meta)
+        return ChatResult(generations=[ChatGeneration(message=message)])
 
     @property
     def _llm_type(self) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import Script, ScriptedChat
+from fakes import CutOff, Script, ScriptedChat
 
 import evidence
 import injection
@@ -392,6 +392,120 @@ def test_multi_hop_plan_that_restates_the_objective_researches_the_first_issue(t
     assert result["researched_issues"] == ["First Amendment student speech"]
 
 
+DEMO_LISTED = "What must the university show to demonstrate that it violated the First Amendment, the Right to Free Speech, the Right to Public Speech, and the Right to Free Expression in this case?"  # fmt: skip
+"""The embedded model's first step on the multi_hop demo: every issue it listed, in one question."""
+
+
+def test_a_plan_question_that_enumerates_the_issues_researches_the_first_one(tmp_settings):
+    issues = ["First Amendment", "Right to Free Speech", "Right to Free Expression", "due process"]
+    replies = multi_replies(
+        n_steps=1,
+        plan=[J(issues=issues, phase="rule", question=DEMO_LISTED)],
+        replan=[J(action="complete", phase="", question="")],
+    )  # fmt: skip
+    # the fake embedder finds the listing question closest to its first issue, so only the
+    # naming check can catch it
+    result, *_ = run(tmp_settings, replies, question="Which rights were violated?")
+    assert result["planning_table"][0]["question"] == nodes.issue_question("First Amendment")
+    assert "agenda: first issue" in result["_events"][2]["decision"]
+
+
+def test_a_replanned_question_naming_several_open_issues_researches_the_next_one(tmp_settings):
+    listed = "What must the university show to demonstrate that it violated the free exercise and the due process in this case?"  # fmt: skip
+    replies = multi_replies(n_steps=2, replan=[J(action="next_step", phase="rule", question=listed), J(action="complete")])  # fmt: skip
+    result, *_ = run(tmp_settings, replies)
+    questions = [s["question"] for s in result["planning_table"]]
+    assert questions[1] == nodes.issue_question("due process")
+    assert any("names 2 planned issues at once" in e["decision"] for e in result["_events"])
+
+
+@pytest.mark.parametrize(
+    ("question", "issues", "named"),
+    [
+        (DEMO_LISTED, ["First Amendment", "Right to Free Speech", "Free speech", "Free Exercise Clause"], ["First Amendment", "Right to Free Speech"]),
+        ("What are the rule and elements of First Amendment (Freedom of speech)?", ["First Amendment (Freedom of speech; Student speech)", "State action"], ["First Amendment (Freedom of speech; Student speech)"]),
+        ("Does the Free Exercise Clause protect a student's religious speech?", ["Free Exercise Clause", "State action", "Due process"], ["Free Exercise Clause"]),
+    ],
+)  # fmt: skip
+def test_issues_named_counts_each_named_issue_once(question, issues, named):
+    """An issue whose name is part of another named one ("Free speech" in "Right to Free Speech")
+    is not counted again; the parenthesised aliases of a linked doctrine are not its name."""
+    assert nodes.issues_named(question, issues) == named
+
+
+RESTATING_SYNTH = J(
+    rule={"text": "The university must show that it violated the First Amendment and the Right to Free Speech in this case", "sources": [1, 2]},
+    elements=[
+        {"text": "The university must show that it violated the First Amendment", "sources": [1]},
+        {"text": "A state university is a government actor bound by the First Amendment", "sources": [1]},
+    ],
+    exceptions=[{"text": "The Right to Free Speech in this case", "sources": [2]}],
+    application={"text": "The university violated the First Amendment", "sources": [1]},
+)  # fmt: skip
+SPEECH_CORPUS = [
+    {"id": "s1", "title": "Free speech at public universities", "text": "A state university is a government actor bound by the First Amendment; it may not punish a student for protected speech.", "source": "starter"},
+    {"id": "s2", "title": "Public forum", "text": "Speech on government property depends on the type of forum.", "source": "starter"},
+]  # fmt: skip
+
+
+def test_claims_that_only_restate_the_step_question_are_not_printed(tmp_settings):
+    """The demo's step 1 restated its question as the rule and as elements, cited to passages
+    that do not say it; a claim in the passage's words stays, even with question words in it."""
+    replies = simple_replies(
+        plan=[J(issues=["free speech"], phase="rule", question=DEMO_LISTED)],
+        synthesize=[RESTATING_SYNTH],
+    )
+    result, *_ = run(tmp_settings, replies, question=DEMO_LISTED, retriever=FakeRetriever(SPEECH_CORPUS))  # fmt: skip
+    execution = result["planning_table"][0]["execution"]
+    assert execution["cited_answer"].splitlines() == [
+        "Rule: not in the sources.",
+        "Elements:",
+        "- A state university is a government actor bound by the First Amendment [Source 1].",
+        "Exceptions: not in the sources.",
+        "Application: not in the sources.",
+    ]
+    assert execution["citations"]["restated_question"] == 4
+    assert "must show" not in result["final_cited_answer"]
+
+
+def test_a_synthesis_cut_off_at_its_budget_keeps_its_complete_claims(tmp_settings):
+    """The demo's due-process step ran out of tokens in its leads after a complete answer; the
+    strict retry (a smaller budget) failed too, and the step was lost.  Now the complete claims
+    stand, without the retry, and the cut is a fallback (such research is not cached)."""
+    whole = json.loads(RESTATING_SYNTH)
+    reply = json.dumps(
+        {
+            "rule": {"text": "A state university may not punish protected speech", "sources": [1]},
+            "elements": [whole["elements"][1], {"text": "The forum decides the test", "sources": [2]}],
+            "exceptions": [],
+        }
+    )[:-1] + ', "application": {"text": "The suspension punished spe'  # fmt: skip
+    memory = Memory()
+    replies = simple_replies(synthesize=[CutOff(reply)])
+    result, script, *_ = run(tmp_settings, replies, memory=memory, retriever=FakeRetriever(SPEECH_CORPUS))  # fmt: skip
+    execution = result["planning_table"][0]["execution"]
+    assert execution["cited_answer"].splitlines() == [
+        "Rule: A state university may not punish protected speech [Source 1].",
+        "Elements:",
+        "- A state university is a government actor bound by the First Amendment [Source 1].",
+        "- The forum decides the test [Source 2].",
+        "Exceptions: not in the sources.",
+        "Application: not in the sources.",
+    ]
+    assert execution["citations"]["cut_off"] and not execution["citations"]["strict_retry"]
+    assert "synthesize_strict" not in script.roles()
+    assert any("cut off at its token budget" in f for f in result["run_metrics"]["fallbacks"])
+    assert memory.writes == []
+
+
+def test_a_cut_off_reply_without_a_complete_element_still_gets_the_strict_retry(tmp_settings):
+    cut = CutOff('{"rule": {"text": "A state university may not punish speech", "sources": [1]}, "elements": [{"text": "The for')  # fmt: skip
+    replies = simple_replies(synthesize=[cut], synthesize_strict=[SYNTH])
+    result, script, *_ = run(tmp_settings, replies)
+    assert script.roles().count("synthesize_strict") == 1
+    assert result["planning_table"][0]["execution"]["citations"]["strict_retry"]
+
+
 def test_stagnation_can_fire_after_execution_with_duplicate_step():
     """The evaluator's rule on its own: near-duplicate executed questions stop the research."""
     ex = {"retrieved_doc_ids": ["a"], "confidence": 0.5, "cited_answer": "x"}
@@ -520,7 +634,8 @@ def test_structured_answer_is_rendered_with_a_citation_on_every_claim(tmp_settin
     ]
     assert step["citations"] == {
         "cited": [1, 2], "invalid": [], "uncited_sentences": 0, "has_citation": True,
-        "parsed": True, "strict_retry": False, "leads": [],
+        "parsed": True, "strict_retry": False, "cut_off": False, "leads": [],
+        "restated_question": 0,
     }  # fmt: skip
     assert result["run_metrics"]["parse_failures"] == 0
 
