@@ -184,6 +184,17 @@ def issue_question(issue: str) -> str:
     return f"What are the rule and elements of {issue.strip().rstrip('?.')}?"
 
 
+def issue_queries(question: str, issue: str) -> tuple[str, list[str]]:
+    """(primary, alternatives) for a step written from the agenda: the step's question ranks the
+    passages and the issue's names (the label and its linked doctrine names in parentheses) widen
+    the pool; no rewrite call.  On the multi_hop demo the model rewrote "What are the rule and
+    elements of First Amendment (Freedom of speech; ...)?" as "First Amendment", which ranked the
+    state action passage above free speech at public universities."""
+    head, _, rest = issue.partition("(")
+    names = [" ".join(n.split()) for n in [head, *rest.rstrip(") ").split(";")]]
+    return question, list(dict.fromkeys(n for n in names if n))[:3]
+
+
 def _unfocused(ctx: AgentContext, question: str, issues: list[str], objective: str) -> bool:
     """True when ``question`` is closer (embedding cosine) to the whole objective than to every
     one of ``issues``: a restatement of the objective rather than research on one issue
@@ -565,6 +576,8 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         "execution": None,
         "strategy": strategy,  # the model's strategy was for its own question
     }
+    if note:
+        step["issue"] = issues[0]
     update: dict[str, Any] = {
         "memory_hit": False,
         "planning_table": [step],
@@ -580,7 +593,8 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
 
 @_traced("executor")
 def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """Run ONE pending step: rewrite -> multi-query retrieval (excluding passages earlier steps
+    """Run ONE pending step: rewrite (for a step written from the agenda, its issue's names:
+    no call) -> multi-query retrieval (excluding passages earlier steps
     retrieved) -> drop passages that carry instructions (injection screen) -> cited synthesis ->
     confidence of the passages the answer cites."""
     pending = [
@@ -593,7 +607,11 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     step = dict(pending[0])
     strategy = dict(step.get("strategy") or {})
     search_type, why = choose_search_type(state, ctx, step["question"], strategy.get("search_type"))
-    primary, alternatives, rewrite_failed = rewrite_queries(ctx.client, step["question"])
+    if step.get("issue"):
+        primary, alternatives = issue_queries(step["question"], step["issue"])
+        rewrite_failed = False
+    else:
+        primary, alternatives, rewrite_failed = rewrite_queries(ctx.client, step["question"])
     seen = [i for p in _executed(state) for i in p["execution"].get("retrieved_doc_ids", [])]
     k = ctx.settings.retrieval_k
     # A few extra candidates replace passages the injection screen drops, so a planted passage
@@ -1058,6 +1076,8 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         "execution": None,
         "strategy": plan.strategy.model_dump() if problem is None else {"search_type": "hybrid"},
     }
+    if problem is not None and issue is not None:
+        step["issue"] = issue
     update: dict[str, Any] = {"planning_table": [step]}
     memory = [dict(e) for e in state.get("chain_of_thought") or []]
     if memory:

@@ -40,6 +40,9 @@ class PlanStep(TypedDict, total=False):
     execution: Execution | None
     strategy: dict[str, Any]
     """``prompts.Strategy`` as chosen by the planner or replanner: search_type, focus, reason."""
+    issue: str
+    """The planned issue the step researches when its question was written from the agenda
+    (``nodes.issue_question``) rather than by the model: its names are the step's queries."""
 
 
 class MemoryEntry(TypedDict):

@@ -369,9 +369,12 @@ def test_a_repeated_question_moves_the_research_to_the_next_planned_issue(tmp_se
             J(action="next_step", phase="rule", question="What does the free exercise clause protect?"),
         ],
     )  # fmt: skip
-    result, *_ = run(tmp_settings, replies)
+    del replies["rewrite"][1]  # the agenda's step searches its issue's names: no rewrite call
+    result, script, _, retriever = run(tmp_settings, replies)
     questions = [s["question"] for s in result["planning_table"]]
     assert questions[1] == nodes.issue_question("due process")
+    assert retriever.calls[1][0] == [questions[1], "due process"]
+    assert len(script.prompts("rewrite")) == 2
     assert result["researched_issues"] == ["student speech", "due process", "free exercise"]
     assert result["run_metrics"]["steps_completed"] == 3
     assert any(
@@ -386,6 +389,7 @@ def test_multi_hop_plan_that_restates_the_objective_researches_the_first_issue(t
         plan=[J(issues=["First Amendment student speech", "due process"], phase="rule", question=objective)],
         replan=[J(action="complete", phase="", question="")],
     )  # fmt: skip
+    replies["rewrite"] = []
     result, *_ = run(tmp_settings, replies, question=objective)
     step = result["planning_table"][0]
     assert step["question"] == nodes.issue_question("First Amendment student speech")
@@ -403,6 +407,7 @@ def test_a_plan_question_that_enumerates_the_issues_researches_the_first_one(tmp
         plan=[J(issues=issues, phase="rule", question=DEMO_LISTED)],
         replan=[J(action="complete", phase="", question="")],
     )  # fmt: skip
+    replies["rewrite"] = []
     # the fake embedder finds the listing question closest to its first issue, so only the
     # naming check can catch it
     result, *_ = run(tmp_settings, replies, question="Which rights were violated?")
@@ -413,10 +418,21 @@ def test_a_plan_question_that_enumerates_the_issues_researches_the_first_one(tmp
 def test_a_replanned_question_naming_several_open_issues_researches_the_next_one(tmp_settings):
     listed = "What must the university show to demonstrate that it violated the free exercise and the due process in this case?"  # fmt: skip
     replies = multi_replies(n_steps=2, replan=[J(action="next_step", phase="rule", question=listed), J(action="complete")])  # fmt: skip
+    replies["rewrite"].pop()
     result, *_ = run(tmp_settings, replies)
     questions = [s["question"] for s in result["planning_table"]]
     assert questions[1] == nodes.issue_question("due process")
     assert any("names 2 planned issues at once" in e["decision"] for e in result["_events"])
+
+
+def test_an_agenda_step_ranks_by_its_question_and_widens_with_the_issue_names():
+    issue = "First Amendment (Freedom of speech; Student speech at public schools)"
+    question = nodes.issue_question(issue)
+    assert nodes.issue_queries(question, issue) == (
+        question,
+        ["First Amendment", "Freedom of speech", "Student speech at public schools"],
+    )
+    assert nodes.issue_queries("q", "State action") == ("q", ["State action"])
 
 
 @pytest.mark.parametrize(
