@@ -371,23 +371,37 @@ def drop_restatements(
     return (answer.model_copy(update=kept) if dropped else answer), dropped
 
 
+def _span(text: str) -> str:
+    """``text`` lower-cased, its words joined by single spaces, without outer punctuation."""
+    return " ".join(re.findall(r"[\w'-]+", text.lower()))
+
+
 def render_cited_answer(answer: CitedAnswer) -> str:
     """The Rule / Elements / Exceptions / Application text of a structured answer, every claim
     followed by its ``[Source N]`` citations; claims that repeat an answer letter or an
     instruction (text a planted passage would push) are left out, and a claim that repeats an
     earlier one is merged into it or (the application) points back to it."""
     rendered = [_claim_words(answer.rule.text)]
+    rule_span = _span(answer.rule.text) if answer.rule != _ABSENT else ""
+    # a piece of the rule's own sentence is not an element (the Free Exercise step once printed
+    # its rule, then the rule again cut into four clauses: "such as a general drug or fire-safety
+    # law"); the rule above states it
+    elements = [e for e in answer.elements if not (_span(e.text) and _span(e.text) in rule_span)]
+    in_rule = len(elements) < len(answer.elements)
     answer = answer.model_copy(
         update={
             "rule": _safe_or_absent(answer.rule),
-            "elements": merge_duplicate_claims(safe_claims(list(answer.elements)), rendered),
+            "elements": merge_duplicate_claims(safe_claims(elements), rendered),
             "exceptions": merge_duplicate_claims(safe_claims(list(answer.exceptions)), rendered),
             "application": _safe_or_absent(answer.application),
         }
     )
 
     def claim(c: CitedClaim) -> str:
-        text = " ".join(c.text.split()).rstrip(" .;")
+        text = " ".join(c.text.split())
+        if len(c.text) >= prompts.CLAIM_MAX_CHARS:  # cut at the schema's limit, maybe mid-word
+            text = text.rsplit(" ", 1)[0].rstrip(" ,;:") + "…"
+        text = text.rstrip(" .;")
         refs = "".join(f"[Source {n}]" for n in dict.fromkeys(c.sources))
         return f"{text} {refs}." if refs else f"{text}."
 
@@ -395,6 +409,8 @@ def render_cited_answer(answer: CitedAnswer) -> str:
     if answer.elements:
         lines.append("Elements:")
         lines.extend(f"- {claim(e)}" for e in answer.elements)
+    elif in_rule and answer.rule != _ABSENT:
+        lines.append("Elements: as stated in the rule above.")
     else:
         lines.append("Elements: not in the sources.")
     if answer.exceptions:

@@ -246,8 +246,13 @@ class PlannedStep(BaseModel):
     strategy: Strategy = Field(default_factory=Strategy)
 
 
+CLAIM_MAX_CHARS = 300
+"""The longest claim text; a grammar-constrained model that copies a long passage sentence is cut
+here, mid-word (rendering marks the cut with an ellipsis)."""
+
+
 class CitedClaim(BaseModel):
-    text: str = Field(min_length=1, max_length=300)
+    text: str = Field(min_length=1, max_length=CLAIM_MAX_CHARS)
     sources: list[int] = Field(min_length=1, max_length=3)
 
 

@@ -638,6 +638,39 @@ def test_mc_with_no_letter_after_retry_records_parse_failure(tmp_settings):
     assert result["run_metrics"]["mc_parse_failed"] is True
 
 
+def test_elements_that_are_pieces_of_the_rule_sentence_are_not_printed_again():
+    """The demo's Free Exercise step printed its rule, then the same sentence cut into clauses."""
+    rule = "A neutral law of general applicability that incidentally burdens religious practice, such as a fire-safety law, receives only rational basis review"  # fmt: skip
+    pieces = ["A neutral law of general applicability that incidentally burdens religious practice", "such as a fire-safety law", "receives only rational basis review."]  # fmt: skip
+
+    def answer(elements: list[str]) -> prompts.CitedAnswer:
+        return prompts.CitedAnswer(
+            rule=CitedClaim(text=rule, sources=[1]),
+            elements=[CitedClaim(text=e, sources=[1]) for e in elements],
+            exceptions=[],
+            application=CitedClaim(text="the school rule is neutral", sources=[1]),
+        )
+
+    lines = nodes.render_cited_answer(answer(pieces)).splitlines()
+    assert lines[1] == "Elements: as stated in the rule above."
+    lines = nodes.render_cited_answer(answer([*pieces, "The law must be neutral"])).splitlines()
+    assert lines[1:3] == ["Elements:", "- The law must be neutral [Source 1]."]
+
+
+def test_a_claim_cut_at_the_schema_limit_is_marked_as_cut():
+    """The demo's step 1 rule ended "...and public institutions, e": the grammar stopped the
+    copied passage sentence at the claim limit, mid-word."""
+    long = ("public institutions, " * 20)[: prompts.CLAIM_MAX_CHARS - 1] + "e"
+    answer = prompts.CitedAnswer(
+        rule=CitedClaim(text=long, sources=[1]),
+        elements=[CitedClaim(text="duty and breach", sources=[1])],
+        exceptions=[],
+        application=CitedClaim(text="the facts meet the elements", sources=[1]),
+    )
+    rule = nodes.render_cited_answer(answer).splitlines()[0]
+    assert rule.endswith("public institutions… [Source 1].")
+
+
 def test_structured_answer_is_rendered_with_a_citation_on_every_claim(tmp_settings):
     result, *_ = run(tmp_settings, simple_replies())
     step = result["planning_table"][0]["execution"]
