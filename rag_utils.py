@@ -582,20 +582,34 @@ def _word_spans(text: str) -> list[tuple[int, int]]:
     return [m.span() for m in re.finditer(r"\S+", text)]
 
 
+def passage_token_limit(embedder: Any, settings: Settings) -> int:
+    """How many word pieces of a passage are embedded: PASSAGE_MAX_TOKENS (or the model's input
+    length when it is 0 or larger) minus the two special tokens."""
+    limit = int(getattr(embedder, "max_tokens", 256))
+    if settings.passage_max_tokens:
+        limit = min(limit, int(settings.passage_max_tokens))
+    return limit - 2
+
+
 def embed_passages(texts: Sequence[str], settings: Settings) -> np.ndarray:
-    """Passage embeddings for the index. With PASSAGE_WINDOW_TOKENS=N a passage longer than the
-    model's input is embedded as overlapping N-token windows whose normalised mean is its vector
-    (one vector per passage, so the store, BM25 and confidence are unchanged); without it the
-    model truncates. Measured on barexam_dev it did not help (see the README), so it is off."""
+    """Passage embeddings for the index: each passage from its first PASSAGE_MAX_TOKENS tokens
+    (cut at a word-piece boundary, the same for every backend). With PASSAGE_WINDOW_TOKENS=N a
+    longer passage is embedded as overlapping windows of at most N tokens whose normalised mean is
+    its vector (one vector per passage, so the store, BM25 and confidence are unchanged); measured
+    on barexam_dev it did not help (see the README), so it is off."""
     import numpy as np
 
     s = settings
     embedder = get_embedder(s)
-    window = int(s.passage_window_tokens or 0)
-    if not window:
-        return embedder.embed_documents(texts)
     spans_of = getattr(embedder, "token_spans", _word_spans)
-    limit = int(getattr(embedder, "max_tokens", 256)) - 2
+    limit = passage_token_limit(embedder, s)
+    window = min(int(s.passage_window_tokens or 0), limit)
+    if not window:
+        cut = []
+        for text in texts:
+            spans = spans_of(text) if len(text) > limit else []  # a token spans >= 1 character
+            cut.append(text[: spans[limit - 1][1]] if len(spans) > limit else text)
+        return embedder.embed_documents(cut)
     pieces: list[str] = []
     owner: list[int] = []
     for i, text in enumerate(texts):
@@ -628,10 +642,12 @@ def sanitize_model_name(name: str) -> str:
 
 
 def collection_name(settings: Settings, prefix: str = PASSAGE_PREFIX) -> str:
-    """``passages__<model slug>`` (``-w<N>`` with passage windows) — a different embedding model
-    or passage embedding never reads a stale index."""
+    """``passages__<model slug>-t<N>`` (N = PASSAGE_MAX_TOKENS when set; ``-w<N>`` with passage
+    windows) — a different embedding model or passage embedding never reads a stale index."""
     s = settings
     model = embedder_name(s)
+    if prefix == PASSAGE_PREFIX and s.passage_max_tokens:
+        model += f"-t{int(s.passage_max_tokens)}"
     if prefix == PASSAGE_PREFIX and s.passage_window_tokens:
         model += f"-w{int(s.passage_window_tokens)}"
     return f"{prefix}{sanitize_model_name(model)}"

@@ -7,6 +7,7 @@ default model."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 from pathlib import Path
@@ -214,20 +215,37 @@ def test_windowed_passage_vector_is_the_mean_of_its_windows(tmp_settings, fake):
     tail = "zoning variance unnecessary hardship ordinance " * 2
     text = (head + tail).strip()
     vec = rag_utils.embed_passages([text, "short text"], s)
-    windows = rag_utils.passage_windows(text, _spans(text), 16, 10)
+    # a window never exceeds what the model reads (its 12 tokens less the 2 special ones)
+    windows = rag_utils.passage_windows(text, _spans(text), 10, 10)
+    assert len(windows) > 1 and all(len(w.split()) <= 10 for w in windows)
     expected = fake.embed_documents(windows).sum(axis=0)
     expected /= np.linalg.norm(expected)
     assert vec[0] == pytest.approx(expected, abs=1e-6)
     assert vec[1] == pytest.approx(fake.embed_query("short text"), abs=1e-6)
-    # off by default: the whole text in one vector
+    # off by default: the passage's first tokens in one vector
+    first = " ".join(text.split()[:10])
     assert rag_utils.embed_passages([text], tmp_settings)[0] == pytest.approx(
-        fake.embed_query(text), abs=1e-6
+        fake.embed_query(first), abs=1e-6
+    )
+
+
+def test_passages_are_embedded_from_their_first_passage_max_tokens(tmp_settings, fake):
+    """PASSAGE_MAX_TOKENS (128 by default) cuts passages, not queries; 0 leaves the model's limit."""
+    text = " ".join("".join(p) for p in itertools.product("abcdefg", repeat=3))  # 343 words
+    vec = rag_utils.embed_passages([text], tmp_settings.replace(passage_max_tokens=32))[0]
+    assert vec == pytest.approx(fake.embed_query(" ".join(text.split()[:30])), abs=1e-6)
+    assert not np.allclose(vec, fake.embed_query(text))
+    whole = rag_utils.embed_passages([text], tmp_settings.replace(passage_max_tokens=0))[0]
+    limit = 256 - 2  # a model without max_tokens is taken to read 256
+    assert whole == pytest.approx(fake.embed_query(" ".join(text.split()[:limit])), abs=1e-6)
+    assert rag_utils.collection_name(tmp_settings.replace(passage_max_tokens=0)) == (
+        "passages__all-minilm-l6-v2"
     )
 
 
 def test_windowed_index_is_its_own_collection(tmp_settings, fake):
     s = tmp_settings.replace(passage_window_tokens=128)
-    assert rag_utils.collection_name(s) == "passages__all-minilm-l6-v2-w128"
+    assert rag_utils.collection_name(s) == "passages__all-minilm-l6-v2-t128-w128"
     load_corpus.load_passages(load_corpus.read_passages(PASSAGES), s, progress=False)
     assert rag_utils.corpus_count(s) > 0 and rag_utils.corpus_count(tmp_settings) == 0
 
@@ -292,7 +310,7 @@ def test_any_langchain_embeddings_plugs_in_under_its_own_index(tmp_settings, mon
     vecs = emb.embed_documents(["negligence duty", "battery contact"])
     assert vecs.shape == (2, 64) and vecs.dtype == np.float32
     assert np.linalg.norm(vecs, axis=1) == pytest.approx([1.0, 1.0], abs=1e-5)
-    assert rag_utils.collection_name(s) == "passages__lc-fake-64"
+    assert rag_utils.collection_name(s) == "passages__lc-fake-64-t128"
     passages = load_corpus.read_passages(PASSAGES)
     load_corpus.load_passages(passages, s, progress=False)
     assert rag_utils.corpus_count(s) == len(passages) and rag_utils.corpus_count(tmp_settings) == 0
