@@ -197,6 +197,7 @@ class OnnxEmbedder:
         self._inputs = {i.name for i in session.get_inputs()}
         trunc = tokenizer.truncation or {}
         self.max_tokens = int(trunc.get("max_length") or 256)
+        self._truncating: dict[int, Any] = {}
 
     @classmethod
     def load(cls, model_file: Path, source: Path, name: str, batch_size: int) -> OnnxEmbedder:
@@ -223,15 +224,16 @@ class OnnxEmbedder:
         session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
         return cls(session, tokenizer, name, int(config["hidden_size"]), batch_size)
 
-    def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
+    def embed_documents(self, texts: Sequence[str], tokenizer: Any = None) -> np.ndarray:
         import numpy as np
 
+        tokenizer = tokenizer or self.tokenizer
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         # longest first, so each batch pads to texts of similar length (as sentence-transformers)
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         for start in range(0, len(order), self.batch_size):
             rows = order[start : start + self.batch_size]
-            enc = self.tokenizer.encode_batch([str(texts[i]) for i in rows])
+            enc = tokenizer.encode_batch([str(texts[i]) for i in rows])
             ids = np.asarray([e.ids for e in enc], dtype=np.int64)
             mask = np.asarray([e.attention_mask for e in enc], dtype=np.int64)
             feed = {"input_ids": ids, "attention_mask": mask}
@@ -246,6 +248,21 @@ class OnnxEmbedder:
 
     def embed_query(self, text: str) -> np.ndarray:
         return self.embed_documents([text])[0]
+
+    def embed_truncated(self, texts: Sequence[str], max_tokens: int) -> np.ndarray:
+        """Embeddings of ``texts`` cut at ``max_tokens`` tokens (special tokens included) by the
+        tokenizer itself: what :func:`embed_passages` does for other backends by cutting the text,
+        without tokenizing every passage twice."""
+        if max_tokens >= self.max_tokens:
+            return self.embed_documents(texts)
+        tokenizer = self._truncating.get(max_tokens)
+        if tokenizer is None:
+            from tokenizers import Tokenizer
+
+            tokenizer = Tokenizer.from_str(self.tokenizer.to_str())
+            tokenizer.enable_truncation(max_length=max_tokens)
+            self._truncating[max_tokens] = tokenizer
+        return self.embed_documents(texts, tokenizer=tokenizer)
 
     def token_spans(self, text: str) -> list[tuple[int, int]]:
         """Character span of each word-piece of ``text`` (no special tokens), for windowing."""
@@ -604,6 +621,10 @@ def embed_passages(texts: Sequence[str], settings: Settings) -> np.ndarray:
     spans_of = getattr(embedder, "token_spans", _word_spans)
     limit = passage_token_limit(embedder, s)
     window = min(int(s.passage_window_tokens or 0), limit)
+    if not window and limit + 2 >= int(getattr(embedder, "max_tokens", 256)):
+        return embedder.embed_documents(texts)  # the model truncates at its own limit
+    if not window and hasattr(embedder, "embed_truncated"):
+        return embedder.embed_truncated(texts, limit + 2)
     if not window:
         cut = []
         for text in texts:

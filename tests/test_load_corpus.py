@@ -195,7 +195,7 @@ def test_status_reports_size_model_and_sources(cli, tmp_settings):
     info = json.loads(out)
     assert rc == 0
     assert info["qa_memory_entries"] == 1
-    assert info["count"] == 24 and info["collection"] == "passages__all-minilm-l6-v2-t128"
+    assert info["count"] == 24 and info["collection"] == "passages__all-minilm-l6-v2"
     assert info["embedding_model"] == "all-MiniLM-L6-v2"
     assert info["sources"]["barexam_qa:caselaw"] == 6 and sum(info["sources"].values()) == 24
     rc, out, _ = cli("status")
@@ -319,7 +319,7 @@ def _stored_ids(chroma_dir: Path) -> list[str]:
     client = chromadb.PersistentClient(
         str(chroma_dir), settings=ChromaSettings(anonymized_telemetry=False)
     )
-    col = client.get_collection("passages__all-minilm-l6-v2-t128")
+    col = client.get_collection("passages__all-minilm-l6-v2")
     return col.get(include=[])["ids"]
 
 

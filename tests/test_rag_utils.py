@@ -62,7 +62,7 @@ def test_import_loads_no_heavy_library():
 def test_collection_name_encodes_model_and_is_valid_for_chroma(tmp_settings, tmp_path):
     import chromadb
 
-    assert rag_utils.collection_name(tmp_settings) == "passages__all-minilm-l6-v2-t128"
+    assert rag_utils.collection_name(tmp_settings) == "passages__all-minilm-l6-v2"
     models = [
         "Alibaba-NLP/gte-large-en-v1.5",
         "sentence-transformers/all-mpnet-base-v2",
@@ -72,7 +72,7 @@ def test_collection_name_encodes_model_and_is_valid_for_chroma(tmp_settings, tmp
     ]
     names = {rag_utils.collection_name(tmp_settings.replace(embedding_model=m)) for m in models}
     assert len(names) == len(models)
-    assert "passages__all-minilm-l6-v2-t128" not in names
+    assert "passages__all-minilm-l6-v2" not in names
     client = chromadb.EphemeralClient()
     for name in names:  # Chroma rejects invalid names
         client.get_or_create_collection(name, embedding_function=None)

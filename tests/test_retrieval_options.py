@@ -230,7 +230,8 @@ def test_windowed_passage_vector_is_the_mean_of_its_windows(tmp_settings, fake):
 
 
 def test_passages_are_embedded_from_their_first_passage_max_tokens(tmp_settings, fake):
-    """PASSAGE_MAX_TOKENS (128 by default) cuts passages, not queries; 0 leaves the model's limit."""
+    """PASSAGE_MAX_TOKENS=N cuts passages at N tokens, in an index of its own; 0 (the default)
+    leaves the model's limit."""
     text = " ".join("".join(p) for p in itertools.product("abcdefg", repeat=3))  # 343 words
     vec = rag_utils.embed_passages([text], tmp_settings.replace(passage_max_tokens=32))[0]
     assert vec == pytest.approx(fake.embed_query(" ".join(text.split()[:30])), abs=1e-6)
@@ -238,14 +239,15 @@ def test_passages_are_embedded_from_their_first_passage_max_tokens(tmp_settings,
     whole = rag_utils.embed_passages([text], tmp_settings.replace(passage_max_tokens=0))[0]
     limit = 256 - 2  # a model without max_tokens is taken to read 256
     assert whole == pytest.approx(fake.embed_query(" ".join(text.split()[:limit])), abs=1e-6)
-    assert rag_utils.collection_name(tmp_settings.replace(passage_max_tokens=0)) == (
-        "passages__all-minilm-l6-v2"
+    assert rag_utils.collection_name(tmp_settings) == "passages__all-minilm-l6-v2"
+    assert rag_utils.collection_name(tmp_settings.replace(passage_max_tokens=128)) == (
+        "passages__all-minilm-l6-v2-t128"
     )
 
 
 def test_windowed_index_is_its_own_collection(tmp_settings, fake):
     s = tmp_settings.replace(passage_window_tokens=128)
-    assert rag_utils.collection_name(s) == "passages__all-minilm-l6-v2-t128-w128"
+    assert rag_utils.collection_name(s) == "passages__all-minilm-l6-v2-w128"
     load_corpus.load_passages(load_corpus.read_passages(PASSAGES), s, progress=False)
     assert rag_utils.corpus_count(s) > 0 and rag_utils.corpus_count(tmp_settings) == 0
 
@@ -310,7 +312,7 @@ def test_any_langchain_embeddings_plugs_in_under_its_own_index(tmp_settings, mon
     vecs = emb.embed_documents(["negligence duty", "battery contact"])
     assert vecs.shape == (2, 64) and vecs.dtype == np.float32
     assert np.linalg.norm(vecs, axis=1) == pytest.approx([1.0, 1.0], abs=1e-5)
-    assert rag_utils.collection_name(s) == "passages__lc-fake-64-t128"
+    assert rag_utils.collection_name(s) == "passages__lc-fake-64"
     passages = load_corpus.read_passages(PASSAGES)
     load_corpus.load_passages(passages, s, progress=False)
     assert rag_utils.corpus_count(s) == len(passages) and rag_utils.corpus_count(tmp_settings) == 0
