@@ -222,10 +222,9 @@ def test_windowed_passage_vector_is_the_mean_of_its_windows(tmp_settings, fake):
     expected /= np.linalg.norm(expected)
     assert vec[0] == pytest.approx(expected, abs=1e-6)
     assert vec[1] == pytest.approx(fake.embed_query("short text"), abs=1e-6)
-    # off by default: the passage's first tokens in one vector
-    first = " ".join(text.split()[:10])
+    # off by default: the whole text in one vector (the model truncates it)
     assert rag_utils.embed_passages([text], tmp_settings)[0] == pytest.approx(
-        fake.embed_query(first), abs=1e-6
+        fake.embed_query(text), abs=1e-6
     )
 
 
@@ -237,8 +236,7 @@ def test_passages_are_embedded_from_their_first_passage_max_tokens(tmp_settings,
     assert vec == pytest.approx(fake.embed_query(" ".join(text.split()[:30])), abs=1e-6)
     assert not np.allclose(vec, fake.embed_query(text))
     whole = rag_utils.embed_passages([text], tmp_settings.replace(passage_max_tokens=0))[0]
-    limit = 256 - 2  # a model without max_tokens is taken to read 256
-    assert whole == pytest.approx(fake.embed_query(" ".join(text.split()[:limit])), abs=1e-6)
+    assert whole == pytest.approx(fake.embed_query(text), abs=1e-6)  # the model truncates
     assert rag_utils.collection_name(tmp_settings) == "passages__all-minilm-l6-v2"
     assert rag_utils.collection_name(tmp_settings.replace(passage_max_tokens=128)) == (
         "passages__all-minilm-l6-v2-t128"
@@ -281,6 +279,16 @@ def test_onnx_export_matches_torch_and_a_corrupted_cache_is_rebuilt(tmp_settings
     assert (got * ref).sum(axis=1).min() > 0.98  # int8 weights: close to, not equal to, fp32
     q = onnx_emb.embed_query("unwanted touching of another person")
     assert float(got[0] @ q) > float(got[1] @ q)
+    # PASSAGE_MAX_TOKENS: cut by the tokenizer, the same vector as the cut text's in either backend
+    # (cosines, not equality: dynamic int8 quantizes activations per batch, so a batch's padding
+    # moves a vector slightly)
+    cut = onnx_emb.embed_truncated(texts, 24)
+    assert float(cut[0] @ got[0]) > 0.99  # short enough already
+    spans = onnx_emb.token_spans(texts[2])
+    head = texts[2][: spans[21][1]]  # 22 word pieces + the 2 special tokens
+    assert float(cut[2] @ onnx_emb.embed_query(head)) > 0.99
+    assert float(cut[2] @ torch_emb.embed_query(head)) > 0.98
+    assert float(cut[2] @ got[2]) < 0.99
 
     # a corrupted export is detected by its checksum and exported again
     with open(cache / rag_utils.ONNX_FILE, "r+b") as fh:
