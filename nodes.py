@@ -504,6 +504,10 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     if not check["is_safe"]:
         update["final_cited_answer"] = ctx.rejection_message(check)
         update["stop_reason"] = "injection"
+    if check["is_safe"] and check["injection_check"] == "full" and check["llm_verdict"] == "safe":
+        # the model's reason for a plain "safe" says nothing (the embedded model copies its
+        # prompt's first example, "criminal law question", onto any question)
+        return update, "safe"
     mode = "" if check["injection_check"] == "full" else f", {check['injection_check']}"
     return update, f"{check['verdict']} ({check['reason'] or check['llm_verdict']}{mode})"
 

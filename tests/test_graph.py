@@ -1311,3 +1311,13 @@ def test_a_plan_that_restates_its_instructions_researches_the_question_itself(tm
 def test_echoes_instructions(question, objective, echo):
     instructions = prompts.get_skill("plan_synthesis").system
     assert nodes.echoes_instructions(question, objective, instructions) is echo
+
+
+def test_a_plain_safe_verdict_is_shown_without_the_models_reason(tmp_settings):
+    """The embedded model gave every question its prompt's first example reason, so the multi_hop
+    demo opened with "safe (criminal law question)" for a constitutional law question."""
+    replies = simple_replies(injection=[J(verdict="safe", reason="criminal law question")])
+    result, *_ = run(tmp_settings, replies, skip_injection_check=False)
+    first = result["_events"][0]
+    assert first["node"] == "detect_injection" and first["decision"] == "safe"
+    assert result["injection_check"]["reason"] == "criminal law question"  # kept in the trace
