@@ -321,13 +321,14 @@ def merge_duplicate_claims(
     return kept
 
 
+_ABSENT = CitedClaim.model_construct(text=prompts.NOT_IN_SOURCES, sources=[])
+"""What the answer says in place of a claim that was left out."""
+
+
 def _safe_or_absent(claim: CitedClaim) -> CitedClaim:
     """``claim``, or "not in the sources" (uncited) when it carries answer-letter or instruction
     text; the model's parsed reply is never modified."""
     return _ABSENT if _UNSAFE_CLAIM.search(claim.text) else claim
-
-
-_ABSENT = CitedClaim.model_construct(text=prompts.NOT_IN_SOURCES, sources=[])
 
 
 def restates_question(claim: CitedClaim, question: set[str], passages: Sequence[set[str]]) -> bool:
@@ -379,8 +380,9 @@ def _span(text: str) -> str:
 def render_cited_answer(answer: CitedAnswer) -> str:
     """The Rule / Elements / Exceptions / Application text of a structured answer, every claim
     followed by its ``[Source N]`` citations; claims that repeat an answer letter or an
-    instruction (text a planted passage would push) are left out, and a claim that repeats an
-    earlier one is merged into it or (the application) points back to it."""
+    instruction (text a planted passage would push) are left out, a claim that repeats an
+    earlier one is merged into it or (the application) points back to it, and elements that are
+    clauses of the rule's own sentence are not printed again."""
     rendered = [_claim_words(answer.rule.text)]
     rule_span = _span(answer.rule.text) if answer.rule != _ABSENT else ""
     # a piece of the rule's own sentence is not an element (the Free Exercise step once printed
