@@ -372,6 +372,11 @@ def drop_restatements(
     return (answer.model_copy(update=kept) if dropped else answer), dropped
 
 
+RULE_CLAUSES_SHARE = 0.6
+"""Elements that are verbatim pieces of the rule and together hold at least this share of its
+content words are the rule cut into clauses, not elements (see render_cited_answer)."""
+
+
 def _span(text: str) -> str:
     """``text`` lower-cased, its words joined by single spaces, without outer punctuation."""
     return " ".join(re.findall(r"[\w'-]+", text.lower()))
@@ -385,11 +390,13 @@ def render_cited_answer(answer: CitedAnswer) -> str:
     clauses of the rule's own sentence are not printed again."""
     rendered = [_claim_words(answer.rule.text)]
     rule_span = _span(answer.rule.text) if answer.rule != _ABSENT else ""
-    # a piece of the rule's own sentence is not an element (the Free Exercise step once printed
-    # its rule, then the rule again cut into four clauses: "such as a general drug or fire-safety
-    # law"); the rule above states it
-    elements = [e for e in answer.elements if not (_span(e.text) and _span(e.text) in rule_span)]
-    in_rule = len(elements) < len(answer.elements)
+    # The rule's own sentence cut into clauses is not a list of elements (the Free Exercise step
+    # once printed its rule, then the rule again as four clauses: "such as a general drug or
+    # fire-safety law"); short element names taken from the rule ("reasonable suspicion") stay.
+    pieces = [e for e in answer.elements if _span(e.text) and _span(e.text) in rule_span]
+    covered = set().union(*(mc.content_words(e.text) for e in pieces))
+    in_rule = bool(pieces) and len(covered) >= RULE_CLAUSES_SHARE * len(rendered[0])
+    elements = [e for e in answer.elements if not (in_rule and e in pieces)]
     answer = answer.model_copy(
         update={
             "rule": _safe_or_absent(answer.rule),
@@ -412,7 +419,8 @@ def render_cited_answer(answer: CitedAnswer) -> str:
         lines.append("Elements:")
         lines.extend(f"- {claim(e)}" for e in answer.elements)
     elif in_rule and answer.rule != _ABSENT:
-        lines.append("Elements: as stated in the rule above.")
+        refs = "".join(f"[Source {n}]" for n in dict.fromkeys(answer.rule.sources))
+        lines.append(f"Elements: as stated in the rule above {refs}.".replace(" .", "."))
     else:
         lines.append("Elements: not in the sources.")
     if answer.exceptions:

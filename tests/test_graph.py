@@ -652,9 +652,13 @@ def test_elements_that_are_pieces_of_the_rule_sentence_are_not_printed_again():
         )
 
     lines = nodes.render_cited_answer(answer(pieces)).splitlines()
-    assert lines[1] == "Elements: as stated in the rule above."
+    assert lines[1] == "Elements: as stated in the rule above [Source 1]."
     lines = nodes.render_cited_answer(answer([*pieces, "The law must be neutral"])).splitlines()
     assert lines[1:3] == ["Elements:", "- The law must be neutral [Source 1]."]
+    # element names taken from the rule are a list of elements, not the rule cut up
+    names = ["Neutral law", "general applicability", "rational basis review"]
+    lines = nodes.render_cited_answer(answer(names)).splitlines()
+    assert lines[1:5] == ["Elements:", *(f"- {n} [Source 1]." for n in names)]
 
 
 def test_a_claim_cut_at_the_schema_limit_is_marked_as_cut():
