@@ -124,9 +124,28 @@ def recursion_limit(settings: Settings) -> int:
 # ------------------------------------------------------------------------------------------------
 
 
+_INLINE_CHOICE = re.compile(r"(?:^|\s)\(([A-Z])\)\s+")
+
+
+def _inline_choices(text: str) -> tuple[list[str], dict[str, list[str]]]:
+    """(stem, choices) of a one-line question whose choices follow it inline, "... (A) x (B) y
+    (C) z": at least three, in order from A, running to the end of the text (two could be a
+    statute's "(A) and (B)"); else ``([text], {})``."""
+    marks = list(_INLINE_CHOICE.finditer(text))
+    letters = "".join(m.group(1) for m in marks)
+    if len(marks) < 3 or letters != MC_LETTERS[: len(letters)]:
+        return [text], {}
+    ends = [m.start() for m in marks[1:]] + [len(text)]
+    choices = {
+        m.group(1): [text[m.end() : end].strip()] for m, end in zip(marks, ends, strict=True)
+    }
+    return [text[: marks[0].start()]], choices
+
+
 def parse_question(text: str) -> tuple[str, dict[str, str] | None]:
     """Split user input into (question, choices).  Choices are lines ``(A) ...`` (2 to 4, in order
-    from A); a line that follows a choice and is not a choice continues it."""
+    from A); a line that follows a choice and is not a choice continues it.  Without such lines,
+    three or more choices inline after the question ("... (A) x (B) y (C) z") count too."""
     if "\x00" in text:
         raise InputError("the input looks binary (NUL bytes); give a question in plain text")
     try:
@@ -156,6 +175,8 @@ def parse_question(text: str) -> tuple[str, dict[str, str] | None]:
                 choices[current].append(line.strip())
         else:
             stem.append(line)
+    if not choices:
+        stem, choices = _inline_choices(" ".join(stem))
     question = " ".join(" ".join(stem).split())
     if not question:
         raise InputError("the question has answer choices but no question text")
@@ -294,7 +315,7 @@ settings (environment variables or .env; a flag above wins over its variable):
   RERANKER (auto|cross-encoder|hybrid|none), LOCAL_MODEL_DIR, LOCAL_THREADS, LOCAL_CTX_SIZE
 
 input: at most {limit} characters of UTF-8 text; multiple-choice answers as lines "(A) ..." to
-"(D) ..." after the question (2 to 4, in order). The starter index (datasets/starter) is built on
+"(D) ..." after the question (2 to 4, in order), or 3 to 4 inline after it on one line. The starter index (datasets/starter) is built on
 first use when the store is empty.
 
 exit status: 0 answer printed; 1 run failed (LLM/provider error or RUN_TIMEOUT reached: the

@@ -115,6 +115,25 @@ def test_parse_question_splits_choices_with_continuation_lines():
     assert choices is None and "(a) a person who" in q
 
 
+def test_parse_question_takes_choices_typed_inline_on_one_line():
+    """A user typed the mailbox question with its four choices on one line and got an open
+    answer with no letter."""
+    q, choices = main.parse_question(
+        "When is an acceptance effective? (A) On receipt (B) On dispatch, properly addressed "
+        "(C) When signed (D) When read"
+    )
+    assert q == "When is an acceptance effective?"
+    assert choices == {
+        "A": "On receipt", "B": "On dispatch, properly addressed", "C": "When signed", "D": "When read",
+    }  # fmt: skip
+    # two inline markers are a statute's subsections, not choices; so is an out-of-order list
+    for text in (
+        "Does a transfer under paragraphs (A) and (B) of the statute need a writing?",
+        "Is it (B) notice or (A) a hearing or (C) both?",
+    ):
+        assert main.parse_question(text) == (text, None)
+
+
 @pytest.mark.slow
 @pytest.mark.local_llm
 def test_simple_demo_end_to_end_on_the_offline_default(tmp_path):
