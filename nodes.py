@@ -321,8 +321,7 @@ def merge_duplicate_claims(
     return kept
 
 
-_ABSENT = CitedClaim.model_construct(text=prompts.NOT_IN_SOURCES, sources=[])
-"""What the answer says in place of a claim that was left out."""
+_ABSENT = prompts.ABSENT_CLAIM
 
 
 def _safe_or_absent(claim: CitedClaim) -> CitedClaim:
@@ -357,29 +356,30 @@ def drop_restatements(
     def restated(c: CitedClaim) -> bool:
         return restates_question(c, asked, passages)
 
+    rule, application = restated(answer.rule), restated(answer.application)
     kept = {
-        "rule": _ABSENT if restated(answer.rule) else answer.rule,
+        "rule": _ABSENT if rule else answer.rule,
         "elements": [c for c in answer.elements if not restated(c)],
         "exceptions": [c for c in answer.exceptions if not restated(c)],
-        "application": _ABSENT if restated(answer.application) else answer.application,
+        "application": _ABSENT if application else answer.application,
     }
     dropped = (
-        (kept["rule"] is _ABSENT and answer.rule is not _ABSENT)
-        + (len(answer.elements) - len(kept["elements"]))
-        + (len(answer.exceptions) - len(kept["exceptions"]))
-        + (kept["application"] is _ABSENT and answer.application is not _ABSENT)
-    )
+        rule + application
+        + len(answer.elements) - len(kept["elements"])
+        + len(answer.exceptions) - len(kept["exceptions"])
+    )  # fmt: skip
     return (answer.model_copy(update=kept) if dropped else answer), dropped
+
+
+def _norm_words(text: str) -> str:
+    """``text`` as lower-case words joined by single spaces, punctuation dropped (for comparing
+    questions, and for finding a claim inside another)."""
+    return " ".join(re.findall(r"[a-z0-9]+", (text or "").lower()))
 
 
 RULE_CLAUSES_SHARE = 0.6
 """Elements that are verbatim pieces of the rule and together hold at least this share of its
 content words are the rule cut into clauses, not elements (see render_cited_answer)."""
-
-
-def _span(text: str) -> str:
-    """``text`` lower-cased, its words joined by single spaces, without outer punctuation."""
-    return " ".join(re.findall(r"[\w'-]+", text.lower()))
 
 
 def render_cited_answer(answer: CitedAnswer) -> str:
@@ -389,11 +389,11 @@ def render_cited_answer(answer: CitedAnswer) -> str:
     earlier one is merged into it or (the application) points back to it, and elements that are
     clauses of the rule's own sentence are not printed again."""
     rendered = [_claim_words(answer.rule.text)]
-    rule_span = _span(answer.rule.text) if answer.rule != _ABSENT else ""
+    rule_words = _norm_words(answer.rule.text) if answer.rule != _ABSENT else ""
     # The rule's own sentence cut into clauses is not a list of elements (the Free Exercise step
     # once printed its rule, then the rule again as four clauses: "such as a general drug or
     # fire-safety law"); short element names taken from the rule ("reasonable suspicion") stay.
-    pieces = [e for e in answer.elements if _span(e.text) and _span(e.text) in rule_span]
+    pieces = [e for e in answer.elements if (w := _norm_words(e.text)) and w in rule_words]
     covered = set().union(*(mc.content_words(e.text) for e in pieces))
     in_rule = bool(pieces) and len(covered) >= RULE_CLAUSES_SHARE * len(rendered[0])
     elements = [e for e in answer.elements if not (in_rule and e in pieces)]
@@ -466,10 +466,11 @@ def synthesize(client: Any, question: str, docs: Sequence[dict]) -> tuple[str, d
     the server enforces the schema where it can) and the text is rendered from it, so even the
     embedded 1.5B model cites.  An unparseable or empty reply is retried once with the strict
     prompt; when that fails too the step has no answer (``citations["parsed"]`` False), and the
-    complete claims of a cut-off reply are kept only as ``citations["salvaged"]`` for the trace.
+    complete claims of the replies are kept only as ``citations["salvaged"]`` for the trace.
     ``citations["strict_retry"]`` records the retry (a fallback: such research is never cached).
-    A reply cut off at its token budget keeps its complete claims instead (``prompts.cut_off_answer``,
-    ``citations["cut_off"]``, also a fallback); the strict retry has a smaller budget still.
+    A reply cut off at its token budget that holds a rule and an element is not retried (the strict
+    retry has a smaller budget still): its complete claims stand (``prompts.cut_off_answer``,
+    ``citations["cut_off"]``, also a fallback).
     Claims that only restate ``question`` are dropped (``citations["restated_question"]``)."""
     passages = prompts.quote_passages(docs)
     result = prompts.call(client, "synthesize", question=question, passages=passages)
@@ -567,7 +568,7 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     phase = (plan.phase if plan else "") or "rule"
     issues = [" ".join(i.split()) for i in (plan.issues if plan else []) if i.strip()]
     listed = list(issues)  # the model's own names, which its question tends to enumerate
-    note = ""
+    agenda_issue = None
     if state.get("query_type") == "multi_hop" and ctx.link_issues is not None:
         try:  # the issues the facts raise, deduplicated at the doctrine level (legal taxonomy)
             issues = ctx.link_issues(question, issues) or issues
@@ -594,8 +595,12 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
             or _unfocused(ctx, step_q, issues[:1], question)
         )
     ):
-        step_q, phase, note = issue_question(issues[0]), "rule", " (agenda: first issue)"
-    strategy = plan.strategy.model_dump() if plan and not note else {"search_type": "hybrid"}
+        agenda_issue = issues[0]
+        step_q, phase = issue_question(agenda_issue), "rule"
+    # the model's strategy was for its own question
+    strategy = (
+        plan.strategy.model_dump() if plan and not agenda_issue else {"search_type": "hybrid"}
+    )
     if len(step_q) < 10:
         step_q, phase = question, "rule"
     step: PlanStep = {
@@ -604,10 +609,10 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         "phase": phase,
         "question": step_q,
         "execution": None,
-        "strategy": strategy,  # the model's strategy was for its own question
+        "strategy": strategy,
     }
-    if note:
-        step["issue"] = issues[0]
+    if agenda_issue:
+        step["issue"] = agenda_issue
     update: dict[str, Any] = {
         "memory_hit": False,
         "planning_table": [step],
@@ -616,6 +621,7 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     }
     if fallbacks:
         update["fallbacks"] = fallbacks
+    note = " (agenda: first issue)" if agenda_issue else ""
     return update, f"step 1: {_short(step_q)}{note}" + (
         f" (issues: {'; '.join(issues)})" if issues else ""
     )
@@ -721,14 +727,10 @@ _AUTHORITY = re.compile(
 )
 
 
-def _norm_question(text: str) -> str:
-    return " ".join(re.findall(r"[a-z0-9]+", (text or "").lower()))
-
-
 def dead_ends_of(state: AgentState) -> set[tuple[str, str]]:
     """(normalised step question, search type) pairs the working memory records as dead ends."""
     return {
-        (_norm_question(e.get("question", "")), e["strategy"].get("executed_as", ""))
+        (_norm_words(e.get("question", "")), e["strategy"].get("executed_as", ""))
         for e in state.get("chain_of_thought") or []
         if e["dead_ends"]
     }
@@ -745,7 +747,7 @@ def choose_search_type(
         return forced, "forced by SEARCH_STRATEGY"
     wanted = planned if planned in prompts.SEARCH_TYPES else "hybrid"
     dead = dead_ends_of(state)
-    key = _norm_question(question)
+    key = _norm_words(question)
     for search_type in (wanted, *prompts.SEARCH_TYPES):
         if (key, search_type) not in dead:
             return search_type, "" if search_type == wanted else f"{wanted} was a dead end"

@@ -276,6 +276,8 @@ class CitedAnswer(BaseModel):
 
 
 NOT_IN_SOURCES = "not in the sources"
+ABSENT_CLAIM = CitedClaim.model_construct(text=NOT_IN_SOURCES, sources=[])
+"""What an answer says, uncited, in place of a claim that was cut or left out (never mutated)."""
 
 
 def cut_off_answer(text: str) -> CitedAnswer | None:
@@ -297,7 +299,7 @@ def cut_off_answer(text: str) -> CitedAnswer | None:
         except ValueError:
             continue
         if not complete:
-            answer.application = CitedClaim.model_construct(text=NOT_IN_SOURCES, sources=[])
+            answer.application = ABSENT_CLAIM
         return answer
     return None
 

@@ -621,11 +621,11 @@ def embed_passages(texts: Sequence[str], settings: Settings) -> np.ndarray:
     spans_of = getattr(embedder, "token_spans", _word_spans)
     limit = passage_token_limit(embedder, s)
     window = min(int(s.passage_window_tokens or 0), limit)
-    if not window and limit + 2 >= int(getattr(embedder, "max_tokens", 256)):
-        return embedder.embed_documents(texts)  # the model truncates at its own limit
-    if not window and hasattr(embedder, "embed_truncated"):
-        return embedder.embed_truncated(texts, limit + 2)
     if not window:
+        if limit + 2 >= int(getattr(embedder, "max_tokens", 256)):
+            return embedder.embed_documents(texts)  # the model truncates at its own limit
+        if hasattr(embedder, "embed_truncated"):
+            return embedder.embed_truncated(texts, limit + 2)
         cut = []
         for text in texts:
             spans = spans_of(text) if len(text) > limit else []  # a token spans >= 1 character
