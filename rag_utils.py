@@ -71,6 +71,7 @@ _stores: dict[tuple, PassageStore] = {}
 _cross_encoders: dict[tuple, Any] = {}
 _auto_choice: dict[tuple, str] = {}
 _bm25: dict[tuple, Bm25Index] = {}
+_centroids: dict[tuple, tuple[int, Any]] = {}
 _read_only: dict[tuple, Path] = {}
 """Client keys of read-only Chroma folders -> the temporary copy the client reads."""
 
@@ -880,6 +881,25 @@ class PassageStore:
                 yield _record(pid, text, meta)
             offset += len(got["ids"])
 
+    def mean_embedding(self, page: int = 5000) -> Any:
+        """The mean of every stored passage vector (float32; zeros for an empty collection),
+        read page by page."""
+        import numpy as np
+
+        total, n, offset = None, 0, 0
+        while True:
+            got = self.collection.get(include=["embeddings"], limit=page, offset=offset)
+            embs = got.get("embeddings")
+            if not got["ids"] or embs is None or len(embs) == 0:
+                break
+            block = np.asarray(embs, dtype=np.float64)
+            total = block.sum(0) if total is None else total + block.sum(0)
+            n += len(block)
+            offset += len(got["ids"])
+        if total is None:
+            return np.zeros(0, dtype=np.float32)
+        return (total / n).astype(np.float32)
+
     def sources(self) -> dict[str, int]:
         """Passage count per ``source`` (scans the metadata of the whole collection)."""
         counts = Counter(p["source"] or "(none)" for p in self.iter_all(include_text=False))
@@ -954,6 +974,7 @@ def reset_caches() -> None:
         _clients.clear()
         _stores.clear()
         _bm25.clear()
+        _centroids.clear()
         _auto_choice.clear()
         _read_only.clear()
 
@@ -1095,6 +1116,67 @@ def get_bm25(settings: Settings, store: PassageStore | None = None) -> Bm25Index
                     logger.warning("cannot save the BM25 index to %s: %s", folder, exc)
         _bm25[key] = index
         return index
+
+
+def get_centroid(settings: Settings, store: PassageStore | None = None) -> Any:
+    """The mean passage vector of the collection (see ``DENSE_CENTERING``): loaded from
+    ``CHROMA_DIR/centroid/<collection>.json`` when its passage count still matches the
+    collection's, else computed from the stored vectors and saved there."""
+    import numpy as np
+
+    s = settings
+    store = store or get_store(s)
+    count = store.count()
+    key = (_client_key(s), store.name)
+    path = store.bm25_dir.parent / "centroid" / f"{store.name}.json"
+    with _lock:
+        cached = _centroids.get(key)
+        if cached is not None and cached[0] == count:
+            return cached[1]
+        vec = None
+        try:
+            saved = json.loads(path.read_text())
+            if int(saved["count"]) == count:
+                vec = np.asarray(saved["mean"], dtype=np.float32)
+        except (OSError, ValueError, KeyError, TypeError):
+            vec = None
+        if vec is None:
+            logger.info("computing the mean passage vector of %s (%d passages)", store.name, count)
+            vec = store.mean_embedding()
+            if _client_key(s) not in _read_only:
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = path.with_suffix(".tmp")
+                    tmp.write_text(json.dumps({"count": count, "mean": vec.tolist()}))
+                    tmp.replace(path)
+                except OSError as exc:
+                    logger.warning("cannot save the mean passage vector to %s: %s", path, exc)
+        _centroids[key] = (count, vec)
+        return vec
+
+
+def centered_queries(qvecs: Any, centroid: Any) -> Any:
+    """Query vectors minus the corpus centroid, renormalised (unchanged when the centroid is
+    empty or a query would vanish)."""
+    import numpy as np
+
+    q = np.asarray(qvecs, dtype=np.float32)
+    if centroid is None or len(centroid) != q.shape[-1]:
+        return q
+    out = q - centroid
+    norms = np.linalg.norm(out, axis=-1, keepdims=True)
+    return np.where(norms > 1e-6, out / np.maximum(norms, 1e-6), q)
+
+
+def dense_query_vectors(
+    queries: Sequence[str], settings: Settings, store: PassageStore | None = None
+) -> tuple[Any, Any]:
+    """The queries embedded in one pass, and the vectors dense search ranks with: the same, or
+    centred on the collection's mean vector when DENSE_CENTERING is on."""
+    plain = get_embedder(settings).embed_documents(list(queries))
+    if not settings.dense_centering:
+        return plain, plain
+    return plain, centered_queries(plain, get_centroid(settings, store))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1263,7 +1345,8 @@ def retrieve_documents_multi_query(
 
     Each query contributes ``OVERRETRIEVE_FACTOR * k`` dense candidates (and as many BM25 candidates
     with hybrid/bm25); the pool is deduplicated by id, ``exclude_ids`` are dropped, and the pool is
-    reranked against the primary query. Each result: ``id, text, source, title, metadata,
+    reranked against the primary query (dense candidates and the dense ranking use the queries
+    centred on the collection's mean vector when DENSE_CENTERING is on). Each result: ``id, text, source, title, metadata,
     dense_score`` (cosine to the primary query), ``rerank_score`` (the final ranking score, higher is
     better) and ``rank`` (1-based); ``metadata['reranker']`` names the reranker used."""
     import numpy as np
@@ -1283,9 +1366,13 @@ def retrieve_documents_multi_query(
     use_bm25 = method in ("hybrid", "bm25")
     bm25 = get_bm25(s, store) if use_bm25 else None
 
-    qvecs = embedder.embed_documents(queries) if embedder is not None else None  # one pass
+    qvecs, rank_vecs = (
+        dense_query_vectors(queries, s, store) if embedder is not None else (None, None)
+    )
     bm25_scores = bm25.scores_many(queries) if bm25 is not None else None
-    ids = candidate_pool(store, queries, qvecs, bm25, per_query, excluded, bm25_scores=bm25_scores)
+    ids = candidate_pool(
+        store, queries, rank_vecs, bm25, per_query, excluded, bm25_scores=bm25_scores
+    )
     docs = store.get(ids, with_embeddings=qvecs is not None)
     if not docs:
         return []
@@ -1293,20 +1380,21 @@ def retrieve_documents_multi_query(
     if qvecs is not None:
         mat = np.asarray([d.pop("embedding") for d in docs], dtype=np.float32)
         dense = (mat @ qvecs[0]).astype(float).tolist()
+        ranking = (mat @ rank_vecs[0]).astype(float).tolist()
     else:
-        dense = [None] * len(docs)
+        dense = ranking = [None] * len(docs)
     for d, score in zip(docs, dense, strict=True):
         d["dense_score"] = score
 
     if method == "none":
-        final = list(dense)
+        final = list(ranking)
     elif method == "bm25":
         assert bm25 is not None
         final = bm25.scores_of(bm25_scores[0], [d["id"] for d in docs])
     elif method == "hybrid":
         assert bm25 is not None
         lexical = bm25.scores_of(bm25_scores[0], [d["id"] for d in docs])
-        final = fuse_rankings(dense, lexical, s.fusion_dense_weight)
+        final = fuse_rankings(ranking, lexical, s.fusion_dense_weight)
     else:  # cross-encoder
         model = get_cross_encoder(s)
         raw = model.predict([(queries[0], d["text"]) for d in docs], show_progress_bar=False)

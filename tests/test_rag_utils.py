@@ -162,8 +162,19 @@ def test_results_have_the_documented_fields_and_order(loaded, reranker):
     assert scores == sorted(scores, reverse=True)
     assert docs[0]["id"] == "mbe_neg1"
     json.dumps(docs)  # JSON-able for the agent state
-    if reranker == "none":
-        assert scores == pytest.approx([d["dense_score"] for d in docs])
+    if reranker == "none":  # the dense ranking: the cosine of the centred query ...
+        emb = rag_utils.get_embedder(settings)
+        q = rag_utils.dense_query_vectors(["elements of negligence duty breach"], settings)[1][0]
+        assert scores == pytest.approx([float(q @ emb.embed_query(d["text"])) for d in docs])
+        plain = rag_utils.retrieve_documents_multi_query(  # ... or of the query itself
+            ["elements of negligence duty breach", "negligence per se statute"],
+            k=5,
+            reranker=reranker,
+            settings=settings.replace(dense_centering=False),
+        )
+        assert [d["rerank_score"] for d in plain] == pytest.approx(
+            [d["dense_score"] for d in plain]
+        )
     if reranker == "hybrid":  # reciprocal rank fusion of two rankings
         assert docs[0]["rerank_score"] <= 2 / (rag_utils.RRF_K + 1) + 1e-12
 
@@ -172,7 +183,7 @@ def test_pool_covers_every_query_without_duplicates(loaded):
     settings, _ = loaded
     store = rag_utils.get_store(settings)
     queries = ["miranda custodial interrogation", "adverse possession hostile continuous"]
-    qvecs = rag_utils.get_embedder(settings).embed_documents(queries)
+    _, qvecs = rag_utils.dense_query_vectors(queries, settings)  # what dense search ranks with
     pool = rag_utils.candidate_pool(store, queries, qvecs, None, 2, set())
     assert len(pool) == len(set(pool)) == 4
     assert {"starter_miranda", "starter_adverse"} <= set(pool)
@@ -330,7 +341,7 @@ def test_cross_encoder_reranks_the_pool_with_a_real_model(loaded, tmp_path, capl
     docs = rag_utils.retrieve_documents_multi_query(queries, k=5, settings=s)
     assert {d["metadata"]["reranker"] for d in docs} == {"cross-encoder"}
     store = rag_utils.get_store(s)
-    qvecs = rag_utils.get_embedder(s).embed_documents(queries)
+    _, qvecs = rag_utils.dense_query_vectors(queries, s)
     pool = store.get(
         rag_utils.candidate_pool(store, queries, qvecs, None, 5 * s.overretrieve_factor, set())
     )

@@ -342,3 +342,83 @@ def test_rrf_merge_rewards_passages_ranked_well_by_several_queries():
     assert [d["rank"] for d in merged] == [1, 2, 3]
     assert merged[0]["rrf_score"] == pytest.approx(1 / 62 + 1 / 61)
     assert rag_utils.rrf_merge([], k=3) == []
+
+
+# ------------------------------------------------------------------------------------------------
+# dense ranking centred on the corpus mean (DENSE_CENTERING)
+# ------------------------------------------------------------------------------------------------
+
+BOILERPLATE = "court held defendant plaintiff liable judgment appeal reversed"
+TOPICS = ["negligence", "battery", "contract", "trespass", "fraud", "bailment"]
+CENTRED_CORPUS = [
+    {"idx": f"case{i}", "source": "caselaw", "text": f"{BOILERPLATE} {topic}"}
+    for i, topic in enumerate(TOPICS)
+] + [
+    {"idx": idx, "source": "study", "text": text}
+    for idx, text in [
+        ("easement", "easement servient dominant tenement appurtenant"),
+        ("hearsay", "hearsay statement offered truth matter asserted"),
+    ]
+]
+
+
+@pytest.fixture
+def centred_corpus(tmp_settings, fake):
+    load_corpus.load_passages(CENTRED_CORPUS, tmp_settings, progress=False)
+    return tmp_settings
+
+
+def test_centering_ranks_the_passage_specific_to_the_query_above_shared_boilerplate(
+    centred_corpus,
+):
+    # A fact pattern full of the words every caselaw passage shares, asking about an easement.
+    q = f"{BOILERPLATE} the owner crossed the neighbour's land: is there an easement"
+    plain = rag_utils.retrieve_documents(
+        q, k=3, reranker="none", settings=centred_corpus.replace(dense_centering=False)
+    )
+    centred = rag_utils.retrieve_documents(q, k=3, reranker="none", settings=centred_corpus)
+    assert _ids(plain)[0].startswith("case")  # the plain cosine follows the boilerplate
+    assert _ids(centred)[0] == "easement"
+    # the reported dense_score stays the plain cosine the evidence gates were calibrated on
+    emb = rag_utils.get_embedder(centred_corpus)
+    text = {p["idx"]: p["text"] for p in CENTRED_CORPUS}
+    for d in centred:
+        expected = float(emb.embed_query(q) @ emb.embed_query(text[d["id"]]))
+        assert d["dense_score"] == pytest.approx(expected, abs=1e-5)
+
+
+def test_centroid_is_the_mean_vector_saved_beside_the_index_and_follows_the_collection(
+    centred_corpus,
+):
+    s = centred_corpus
+    emb = rag_utils.get_embedder(s)
+    mean = emb.embed_documents([p["text"] for p in CENTRED_CORPUS]).mean(0)
+    assert np.allclose(rag_utils.get_centroid(s), mean, atol=1e-5)
+    saved = Path(s.chroma_dir).expanduser() / "centroid"
+    assert len(list(saved.glob("*.json"))) == 1
+
+    # a new process reads it from disk instead of scanning the collection
+    rag_utils.reset_caches()
+    store = rag_utils.get_store(s)
+    scans = []
+    store.mean_embedding = lambda: scans.append(1) or np.zeros(emb.dim, dtype=np.float32)
+    assert np.allclose(rag_utils.get_centroid(s, store), mean, atol=1e-5)
+    assert not scans
+    del store.mean_embedding
+
+    # more passages: recomputed
+    extra = {"idx": "extra", "source": "study", "text": "adverse possession hostile open notorious"}
+    load_corpus.load_passages([extra], s, progress=False)
+    grown = emb.embed_documents([p["text"] for p in [*CENTRED_CORPUS, extra]]).mean(0)
+    assert np.allclose(rag_utils.get_centroid(s), grown, atol=1e-5)
+
+
+def test_centred_queries_are_unit_vectors_and_an_empty_centroid_changes_nothing():
+    q = np.asarray([[0.6, 0.8, 0.0], [0.0, 0.0, 1.0]], dtype=np.float32)
+    out = rag_utils.centered_queries(q, np.asarray([0.3, 0.4, 0.0], dtype=np.float32))
+    assert np.allclose(np.linalg.norm(out, axis=1), 1.0)
+    assert np.allclose(out[0], [0.6, 0.8, 0.0])  # direction kept when the mean is parallel
+    assert out[1] @ np.asarray([0.6, 0.8, 0.0]) < 0  # pushed away from the common direction
+    assert np.array_equal(rag_utils.centered_queries(q, np.zeros(0, dtype=np.float32)), q)
+    same = rag_utils.centered_queries(q[:1], q[0])  # a query equal to the mean does not vanish
+    assert np.allclose(same, q[:1])
