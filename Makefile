@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 demo: setup
-	$(BIN)/python main.py simple
+	$(BIN)/python main.py multi_hop
 
 test: setup
 	$(BIN)/python -m pytest
