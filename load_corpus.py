@@ -25,6 +25,7 @@ import logging
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -387,19 +388,45 @@ def load_passages(
     )
     added = 0
     flagged: list[str] = []
+
+    def commit(batch: list[dict[str, Any]], vecs: Any) -> None:
+        """Screen and upsert one embedded batch (on the worker thread, while the next embeds)."""
+        texts = [p["text"] for p in batch]
+        metas = [_metadata(p) for p in batch]
+        store.upsert([str(p["idx"]) for p in batch], texts, metas, vecs)
+        flagged.extend(
+            str(p["idx"]) for p, m in zip(batch, metas, strict=True) if m[INJECTION_FLAGS]
+        )
+
+    # The knowledge graph needs only the texts and Chroma's upsert only the vectors, so both run
+    # beside the embedder (onnxruntime releases the GIL): one batch is committed while the next
+    # is embedded, and the graph is built meanwhile.  A batch is committed before the one after
+    # it is sent, and an interrupted load waits for the batch in flight.
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="load_corpus")
+    graph_job = pool.submit(_update_graph, passages, s)
+    in_flight: tuple[Future, int] | None = None
     try:
         for i in range(0, len(todo), batch_size):
             batch = todo[i : i + batch_size]
-            texts = [p["text"] for p in batch]
-            metas = [_metadata(p) for p in batch]
-            flagged += [
-                str(p["idx"]) for p, m in zip(batch, metas, strict=True) if m[INJECTION_FLAGS]
-            ]
-            vecs = rag_utils.embed_passages(texts, s)
-            store.upsert([str(p["idx"]) for p in batch], texts, metas, vecs)
-            added += len(batch)
-            bar.update(len(batch))
+            vecs = rag_utils.embed_passages([p["text"] for p in batch], s)
+            if in_flight is not None:
+                in_flight[0].result()
+                added += in_flight[1]
+                bar.update(in_flight[1])
+            in_flight = (pool.submit(commit, batch, vecs), len(batch))
+        if in_flight is not None:
+            job, n, in_flight = *in_flight, None
+            job.result()
+            added += n
+            bar.update(n)
     finally:
+        if in_flight is not None:  # interrupted: the batch in flight lands or fails, then stop
+            try:
+                in_flight[0].result()
+                added += in_flight[1]
+            except Exception:  # already failing: the first error is the one raised
+                pass
+        pool.shutdown(wait=True)
         bar.close()
         if flagged:
             logger.warning(
@@ -409,7 +436,7 @@ def load_passages(
                 INJECTION_FLAGS,
                 ", ".join(flagged[:5]),
             )
-    _update_graph(passages, s)
+    graph_job.result()
     return added
 
 

@@ -219,10 +219,25 @@ def issues_named(question: str, issues: Sequence[str]) -> list[str]:
     return [i for i, n in named if not any(n < other for _, other in named)]
 
 
+NOT_RESEARCHED = "Not researched"
+"""Heads the final answer's line naming the planned issues the research stopped before."""
+
+
 def open_issues(state: AgentState) -> list[str]:
     """Planned issues no step has researched yet, in the planner's order."""
     done = set(state.get("researched_issues") or [])
     return [i for i in state.get("issues") or [] if i not in done]
+
+
+def unresearched_issues(state: AgentState) -> list[str]:
+    """Open issues (:func:`open_issues`) whose words no executed step's question contains: a
+    step the model wrote itself may research "due process" without being matched to it."""
+    asked = [set(_norm_words(s["question"]).split()) for s in _executed(state)]
+    return [
+        issue
+        for issue in open_issues(state)
+        if not any(set(_norm_words(issue).split()) <= words for words in asked)
+    ]
 
 
 def _short(text: str, n: int = 80) -> str:
@@ -1016,6 +1031,10 @@ def evaluate(state: AgentState, ctx: AgentContext) -> tuple[dict, str, Evaluator
         # An open question whose research reached no confident step is declined; a
         # multiple-choice question still reads the low-confidence research (it must be answered).
         answer, sources = "", []
+    if answer and stop and (left_open := unresearched_issues(view)):
+        # The research stopped with planned issues untouched: say so instead of letting the
+        # answer read as complete.
+        answer += f"\n\n{NOT_RESEARCHED} ({stop}): {'; '.join(left_open)}."
     abstained, why_not = (False, "") if answer else no_answer(view, threshold)
     update: dict[str, Any] = {
         "planning_table": graded,

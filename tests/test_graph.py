@@ -880,6 +880,11 @@ def test_completed_steps_capped_at_max_steps(tmp_settings):
     result, *_ = run(tmp_settings, replies, max_steps=2)
     assert result["run_metrics"]["steps_completed"] == 2
     assert result["run_metrics"]["stop_reason"] == "2 steps completed"
+    # the planned issue the cap left out is named, not silently dropped
+    assert result["final_cited_answer"].endswith(
+        "Not researched (2 steps completed): free exercise."
+    )
+    assert "Not researched" not in run(tmp_settings, multi_replies())[0]["final_cited_answer"]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -422,3 +422,37 @@ def test_download_fetches_passage_and_qa_files_of_the_hub_layout(
     assert [p["idx"] for p in merged] == [r["idx"] for r in _rows()]  # overlap kept once
     assert load_corpus.default_source(s) == (passages, qa)  # now local: no second download
     assert len(fetched) == 3
+
+
+def test_a_failure_mid_load_keeps_every_batch_embedded_before_it(tmp_settings, fake, monkeypatch):
+    """Batches are committed on a worker thread while the next one embeds; a failure in the
+    third batch's embedding still leaves the first two stored, and a rerun adds the rest."""
+    passages = [{"idx": f"p{i}", "text": f"passage {i} about negligence"} for i in range(10)]
+    real = rag_utils.embed_passages
+    calls = []
+
+    def flaky(texts, settings):
+        calls.append(len(texts))
+        if len(calls) == 3:
+            raise RuntimeError("embedder crashed")
+        return real(texts, settings)
+
+    monkeypatch.setattr(rag_utils, "embed_passages", flaky)
+    with pytest.raises(RuntimeError, match="embedder crashed"):
+        load_corpus.load_passages(passages, tmp_settings, batch_size=3, progress=False)
+    assert rag_utils.corpus_count(tmp_settings) == 6
+    monkeypatch.setattr(rag_utils, "embed_passages", real)
+    assert load_corpus.load_passages(passages, tmp_settings, batch_size=3, progress=False) == 4
+    assert rag_utils.corpus_count(tmp_settings) == 10
+
+
+def test_an_upsert_failure_is_raised_not_lost(tmp_settings, fake, monkeypatch):
+    passages = [{"idx": f"p{i}", "text": f"passage {i} about battery"} for i in range(4)]
+    store = rag_utils.get_store(tmp_settings)
+
+    def broken(*_a, **_k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(store, "upsert", broken)
+    with pytest.raises(OSError, match="disk full"):
+        load_corpus.load_passages(passages, tmp_settings, batch_size=2, progress=False)
