@@ -279,6 +279,8 @@ def _partial(state: dict, ctx: AgentContext, message: str) -> dict:
     """The research so far after a failure, with the reason."""
     logger.info("run stopped early: %s", message)
     answer = state.get("research_answer") or ""
+    if answer and f"\n\n{nodes.NOT_RESEARCHED} (" not in answer:
+        answer += nodes.not_researched_note(state, "stopped early")
     state["error"] = message
     state["final_cited_answer"] = (
         f"{answer}\n\n[Stopped early — {message}]" if answer else f"[No answer — {message}]"

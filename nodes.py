@@ -230,14 +230,26 @@ def open_issues(state: AgentState) -> list[str]:
 
 
 def unresearched_issues(state: AgentState) -> list[str]:
-    """Open issues (:func:`open_issues`) whose words no executed step's question contains: a
-    step the model wrote itself may research "due process" without being matched to it."""
-    asked = [set(_norm_words(s["question"]).split()) for s in _executed(state)]
+    """Planned issues no executed step addressed: none was counted against it (``addresses``) and
+    none asked a question containing its words (a step the model wrote itself may research "due
+    process" without being matched to it).  An issue whose step was planned but never ran (the
+    run stopped first) is among them."""
+    executed = _executed(state)
+    addressed = {s.get("addresses") for s in executed}
+    asked = [set(_norm_words(s["question"]).split()) for s in executed]
     return [
         issue
-        for issue in open_issues(state)
-        if not any(set(_norm_words(issue).split()) <= words for words in asked)
+        for issue in state.get("issues") or []
+        if issue not in addressed
+        and not any(set(_norm_words(issue).split()) <= words for words in asked)
     ]
+
+
+def not_researched_note(state: AgentState, why: str) -> str:
+    """``"\n\nNot researched (<why>): issue; issue."`` for the :func:`unresearched_issues` of a
+    research that stopped early, or ``""`` when every planned issue was reached."""
+    left_open = unresearched_issues(state)
+    return f"\n\n{NOT_RESEARCHED} ({why}): {'; '.join(left_open)}." if left_open else ""
 
 
 def _short(text: str, n: int = 80) -> str:
@@ -628,6 +640,8 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     }
     if agenda_issue:
         step["issue"] = agenda_issue
+    if issues:
+        step["addresses"] = issues[0]
     update: dict[str, Any] = {
         "memory_hit": False,
         "planning_table": [step],
@@ -1031,10 +1045,10 @@ def evaluate(state: AgentState, ctx: AgentContext) -> tuple[dict, str, Evaluator
         # An open question whose research reached no confident step is declined; a
         # multiple-choice question still reads the low-confidence research (it must be answered).
         answer, sources = "", []
-    if answer and stop and (left_open := unresearched_issues(view)):
+    if answer and stop:
         # The research stopped with planned issues untouched: say so instead of letting the
         # answer read as complete.
-        answer += f"\n\n{NOT_RESEARCHED} ({stop}): {'; '.join(left_open)}."
+        answer += not_researched_note(view, stop)
     abstained, why_not = (False, "") if answer else no_answer(view, threshold)
     update: dict[str, Any] = {
         "planning_table": graded,
@@ -1057,7 +1071,9 @@ evaluator = make_evaluator()
 def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """next_step | retry | complete.  On LLM failure or an unusable reply: complete with the
     evidence so far.  A question that is unusable, repeats an earlier step or restates the
-    objective is replaced by the next open planned issue; with none left, the research completes."""
+    objective is replaced by the next open planned issue; with none left, the research completes.
+    When no more steps are left than open planned issues, a question that addresses none of them
+    (by name or by cosine) is replaced the same way, so the budget goes to the plan's issues."""
     table = state.get("planning_table") or []
     asked = "\n".join(f"- {p['question']}" for p in table)
     findings = "\n".join(state.get("accumulated_context") or []) or "(nothing yet)"
@@ -1102,6 +1118,22 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     elif len(named := issues_named(question, state.get("issues") or [])) > 1:
         problem = f"the question names {len(named)} planned issues at once"
     last = table[-1] if table else None
+    retrying = plan.action == "retry" and last is not None and last["status"] != "completed"
+    steps_left = ctx.settings.max_steps - sum(1 for p in table if p["status"] == "completed")
+    if (
+        problem is None
+        and not retrying
+        and agenda
+        and steps_left <= len(agenda)
+        and not issues_named(question, agenda)
+        and not (to_agenda and max(to_agenda) >= ISSUE_MATCH_COSINE)
+    ):
+        # The step budget no longer covers the planned issues: a question of the model's own
+        # that addresses none of them would leave one unresearched, so the next one goes first.
+        problem = (
+            f"{len(agenda)} planned issue(s) open, {steps_left} step(s) left, and the question "
+            "addresses none of them"
+        )
     action = plan.action
     if action == "retry" and last is not None and last["status"] == "completed":
         action = "next_step"  # only a failed step is retried
@@ -1119,6 +1151,8 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         question, action, phase = issue_question(issue), "next_step", "rule"
     elif to_agenda and max(to_agenda) >= ISSUE_MATCH_COSINE:
         issue = agenda[to_agenda.index(max(to_agenda))]
+    elif len(named_open := issues_named(question, agenda)) == 1:
+        issue = named_open[0]
     step: PlanStep = {
         "step_id": _next_step_id(state),
         "status": "pending",
@@ -1129,6 +1163,8 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     }
     if problem is not None and issue is not None:
         step["issue"] = issue
+    if issue is not None:
+        step["addresses"] = issue
     update: dict[str, Any] = {"planning_table": [step]}
     memory = [dict(e) for e in state.get("chain_of_thought") or []]
     if memory:

@@ -1330,3 +1330,35 @@ def test_a_plain_safe_verdict_is_shown_without_the_models_reason(tmp_settings):
     first = result["_events"][0]
     assert first["node"] == "detect_injection" and first["decision"] == "safe"
     assert result["injection_check"]["reason"] == "criminal law question"  # kept in the trace
+
+
+def test_llm_failure_mid_run_names_the_planned_issues_not_researched(tmp_settings):
+    replies = multi_replies(n_steps=2, synthesize=[SYNTH, RuntimeError("connection reset")])
+    result, *_ = run(tmp_settings, replies)
+    answer = result["final_cited_answer"]
+    assert "Not researched (stopped early): due process; free exercise." in answer
+    assert answer.index(nodes.NOT_RESEARCHED) < answer.index("[Stopped early")
+
+
+GENERIC_STEP = "Which remedies can the plaintiff recover here?"
+"""A question of the model's own that addresses no planned issue (on the multi_hop demo the
+embedded model's third step was "What must the university show for each claim?")."""
+
+
+def test_a_question_addressing_no_open_issue_gives_way_when_the_steps_left_only_cover_the_plan(
+    tmp_settings,
+):
+    replies = multi_replies(n_steps=2, replan=[J(action="next_step", phase="rule", question=GENERIC_STEP), J(action="complete")])  # fmt: skip
+    replies["rewrite"].pop()  # the agenda's step searches its issue's names
+    result, *_ = run(tmp_settings, replies)  # MAX_STEPS 3: 2 steps left, 2 issues open
+    questions = [s["question"] for s in result["planning_table"]]
+    assert questions[1] == nodes.issue_question("due process")
+    assert any("2 step(s) left, and the question addresses none" in e["decision"] for e in result["_events"])  # fmt: skip
+
+
+def test_a_question_addressing_no_open_issue_stands_while_the_budget_covers_the_plan(
+    tmp_settings,
+):
+    replies = multi_replies(n_steps=2, replan=[J(action="next_step", phase="rule", question=GENERIC_STEP), J(action="complete")])  # fmt: skip
+    result, *_ = run(tmp_settings, replies, max_steps=4)  # 3 steps left, 2 issues open
+    assert [s["question"] for s in result["planning_table"]][1] == GENERIC_STEP
