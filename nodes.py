@@ -1118,11 +1118,13 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     elif len(named := issues_named(question, state.get("issues") or [])) > 1:
         problem = f"the question names {len(named)} planned issues at once"
     last = table[-1] if table else None
-    retrying = plan.action == "retry" and last is not None and last["status"] != "completed"
+    action = plan.action
+    if action == "retry" and last is not None and last["status"] == "completed":
+        action = "next_step"  # only a failed step is retried
     steps_left = ctx.settings.max_steps - sum(1 for p in table if p["status"] == "completed")
     if (
         problem is None
-        and not retrying
+        and action != "retry"
         and agenda
         and steps_left <= len(agenda)
         and not issues_named(question, agenda)
@@ -1134,9 +1136,6 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
             f"{len(agenda)} planned issue(s) open, {steps_left} step(s) left, and the question "
             "addresses none of them"
         )
-    action = plan.action
-    if action == "retry" and last is not None and last["status"] == "completed":
-        action = "next_step"  # only a failed step is retried
     phase = plan.phase or (last["phase"] if action == "retry" and last else "research")
     issue = None
     if problem is not None:

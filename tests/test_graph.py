@@ -1362,3 +1362,11 @@ def test_a_question_addressing_no_open_issue_stands_while_the_budget_covers_the_
     replies = multi_replies(n_steps=2, replan=[J(action="next_step", phase="rule", question=GENERIC_STEP), J(action="complete")])  # fmt: skip
     result, *_ = run(tmp_settings, replies, max_steps=4)  # 3 steps left, 2 issues open
     assert [s["question"] for s in result["planning_table"]][1] == GENERIC_STEP
+
+
+def test_the_retry_of_a_failed_step_stands_however_few_steps_are_left(tmp_settings):
+    replies = multi_replies(n_steps=2, replan=[J(action="retry", phase="rule", question=GENERIC_STEP), J(action="complete")])  # fmt: skip
+    result, *_ = run(tmp_settings, replies, confidences=[0.1, 0.6], max_steps=2)
+    table = result["planning_table"]
+    assert [s["status"] for s in table] == ["failed", "completed"]
+    assert table[1]["question"] == GENERIC_STEP
