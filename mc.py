@@ -6,8 +6,12 @@ gold_passage, so every mode is scored with the same prompt and the same extracti
 Letter extraction (:func:`parse_mc_answer`), in order:
 
 1. ``answer_format`` — an explicit marker: ``**Answer: (B)**``, ``Answer: B``, ``the answer is (B)``,
-   ``correct choice is B``; the LAST marker wins (the conclusion after the reasoning), or a reply that
-   is only a letter (``B``, ``(B)``, ``B.``).
+   ``correct choice is B``, or a reply that is only a letter (``B``, ``(B)``, ``B.``). Of several
+   markers the first wins (``MC_LETTER=first``, the default: the letter the prompt asks for on the
+   first line) or the last (``MC_LETTER=last``: the conclusion after the element check).  The
+   embedded 1.5B model often labels its per-choice lines with the marker (``**Answer: (C)** C
+   fails ...``), so its last marker is only the last choice it discussed; where its first and last
+   letters differed on barexam_dev, the first was right 9 times and the last once.
 2. ``choice_text`` — the reply quotes the full text of exactly one choice.
 3. ``word_overlap`` — the reply's last line shares most content words with exactly one choice
    (>= 60% of that choice's words and a clear margin over the next).
@@ -130,8 +134,11 @@ def near_duplicate(a: set[str] | frozenset[str], b: set[str] | frozenset[str]) -
     return bool(a and b) and len(a & b) / len(a | b) >= NEAR_DUPLICATE_JACCARD
 
 
-def parse_mc_answer(text: str, choices: Mapping[str, str]) -> tuple[str | None, str]:
-    """(letter or None, strategy) extracted from a reply; letters outside ``choices`` are ignored."""
+def parse_mc_answer(
+    text: str, choices: Mapping[str, str], letter_rule: str = "first"
+) -> tuple[str | None, str]:
+    """(letter or None, strategy) extracted from a reply; letters outside ``choices`` are ignored.
+    ``letter_rule`` (``first`` or ``last``) picks among several answer markers (``MC_LETTER``)."""
     valid = {k.upper() for k in choices}
     reply = (text or "").strip()
     if not reply:
@@ -139,7 +146,7 @@ def parse_mc_answer(text: str, choices: Mapping[str, str]) -> tuple[str | None, 
     markers = [m.group(1).upper() for m in _MARKER.finditer(reply)]
     markers = [m for m in markers if m in valid]
     if markers:
-        return markers[-1], "answer_format"
+        return markers[-1 if letter_rule == "last" else 0], "answer_format"
     bare = _BARE.match(reply)
     if bare and bare.group(1).upper() in valid:
         return bare.group(1).upper(), "answer_format"
@@ -168,7 +175,8 @@ def select_answer(
     choices: Mapping[str, str],
     evidence: str | None,
 ) -> MCResult:
-    """Pick a letter with one LLM call (plus one strict retry when no letter can be parsed).
+    """Pick a letter with one LLM call (plus one strict retry when no letter can be parsed); of
+    several answer markers in the reply, the client's ``MC_LETTER`` setting picks the first or last.
 
     ``evidence`` is plain text (numbered passages); it is quoted as data in the prompt.  LLM
     transport errors (``llm_config.LLMCallError``) propagate to the caller.
@@ -178,12 +186,14 @@ def select_answer(
         "choices": format_choices(choices),
         "evidence": prompts.quote("evidence", evidence) if evidence else NO_EVIDENCE,
     }
+    settings = getattr(client, "settings", None)
+    rule = getattr(settings, "mc_letter", "first")
     result = prompts.call(client, "mc_select", **values)
-    letter, strategy = parse_mc_answer(result.text, choices)
+    letter, strategy = parse_mc_answer(result.text, choices, rule)
     if letter is not None:
         return MCResult(letter, strategy, result.text)
     logger.info("mc_select: no letter in the reply; retrying with the strict format")
     retry = prompts.call(client, "mc_select_strict", **values)
-    letter, strategy = parse_mc_answer(retry.text, choices)
+    letter, strategy = parse_mc_answer(retry.text, choices, rule)
     text = f"{result.text}\n\n[strict retry] {retry.text}"
     return MCResult(letter, strategy, text, retried=True, parse_failed=letter is None)

@@ -34,6 +34,7 @@ def test_environment_overrides_defaults_and_flags_override_environment():
         ({"RERANKER": "colbert"}, "RERANKER"),
         ({"EVAL_CONFIDENCE_THRESHOLD": "3"}, "EVAL_CONFIDENCE_THRESHOLD"),
         ({"MAX_STEPS": "0"}, "MAX_STEPS"),
+        ({"MC_LETTER": "middle"}, "MC_LETTER"),
     ],
 )
 def test_bad_values_name_the_variable(env, fragment):
