@@ -50,7 +50,11 @@ def test_parse_mc_answer(reply, letter, strategy):
     ("reply", "first", "last"),
     [
         # the 1.5B model labels its per-choice lines with the marker: the last is the last choice
-        ("**Answer: (B)** B meets the rule. **Answer: (C)** C fails. **Answer: (D)** D too.", "B", "D"),
+        (
+            "**Answer: (B)** B meets the rule. **Answer: (C)** C fails. **Answer: (D)** D too.",
+            "B",
+            "D",
+        ),
         ("**Answer: (A)**\nRule: x\n(B) fails duty\n(C) meets all\n**Answer: (C)**", "A", "C"),
         ("**Answer: (C)**\nRule: x\n**Answer: (C)**", "C", "C"),
     ],
