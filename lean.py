@@ -5,8 +5,8 @@ when the reply carries no letter and the strict retry runs):
 
 1. **retrieve once** with the question and its choices as the query (the best expansion that costs
    no LLM call: phase 1 on barexam_dev, hybrid R@10 0.279 against 0.216 for the question alone,
-   with centring); passages
-   that carry instructions (the injection screen) are dropped and replaced by the next ones;
+   with centring); passages that carry instructions (the injection screen) are dropped and
+   replaced by the next ones;
 2. **gate**: the evidence score is the highest cosine between the question as asked and a
    retrieved passage (:func:`rag_utils.evidence_score`);
 3. **answer**: at or above ``LEAN_GATE`` the passages go to ``mc_select`` (the rag answer), below
