@@ -158,7 +158,8 @@ class Settings:
     line's, after the element check).  On barexam_dev the embedded 1.5B model's check mostly
     drifts: where the two letters differed, the first was right 9 times and the last once
     (``eval_comprehensive.py`` replies, README).  A model that reasons before it concludes may
-    want ``last``: compare both with ``eval_comprehensive.py pipeline --modes llm_only``."""
+    want ``last``: compare both with ``eval_comprehensive.py pipeline --modes llm_only`` (the
+    second run replays the first one's cached replies: no LLM calls, a paired comparison)."""
     skip_injection_check: bool = False
     run_timeout: float = 600.0
     """Seconds a whole question may take (0 = no limit).  Research stops early enough that a
