@@ -1121,14 +1121,21 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     action = plan.action
     if action == "retry" and last is not None and last["status"] == "completed":
         action = "next_step"  # only a failed step is retried
+    # The open issue the model's question addresses: the closest by cosine, else the one it names
+    # (more than one named is a problem above).
+    named_open = issues_named(question, agenda)
+    matched = (
+        agenda[to_agenda.index(max(to_agenda))]
+        if to_agenda and max(to_agenda) >= ISSUE_MATCH_COSINE
+        else (named_open[0] if len(named_open) == 1 else None)
+    )
     steps_left = ctx.settings.max_steps - sum(1 for p in table if p["status"] == "completed")
     if (
         problem is None
         and action != "retry"
         and agenda
         and steps_left <= len(agenda)
-        and not issues_named(question, agenda)
-        and not (to_agenda and max(to_agenda) >= ISSUE_MATCH_COSINE)
+        and matched is None
     ):
         # The step budget no longer covers the planned issues: a question of the model's own
         # that addresses none of them would leave one unresearched, so the next one goes first.
@@ -1148,10 +1155,8 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
             return {"stop_reason": stop}, f"complete ({problem})"
         issue = agenda[0]
         question, action, phase = issue_question(issue), "next_step", "rule"
-    elif to_agenda and max(to_agenda) >= ISSUE_MATCH_COSINE:
-        issue = agenda[to_agenda.index(max(to_agenda))]
-    elif len(named_open := issues_named(question, agenda)) == 1:
-        issue = named_open[0]
+    else:
+        issue = matched
     step: PlanStep = {
         "step_id": _next_step_id(state),
         "status": "pending",

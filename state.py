@@ -44,7 +44,7 @@ class PlanStep(TypedDict, total=False):
     """The planned issue the step researches when its question was written from the agenda
     (``nodes.issue_question``) rather than by the model: its names are the step's queries."""
     addresses: str
-    """The planned issue this step was counted against (``researched_issues``), however its
+    """The planned issue this step was counted against (``nodes.unresearched_issues``), however its
     question was written; an issue whose step never ran is still reported as not researched."""
 
 

@@ -25,11 +25,6 @@ def test_format_choices_orders_letters_and_flattens_whitespace():
     ("reply", "letter", "strategy"),
     [
         ("**Answer: (B)**", "B", "answer_format"),
-        (
-            "**Answer: (A)**\nRule: x\n(B) fails duty\n(C) meets all\n**Answer: (C)**",
-            "A",
-            "answer_format",
-        ),
         ("The correct answer is D because consideration is missing.", "D", "answer_format"),
         ("Answer: B", "B", "answer_format"),
         ("(c)", "C", "answer_format"),
