@@ -256,6 +256,7 @@ def _pipeline_fields(state: dict, gold: Sequence[str]) -> tuple[dict, dict]:
     extra = {
         "evidence_ids": sources,
         "gold_in_evidence": any(s in gold for s in sources),
+        "closed_book": bool(mc_answer.get("closed_book")),
         "query_type": state.get("query_type"),
         "memory_hit": bool(state.get("memory_hit")),
         "steps": len(table),
@@ -337,6 +338,11 @@ def summarize_mc(rows: Sequence[dict]) -> dict[str, dict]:
         if mode == "lean":
             entry["rag_share"] = ec.mean(float(r.get("route") == "rag") for r in rs)
             entry["gate"] = rs[0].get("gate")
+        if mode == "pipeline":
+            # The agent picks closed-book when its research found nothing to stand on.
+            read = [bool(r["correct"]) for r in rs if not r.get("closed_book")]
+            entry["closed_book_share"] = ec.mean(float(bool(r.get("closed_book"))) for r in rs)
+            entry["accuracy_with_evidence"] = ec.accuracy(read) if read else None
         if mode == "evidence":
             grounded = [r for r in rs if r.get("grounded")]
             entry["coverage"] = ec.mean(float(bool(r.get("grounded"))) for r in rs)
@@ -489,6 +495,15 @@ def render_markdown(summary: dict[str, Any]) -> str:
                 "",
                 f"Lean mode: evidence used on {ln['rag_share']:.0%} of items (LEAN_GATE "
                 f"{ln['gate']}), closed-book on the rest.",
+            ]
+        if (pl := summary["mc"].get("pipeline")) and pl.get("closed_book_share") is not None:
+            read_acc = pl["accuracy_with_evidence"]
+            lines += [
+                "",
+                f"Pipeline: closed-book on {pl['closed_book_share']:.0%} of items (its research "
+                "found nothing to stand on); accuracy on the others "
+                + (f"{read_acc:.3f}" if read_acc is not None else "n/a")
+                + ".",
             ]
         subjects = sorted({s for m in summary["mc"].values() for s in m["per_subject"]})
         lines += ["", "### Accuracy per subject", ""]

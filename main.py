@@ -450,7 +450,7 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
         keys = (
             "query_type", "llm_calls", "parse_failures", "input_tokens", "output_tokens",
             "iterations", "steps_completed", "steps_failed", "memory_hit", "has_answer",
-            "injection_verdict", "stop_reason", "invalid_citations", "uncited_sentences", "mc_letter",
+            "injection_verdict", "stop_reason", "invalid_citations", "uncited_sentences", "mc_letter", "mc_closed_book",
         )  # fmt: skip
         for key in keys:
             if key in metrics:
@@ -550,7 +550,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if not (result.get("run_metrics") or {}).get("has_answer"):
         why = result.get("stop_reason") or "the research produced no usable answer"
-        print(f"main.py: no answer ({why})", file=sys.stderr)
+        letter = (result.get("mc_answer") or {}).get("letter")
+        tail = f"; the letter ({letter}) is the model's closed-book pick" if letter else ""
+        print(f"main.py: no answer ({why}){tail}", file=sys.stderr)
         return 3
     return 0
 

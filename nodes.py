@@ -1219,7 +1219,15 @@ def mc_evidence(state: AgentState) -> str:
             if by_step[key]:
                 picked.append(by_step[key].pop(0))
     research = (state.get("evidence") or {}).get("answer") or state.get("research_answer")
+    if research and research.startswith("No answer:"):
+        research = None  # a decline is not a finding: with no passages the pick is closed-book
     return prompts.format_evidence(picked, research=research)
+
+
+CLOSED_BOOK_NOTE = (
+    "[Closed-book: no passage supports this letter; it is the model's own answer, "
+    "not grounded in the sources.]"
+)
 
 
 @_traced("mc_select")
@@ -1227,18 +1235,25 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     choices = state.get("choices") or {}
     if not choices:
         return {}, "no choices: pass through"
-    result = mc.select_answer(ctx.client, state["question"], choices, mc_evidence(state) or None)
+    evidence_text = mc_evidence(state) or None
+    result = mc.select_answer(ctx.client, state["question"], choices, evidence_text)
     research = (
         (state.get("evidence") or {}).get("answer")
         or state.get("research_answer")
         or state.get("final_cited_answer")
         or ""
     )
-    final = f"{research}\n\n{mc.answer_line(result.letter, choices)}".strip()
+    line = mc.answer_line(result.letter, choices)
+    if evidence_text is None and result.letter:
+        line = f"{line}\n{CLOSED_BOOK_NOTE}"
+    final = f"{research}\n\n{line}".strip()
     decision = f"({result.letter}) via {result.strategy}" + (
         " after strict retry" if result.retried else ""
     )
-    return {"mc_answer": result.to_dict(), "final_cited_answer": final}, decision
+    if evidence_text is None:
+        decision += ", closed-book"
+    mc_answer = {**result.to_dict(), "closed_book": evidence_text is None}
+    return {"mc_answer": mc_answer, "final_cited_answer": final}, decision
 
 
 def _mean_completed_confidence(state: AgentState) -> float:
@@ -1336,6 +1351,7 @@ def compute_metrics(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
         "fallbacks": list(state.get("fallbacks") or []),
         "mc_letter": mc_answer.get("letter"),
         "mc_parse_failed": bool(mc_answer.get("parse_failed")) if mc_answer else None,
+        "mc_closed_book": bool(mc_answer.get("closed_book")) if mc_answer else None,
     }
 
 

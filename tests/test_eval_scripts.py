@@ -350,6 +350,9 @@ def test_pipeline_mode_runs_the_agent_and_clears_memory(env, capsys):
     rows = [r for r in _read_rows(env, "p") if r["mode"] == "pipeline"]
     assert all(r["predicted"] in (None, *LETTERS) for r in rows)
     assert all("memory_hit" in r and "steps" in r for r in rows)
+    # Whether the letter stood on evidence is recorded per item and summarised.
+    assert all(isinstance(r["closed_book"], bool) for r in rows)
+    assert pipe["closed_book_share"] == sum(r["closed_book"] for r in rows) / 2
 
 
 # ------------------------------------------------------------------------------------------------

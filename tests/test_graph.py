@@ -16,6 +16,7 @@ from fakes import CutOff, Script, ScriptedChat
 import evidence
 import injection
 import main
+import mc
 import nodes
 import prompts
 from context import AgentContext
@@ -334,6 +335,8 @@ def test_a_multiple_choice_question_with_no_confident_step_still_reads_the_resea
     assert result["final_cited_answer"].startswith(nodes.LOW_CONFIDENCE_PREFIX)
     assert "Rule text number" in script.prompts("mc_select")[0]  # the passages reach the letter
     assert result["mc_answer"]["letter"] == "C" and memory.writes == []
+    assert result["mc_answer"]["closed_book"] is False
+    assert nodes.CLOSED_BOOK_NOTE not in result["final_cited_answer"]
 
 
 def test_stagnation_stops_a_retry_that_does_not_improve_confidence(tmp_settings):
@@ -801,6 +804,13 @@ def test_evidence_below_the_gate_is_not_synthesized_and_never_reaches_the_answer
     assert result["final_cited_answer"].startswith(nodes.NOT_FOUND)
     assert "\n\n**Answer: (B)**" in result["final_cited_answer"]
     assert result["run_metrics"]["has_answer"] is False
+    # The decline is not passed off as evidence: the letter is asked closed-book (the prompt
+    # llm_only sends) and labelled as such.
+    prompt = script.prompts("mc_select")[0]
+    assert mc.NO_EVIDENCE in prompt and nodes.NOT_FOUND not in prompt
+    assert result["final_cited_answer"].endswith(nodes.CLOSED_BOOK_NOTE)
+    assert result["mc_answer"]["closed_book"] is True
+    assert result["run_metrics"]["mc_closed_book"] is True
 
 
 def test_an_open_question_the_sources_do_not_cover_gets_a_clear_not_found(tmp_settings):
