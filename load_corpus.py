@@ -181,12 +181,16 @@ def read_passages(path: str | Path, limit: int | None = None) -> list[dict[str, 
             for k, v in rec.items()
             if k not in ("idx", "id", "text", "source", "title") and not _is_blank(v)
         }
+        title = _text(rec.get("title"))
+        if title and not rag_utils.passage_title(title):  # a benchmark label, not a title
+            extra.setdefault("provenance", title)
+            title = ""
         out.append(
             {
                 "idx": pid,
                 "text": text,
                 "source": _text(rec.get("source")) or p.stem,
-                "title": _text(rec.get("title")),
+                "title": title,
                 **extra,
             }
         )

@@ -780,13 +780,27 @@ def _clean_meta(meta: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+PROVENANCE_TITLES = frozenset({"gold", "retrieved"})
+"""Title values that are benchmark labels, not titles. Bar Exam QA's published evaluation logs mark
+each passage ``gold`` (the passage that answers a benchmark question) or ``retrieved``, and a corpus
+built from those logs carries the mark in its title field. Shown to a reader as ``[3] gold`` it
+would point at the answer, so it is never a passage's title: the loader keeps it as the metadata
+``provenance``, and a store loaded before that rule reads it as untitled."""
+
+
+def passage_title(value: Any) -> str:
+    """A passage's title as readers see it: blank for a :data:`PROVENANCE_TITLES` label."""
+    title = "" if value is None else str(value).strip()
+    return "" if title.lower() in PROVENANCE_TITLES else title
+
+
 def _record(pid: str, text: str | None, meta: dict[str, Any] | None) -> dict[str, Any]:
     meta = dict(meta or {})
     return {
         "id": pid,
         "text": text or "",
         "source": str(meta.get("source", "")),
-        "title": str(meta.get("title", "")),
+        "title": passage_title(meta.get("title")),
         "metadata": meta,
     }
 

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import load_corpus
+import prompts
 import rag_utils
 
 pytestmark = pytest.mark.usefixtures("fresh_rag_caches")
@@ -645,3 +646,29 @@ def test_a_read_only_index_can_be_queried_and_writes_are_skipped(loaded, tmp_pat
     assert len([w for w in read_only_warnings if str(chroma) in w]) == 1, proc.stderr
     assert _tree_state(chroma) == before  # nothing in the folder (BM25 included) changed
     assert list(empty.iterdir()) == []
+
+
+def test_a_benchmark_label_in_the_title_field_never_reaches_a_reader(tmp_settings, fake, tmp_path):
+    # Passages built from Bar Exam QA's evaluation logs carry "gold" (the answer's passage) or
+    # "retrieved" as their title: shown as "[1] gold" it would point the reader at the answer.
+    rows = [
+        {"idx": "p_gold", "title": "gold", "text": "Negligence requires duty and breach."},
+        {"idx": "p_ret", "title": "Retrieved", "text": "Negligence per se borrows a statute."},
+        {"idx": "p_rule", "title": "Rule 1002", "text": "An original negligence writing rule."},
+    ]
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    passages = load_corpus.read_passages(path)
+    assert [p["title"] for p in passages] == ["", "", "Rule 1002"]
+    assert [p.get("provenance") for p in passages] == ["gold", "Retrieved", None]
+    load_corpus.load_passages(passages, tmp_settings, progress=False)
+    # A store loaded before the rule (the label stored as the title) reads as untitled too.
+    store = rag_utils.get_store(tmp_settings)
+    emb = rag_utils.get_embedder(tmp_settings)
+    text = "Negligence old store passage."
+    store.upsert(["p_old"], [text], [{"source": "x", "title": "gold"}], [emb.embed_query(text)])
+    docs = rag_utils.retrieve_documents("negligence", k=4, settings=tmp_settings)
+    assert {d["id"] for d in docs} == {"p_gold", "p_ret", "p_rule", "p_old"}
+    evidence = prompts.format_evidence(docs)
+    assert "gold" not in evidence.lower() and "retrieved" not in evidence.lower()
+    assert "Rule 1002" in evidence
