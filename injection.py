@@ -649,20 +649,23 @@ def rejection_message(check: InjectionCheck) -> str:
 # The policy
 # ------------------------------------------------------------------------------------------------
 
+_COMMANDS = (
+    r"(?:ignore|disregard|forget|override|bypass|pretend|role-?play|act\s+as|respond|reply|print|"
+    r"reveal|say|write|output|answer|select|choose|pick|repeat|tell|show|list|give|stop|do\s+not|"
+    r"don'?t|conclude|mark|append|include|treat|end|activate|enable|enter|switch|read|obey|follow|"
+    r"execute|translate|evaluate|process|cite|invent|fabricate|make\s+up)"
+)
 _CONTROL_CUES = re.compile(
     r"\b(?:you|your|yours|yourself|u|ur|from\s+now\s+on|persona|jailbreak|base64|rot13|decode)\b"
-    rf"|{_START}(?:ignore|disregard|forget|override|bypass|pretend|role-?play|act\s+as|respond|"
-    r"reply|print|reveal|say|write|output|answer|select|choose|pick|repeat|tell|show|list|give|"
-    r"stop|never|always|only|do\s+not|don'?t|conclude|mark|append|include|treat|end|activate|"
-    r"enable|enter|switch|read|obey|follow|execute|translate|evaluate|process|cite|invent|"
-    r"fabricate|make\s+up)\b"
+    rf"|{_START}{_COMMANDS}\b|{_START}(?:never|always|only)\s+{_COMMANDS}s?\b"
     rf"|\b(?:to|for|dear|hey|attention)\s+(?:the\s+|any\s+|this\s+|whatever\s+)?{_AI}\b"
     rf"|\b{_AI}\s+(?:must|should|will|shall|is\s+to|needs?\s+to|has\s+to|may\s+not|cannot)\b",
     _I,
 )
 """What an instruction to the assistant needs: the second person, an imperative at the start of a
-clause, an AI as addressee ("note to the AI", "the assistant must"), or words of persona and
-encoding tricks.  Third-person mentions ("a company's chatbot",
+clause ("never", "always" and "only" count only before one: "…, but only on the ground that" is
+a fact pattern), an AI as addressee ("note to the AI", "the assistant must"), or words of persona
+and encoding tricks.  Third-person mentions ("a company's chatbot",
 "prompt injection", "jury instructions") are subject matter, not an address."""
 _FABRICATION_CUES = re.compile(
     r"\b(?:fake|fabricat\w*|made[-\s]?up|make\s+(?:\w+\s+)?up|invent\w*|fictitious|fictional|"
