@@ -1231,16 +1231,60 @@ def _run_tasks(
         )
 
 
+def _without(tokens: Sequence[str], option: str) -> list[str]:
+    """``tokens`` without ``option VALUE`` / ``option=VALUE``."""
+    out: list[str] = []
+    skip = False
+    for tok in tokens:
+        if skip:
+            skip = False
+        elif tok == option:
+            skip = True
+        elif not tok.startswith(option + "="):
+            out.append(tok)
+    return out
+
+
+def resume_command(given: Sequence[str]) -> list[str]:
+    """The command line a bare ``--resume RUN_ID`` stands for: the run's own command, as its
+    ``config.json`` saved it, then the options given now (they come last, so they win).
+
+    An interrupted run thus resumes with its phase, N, QA file and modes without retyping them.
+    Anything else (a phase given, no ``--resume``, no saved command) is returned unchanged."""
+    given = list(given)
+    if given[:1] in (["injection"], ["answers"]):
+        return given
+    args = build_parser().parse_args(given)
+    if not args.resume or args.positional:
+        return given
+    config = Path(args.results_dir) / args.resume / "config.json"
+    try:
+        saved = json.loads(config.read_text(encoding="utf-8")).get("command")
+    except (OSError, ValueError):
+        return given
+    if not isinstance(saved, list) or not saved or not all(isinstance(t, str) for t in saved):
+        return given
+    saved = _without(saved, "--run-id")  # the run is the one named by --resume
+    if saved[:1] in (["injection"], ["answers"]):  # these phases resume by their --run-id
+        return [*saved, *_without(given, "--resume"), "--run-id", args.resume]
+    return [*saved, *given]
+
+
 def main(
     argv: Sequence[str] | None = None, *, llm_factory: Callable[[str], Any] | None = None
 ) -> int:
-    given = list(sys.argv[1:] if argv is None else argv)
+    given = resume_command(sys.argv[1:] if argv is None else argv)
+    if given != list(sys.argv[1:] if argv is None else argv):
+        print(
+            f"eval_comprehensive.py: resuming with the run's command: {' '.join(given)}",
+            file=sys.stderr,
+        )
     if given[:1] == ["injection"]:
         return injection_main(given[1:], llm_factory=llm_factory)
     if given[:1] == ["answers"]:
         return answers_main(given[1:], llm_factory=llm_factory)
-    args = parse_args(argv)
-    args.argv = argv
+    args = parse_args(given)
+    args.argv = given
     ec.configure_logging(args.verbose)
     rc, summary = ec.cli_run(
         lambda settings: run(args, settings, llm_factory=llm_factory),

@@ -277,11 +277,13 @@ def test_interrupted_run_resumes_without_repeating_rows(env, capsys):
     assert len(rows) == 4
     assert (env / "res" / "r" / "summary.json").exists()
 
+    # as the interrupt message says: --resume alone, the run's phase and modes come from the run
     factory2, calls2 = reader()
-    rc = comprehensive(
-        ["pipeline", "--resume", "r", "--modes", "llm_only,gold_passage"], factory2, env
-    )
+    rc = comprehensive(["--resume", "r"], factory2, env)
     assert rc == 0
+    assert "resuming with the run's command: pipeline --modes llm_only,gold_passage" in (
+        capsys.readouterr().err
+    )
     rows = _read_rows(env, "r")
     keys = [(r["item"], r["mode"]) for r in rows]
     assert len(keys) == len(set(keys)) == 2 * len(INDEXED_ITEMS)
