@@ -678,6 +678,13 @@ _FABRICATION_CUES = re.compile(
 )
 
 
+_QUOTED = re.compile(r"\"[^\"\n]{1,600}\"|\u201c[^\u201d\n]{1,600}\u201d")
+_SECOND_PERSON = re.compile(r"\b(?:you|your|yours|yourself|u|ur)\b", _I)
+_U_ABBREVIATION = re.compile(r"\b(?:u|ur)\b(?=\s*\.)", _I)
+"""A quoted span (a character's words in a fact pattern), the second person, and "U." as in
+"U.S.C." or "D.U.I." (not the text-speak "u")."""
+
+
 def addresses_the_assistant(text: str) -> bool:
     """True when ``text`` could hold an instruction to the assistant: words a command would use,
     an encoded payload, or a request involving fabricated authorities.
@@ -685,15 +692,22 @@ def addresses_the_assistant(text: str) -> bool:
     An LLM 'injection' verdict on text without any of these (a plain fact pattern: "Dana swung her
     handbag …") is overruled, because the small local model flags such fact patterns.  Encoded
     blobs and fabrication requests are never cleared this way: they may carry no second-person
-    words at all."""
+    words at all.  The second person inside quotation marks is one character speaking to another
+    ('the officer said, "Listen, you …"', a letter quoted in a contract problem), and "U." is an
+    abbreviation, so neither counts; an imperative or an AI addressee counts inside quotes too."""
     norm = normalize(text)
+    cues = _U_ABBREVIATION.sub("x", _QUOTED.sub(_third_person, norm))
     return bool(
-        _CONTROL_CUES.search(norm)
+        _CONTROL_CUES.search(cues)
         or _FABRICATION_CUES.search(norm)
         or decoded_payloads(norm)
         or any(_looks_encoded(m.group(0)) for m in _BASE64.finditer(norm))
         or _HEX_RUN.search(norm)
     )
+
+
+def _third_person(quote: re.Match[str]) -> str:
+    return _SECOND_PERSON.sub("they", quote.group(0))
 
 
 def _looks_encoded(token: str) -> bool:
