@@ -112,8 +112,17 @@ class AgentContext:
 
         def with_reranker(name: str) -> Retriever:
             def search(queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[dict]:
+                reranker = name
+                # A hybrid step ranks with the cross-encoder when RERANKER resolves to one (set
+                # explicitly, or auto with the model on disk): it reranks the same dense + BM25
+                # pool. Without this the agent, whose steps are nearly all hybrid, ignored it.
+                if (
+                    name == "hybrid"
+                    and rag_utils.resolve_reranker(None, settings) == "cross-encoder"
+                ):
+                    reranker = "cross-encoder"
                 return rag_utils.retrieve_documents_multi_query(
-                    queries, k=k, exclude_ids=exclude_ids, reranker=name, settings=settings
+                    queries, k=k, exclude_ids=exclude_ids, reranker=reranker, settings=settings
                 )
 
             return search

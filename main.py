@@ -322,8 +322,9 @@ starter index (datasets/starter) is built on first use when the store is empty.
 
 exit status: 0 answer printed; 1 run failed (LLM/provider error or RUN_TIMEOUT reached: the
 partial research is printed); 2 bad input, a bad setting or an unusable provider configuration
-(unknown provider, missing API key, embedded model not installed), checked before any work: one
-line on stderr, nothing on stdout; 3 no answer (the request was rejected as a prompt injection; the
+(unknown provider, missing API key, embedded model not installed, RERANKER=cross-encoder with a
+model that does not load), checked before any work: one line on stderr, nothing on stdout; 3 no
+answer (the request was rejected as a prompt injection; the
 research declined: no passages, none past the evidence gate, no step at the confidence threshold;
 or no parseable cited answer). An evidence-mode abstention is an answer (0, "abstained": true).
 """
@@ -511,7 +512,9 @@ def main(argv: list[str] | None = None) -> int:
                 "--mode lean answers multiple-choice questions: give choices (A) ... (D)"
             )
         check_config(settings)  # every role's provider, before the index or any model loads
-    except (InputError, SettingsError, LLMConfigError) as exc:
+        if settings.reranker == "cross-encoder":  # a missing model stops here, not mid-research
+            rag_utils.get_cross_encoder(settings)
+    except (InputError, SettingsError, LLMConfigError, rag_utils.ModelLoadError) as exc:
         print(f"main.py: error: {exc}".splitlines()[0], file=sys.stderr)
         return 2
 

@@ -1358,8 +1358,8 @@ def retrieve_documents_multi_query(
     """Top ``k`` passages for ``queries`` (the first is primary).
 
     Each query contributes ``OVERRETRIEVE_FACTOR * k`` dense candidates (and as many BM25 candidates
-    with hybrid/bm25); the pool is deduplicated by id, ``exclude_ids`` are dropped, and the pool is
-    reranked against the primary query (dense candidates and the dense ranking use the queries
+    with hybrid, bm25 and cross-encoder); the pool is deduplicated by id, ``exclude_ids`` are
+    dropped, and the pool is reranked against the primary query (dense candidates and the dense ranking use the queries
     centred on the collection's mean vector when DENSE_CENTERING is on). Each result: ``id, text, source, title, metadata,
     dense_score`` (cosine to the primary query), ``rerank_score`` (the final ranking score, higher is
     better) and ``rank`` (1-based); ``metadata['reranker']`` names the reranker used."""
@@ -1377,7 +1377,7 @@ def retrieve_documents_multi_query(
     excluded = {str(i) for i in exclude_ids}
     per_query = max(k, s.overretrieve_factor * k) + len(excluded)
     embedder = get_embedder(s) if method != "bm25" else None
-    use_bm25 = method in ("hybrid", "bm25")
+    use_bm25 = method in ("hybrid", "bm25", "cross-encoder")
     bm25 = get_bm25(s, store) if use_bm25 else None
 
     qvecs, rank_vecs = (

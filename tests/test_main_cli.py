@@ -104,6 +104,19 @@ def test_configuration_error_exits_2_with_one_line_and_nothing_on_stdout(
     assert not (tmp_path / "chroma").exists()  # nothing was indexed
 
 
+def test_a_cross_encoder_that_cannot_load_stops_the_run_before_any_work(tmp_path):
+    """RERANKER=cross-encoder reaches the agent's steps, so a model that is not there is a bad
+    setting, said in one line before the index is built or the model asked anything."""
+    missing = tmp_path / "no-such-cross-encoder"
+    proc = cli(["simple"], tmp_path, RERANKER="cross-encoder", RERANKER_MODEL=str(missing))
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert proc.stdout == b""
+    assert err.startswith("main.py: error: ") and "cross-encoder" in err and "RERANKER" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "chroma").exists()
+
+
 def test_parse_question_splits_choices_with_continuation_lines():
     q, choices = main.parse_question(
         "A buyer sued.\nWho wins?\n(A) The buyer,\n because of reliance.\n(B) The seller."

@@ -24,6 +24,7 @@ import pytest
 import load_corpus
 import prompts
 import rag_utils
+from context import AgentContext
 
 pytestmark = pytest.mark.usefixtures("fresh_rag_caches")
 
@@ -343,8 +344,9 @@ def test_cross_encoder_reranks_the_pool_with_a_real_model(loaded, tmp_path, capl
     assert {d["metadata"]["reranker"] for d in docs} == {"cross-encoder"}
     store = rag_utils.get_store(s)
     _, qvecs = rag_utils.dense_query_vectors(queries, s)
+    bm25 = rag_utils.get_bm25(s, store)  # it reranks the hybrid pool: dense and BM25 candidates
     pool = store.get(
-        rag_utils.candidate_pool(store, queries, qvecs, None, 5 * s.overretrieve_factor, set())
+        rag_utils.candidate_pool(store, queries, qvecs, bm25, 5 * s.overretrieve_factor, set())
     )
     ce = CrossEncoder(str(path), local_files_only=True)
     expected = dict(
@@ -361,6 +363,39 @@ def test_cross_encoder_reranks_the_pool_with_a_real_model(loaded, tmp_path, capl
     with caplog.at_level(logging.INFO, logger="rag_utils"):
         assert rag_utils.resolve_reranker("auto", s.replace(reranker="auto")) == "cross-encoder"
     assert any("cross-encoder" in r.message for r in caplog.records)
+
+
+@pytest.mark.slow
+def test_the_agents_hybrid_steps_rank_with_the_configured_cross_encoder(loaded, tmp_path):
+    """RERANKER reaches the agent: its steps are nearly all hybrid, and a hybrid step used to
+    ignore a cross-encoder the user had set."""
+    settings, _ = loaded
+    path = make_tiny_cross_encoder(tmp_path / "tiny-ce")
+    for reranker, hybrid_step in (
+        ("cross-encoder", "cross-encoder"), ("auto", "cross-encoder"), ("hybrid", "hybrid"),
+    ):  # fmt: skip
+        rag_utils.reset_caches()
+        ctx = AgentContext.from_settings(
+            settings.replace(reranker=reranker, reranker_model=str(path))
+        )
+        docs = ctx.search("hybrid", ["negligence duty breach"], 3, [])
+        assert {d["metadata"]["reranker"] for d in docs} == {hybrid_step}, reranker
+        docs = ctx.search("dense", ["negligence duty breach"], 3, [])
+        assert {d["metadata"]["reranker"] for d in docs} == {"none"}
+
+
+def test_an_agent_step_with_a_cross_encoder_that_cannot_load_fails_not_silently(loaded, tmp_path):
+    settings, _ = loaded
+    missing = str(tmp_path / "missing")
+    ctx = AgentContext.from_settings(
+        settings.replace(reranker="cross-encoder", reranker_model=missing)
+    )
+    with pytest.raises(rag_utils.ModelLoadError, match="cross-encoder"):
+        ctx.search("hybrid", ["negligence duty breach"], 3, [])
+    rag_utils.reset_caches()
+    ctx = AgentContext.from_settings(settings.replace(reranker="auto", reranker_model=missing))
+    docs = ctx.search("hybrid", ["negligence duty breach"], 3, [])
+    assert docs and {d["metadata"]["reranker"] for d in docs} == {"hybrid"}
 
 
 # ------------------------------------------------------------------------------------------------
