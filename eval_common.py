@@ -410,9 +410,17 @@ class ConfigMismatchError(RuntimeError):
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Errors an eval script reports as one line and exit status 2 (bad input, settings or
-    provider configuration, a resumed run with another configuration), never a traceback."""
+    provider configuration, a model that does not load, a resumed run with another
+    configuration), never a traceback; inside a run they stop it rather than fail every item."""
 
-    return (FileNotFoundError, ValueError, ConfigMismatchError, LLMConfigError, SettingsError)
+    return (
+        FileNotFoundError,
+        ValueError,
+        ConfigMismatchError,
+        LLMConfigError,
+        SettingsError,
+        rag_utils.ModelLoadError,
+    )
 
 
 def require_llm(settings: Settings, llm_factory: Callable[[str], Any] | None = None) -> None:
@@ -422,6 +430,13 @@ def require_llm(settings: Settings, llm_factory: Callable[[str], Any] | None = N
     if llm_factory is not None:
         return
     check_config(settings)
+
+
+def require_reranker(settings: Settings) -> None:
+    """Load RERANKER=cross-encoder's model before any work: a model that does not load is a bad
+    setting (``rag_utils.ModelLoadError``, one line and exit 2), not a failure of every item."""
+    if settings.reranker == "cross-encoder":
+        rag_utils.get_cross_encoder(settings)
 
 
 def cli_run(fn: Callable[[Settings], Any], **overrides: Any) -> tuple[int, Any]:

@@ -892,6 +892,7 @@ def run_answers_phase(
     if bad:
         raise ValueError(f"unknown answer mode(s) {bad}; choose from {', '.join(ANSWER_MODES)}")
     ec.require_llm(settings, llm_factory)
+    ec.require_reranker(settings)
     if args.grade and llm_factory is None:
         check_config(settings, roles=("judge",))  # JUDGE_PROVIDER / JUDGE_MODEL, before any work
     load_corpus.ensure_starter_index(settings)
@@ -1108,6 +1109,7 @@ def run(
     llm_variants = [v for v in args.variant_list if v in LLM_VARIANTS]
     if args.phase != "retrieval" or llm_variants:
         ec.require_llm(settings, llm_factory)
+    ec.require_reranker(settings)
     run_dir = ec.open_run(args.phase, args.run_id, args.resume, args.results_dir)
     items, n_with_gold, qa_path = prepare_items(args, settings)
     has_gold = n_with_gold > 0

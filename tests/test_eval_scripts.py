@@ -357,6 +357,22 @@ def test_pipeline_mode_runs_the_agent_and_clears_memory(env, capsys):
     assert pipe["closed_book_share"] == sum(r["closed_book"] for r in rows) / 2
 
 
+@pytest.mark.slow
+def test_a_cross_encoder_that_cannot_load_stops_the_run_in_one_line(env, monkeypatch, capsys):
+    """The agent's hybrid steps rank with RERANKER=cross-encoder, so a model that is not there
+    stops the run with one line (exit 2) before any work, instead of failing every item."""
+    monkeypatch.setenv("RERANKER_MODEL", str(env / "no-such-cross-encoder"))
+    monkeypatch.setenv("SEARCH_STRATEGY", "hybrid")  # this fake planner asks for dense steps
+    factory, _ = reader()
+    argv = ["pipeline", "2", "--modes", "pipeline", "--reranker", "cross-encoder", "--run-id", "x"]
+    assert comprehensive(argv, factory, env) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert err == [err[0]] and err[0].startswith("error: cannot load cross-encoder")
+    assert "RERANKER=hybrid" in err[0] and captured.out == ""
+    assert not (env / "res" / "x").exists() and not (env / "chroma").exists()  # before any work
+
+
 # ------------------------------------------------------------------------------------------------
 # eval_reranker
 # ------------------------------------------------------------------------------------------------
