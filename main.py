@@ -324,9 +324,9 @@ exit status: 0 answer printed; 1 run failed (LLM/provider error or RUN_TIMEOUT r
 partial research is printed); 2 bad input, a bad setting or an unusable provider configuration
 (unknown provider, missing API key, embedded model not installed, RERANKER=cross-encoder with a
 model that does not load), checked before any work: one line on stderr, nothing on stdout; 3 no
-answer (the request was rejected as a prompt injection; the
-research declined: no passages, none past the evidence gate, no step at the confidence threshold;
-or no parseable cited answer). An evidence-mode abstention is an answer (0, "abstained": true).
+answer (the request was rejected as a prompt injection; the research declined: no passages, none
+past the evidence gate, no step at the confidence threshold; or no parseable cited answer). An
+evidence-mode abstention is an answer (0, "abstained": true).
 """
 
 

@@ -1359,10 +1359,11 @@ def retrieve_documents_multi_query(
 
     Each query contributes ``OVERRETRIEVE_FACTOR * k`` dense candidates (and as many BM25 candidates
     with hybrid, bm25 and cross-encoder); the pool is deduplicated by id, ``exclude_ids`` are
-    dropped, and the pool is reranked against the primary query (dense candidates and the dense ranking use the queries
-    centred on the collection's mean vector when DENSE_CENTERING is on). Each result: ``id, text, source, title, metadata,
-    dense_score`` (cosine to the primary query), ``rerank_score`` (the final ranking score, higher is
-    better) and ``rank`` (1-based); ``metadata['reranker']`` names the reranker used."""
+    dropped, and the pool is reranked against the primary query (dense candidates and the dense
+    ranking use the queries centred on the collection's mean vector when DENSE_CENTERING is on).
+    Each result: ``id, text, source, title, metadata, dense_score`` (cosine to the primary query),
+    ``rerank_score`` (the final ranking score, higher is better) and ``rank`` (1-based);
+    ``metadata['reranker']`` names the reranker used."""
     import numpy as np
 
     s = settings
