@@ -89,9 +89,72 @@ def _is_blank(value: Any) -> bool:
     return isinstance(value, str) and not value.strip()
 
 
+COMPRESSED = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}
+"""Compressions read for every format (pandas reads .zst for CSV/TSV/Parquet too)."""
+
+
+def _open_binary(p: Path) -> Any:
+    """``p`` opened for reading bytes, decompressed by its last suffix (see COMPRESSED)."""
+    suffix = p.suffix.lower()
+    if suffix == ".zst":
+        raise CorpusError(f"{p}: .zst is read for CSV, TSV and Parquet only; use .gz for JSON")
+    if suffix in COMPRESSED:
+        import importlib
+
+        return importlib.import_module(COMPRESSED[suffix]).open(p, "rb")
+    return p.open("rb")
+
+
+def _not_text(p: Path, row: int, exc: BaseException) -> CorpusError:
+    if isinstance(exc, UnicodeDecodeError):
+        why = f"not UTF-8 text ({exc.reason} at byte {exc.start})"
+    else:  # a .gz/.bz2/.xz that is not one, or a truncated one
+        why = f"cannot decompress ({' '.join(str(exc).split()) or type(exc).__name__})"
+    return CorpusError(f"{p}: row {row}: {why}")
+
+
+DECOMPRESS_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError)
+
+
+def _plain_tsv_shape(p: Path) -> bool:
+    """True when every non-blank line of ``p`` has the header's number of tab-separated fields,
+    as a TSV without quoting must (a quoted field holding a newline breaks that)."""
+    if p.suffix.lower() == ".zst":
+        return True  # not read here; pandas' own parse decides
+    with _open_binary(p) as fh:
+        lines = (raw.decode("utf-8").rstrip("\r\n") for raw in fh)
+        width = next((line.count("\t") for line in lines if line.strip()), None)
+        return width is None or all(line.count("\t") == width for line in lines if line.strip())
+
+
+def _read_tsv(p: Path, limit: int | None) -> Any:
+    """A TSV file as a DataFrame of strings. Plain TSV (no quoting: a text may start with a
+    quotation mark) and quoted TSV (pandas' and the csv module's default when writing: every
+    field holding a quote, tab or newline is quoted, inner quotes doubled) are both common, and
+    reading one as the other silently merges rows or drops quote marks. The file is read as plain
+    TSV unless its lines do not all have the header's number of fields, or every field holding a
+    quote mark is wholly quoted, as the quoted style requires."""
+    import csv
+
+    import pandas as pd
+
+    common = {"sep": "\t", "dtype": str, "keep_default_na": False, "nrows": limit}
+    if not _plain_tsv_shape(p):
+        return pd.read_csv(p, **common)
+    try:
+        plain = pd.read_csv(p, quoting=csv.QUOTE_NONE, **common)
+    except pd.errors.ParserError:
+        return pd.read_csv(p, **common)
+    cells = [c for col in plain.columns for c in [col, *plain[col].tolist()] if '"' in str(c)]
+    quoted = bool(cells) and all(
+        len(c := str(v)) >= 2 and c.startswith('"') and c.endswith('"') for v in cells
+    )
+    return pd.read_csv(p, **common) if quoted else plain
+
+
 def iter_rows(path: str | Path, limit: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(row number, record)`` of a CSV/TSV/JSONL/JSON/Parquet file; row 1 is the first record
-    (for JSONL the line number)."""
+    """``(row number, record)`` of a CSV/TSV/JSONL/JSON/Parquet file, plain or compressed (.gz,
+    .bz2, .xz); row 1 is the first record (for JSONL the line number)."""
     p = Path(path)
     if not p.exists():
         raise CorpusError(f"{p}: file not found")
@@ -99,32 +162,44 @@ def iter_rows(path: str | Path, limit: int | None = None) -> Iterator[tuple[int,
         raise CorpusError(f"{p}: is a folder, not a file")
     fmt = file_format(p)
     if fmt == "jsonl":
-        import gzip
-
-        opener = gzip.open if p.suffix.lower() == ".gz" else open
         n = 0
-        with opener(p, "rt", encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise CorpusError(f"{p}: row {lineno}: invalid JSON ({exc.msg})") from None
-                if not isinstance(rec, dict):
-                    raise CorpusError(f"{p}: row {lineno}: expected a JSON object")
-                yield lineno, rec
-                n += 1
-                if limit is not None and n >= limit:
-                    return
+        lineno = 0
+        try:
+            with _open_binary(p) as fh:
+                for lineno, raw in enumerate(fh, start=1):
+                    line = raw.decode("utf-8")
+                    if not line.strip():
+                        continue
+                    try:
+                        rec = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise CorpusError(f"{p}: row {lineno}: invalid JSON ({exc.msg})") from None
+                    if not isinstance(rec, dict):
+                        raise CorpusError(f"{p}: row {lineno}: expected a JSON object")
+                    yield lineno, rec
+                    n += 1
+                    if limit is not None and n >= limit:
+                        return
+        except UnicodeDecodeError as exc:
+            raise _not_text(p, lineno, exc) from None
+        except DECOMPRESS_ERRORS as exc:
+            raise _not_text(p, lineno + 1, exc) from None
         return
     if fmt == "json":
         try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            with _open_binary(p) as fh:
+                data = json.loads(fh.read().decode("utf-8"))
+        except (UnicodeDecodeError, *DECOMPRESS_ERRORS) as exc:
+            raise _not_text(p, 1, exc) from None
+        except json.JSONDecodeError as exc:
             raise CorpusError(f"{p}: row 1: invalid JSON ({exc})") from None
         if isinstance(data, dict):
             data = data.get("data") or data.get("rows") or [data]
+        if not isinstance(data, list):
+            raise CorpusError(
+                f"{p}: expected a JSON array of objects (or an object with 'data' or 'rows'), "
+                f"found {type(data).__name__}"
+            )
         for i, rec in enumerate(data[:limit] if limit is not None else data, start=1):
             if not isinstance(rec, dict):
                 raise CorpusError(f"{p}: row {i}: expected a JSON object")
@@ -137,14 +212,10 @@ def iter_rows(path: str | Path, limit: int | None = None) -> Iterator[tuple[int,
             df = pd.read_parquet(p)
             if limit is not None:
                 df = df.head(limit)
+        elif fmt == "tsv":
+            df = _read_tsv(p, limit)
         else:
-            df = pd.read_csv(
-                p,
-                sep="\t" if fmt == "tsv" else ",",
-                dtype=str,
-                keep_default_na=False,
-                nrows=limit,
-            )
+            df = pd.read_csv(p, sep=",", dtype=str, keep_default_na=False, nrows=limit)
     except pd.errors.EmptyDataError:
         raise CorpusError(f"{p}: row 1: the file is empty") from None
     except Exception as exc:

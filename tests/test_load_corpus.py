@@ -72,6 +72,48 @@ def test_every_format_reads_the_same_passages(tmp_path, fmt):
     assert len(load_corpus.read_passages(path, limit=5)) == 5
 
 
+TRICKY_TEXTS = [
+    '"Consideration is a bargained-for exchange," the court wrote.',
+    '"A quotation that is the whole passage."',
+    'The so-called "peppercorn" is enough.',
+    "Promissory estoppel substitutes for consideration.",
+]
+
+
+def test_a_plain_tsv_whose_texts_start_with_quote_marks_loses_no_row_and_no_quote(tmp_path):
+    """A TSV written without quoting (one line a passage) used to be read as quoted: a text that
+    opened with a quotation mark swallowed the rows after it, and quote marks were dropped."""
+    lines = ["idx\tsource\ttext", *(f"p{i}\tx\t{t}" for i, t in enumerate(TRICKY_TEXTS))]
+    path = _file(tmp_path / "plain.tsv", "\n".join(lines) + "\n")
+    assert [p["text"] for p in load_corpus.read_passages(path)] == TRICKY_TEXTS
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_a_quoted_tsv_as_pandas_writes_it_reads_back_exactly(tmp_path, suffix):
+    texts = [*TRICKY_TEXTS, "a rule\nover two lines"]
+    df = pd.DataFrame({"idx": [f"p{i}" for i in range(len(texts))], "text": texts})
+    path = tmp_path / f"quoted.tsv{suffix}"
+    df.to_csv(path, sep="\t", index=False)
+    assert [p["text"] for p in load_corpus.read_passages(path)] == [t.strip() for t in texts]
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz"])
+def test_compressed_jsonl_and_json_are_read(tmp_path, suffix):
+    import bz2
+    import gzip
+    import lzma
+
+    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}[suffix]
+    rows = _rows()[:3]
+    with opener(tmp_path / f"p.jsonl{suffix}", "wt", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rows)
+    with opener(tmp_path / f"p.json{suffix}", "wt", encoding="utf-8") as fh:
+        json.dump(rows, fh)
+    for name in (f"p.jsonl{suffix}", f"p.json{suffix}"):
+        got = load_corpus.read_passages(tmp_path / name)
+        assert [p["text"] for p in got] == [r["text"] for r in rows], name
+
+
 def test_read_qa_uses_the_bar_exam_field_names(tmp_path):
     items = load_corpus.read_qa(QA)
     assert [q["gold_idx"] for q in items] == ["mbe_neg1", "wex_inj", "caselaw_005"]
@@ -128,7 +170,26 @@ BAD_INPUTS = {
         lambda d: _file(d / "p.jsonl", '{"idx": "a", "text": "ok"}\n{"idx": \n'),
         r"p.jsonl: row 2: invalid JSON",
     ),
+    "latin-1 jsonl": (
+        lambda d: _bytes(
+            d / "p.jsonl", b'{"idx": "a", "text": "ok"}\n{"idx": "b", "text": "caf\xe9"}\n'
+        ),
+        r"p.jsonl: row 2: not UTF-8 text",
+    ),
+    "json scalar": (
+        lambda d: _file(d / "p.json", "42"),
+        r"p.json: expected a JSON array of objects .*found int",
+    ),
+    "gz that is not gzip": (
+        lambda d: _file(d / "p.jsonl.gz", '{"idx": "a", "text": "ok"}\n'),
+        r"p.jsonl.gz: row 1: cannot decompress",
+    ),
 }
+
+
+def _bytes(path: Path, content: bytes) -> Path:
+    path.write_bytes(content)
+    return path
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
