@@ -67,7 +67,18 @@ store without reranking, BM25, their fusion, the legal knowledge graph, and grap
 RETRIEVAL_K = 10
 RETRIEVAL_PREFIX = "retrieval:"
 # Keys of config.json that must match when a run is resumed.
-RESUME_KEYS = ("qa", "llm", "embedding_model", "reranker", "retrieval_k", "max_steps")
+RESUME_KEYS = (
+    "phase",
+    "qa",
+    "llm",
+    "embedding_model",
+    "reranker",
+    "retrieval_k",
+    "max_steps",
+    "corpus_count",
+)
+"""What a run resumed (or continued under the same --run-id) must share with the rows it has:
+the same phase, questions, models and settings, and the same number of passages in the store."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1139,6 +1150,7 @@ def run(
         "bootstrap": {"resamples": ec.BOOTSTRAP_RESAMPLES, "seed": ec.BOOTSTRAP_SEED},
         "command": list(getattr(args, "argv", None) or sys.argv[1:]),
     }
+    config["corpus_count"] = config["retrieval"].get("corpus_count")
     run_dir.check_config(config, RESUME_KEYS)
     mc_llm = llm.get("mc_select", {})
     logger.info(

@@ -171,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
 
+    if args.n is not None and args.n < 1:
+        raise ValueError(f"N must be at least 1 (got {args.n})")
     names = [r.strip() for r in args.rerankers.split(",") if r.strip()]
     bad = [r for r in names if r not in RERANKERS]
     if bad:

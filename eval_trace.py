@@ -13,7 +13,8 @@ which shows how the agent behaves without evidence.
 Per query: the raw retrieval of the question (no rewrite; the gold passage marked ★), the agent's
 rewrite (primary + alternatives, from its own rewrite node), the multi-query retrieval of the
 rewritten queries (gold marked), the node-by-node trace of ``main.run_agent`` (its ``on_event``
-callback), and — for QA items — whether the MC answer is correct.  Then a summary table: steps
+callback; the QA memory is not consulted, so a rerun traces the research again), and — for QA
+items — whether the MC answer is correct.  Then a summary table: steps
 completed / failed, confidence, unique documents, time, LLM calls.  ``--save`` writes one
 case-study JSON per query to ``case_studies/``.
 """
@@ -21,6 +22,7 @@ case-study JSON per query to ``case_studies/``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import re
@@ -178,7 +180,11 @@ def trace_query(
         out(_event_line(event))
 
     out("agent trace:")
-    context = AgentContext.from_settings(settings, client=client)
+    # The QA memory is not consulted: a rerun traces the research again, not a cache hit (the
+    # first run's answer is written back, as in any run).
+    context = dataclasses.replace(
+        AgentContext.from_settings(settings, client=client), check_memory=_no_memory
+    )
     state = agent.run_agent(query, choices, context=context, on_event=on_event)
     agent_s = time.perf_counter() - t0
     usage = ec.usage_of(client)
@@ -334,6 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the case studies as JSON")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
+
+
+def _no_memory(question: str) -> None:
+    return None
 
 
 def run(

@@ -19,6 +19,8 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 import eval_comprehensive
 import eval_reranker
 import eval_trace
+import load_corpus
+import rag_utils
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 QA = FIXTURES / "eval_qa.jsonl"
@@ -339,6 +341,24 @@ def test_resume_with_another_model_is_refused(env, monkeypatch, capsys):
 
 
 @pytest.mark.slow
+def test_a_run_is_not_continued_on_another_corpus_or_phase(env, capsys):
+    """Rows measured on one store are not mixed with rows measured after passages were added,
+    nor a pipeline run's rows with a retrieval run's under the same --run-id."""
+    factory, _ = reader()
+    assert comprehensive(["retrieval", "2", "--run-id", "c"], factory, env) == 0
+    capsys.readouterr()
+    extra = env / "extra.jsonl"
+    extra.write_text(json.dumps({"idx": "extra_1", "text": "Adverse possession needs hostility."}))
+    assert load_corpus.main(["--passages", str(extra), "--no-progress"]) == 0
+    assert comprehensive(["retrieval", "3", "--run-id", "c"], factory, env) == 2
+    assert "corpus_count" in capsys.readouterr().err
+    assert (
+        comprehensive(["pipeline", "1", "--modes", "llm_only", "--run-id", "c"], factory, env) == 2
+    )
+    assert "phase: 'retrieval' -> 'pipeline'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_pipeline_mode_runs_the_agent_and_clears_memory(env, capsys):
     factory, calls = reader()
     rc = comprehensive(
@@ -455,6 +475,26 @@ def test_trace_free_text_query_json(env, capsys):
     cases = json.loads(capsys.readouterr().out)
     assert len(cases) == 1 and "mc" not in cases[0]
     assert cases[0]["raw_retrieval"][0]["id"] in PASSAGE_ROWS
+
+
+@pytest.mark.slow
+def test_a_trace_traces_the_research_even_when_the_memory_holds_the_answer(
+    env, capsys, monkeypatch
+):
+    """A trace's answer is written to the QA memory; a rerun must trace the research, not a hit."""
+    hit = {"question": "q", "answer": "cached", "confidence": 0.99, "similarity": 1.0,
+           "timestamp": "", "sources": []}  # fmt: skip
+    monkeypatch.setattr(rag_utils, "check_memory", lambda *a, **k: hit)
+    factory, _ = reader()
+    argv = ["--query", "Is a practical joke that injures someone a battery?", "--json"]
+    assert eval_trace.main([*argv, "--passages", str(PASSAGES)], llm_factory=factory) == 0
+    case = json.loads(capsys.readouterr().out)[0]
+    assert not case["memory_hit"] and case["steps"], case
+
+
+def test_reranker_comparison_refuses_n_below_one(env, capsys):
+    assert eval_reranker.main(["0", "--qa", str(QA)]) == 2
+    assert capsys.readouterr().err.startswith("error: N must be at least 1")
 
 
 @pytest.mark.parametrize("query", ["", "   \n\t"])
