@@ -805,6 +805,13 @@ def _record(pid: str, text: str | None, meta: dict[str, Any] | None) -> dict[str
     }
 
 
+EXACT_SEARCH_MAX_PASSAGES = 20_000
+"""Up to this many passages, dense search is exact (one matrix product over the stored vectors,
+kept in memory: 30 MB at the limit) instead of Chroma's HNSW index, whose candidates at the
+default ef_search differed from one process to the next on the shared corpus (about 5% of each
+top 50 missing against exact search), so the same command gave different Recall@10 values."""
+
+
 class PassageStore:
     """One Chroma collection of passages for one embedding model."""
 
@@ -814,6 +821,8 @@ class PassageStore:
         self.model_name = model_name
         self.bm25_dir = bm25_dir
         self._collection: Any = None
+        self._matrix: tuple[int, list[str], Any] | None = None
+        """(passage count, ids, unit vectors) for exact search, reread when the count changes."""
 
     @property
     def collection(self) -> Any:
@@ -943,10 +952,13 @@ class PassageStore:
         return out
 
     def query_ids(self, embeddings: Any, n: int) -> list[list[str]]:
-        """Ids of the ``n`` nearest passages of each embedding, all in one Chroma query."""
+        """Ids of the ``n`` nearest passages (by cosine) of each embedding: exact search over the
+        stored vectors up to EXACT_SEARCH_MAX_PASSAGES passages, else one Chroma HNSW query."""
         total = self.count()
         if total == 0 or n <= 0 or len(embeddings) == 0:
             return [[] for _ in range(len(embeddings))]
+        if total <= EXACT_SEARCH_MAX_PASSAGES:
+            return self._exact_ids(embeddings, min(n, total), total)
         got = self.collection.query(
             query_embeddings=[list(map(float, e)) for e in embeddings],
             n_results=min(n, total),
@@ -954,10 +966,29 @@ class PassageStore:
         )
         return [list(ids) for ids in got["ids"]]
 
+    def _exact_ids(self, embeddings: Any, n: int, total: int) -> list[list[str]]:
+        import numpy as np
+
+        if self._matrix is None or self._matrix[0] != total:
+            got = self.collection.get(include=["embeddings"])
+            order = sorted(range(len(got["ids"])), key=lambda i: got["ids"][i])
+            mat = np.asarray(got["embeddings"], dtype=np.float32)[order]
+            mat /= np.maximum(np.linalg.norm(mat, axis=1, keepdims=True), 1e-12)
+            self._matrix = (total, [got["ids"][i] for i in order], mat)
+        _, ids, mat = self._matrix
+        scores = np.asarray(embeddings, dtype=np.float32) @ mat.T
+        out = []
+        for row in scores:
+            top = np.argpartition(-row, n - 1)[:n] if n < len(row) else np.arange(len(row))
+            top = top[np.lexsort((top, -row[top]))]  # best first; ties by id, so runs agree
+            out.append([ids[j] for j in top])
+        return out
+
     def delete_all(self) -> int:
         n = self.count()
         self.client.delete_collection(self.name)
         self._collection = None
+        self._matrix = None
         shutil.rmtree(self.bm25_dir / self.name, ignore_errors=True)
         return n
 

@@ -707,3 +707,22 @@ def test_a_benchmark_label_in_the_title_field_never_reaches_a_reader(tmp_setting
     evidence = prompts.format_evidence(docs)
     assert "gold" not in evidence.lower() and "retrieved" not in evidence.lower()
     assert "Rule 1002" in evidence
+
+
+def test_dense_search_is_exact_and_the_same_in_every_run(loaded, monkeypatch):
+    """Up to EXACT_SEARCH_MAX_PASSAGES the candidates are the exact nearest passages, so the same
+    command gives the same ranking (HNSW's candidates differed from one process to the next)."""
+    settings, passages = loaded
+    store = rag_utils.get_store(settings)
+    queries = ["negligence duty breach", "battery intent", "hearsay statement"]
+    qvecs, rank_vecs = rag_utils.dense_query_vectors(queries, settings, store)
+    every = store.get([p["idx"] for p in passages], with_embeddings=True)
+    mat = np.asarray([d["embedding"] for d in every], dtype=np.float32)
+    ids = [d["id"] for d in every]
+    for vec, got in zip(rank_vecs, store.query_ids(rank_vecs, 5), strict=True):
+        scores = mat @ vec / np.linalg.norm(mat, axis=1)
+        assert [ids[i] for i in np.argsort(-scores)[:5]] == got
+    assert store.query_ids(rank_vecs, 5) == store.query_ids(rank_vecs, 5)
+    # above the limit the HNSW index answers, with the same interface
+    monkeypatch.setattr(rag_utils, "EXACT_SEARCH_MAX_PASSAGES", 0)
+    assert [len(r) for r in store.query_ids(rank_vecs, 5)] == [5, 5, 5]

@@ -98,6 +98,7 @@ def test_auto_falls_back_to_torch_when_the_onnx_export_fails(tmp_settings, monke
 
 def test_multi_query_embeds_once_and_searches_chroma_and_bm25_once(loaded, monkeypatch):
     settings, _ = loaded
+    monkeypatch.setattr(rag_utils, "EXACT_SEARCH_MAX_PASSAGES", 0)  # the HNSW path of a large store
     queries = ["negligence duty breach", "battery transferred intent", "miranda custody"]
     store = rag_utils.get_store(settings)
     rag_utils.get_bm25(settings, store)  # built (tokenizing the corpus) before counting calls
