@@ -1121,8 +1121,8 @@ def run(
     if args.phase != "retrieval" or llm_variants:
         ec.require_llm(settings, llm_factory)
     ec.require_reranker(settings)
+    items, n_with_gold, qa_path = prepare_items(args, settings)  # bad input: no run folder made
     run_dir = ec.open_run(args.phase, args.run_id, args.resume, args.results_dir)
-    items, n_with_gold, qa_path = prepare_items(args, settings)
     has_gold = n_with_gold > 0
     modes = [m for m in args.mode_list if m != "gold_passage" or has_gold]
     variants = [*QUERY_VARIANTS, *args.variant_list] if has_gold else []

@@ -492,6 +492,13 @@ def test_a_trace_traces_the_research_even_when_the_memory_holds_the_answer(
     assert not case["memory_hit"] and case["steps"], case
 
 
+def test_a_missing_qa_file_leaves_no_empty_run_folder(env, capsys):
+    argv = ["retrieval", "2", "--qa", str(env / "nope.jsonl"), "--results-dir", str(env / "res")]
+    assert eval_comprehensive.main(argv) == 2
+    assert "QA file not found" in capsys.readouterr().err
+    assert not (env / "res").exists() or not any((env / "res").iterdir())
+
+
 def test_reranker_comparison_refuses_n_below_one(env, capsys):
     assert eval_reranker.main(["0", "--qa", str(QA)]) == 2
     assert capsys.readouterr().err.startswith("error: N must be at least 1")
