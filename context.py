@@ -212,6 +212,14 @@ class AgentContext:
         """True when evidence scoring ``score`` is below ``LEAN_GATE`` (``lean.below_gate``)."""
         return lean.below_gate(score, self.settings.lean_gate)
 
+    def off_topic_score(self, question: str) -> float | None:
+        """The evidence score of ``question`` as the user asked it, against its own retrieval,
+        when that is below ``LEAN_GATE``; None when it is on topic. The research searches the
+        model's rewording of a question, which can turn gibberish into a legal topic."""
+        docs = self.retrieve([question], self.settings.retrieval_k, [])
+        score = self.score_evidence(question, docs)
+        return score if self.below_gate(score) else None
+
     def _lean_sources(self) -> dict[str, Any]:
         return {
             "k": self.settings.retrieval_k,

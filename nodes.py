@@ -42,6 +42,8 @@ LOW_CONFIDENCE_PREFIX = "Low confidence:"
 NO_ANSWER = "No answer: the research found no passages for this question."
 NO_PARSED_ANSWER = "No answer: the model's replies for this step could not be parsed."
 NOT_FOUND = "No answer: the sources hold nothing that answers this question."
+OFF_TOPIC = "off topic"
+"""How a stop_reason starts when the question as asked is below LEAN_GATE (see evaluate)."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1045,11 +1047,32 @@ def evaluate(state: AgentState, ctx: AgentContext) -> tuple[dict, str, Evaluator
         # An open question whose research reached no confident step is declined; a
         # multiple-choice question still reads the low-confidence research (it must be answered).
         answer, sources = "", []
+    off_topic = None
+    if answer and route == "mc_select" and not state.get("choices"):
+        # The steps' confidence is measured against the model's own step questions: a question
+        # the corpus does not touch ("banana bread recipe") can be reworded into one it does. So
+        # an open answer also needs the question as asked to reach the evidence gate.
+        off_topic = ctx.off_topic_score(state["question"])
+        if off_topic is not None:
+            answer, sources = "", []
     if answer and stop:
         # The research stopped with planned issues untouched: say so instead of letting the
         # answer read as complete.
         answer += not_researched_note(view, stop)
     abstained, why_not = (False, "") if answer else no_answer(view, threshold)
+    if off_topic is not None:
+        abstained, why_not = (
+            True,
+            (
+                f"{NOT_FOUND} The passages closest to the question as asked are off topic (best "
+                f"evidence score {off_topic:.2f}, below LEAN_GATE {s.lean_gate:.2f}); the research's "
+                "drafts answer the model's rewording of it, so none is given as an answer."
+            ),
+        )
+        stop = stop or (
+            f"{OFF_TOPIC}: the passages closest to the question as asked score {off_topic:.2f}, "
+            f"below LEAN_GATE {s.lean_gate:.2f}"
+        )
     update: dict[str, Any] = {
         "planning_table": graded,
         "accumulated_context": summaries,
@@ -1196,7 +1219,12 @@ def answer_from_evidence(state: AgentState, ctx: AgentContext) -> tuple[dict, st
     # the confidence threshold or the evidence gate, so quotes from them are no ground to stand on.
     declined = None
     if state.get("abstained") and not choices:
-        declined = decline_reason(state, ctx.settings.eval_confidence_threshold)
+        stop = str(state.get("stop_reason") or "")
+        declined = (
+            stop  # the question as asked was off topic (see evaluate)
+            if stop.startswith(OFF_TOPIC)
+            else decline_reason(state, ctx.settings.eval_confidence_threshold)
+        )
     result = ctx.answer_from_evidence(state["question"], passages, choices, declined)
     verified = sum(1 for q in result.get("quotes") or [] if q.get("verified"))
     decision = (

@@ -848,6 +848,34 @@ def test_evidence_at_or_above_the_gate_is_synthesized(tmp_settings):
     assert step["status"] == "completed" and "synthesize" in [r for r, _ in script.calls]
 
 
+@pytest.mark.parametrize("mode", ["research", "evidence"])
+def test_an_open_question_reworded_into_a_covered_topic_is_still_declined(tmp_settings, mode):
+    """The model turned a recipe question into a negligence step whose passages passed every
+    step check; the question as asked is what the passages must reach (LEAN_GATE)."""
+    gibberish = "asdf qwerty zxcv banana bread recipe with walnuts?"
+    cases = [(gibberish, True)]
+    if mode == "research":  # the control: the same research for the question it answers
+        cases.append(("What are the elements of negligence?", False))
+    for question, declined in cases:
+        retriever = FakeRetriever(NEGLIGENCE_CORPUS)
+        memory = Memory()
+        result, *_ = run(
+            tmp_settings, simple_replies(), question=question, retriever=retriever,
+            memory=memory, lean_gate=0.3, answer_mode=mode,
+        )  # fmt: skip
+        assert result["planning_table"][0]["status"] == "completed"  # the reworded step passed
+        assert result["abstained"] is declined, question
+        if declined:
+            text = result["final_cited_answer"]
+            assert text.startswith(nodes.NOT_FOUND if mode == "research" else "No authoritative")
+            assert "question as asked" in text and "confidence threshold" not in text, text
+            assert not memory.writes  # and an abstention is an evidence-mode answer (exit 0)
+            assert result["run_metrics"]["has_answer"] is (mode == "evidence")
+            assert [gibberish] in [q for q, *_ in retriever.calls]
+        else:
+            assert result["run_metrics"]["has_answer"] and memory.writes
+
+
 def test_llm_failure_mid_run_returns_partial_research(tmp_settings):
     replies = multi_replies(n_steps=2, synthesize=[SYNTH, RuntimeError("connection reset")])
     result, *_ = run(tmp_settings, replies)
