@@ -30,7 +30,13 @@ import load_corpus
 import nodes
 import rag_utils
 from context import AgentContext
-from llm_config import LLMCallError, LLMConfigError, check_config, install_log_redaction
+from llm_config import (
+    LLMCallError,
+    LLMConfigError,
+    LLMDeadlineError,
+    check_config,
+    install_log_redaction,
+)
 from mc import MC_LETTERS, format_choices
 from settings import Settings, SettingsError, load_dotenv_file
 from state import AgentState
@@ -261,6 +267,8 @@ def run_agent(
                 for update in chunk.values():
                     for event in (update or {}).get("trace", []):
                         on_event({**event, "t_s": round(time.perf_counter() - t0, 3)})
+    except LLMDeadlineError as exc:  # RUN_TIMEOUT, not a failing model
+        state = _partial(state, ctx, f"run deadline reached: {exc}")
     except (LLMCallError, LLMConfigError) as exc:
         state = _partial(state, ctx, f"LLM failure: {exc}")
     except GraphRecursionError as exc:
@@ -310,7 +318,6 @@ settings (environment variables or .env; a flag above wins over its variable):
   SKIP_INJECTION_CHECK    1 = skip the LLM injection check (the regex pre-screen still runs)
   ANSWER_MODE (research)  research | evidence (--mode)
   SEARCH_STRATEGY (auto)  auto | dense | keyword | hybrid | graph | combined (--strategy)
-  RUN_TIMEOUT (600)       seconds one question may take (--deadline; 0 = no limit)
   RETRIEVAL_K (5)         passages per research step
   MEMORY_THRESHOLD (0.92) cosine at which a cached answer (QA memory) is reused
   CHROMA_DIR, CHROMA_HOST, CHROMA_PORT   vector store; EMBEDDING_MODEL (default all-MiniLM-L6-v2)

@@ -1065,6 +1065,12 @@ def test_run_deadline_stops_research_early_and_still_picks_a_letter(tmp_settings
     assert result["mc_answer"]["letter"] == "A"
 
 
+def test_a_run_out_of_time_says_so_not_llm_failure(tmp_settings):
+    result, *_ = run(tmp_settings, {}, run_timeout=0.001)  # no call gets through
+    assert result["error"].startswith("run deadline reached"), result["error"]
+    assert "LLM failure" not in result["final_cited_answer"]
+
+
 def test_mc_prompt_gets_the_cited_research_and_the_passages_within_the_budget(tmp_settings):
     long_corpus = [{**d, "text": "word " * 600} for d in CORPUS]
     replies = simple_replies(mc_select=["**Answer: (A)**"])
