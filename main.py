@@ -145,7 +145,15 @@ def _inline_choices(text: str) -> tuple[list[str], dict[str, list[str]]]:
     choices = {
         m.group(1): [text[m.end() : end].strip()] for m, end in zip(marks, ends, strict=True)
     }
+    if _QUESTION_AFTER_LIST.search(choices[letters[-1]][0]):
+        return [text], {}  # "... (C) the agent's. Does a CEO's email count?": an enumeration
     return [text[: marks[0].start()]], choices
+
+
+_QUESTION_AFTER_LIST = re.compile(r"[.!;]\s+\S[^.!?;]*\?\s*$")
+"""A sentence ending in '?' after the last inline item: the question goes on after a list of
+subsections ("it (A) was made by the party (B) ... (C) ... . Does X count?"), so the items are not
+answer choices."""
 
 
 def parse_question(text: str) -> tuple[str, dict[str, str] | None]:

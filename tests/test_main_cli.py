@@ -143,6 +143,9 @@ def test_parse_question_takes_choices_typed_inline_on_one_line():
     for text in (
         "Does a transfer under paragraphs (A) and (B) of the statute need a writing?",
         "Is it (B) notice or (A) a hearing or (C) both?",
+        # three subsections, then the question goes on: an enumeration, not choices
+        "Under FRE 801(d)(2) a statement is not hearsay if it (A) was made by the party (B) was "
+        "adopted by it or (C) was made by its agent. Does a CEO's internal email count?",
     ):
         assert main.parse_question(text) == (text, None)
 
