@@ -133,6 +133,35 @@ def recursion_limit(settings: Settings) -> int:
 _INLINE_CHOICE = re.compile(r"(?:^|\s)\(([A-Z])\)\s+")
 
 
+_OTHER_CHOICE_LINE = re.compile(r"^\s*([A-Z])([.)])\s+(\S.*)$")
+
+
+def _other_choice_lines(lines: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """(stem, choices) when the question ends in choice lines written "A. x" or "A) x" (one
+    style, in order from A, at least two, each on its own line; a line between two of them
+    continues the one before); else ``(lines, {})``. Looser than "(A) x", so anything irregular
+    leaves the text an open question rather than an error."""
+    found = [(i, m) for i, line in enumerate(lines) if (m := _OTHER_CHOICE_LINE.match(line))]
+    if len(found) < 2 or len({m.group(2) for _, m in found}) != 1:
+        return lines, {}
+    letters = "".join(m.group(1) for _, m in found)
+    if letters != MC_LETTERS[: len(letters)]:
+        return lines, {}
+    first = found[0][0]
+    if not " ".join(lines[:first]).strip():
+        return lines, {}  # no question before them: an outline, not choices
+    choices: dict[str, list[str]] = {}
+    current = ""
+    for line in lines[first:]:
+        m = _OTHER_CHOICE_LINE.match(line)
+        if m:
+            current = m.group(1)
+            choices[current] = [m.group(3).strip()]
+        elif line.strip():
+            choices[current].append(line.strip())
+    return lines[:first], choices
+
+
 def _inline_choices(text: str) -> tuple[list[str], dict[str, list[str]]]:
     """(stem, choices) of a one-line question whose choices follow it inline, "... (A) x (B) y
     (C) z": at least three, in order from A, running to the end of the text (two could be a
@@ -189,6 +218,8 @@ def parse_question(text: str) -> tuple[str, dict[str, str] | None]:
                 choices[current].append(line.strip())
         else:
             stem.append(line)
+    if not choices:
+        stem, choices = _other_choice_lines(stem)
     if not choices:
         stem, choices = _inline_choices(" ".join(stem))
     question = " ".join(" ".join(stem).split())
@@ -332,8 +363,8 @@ settings (environment variables or .env; a flag above wins over its variable):
   RERANKER (auto|cross-encoder|hybrid|none), LOCAL_MODEL_DIR, LOCAL_THREADS, LOCAL_CTX_SIZE
 
 input: at most {limit} characters of UTF-8 text; multiple-choice answers as lines "(A) ..." to
-"(D) ..." after the question (2 to 4, in order), or 3 to 4 inline after it on one line. The
-starter index (datasets/starter) is built on first use when the store is empty.
+"(D) ..." after the question (2 to 4, in order; "A. ..." or "A) ..." lines too), or 3 to 4 inline
+after it on one line. The starter index (datasets/starter) is built on first use when the store is empty.
 
 exit status: 0 answer printed; 1 run failed (LLM/provider error or RUN_TIMEOUT reached: the
 partial research is printed); 2 bad input, a bad setting or an unusable provider configuration

@@ -128,6 +128,17 @@ def test_parse_question_splits_choices_with_continuation_lines():
     assert choices is None and "(a) a person who" in q
 
 
+@pytest.mark.parametrize("style", ["{}.", "{})"])
+def test_parse_question_takes_choice_lines_written_a_dot_or_a_paren(style):
+    lines = [f"{style.format(k)} {t}" for k, t in zip("ABCD", ["On receipt", "On dispatch", "When signed", "When read"], strict=True)]  # fmt: skip
+    q, choices = main.parse_question("When is an acceptance effective?\n" + "\n".join(lines))
+    assert q == "When is an acceptance effective?"
+    assert choices == {"A": "On receipt", "B": "On dispatch", "C": "When signed", "D": "When read"}
+    # mixed styles, gaps or a lone "A." stay an open question
+    for text in ("Q?\nA. one\nB) two", "Q?\nA. one\nC. three", "A. Facts\nB. Is it hearsay?"):
+        assert main.parse_question(text)[1] is None, text
+
+
 def test_parse_question_takes_choices_typed_inline_on_one_line():
     """A user typed the mailbox question with its four choices on one line and got an open
     answer with no letter."""
