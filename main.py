@@ -364,7 +364,8 @@ settings (environment variables or .env; a flag above wins over its variable):
 
 input: at most {limit} characters of UTF-8 text; multiple-choice answers as lines "(A) ..." to
 "(D) ..." after the question (2 to 4, in order; "A. ..." or "A) ..." lines too), or 3 to 4 inline
-after it on one line. The starter index (datasets/starter) is built on first use when the store is empty.
+after it on one line. The starter index (datasets/starter) is built on first use when the store
+is empty.
 
 exit status: 0 answer printed; 1 run failed (LLM/provider error or RUN_TIMEOUT reached: the
 partial research is printed); 2 bad input, a bad setting or an unusable provider configuration
