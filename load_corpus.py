@@ -579,10 +579,31 @@ def scan_metadata(store: Any) -> dict[str, Any]:
 def status(settings: Settings | None = None) -> dict[str, Any]:
 
     s = settings_or_current(settings)
-    store = rag_utils.get_store(s)
     where = (
         f"{s.chroma_host}:{s.chroma_port}" if s.chroma_host else str(Path(s.chroma_dir).resolve())
     )
+    existing = rag_utils.existing_collections(s)
+    name = rag_utils.collection_name(s)
+    if name not in existing:  # a look creates nothing (a typo'd model or folder stays a typo)
+        return {
+            "store": where + ("" if existing or s.chroma_host else " (no store here)"),
+            "collection": f"{name} (absent)",
+            "embedding_model": rag_utils.embedder_name(s),
+            "count": 0,
+            "sources": {},
+            "injection_flagged": 0,
+            "injection_unscreened": 0,
+            "injection_flags": {},
+            "bm25_index": "absent",
+            "reranker": s.reranker,
+            "qa_memory_entries": (
+                rag_utils.memory_count(s)
+                if rag_utils.collection_name(s, prefix=rag_utils.MEMORY_PREFIX) in existing
+                else 0
+            ),
+            "graph": _graph_status(s),
+        }
+    store = rag_utils.get_store(s)
     bm25_meta = store.bm25_dir / store.name / "ids.json"
     count = store.count()
     scan = (

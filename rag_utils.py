@@ -1539,6 +1539,15 @@ def memory_count(settings: Settings) -> int:
     return int(_memory_collection(settings).count())
 
 
+def existing_collections(settings: Settings) -> set[str]:
+    """Names of the collections in the configured store, creating nothing: an absent local
+    CHROMA_DIR has none (a look must not leave a store or an empty collection behind)."""
+    s = settings
+    if not s.chroma_host and not Path(s.chroma_dir).expanduser().exists():
+        return set()
+    return {str(getattr(c, "name", c)) for c in get_client(s).list_collections()}
+
+
 def corpus_fingerprint(settings: Settings) -> str:
     """What identifies the corpus an answer was researched in: the passage collection (it names
     the embedding model) and its passage count."""

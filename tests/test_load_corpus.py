@@ -264,6 +264,17 @@ def test_status_reports_size_model_and_sources(cli, tmp_settings):
     assert "QA memory:       1 cached answer(s)" in out
 
 
+def test_status_with_a_typo_creates_no_store_and_no_collection(cli, tmp_settings, tmp_path):
+    assert cli("--passages", str(PASSAGES))[0] == 0
+    before = rag_utils.existing_collections(tmp_settings)
+    rc, out, _ = cli("status", "--json", "--embedding-model", "no/such-model")
+    assert rc == 0 and json.loads(out)["count"] == 0
+    assert rag_utils.existing_collections(tmp_settings) == before
+    missing = tmp_path / "no-such-dir"
+    rc = load_corpus.main(["status", "--json", "--chroma-dir", str(missing)])
+    assert rc == 0 and not missing.exists()
+
+
 def test_curated_loads_every_gold_passage_plus_padding(cli, tmp_settings):
     rc, out, _ = cli("curated", "3", "--passages", str(PASSAGES), "--qa", str(QA), "--json")
     assert rc == 0 and json.loads(out)["count"] == 6
