@@ -432,13 +432,6 @@ def require_llm(settings: Settings, llm_factory: Callable[[str], Any] | None = N
     check_config(settings)
 
 
-def require_reranker(settings: Settings) -> None:
-    """Load RERANKER=cross-encoder's model before any work: a model that does not load is a bad
-    setting (``rag_utils.ModelLoadError``, one line and exit 2), not a failure of every item."""
-    if settings.reranker == "cross-encoder":
-        rag_utils.get_cross_encoder(settings)
-
-
 def cli_run(fn: Callable[[Settings], Any], **overrides: Any) -> tuple[int, Any]:
     """An eval script's body: read ``.env``, build and install the eval settings (``overrides``
     are its CLI flags), return ``(0, fn(settings))`` — or ``(2, None)`` after printing a user

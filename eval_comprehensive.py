@@ -584,14 +584,8 @@ def read_injection_set(path: Path, split: str | None = None) -> list[dict]:
     if not path.exists():
         raise FileNotFoundError(f"{path}: file not found")
     rows, seen = [], set()
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: row {n}: invalid JSON ({exc.msg})") from None
-        if not isinstance(rec, dict) or not str(rec.get("text") or "").strip():
+    for n, rec in load_corpus.iter_rows(path):  # JSON errors name the row (a ValueError)
+        if not str(rec.get("text") or "").strip():
             raise ValueError(f"{path}: row {n}: needs a non-empty 'text'")
         if rec.get("label") not in INJECTION_LABELS:
             raise ValueError(f"{path}: row {n}: 'label' must be injection or safe")
@@ -903,7 +897,7 @@ def run_answers_phase(
     if bad:
         raise ValueError(f"unknown answer mode(s) {bad}; choose from {', '.join(ANSWER_MODES)}")
     ec.require_llm(settings, llm_factory)
-    ec.require_reranker(settings)
+    rag_utils.require_reranker(settings)
     if args.grade and llm_factory is None:
         check_config(settings, roles=("judge",))  # JUDGE_PROVIDER / JUDGE_MODEL, before any work
     load_corpus.ensure_starter_index(settings)
@@ -1120,7 +1114,7 @@ def run(
     llm_variants = [v for v in args.variant_list if v in LLM_VARIANTS]
     if args.phase != "retrieval" or llm_variants:
         ec.require_llm(settings, llm_factory)
-    ec.require_reranker(settings)
+    rag_utils.require_reranker(settings)
     items, n_with_gold, qa_path = prepare_items(args, settings)  # bad input: no run folder made
     run_dir = ec.open_run(args.phase, args.run_id, args.resume, args.results_dir)
     has_gold = n_with_gold > 0

@@ -355,7 +355,7 @@ def run(
 ) -> list[dict]:
 
     ec.require_llm(settings, llm_factory)
-    ec.require_reranker(settings)
+    rag_utils.require_reranker(settings)
     if args.passages:
         load_corpus.load_passages(load_corpus.read_passages(args.passages), settings=settings)
     else:

@@ -150,15 +150,15 @@ def _other_choice_lines(lines: list[str]) -> tuple[list[str], dict[str, list[str
     first = found[0][0]
     if not " ".join(lines[:first]).strip():
         return lines, {}  # no question before them: an outline, not choices
+    starts = dict(found)
     choices: dict[str, list[str]] = {}
     current = ""
-    for line in lines[first:]:
-        m = _OTHER_CHOICE_LINE.match(line)
-        if m:
-            current = m.group(1)
-            choices[current] = [m.group(3).strip()]
-        elif line.strip():
-            choices[current].append(line.strip())
+    for i in range(first, len(lines)):
+        if i in starts:
+            current = starts[i].group(1)
+            choices[current] = [starts[i].group(3).strip()]
+        elif lines[i].strip():
+            choices[current].append(lines[i].strip())
     return lines[:first], choices
 
 
@@ -559,8 +559,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--mode lean answers multiple-choice questions: give choices (A) ... (D)"
             )
         check_config(settings)  # every role's provider, before the index or any model loads
-        if settings.reranker == "cross-encoder":  # a missing model stops here, not mid-research
-            rag_utils.get_cross_encoder(settings)
+        rag_utils.require_reranker(settings)  # a missing model stops here, not mid-research
     except (InputError, SettingsError, LLMConfigError, rag_utils.ModelLoadError) as exc:
         print(f"main.py: error: {exc}".splitlines()[0], file=sys.stderr)
         return 2

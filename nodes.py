@@ -1059,8 +1059,11 @@ def evaluate(state: AgentState, ctx: AgentContext) -> tuple[dict, str, Evaluator
         # The research stopped with planned issues untouched: say so instead of letting the
         # answer read as complete.
         answer += not_researched_note(view, stop)
-    abstained, why_not = (False, "") if answer else no_answer(view, threshold)
-    if off_topic is not None:
+    if answer:
+        abstained, why_not = False, ""
+    elif off_topic is None:
+        abstained, why_not = no_answer(view, threshold)
+    else:
         abstained, why_not = (
             True,
             (

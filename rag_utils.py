@@ -1266,6 +1266,13 @@ def get_cross_encoder(settings: Settings, local_only: bool = False) -> Any:
         return model
 
 
+def require_reranker(settings: Settings) -> None:
+    """Load RERANKER=cross-encoder's model before any work, so a model that does not load stops
+    a run at once (:class:`ModelLoadError`) instead of failing in its first hybrid step."""
+    if settings.reranker == "cross-encoder":
+        get_cross_encoder(settings)
+
+
 def resolve_reranker(name: str | None, settings: Settings) -> str:
     """The reranker actually used: ``auto`` becomes cross-encoder when RERANKER_MODEL loads
     offline, else hybrid (logged once per model)."""
