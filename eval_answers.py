@@ -223,6 +223,8 @@ def score_answer(
 
 
 def expectation(item: Mapping[str, Any]) -> str:
+    if item.get("conclusion"):  # a fact pattern
+        return f"Expected conclusion: {item['conclusion']}"
     points = "\n".join(f"- {p}" for p in item.get("key_points") or [])
     return f"Expected key points:\n{points}"
 
@@ -330,12 +332,14 @@ def run_answers(
     *,
     on_row: Callable[[dict], None] | None = None,
     skip: Iterable[tuple[str, str]] = (),
-) -> tuple[list[dict], dict[str, dict[str, Any]]]:
+    score: Callable[..., dict] | None = None,
+) -> list[dict]:
     """Every item through every mode (``answer_fns[mode](question) -> answer dict``), the modes of
     one item one after another (a run cut short stays paired), and scored; ``on_row`` sees each
     row as it is finished (write it to results.jsonl there); ``(item id, mode)`` pairs in ``skip``
     are not run.  Grading is a separate pass over the rows (``grade_answer``; the
-    ``answers --grade`` phase).  Returns the rows and the summary."""
+    ``answers --grade`` phase).  ``score(item, mode, result, seconds)`` makes a row (default
+    :func:`score_answer`).  Returns the rows."""
     from tqdm.auto import tqdm
 
     rows: list[dict] = []
@@ -354,13 +358,13 @@ def run_answers(
         except Exception as exc:  # one failing item must not end a long eval run
             logger.warning("answers: %s/%s failed: %s", item["id"], mode, exc)
             result = {"answer": "", "abstained": False, "error": str(exc)}
-        row = score_answer(item, mode, result, time.perf_counter() - t0)
+        row = (score or score_answer)(item, mode, result, time.perf_counter() - t0)
         if result.get("error"):
             row["error"] = result["error"]
         rows.append(row)
         if on_row is not None:
             on_row(row)
-    return rows, summarize_answers(rows)
+    return rows
 
 
 def make_evidence_answer_fn(
@@ -386,3 +390,132 @@ def make_evidence_answer_fn(
         }
 
     return answer
+
+
+# ------------------------------------------------------------------------------------------------
+# Fact patterns: issues found, conclusions reached, misgrounded sentences
+# ------------------------------------------------------------------------------------------------
+
+FACT_PATTERNS = Path(__file__).resolve().parent / "datasets" / "fact_patterns.jsonl"
+SAME_DOCTRINE_COSINE = 0.5
+"""A cited passage whose embedding cosine to one of the item's gold passages is at least this is
+about the same doctrine (all-MiniLM-L6-v2: comparative against contributory negligence 0.6-0.7,
+passages of unrelated doctrines 0.1-0.4).  A sentence whose every cited passage is neither gold
+nor this close to a gold passage is misgrounded: a real source cited for another doctrine."""
+_BOTTOM_LINE = re.compile(r"^\s*(?:\*\*)?bottom line:?(?:\*\*)?\s*(yes|no|unclear)\b", re.I | re.M)
+
+
+def load_fact_patterns(path: str | Path | None = None, split: str | None = None) -> list[dict]:
+    """The fact patterns (``datasets/fact_patterns.jsonl``), optionally one split (tune/report)."""
+    path = Path(path) if path else FACT_PATTERNS
+    items = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    for item in items:
+        missing = {"id", "question", "answer", "issues", "conclusion_keys", "split"} - set(item)
+        if missing:
+            raise ValueError(f"{path}: item {item.get('id')!r} lacks {sorted(missing)}")
+    return [it for it in items if split in (None, "all", it["split"])]
+
+
+def verdict_of(result: Mapping[str, Any]) -> str | None:
+    """The answer's yes/no: the record's verdict, else a "Bottom line: yes|no" line of its text."""
+    if result.get("verdict"):
+        return str(result["verdict"]).lower()
+    m = _BOTTOM_LINE.search(str(result.get("answer") or ""))
+    return m.group(1).lower() if m else None
+
+
+def conclusion_hits(item: Mapping[str, Any], answer: str) -> list[bool]:
+    """Per key group of the item: one of its phrases occurs in the answer (lower case)."""
+    text = " ".join((answer or "").lower().split())
+    return [any(k.lower() in text for k in group) for group in item["conclusion_keys"]]
+
+
+def score_fact_pattern(
+    item: Mapping[str, Any],
+    mode: str,
+    result: Mapping[str, Any],
+    seconds: float,
+    same_doctrine: Callable[[str, Sequence[str]], bool],
+) -> dict:
+    """One fact-pattern row.  ``result`` has ``answer`` (text), ``abstained`` and ``sentences``:
+    ``[{"text", "passage_ids"}]`` for each legal sentence (the ids it cites; empty: uncited)."""
+    gold_by_issue = [list(i["gold_ids"]) for i in item["issues"]]
+    gold = [g for ids in gold_by_issue for g in ids]
+    abstained = is_abstention(result)
+    sentences = [] if abstained else list(result.get("sentences") or [])
+    cited = {pid for s in sentences for pid in s["passage_ids"]}
+    verdict = None if abstained else verdict_of(result)
+    hits = conclusion_hits(item, str(result.get("answer") or "")) if not abstained else []
+    misgrounded = sum(
+        1
+        for s in sentences
+        if s["passage_ids"]
+        and not any(p in gold or same_doctrine(p, gold) for p in s["passage_ids"])
+    )
+    return {
+        "id": item["id"],
+        "mode": mode,
+        "split": item["split"],
+        "subject": item.get("subject"),
+        "expected": item["answer"],
+        "verdict": verdict,
+        "abstained": abstained,
+        "gold_cited": bool(cited & set(gold)),
+        "issues": len(gold_by_issue),
+        "issues_found": sum(bool(cited & set(ids)) for ids in gold_by_issue),
+        "conclusion_keys": len(hits),
+        "conclusion_keys_hit": sum(hits),
+        "conclusion_correct": verdict == item["answer"] and all(hits) and not abstained,
+        "verdict_correct": verdict == item["answer"],
+        "sentences": len(sentences),
+        "uncited_sentences": sum(1 for s in sentences if not s["passage_ids"]),
+        "misgrounded_sentences": misgrounded,
+        "llm_calls": result.get("llm_calls"),
+        "seconds": round(seconds, 3),
+        "answer": str(result.get("answer") or ""),
+    }
+
+
+def summarize_facts(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per mode: right doctrine found (a gold passage cited), issue recall, conclusion correct
+    (verdict and key phrases), verdict correct, declined, uncited and misgrounded sentences, and
+    the judge's A/B rate when graded; shares with Wilson 95% intervals."""
+    out = {}
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        rs = [r for r in rows if r["mode"] == mode]
+        graded = [r for r in rs if r.get("grade")]
+        out[mode] = {
+            "items": len(rs),
+            "gold_cited": _share(sum(r["gold_cited"] for r in rs), len(rs)),
+            "issue_recall": _share(sum(r["issues_found"] for r in rs), sum(r["issues"] for r in rs)),
+            "conclusion_correct": _share(sum(r["conclusion_correct"] for r in rs), len(rs)),
+            "verdict_correct": _share(sum(r["verdict_correct"] for r in rs), len(rs)),
+            "declined": _share(sum(r["abstained"] for r in rs), len(rs)),
+            "uncited_sentences": sum(r["uncited_sentences"] for r in rs),
+            "misgrounded_sentences": _share(
+                sum(r["misgrounded_sentences"] for r in rs), sum(r["sentences"] for r in rs)
+            ),
+            "judge_a_or_b": _share(sum(r["grade"] in ("A", "B") for r in graded), len(graded)),
+            "llm_calls_per_question": _mean(
+                [float(r["llm_calls"]) for r in rs if r.get("llm_calls") is not None]
+            ),
+            "seconds_per_question": _mean([float(r["seconds"]) for r in rs]),
+        }
+    return out
+
+
+def ceiling_answer(client: Any, item: Mapping[str, Any], gold: Sequence[Mapping[str, Any]]) -> dict:
+    """The ceiling of a fact pattern: the same model handed the gold passages and the facts in one
+    IRAC call (``skills/irac_ceiling.md``); its sentences cite the gold passages."""
+    passages = prompts.format_evidence(list(gold))
+    result = prompts.call(client, "irac", question=str(item["question"]), passages=passages)
+    parsed = result.parsed
+    if parsed is None:
+        return {"answer": result.text, "abstained": False, "sentences": [], "verdict": None}
+    text = (
+        f"Rule: {parsed.rule}\nApplication: {parsed.application}\n"
+        f"Bottom line: {parsed.answer}. {parsed.conclusion}"
+    )
+    ids = [str(g["id"]) for g in gold]
+    sentences = [{"text": s, "passage_ids": ids} for s in (parsed.rule, parsed.application)]
+    return {"answer": text, "abstained": False, "sentences": sentences, "verdict": parsed.answer}

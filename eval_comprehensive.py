@@ -789,6 +789,9 @@ def injection_main(argv: Sequence[str], *, llm_factory: Callable[[str], Any] | N
 # ------------------------------------------------------------------------------------------------
 
 ANSWER_MODES = ("research", "evidence")
+FACT_MODES = (*ANSWER_MODES, "ceiling")
+"""Fact-pattern modes: the agent per answer mode, and the ceiling (the model handed the gold
+passages and the facts in one IRAC call)."""
 
 
 def build_answers_parser() -> argparse.ArgumentParser:
@@ -809,7 +812,21 @@ def build_answers_parser() -> argparse.ArgumentParser:
         help="number of questions, taken round-robin over the categories (default all)",
     )
     p.add_argument("--qa", help="open questions JSONL (default datasets/open_questions.jsonl)")
-    p.add_argument("--modes", default=",".join(ANSWER_MODES), help="research,evidence")
+    p.add_argument(
+        "--facts",
+        action="store_true",
+        help="the fact patterns (datasets/fact_patterns.jsonl, or --qa) instead of the open "
+        "questions: gold passage cited, issue recall, conclusion correct (verdict and key "
+        "phrases), declined, uncited and misgrounded sentences; modes research, evidence and "
+        "ceiling (the model handed the gold passages and the facts in one IRAC call)",
+    )
+    p.add_argument(
+        "--split",
+        choices=["tune", "report", "all"],
+        default="all",
+        help="with --facts: the half to run (tune what you change on one, report on the other)",
+    )
+    p.add_argument("--modes", default=",".join(ANSWER_MODES), help="research,evidence[,ceiling]")
     p.add_argument("--grade", action="store_true", help="grade every answer A-F with the judge")
     p.add_argument("--run-id", help="run directory name; an existing one is resumed")
     p.add_argument("--results-dir", default=ec.DEFAULT_RESULTS_DIR)
@@ -829,9 +846,12 @@ def agent_answer_fn(
         context = AgentContext.from_settings(settings.replace(answer_mode=mode), client=client)
         state = agent.run_agent(question, None, context=context)
         passages = {pid: p["text"] for pid, p in (state.get("passages") or {}).items()}
+        record = state.get("answer") or {}
         out = {
-            "answer": state.get("answer") or state.get("final_cited_answer") or "",
+            "answer": state.get("final_cited_answer") or "",
             "abstained": bool(state.get("abstained")),
+            "verdict": record.get("verdict"),
+            "sentences": record_sentences(state),
             "passages": passages,
             "llm_calls": client.summary()["llm_calls"],
         }
@@ -842,6 +862,43 @@ def agent_answer_fn(
         return out
 
     return answer
+
+
+def record_sentences(state: Mapping[str, Any]) -> list[dict]:
+    """The answer's legal sentences with the passage ids each cites: from the answer record's
+    sentences, or (evidence mode) from the ``[Qn]`` quotes each sentence of its text cites."""
+    if state.get("evidence"):
+        quotes = {q["id"]: q.get("passage_id") for q in state.get("quotes") or []}
+        return [
+            {"text": s, "passage_ids": [quotes[q] for q in eval_answers.citations_in(s) if q in quotes]}
+            for s in eval_answers.answer_sentences(str(state.get("final_cited_answer") or ""))
+        ]
+    record = state.get("answer") or {}
+    ids = {c["n"]: c["passage_id"] for c in record.get("citations") or []}
+    return [
+        {"text": s["text"], "passage_ids": [ids[n] for n in s.get("cites") or [] if n in ids]}
+        for issue in record.get("issues") or []
+        for s in issue.get("sentences") or []
+    ]
+
+
+def same_doctrine_fn(settings: Settings) -> Callable[[str, Sequence[str]], bool]:
+    """``(passage id, gold ids) -> bool``: the passage is about the same doctrine as one of the
+    gold passages (embedding cosine >= ``eval_answers.SAME_DOCTRINE_COSINE``)."""
+    vectors: dict[str, Any] = {}
+
+    def vector(pid: str) -> Any:
+        if pid not in vectors:
+            text = (ec.fetch_passages([pid], settings).get(pid) or {}).get("text") or ""
+            vectors[pid] = rag_utils.get_embedder(settings).embed_documents([text])[0]
+        return vectors[pid]
+
+    def same(pid: str, gold: Sequence[str]) -> bool:
+        return any(
+            float(vector(pid) @ vector(g)) >= eval_answers.SAME_DOCTRINE_COSINE for g in gold
+        )
+
+    return same
 
 
 def answer_rows_with_grades(run_dir: ec.RunDir) -> list[dict]:
@@ -893,20 +950,27 @@ def run_answers_phase(
     args: argparse.Namespace, settings: Settings, *, llm_factory: Any = None
 ) -> dict[str, Any]:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in ANSWER_MODES]
+    allowed = FACT_MODES if args.facts else ANSWER_MODES
+    bad = [m for m in modes if m not in allowed]
     if bad:
-        raise ValueError(f"unknown answer mode(s) {bad}; choose from {', '.join(ANSWER_MODES)}")
+        raise ValueError(f"unknown answer mode(s) {bad}; choose from {', '.join(allowed)}")
     ec.require_llm(settings, llm_factory)
     rag_utils.require_reranker(settings)
     if args.grade and llm_factory is None:
         check_config(settings, roles=("judge",))  # JUDGE_PROVIDER / JUDGE_MODEL, before any work
+    if args.facts:
+        items = eval_answers.load_fact_patterns(args.qa, args.split)[: args.n]
+    else:
+        items = eval_answers.interleave_categories(eval_answers.load_open_questions(args.qa))
+        items = items[: args.n]
     load_corpus.ensure_starter_index(settings)
-    items = eval_answers.interleave_categories(eval_answers.load_open_questions(args.qa))[: args.n]
     run_dir = ec.open_run("answers", args.run_id, None, args.results_dir)
     config = {
         "script": "eval_comprehensive.py",
         "phase": "answers",
-        "qa": args.qa or "datasets/open_questions.jsonl",
+        "qa": args.qa or ("datasets/fact_patterns.jsonl" if args.facts else "datasets/open_questions.jsonl"),
+        "facts": bool(args.facts),
+        "split": args.split if args.facts else None,
         "modes": modes,
         "n_items": len(items),
         "llm": ec.llm_record(settings, ("mc_select", "rewrite")),
@@ -915,19 +979,39 @@ def run_answers_phase(
         "retrieval": ec.retrieval_record(settings),
         "settings": ec.settings_record(settings),
     }
-    run_dir.check_config(config, ("qa", "llm"))
+    run_dir.check_config(config, ("qa", "llm", "facts", "split"))
     done = {(str(r["item"]), str(r["mode"])) for r in run_dir.rows if r.get("phase") == "answers"}
     if "research" in modes and any((str(it["id"]), "research") not in done for it in items):
         # A cached answer from an earlier run would stand in for the research being measured.
         cleared = rag_utils.clear_memory(settings)
         logger.info("cleared the QA memory before research-mode answers (%s entries)", cleared)
+    fns = {m: agent_answer_fn(settings, m, llm_factory) for m in modes if m != "ceiling"}
+    score = None
+    if args.facts:
+        same = same_doctrine_fn(settings)
+        by_question = {str(it["question"]): it for it in items}
+        if "ceiling" in modes:
+            client = ec.make_client(settings, llm_factory)
+
+            def ceiling(question: str) -> dict:
+                item = by_question[question]
+                ids = [g for issue in item["issues"] for g in issue["gold_ids"]]
+                gold = list(ec.fetch_passages(ids, settings).values())
+                return eval_answers.ceiling_answer(client, item, gold)
+
+            fns["ceiling"] = ceiling
+
+        def score(item: Mapping[str, Any], mode: str, result: Mapping[str, Any], s: float) -> dict:
+            return eval_answers.score_fact_pattern(item, mode, result, s, same)
+
     interrupted = False
     try:
         eval_answers.run_answers(
             items,
-            {mode: agent_answer_fn(settings, mode, llm_factory) for mode in modes},
+            {mode: fns[mode] for mode in modes},
             on_row=lambda row: run_dir.append({**row, "item": row["id"], "phase": "answers"}),
             skip=done,
+            score=score,
         )
         if args.grade:
             grade_answer_rows(
@@ -943,7 +1027,9 @@ def run_answers_phase(
     summary = {
         "run_id": run_dir.run_id,
         "config": config,
-        "answers": eval_answers.summarize_answers(rows),
+        "answers": (eval_answers.summarize_facts if args.facts else eval_answers.summarize_answers)(
+            rows
+        ),
         "interrupted": interrupted,
     }
     run_dir.write_json("summary.json", summary)

@@ -7,7 +7,7 @@
     python main.py --help                          every option and setting
 
 Graph: detect_injection -> classifier -> planner -> executor <-> evaluator <-> replanner ->
-mc_select -> memory_writeback -> observability.  Nodes live in ``nodes.py``, types in ``state.py``,
+answer -> mc_select -> memory_writeback -> observability.  Nodes live in ``nodes.py``, types in ``state.py``,
 prompts in ``skills/*.md`` (loaded by ``prompts.py``).
 """
 
@@ -84,10 +84,13 @@ def build_graph(
     g.add_node(
         "evaluator",
         nodes.make_evaluator(answer_mode),
-        destinations=("executor", "replanner", "mc_select", "answer_from_evidence"),
+        destinations=("executor", "replanner", "answer"),
+    )
+    g.add_node("replanner", nodes.replanner)
+    g.add_node(
+        "answer", nodes.answer_node, destinations=("answer_from_evidence", "mc_select")
     )
     g.add_node("answer_from_evidence", nodes.answer_from_evidence)
-    g.add_node("replanner", nodes.replanner)
     g.add_node("mc_select", nodes.mc_select)
     g.add_node("memory_writeback", nodes.memory_writeback)
     g.add_node("observability", nodes.observability)
@@ -96,7 +99,7 @@ def build_graph(
     g.add_edge("classifier", "planner")
     g.add_conditional_edges("planner", nodes.route_after_planner)
     g.add_edge("executor", "evaluator")
-    g.add_conditional_edges("replanner", nodes.route_after_replanner)
+    g.add_edge("replanner", "executor")
     g.add_edge("answer_from_evidence", "mc_select")
     g.add_edge("mc_select", "memory_writeback")
     g.add_edge("memory_writeback", "observability")
@@ -315,7 +318,7 @@ def run_agent(
     state["wall_s"] = round(time.perf_counter() - t0, 3)
     if state.get("evidence"):  # evidence mode's result at the top level of --json
         ev = state["evidence"]
-        for key in ("answer", "abstained", "grounded", "quotes", "audit_trail"):
+        for key in ("abstained", "grounded", "quotes", "audit_trail"):
             state[key] = ev.get(key)
         if state.get("choices"):
             state["grounded"] = bool(ev.get("grounded")) and not ev.get("abstained")
@@ -323,15 +326,12 @@ def run_agent(
 
 
 def _partial(state: dict, ctx: AgentContext, message: str) -> dict:
-    """The research so far after a failure, with the reason."""
+    """The run so far after a failure, with the reason."""
     logger.info("run stopped early: %s", message)
-    answer = state.get("research_answer") or ""
-    if answer and f"\n\n{nodes.NOT_RESEARCHED} (" not in answer:
-        answer += nodes.not_researched_note(state, "stopped early")
+    left = nodes.unresearched_issues(state)  # type: ignore[arg-type]
+    note = f" Not researched: {'; '.join(left)}." if left else ""
     state["error"] = message
-    state["final_cited_answer"] = (
-        f"{answer}\n\n[Stopped early — {message}]" if answer else f"[No answer — {message}]"
-    )
+    state["final_cited_answer"] = f"[No answer — {message}]{note}"
     state["stop_reason"] = "deadline" if "deadline" in message.lower() else "error"
     state["run_metrics"] = nodes.compute_metrics(state, ctx)  # type: ignore[arg-type]
     return state
@@ -482,23 +482,20 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
         out("")
         out("AUDIT TRAIL")
         out("  " + evidence.format_audit_block(result["evidence"]).replace("\n", "\n  "))
-    sources = result.get("sources") or []
-    if sources:
+    record = result.get("answer") or {}
+    if record.get("citations") and not result.get("evidence"):
         out("")
         out("SOURCES")
-        for src in sources:
-            words = " ".join((src.get("text") or "").split()[:14])
-            out(
-                f"  {src.get('ref', '')} {src.get('id')} — {src.get('title') or '(untitled)'}: {words}…"
-            )
+        for c in record["citations"]:
+            out(f"  [{c['n']}] {c['title'] or '(untitled)'} ({c['passage_id']}): \"{c['support']}\"")
     metrics = result.get("run_metrics") or {}
     if metrics:
         out("")
         out("METRICS")
         keys = (
             "query_type", "llm_calls", "parse_failures", "input_tokens", "output_tokens",
-            "iterations", "steps_completed", "steps_failed", "memory_hit", "has_answer",
-            "injection_verdict", "stop_reason", "invalid_citations", "uncited_sentences", "mc_letter", "mc_closed_book",
+            "iterations", "steps_completed", "steps_failed", "memory_hit", "has_answer", "verdict",
+            "injection_verdict", "stop_reason", "uncited_sentences", "guards", "mc_letter", "mc_closed_book",
         )  # fmt: skip
         for key in keys:
             if key in metrics:

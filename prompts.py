@@ -24,9 +24,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field
+from pydantic import BaseModel, Field
 
 if TYPE_CHECKING:
     from llm_config import LLMClient, LLMResult
@@ -36,11 +36,11 @@ SKILLS_DIR = Path(__file__).resolve().parent / "skills"
 SKILL_FIELDS: dict[str, frozenset[str]] = {
     "detect_prompt_injection": frozenset({"user_input"}),
     "classify_and_route": frozenset({"question"}),
-    "plan_synthesis": frozenset({"objective"}),
+    "plan_synthesis": frozenset({"objective", "candidates"}),
     "query_rewrite": frozenset({"question"}),
-    "synthesize_and_cite": frozenset({"question", "passages"}),
-    "synthesize_strict": frozenset({"question", "passages"}),
-    "adaptive_replan": frozenset({"objective", "progress"}),
+    "apply_rule": frozenset({"issue", "rule", "facts"}),
+    "bottom_line": frozenset({"question", "findings"}),
+    "irac_ceiling": frozenset({"question", "passages"}),
     "mc_select": frozenset({"question", "choices", "evidence"}),
     "mc_select_strict": frozenset({"question", "choices", "evidence"}),
     "extract_quotes": frozenset({"question", "passages"}),
@@ -226,94 +226,47 @@ SEARCH_TYPES: tuple[SearchType, ...] = ("hybrid", "dense", "keyword", "graph", "
 """The search strategies, in the order the executor falls back through them after a dead end."""
 
 
-class Strategy(BaseModel):
-    """How one research step searches: the executor routes on ``search_type`` (dense = the
-    embedder, keyword = BM25, hybrid = both fused, graph = the legal knowledge graph, combined =
-    hybrid and graph fused)."""
-
-    search_type: SearchType = "hybrid"
-    focus: list[str] = Field(default_factory=list, max_length=3)
-    """Doctrines or authorities the step should find."""
-    reason: str = Field(default="", max_length=100)
-
-
-class PlannedStep(BaseModel):
+class Plan(BaseModel):
     issues: list[str] = Field(min_length=1, max_length=4)
-    """The legal issues of the objective, most important first (listed before the question, so
-    a small model names the doctrines before it writes the step)."""
-    phase: str = Field(default="rule", max_length=40)
-    question: str = Field(min_length=3, max_length=300)
-    strategy: Strategy = Field(default_factory=Strategy)
+    """The legal issues the objective raises, each named as a doctrine, most important first:
+    the research agenda (one research step each)."""
 
 
-CLAIM_MAX_CHARS = 300
-"""The longest claim text; a grammar-constrained model that copies a long passage sentence is cut
-here, mid-word (rendering marks the cut with an ellipsis)."""
+Met = Literal["yes", "no", "unclear"]
 
 
-class CitedClaim(BaseModel):
-    text: str = Field(min_length=1, max_length=CLAIM_MAX_CHARS)
-    sources: list[int] = Field(min_length=1, max_length=3)
+class Check(BaseModel):
+    requirement: str = Field(min_length=1, max_length=200)
+    fact: str = Field(min_length=1, max_length=200)
+    met: Met
 
 
-Lead = Annotated[
-    str, BeforeValidator(lambda v: v[:80] if isinstance(v, str) else v), Field(max_length=80)
-]
-"""A lead: at most 80 characters (the schema caps what a grammar-constrained model writes; a
-longer lead from an unconstrained model is cut, not a reason to reject the answer)."""
+class Application(BaseModel):
+    """One issue's application (``skills/apply_rule.md``): the rule's requirements, each with the
+    stated fact that decides it."""
+
+    checks: list[Check] = Field(min_length=1, max_length=4)
 
 
-class CitedAnswer(BaseModel):
-    """A step's answer: every claim names the passages (``[Source N]`` numbers) it comes from."""
+class BottomLine(BaseModel):
+    """The answer to the question as asked (``skills/bottom_line.md``)."""
 
-    rule: CitedClaim
-    elements: list[CitedClaim] = Field(min_length=1, max_length=6)
-    exceptions: list[CitedClaim] = Field(max_length=3)
-    application: CitedClaim
-    leads: list[Lead] = Field(default_factory=list, max_length=3)
-    """Doctrines or authorities the passages point to that deserve their own research (names, not
-    passage text: the embedded model once spent its whole budget copying a passage as a lead)."""
+    answer: Met
+    reason: str = Field(min_length=1, max_length=240)
 
 
-NOT_IN_SOURCES = "not in the sources"
-ABSENT_CLAIM = CitedClaim.model_construct(text=NOT_IN_SOURCES, sources=[])
-"""What an answer says, uncited, in place of a claim that was cut or left out (never mutated)."""
+class Irac(BaseModel):
+    """The fact-pattern ceiling's one-call analysis (``skills/irac_ceiling.md``, eval only)."""
 
-
-def cut_off_answer(text: str) -> CitedAnswer | None:
-    """The complete claims of a :class:`CitedAnswer` reply cut off at its token budget: the
-    longest prefix with a rule and at least one element, exceptions and leads as far as they went,
-    the application "not in the sources" when it was cut; None when not even that much is there.
-    (The embedded model copies passages into long claims: on the multi_hop demo's due-process
-    step its reply ran out in the leads after a complete, well-cited answer.)"""
-    from llm_config import cut_off_prefixes
-
-    absent = {"text": NOT_IN_SOURCES, "sources": [0]}
-    for data in cut_off_prefixes(text):
-        claim = data.get("application")
-        complete = isinstance(claim, dict) and {"text", "sources"} <= claim.keys()
-        try:
-            answer = CitedAnswer.model_validate(
-                {"exceptions": [], **data, "application": claim if complete else absent}
-            )
-        except ValueError:
-            continue
-        if not complete:
-            answer.application = ABSENT_CLAIM
-        return answer
-    return None
+    rule: str = Field(min_length=1, max_length=400)
+    application: str = Field(min_length=1, max_length=500)
+    answer: Literal["yes", "no"]
+    conclusion: str = Field(min_length=1, max_length=300)
 
 
 class Rewrite(BaseModel):
     primary: str = Field(min_length=2, max_length=400)
     alternatives: list[str] = Field(default_factory=list)
-
-
-class Replan(BaseModel):
-    action: Literal["next_step", "retry", "complete"]
-    phase: str = Field(default="", max_length=40)
-    question: str = Field(default="", max_length=300)
-    strategy: Strategy = Field(default_factory=Strategy)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -325,9 +278,9 @@ Role = Literal[
     "classify",
     "plan",
     "rewrite",
-    "synthesize",
-    "synthesize_strict",
-    "replan",
+    "apply",
+    "bottom_line",
+    "irac",
     "mc_select",
     "mc_select_strict",
     "hyde",
@@ -348,11 +301,11 @@ class Call:
 CALLS: dict[Role, Call] = {
     "injection": Call("detect_prompt_injection", InjectionVerdict, 60),
     "classify": Call("classify_and_route", Classification, 20),
-    "plan": Call("plan_synthesis", PlannedStep, 220),
+    "plan": Call("plan_synthesis", Plan, 80),
     "rewrite": Call("query_rewrite", Rewrite, 110),
-    "synthesize": Call("synthesize_and_cite", CitedAnswer, 400),
-    "synthesize_strict": Call("synthesize_strict", CitedAnswer, 300),
-    "replan": Call("adaptive_replan", Replan, 200),
+    "apply": Call("apply_rule", Application, 320),
+    "bottom_line": Call("bottom_line", BottomLine, 90),
+    "irac": Call("irac_ceiling", Irac, 400),
     "mc_select": Call("mc_select", None, 200, max_tokens_api=500),
     "mc_select_strict": Call("mc_select_strict", None, 12),
     "hyde": Call("hypothetical_passage", None, 130),

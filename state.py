@@ -109,6 +109,11 @@ class AgentState(TypedDict, total=False):
     {"id", "patterns"}."""
     answer_mode: Literal["research", "evidence"]
     """How the answer is made (ANSWER_MODE; a Studio run may set it in its input)."""
+    answer: dict[str, Any]
+    """The answer record (``answer.AnswerRecord.to_dict()``), decided once by the answer stage:
+    text, issues (rule, application, conclusion sentences with their citation numbers),
+    citations, abstained and why, verdict, letter, grounded, quotes, guards.  The CLI, the exit
+    code, the QA memory and the evals read it."""
     evidence: dict[str, Any]
     """Evidence mode's result: answer, abstained, grounded, quotes, requirement_references,
     composition_confidence, quality_score, revisions, missing_evidence, audit_trail."""
@@ -130,6 +135,8 @@ Node = Literal[
     "executor",
     "evaluator",
     "replanner",
+    "answer",
+    "answer_from_evidence",
     "mc_select",
     "memory_writeback",
     "observability",

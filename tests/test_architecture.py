@@ -40,9 +40,9 @@ def test_project_modules_import_each_other_without_cycles():
             visit(m, [m])
 
 
-def test_nodes_depend_only_on_context_state_prompts_mc_and_llm_errors():
+def test_nodes_depend_only_on_context_state_prompts_mc_answer_and_llm_errors():
     deps = imports_of("nodes")
-    assert set(deps) <= {"context", "state", "prompts", "mc", "llm_config"}
+    assert set(deps) <= {"context", "state", "prompts", "mc", "answer", "llm_config"}
     assert deps.get("llm_config", set()) <= {"LLMCallError", "LLMConfigError", "LLMDeadlineError"}
 
 

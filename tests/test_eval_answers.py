@@ -146,7 +146,7 @@ def test_run_answers_scores_every_mode_with_intervals():
         raise RuntimeError("boom")
 
     seen = []
-    rows, summary = ea.run_answers(
+    rows = ea.run_answers(
         items,
         {"research": research, "evidence": evidence_mode, "broken": broken},
         on_row=seen.append,

@@ -21,8 +21,8 @@ def test_all_skills_load_and_render():
 
 
 def test_system_prefix_is_identical_across_calls():
-    a = prompts.render("synthesize_and_cite", question="q1", passages="p1")
-    b = prompts.render("synthesize_and_cite", question="q2", passages="p2")
+    a = prompts.render("apply_rule", issue="i1", rule="r1", facts="f1")
+    b = prompts.render("apply_rule", issue="i2", rule="r2", facts="f2")
     assert a[0] == b[0]
 
 

@@ -1,0 +1,414 @@
+"""The answer stage: one typed answer record, decided once, that applies the law to the facts.
+
+The research hands over, per issue on the agenda, the passages its step found (or none).  This
+stage writes the answer a user reads, in the shape of a bar essay:
+
+- **Rule** — for each issue, the sentences of its passages that state the rule for these facts,
+  quoted verbatim (chosen by embedding cosine to the issue and its facts, so no paraphrase can put
+  words in a source's mouth), each cited to its passage.  A passage about another doctrine than
+  the issue (``off_doctrine``) is never used as its rule.
+- **Application** — one narrow call per issue (``skills/apply_rule.md``): the rule's requirements,
+  and for each the stated fact that meets or fails it.  Each application sentence cites the rule
+  it applies and names its fact.
+- **Conclusion** — per issue, from the requirements: every requirement met, the rule applies; one
+  failed, it does not; otherwise it turns on facts the question does not state.
+- **Bottom line** — one call (``skills/bottom_line.md``) that answers the question as asked from
+  the issues' conclusions ("yes", "no" or "unclear" and why), cited to the rules it rests on.
+
+A rule question ("What is the mailbox rule?") states the rules and stops there.  With nothing to
+stand on (no issue's research found a passage) the record abstains and says why; nothing
+downstream reads the text back to learn that.  Everything the CLI, the exit code, the QA memory
+and the evals need is a field of :class:`AnswerRecord`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import prompts
+from evidence import split_sentences
+from prompts import Application, BottomLine, Check, Met
+
+logger = logging.getLogger(__name__)
+
+Kind = Literal["fact_pattern", "rule_question", "multiple_choice"]
+EmbedFn = Callable[[list[str]], Any]
+
+RULE_SENTENCES = 2
+"""Sentences quoted as an issue's rule (the best by cosine to the issue and its facts)."""
+RULE_PASSAGES = 2
+"""The issue's best passages whose sentences compete to state its rule."""
+HEADING_WORDS = 6
+"""A passage's first sentence of at most this many words is its heading, never a rule."""
+FACT_SENTENCES = 3
+"""Sentences of a fact pattern kept with an issue (the closest to it by cosine)."""
+MIN_FACT_WORDS = 15
+"""A question with fewer words of facts before it asks is a rule question."""
+DOCTRINE_MATCH = 0.30
+"""Cosine between an issue's name and a passage's title below which the passage is about another
+doctrine (``off_doctrine``): all-MiniLM-L6-v2 puts a doctrine and the title of its own passage at
+0.45-0.85, and e.g. "premises liability" against "Products liability: design defects" at 0.25."""
+
+
+# ------------------------------------------------------------------------------------------------
+# The record
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Citation:
+    """One numbered source of the answer: the passage and the sentence a reader can check."""
+
+    n: int
+    passage_id: str
+    title: str
+    support: str
+    """The sentence of the passage that the citing sentences rest on (verbatim)."""
+
+
+@dataclass
+class Sentence:
+    text: str
+    role: Literal["rule", "application", "conclusion", "bottom_line"]
+    cites: list[int] = field(default_factory=list)
+    """Citation numbers (:attr:`Citation.n`); a legal sentence always has at least one."""
+
+
+@dataclass
+class IssueAnswer:
+    issue: str
+    status: Literal["answered", "no_evidence", "not_researched"]
+    sentences: list[Sentence] = field(default_factory=list)
+    outcome: Met | None = None
+    """yes: the rule's requirements are met on the facts; no: one fails; unclear: the facts do not
+    decide it; None: no application (a rule question, or no rule found)."""
+    why: str = ""
+
+
+@dataclass
+class AnswerRecord:
+    """The run's answer, decided once.  ``text`` is what the user reads; the rest is the same
+    answer as data."""
+
+    kind: Kind
+    text: str
+    issues: list[IssueAnswer]
+    citations: list[Citation]
+    abstained: bool
+    why: str = ""
+    """Why the answer abstained, or what it could not do."""
+    verdict: Met | None = None
+    """The bottom line's answer to a yes/no question (None: not asked, or not reached)."""
+    letter: str | None = None
+    grounded: bool = False
+    """Every legal sentence cites a source (and, under the evidence policy, a verified quote)."""
+    quotes: list[dict] = field(default_factory=list)
+    guards: dict[str, int] = field(default_factory=dict)
+    """How often each named guard on model output fired in this answer."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def sentences(self) -> list[Sentence]:
+        return [s for issue in self.issues for s in issue.sentences]
+
+
+# ------------------------------------------------------------------------------------------------
+# Facts and rules (no model calls)
+# ------------------------------------------------------------------------------------------------
+
+
+def split_question(question: str) -> tuple[list[str], str]:
+    """(fact sentences, what is asked): the asked part is the closing sentences that end in '?'."""
+    sentences = [s.strip() for s in split_sentences(" ".join(question.split())) if s.strip()]
+    asked: list[str] = []
+    while sentences and sentences[-1].endswith("?"):
+        asked.insert(0, sentences.pop())
+    return sentences, " ".join(asked) or (sentences.pop() if sentences else question.strip())
+
+
+def question_kind(question: str, choices: Mapping[str, str] | None) -> Kind:
+    """multiple_choice with choices; a fact pattern when facts precede what is asked; else a rule
+    question."""
+    if choices:
+        return "multiple_choice"
+    facts, _ = split_question(question)
+    return "fact_pattern" if sum(len(f.split()) for f in facts) >= MIN_FACT_WORDS else "rule_question"
+
+
+def _rows(embed: EmbedFn, texts: list[str]) -> np.ndarray:
+    return np.asarray(embed(texts), dtype=np.float32) if texts else np.zeros((0, 1), np.float32)
+
+
+def issue_facts(issue: str, facts: Sequence[str], embed: EmbedFn, n: int = FACT_SENTENCES) -> list[str]:
+    """The ``n`` fact sentences closest to ``issue`` (by cosine), in the order the facts give them."""
+    if len(facts) <= n:
+        return list(facts)
+    rows = _rows(embed, [issue, *facts])
+    sims = rows[1:] @ rows[0]
+    keep = sorted(np.argsort(-sims)[:n])
+    return [facts[i] for i in keep]
+
+
+def candidate_sentences(doc: Mapping[str, Any]) -> list[str]:
+    """A passage's sentences that can state a rule: its heading (a short first sentence) left out."""
+    sentences = [s.strip() for s in split_sentences(" ".join(str(doc.get("text") or "").split()))]
+    if sentences and len(sentences[0].split()) <= HEADING_WORDS:
+        sentences = sentences[1:]
+    return [s for s in sentences if len(s.split()) >= 5]
+
+
+def on_doctrine(issue: str, docs: Sequence[Mapping[str, Any]], embed: EmbedFn) -> list[bool]:
+    """Per passage: is it about ``issue``'s doctrine (cosine of the issue's name to the passage's
+    title and first sentence at least :data:`DOCTRINE_MATCH`)?  A passage without a title counts
+    by its first sentence alone."""
+    if not docs:
+        return []
+    heads = []
+    for d in docs:
+        first = (split_sentences(" ".join(str(d.get("text") or "").split())) or [""])[0]
+        heads.append(f"{d.get('title') or ''}. {first}".strip(". "))
+    rows = _rows(embed, [issue, *heads])
+    return [bool(s >= DOCTRINE_MATCH) for s in rows[1:] @ rows[0]]
+
+
+def select_rule(
+    query: str, docs: Sequence[Mapping[str, Any]], embed: EmbedFn, n: int = RULE_SENTENCES
+) -> list[tuple[Mapping[str, Any], str]]:
+    """(passage, sentence) pairs that state the rule for ``query`` (the issue and its facts): the
+    ``n`` sentences of the first :data:`RULE_PASSAGES` passages closest to it, each verbatim, in
+    passage order."""
+    pool = [(d, s) for d in list(docs)[:RULE_PASSAGES] for s in candidate_sentences(d)]
+    if not pool:
+        return []
+    rows = _rows(embed, [query, *[s for _, s in pool]])
+    sims = rows[1:] @ rows[0]
+    keep = sorted(np.argsort(-sims)[:n])
+    return [pool[i] for i in keep]
+
+
+# ------------------------------------------------------------------------------------------------
+# Building the record
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class IssueResearch:
+    """What the research hands over for one issue: its passages, best first (empty: none found or
+    none past the evidence gate), and whether a step ran for it."""
+
+    issue: str
+    docs: list[dict]
+    researched: bool = True
+    why: str = ""
+
+
+class _Citations:
+    def __init__(self) -> None:
+        self.items: list[Citation] = []
+
+    def cite(self, doc: Mapping[str, Any], sentence: str) -> int:
+        for c in self.items:
+            if c.passage_id == doc["id"] and c.support == sentence:
+                return c.n
+        n = len(self.items) + 1
+        self.items.append(Citation(n, str(doc["id"]), str(doc.get("title") or ""), sentence))
+        return n
+
+
+def _clean(text: str) -> str:
+    return " ".join(str(text).split()).strip().rstrip(".;,")
+
+
+def _outcome(checks: Sequence[Check]) -> Met:
+    """The rule's outcome from its requirements: any failed -> no; all met -> yes; else unclear."""
+    if any(c.met == "no" for c in checks):
+        return "no"
+    return "yes" if all(c.met == "yes" for c in checks) else "unclear"
+
+
+def _application_sentences(checks: Sequence[Check], cites: list[int]) -> list[Sentence]:
+    """One sentence per requirement: the requirement, whether the facts meet it, and the fact
+    (requirements the model repeated are said once)."""
+    out, seen = [], set()
+    for c in checks:
+        requirement = _clean(c.requirement)
+        if requirement.lower() in seen:
+            continue
+        seen.add(requirement.lower())
+        verdict = {"yes": "met", "no": "not met", "unclear": "not decided by the facts"}[c.met]
+        text = f"{requirement[:1].upper()}{requirement[1:]} — {verdict}: {_clean(c.fact)}."
+        out.append(Sentence(text, "application", list(cites)))
+    return out
+
+
+def _conclusion(issue: str, outcome: Met, checks: Sequence[Check], cites: list[int]) -> Sentence:
+    failed = [c for c in checks if c.met == "no"]
+    if outcome == "yes":
+        text = f"{issue}: every requirement is met on these facts, so the rule applies."
+    elif outcome == "no":
+        text = f"{issue}: the rule does not apply, because {_clean(failed[0].requirement)} fails."
+    else:
+        text = f"{issue}: the facts stated do not settle whether the rule applies."
+    return Sentence(text, "conclusion", list(cites))
+
+
+def apply_rule(client: Any, issue: str, rule: str, facts: str) -> Application | None:
+    """The ``apply`` call: the rule's requirements and the fact deciding each (None: unusable)."""
+    result = prompts.call(client, "apply", issue=issue, rule=rule, facts=facts)
+    if result.parsed is None and result.finish_reason == "length":
+        return complete_checks(result.text)
+    return result.parsed
+
+
+def complete_checks(text: str) -> Application | None:
+    """The complete checks of an application reply cut off at its token budget (None: none)."""
+    from langchain_core.utils.json import parse_partial_json
+
+    try:
+        data = parse_partial_json(text)
+    except ValueError:
+        return None
+    checks = []
+    for raw in (data or {}).get("checks") or [] if isinstance(data, dict) else []:
+        try:
+            checks.append(Check.model_validate(raw))
+        except ValueError:
+            break  # the cut-off one, and nothing after it
+    return Application(checks=checks) if checks else None
+
+
+def bottom_line(client: Any, asked: str, findings: str) -> BottomLine | None:
+    result = prompts.call(client, "bottom_line", question=asked, findings=findings)
+    return result.parsed
+
+
+def build_record(
+    client: Any,
+    question: str,
+    choices: Mapping[str, str] | None,
+    research: Sequence[IssueResearch],
+    embed: EmbedFn,
+    *,
+    decline: str = "",
+) -> AnswerRecord:
+    """The answer to ``question`` from the research of each issue (see the module docstring).
+
+    ``decline``: why the research declines the question as a whole (off topic as asked); the
+    record then abstains without a model call."""
+    kind = question_kind(question, choices)
+    facts, asked = split_question(question)
+    guards: dict[str, int] = {"off_doctrine": 0, "unparsed_application": 0, "unparsed_bottom_line": 0}
+    citations = _Citations()
+    issues: list[IssueAnswer] = []
+    if decline:
+        return AnswerRecord(kind, _abstain_text(decline), [], [], True, decline, guards=guards)
+    for item in research:
+        if not item.researched:
+            issues.append(IssueAnswer(item.issue, "not_researched", why=item.why))
+            continue
+        fit = on_doctrine(item.issue, item.docs, embed)
+        docs = [d for d, ok in zip(item.docs, fit, strict=True) if ok]
+        guards["off_doctrine"] += len(item.docs) - len(docs)
+        if not docs:
+            why = item.why or (
+                "the passages found are about other doctrines" if item.docs else "no passage found"
+            )
+            issues.append(IssueAnswer(item.issue, "no_evidence", why=why))
+            continue
+        near = issue_facts(item.issue, facts, embed) if kind != "rule_question" else []
+        rule = select_rule(" ".join([item.issue, *near]), docs, embed)
+        cites = [citations.cite(d, s) for d, s in rule]
+        answer = IssueAnswer(item.issue, "answered")
+        answer.sentences = [Sentence(s, "rule", [n]) for (_, s), n in zip(rule, cites, strict=True)]
+        if kind != "rule_question" and facts:
+            applied = apply_rule(client, item.issue, " ".join(s for _, s in rule), " ".join(facts))
+            if applied is None:
+                guards["unparsed_application"] += 1
+                answer.why = "the application could not be parsed"
+            else:
+                answer.outcome = _outcome(applied.checks)
+                answer.sentences += _application_sentences(applied.checks, cites)
+                answer.sentences.append(_conclusion(item.issue, answer.outcome, applied.checks, cites))
+        issues.append(answer)
+    answered = [i for i in issues if i.status == "answered"]
+    if not answered:
+        why = "no issue's research found a passage on its doctrine: " + "; ".join(
+            f"{i.issue} ({i.why or i.status})" for i in issues
+        )
+        return AnswerRecord(kind, _abstain_text(why), issues, [], True, why, guards=guards)
+    verdict = None
+    tail: list[Sentence] = []
+    applied_issues = [i for i in answered if i.outcome is not None]
+    if kind == "fact_pattern" and applied_issues:
+        findings = "\n".join(
+            f"- {s.text}" for i in applied_issues for s in i.sentences if s.role == "conclusion"
+        )
+        line = bottom_line(client, asked, findings)
+        all_cites = sorted({n for i in applied_issues for s in i.sentences for n in s.cites})
+        if line is None:
+            guards["unparsed_bottom_line"] += 1
+        else:
+            verdict = line.answer
+            head = {"yes": "Yes", "no": "No", "unclear": "Unclear"}[line.answer]
+            tail.append(Sentence(f"{head}. {_clean(line.reason)}.", "bottom_line", all_cites))
+    record = AnswerRecord(
+        kind, "", issues, citations.items, False, verdict=verdict, guards=guards
+    )
+    record.grounded = all(s.cites for s in record.sentences) and all(s.cites for s in tail)
+    record.text = render(record, tail)
+    if tail:
+        record.issues.append(IssueAnswer("Bottom line", "answered", tail, outcome=verdict))
+    return record
+
+
+# ------------------------------------------------------------------------------------------------
+# Rendering
+# ------------------------------------------------------------------------------------------------
+
+NO_ANSWER = "No answer"
+
+
+def _abstain_text(why: str) -> str:
+    return f"{NO_ANSWER}: the sources hold nothing that answers this question ({why})."
+
+
+def _refs(cites: Sequence[int]) -> str:
+    return "".join(f"[{n}]" for n in cites)
+
+
+def render(record: AnswerRecord, tail: Sequence[Sentence] = ()) -> str:
+    """The answer as the CLI prints it: per issue its rule, application and conclusion, every
+    legal sentence followed by its citation numbers; then the bottom line; then what was not
+    researched."""
+    lines: list[str] = []
+    heads = {"rule": "Rule", "application": "Application", "conclusion": "Conclusion"}
+    for n, issue in enumerate((i for i in record.issues if i.status == "answered"), 1):
+        lines.append(f"{n}. {issue.issue}")
+        for s in issue.sentences:
+            lines.append(f"   {heads[s.role]}: {s.text} {_refs(s.cites)}".rstrip())
+        if issue.why:
+            lines.append(f"   ({issue.why})")
+    for s in tail:
+        lines.append(f"\nBottom line: {s.text} {_refs(s.cites)}".rstrip())
+    missing = [i for i in record.issues if i.status != "answered"]
+    if missing:
+        lines.append(
+            "\nNot answered: "
+            + "; ".join(f"{i.issue} ({i.why or i.status.replace('_', ' ')})" for i in missing)
+            + "."
+        )
+    return "\n".join(lines).strip()
+
+
+def render_sources(record: AnswerRecord) -> list[str]:
+    """One line per citation: its number, the passage's title and id, and the sentence it rests on."""
+    return [
+        f"[{c.n}] {c.title or '(untitled)'} ({c.passage_id}): \"{c.support}\"" for c in record.citations
+    ]
+
