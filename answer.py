@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+
 import prompts
 from evidence import split_sentences
 from prompts import Application, BottomLine, Check, Met

@@ -29,7 +29,6 @@ from typing import Any, Literal
 import injection
 import mc
 import prompts
-from llm_config import LLMCallError, LLMConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -128,110 +127,6 @@ def answer_lean(
         mc=result,
         seconds=time.perf_counter() - start,
     )
-
-
-# ------------------------------------------------------------------------------------------------
-# The whole lean run (main.py --mode lean)
-# ------------------------------------------------------------------------------------------------
-
-
-def run_lean(
-    question: str,
-    choices: Mapping[str, str] | None,
-    *,
-    context: Any,
-    on_event: Callable[[dict], None] | None = None,
-) -> dict:
-    """Answer a multiple-choice question in lean mode: the injection check, one retrieval, the
-    evidence gate, one answer — at most 3 LLM calls.  ``context`` is the run's
-    ``context.AgentContext`` (its client, retriever, gate score and injection check; not imported
-    here, since the context builds on this module).  The result has the keys of
-    ``main.run_agent``'s that apply (final_cited_answer, mc_answer, sources, run_metrics, ...) plus
-    ``lean`` (route, evidence score, gate)."""
-    question = " ".join((question or "").split())
-    if not question:
-        raise ValueError("the question is empty")
-    choices = {str(k).upper(): str(v) for k, v in (choices or {}).items()}
-    if not choices:
-        raise ValueError("--mode lean answers multiple-choice questions: give choices (A) ... (D)")
-    ctx = context.start_run()
-    t0 = time.perf_counter()
-
-    def event(node: str, decision: str, start: float) -> None:
-        if on_event is not None:
-            now = time.perf_counter()
-            on_event(
-                {"node": node, "decision": decision, "seconds": round(now - start, 3),
-                 "t_s": round(now - t0, 3)}
-            )  # fmt: skip
-
-    result: dict[str, Any] = {"question": question, "choices": choices, "answer_mode": "lean"}
-    metrics: dict[str, Any] = {"query_type": "lean"}
-    try:
-        start = time.perf_counter()
-        check = ctx.check_injection(f"{question}\n{mc.format_choices(choices)}")
-        result["injection_check"] = dict(check)
-        event("detect_injection", check["verdict"], start)
-        if not check["is_safe"]:
-            result["final_cited_answer"] = ctx.rejection_message(check)
-            result["stop_reason"], result["mc_answer"], result["sources"] = "injection", None, []
-        else:
-            start = time.perf_counter()
-            lean_result = ctx.lean_answer(question, choices)
-            shown = lean_result.docs if lean_result.route == "rag" else []
-            event(
-                "lean",
-                f"evidence {lean_result.evidence_score:.3f} vs gate {lean_result.gate} -> "
-                f"{lean_result.route}, ({lean_result.letter})",
-                start,
-            )
-            reply = lean_result.mc.text if lean_result.mc else ""
-            how = (
-                f"evidence score {lean_result.evidence_score:.3f} ≥ LEAN_GATE {lean_result.gate}: "
-                f"answered with the {len(shown)} passages below"
-                if shown
-                else f"evidence score {lean_result.evidence_score:.3f} < LEAN_GATE "
-                f"{lean_result.gate}: answered closed-book (the passages were not shown)"
-            )
-            line = mc.answer_line(lean_result.letter, choices)
-            result.update(
-                final_cited_answer=f"{reply.strip()}\n\n[lean mode: {how}]\n\n{line}",
-                mc_answer=lean_result.mc.to_dict() if lean_result.mc else None,
-                sources=[
-                    {
-                        "id": d["id"],
-                        "title": d.get("title", ""),
-                        "source": d.get("source", ""),
-                        "text": d.get("text", ""),
-                        "ref": f"[{n}]",
-                    }
-                    for n, d in enumerate(shown, 1)
-                ],  # fmt: skip
-                lean=lean_result.to_dict(),
-                stop_reason="complete",
-            )
-            metrics.update(
-                route=lean_result.route,
-                evidence_score=round(lean_result.evidence_score, 4),
-                gate=lean_result.gate,
-                flagged_passages=len(lean_result.flagged),
-            )
-        result["error"] = None
-    except (LLMCallError, LLMConfigError) as exc:
-        result.update(error=f"LLM failure: {exc}", stop_reason="error", mc_answer=None)
-        result["final_cited_answer"] = f"[No answer — LLM failure: {exc}]"
-    mc_answer = result.get("mc_answer") or {}
-    metrics.update(
-        **ctx.client.summary(since=ctx.record_offset),
-        has_answer=bool(mc_answer.get("letter")),
-        mc_letter=mc_answer.get("letter"),
-        injection_verdict=(result.get("injection_check") or {}).get("verdict"),
-        stop_reason=result.get("stop_reason"),
-    )
-    metrics.pop("by_role", None)
-    result["run_metrics"] = metrics
-    result["wall_s"] = round(time.perf_counter() - t0, 3)
-    return result
 
 
 # ------------------------------------------------------------------------------------------------

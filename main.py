@@ -25,7 +25,6 @@ from typing import Any
 from langgraph.errors import GraphRecursionError
 
 import evidence
-import lean
 import load_corpus
 import nodes
 import rag_utils
@@ -549,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
             skip_injection_check=args.skip_injection_check,
             run_timeout=args.deadline,
             search_strategy=args.strategy,
-            answer_mode=None if args.mode == "lean" else args.mode,
+            answer_mode=args.mode,
         )
         if args.mode == "lean" and not choices:
             raise InputError(
@@ -574,8 +573,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_index:
             _ensure_index(settings)
         context = AgentContext.from_settings(settings)
-        run = lean.run_lean if args.mode == "lean" else run_agent
-        result = run(question, choices, context=context, on_event=on_event)
+        result = run_agent(question, choices, context=context, on_event=on_event)
     except KeyboardInterrupt:
         print("main.py: interrupted", file=sys.stderr)
         return 130

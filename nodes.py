@@ -497,6 +497,10 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]:
     if state.get("memory_hit"):
         record = memory_record(state, question, choices)
         return _record_update(record), "memory hit", _after_answer(state, ctx)
+    if answer_mode(state, ctx) == "lean":  # zero research steps: the letter reads lean's search
+        kind = answer_stage.question_kind(question, choices)
+        record = answer_stage.AnswerRecord(kind, "", [], [], False, "lean mode: no research")
+        return _record_update(record), "lean: no research steps", "mc_select"
     decline = ""
     stop = state.get("stop_reason") or ""
     if not choices:
@@ -629,9 +633,17 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     if not choices:
         return {}, "no choices: pass through"
     extra: list[dict] = []
+    lean: dict[str, Any] = {}
     try:
-        docs, _, score = ctx.lean_evidence(state["question"], choices)
+        docs, flagged, score = ctx.lean_evidence(state["question"], choices)
         extra = [] if ctx.below_gate(score) else docs
+        lean = {
+            "route": "rag" if extra else "closed_book",
+            "evidence_score": round(score, 4),
+            "gate": ctx.settings.lean_gate,
+            "evidence_ids": [d["id"] for d in extra],
+            "flagged_passages": flagged,
+        }
     except Exception as exc:  # noqa: BLE001 - the research's own evidence still stands
         logger.warning("lean retrieval for the letter failed: %s", exc)
     evidence_text = mc_evidence(state, extra) or None
@@ -641,6 +653,15 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     if evidence_text is None and result.letter:
         line = f"{line}\n{CLOSED_BOOK_NOTE}"
     body = "" if record.get("abstained") else (record.get("text") or "")
+    if answer_mode(state, ctx) == "lean" and lean:
+        how = (
+            f"evidence score {lean['evidence_score']:.3f} ≥ LEAN_GATE {lean['gate']}: answered "
+            f"with {len(extra)} passages"
+            if extra
+            else f"evidence score {lean['evidence_score']:.3f} < LEAN_GATE {lean['gate']}: "
+            "answered closed-book (the passages were not shown)"
+        )
+        body = f"{result.text.strip()}\n\n[lean mode: {how}]"
     final = f"{body}\n\n{line}".strip()
     record.update(letter=result.letter, text=final)
     decision = f"({result.letter}) via {result.strategy}" + (
@@ -649,7 +670,13 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     if evidence_text is None:
         decision += ", closed-book"
     mc_answer = {**result.to_dict(), "closed_book": evidence_text is None}
-    return {"mc_answer": mc_answer, "final_cited_answer": final, "answer": record}, decision
+    update = {"mc_answer": mc_answer, "final_cited_answer": final, "answer": record, "lean": lean}
+    if answer_mode(state, ctx) == "lean":  # the passages the letter read are its sources
+        update["sources"] = [
+            {"id": d["id"], "title": d.get("title") or "", "text": d.get("text") or "", "ref": f"[{n}]"}
+            for n, d in enumerate(extra, 1)
+        ]
+    return update, decision
 
 
 def cache_blockers(state: AgentState, ctx: AgentContext) -> list[str]:
@@ -730,7 +757,12 @@ def compute_metrics(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
         "query_type": state.get("query_type"),
         "answer_kind": record.get("kind"),
         "memory_hit": bool(state.get("memory_hit")),
-        "has_answer": bool(record.get("text")) and not record.get("abstained") and not rejected,
+        "has_answer": not rejected
+        and (
+            bool(mc_answer.get("letter"))
+            if state.get("answer_mode") == "lean"
+            else bool(record.get("text")) and not record.get("abstained")
+        ),
         "abstained": bool(record.get("abstained")),
         "verdict": record.get("verdict"),
         "issues_answered": sum(
@@ -769,8 +801,11 @@ def observability(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
 # ------------------------------------------------------------------------------------------------
 
 
-def route_after_injection(state: AgentState) -> Literal["classifier", "observability"]:
-    return "classifier" if (state.get("injection_check") or {}).get("is_safe") else "observability"
+def route_after_injection(state: AgentState) -> Literal["classifier", "answer", "observability"]:
+    """A rejected input ends the run; lean mode answers with zero research steps."""
+    if not (state.get("injection_check") or {}).get("is_safe"):
+        return "observability"
+    return "answer" if state.get("answer_mode") == "lean" else "classifier"
 
 
 def route_after_planner(state: AgentState) -> Literal["executor", "answer"]:

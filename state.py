@@ -107,7 +107,7 @@ class AgentState(TypedDict, total=False):
     flagged_passages: Annotated[list[dict[str, Any]], operator.add]
     """Retrieved passages dropped because their text carries instructions (injection screen):
     {"id", "patterns"}."""
-    answer_mode: Literal["research", "evidence"]
+    answer_mode: Literal["research", "evidence", "lean"]
     """How the answer is made (ANSWER_MODE; a Studio run may set it in its input)."""
     answer: dict[str, Any]
     """The answer record (``answer.AnswerRecord.to_dict()``), decided once by the answer stage:
@@ -117,6 +117,9 @@ class AgentState(TypedDict, total=False):
     evidence: dict[str, Any]
     """Evidence mode's result: answer, abstained, grounded, quotes, requirement_references,
     composition_confidence, quality_score, revisions, missing_evidence, audit_trail."""
+    lean: dict[str, Any]
+    """What the letter read from lean's retrieval (the question and its choices): route (rag or
+    closed_book), evidence score, gate, passage ids, flagged passages."""
     chain_of_thought: list[MemoryEntry]
     """The working memory: one entry per research iteration (the replanner reads it)."""
     fallbacks: Annotated[list[str], operator.add]

@@ -8,13 +8,11 @@ import hashlib
 import json
 import math
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
 from fakes import CutOff, Script, ScriptedChat
 
-import injection
 import main
 import nodes
 from context import AgentContext

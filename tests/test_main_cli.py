@@ -187,15 +187,19 @@ def test_simple_demo_end_to_end_on_the_offline_default(tmp_path):
     }
     sources = result["sources"]
     assert sources and all(s["id"] in starter_ids for s in sources)
-    cited = set(re.findall(r"\[Query \d+\]\[Source \d+\]", result["final_cited_answer"]))
+    cited = set(re.findall(r"\[\d+\]", result["final_cited_answer"]))
     refs = {s["ref"] for s in sources}
     assert cited, result["final_cited_answer"]
-    assert cited <= refs  # every citation names a passage the step was given
-    assert result["run_metrics"]["llm_calls"] <= 5  # simple path: 4 (+1 injection check)
+    assert cited == refs  # every citation is a source, and SOURCES lists only what is cited
+    assert result["answer"]["kind"] == "rule_question" and result["answer"]["grounded"]
+    # a rule question: the injection check, classify and plan (no application, no bottom line)
+    assert result["run_metrics"]["llm_calls"] <= 3
     # The stream shows one line per node.
     assert "executor" in proc.stderr.decode() and "evaluator" in proc.stderr.decode()
 
 
+@pytest.mark.slow
+@pytest.mark.local_llm
 def test_lean_mode_on_the_offline_default_answers_in_at_most_three_calls(tmp_path):
     """`python main.py "<MC question>" --mode lean` with the embedded LLM and the starter index."""
     pytest.importorskip("xllamacpp")
@@ -215,11 +219,13 @@ def test_lean_mode_on_the_offline_default_answers_in_at_most_three_calls(tmp_pat
     result = json.loads(proc.stdout)
     m = result["run_metrics"]
     assert m["llm_calls"] <= 3 and m["mc_letter"] in "ABCD" and m["has_answer"]
-    assert m["route"] in ("rag", "closed_book") and "lean" in proc.stderr.decode()
     lean = result["lean"]
+    assert lean["route"] in ("rag", "closed_book") and "lean" in proc.stderr.decode()
     # the gate decided: passages are shown (and listed as sources) exactly on the rag route
     assert (
-        (m["route"] == "rag") == (lean["evidence_score"] >= lean["gate"]) == bool(result["sources"])
+        (lean["route"] == "rag")
+        == (lean["evidence_score"] >= lean["gate"])
+        == bool(result["sources"])
     )
     assert f"**Answer: ({m['mc_letter']})**" in result["final_cited_answer"]
 

@@ -1,0 +1,112 @@
+"""The answer stage's logic (answer.py) with a bag-of-words embedder and a scripted model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import BagOfWordsEmbedder
+from fakes import CutOff, scripted_client
+
+import answer
+from prompts import Check
+
+EMBED = BagOfWordsEmbedder().embed_documents
+
+GANT = {
+    "id": "sia",
+    "title": "Search incident to arrest",
+    "text": "Search incident to a lawful arrest. After a lawful custodial arrest, police may search "
+    "the arrestee's person and the area within his immediate control. For vehicles, police may "
+    "search the passenger compartment incident to arrest only if the arrestee is unsecured and "
+    "within reaching distance, or if it is reasonable to believe evidence of the crime of arrest "
+    "is inside. Police may seize a cell phone incident to arrest.",
+}
+PRODUCTS = {
+    "id": "prod",
+    "title": "Products liability: design defects",
+    "text": "Design defects. A product is defective in design when a reasonable alternative "
+    "design would have reduced the risk.",
+}
+FACTS = (
+    "Police arrested Dan for driving with a suspended license. They handcuffed him and locked him "
+    "in the patrol car. Then they searched the passenger compartment of his car and found cocaine. "
+    "Can he get the cocaine suppressed?"
+)
+
+
+def test_the_question_splits_into_facts_and_what_is_asked():
+    facts, asked = answer.split_question(FACTS)
+    assert asked == "Can he get the cocaine suppressed?"
+    assert facts[1] == "They handcuffed him and locked him in the patrol car."
+    assert answer.question_kind(FACTS, None) == "fact_pattern"
+    assert answer.question_kind("What is the mailbox rule?", None) == "rule_question"
+    assert answer.question_kind(FACTS, {"A": "x", "B": "y"}) == "multiple_choice"
+
+
+def test_the_rule_is_the_passages_own_sentences_closest_to_the_issue_and_its_facts():
+    rule = answer.select_rule("vehicle passenger compartment arrestee handcuffed", [GANT], EMBED)
+    sentences = [s for _, s in rule]
+    assert all(s in GANT["text"] for s in sentences)  # verbatim
+    assert any("passenger compartment" in s for s in sentences)
+    assert not any(s.startswith("Search incident to a lawful arrest.") for s in sentences)  # heading
+
+
+def test_a_passage_about_another_doctrine_is_told_apart():
+    assert answer.on_doctrine("Search incident to arrest", [GANT, PRODUCTS], EMBED) == [True, False]
+
+
+@pytest.mark.parametrize(
+    "mets, outcome",
+    [(["yes", "yes"], "yes"), (["yes", "no"], "no"), (["yes", "unclear"], "unclear")],
+)
+def test_the_issue_outcome_follows_from_its_requirements(mets, outcome):
+    checks = [Check(requirement=f"r{i}", fact="f", met=m) for i, m in enumerate(mets)]
+    assert answer._outcome(checks) == outcome
+
+
+def test_an_application_cut_off_mid_check_keeps_the_complete_ones():
+    full = {"checks": [{"requirement": "a", "fact": "b", "met": "no"}, {"requirement": "c", "fact": "d", "met": "yes"}]}  # fmt: skip
+    text = json.dumps(full)
+    got = answer.complete_checks(text[: text.index('"c"') + 2])
+    assert [c.requirement for c in got.checks] == ["a"]
+    assert answer.complete_checks('{"checks": [{"requi') is None
+
+
+def test_a_record_applies_the_rule_and_answers_the_question(tmp_settings):
+    apply = json.dumps({"checks": [{"requirement": "the arrestee is unsecured and within reaching distance", "fact": "he was handcuffed in the patrol car", "met": "no"}]})  # fmt: skip
+    bottom = json.dumps({"answer": "yes", "reason": "the search was not incident to arrest"})
+    client, script = scripted_client(tmp_settings, {"apply": [apply], "bottom_line": [bottom]})
+    research = [
+        answer.IssueResearch("Search incident to arrest", [GANT]),
+        answer.IssueResearch("Automobile exception", [], researched=False, why="MAX_STEPS 1 reached"),
+    ]
+    record = answer.build_record(client, FACTS, None, research, EMBED)
+    assert record.verdict == "yes" and not record.abstained and record.grounded
+    assert "— not met: he was handcuffed in the patrol car." in record.text
+    assert "rule does not apply, because the arrestee is unsecured" in record.text
+    assert "Bottom line: Yes. the search was not incident to arrest." in record.text
+    assert record.text.endswith("Not answered: Automobile exception (MAX_STEPS 1 reached).")
+    # the facts and the rule reach the application call; the conclusions reach the bottom line
+    assert "locked him in the patrol car" in script.prompts("apply")[0]
+    assert "rule does not apply" in script.prompts("bottom_line")[0]
+    lines = answer.render_sources(record)
+    assert lines[0].startswith("[1] Search incident to arrest (sia): \"")
+
+
+def test_a_record_with_nothing_to_stand_on_abstains_and_says_why(tmp_settings):
+    client, script = scripted_client(tmp_settings, {})
+    research = [answer.IssueResearch("Premises liability", [PRODUCTS])]
+    record = answer.build_record(client, FACTS, None, research, EMBED)
+    assert record.abstained and record.citations == [] and script.calls == []
+    assert "Premises liability (the passages found are about other doctrines)" in record.why
+    assert record.guards["off_doctrine"] == 1
+    declined = answer.build_record(client, FACTS, None, research, EMBED, decline="off topic")
+    assert declined.abstained and declined.why == "off topic" and declined.issues == []
+
+
+def test_cut_off_application_reply_is_used(tmp_settings):
+    cut = CutOff('{"checks": [{"requirement": "within reaching distance", "fact": "handcuffed", "met": "no"}, {"req')  # fmt: skip
+    client, _ = scripted_client(tmp_settings, {"apply": [cut]})
+    got = answer.apply_rule(client, "Search incident to arrest", "rule", "facts")
+    assert got is not None and got.checks[0].met == "no"
