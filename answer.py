@@ -139,14 +139,18 @@ def question_kind(question: str, choices: Mapping[str, str] | None) -> Kind:
     if choices:
         return "multiple_choice"
     facts, _ = split_question(question)
-    return "fact_pattern" if sum(len(f.split()) for f in facts) >= MIN_FACT_WORDS else "rule_question"
+    return (
+        "fact_pattern" if sum(len(f.split()) for f in facts) >= MIN_FACT_WORDS else "rule_question"
+    )
 
 
 def _rows(embed: EmbedFn, texts: list[str]) -> np.ndarray:
     return np.asarray(embed(texts), dtype=np.float32) if texts else np.zeros((0, 1), np.float32)
 
 
-def issue_facts(issue: str, facts: Sequence[str], embed: EmbedFn, n: int = FACT_SENTENCES) -> list[str]:
+def issue_facts(
+    issue: str, facts: Sequence[str], embed: EmbedFn, n: int = FACT_SENTENCES
+) -> list[str]:
     """The ``n`` fact sentences closest to ``issue`` (by cosine), in the order the facts give them."""
     if len(facts) <= n:
         return list(facts)
@@ -304,7 +308,11 @@ def build_record(
     record then abstains without a model call."""
     kind = question_kind(question, choices)
     facts, asked = split_question(question)
-    guards: dict[str, int] = {"off_doctrine": 0, "unparsed_application": 0, "unparsed_bottom_line": 0}
+    guards: dict[str, int] = {
+        "off_doctrine": 0,
+        "unparsed_application": 0,
+        "unparsed_bottom_line": 0,
+    }
     citations = _Citations()
     issues: list[IssueAnswer] = []
     if decline:
@@ -335,7 +343,9 @@ def build_record(
             else:
                 answer.outcome = _outcome(applied.checks)
                 answer.sentences += _application_sentences(applied.checks, cites)
-                answer.sentences.append(_conclusion(item.issue, answer.outcome, applied.checks, cites))
+                answer.sentences.append(
+                    _conclusion(item.issue, answer.outcome, applied.checks, cites)
+                )
         issues.append(answer)
     answered = [i for i in issues if i.status == "answered"]
     if not answered:
@@ -358,9 +368,7 @@ def build_record(
             verdict = line.answer
             head = {"yes": "Yes", "no": "No", "unclear": "Unclear"}[line.answer]
             tail.append(Sentence(f"{head}. {_clean(line.reason)}.", "bottom_line", all_cites))
-    record = AnswerRecord(
-        kind, "", issues, citations.items, False, verdict=verdict, guards=guards
-    )
+    record = AnswerRecord(kind, "", issues, citations.items, False, verdict=verdict, guards=guards)
     record.grounded = all(s.cites for s in record.sentences) and all(s.cites for s in tail)
     record.text = render(record, tail)
     if tail:
@@ -410,6 +418,6 @@ def render(record: AnswerRecord, tail: Sequence[Sentence] = ()) -> str:
 def render_sources(record: AnswerRecord) -> list[str]:
     """One line per citation: its number, the passage's title and id, and the sentence it rests on."""
     return [
-        f"[{c.n}] {c.title or '(untitled)'} ({c.passage_id}): \"{c.support}\"" for c in record.citations
+        f'[{c.n}] {c.title or "(untitled)"} ({c.passage_id}): "{c.support}"'
+        for c in record.citations
     ]
-

@@ -487,7 +487,9 @@ def summarize_facts(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, An
         out[mode] = {
             "items": len(rs),
             "gold_cited": _share(sum(r["gold_cited"] for r in rs), len(rs)),
-            "issue_recall": _share(sum(r["issues_found"] for r in rs), sum(r["issues"] for r in rs)),
+            "issue_recall": _share(
+                sum(r["issues_found"] for r in rs), sum(r["issues"] for r in rs)
+            ),
             "conclusion_correct": _share(sum(r["conclusion_correct"] for r in rs), len(rs)),
             "verdict_correct": _share(sum(r["verdict_correct"] for r in rs), len(rs)),
             "declined": _share(sum(r["abstained"] for r in rs), len(rs)),

@@ -870,7 +870,10 @@ def record_sentences(state: Mapping[str, Any]) -> list[dict]:
     if state.get("evidence"):
         quotes = {q["id"]: q.get("passage_id") for q in state.get("quotes") or []}
         return [
-            {"text": s, "passage_ids": [quotes[q] for q in eval_answers.citations_in(s) if q in quotes]}
+            {
+                "text": s,
+                "passage_ids": [quotes[q] for q in eval_answers.citations_in(s) if q in quotes],
+            }
             for s in eval_answers.answer_sentences(str(state.get("final_cited_answer") or ""))
         ]
     record = state.get("answer") or {}
@@ -968,7 +971,8 @@ def run_answers_phase(
     config = {
         "script": "eval_comprehensive.py",
         "phase": "answers",
-        "qa": args.qa or ("datasets/fact_patterns.jsonl" if args.facts else "datasets/open_questions.jsonl"),
+        "qa": args.qa
+        or ("datasets/fact_patterns.jsonl" if args.facts else "datasets/open_questions.jsonl"),
         "facts": bool(args.facts),
         "split": args.split if args.facts else None,
         "modes": modes,

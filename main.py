@@ -86,9 +86,7 @@ def build_graph(
         destinations=("executor", "replanner", "answer"),
     )
     g.add_node("replanner", nodes.replanner)
-    g.add_node(
-        "answer", nodes.answer_node, destinations=("answer_from_evidence", "mc_select")
-    )
+    g.add_node("answer", nodes.answer_node, destinations=("answer_from_evidence", "mc_select"))
     g.add_node("answer_from_evidence", nodes.answer_from_evidence)
     g.add_node("mc_select", nodes.mc_select)
     g.add_node("memory_writeback", nodes.memory_writeback)
@@ -486,7 +484,7 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
         out("")
         out("SOURCES")
         for c in record["citations"]:
-            out(f"  [{c['n']}] {c['title'] or '(untitled)'} ({c['passage_id']}): \"{c['support']}\"")
+            out(f'  [{c["n"]}] {c["title"] or "(untitled)"} ({c["passage_id"]}): "{c["support"]}"')
     metrics = result.get("run_metrics") or {}
     if metrics:
         out("")

@@ -126,7 +126,7 @@ def content_words(text: str) -> set[str]:
 
 NEAR_DUPLICATE_JACCARD = 0.8
 """Two claims whose content-word sets overlap at least this much (Jaccard) say the same thing (in
-both modes: evidence.merge_claims and nodes.merge_duplicate_claims)."""
+evidence.merge_claims)."""
 
 
 def near_duplicate(a: set[str] | frozenset[str], b: set[str] | frozenset[str]) -> bool:

@@ -475,7 +475,9 @@ def issue_research(state: AgentState, why_not: str) -> list[answer_stage.IssueRe
         done = [s for s in steps if s["status"] == "completed"]
         if done:
             ids = done[-1]["execution"].get("retrieved_doc_ids") or []
-            out.append(answer_stage.IssueResearch(issue, [passages[i] for i in ids if i in passages]))
+            out.append(
+                answer_stage.IssueResearch(issue, [passages[i] for i in ids if i in passages])
+            )
         elif steps:
             best = max(float(s["execution"].get("evidence_score") or 0) for s in steps)
             why = f"best evidence score {best:.2f}, below LEAN_GATE"
@@ -673,7 +675,12 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     update = {"mc_answer": mc_answer, "final_cited_answer": final, "answer": record, "lean": lean}
     if answer_mode(state, ctx) == "lean":  # the passages the letter read are its sources
         update["sources"] = [
-            {"id": d["id"], "title": d.get("title") or "", "text": d.get("text") or "", "ref": f"[{n}]"}
+            {
+                "id": d["id"],
+                "title": d.get("title") or "",
+                "text": d.get("text") or "",
+                "ref": f"[{n}]",
+            }
             for n, d in enumerate(extra, 1)
         ]
     return update, decision

@@ -236,8 +236,8 @@ Met = Literal["yes", "no", "unclear"]
 
 
 class Check(BaseModel):
-    requirement: str = Field(min_length=1, max_length=200)
-    fact: str = Field(min_length=1, max_length=200)
+    requirement: str = Field(min_length=1, max_length=100)
+    fact: str = Field(min_length=1, max_length=120)
     met: Met
 
 
@@ -303,7 +303,7 @@ CALLS: dict[Role, Call] = {
     "classify": Call("classify_and_route", Classification, 20),
     "plan": Call("plan_synthesis", Plan, 80),
     "rewrite": Call("query_rewrite", Rewrite, 110),
-    "apply": Call("apply_rule", Application, 320),
+    "apply": Call("apply_rule", Application, 200),
     "bottom_line": Call("bottom_line", BottomLine, 90),
     "irac": Call("irac_ceiling", Irac, 400),
     "mc_select": Call("mc_select", None, 200, max_tokens_api=500),

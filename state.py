@@ -14,20 +14,19 @@ QueryType = Literal["simple", "multi_hop"]
 
 
 class Execution(TypedDict, total=False):
-    """What the executor did for one step."""
+    """What the executor did for one step (no model call: the answer stage reads the passages)."""
 
     optimized_query: str
     alternatives: list[str]
     retrieved_doc_ids: list[str]
-    """In prompt order: ``[Source N]`` of this step is ``retrieved_doc_ids[N-1]``."""
-    cited_answer: str
+    """The step's passages, best first."""
     confidence: float
+    """Mean cosine of the issue's question to the step's two best passages."""
+    evidence_score: float
+    """Best cosine of the issue's question to a passage (the evidence gate's score)."""
+    gated: bool
+    """True when no passage reached LEAN_GATE (the step fails)."""
     rerank_top_score: float | None
-    citations: dict[str, Any]
-    """{"cited": [N...], "invalid": [N...], "uncited_sentences": int, "has_citation": bool,
-    "parsed": bool, "strict_retry": bool, "cut_off": bool (the reply ran out of tokens and its
-    complete claims were kept), "restated_question": int (claims dropped because they only
-    restated the step's question)}"""
     flagged_passages: list[dict[str, Any]]
     """Retrieved passages dropped by the injection screen: {"id", "patterns"}."""
 
@@ -36,28 +35,26 @@ class PlanStep(TypedDict, total=False):
     step_id: int
     status: StepStatus
     phase: str
+    """"rule" for an issue's first angle, "retry" for its other angle."""
     question: str
+    """The issue's doctrinal question with the facts that raise it."""
     execution: Execution | None
     strategy: dict[str, Any]
-    """``prompts.Strategy`` as chosen by the planner or replanner: search_type, focus, reason."""
+    """search_type and queries (the doctrine's names and the issue's facts)."""
     issue: str
-    """The planned issue the step researches when its question was written from the agenda
-    (``nodes.issue_question``) rather than by the model: its names are the step's queries."""
+    """The agenda issue the step researches."""
     addresses: str
-    """The planned issue this step was counted against (``nodes.unresearched_issues``), however its
-    question was written; an issue whose step never ran is still reported as not researched."""
 
 
 class MemoryEntry(TypedDict):
-    """One research iteration in the working memory (``chain_of_thought``).  Everything but
-    ``leads`` (the model's judgement, from the synthesis reply) is computed in code."""
+    """One research iteration in the working memory (``chain_of_thought``), computed in code."""
 
     step_id: int
     query: str
     strategy: dict[str, Any]
-    """search_type (as planned), executed_as (what ran), focus, reason."""
+    """search_type, queries, executed_as (what ran)."""
     results: dict[str, Any]
-    """count, new, source_types, authorities, top_score, confidence."""
+    """count, source_types, titles, top_score, confidence."""
     leads: list[str]
     dead_ends: list[str]
     next_steps: list[str]
@@ -84,24 +81,24 @@ class AgentState(TypedDict, total=False):
     """The question without choices (what classifier, planner and replanner see)."""
     choices: dict[str, str]
     issues: list[str]
-    """The legal issues the planner identified: the research agenda (the replanner sees it)."""
+    """The legal issues the planner identified: the research agenda, one step each."""
     researched_issues: list[str]
-    """Issues a step has researched (the first by the planner's step, later by matching)."""
+    """The issues given a step (at most MAX_STEPS; the rest are reported as not answered)."""
     planning_table: Annotated[list[PlanStep], merge_steps]
     query_type: QueryType
     final_cited_answer: str
     research_answer: str
-    """The aggregated research without the MC selection (what memory stores)."""
+    """The answer's text without the MC selection (what memory stores; "" when it abstained)."""
     abstained: bool
-    """True when the research declines to answer: no passage it found reaches the evidence gate
-    (research mode), or no verified quote (evidence mode)."""
+    """The answer record's ``abstained`` (research: off topic as asked, or no issue found
+    evidence; evidence mode: no verified quote)."""
     accumulated_context: Annotated[list[str], operator.add]
     iteration_count: int
     injection_check: dict[str, Any]
     memory_hit: bool
     mc_answer: dict[str, Any] | None
     sources: list[dict[str, Any]]
-    """Passages behind the answer: id, title, source, text, step_id, ref ("[Query X][Source N]")."""
+    """The passages the answer cites: id, title, support (the cited sentence), ref ("[N]")."""
     passages: dict[str, dict[str, Any]]
     """Every passage retrieved in this run by id (id, title, source, text)."""
     flagged_passages: Annotated[list[dict[str, Any]], operator.add]

@@ -175,34 +175,16 @@ def _fake_context(settings: Any) -> Any:
     from langchain_core.messages import AIMessage
     from langchain_core.outputs import ChatGeneration, ChatResult
 
-    counter = {"replan": 0}
-
     def reply(role: str) -> str:
         if role == "classify":
             return json.dumps({"query_type": "multi_hop"})
         if role == "plan":
-            return json.dumps(
-                {
-                    "issues": ["first issue", "second issue"],
-                    "phase": "rule",
-                    "question": "What rule governs the first issue?",
-                }
-            )
-        if role == "rewrite":
-            return json.dumps({"primary": "rule query", "alternatives": ["alt one", "alt two"]})
-        if role == "synthesize":
-            claim = {"text": "the rule", "sources": [1]}
-            return json.dumps(
-                {"rule": claim, "elements": [claim], "exceptions": [], "application": claim}
-            )
-        if role == "replan":
-            counter["replan"] += 1
-            topic = ["contracts formation", "evidence hearsay", "property easements"][
-                counter["replan"] % 3
-            ]
-            return json.dumps(
-                {"action": "next_step", "phase": "rule", "question": f"What governs {topic}?"}
-            )
+            return json.dumps({"issues": ["first issue", "second issue"]})
+        if role == "apply":
+            check = {"requirement": "the rule", "fact": "a fact", "met": "yes"}
+            return json.dumps({"checks": [check]})
+        if role == "bottom_line":
+            return json.dumps({"answer": "yes", "reason": "the rule applies"})
         if role == "injection":
             return json.dumps({"verdict": "safe", "reason": "legal"})
         return "**Answer: (B)**"

@@ -43,8 +43,8 @@ NODES = (
     "classify_and_route",
     "plan_synthesis",
     "query_rewrite",
-    "synthesize_and_cite",
-    "adaptive_replan",
+    "apply_rule",
+    "bottom_line",
     "mc_select",
 )
 """The node prompts measured, in the order the agent reaches them."""
@@ -59,21 +59,6 @@ NODES = (
 class Case:
     inputs: dict[str, Any]
     expected: str | None = None
-
-
-def _passage(doc_id: str, title: str, text: str) -> dict[str, str]:
-    return {"id": doc_id, "title": title, "text": text, "source": "bench_llm (written for it)"}
-
-
-def _progress(steps: list[tuple[str, str, float, str, str]]) -> str:
-    """The replanner's ``progress`` text (nodes.replanner) for steps (phase, status, confidence,
-    question, answer summary); the findings lines are the evaluator's summaries."""
-    asked = "\n".join(f"- {question}" for _, _, _, question, _ in steps)
-    findings = "\n".join(
-        f"Step {i} ({phase}, {status}, confidence {conf:.2f}): {question} -> {answer}"
-        for i, (phase, status, conf, question, answer) in enumerate(steps, 1)
-    )
-    return f"Questions already researched (never ask them again):\n{asked}\n\nFindings:\n{findings}"
 
 
 _SHOPKEEPER = (
@@ -146,14 +131,34 @@ CASES: dict[str, list[Case]] = {
         Case({"question": _TEACHER}, "multi_hop"),
     ],
     "plan_synthesis": [
-        Case({"objective": _SHOPKEEPER}),
-        Case({"objective": _HEATING}),
-        Case({"objective": _CALL_911}),
+        Case(
+            {
+                "objective": _SHOPKEEPER,
+                "candidates": "- False imprisonment\n- Shopkeeper's privilege\n- Trespass to "
+                "chattels\n- Malicious prosecution\n- Adverse possession",
+            }
+        ),
+        Case(
+            {
+                "objective": _HEATING,
+                "candidates": "- Implied warranty of habitability\n- Constructive eviction\n- "
+                "Landlord's duty to mitigate damages\n- Assignment and sublease\n- Waste",
+            }
+        ),
+        Case(
+            {
+                "objective": _CALL_911,
+                "candidates": "- Excited utterance\n- Confrontation Clause\n- Present sense "
+                "impression\n- Character evidence\n- Best evidence rule",
+            }
+        ),
         Case(
             {
                 "objective": "A seller emailed an offer to sell 500 widgets for $2,000; the buyer "
                 "replied accepting but asked for delivery a week earlier, and the seller then sold "
-                "the widgets elsewhere. Was a contract formed?"
+                "the widgets elsewhere. Was a contract formed?",
+                "candidates": "- UCC 2-207 acceptance with additional terms\n- Mirror image rule"
+                "\n- Merchant's firm offer\n- Statute of frauds\n- Mailbox rule",
             }
         ),
     ],
@@ -173,234 +178,78 @@ CASES: dict[str, list[Case]] = {
             }
         ),
     ],
-    "synthesize_and_cite": [
+    # The expected label is the ``met`` of the first check; each case is built so that every
+    # requirement the rule states comes out the same way, whichever the model lists first.
+    "apply_rule": [
         Case(
             {
-                "question": "What are the elements of false imprisonment?",
-                "docs": [
-                    _passage(
-                        "fi-1",
-                        "False imprisonment: elements",
-                        "A defendant is liable for false imprisonment when he acts intending to "
-                        "confine the plaintiff within boundaries he fixes, the act results in such "
-                        "confinement, and the plaintiff is aware of the confinement or is harmed "
-                        "by it.",
-                    ),
-                    _passage(
-                        "fi-2",
-                        "Means of confinement",
-                        "Confinement may be by physical barriers, physical force, threats of force "
-                        "or an assertion of legal authority. Moral pressure is not enough, and "
-                        "there is no confinement when the plaintiff knows of a reasonable way out.",
-                    ),
-                    _passage(
-                        "fi-3",
-                        "Shopkeeper's privilege",
-                        "A merchant who reasonably suspects a customer of shoplifting may detain "
-                        "the customer for a reasonable time and in a reasonable manner to "
-                        "investigate. A longer or rougher detention is not privileged.",
-                    ),
-                    _passage(
-                        "fi-4",
-                        "Trespass to chattels",
-                        "Trespass to chattels is an intentional interference with another's "
-                        "possession of personal property that causes damage or dispossession.",
-                    ),
-                ],
-            }
+                "issue": "Search incident to arrest of a vehicle",
+                "rule": "For vehicles, police may search the passenger compartment incident to "
+                "arrest only if the arrestee is unsecured and within reaching distance, or if it "
+                "is reasonable to believe evidence of the crime of arrest is inside.",
+                "facts": "Police stopped a driver and arrested him for driving with a suspended "
+                "license. Officers handcuffed him and locked him in the back of the patrol car. "
+                "They then searched the passenger compartment of his car and found cocaine in a "
+                "jacket on the back seat.",
+            },
+            "no",
         ),
         Case(
             {
-                "question": "What is the excited utterance exception to the hearsay rule?",
-                "docs": [
-                    _passage(
-                        "eu-1",
-                        "Hearsay defined",
-                        "Hearsay is a statement the declarant did not make while testifying at the "
-                        "current trial, offered to prove the truth of what it asserts. It is "
-                        "inadmissible unless an exception applies.",
-                    ),
-                    _passage(
-                        "eu-2",
-                        "Excited utterance",
-                        "A statement about a startling event or condition, made while the "
-                        "declarant was under the stress of excitement that the event caused, is "
-                        "not excluded by the hearsay rule, whether or not the declarant is "
-                        "available as a witness.",
-                    ),
-                    _passage(
-                        "eu-3",
-                        "Present sense impression",
-                        "A statement describing an event, made while or immediately after the "
-                        "declarant perceived it, is also an exception to the hearsay rule.",
-                    ),
-                ],
-            }
+                "issue": "Duty owed to invitees",
+                "rule": "A possessor of land is liable to an invitee for harm caused by a "
+                "dangerous condition on the land if the possessor knew of the condition or would "
+                "have discovered it by reasonable care, should have expected that the invitee "
+                "would not discover it, and failed to use reasonable care to protect the invitee "
+                "against it.",
+                "facts": "A customer entered a hardware store during business hours to buy paint. "
+                "An employee had seen clear floor cleaner spilled on the white tiles of an aisle "
+                "an hour earlier and neither mopped it up nor put out a warning sign. The customer "
+                "did not see the liquid, slipped on it and broke her wrist.",
+            },
+            "yes",
         ),
         Case(
             {
-                "question": "When does a landlord's breach of the implied warranty of habitability "
-                "excuse a tenant's duty to pay rent?",
-                "docs": [
-                    _passage(
-                        "wh-1",
-                        "Implied warranty of habitability",
-                        "In most states a residential lease carries an implied warranty that the "
-                        "premises are fit to live in: they meet basic housing code standards such "
-                        "as heat, running water and sanitation. The tenant cannot waive it.",
-                    ),
-                    _passage(
-                        "wh-2",
-                        "Remedies for breach of the warranty",
-                        "When the landlord breaches the warranty, the tenant may end the lease and "
-                        "move out, repair and deduct the cost from the rent, withhold rent (often "
-                        "into escrow), or stay and sue for damages, after notifying the landlord "
-                        "and giving a reasonable time to repair.",
-                    ),
-                    _passage(
-                        "wh-3",
-                        "Constructive eviction",
-                        "A tenant is constructively evicted when the landlord's act or failure to "
-                        "act substantially interferes with the use of the premises, the tenant "
-                        "gives notice, and the tenant leaves within a reasonable time; rent stops "
-                        "being owed from then on.",
-                    ),
-                ],
-            }
-        ),
-        Case(
-            {
-                "question": "Does an acceptance that adds different terms form a contract between "
-                "merchants under UCC 2-207?",
-                "docs": [
-                    _passage(
-                        "ucc-1",
-                        "UCC 2-207(1): acceptance with different terms",
-                        "A definite and timely expression of acceptance works as an acceptance "
-                        "even though it states additional or different terms, unless it is "
-                        "expressly made conditional on the offeror's assent to those terms.",
-                    ),
-                    _passage(
-                        "ucc-2",
-                        "UCC 2-207(2): additional terms between merchants",
-                        "Between merchants, additional terms become part of the contract unless "
-                        "the offer expressly limits acceptance to its own terms, the new terms "
-                        "materially alter it, or the offeror objects within a reasonable time.",
-                    ),
-                    _passage(
-                        "ucc-3",
-                        "Mirror image rule",
-                        "At common law an acceptance must match the offer exactly; a reply that "
-                        "changes the terms is a counteroffer and rejects the original offer.",
-                    ),
-                    _passage(
-                        "ucc-4",
-                        "Merchant's firm offer",
-                        "A merchant's signed written offer that promises to stay open is "
-                        "irrevocable for the time stated, at most three months, without "
-                        "consideration.",
-                    ),
-                ],
-            }
+                "issue": "Shopkeeper's privilege",
+                "rule": "A merchant who reasonably suspects a customer of shoplifting may detain "
+                "the customer for a reasonable time and in a reasonable manner to investigate. A "
+                "longer or rougher detention is not privileged.",
+                "facts": "No one had seen a customer take anything and no alarm had sounded, but a "
+                "shopkeeper thought she looked nervous. He locked her in the back room for two "
+                "hours and searched her bag, which held nothing from the store.",
+            },
+            "no",
         ),
     ],
-    "adaptive_replan": [
+    "bottom_line": [
         Case(
             {
-                "objective": _SHOPKEEPER,
-                "progress": _progress(
-                    [
-                        (
-                            "elements",
-                            "completed",
-                            0.71,
-                            "What are the elements of false imprisonment?",
-                            "Rule: False imprisonment is an intentional confinement of the "
-                            "plaintiff within fixed boundaries [Source 1]. Elements: - intent to "
-                            "confine [Source 1]. - actual confinement by barriers, force or "
-                            "threats [Source 2]. - awareness of or harm from the confinement "
-                            "[Source 1]. Exceptions: not in the sources.",
-                        )
-                    ]
-                ),
-            }
+                "question": "Is the tenant liable for the remaining rent?",
+                "findings": "- Constructive eviction: every requirement is met on these facts, "
+                "so the rule applies.\n- Implied warranty of habitability: every requirement is "
+                "met on these facts, so the rule applies.",
+            },
+            "no",
         ),
         Case(
             {
-                "objective": _HEATING,
-                "progress": _progress(
-                    [
-                        (
-                            "rule",
-                            "completed",
-                            0.64,
-                            "What does the implied warranty of habitability require of a "
-                            "residential landlord?",
-                            "Rule: A residential lease implies that the premises meet basic "
-                            "housing code standards, including heat [Source 1]. Elements: - the "
-                            "defect makes the premises unfit to live in [Source 1]. - the tenant "
-                            "gave notice [Source 2].",
-                        ),
-                        (
-                            "rule",
-                            "failed",
-                            0.21,
-                            "When is a tenant constructively evicted?",
-                            "Rule: not in the sources. Application: the passages discuss "
-                            "commercial leases and do not say when rent stops being owed "
-                            "[Source 1].",
-                        ),
-                    ]
-                ),
-            }
+                "question": "Is the recording admissible?",
+                "findings": "- Excited utterance: every requirement is met on these facts, so the "
+                "rule applies.\n- Confrontation Clause: the rule does not apply, because the "
+                "statement's primary purpose is to establish past events for a later prosecution "
+                "fails.",
+            },
+            "yes",
         ),
         Case(
             {
-                "objective": _CALL_911,
-                "progress": _progress(
-                    [
-                        (
-                            "rule",
-                            "completed",
-                            0.68,
-                            "What is the excited utterance exception to the hearsay rule?",
-                            "Rule: A statement about a startling event made under the stress of "
-                            "the excitement it caused is not excluded as hearsay [Source 2]. "
-                            "Application: a caller screaming about a robbery just seen fits the "
-                            "exception [Source 2].",
-                        ),
-                        (
-                            "rule",
-                            "completed",
-                            0.55,
-                            "Does the Confrontation Clause bar statements made in a 911 call?",
-                            "Rule: Statements to police whose primary purpose is to meet an "
-                            "ongoing emergency are nontestimonial [Source 1]. Application: the "
-                            "Confrontation Clause does not bar the call [Source 1].",
-                        ),
-                    ]
-                ),
-            }
-        ),
-        Case(
-            {
-                "objective": _TEACHER,
-                "progress": _progress(
-                    [
-                        (
-                            "rule",
-                            "completed",
-                            0.59,
-                            "What First Amendment protection does a public employee's speech on "
-                            "matters of public concern receive?",
-                            "Rule: A public employee speaking as a citizen on a matter of public "
-                            "concern is protected unless the employer's interest in efficient "
-                            "operation outweighs it [Source 1]. Application: a letter to a "
-                            "newspaper about the school board is such speech [Source 2].",
-                        )
-                    ]
-                ),
-            }
+                "question": "Can the cocaine found in the car be used against the driver?",
+                "findings": "- Search incident to arrest of a vehicle: the rule does not apply, "
+                "because the arrestee is unsecured and within reaching distance fails.\n- "
+                "Exclusionary rule: every requirement is met on these facts, so the rule applies.",
+            },
+            "no",
         ),
     ],
     "mc_select": [
@@ -515,6 +364,8 @@ class SchemaNode:
     role: prompts.Role
     values: Callable[[dict[str, Any]], dict[str, Any]]
     label_field: str | None = None
+    label: Callable[[Any], str] | None = None
+    """The reply's label when it is not one field of it (overrides ``label_field``)."""
     summarize: Callable[[Any], str] = str
 
     @property
@@ -544,8 +395,8 @@ def schema_nodes() -> dict[str, SchemaNode]:
         ),
         SchemaNode(
             "plan",
-            lambda c: {"objective": c["objective"]},
-            summarize=lambda p: f"[{p.phase}] {p.question}",
+            lambda c: {"objective": c["objective"], "candidates": c["candidates"]},
+            summarize=lambda p: "; ".join(p.issues),
         ),
         SchemaNode(
             "rewrite",
@@ -553,17 +404,16 @@ def schema_nodes() -> dict[str, SchemaNode]:
             summarize=lambda p: " | ".join([p.primary, *p.alternatives]),
         ),
         SchemaNode(
-            "synthesize",
-            lambda c: {"question": c["question"], "passages": prompts.quote_passages(c["docs"])},
-            summarize=lambda p: (
-                f"{1 + len(p.elements) + len(p.exceptions) + 1} claims, sources "
-                f"{sorted({n for c in [p.rule, *p.elements, *p.exceptions, p.application] for n in c.sources})}"
-            ),
+            "apply",
+            lambda c: {"issue": c["issue"], "rule": c["rule"], "facts": c["facts"]},
+            label=lambda p: p.checks[0].met,
+            summarize=lambda p: "; ".join(f"{c.met}: {c.requirement}" for c in p.checks),
         ),
         SchemaNode(
-            "replan",
-            lambda c: {"objective": c["objective"], "progress": c["progress"]},
-            summarize=lambda p: f"{p.action} [{p.phase}] {p.question}".rstrip(),
+            "bottom_line",
+            lambda c: {"question": c["question"], "findings": c["findings"]},
+            label_field="answer",
+            summarize=lambda p: f"{p.answer}: {p.reason}",
         ),
     ]
     return {n.call.skill: n for n in nodes}
@@ -587,7 +437,10 @@ def run_schema_case(
     records = client.records[offset:]
     if res.parsed is None:
         return Outcome(False, error=res.parse_error, summary=_short(res.text), records=records)
-    label = getattr(res.parsed, spec.label_field) if spec.label_field else None
+    if spec.label is not None:
+        label = spec.label(res.parsed)
+    else:
+        label = getattr(res.parsed, spec.label_field) if spec.label_field else None
     return Outcome(True, label=label, summary=_short(spec.summarize(res.parsed)), records=records)
 
 

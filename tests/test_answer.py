@@ -49,7 +49,9 @@ def test_the_rule_is_the_passages_own_sentences_closest_to_the_issue_and_its_fac
     sentences = [s for _, s in rule]
     assert all(s in GANT["text"] for s in sentences)  # verbatim
     assert any("passenger compartment" in s for s in sentences)
-    assert not any(s.startswith("Search incident to a lawful arrest.") for s in sentences)  # heading
+    assert not any(
+        s.startswith("Search incident to a lawful arrest.") for s in sentences
+    )  # heading
 
 
 def test_a_passage_about_another_doctrine_is_told_apart():
@@ -79,7 +81,9 @@ def test_a_record_applies_the_rule_and_answers_the_question(tmp_settings):
     client, script = scripted_client(tmp_settings, {"apply": [apply], "bottom_line": [bottom]})
     research = [
         answer.IssueResearch("Search incident to arrest", [GANT]),
-        answer.IssueResearch("Automobile exception", [], researched=False, why="MAX_STEPS 1 reached"),
+        answer.IssueResearch(
+            "Automobile exception", [], researched=False, why="MAX_STEPS 1 reached"
+        ),
     ]
     record = answer.build_record(client, FACTS, None, research, EMBED)
     assert record.verdict == "yes" and not record.abstained and record.grounded
@@ -91,7 +95,7 @@ def test_a_record_applies_the_rule_and_answers_the_question(tmp_settings):
     assert "locked him in the patrol car" in script.prompts("apply")[0]
     assert "rule does not apply" in script.prompts("bottom_line")[0]
     lines = answer.render_sources(record)
-    assert lines[0].startswith("[1] Search incident to arrest (sia): \"")
+    assert lines[0].startswith('[1] Search incident to arrest (sia): "')
 
 
 def test_a_record_with_nothing_to_stand_on_abstains_and_says_why(tmp_settings):

@@ -299,9 +299,10 @@ def test_issues_beyond_max_steps_are_reported_as_not_answered(tmp_settings):
     result, *_ = run(tmp_settings, replies, max_steps=1)
     assert result["issues"] == ["Negligence", "Comparative negligence", "Free speech"]
     assert len(result["planning_table"]) == 1
-    assert "Not answered: Comparative negligence (MAX_STEPS 1 reached); Free speech" in result[
-        "final_cited_answer"
-    ]
+    assert (
+        "Not answered: Comparative negligence (MAX_STEPS 1 reached); Free speech"
+        in result["final_cited_answer"]
+    )
     assert result["run_metrics"]["issues_not_answered"] == 2
 
 

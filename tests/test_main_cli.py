@@ -247,3 +247,46 @@ def test_clear_memory_deletes_cached_answers(tmp_path, fake):
     assert proc.stdout.decode().strip() == "cleared the QA memory: 2 cached answer(s) deleted"
     again = cli(["--clear-memory"], tmp_path)
     assert again.stdout.decode().strip() == "cleared the QA memory: 0 cached answer(s) deleted"
+
+
+FACT_PATTERNS = [
+    (
+        "Officer Reyes stopped Dan for a broken taillight and learned his license was suspended. "
+        "She arrested Dan for driving with a suspended license, handcuffed him, and locked him in "
+        "the back of her patrol car. She then searched the passenger compartment of Dan's car and "
+        "found a bag of cocaine under the seat. Can Dan get the cocaine suppressed?"
+    ),
+    (
+        "Vic was shot in an alley. As he lay bleeding, he told his wife, 'I'm dying. It was "
+        "Sam who shot me.' Vic died an hour later. At Sam's murder trial the prosecution offers "
+        "Vic's statement through the wife, and Sam objects that it is hearsay. Is the statement "
+        "admissible?"
+    ),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.local_llm
+@pytest.mark.parametrize("question", FACT_PATTERNS)
+def test_a_fact_pattern_on_the_offline_default_gets_an_applied_cited_answer(tmp_path, question):
+    """A fact pattern with the embedded LLM and the starter corpus: per issue a rule quoted from a
+    starter passage and applied to the facts, and a bottom line, every sentence cited."""
+    pytest.importorskip("xllamacpp")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "main.py"), question, "--json", "--skip-injection-check"],
+        capture_output=True, cwd=tmp_path, timeout=900,
+        env={**os.environ, "CHROMA_DIR": str(tmp_path / "chroma"), "LLM_PROVIDER": "local",
+             "LLM_CACHE": "0"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    result = json.loads(proc.stdout)
+    record = result["answer"]
+    assert record["kind"] == "fact_pattern" and not record["abstained"] and record["grounded"]
+    roles = {s["role"] for i in record["issues"] for s in i["sentences"]}
+    assert {"rule", "application", "conclusion", "bottom_line"} <= roles
+    assert record["verdict"] in ("yes", "no", "unclear")
+    text = result["final_cited_answer"]
+    for c in record["citations"]:  # a reader can check each citation against its passage
+        assert c["passage_id"].startswith("starter_") and c["support"]
+        assert f"[{c['n']}]" in text
+    assert "Bottom line:" in text
