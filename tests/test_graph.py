@@ -313,7 +313,7 @@ def test_a_step_below_the_gate_gets_another_angle_before_it_is_given_up(tmp_sett
     result, script, _, retriever = run(
         tmp_settings,
         fact_replies(),
-        evidence_score=lambda q, docs: next(scores),
+        evidence_score=lambda q, docs: next(scores, 0.9),
         lean_gate=0.5,
         search_strategy="auto",
     )
@@ -335,7 +335,7 @@ def test_one_issue_without_evidence_does_not_decline_the_question(tmp_settings):
     scores = iter([0.1, 0.9, 0.1, 0.9])  # Negligence misses the gate at both angles
     replies = fact_replies(apply=[COMPARE])
     result, *_ = run(
-        tmp_settings, replies, evidence_score=lambda q, docs: next(scores), lean_gate=0.5
+        tmp_settings, replies, evidence_score=lambda q, docs: next(scores, 0.9), lean_gate=0.5
     )
     record = result["answer"]
     assert record["abstained"] is False
