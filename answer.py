@@ -82,7 +82,7 @@ class Sentence:
 @dataclass
 class IssueAnswer:
     issue: str
-    status: Literal["answered", "no_evidence", "not_researched"]
+    status: Literal["answered", "no_evidence", "not_researched", "not_raised"]
     sentences: list[Sentence] = field(default_factory=list)
     outcome: Met | None = None
     """yes: the rule's requirements are met on the facts; no: one fails; unclear: the facts do not
@@ -230,6 +230,16 @@ def _clean(text: str) -> str:
     return " ".join(str(text).split()).strip().rstrip(".;,")
 
 
+NOT_STATED = frozenset({"not stated", "none stated", "not mentioned", "n/a", "none", "unknown"})
+
+
+def raised(checks: Sequence[Check]) -> bool:
+    """Whether the facts raise the issue at all: some requirement is decided (met or not) by a
+    stated fact.  An issue whose every requirement is undecided or rests on no stated fact is not
+    an issue of these facts (guard ``not_raised``: it is named, not answered)."""
+    return any(c.met != "unclear" and _clean(c.fact).lower() not in NOT_STATED for c in checks)
+
+
 def _outcome(checks: Sequence[Check]) -> Met:
     """The rule's outcome from its requirements: any failed -> no; all met -> yes; else unclear."""
     if any(c.met == "no" for c in checks):
@@ -310,6 +320,7 @@ def build_record(
     facts, asked = split_question(question)
     guards: dict[str, int] = {
         "off_doctrine": 0,
+        "not_raised": 0,
         "unparsed_application": 0,
         "unparsed_bottom_line": 0,
     }
@@ -332,20 +343,25 @@ def build_record(
             continue
         near = issue_facts(item.issue, facts, embed) if kind != "rule_question" else []
         rule = select_rule(" ".join([item.issue, *near]), docs, embed)
+        applied = None
+        if kind != "rule_question" and facts:
+            applied = apply_rule(client, item.issue, " ".join(s for _, s in rule), " ".join(facts))
+            if applied is not None and not raised(applied.checks):
+                guards["not_raised"] += 1
+                issues.append(
+                    IssueAnswer(item.issue, "not_raised", why="no stated fact bears on it")
+                )
+                continue
         cites = [citations.cite(d, s) for d, s in rule]
         answer = IssueAnswer(item.issue, "answered")
         answer.sentences = [Sentence(s, "rule", [n]) for (_, s), n in zip(rule, cites, strict=True)]
-        if kind != "rule_question" and facts:
-            applied = apply_rule(client, item.issue, " ".join(s for _, s in rule), " ".join(facts))
-            if applied is None:
-                guards["unparsed_application"] += 1
-                answer.why = "the application could not be parsed"
-            else:
-                answer.outcome = _outcome(applied.checks)
-                answer.sentences += _application_sentences(applied.checks, cites)
-                answer.sentences.append(
-                    _conclusion(item.issue, answer.outcome, applied.checks, cites)
-                )
+        if applied is not None:
+            answer.outcome = _outcome(applied.checks)
+            answer.sentences += _application_sentences(applied.checks, cites)
+            answer.sentences.append(_conclusion(item.issue, answer.outcome, applied.checks, cites))
+        elif kind != "rule_question" and facts:
+            guards["unparsed_application"] += 1
+            answer.why = "the application could not be parsed"
         issues.append(answer)
     answered = [i for i in issues if i.status == "answered"]
     if not answered:
@@ -405,7 +421,10 @@ def render(record: AnswerRecord, tail: Sequence[Sentence] = ()) -> str:
             lines.append(f"   ({issue.why})")
     for s in tail:
         lines.append(f"\nBottom line: {s.text} {_refs(s.cites)}".rstrip())
-    missing = [i for i in record.issues if i.status != "answered"]
+    unraised = [i.issue for i in record.issues if i.status == "not_raised"]
+    if unraised:
+        lines.append(f"\nConsidered, but no stated fact raises it: {'; '.join(unraised)}.")
+    missing = [i for i in record.issues if i.status not in ("answered", "not_raised")]
     if missing:
         lines.append(
             "\nNot answered: "

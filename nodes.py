@@ -200,15 +200,17 @@ CANDIDATE_PASSAGES = 8
 
 
 def candidate_doctrines(ctx: AgentContext, question: str) -> list[str]:
-    """Doctrine names the planner may pick from: the titles of the passages retrieved for the
-    question as asked, then the doctrines it links to in the legal taxonomy (without an issue
-    list).  On the fact patterns a gold passage is among the first 8 titles for 21 of 32."""
-    names: list[str] = []
+    """Doctrine names the planner may pick from: the doctrines the question links to in the legal
+    taxonomy (alias matches and the question's cosine to each doctrine's description), then the
+    titles of the passages retrieved for the question as asked.  The embedded model picks the
+    first candidates far more often than not, so the order matters: researched as the first three
+    issues, the linked doctrines reach a gold passage for 13 of the 16 fact patterns of the tune
+    half, the passage titles for 10."""
+    names = [i for i in agenda(ctx, question, []) if i]
     try:
         names += [d.get("title") or "" for d in ctx.retrieve([question], CANDIDATE_PASSAGES, [])]
     except Exception as exc:  # noqa: BLE001 - candidates are an aid; the plan still runs
         logger.warning("candidate retrieval failed: %s", exc)
-    names += [i for i in agenda(ctx, question, []) if i]
     seen: set[str] = set()
     out = []
     for name in names:

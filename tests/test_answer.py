@@ -87,7 +87,10 @@ def test_a_record_applies_the_rule_and_answers_the_question(tmp_settings):
     ]
     record = answer.build_record(client, FACTS, None, research, EMBED)
     assert record.verdict == "yes" and not record.abstained and record.grounded
-    assert "— not met: he was handcuffed in the patrol car." in record.text
+    assert (
+        "The arrestee is unsecured and within reaching distance — not met: he was handcuffed in "
+        "the patrol car." in record.text
+    )
     assert "rule does not apply, because the arrestee is unsecured" in record.text
     assert "Bottom line: Yes. the search was not incident to arrest." in record.text
     assert record.text.endswith("Not answered: Automobile exception (MAX_STEPS 1 reached).")
@@ -114,3 +117,22 @@ def test_cut_off_application_reply_is_used(tmp_settings):
     client, _ = scripted_client(tmp_settings, {"apply": [cut]})
     got = answer.apply_rule(client, "Search incident to arrest", "rule", "facts")
     assert got is not None and got.checks[0].met == "no"
+
+
+def test_an_issue_no_stated_fact_bears_on_is_named_not_answered(tmp_settings):
+    """The application finds no stated fact for any requirement: the issue is not one of these
+    facts, so its rule is not given as part of the answer (guard ``not_raised``)."""
+    unrelated = json.dumps({"checks": [{"requirement": "a cell phone", "fact": "not stated", "met": "unclear"}]})  # fmt: skip
+    related = json.dumps({"checks": [{"requirement": "within reaching distance", "fact": "handcuffed in the patrol car", "met": "no"}]})  # fmt: skip
+    bottom = json.dumps({"answer": "yes", "reason": "the search was not incident to arrest"})
+    replies = {"apply": [unrelated, related], "bottom_line": [bottom]}
+    client, _ = scripted_client(tmp_settings, replies)
+    research = [
+        answer.IssueResearch("Cell phone searches", [GANT]),
+        answer.IssueResearch("Search incident to arrest", [GANT]),
+    ]
+    record = answer.build_record(client, FACTS, None, research, EMBED)
+    assert record.guards["not_raised"] == 1
+    assert [i.status for i in record.issues][:2] == ["not_raised", "answered"]
+    assert "Considered, but no stated fact raises it: Cell phone searches." in record.text
+    assert record.text.startswith("1. Search incident to arrest")
