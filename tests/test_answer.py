@@ -128,11 +128,11 @@ def test_an_issue_no_stated_fact_bears_on_is_named_not_answered(tmp_settings):
     replies = {"apply": [unrelated, related], "bottom_line": [bottom]}
     client, _ = scripted_client(tmp_settings, replies)
     research = [
-        answer.IssueResearch("Cell phone searches", [GANT]),
+        answer.IssueResearch("Search incident to arrest: cell phones", [GANT]),
         answer.IssueResearch("Search incident to arrest", [GANT]),
     ]
     record = answer.build_record(client, FACTS, None, research, EMBED)
     assert record.guards["not_raised"] == 1
     assert [i.status for i in record.issues][:2] == ["not_raised", "answered"]
-    assert "Considered, but no stated fact raises it: Cell phone searches." in record.text
+    assert "Considered, but no stated fact raises it: Search incident to arrest: cell phones." in record.text
     assert record.text.startswith("1. Search incident to arrest")
