@@ -246,10 +246,14 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
             },
             f"memory hit (similarity {hit.get('similarity', 0):.3f})",
         )
-    candidates = "\n".join(f"- {c}" for c in candidate_doctrines(ctx, question)) or "(none)"
-    result = prompts.call(ctx.client, "plan", objective=question, candidates=candidates)
+    candidates = candidate_doctrines(ctx, question)
+    listed = "\n".join(f"- {c}" for c in candidates) or "(none)"
+    result = prompts.call(ctx.client, "plan", objective=question, candidates=listed)
+    # A picked candidate keeps the doctrine names it carries in parentheses (its queries): the
+    # model copies "Offer (Firm offer (UCC 2-205))" as "Offer".
+    full = {c.split("(")[0].strip().lower(): c for c in candidates}
     named = [" ".join(i.split()) for i in (result.parsed.issues if result.parsed else [])]
-    issues = list(dict.fromkeys(i for i in named if i))
+    issues = list(dict.fromkeys(full.get(i.lower(), i) for i in named if i))
     fallbacks = []
     if not issues:
         fallbacks.append("planner: no issues named (the linked doctrines are researched)")
