@@ -24,6 +24,7 @@ and the evals need is a field of :class:`AnswerRecord`.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -142,6 +143,19 @@ def question_kind(question: str, choices: Mapping[str, str] | None) -> Kind:
     return (
         "fact_pattern" if sum(len(f.split()) for f in facts) >= MIN_FACT_WORDS else "rule_question"
     )
+
+
+_YES_NO = re.compile(
+    r"^(?:is|are|was|were|can|could|does|do|did|will|would|should|may|might|must|has|have|had)\b",
+    re.IGNORECASE,
+)
+
+
+def asks_yes_or_no(asked: str) -> bool:
+    """Whether the question as asked takes a yes or a no ("Can he get the evidence suppressed?";
+    not "Which rights were violated?"): its last sentence opens with an auxiliary verb."""
+    last = split_sentences(asked)[-1] if asked.strip() else ""
+    return bool(_YES_NO.match(last.strip()))
 
 
 def _rows(embed: EmbedFn, texts: list[str]) -> np.ndarray:
@@ -380,10 +394,12 @@ def build_record(
         all_cites = sorted({n for i in applied_issues for s in i.sentences for n in s.cites})
         if line is None:
             guards["unparsed_bottom_line"] += 1
-        else:
+        elif asks_yes_or_no(asked):
             verdict = line.answer
             head = {"yes": "Yes", "no": "No", "unclear": "Unclear"}[line.answer]
             tail.append(Sentence(f"{head}. {_clean(line.reason)}.", "bottom_line", all_cites))
+        else:  # "Which rights were violated?": the reason is the answer
+            tail.append(Sentence(f"{_clean(line.reason)}.", "bottom_line", all_cites))
     record = AnswerRecord(kind, "", issues, citations.items, False, verdict=verdict, guards=guards)
     record.grounded = all(s.cites for s in record.sentences) and all(s.cites for s in tail)
     record.text = render(record, tail)

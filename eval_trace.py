@@ -114,7 +114,8 @@ def _step_rows(state: dict) -> list[dict]:
                 "retrieved_doc_ids": execution.get("retrieved_doc_ids"),
                 "flagged_passages": execution.get("flagged_passages", []),
                 "strategy": step.get("strategy"),
-                "answer": execution.get("cited_answer"),
+                "issue": step.get("issue"),
+                "evidence_score": execution.get("evidence_score"),
             }
         )
     return rows
@@ -198,12 +199,13 @@ def trace_query(
             "query_type": state.get("query_type"),
             "memory_hit": bool(state.get("memory_hit")),
             "final_answer": state.get("final_cited_answer"),
+            "answer_record": state.get("answer"),
             "sources": [
                 {
                     "id": s.get("id"),
                     "title": s.get("title"),
                     "gold": s.get("id") in gold,
-                    "preview": ec.preview(s.get("text"), 200),
+                    "preview": ec.preview(s.get("support") or s.get("text"), 200),
                 }
                 for s in sources
             ],

@@ -134,5 +134,24 @@ def test_an_issue_no_stated_fact_bears_on_is_named_not_answered(tmp_settings):
     record = answer.build_record(client, FACTS, None, research, EMBED)
     assert record.guards["not_raised"] == 1
     assert [i.status for i in record.issues][:2] == ["not_raised", "answered"]
-    assert "Considered, but no stated fact raises it: Search incident to arrest: cell phones." in record.text
+    assert (
+        "Considered, but no stated fact raises it: Search incident to arrest: cell phones."
+        in record.text
+    )
     assert record.text.startswith("1. Search incident to arrest")
+
+
+@pytest.mark.parametrize(
+    "asked, yes_no",
+    [
+        ("Can Dan get the cocaine suppressed?", True),
+        ("Is the statement admissible?", True),
+        (
+            "Which constitutional rights were violated, and what must she show for each claim?",
+            False,
+        ),
+        ("What must she show?", False),
+    ],
+)
+def test_only_a_yes_or_no_question_gets_a_yes_or_no_bottom_line(asked, yes_no):
+    assert answer.asks_yes_or_no(asked) is yes_no
