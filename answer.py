@@ -33,7 +33,7 @@ import numpy as np
 
 import prompts
 from evidence import split_sentences
-from prompts import Application, BottomLine, Check, Met
+from prompts import Application, BottomLine, Check, Finding, Met
 
 logger = logging.getLogger(__name__)
 
@@ -287,12 +287,43 @@ def _conclusion(issue: str, outcome: Met, checks: Sequence[Check], cites: list[i
     return Sentence(text, "conclusion", list(cites))
 
 
-def apply_rule(client: Any, issue: str, rule: str, facts: str) -> Application | None:
-    """The ``apply`` call: the rule's requirements and the fact deciding each (None: unusable)."""
-    result = prompts.call(client, "apply", issue=issue, rule=rule, facts=facts)
-    if result.parsed is None and result.finish_reason == "length":
-        return complete_checks(result.text)
-    return result.parsed
+_ENUMERATION = re.compile(r"\(\d+\)\s*")
+MAX_REQUIREMENTS = 4
+_TRAILING_CONJUNCTION = re.compile(r"[;,]?\s*\b(?:and|or)\s*$")
+
+
+def requirements(sentences: Sequence[str]) -> list[str]:
+    """The requirements of a rule, cut in code from its verbatim sentences: the items of an
+    enumeration ("must prove (1) a duty ...; (2) breach ...") or the clauses between semicolons,
+    at most :data:`MAX_REQUIREMENTS`.  The model is asked about each, never to restate the law."""
+    out: list[str] = []
+    for sentence in sentences:
+        parts = _ENUMERATION.split(sentence)
+        items = parts[1:] if len(parts) > 2 else sentence.split(";")
+        for item in items:
+            item = _TRAILING_CONJUNCTION.sub("", " ".join(item.split())).strip(" ;,.")
+            for lead in ("and ", "or "):
+                item = item.removeprefix(lead)
+            if len(item.split()) >= 2:
+                out.append(item)
+    return out[:MAX_REQUIREMENTS]
+
+
+def apply_rule(client: Any, issue: str, reqs: Sequence[str], facts: str) -> list[Check] | None:
+    """The ``apply`` call: for each requirement, the stated fact that decides it (None:
+    unusable).  A reply cut off at its token budget keeps its complete checks."""
+    numbered = "\n".join(f"{n}. {r}" for n, r in enumerate(reqs, 1))
+    result = prompts.call(client, "apply", issue=issue, rule=numbered, facts=facts)
+    parsed = result.parsed
+    if parsed is None and result.finish_reason == "length":
+        parsed = complete_checks(result.text)
+    if parsed is None:
+        return None
+    checks: dict[int, Check] = {}
+    for f in parsed.checks:
+        if 1 <= f.n <= len(reqs) and f.n not in checks:
+            checks[f.n] = Check(requirement=reqs[f.n - 1], fact=f.fact, met=f.met)
+    return [checks[n] for n in sorted(checks)] or None
 
 
 def complete_checks(text: str) -> Application | None:
@@ -306,10 +337,18 @@ def complete_checks(text: str) -> Application | None:
     checks = []
     for raw in (data or {}).get("checks") or [] if isinstance(data, dict) else []:
         try:
-            checks.append(Check.model_validate(raw))
+            checks.append(Finding.model_validate(raw))
         except ValueError:
             break  # the cut-off one, and nothing after it
     return Application(checks=checks) if checks else None
+
+
+def _finding(issue: IssueAnswer) -> str:
+    """One line of the bottom line's input: the issue's conclusion and the rule it applied (the
+    rule says what follows: "...is strictly liable", "...is admissible")."""
+    rule = " ".join(s.text for s in issue.sentences if s.role == "rule")
+    conclusion = next(s.text for s in issue.sentences if s.role == "conclusion")
+    return f"- {conclusion} (Rule: {rule[:400]})"
 
 
 def bottom_line(client: Any, asked: str, findings: str) -> BottomLine | None:
@@ -359,8 +398,10 @@ def build_record(
         rule = select_rule(" ".join([item.issue, *near]), docs, embed)
         applied = None
         if kind != "rule_question" and facts:
-            applied = apply_rule(client, item.issue, " ".join(s for _, s in rule), " ".join(facts))
-            if applied is not None and not raised(applied.checks):
+            applied = apply_rule(
+                client, item.issue, requirements([s for _, s in rule]), " ".join(facts)
+            )
+            if applied is not None and not raised(applied):
                 guards["not_raised"] += 1
                 issues.append(
                     IssueAnswer(item.issue, "not_raised", why="no stated fact bears on it")
@@ -370,9 +411,9 @@ def build_record(
         answer = IssueAnswer(item.issue, "answered")
         answer.sentences = [Sentence(s, "rule", [n]) for (_, s), n in zip(rule, cites, strict=True)]
         if applied is not None:
-            answer.outcome = _outcome(applied.checks)
-            answer.sentences += _application_sentences(applied.checks, cites)
-            answer.sentences.append(_conclusion(item.issue, answer.outcome, applied.checks, cites))
+            answer.outcome = _outcome(applied)
+            answer.sentences += _application_sentences(applied, cites)
+            answer.sentences.append(_conclusion(item.issue, answer.outcome, applied, cites))
         elif kind != "rule_question" and facts:
             guards["unparsed_application"] += 1
             answer.why = "the application could not be parsed"
@@ -387,9 +428,7 @@ def build_record(
     tail: list[Sentence] = []
     applied_issues = [i for i in answered if i.outcome is not None]
     if kind == "fact_pattern" and applied_issues:
-        findings = "\n".join(
-            f"- {s.text}" for i in applied_issues for s in i.sentences if s.role == "conclusion"
-        )
+        findings = "\n".join(_finding(i) for i in applied_issues)
         line = bottom_line(client, asked, findings)
         all_cites = sorted({n for i in applied_issues for s in i.sentences for n in s.cites})
         if line is None:

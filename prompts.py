@@ -236,16 +236,26 @@ Met = Literal["yes", "no", "unclear"]
 
 
 class Check(BaseModel):
-    requirement: str = Field(min_length=1, max_length=100)
+    """One requirement of a rule and the stated fact that decides it (built in code from a
+    :class:`Finding` and the requirement it numbers)."""
+
+    requirement: str = Field(min_length=1)
+    fact: str = Field(min_length=1, max_length=120)
+    met: Met
+
+
+class Finding(BaseModel):
+    n: int = Field(ge=1, le=6)
+    """The number of the requirement it decides."""
     fact: str = Field(min_length=1, max_length=120)
     met: Met
 
 
 class Application(BaseModel):
-    """One issue's application (``skills/apply_rule.md``): the rule's requirements, each with the
-    stated fact that decides it."""
+    """One issue's application (``skills/apply_rule.md``): for each numbered requirement of the
+    rule, the stated fact that decides it."""
 
-    checks: list[Check] = Field(min_length=1, max_length=4)
+    checks: list[Finding] = Field(min_length=1, max_length=6)
 
 
 class BottomLine(BaseModel):

@@ -234,9 +234,7 @@ class Settings:
         if self.mc_letter not in {"first", "last"}:
             raise SettingsError(f"MC_LETTER={self.mc_letter!r}: use first or last")
         if self.answer_mode not in {"research", "evidence", "lean"}:
-            raise SettingsError(
-                f"ANSWER_MODE={self.answer_mode!r}: use research, evidence or lean"
-            )
+            raise SettingsError(f"ANSWER_MODE={self.answer_mode!r}: use research, evidence or lean")
         if self.search_strategy not in {"auto", "dense", "keyword", "hybrid", "graph", "combined"}:
             raise SettingsError(
                 f"SEARCH_STRATEGY={self.search_strategy!r}: use auto, dense, keyword, hybrid, "

@@ -68,15 +68,15 @@ def test_the_issue_outcome_follows_from_its_requirements(mets, outcome):
 
 
 def test_an_application_cut_off_mid_check_keeps_the_complete_ones():
-    full = {"checks": [{"requirement": "a", "fact": "b", "met": "no"}, {"requirement": "c", "fact": "d", "met": "yes"}]}  # fmt: skip
+    full = {"checks": [{"n": 1, "fact": "b", "met": "no"}, {"n": 2, "fact": "d", "met": "yes"}]}  # fmt: skip
     text = json.dumps(full)
-    got = answer.complete_checks(text[: text.index('"c"') + 2])
-    assert [c.requirement for c in got.checks] == ["a"]
+    got = answer.complete_checks(text[: text.index('"d"') + 2])
+    assert [c.fact for c in got.checks] == ["b"]
     assert answer.complete_checks('{"checks": [{"requi') is None
 
 
 def test_a_record_applies_the_rule_and_answers_the_question(tmp_settings):
-    apply = json.dumps({"checks": [{"requirement": "the arrestee is unsecured and within reaching distance", "fact": "he was handcuffed in the patrol car", "met": "no"}]})  # fmt: skip
+    apply = json.dumps({"checks": [{"n": 2, "fact": "he was handcuffed in the patrol car", "met": "no"}]})  # fmt: skip
     bottom = json.dumps({"answer": "yes", "reason": "the search was not incident to arrest"})
     client, script = scripted_client(tmp_settings, {"apply": [apply], "bottom_line": [bottom]})
     research = [
@@ -87,11 +87,8 @@ def test_a_record_applies_the_rule_and_answers_the_question(tmp_settings):
     ]
     record = answer.build_record(client, FACTS, None, research, EMBED)
     assert record.verdict == "yes" and not record.abstained and record.grounded
-    assert (
-        "The arrestee is unsecured and within reaching distance — not met: he was handcuffed in "
-        "the patrol car." in record.text
-    )
-    assert "rule does not apply, because the arrestee is unsecured" in record.text
+    assert "is inside — not met: he was handcuffed in the patrol car." in record.text
+    assert "rule does not apply, because For vehicles, police may search" in record.text
     assert "Bottom line: Yes. the search was not incident to arrest." in record.text
     assert record.text.endswith("Not answered: Automobile exception (MAX_STEPS 1 reached).")
     # the facts and the rule reach the application call; the conclusions reach the bottom line
@@ -113,17 +110,33 @@ def test_a_record_with_nothing_to_stand_on_abstains_and_says_why(tmp_settings):
 
 
 def test_cut_off_application_reply_is_used(tmp_settings):
-    cut = CutOff('{"checks": [{"requirement": "within reaching distance", "fact": "handcuffed", "met": "no"}, {"req')  # fmt: skip
+    cut = CutOff('{"checks": [{"n": 1, "fact": "handcuffed", "met": "no"}, {"req')  # fmt: skip
     client, _ = scripted_client(tmp_settings, {"apply": [cut]})
-    got = answer.apply_rule(client, "Search incident to arrest", "rule", "facts")
-    assert got is not None and got.checks[0].met == "no"
+    got = answer.apply_rule(client, "Search incident to arrest", ["within reaching distance"], "f")
+    assert (
+        got is not None and got[0].met == "no" and got[0].requirement == "within reaching distance"
+    )
+
+
+def test_requirements_are_the_rules_own_clauses():
+    rule = (
+        "A plaintiff must prove (1) a duty of care owed to the plaintiff; (2) breach of that duty; "
+        "(3) actual cause; and (4) actual damages, such as physical injury."
+    )
+    assert answer.requirements([rule]) == [
+        "a duty of care owed to the plaintiff", "breach of that duty", "actual cause",
+        "actual damages, such as physical injury",
+    ]  # fmt: skip
+    assert answer.requirements(["A licensee must be warned of known dangers; no duty to inspect."]) == [
+        "A licensee must be warned of known dangers", "no duty to inspect",
+    ]  # fmt: skip
 
 
 def test_an_issue_no_stated_fact_bears_on_is_named_not_answered(tmp_settings):
     """The application finds no stated fact for any requirement: the issue is not one of these
     facts, so its rule is not given as part of the answer (guard ``not_raised``)."""
-    unrelated = json.dumps({"checks": [{"requirement": "a cell phone", "fact": "not stated", "met": "unclear"}]})  # fmt: skip
-    related = json.dumps({"checks": [{"requirement": "within reaching distance", "fact": "handcuffed in the patrol car", "met": "no"}]})  # fmt: skip
+    unrelated = json.dumps({"checks": [{"n": 1, "fact": "not stated", "met": "unclear"}]})  # fmt: skip
+    related = json.dumps({"checks": [{"n": 1, "fact": "handcuffed in the patrol car", "met": "no"}]})  # fmt: skip
     bottom = json.dumps({"answer": "yes", "reason": "the search was not incident to arrest"})
     replies = {"apply": [unrelated, related], "bottom_line": [bottom]}
     client, _ = scripted_client(tmp_settings, replies)

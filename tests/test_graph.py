@@ -186,11 +186,11 @@ CHOICES = {
 }
 APPLY = J(
     checks=[
-        {"requirement": "reasonable care toward invitees", "fact": "the milk was left for two hours", "met": "yes"},
-        {"requirement": "damages", "fact": "she was hurt", "met": "yes"},
+        {"n": 1, "fact": "the milk was left for two hours", "met": "yes"},
+        {"n": 2, "fact": "she was hurt", "met": "yes"},
     ]
 )  # fmt: skip
-COMPARE = J(checks=[{"requirement": "plaintiff's own fault", "fact": "she was reading her phone", "met": "yes"}])  # fmt: skip
+COMPARE = J(checks=[{"n": 1, "fact": "she was reading her phone", "met": "yes"}])  # fmt: skip
 BOTTOM = J(answer="yes", reason="the store breached its duty to an invitee")
 
 
@@ -400,7 +400,7 @@ def test_an_unparseable_application_keeps_the_rule_and_is_counted_not_cached(tmp
 
 
 def test_an_application_cut_off_at_its_budget_keeps_its_complete_checks(tmp_settings):
-    cut = CutOff(APPLY[: APPLY.index('"damages"') + 5])
+    cut = CutOff(APPLY[: APPLY.index('"n": 2') + 3])
     result, *_ = run(tmp_settings, fact_replies(apply=[cut, COMPARE]))
     negligence = next(i for i in result["answer"]["issues"] if i["issue"] == "Negligence")
     assert [s["role"] for s in negligence["sentences"]].count("application") == 1
@@ -417,7 +417,7 @@ def test_a_multiple_choice_letter_reads_the_analysis_and_leans_retrieval(tmp_set
     replies = {
         "classify": [J(query_type="multi_hop")],
         "plan": [J(issues=["Free speech at public universities"])],
-        "apply": [J(checks=[{"requirement": "viewpoint", "fact": "suspended for her speech", "met": "yes"}])],
+        "apply": [J(checks=[{"n": 1, "fact": "suspended for her speech", "met": "yes"}])],
         "mc_select": ["**Answer: (C)**"],
     }  # fmt: skip
     result, script, memory, retriever = run(tmp_settings, replies, question=q, choices=CHOICES)
