@@ -348,8 +348,9 @@ settings (environment variables or .env; a flag above wins over its variable):
                           this machine, 60 for remote APIs
   RUN_TIMEOUT (600)       seconds a whole question may take (the run deadline); 0 = none
   LLM_MAX_RETRIES, LLM_TEMPERATURE, LLM_CACHE, LLM_CACHE_PATH
-  EVAL_CONFIDENCE_THRESHOLD  a research step below this confidence (mean query-passage cosine) fails
-  MAX_STEPS (3)           completed research steps before the answer (multi_hop)
+  LEAN_GATE (0.33)        the evidence gate: a research step whose best passage (cosine to its issue)
+                          is below it fails; a question whose every sentence is below it is off topic
+  MAX_STEPS (3)           issues researched (one step each; the rest are named as not answered)
   MAX_ITERATIONS (6)      executor runs per question (hard cap)
   SKIP_INJECTION_CHECK    1 = skip the LLM injection check (the regex pre-screen still runs)
   ANSWER_MODE (research)  research | evidence (--mode)
@@ -378,7 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="main.py",
         description="Agentic legal research: plans research steps, retrieves passages, answers "
-        "with [Source N] citations and picks the answer of multiple-choice questions.",
+        "per issue the rule quoted from its source ([N] citations), its application to the facts "
+        "and a bottom line, and picks the answer of multiple-choice questions.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=ENV_HELP.format(limit=MAX_QUESTION_CHARS),
     )
@@ -402,13 +404,12 @@ def build_parser() -> argparse.ArgumentParser:
         "say how many, and exit",
     )
     parser.add_argument("--provider", help="LLM provider for this run (overrides LLM_PROVIDER)")
-    parser.add_argument("--threshold", type=float, help="EVAL_CONFIDENCE_THRESHOLD for this run")
     parser.add_argument("--max-steps", type=int, help="MAX_STEPS for this run")
     parser.add_argument("--max-iterations", type=int, help="MAX_ITERATIONS for this run")
     parser.add_argument(
         "--mode",
         choices=["research", "evidence", "lean"],
-        help="ANSWER_MODE for this run: research = cited research ([Source N]); evidence = only "
+        help="ANSWER_MODE for this run: research = the issues researched and applied to the facts ([N] citations); evidence = only "
         "verified verbatim quotes ([Qn]) or an explicit abstention, with an audit trail; lean "
         "(multiple choice only) = one retrieval, the LEAN_GATE on its evidence, one answer: at "
         "most 3 LLM calls",
@@ -540,7 +541,6 @@ def main(argv: list[str] | None = None) -> int:
         load_dotenv_file()
         settings = Settings.from_env(
             llm_provider=args.provider,
-            eval_confidence_threshold=args.threshold,
             max_steps=args.max_steps,
             max_iterations=args.max_iterations,
             skip_injection_check=args.skip_injection_check,

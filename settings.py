@@ -141,10 +141,6 @@ class Settings:
     """0 = all cores."""
 
     # --- agent --------------------------------------------------------------------------------
-    eval_confidence_threshold: float = 0.38
-    """A step whose confidence (mean cosine of its question to the passages its answer cites) is
-    below this is 'failed'; calibrated for the default embedder by ``benchmarks/bench_agent.py
-    calibrate --k 2``."""
     evidence_floor: float = 0.39
     """Evidence mode: a passage whose cosine to the question is below this never reaches quote
     extraction (calibrated for the default embedder: benchmarks/bench_evidence.py floor)."""
@@ -241,7 +237,7 @@ class Settings:
                 "graph or combined"
             )
         for name in (
-            "eval_confidence_threshold", "memory_threshold", "evidence_floor", "lean_gate"
+            "memory_threshold", "evidence_floor", "lean_gate"
         ):  # fmt: skip
             value = getattr(self, name)
             if not -1.0 <= value <= 1.0:

@@ -62,7 +62,7 @@ def test_help_explains_options_and_settings(tmp_path):
     proc = cli(["--help"], tmp_path)
     out = proc.stdout.decode()
     assert proc.returncode == 0
-    for word in ("--json", "--graph", "multi_hop", "LLM_PROVIDER", "EVAL_CONFIDENCE_THRESHOLD",
+    for word in ("--json", "--graph", "multi_hop", "LLM_PROVIDER", "LEAN_GATE",
                  "SKIP_INJECTION_CHECK", str(main.MAX_QUESTION_CHARS), "exit status",
                  "RUN_TIMEOUT", "LLM_TIMEOUT"):  # fmt: skip
         assert word in out

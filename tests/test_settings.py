@@ -32,7 +32,7 @@ def test_environment_overrides_defaults_and_flags_override_environment():
         ({"RETRIEVAL_K": "five"}, "RETRIEVAL_K"),
         ({"LLM_CACHE": "maybe"}, "LLM_CACHE"),
         ({"RERANKER": "colbert"}, "RERANKER"),
-        ({"EVAL_CONFIDENCE_THRESHOLD": "3"}, "EVAL_CONFIDENCE_THRESHOLD"),
+        ({"LEAN_GATE": "3"}, "LEAN_GATE"),
         ({"MAX_STEPS": "0"}, "MAX_STEPS"),
         ({"MC_LETTER": "middle"}, "MC_LETTER"),
     ],
