@@ -2,7 +2,7 @@
 
     python benchmarks/bench_agent.py overhead            graph overhead per question, zero-latency fake LLM
     python benchmarks/bench_agent.py demos [names...]    wall time + LLM calls of each demo (real LLM)
-    python benchmarks/bench_agent.py calibrate           EVAL_CONFIDENCE_THRESHOLD for the default embedder
+    python benchmarks/bench_agent.py calibrate           covered vs uncovered cosine distributions (default embedder)
     python benchmarks/bench_agent.py gate --qa F --start 40 --n 40
                                                          LEAN_GATE: both answers per item, then the fit
 
