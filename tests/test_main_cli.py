@@ -198,6 +198,19 @@ def test_simple_demo_end_to_end_on_the_offline_default(tmp_path):
     assert "executor" in proc.stderr.decode() and "evaluator" in proc.stderr.decode()
 
 
+def offline_run(args: list[str], tmp_path) -> tuple[subprocess.CompletedProcess, dict]:
+    """``main.py ARGS --json`` on the offline default (embedded LLM, fresh store, no response
+    cache); it must exit 0. The process and its JSON result."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "main.py"), *args, "--json"],
+        capture_output=True, cwd=tmp_path, timeout=900,
+        env={**os.environ, "CHROMA_DIR": str(tmp_path / "chroma"), "LLM_PROVIDER": "local",
+             "LLM_CACHE": "0"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    return proc, json.loads(proc.stdout)
+
+
 @pytest.mark.slow
 @pytest.mark.local_llm
 def test_lean_mode_on_the_offline_default_answers_in_at_most_three_calls(tmp_path):
@@ -209,14 +222,7 @@ def test_lean_mode_on_the_offline_default_answers_in_at_most_three_calls(tmp_pat
         "(B) admissible as an excited utterance.\n(C) admissible only to impeach.\n"
         "(D) inadmissible because the bystander did not testify."
     )
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "main.py"), question, "--mode", "lean", "--json"],
-        capture_output=True, cwd=tmp_path, timeout=900,
-        env={**os.environ, "CHROMA_DIR": str(tmp_path / "chroma"), "LLM_PROVIDER": "local",
-             "LLM_CACHE": "0"},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
-    result = json.loads(proc.stdout)
+    proc, result = offline_run([question, "--mode", "lean"], tmp_path)
     m = result["run_metrics"]
     assert m["llm_calls"] <= 3 and m["mc_letter"] in "ABCD" and m["has_answer"]
     lean = result["lean"]
@@ -272,14 +278,7 @@ def test_a_fact_pattern_on_the_offline_default_gets_an_applied_cited_answer(tmp_
     """A fact pattern with the embedded LLM and the starter corpus: per issue a rule quoted from a
     starter passage and applied to the facts, and a bottom line, every sentence cited."""
     pytest.importorskip("xllamacpp")
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "main.py"), question, "--json", "--skip-injection-check"],
-        capture_output=True, cwd=tmp_path, timeout=900,
-        env={**os.environ, "CHROMA_DIR": str(tmp_path / "chroma"), "LLM_PROVIDER": "local",
-             "LLM_CACHE": "0"},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
-    result = json.loads(proc.stdout)
+    _, result = offline_run([question, "--skip-injection-check"], tmp_path)
     record = result["answer"]
     assert record["kind"] == "fact_pattern" and not record["abstained"] and record["grounded"]
     roles = {s["role"] for i in record["issues"] for s in i["sentences"]}
