@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-import nodes
+import prompts
 import rag_utils
 from llm_config import (
     LLMClient,
@@ -167,9 +167,19 @@ def split_by_gold_in_store(
 
 
 def agent_rewrite(client: Any, question: str) -> tuple[str, list[str]]:
-    """(primary query, alternative queries) from the agent's own rewrite (``nodes.rewrite_queries``)."""
-    primary, alternatives, _ = nodes.rewrite_queries(client, question)
-    return primary, alternatives
+    """(primary query, up to 2 alternatives) from ``skills/query_rewrite.md``: phase 1's
+    ``rewrite`` variant and eval_trace's rewrite view (the agent itself queries each issue's
+    doctrine names and facts).  The question itself when the reply cannot be parsed."""
+    parsed = prompts.call(client, "rewrite", question=question).parsed
+    if parsed is None:
+        return question, []
+    primary = " ".join(parsed.primary.split()) or question
+    alternatives: list[str] = []
+    for alt in parsed.alternatives:
+        alt = " ".join(str(alt).split())
+        if alt and alt.lower() not in {primary.lower(), *map(str.lower, alternatives)}:
+            alternatives.append(alt)
+    return primary, alternatives[:2]
 
 
 def preview(text: str | None, n: int = 160) -> str:

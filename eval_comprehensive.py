@@ -262,7 +262,7 @@ def _pipeline_fields(state: dict, gold: Sequence[str]) -> tuple[dict, dict]:
         "retried": bool(mc_answer.get("retried", False)),
         "reply": ec.preview(state.get("final_cited_answer"), 300),
     }
-    sources = [s["id"] for s in state.get("sources") or []]
+    sources = list(mc_answer.get("evidence_ids") or [])  # what the letter read
     table = state.get("planning_table") or []
     extra = {
         "evidence_ids": sources,

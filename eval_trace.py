@@ -229,7 +229,9 @@ def trace_query(
             "correct": letter == case["answer"],
             "gold_in_raw": any(r["gold"] for r in case["raw_retrieval"]),
             "gold_in_multi": any(r["gold"] for r in case["multi_query_retrieval"]),
-            "gold_in_sources": any(s["gold"] for s in case["sources"]),
+            "gold_in_sources": any(
+                i in gold for i in (state.get("mc_answer") or {}).get("evidence_ids") or []
+            ),
         }
         verdict = "CORRECT" if case["mc"]["correct"] else "WRONG"
         out(f"MC: predicted {letter} / answer {case['answer']} -> {verdict}")

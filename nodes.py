@@ -612,16 +612,23 @@ def answer_from_evidence(state: AgentState, ctx: AgentContext) -> tuple[dict, st
     return update, decision
 
 
-def mc_evidence(state: AgentState, extra: list[dict]) -> str:
-    """The evidence of the MC prompt: the answer's rules and applications (when it answered), the
-    passages they cite, then the other passages of the research and ``extra`` (lean's retrieval
-    with the question and its choices), through the one evidence formatter every mode uses."""
+def mc_passages(state: AgentState, extra: list[dict]) -> list[dict]:
+    """The passages the MC prompt reads, in order: those the answer cites, ``extra`` (lean's
+    retrieval), then the rest of the research's."""
     record = state.get("answer") or {}
     passages = state.get("passages") or {}
     cited = [c["passage_id"] for c in record.get("citations") or []]
     ids = list(dict.fromkeys([*cited, *(d["id"] for d in extra), *passages]))
     by_id = {**passages, **{d["id"]: d for d in extra}}
-    docs = [by_id[i] for i in ids if i in by_id]
+    return [by_id[i] for i in ids if i in by_id]
+
+
+def mc_evidence(state: AgentState, extra: list[dict]) -> str:
+    """The evidence of the MC prompt: the answer's rules and applications (when it answered), the
+    passages they cite, then the other passages of the research and ``extra`` (lean's retrieval
+    with the question and its choices), through the one evidence formatter every mode uses."""
+    record = state.get("answer") or {}
+    docs = mc_passages(state, extra)
     research = None if record.get("abstained") else (record.get("text") or None)
     return prompts.format_evidence(docs, research=research) if docs or research else ""
 
@@ -677,7 +684,11 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     )
     if evidence_text is None:
         decision += ", closed-book"
-    mc_answer = {**result.to_dict(), "closed_book": evidence_text is None}
+    mc_answer = {
+        **result.to_dict(),
+        "closed_book": evidence_text is None,
+        "evidence_ids": [d["id"] for d in mc_passages(state, extra)] if evidence_text else [],
+    }
     update = {"mc_answer": mc_answer, "final_cited_answer": final, "answer": record, "lean": lean}
     if answer_mode(state, ctx) == "lean":  # the passages the letter read are its sources
         update["sources"] = [
