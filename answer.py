@@ -225,6 +225,8 @@ class IssueResearch:
     docs: list[dict]
     researched: bool = True
     why: str = ""
+    facts: list[str] | None = None
+    """The fact sentences the step kept for the issue (None: chosen here by cosine)."""
 
 
 class _Citations:
@@ -394,7 +396,9 @@ def build_record(
             )
             issues.append(IssueAnswer(item.issue, "no_evidence", why=why))
             continue
-        near = issue_facts(item.issue, facts, embed) if kind != "rule_question" else []
+        near = [] if kind == "rule_question" else item.facts
+        if near is None:
+            near = issue_facts(item.issue, facts, embed)
         rule = select_rule(" ".join([item.issue, *near]), docs, embed)
         applied = None
         if kind != "rule_question" and facts:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -115,6 +116,7 @@ def step_for(
         "strategy": {"search_type": search_type, "queries": queries},
         "issue": issue,
         "addresses": issue,
+        "facts": list(facts),
     }
 
 
@@ -331,7 +333,7 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         "strategy": {**strategy, "executed_as": search_type},
         "results": {
             "count": len(docs),
-            "source_types": _count(ctx.source_type(d) for d in docs),
+            "source_types": dict(Counter(ctx.source_type(d) for d in docs)),
             "titles": [d.get("title") or d["id"] for d in docs[:3]],
             "top_score": round(score, 4),
             "confidence": round(confidence, 4),
@@ -354,13 +356,6 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         f"step {step['step_id']} [{search_type}] {_short(step.get('issue') or '', 40)}: "
         f"{len(docs)} passages, evidence {score:.3f}{gate}{note}"
     )
-
-
-def _count(items: Any) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for item in items:
-        out[item] = out.get(item, 0) + 1
-    return out
 
 
 def memory_lines(state: AgentState) -> str:
@@ -456,13 +451,12 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     search_type = "dense" if first == RETRY_SEARCH else RETRY_SEARCH
     if ctx.settings.search_strategy != "auto":
         search_type = ctx.settings.search_strategy
-    retry = dict(step_for(_next_step_id(state), step["issue"], [], search_type, phase="retry"))
-    facts = step["question"].partition(" Facts: ")[2]
+    facts = list(step.get("facts") or [])
+    retry = step_for(_next_step_id(state), step["issue"], facts, search_type, phase="retry")
     names = issue_names(step["issue"])
-    retry["question"] = step["question"]
     retry["strategy"] = {
         "search_type": search_type,
-        "queries": [f"{' '.join(names)} {facts}".strip(), *names],
+        "queries": [" ".join([*names, *facts]), *names],
     }
     memory = [dict(e) for e in state.get("chain_of_thought") or []]
     if memory:
@@ -481,9 +475,8 @@ def issue_research(state: AgentState, why_not: str) -> list[answer_stage.IssueRe
         done = [s for s in steps if s["status"] == "completed"]
         if done:
             ids = done[-1]["execution"].get("retrieved_doc_ids") or []
-            out.append(
-                answer_stage.IssueResearch(issue, [passages[i] for i in ids if i in passages])
-            )
+            docs = [passages[i] for i in ids if i in passages]
+            out.append(answer_stage.IssueResearch(issue, docs, facts=done[-1].get("facts")))
         elif steps:
             best = max(float(s["execution"].get("evidence_score") or 0) for s in steps)
             why = f"best evidence score {best:.2f}, below LEAN_GATE"
@@ -623,12 +616,10 @@ def mc_passages(state: AgentState, extra: list[dict]) -> list[dict]:
     return [by_id[i] for i in ids if i in by_id]
 
 
-def mc_evidence(state: AgentState, extra: list[dict]) -> str:
-    """The evidence of the MC prompt: the answer's rules and applications (when it answered), the
-    passages they cite, then the other passages of the research and ``extra`` (lean's retrieval
-    with the question and its choices), through the one evidence formatter every mode uses."""
+def mc_evidence(state: AgentState, docs: list[dict]) -> str:
+    """The evidence of the MC prompt: the answer's rules and applications (when it answered) and
+    ``docs`` (:func:`mc_passages`), through the one evidence formatter every mode uses."""
     record = state.get("answer") or {}
-    docs = mc_passages(state, extra)
     research = None if record.get("abstained") else (record.get("text") or None)
     return prompts.format_evidence(docs, research=research) if docs or research else ""
 
@@ -661,7 +652,8 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         }
     except Exception as exc:  # noqa: BLE001 - the research's own evidence still stands
         logger.warning("lean retrieval for the letter failed: %s", exc)
-    evidence_text = mc_evidence(state, extra) or None
+    shown = mc_passages(state, extra)
+    evidence_text = mc_evidence(state, shown) or None
     result = mc.select_answer(ctx.client, state["question"], choices, evidence_text)
     record = dict(state.get("answer") or {})
     line = mc.answer_line(result.letter, choices)
@@ -687,7 +679,7 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     mc_answer = {
         **result.to_dict(),
         "closed_book": evidence_text is None,
-        "evidence_ids": [d["id"] for d in mc_passages(state, extra)] if evidence_text else [],
+        "evidence_ids": [d["id"] for d in shown] if evidence_text else [],
     }
     update = {"mc_answer": mc_answer, "final_cited_answer": final, "answer": record, "lean": lean}
     if answer_mode(state, ctx) == "lean":  # the passages the letter read are its sources

@@ -44,6 +44,8 @@ class PlanStep(TypedDict, total=False):
     issue: str
     """The agenda issue the step researches."""
     addresses: str
+    facts: list[str]
+    """The fact sentences that raise the issue (its queries carry them; the answer applies to them)."""
 
 
 class MemoryEntry(TypedDict):
