@@ -15,6 +15,11 @@ stage writes the answer a user reads, in the shape of a bar essay:
 - **Bottom line** — one call (``skills/bottom_line.md``) that answers the question as asked from
   the issues' conclusions ("yes", "no" or "unclear" and why), cited to the rules it rests on.
 
+Under the **evidence policy** (``ANSWER_MODE=evidence``) each rule sentence must also pass the
+grounding gate (``skills/verify_quotes.md``): one call per issue asks, for each candidate sentence,
+whether it states the law of that issue; a sentence about another doctrine, or one that cannot be
+understood alone, is never a rule, and an issue with no verified sentence has no evidence.
+
 A rule question ("What is the mailbox rule?") states the rules and stops there.  With nothing to
 stand on (no issue's research found a passage) the record abstains and says why; nothing
 downstream reads the text back to learn that.  Everything the CLI, the exit code, the QA memory
@@ -30,18 +35,22 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+from nupunkt import sent_tokenize
 
 import prompts
-from evidence import split_sentences
 from prompts import Application, BottomLine, Check, Finding, Met
 
 logger = logging.getLogger(__name__)
 
 Kind = Literal["fact_pattern", "rule_question", "multiple_choice"]
+Policy = Literal["research", "evidence"]
 EmbedFn = Callable[[list[str]], Any]
 
 RULE_SENTENCES = 2
 """Sentences quoted as an issue's rule (the best by cosine to the issue and its facts)."""
+VERIFY_CANDIDATES = 4
+"""Under the evidence policy, the candidate rule sentences per issue the grounding gate judges (the
+best :data:`RULE_SENTENCES` verified ones are quoted)."""
 RULE_PASSAGES = 2
 """The issue's best passages whose sentences compete to state its rule."""
 HEADING_WORDS = 6
@@ -107,8 +116,10 @@ class AnswerRecord:
     """The bottom line's answer to a yes/no question (None: not asked, or not reached)."""
     letter: str | None = None
     grounded: bool = False
-    """Every legal sentence cites a source (and, under the evidence policy, a verified quote)."""
+    """Every legal sentence cites a source (and, under the evidence policy, every rule sentence is
+    a quote the grounding gate verified)."""
     quotes: list[dict] = field(default_factory=list)
+    """Evidence policy: every sentence the gate judged, {issue, passage_id, text, verdict}."""
     guards: dict[str, int] = field(default_factory=dict)
     """How often each named guard on model output fired in this answer."""
 
@@ -125,9 +136,15 @@ class AnswerRecord:
 # ------------------------------------------------------------------------------------------------
 
 
+def split_sentences(text: str) -> list[str]:
+    """The sentences of ``text``, whitespace collapsed (nupunkt: Punkt trained on legal text, so
+    "28 U.S.C. § 1441(a)", "Fed. R. Evid." and "Smith v. Jones" stay whole)."""
+    return [s.strip() for s in sent_tokenize(" ".join(str(text).split())) if s.strip()]
+
+
 def split_question(question: str) -> tuple[list[str], str]:
     """(fact sentences, what is asked): the asked part is the closing sentences that end in '?'."""
-    sentences = [s.strip() for s in split_sentences(" ".join(question.split())) if s.strip()]
+    sentences = split_sentences(question)
     asked: list[str] = []
     while sentences and sentences[-1].endswith("?"):
         asked.insert(0, sentences.pop())
@@ -176,7 +193,7 @@ def issue_facts(
 
 def candidate_sentences(doc: Mapping[str, Any]) -> list[str]:
     """A passage's sentences that can state a rule: its heading (a short first sentence) left out."""
-    sentences = [s.strip() for s in split_sentences(" ".join(str(doc.get("text") or "").split()))]
+    sentences = split_sentences(str(doc.get("text") or ""))
     if sentences and len(sentences[0].split()) <= HEADING_WORDS:
         sentences = sentences[1:]
     return [s for s in sentences if len(s.split()) >= 5]
@@ -190,7 +207,7 @@ def on_doctrine(issue: str, docs: Sequence[Mapping[str, Any]], embed: EmbedFn) -
         return []
     heads = []
     for d in docs:
-        first = (split_sentences(" ".join(str(d.get("text") or "").split())) or [""])[0]
+        first = (split_sentences(str(d.get("text") or "")) or [""])[0]
         heads.append(f"{d.get('title') or ''}. {first}".strip(". "))
     rows = _rows(embed, [issue, *heads])
     return [bool(s >= DOCTRINE_MATCH) for s in rows[1:] @ rows[0]]
@@ -345,6 +362,35 @@ def complete_checks(text: str) -> Application | None:
     return Application(checks=checks) if checks else None
 
 
+def verify_rule(
+    client: Any, issue: str, pairs: Sequence[tuple[Mapping[str, Any], str]]
+) -> tuple[list[tuple[Mapping[str, Any], str]], list[dict] | None]:
+    """The grounding gate (evidence policy): the ``verify`` call's verdict on each candidate rule
+    sentence for ``issue``.  (the verified pairs, in order; one quote record per sentence), or
+    (``[]``, None) when the reply is unusable: nothing is verified that was not judged."""
+    numbered = "\n".join(
+        f'{n}. "{prompts.neutralize(s)}" ({prompts.neutralize(str(d.get("title") or ""))})'
+        for n, (d, s) in enumerate(pairs, 1)
+    )
+    result = prompts.call(client, "verify", issue=issue, quotes=numbered)
+    if result.parsed is None:
+        return [], None
+    verdicts: dict[int, str] = {}
+    for v in result.parsed.verdicts:
+        if 1 <= v.n <= len(pairs):
+            verdicts.setdefault(v.n, v.verdict)
+    quotes = [
+        {
+            "issue": issue,
+            "passage_id": str(d["id"]),
+            "text": s,
+            "verdict": verdicts.get(n, "not_judged"),
+        }
+        for n, (d, s) in enumerate(pairs, 1)
+    ]
+    return [p for n, p in enumerate(pairs, 1) if verdicts.get(n) == "ok"], quotes
+
+
 def _finding(issue: IssueAnswer) -> str:
     """One line of the bottom line's input: the issue's conclusion and the rule it applied (the
     rule says what follows: "...is strictly liable", "...is admissible")."""
@@ -366,11 +412,13 @@ def build_record(
     embed: EmbedFn,
     *,
     decline: str = "",
+    policy: Policy = "research",
 ) -> AnswerRecord:
     """The answer to ``question`` from the research of each issue (see the module docstring).
 
     ``decline``: why the research declines the question as a whole (off topic as asked); the
-    record then abstains without a model call."""
+    record then abstains without a model call.  ``policy="evidence"``: every rule sentence passes
+    the grounding gate first (:func:`verify_rule`)."""
     kind = question_kind(question, choices)
     facts, asked = split_question(question)
     guards: dict[str, int] = {
@@ -379,8 +427,11 @@ def build_record(
         "unparsed_application": 0,
         "unparsed_bottom_line": 0,
     }
+    if policy == "evidence":
+        guards["unparsed_verdicts"] = 0
     citations = _Citations()
     issues: list[IssueAnswer] = []
+    quotes: list[dict] = []
     if decline:
         return AnswerRecord(kind, _abstain_text(decline), [], [], True, decline, guards=guards)
     for item in research:
@@ -399,7 +450,20 @@ def build_record(
         near = [] if kind == "rule_question" else item.facts
         if near is None:
             near = issue_facts(item.issue, facts, embed)
-        rule = select_rule(" ".join([item.issue, *near]), docs, embed)
+        query = " ".join([item.issue, *near])
+        if policy == "evidence":
+            rule, judged = verify_rule(
+                client, item.issue, select_rule(query, docs, embed, VERIFY_CANDIDATES)
+            )
+            guards["unparsed_verdicts"] += judged is None
+            quotes += judged or []
+            rule = rule[:RULE_SENTENCES]
+            if not rule:
+                why = "no sentence of its passages passed the grounding gate"
+                issues.append(IssueAnswer(item.issue, "no_evidence", why=why))
+                continue
+        else:
+            rule = select_rule(query, docs, embed)
         applied = None
         if kind != "rule_question" and facts:
             applied = apply_rule(
@@ -424,10 +488,12 @@ def build_record(
         issues.append(answer)
     answered = [i for i in issues if i.status == "answered"]
     if not answered:
-        why = "no issue's research found a passage on its doctrine: " + "; ".join(
+        why = "no issue's research found a rule on its doctrine: " + "; ".join(
             f"{i.issue} ({i.why or i.status})" for i in issues
         )
-        return AnswerRecord(kind, _abstain_text(why), issues, [], True, why, guards=guards)
+        return AnswerRecord(
+            kind, _abstain_text(why), issues, [], True, why, quotes=quotes, guards=guards
+        )
     verdict = None
     tail: list[Sentence] = []
     applied_issues = [i for i in answered if i.outcome is not None]
@@ -443,7 +509,9 @@ def build_record(
             tail.append(Sentence(f"{head}. {_clean(line.reason)}.", "bottom_line", all_cites))
         else:  # "Which rights were violated?": the reason is the answer
             tail.append(Sentence(f"{_clean(line.reason)}.", "bottom_line", all_cites))
-    record = AnswerRecord(kind, "", issues, citations.items, False, verdict=verdict, guards=guards)
+    record = AnswerRecord(
+        kind, "", issues, citations.items, False, verdict=verdict, quotes=quotes, guards=guards
+    )
     record.grounded = all(s.cites for s in record.sentences) and all(s.cites for s in tail)
     record.text = render(record, tail)
     if tail:

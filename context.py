@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-import evidence
+import answer as answer_stage
 import injection
 import lean
 import legal_graph
@@ -68,9 +68,9 @@ class AgentContext:
     """Index of the client's first call record that belongs to this run."""
     screen_passage: Callable[[str], list[str]] = field(default=injection.screen_passage)
     """Names of the injection patterns a passage's text matches (empty: clean)."""
-    source_type: Callable[[dict], str] = field(default=evidence.source_type)
+    source_type: Callable[[dict], str] = field(default=rag_utils.source_type)
     """statute/rule, caselaw or study material of a passage (one classification for the working
-    memory and the evidence audit trail)."""
+    memory)."""
     link_issues: Callable[[str, list[str]], list[str]] | None = None
     """(question, the model's issues) -> the research agenda: the issues merged with the doctrines
     the question links to in the legal taxonomy, one item per claim (None: the model's issues)."""
@@ -171,23 +171,6 @@ class AgentContext:
         """Route one step's search on its strategy's ``search_type``."""
         return self.searchers.get(search_type, self.retrieve)(queries, k, exclude_ids)
 
-    def answer_from_evidence(
-        self,
-        question: str,
-        passages: list[dict],
-        choices: dict[str, str] | None,
-        declined: str | None = None,
-    ) -> dict[str, Any]:
-        """The evidence-first answer (``evidence.answer_from_evidence``) from ``passages``."""
-        return evidence.answer_from_evidence(
-            self.client,
-            question,
-            passages,
-            choices=choices,
-            floor=self.settings.evidence_floor,
-            declined=declined,
-        )
-
     def score_evidence(self, question: str, docs: list[dict]) -> float:
         """The evidence gate's score of ``docs`` for ``question`` (0.0 for none)."""
         if not docs:
@@ -219,9 +202,8 @@ class AgentContext:
         sentences, each against its own retrieval: a long fact pattern as a whole sits far from
         every passage (the whole of 3 of the 32 fact patterns scored 0.25-0.32, every one of
         their best sentences at least 0.33), while a one-sentence question scores as before."""
-        sentences = [t for t in evidence.split_sentences(" ".join(question.split())) if t.strip()]
         best = 0.0
-        for text in sentences or [question]:
+        for text in answer_stage.split_sentences(question) or [question]:
             docs = self.retrieve([text], self.settings.retrieval_k, [])
             best = max(best, self.score_evidence(text, docs))
         return best if self.below_gate(best) else None

@@ -3,18 +3,17 @@
 Pure metric functions over answers, the A–F grader (``skills/grade_answer.md``; for a question
 whose right answer declines, ``skills/grade_abstention.md``) and :func:`run_answers`, which scores
 any set of modes given as callables ``answer_fn(question) -> dict`` — so it depends on no agent
-internals. An answer dict carries ``answer`` (text) and may carry ``abstained`` (bool; else read
-from the text), ``quotes`` (evidence mode), ``passages`` ({id: text} of the passages the answer
-saw, for quote validity), ``valid_citations`` (citation strings the answer may use, e.g. ``"Q2"``,
-``"[Query 1][Source 3]"``), ``llm_calls`` and ``seconds``.
+internals. An answer dict carries ``answer`` (text), ``abstained`` (bool), ``sentences`` (each
+legal sentence as ``{"text", "passage_ids"}``, the passages it cites), ``passages`` ({id: text} of
+the passages the run saw), and may carry ``quotes`` (the evidence policy's judged sentences:
+``{"passage_id", "text", "verdict"}``), ``verdict``, ``llm_calls`` and ``seconds``.
 
 Metrics per mode, each with a 95% interval (Wilson for shares of items or sentences, bootstrap for
 means): abstention recall on the questions that should be declined (out of corpus, non-legal);
 false-abstention rate on the answerable ones (in corpus, multi-hop, answerable edge cases);
-key-point coverage (deterministic content-word check); share of answer sentences with a valid
-citation (``[Qn]`` of a verified quote, ``[Source N]`` or ``[Query X][Source N]``) and the count
-of uncited sentences; quote validity (verified quotes that occur verbatim in their passage); and
-the A+B rate of the grader.
+key-point coverage (deterministic content-word check); share of legal sentences that cite a
+passage the run saw, and the count of uncited ones; quote validity (verified quotes that occur
+verbatim in their passage); and the A+B rate of the grader.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ from pydantic import BaseModel, Field
 
 import eval_common as ec
 import prompts
-from evidence import ABSTAIN_TEXT, answer_from_evidence, content_words, split_sentences
 
 logger = logging.getLogger(__name__)
 
@@ -40,17 +38,8 @@ OPEN_QUESTIONS = Path(__file__).resolve().parent / "datasets" / "open_questions.
 CATEGORIES = ("in_corpus", "multi_hop", "out_of_corpus", "edge")
 KEY_POINT_COVERAGE = 0.6
 """A key point is covered when this share of its content words occurs in the answer."""
-ABSTENTION_PREFIXES = (ABSTAIN_TEXT, "No answer:", "No authoritative")
-"""Answer openings that decline (evidence mode's sentence, research mode's no-passage answer)."""
-
-_CITATION = re.compile(
-    r"\[\s*(?:Query\s*\d+\s*\]\s*\[\s*)?Source\s*\d+\s*\]|\[\s*Q\d+(?:\s*,\s*Q\d+)*\s*\]"
-)
-_REF = re.compile(
-    r"(?:\[\s*Query\s*(\d+)\s*\]\s*)?\[\s*Source\s*(\d+)\s*\]|\[\s*(Q\d+(?:\s*,\s*Q\d+)*)\s*\]"
-)
-_HEADING = re.compile(r"^[A-Z][A-Za-z ]{0,30}:$")
-_BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+")
+_REFS = re.compile(r"\[\d+\]")
+"""A citation number of the answer's text ("[2]")."""
 
 
 class AnswerGrade(BaseModel):
@@ -94,67 +83,145 @@ def interleave_categories(items: Sequence[Mapping[str, Any]]) -> list[dict]:
 
 
 def is_abstention(result: Mapping[str, Any]) -> bool:
-    """The answer's own ``abstained`` flag, else whether its text opens with a declining line."""
-    if isinstance(result.get("abstained"), bool):
-        return result["abstained"]
-    return str(result.get("answer") or "").lstrip().startswith(ABSTENTION_PREFIXES)
+    return bool(result.get("abstained"))
 
 
-def answer_sentences(answer: str) -> list[str]:
-    """The sentences of an answer, without bullets and bare headings ("Elements:"); a citation
-    written after the period joins the sentence before it."""
-    out: list[str] = []
-    for line in (answer or "").splitlines():
-        line = _BULLET.sub("", line).strip()
-        if not line or _HEADING.match(line):
-            continue
-        for s in split_sentences(line):
-            s = s.strip()
-            if not s:
-                continue
-            if out and not _CITATION.sub("", s).strip(" .;,"):
-                out[-1] = f"{out[-1]} {s}"
-            else:
-                out.append(s)
-    return out
+def citation_counts(
+    sentences: Sequence[Mapping[str, Any]], passages: Mapping[str, Any]
+) -> dict[str, int]:
+    """Legal sentences, those citing a passage, and those whose every cited passage is one the run
+    saw (``passages``)."""
+    cited = [s for s in sentences if s.get("passage_ids")]
+    valid = [s for s in cited if all(p in passages for p in s["passage_ids"])]
+    return {"sentences": len(sentences), "cited": len(cited), "valid": len(valid)}
 
 
-def citations_in(sentence: str) -> list[str]:
-    """Normalised citations: ``"Q2"`` per quote ID, ``"[Query 1][Source 3]"`` or ``"[Source 3]"``."""
-    refs: list[str] = []
-    for m in _REF.finditer(sentence):
-        if m.group(3):
-            refs.extend(p.strip() for p in m.group(3).split(","))
-        elif m.group(1):
-            refs.append(f"[Query {int(m.group(1))}][Source {int(m.group(2))}]")
-        else:
-            refs.append(f"[Source {int(m.group(2))}]")
-    return refs
+STOPWORDS = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "of",
+        "to",
+        "in",
+        "on",
+        "for",
+        "and",
+        "or",
+        "but",
+        "with",
+        "by",
+        "from",
+        "at",
+        "as",
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "been",
+        "being",
+        "it",
+        "its",
+        "this",
+        "that",
+        "these",
+        "those",
+        "there",
+        "their",
+        "they",
+        "them",
+        "he",
+        "she",
+        "his",
+        "her",
+        "him",
+        "we",
+        "our",
+        "you",
+        "your",
+        "if",
+        "then",
+        "than",
+        "so",
+        "such",
+        "which",
+        "who",
+        "whom",
+        "whose",
+        "what",
+        "when",
+        "where",
+        "why",
+        "how",
+        "any",
+        "all",
+        "each",
+        "every",
+        "some",
+        "may",
+        "must",
+        "can",
+        "could",
+        "would",
+        "should",
+        "shall",
+        "will",
+        "do",
+        "does",
+        "did",
+        "has",
+        "have",
+        "had",
+        "also",
+        "only",
+        "even",
+        "more",
+        "most",
+        "other",
+        "into",
+        "onto",
+        "upon",
+        "about",
+        "over",
+        "under",
+        "after",
+        "before",
+        "between",
+        "through",
+        "during",
+        "while",
+        "because",
+        "whether",
+        "same",
+        "very",
+        "just",
+        "own",
+        "both",
+        "either",
+        "neither",
+        "per",
+        "one",
+        "two",
+        "three",
+    ]
+)
+_WORD = re.compile(r"[a-z0-9]+")
 
 
-def citation_counts(answer: str, valid: Iterable[str] | None = None) -> dict[str, int]:
-    """Sentences, sentences with at least one citation, and sentences whose citations are all valid
-    (every citation in ``valid``; any citation counts when ``valid`` is None)."""
-    allowed = set(valid) if valid is not None else None
-    sentences = answer_sentences(answer)
-    cited = valid_n = 0
-    for s in sentences:
-        refs = citations_in(s)
-        if refs:
-            cited += 1
-            if allowed is None or all(r in allowed for r in refs):
-                valid_n += 1
-    return {"sentences": len(sentences), "cited": cited, "valid": valid_n}
+def _stems(text: str) -> set[str]:
+    """Content-word stems (the first 6 letters: "negligence" and "negligent" match)."""
+    return {w[:6] for w in _WORD.findall(text.lower()) if w not in STOPWORDS and len(w) > 2}
 
 
 def key_point_hits(
     answer: str, key_points: Sequence[str], threshold: float = KEY_POINT_COVERAGE
 ) -> list[bool]:
     """Per key point: at least ``threshold`` of its content words occur in the answer."""
-    words = content_words(_CITATION.sub(" ", answer or ""))
+    words = _stems(_REFS.sub(" ", answer or ""))
     hits = []
     for point in key_points:
-        need = content_words(point)
+        need = _stems(point)
         hits.append(bool(need) and len(need & words) / len(need) >= threshold)
     return hits
 
@@ -163,7 +230,7 @@ def quote_validity(
     quotes: Sequence[Mapping[str, Any]], passages: Mapping[str, str]
 ) -> tuple[int, int]:
     """(verified quotes whose text occurs verbatim in their passage, verified quotes)."""
-    verified = [q for q in quotes if q.get("verified")]
+    verified = [q for q in quotes if q.get("verdict") == "ok"]
     ok = sum(
         str(q.get("text") or "") in str(passages.get(q.get("passage_id"), ""))
         and bool(q.get("text"))
@@ -172,26 +239,14 @@ def quote_validity(
     return ok, len(verified)
 
 
-def valid_citations_of(result: Mapping[str, Any]) -> list[str] | None:
-    """What an answer may cite: its ``valid_citations``, else the IDs of its verified quotes."""
-    if result.get("valid_citations") is not None:
-        return list(result["valid_citations"])
-    if result.get("quotes") is not None:
-        return [q["id"] for q in result["quotes"] if q.get("verified")]
-    return None
-
-
 def score_answer(
     item: Mapping[str, Any], mode: str, result: Mapping[str, Any], seconds: float
 ) -> dict:
     """One result row: what the metrics need, per item and mode."""
     answer = str(result.get("answer") or "")
     abstained = is_abstention(result)
-    counts = (
-        citation_counts(answer, valid_citations_of(result))
-        if not abstained
-        else {"sentences": 0, "cited": 0, "valid": 0}
-    )
+    sentences = [] if abstained else list(result.get("sentences") or [])
+    counts = citation_counts(sentences, result.get("passages") or {})
     hits = (
         key_point_hits(answer, item.get("key_points") or [])
         if not abstained
@@ -365,31 +420,6 @@ def run_answers(
         if on_row is not None:
             on_row(row)
     return rows
-
-
-def make_evidence_answer_fn(
-    client: Any,
-    retrieve: Callable[[str], Sequence[Mapping[str, Any]]],
-    *,
-    floor: float | None = None,
-    settings: Any = None,
-) -> Callable[[str], dict]:
-    """``answer_fn`` of evidence mode over any retriever ``retrieve(question) -> passages``
-    (dicts with ``dense_score`` as cosine to the question); adds ``passages`` for quote validity
-    and ``llm_calls``/``seconds`` from the audit trail."""
-
-    def answer(question: str) -> dict:
-        passages = list(retrieve(question))
-        result = answer_from_evidence(client, question, passages, floor=floor, settings=settings)
-        trail = result.get("audit_trail") or {}
-        return {
-            **result,
-            "passages": {str(p.get("id")): str(p.get("text") or "") for p in passages},
-            "llm_calls": trail.get("llm_calls"),
-            "seconds": trail.get("seconds"),
-        }
-
-    return answer
 
 
 # ------------------------------------------------------------------------------------------------

@@ -230,8 +230,9 @@ def run_mc_item(
         state = agent.run_agent(question, choices, context=context)
         fields, extra = _pipeline_fields(state, gold)
         if mode == "evidence":
-            extra["grounded"] = bool(state.get("grounded"))
-            extra["abstained"] = bool(state.get("abstained"))
+            record = state.get("answer") or {}
+            extra["abstained"] = bool(record.get("abstained"))
+            extra["grounded"] = bool(record.get("grounded")) and not extra["abstained"]
     else:
         raise ValueError(f"unknown mode {mode!r}")
     seconds = time.perf_counter() - start
@@ -847,35 +848,21 @@ def agent_answer_fn(
         state = agent.run_agent(question, None, context=context)
         passages = {pid: p["text"] for pid, p in (state.get("passages") or {}).items()}
         record = state.get("answer") or {}
-        out = {
+        return {
             "answer": state.get("final_cited_answer") or "",
             "abstained": bool(state.get("abstained")),
             "verdict": record.get("verdict"),
             "sentences": record_sentences(state),
             "passages": passages,
+            "quotes": record.get("quotes") or [],
             "llm_calls": client.summary()["llm_calls"],
         }
-        if mode == "evidence":
-            out["quotes"] = state.get("quotes") or []
-        else:
-            out["valid_citations"] = [s["ref"] for s in state.get("sources") or []]
-        return out
 
     return answer
 
 
 def record_sentences(state: Mapping[str, Any]) -> list[dict]:
-    """The answer's legal sentences with the passage ids each cites: from the answer record's
-    sentences, or (evidence mode) from the ``[Qn]`` quotes each sentence of its text cites."""
-    if state.get("evidence"):
-        quotes = {q["id"]: q.get("passage_id") for q in state.get("quotes") or []}
-        return [
-            {
-                "text": s,
-                "passage_ids": [quotes[q] for q in eval_answers.citations_in(s) if q in quotes],
-            }
-            for s in eval_answers.answer_sentences(str(state.get("final_cited_answer") or ""))
-        ]
+    """The answer record's legal sentences with the passage ids each cites."""
     record = state.get("answer") or {}
     ids = {c["n"]: c["passage_id"] for c in record.get("citations") or []}
     return [

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import eval_common as ec
-import evidence
 import load_corpus
 import main as agent
 import nodes
@@ -217,7 +216,6 @@ def trace_query(
             "llm": usage,
             "rewrite_llm": rewrite_usage,
             "chain_of_thought": state.get("chain_of_thought") or [],
-            "evidence": state.get("evidence"),
             "run_metrics": ec.to_jsonable(state.get("run_metrics") or {}),
         }
     )
@@ -235,9 +233,10 @@ def trace_query(
         }
         verdict = "CORRECT" if case["mc"]["correct"] else "WRONG"
         out(f"MC: predicted {letter} / answer {case['answer']} -> {verdict}")
-    if case["evidence"]:
-        out("evidence audit trail:")
-        out("  " + evidence.format_audit_block(case["evidence"]).replace("\n", "\n  "))
+    if quotes := (state.get("answer") or {}).get("quotes"):
+        out("grounding gate:")
+        for q in quotes:
+            out(f"  {q['verdict']:<15} {q['issue']}: {ec.preview(q['text'], 100)}")
     if case["chain_of_thought"]:
         out("working memory (search type per step):")
         out(nodes.memory_lines(state))
@@ -339,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mode",
         choices=["research", "evidence"],
-        help="ANSWER_MODE: evidence traces the quote extraction, grounding gate and audit trail too",
+        help="ANSWER_MODE: evidence shows the grounding gate's verdict on each candidate rule sentence too",
     )
     p.add_argument("--json", action="store_true", help="print the case studies as JSON")
     p.add_argument("-v", "--verbose", action="store_true")

@@ -19,12 +19,12 @@ import logging
 import re
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from langgraph.errors import GraphRecursionError
 
-import evidence
 import load_corpus
 import nodes
 import rag_utils
@@ -86,8 +86,7 @@ def build_graph(
         destinations=("executor", "replanner", "answer"),
     )
     g.add_node("replanner", nodes.replanner)
-    g.add_node("answer", nodes.answer_node, destinations=("answer_from_evidence", "mc_select"))
-    g.add_node("answer_from_evidence", nodes.answer_from_evidence)
+    g.add_node("answer", nodes.answer_node)
     g.add_node("mc_select", nodes.mc_select)
     g.add_node("memory_writeback", nodes.memory_writeback)
     g.add_node("observability", nodes.observability)
@@ -97,7 +96,7 @@ def build_graph(
     g.add_conditional_edges("planner", nodes.route_after_planner)
     g.add_edge("executor", "evaluator")
     g.add_edge("replanner", "executor")
-    g.add_edge("answer_from_evidence", "mc_select")
+    g.add_edge("answer", "mc_select")
     g.add_edge("mc_select", "memory_writeback")
     g.add_edge("memory_writeback", "observability")
     g.add_edge("observability", END)
@@ -313,12 +312,6 @@ def run_agent(
     except GraphRecursionError as exc:
         state = _partial(state, ctx, f"graph recursion limit reached: {exc}")
     state["wall_s"] = round(time.perf_counter() - t0, 3)
-    if state.get("evidence"):  # evidence mode's result at the top level of --json
-        ev = state["evidence"]
-        for key in ("abstained", "grounded", "quotes", "audit_trail"):
-            state[key] = ev.get(key)
-        if state.get("choices"):
-            state["grounded"] = bool(ev.get("grounded")) and not ev.get("abstained")
     return _jsonable(state)
 
 
@@ -369,9 +362,8 @@ exit status: 0 answer printed; 1 run failed (LLM/provider error or RUN_TIMEOUT r
 partial research is printed); 2 bad input, a bad setting or an unusable provider configuration
 (unknown provider, missing API key, embedded model not installed, RERANKER=cross-encoder with a
 model that does not load), checked before any work: one line on stderr, nothing on stdout; 3 no
-answer (the request was rejected as a prompt injection; the research declined: no passages, none
-past the evidence gate, no step at the confidence threshold; or no parseable cited answer). An
-evidence-mode abstention is an answer (0, "abstained": true).
+answer (the request was rejected as a prompt injection, or the answer abstained: the question is
+off topic as asked, or no issue's research found a rule; "abstained": true and "why" in --json).
 """
 
 
@@ -409,8 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--mode",
         choices=["research", "evidence", "lean"],
-        help="ANSWER_MODE for this run: research = the issues researched and applied to the facts ([N] citations); evidence = only "
-        "verified verbatim quotes ([Qn]) or an explicit abstention, with an audit trail; lean "
+        help="ANSWER_MODE for this run: research = the issues researched and applied to the facts ([N] citations); evidence = the same, "
+        "each rule sentence first verified by the grounding gate (one more call per issue); lean "
         "(multiple choice only) = one retrieval, the LEAN_GATE on its evidence, one answer: at "
         "most 3 LLM calls",
     )
@@ -476,16 +468,16 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
         out(f"  ({letter}) {text}")
     out("=" * 78)
     out(result.get("final_cited_answer") or "(no answer)")
-    if result.get("evidence"):
-        out("")
-        out("AUDIT TRAIL")
-        out("  " + evidence.format_audit_block(result["evidence"]).replace("\n", "\n  "))
     record = result.get("answer") or {}
-    if record.get("citations") and not result.get("evidence"):
+    if record.get("citations"):
         out("")
         out("SOURCES")
         for c in record["citations"]:
             out(f'  [{c["n"]}] {c["title"] or "(untitled)"} ({c["passage_id"]}): "{c["support"]}"')
+    if record.get("quotes"):  # the evidence policy's grounding gate
+        verdicts = Counter(q["verdict"] for q in record["quotes"])
+        out("")
+        out("GROUNDING GATE: " + ", ".join(f"{v} {n}" for v, n in verdicts.most_common()))
     metrics = result.get("run_metrics") or {}
     if metrics:
         out("")
@@ -520,8 +512,6 @@ def main(argv: list[str] | None = None) -> int:
     install_log_redaction()  # request URLs in debug logs lose any user:password / ?key=
     if args.graph:
         print(build_graph().get_graph().draw_mermaid())
-        print("\n%% evidence mode: the stages of answer_from_evidence (evidence.py)")
-        print(evidence.build_evidence_graph().get_graph().draw_mermaid())
         return 0
     if args.clear_memory:
         try:

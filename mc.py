@@ -124,16 +124,6 @@ def content_words(text: str) -> set[str]:
     return {w for w in _WORD.findall(text.lower()) if w not in _STOP and len(w) > 1}
 
 
-NEAR_DUPLICATE_JACCARD = 0.8
-"""Two claims whose content-word sets overlap at least this much (Jaccard) say the same thing (in
-evidence.merge_claims)."""
-
-
-def near_duplicate(a: set[str] | frozenset[str], b: set[str] | frozenset[str]) -> bool:
-    """Whether two claims' content-word sets overlap at least ``NEAR_DUPLICATE_JACCARD``."""
-    return bool(a and b) and len(a & b) / len(a | b) >= NEAR_DUPLICATE_JACCARD
-
-
 def parse_mc_answer(
     text: str, choices: Mapping[str, str], letter_rule: str = "first"
 ) -> tuple[str | None, str]:

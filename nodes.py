@@ -487,7 +487,7 @@ def issue_research(state: AgentState, why_not: str) -> list[answer_stage.IssueRe
 
 
 @_traced("answer")
-def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]:
+def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """The one answer stage (``answer.build_record``): the typed answer record from each issue's
     research, or an abstention that says why.  An open question is declined when the passages
     retrieved for it as the user asked it stay below LEAN_GATE (off topic as asked: the research
@@ -497,11 +497,11 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]:
     choices = state.get("choices") or None
     if state.get("memory_hit"):
         record = memory_record(state, question, choices)
-        return _record_update(record), "memory hit", _after_answer(state, ctx)
+        return _record_update(record), "memory hit"
     if answer_mode(state, ctx) == "lean":  # zero research steps: the letter reads lean's search
         kind = answer_stage.question_kind(question, choices)
         record = answer_stage.AnswerRecord(kind, "", [], [], False, "lean mode: no research")
-        return _record_update(record), "lean: no research steps", "mc_select"
+        return _record_update(record), "lean: no research steps"
     decline = ""
     stop = state.get("stop_reason") or ""
     if not choices:
@@ -514,8 +514,9 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]:
             stop = decline
     why_not = stop or f"MAX_STEPS {ctx.settings.max_steps} reached"
     research = issue_research(state, why_not)
+    policy = "evidence" if answer_mode(state, ctx) == "evidence" else "research"
     record = answer_stage.build_record(
-        ctx.client, question, choices, research, ctx.embed, decline=decline
+        ctx.client, question, choices, research, ctx.embed, decline=decline, policy=policy
     )
     update = _record_update(record)
     if stop:
@@ -527,13 +528,7 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]:
         else f"{n} issue(s) answered, {len(record.citations)} citation(s)"
         + (f", bottom line {record.verdict}" if record.verdict else "")
     )
-    return update, decision, _after_answer(state, ctx)
-
-
-def _after_answer(state: AgentState, ctx: AgentContext) -> str:
-    if answer_mode(state, ctx) == "evidence" and not state.get("memory_hit"):
-        return "answer_from_evidence"
-    return "mc_select"
+    return update, decision
 
 
 def memory_record(
@@ -566,43 +561,6 @@ def _record_update(record: answer_stage.AnswerRecord) -> dict[str, Any]:
             for c in record.citations
         ],
     }
-
-
-@_traced("answer_from_evidence")
-def answer_from_evidence(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """Evidence mode: the answer is composed only from verbatim quotes of the passages the research
-    found that pass the grounding gate (``evidence.py``: retrieval floor, extraction, gate,
-    composition, review and revision), or an abstention."""
-    passages = [dict(p) for p in (state.get("passages") or {}).values()]
-    if passages:
-        rows = ctx.embed([state["question"], *[p["text"] for p in passages]])
-        first = [float(x) for x in rows[0]]
-        for p, row in zip(passages, rows[1:], strict=True):
-            p["dense_score"] = sum(a * float(b) for a, b in zip(first, row, strict=True))
-    choices = state.get("choices") or None
-    # An open question the answer stage declined is declined here too.
-    declined = state["answer"]["why"] if state.get("abstained") and not choices else None
-    result = ctx.answer_from_evidence(state["question"], passages, choices, declined)
-    verified = sum(1 for q in result.get("quotes") or [] if q.get("verified"))
-    decision = (
-        f"{'abstained' if result['abstained'] else 'grounded'}: {verified} verified quote(s), "
-        f"score {result.get('quality_score')}, {result.get('revisions', 0)} revision(s)"
-    )
-    record = {
-        **(state.get("answer") or {}),
-        "text": result["answer"],
-        "abstained": bool(result["abstained"]),
-        "why": "; ".join(result.get("missing_evidence") or []) if result["abstained"] else "",
-        "grounded": bool(result.get("grounded")),
-        "quotes": list(result.get("quotes") or []),
-    }
-    update = {
-        "evidence": result,
-        "answer": record,
-        "final_cited_answer": result["answer"],
-        "abstained": bool(result["abstained"]),
-    }
-    return update, decision
 
 
 def mc_passages(state: AgentState, extra: list[dict]) -> list[dict]:
@@ -703,7 +661,7 @@ def cache_blockers(state: AgentState, ctx: AgentContext) -> list[str]:
     record = state.get("answer") or {}
     if state.get("memory_hit"):
         why.append("answer came from memory")
-    if state.get("evidence"):
+    if answer_mode(state, ctx) == "evidence":
         why.append("evidence-mode answers are not cached")
     if not record or record.get("abstained") or not record.get("text"):
         why.append("no answer")

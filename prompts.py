@@ -43,10 +43,7 @@ SKILL_FIELDS: dict[str, frozenset[str]] = {
     "irac_ceiling": frozenset({"question", "passages"}),
     "mc_select": frozenset({"question", "choices", "evidence"}),
     "mc_select_strict": frozenset({"question", "choices", "evidence"}),
-    "extract_quotes": frozenset({"question", "passages"}),
-    "verify_quotes": frozenset({"question", "quotes"}),
-    "compose_from_quotes": frozenset({"question", "quotes", "feedback"}),
-    "review_answer": frozenset({"claims"}),
+    "verify_quotes": frozenset({"issue", "quotes"}),
     "grade_answer": frozenset({"question", "expectation", "answer"}),
     "grade_abstention": frozenset({"question", "answer"}),
     "hypothetical_passage": frozenset({"question"}),
@@ -265,6 +262,18 @@ class BottomLine(BaseModel):
     reason: str = Field(min_length=1, max_length=240)
 
 
+class QuoteVerdict(BaseModel):
+    n: int = Field(ge=1, le=8)
+    """The number of the sentence judged."""
+    verdict: Literal["ok", "other_doctrine", "incomplete"]
+
+
+class GateVerdicts(BaseModel):
+    """The grounding gate's verdicts (``skills/verify_quotes.md``): one per candidate rule sentence."""
+
+    verdicts: list[QuoteVerdict] = Field(min_length=1, max_length=8)
+
+
 class Irac(BaseModel):
     """The fact-pattern ceiling's one-call analysis (``skills/irac_ceiling.md``, eval only)."""
 
@@ -290,6 +299,7 @@ Role = Literal[
     "rewrite",
     "apply",
     "bottom_line",
+    "verify",
     "irac",
     "mc_select",
     "mc_select_strict",
@@ -315,6 +325,7 @@ CALLS: dict[Role, Call] = {
     "rewrite": Call("query_rewrite", Rewrite, 110),
     "apply": Call("apply_rule", Application, 200),
     "bottom_line": Call("bottom_line", BottomLine, 90),
+    "verify": Call("verify_quotes", GateVerdicts, 90),
     "irac": Call("irac_ceiling", Irac, 400),
     "mc_select": Call("mc_select", None, 200, max_tokens_api=500),
     "mc_select_strict": Call("mc_select_strict", None, 12),

@@ -1670,3 +1670,22 @@ def clear_memory(settings: Settings) -> int:
     n = int(col.count())
     get_client(s).delete_collection(col.name)
     return n
+
+
+def source_type(passage: Mapping[str, Any]) -> str:
+    """statute/rule, caselaw or study material, from the passage's id prefix and source name."""
+    pid = str(passage.get("id") or passage.get("idx") or "").lower()
+    src = str(passage.get("source") or "").lower()
+    if pid.startswith(("caselaw", "holding")) or "caselaw" in src or "holding" in src:
+        return "caselaw"
+    statute_prefixes = ("fre", "frcp", "frcmp", "usc", "const", "ucc", "cfr", "statute", "rule_")
+    if (
+        pid.startswith(statute_prefixes)
+        or "federal rules" in src
+        or "u.s.c" in src
+        or "constitution" in src
+        or src.endswith(":ucc")
+        or src.endswith(":fre")
+    ):
+        return "statute/rule"
+    return "study material"

@@ -141,9 +141,6 @@ class Settings:
     """0 = all cores."""
 
     # --- agent --------------------------------------------------------------------------------
-    evidence_floor: float = 0.39
-    """Evidence mode: a passage whose cosine to the question is below this never reaches quote
-    extraction (calibrated for the default embedder: benchmarks/bench_evidence.py floor)."""
     lean_gate: float = 0.33
     """Evidence gate (lean mode, and each research step): evidence whose best cosine to the question
     is below this is not used: lean answers closed-book, a research step is not synthesized.
@@ -237,7 +234,7 @@ class Settings:
                 "graph or combined"
             )
         for name in (
-            "memory_threshold", "evidence_floor", "lean_gate"
+            "memory_threshold", "lean_gate"
         ):  # fmt: skip
             value = getattr(self, name)
             if not -1.0 <= value <= 1.0:

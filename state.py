@@ -92,8 +92,8 @@ class AgentState(TypedDict, total=False):
     research_answer: str
     """The answer's text without the MC selection (what memory stores; "" when it abstained)."""
     abstained: bool
-    """The answer record's ``abstained`` (research: off topic as asked, or no issue found
-    evidence; evidence mode: no verified quote)."""
+    """The answer record's ``abstained``: off topic as asked, or no issue's research found a rule
+    (under the evidence policy: a rule the grounding gate verified)."""
     accumulated_context: Annotated[list[str], operator.add]
     iteration_count: int
     injection_check: dict[str, Any]
@@ -113,9 +113,6 @@ class AgentState(TypedDict, total=False):
     text, issues (rule, application, conclusion sentences with their citation numbers),
     citations, abstained and why, verdict, letter, grounded, quotes, guards.  The CLI, the exit
     code, the QA memory and the evals read it."""
-    evidence: dict[str, Any]
-    """Evidence mode's result: answer, abstained, grounded, quotes, requirement_references,
-    composition_confidence, quality_score, revisions, missing_evidence, audit_trail."""
     lean: dict[str, Any]
     """What the letter read from lean's retrieval (the question and its choices): route (rag or
     closed_book), evidence score, gate, passage ids, flagged passages."""
@@ -138,7 +135,6 @@ Node = Literal[
     "evaluator",
     "replanner",
     "answer",
-    "answer_from_evidence",
     "mc_select",
     "memory_writeback",
     "observability",

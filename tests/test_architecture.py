@@ -47,6 +47,6 @@ def test_nodes_depend_only_on_context_state_prompts_mc_answer_and_llm_errors():
 
 
 def test_library_modules_never_fall_back_to_process_wide_settings():
-    for name in ("rag_utils", "llm_config", "local_llm", "nodes", "context", "evidence", "mc"):
+    for name in ("rag_utils", "llm_config", "local_llm", "nodes", "context", "answer", "mc"):
         text = MODULES[name].read_text()
         assert "settings_or_current(" not in text and "get_settings()" not in text, name

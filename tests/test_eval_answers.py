@@ -1,5 +1,5 @@
-"""Phase-3 answer metrics: the open question set, citation counting for both answer styles,
-abstention, key-point coverage, quote validity, the grader, and run_answers over answer callables."""
+"""Phase-3 answer metrics: the open question set, citation counting over the record's sentences,
+key-point coverage, quote validity, the grader, and run_answers over answer callables."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 import eval_answers as ea
-from evidence import ABSTAIN_TEXT
+
+ABSTAIN_TEXT = "No answer: the sources hold nothing that answers this question (off topic)."
 
 REPO = Path(__file__).resolve().parent.parent
 STARTER = {
@@ -38,35 +39,18 @@ def test_open_question_set_is_complete_and_its_key_points_are_in_the_starter_cor
         )
 
 
-def test_citations_are_counted_in_research_and_evidence_answers():
-    research = (
-        "Rule: A plaintiff must prove duty and breach [Source 1].\n"
-        "Elements:\n"
-        "- Duty of care [Source 1][Source 2].\n"
-        "- Breach of the duty.\n"
-        "Application: The store owed reasonable care. [Query 2][Source 3]"
-    )
-    counts = ea.citation_counts(research)
-    assert counts == {"sentences": 4, "cited": 3, "valid": 3}
-    counts = ea.citation_counts(research, valid=["[Source 1]", "[Query 2][Source 3]"])
-    assert counts["valid"] == 2  # [Source 2] is not a valid reference here
-    evidence_answer = "Duty is required [Q1].\nBreach is required [Q1, Q3].\nNo citation here."
-    assert ea.citation_counts(evidence_answer, valid=["Q1", "Q2"]) == {
-        "sentences": 3,
-        "cited": 2,
-        "valid": 1,
-    }
-
-
-def test_abstention_is_read_from_the_flag_or_the_text():
-    assert ea.is_abstention({"answer": f"{ABSTAIN_TEXT}\nMissing: x."})
-    assert ea.is_abstention({"answer": "No answer: the research found no passages."})
-    assert not ea.is_abstention({"answer": "The rule is X [Source 1]."})
-    assert not ea.is_abstention({"answer": ABSTAIN_TEXT, "abstained": False})
+def test_citations_are_counted_over_the_records_sentences():
+    sentences = [
+        {"text": "A plaintiff must prove duty and breach.", "passage_ids": ["p1"]},
+        {"text": "Duty of care is met: the store invited her.", "passage_ids": ["p1", "p9"]},
+        {"text": "Breach of the duty.", "passage_ids": []},
+    ]
+    counts = ea.citation_counts(sentences, {"p1": "...", "p2": "..."})
+    assert counts == {"sentences": 3, "cited": 2, "valid": 1}  # p9 was never retrieved
 
 
 def test_key_point_coverage_and_quote_validity():
-    answer = "An acceptance is effective when it is dispatched [Q1]. Rejections matter [Q2]."
+    answer = "An acceptance is effective when it is dispatched [1]. Rejections matter [2]."
     hits = ea.key_point_hits(
         answer,
         [
@@ -77,9 +61,9 @@ def test_key_point_coverage_and_quote_validity():
     )
     assert hits == [True, False, False]
     quotes = [
-        {"id": "Q1", "passage_id": "p", "text": "effective when dispatched", "verified": True},
-        {"id": "Q2", "passage_id": "p", "text": "invented words", "verified": True},
-        {"id": "Q3", "passage_id": "p", "text": "unverified", "verified": False},
+        {"passage_id": "p", "text": "effective when dispatched", "verdict": "ok"},
+        {"passage_id": "p", "text": "invented words", "verdict": "ok"},
+        {"passage_id": "p", "text": "about another doctrine", "verdict": "other_doctrine"},
     ]
     assert ea.quote_validity(quotes, {"p": "An acceptance is effective when dispatched."}) == (1, 2)
 
@@ -101,7 +85,7 @@ def test_grader_sees_the_expectation_and_returns_the_grade():
     items = {i["id"]: i for i in ea.load_open_questions()}
     grader = FakeGrader('{"grade": "B", "reason": "one element missing"}')
     out = ea.grade_answer(
-        grader, items["in_mailbox_rule"], "Acceptance is effective on dispatch [Q1]."
+        grader, items["in_mailbox_rule"], "Acceptance is effective on dispatch [1]."
     )
     assert out == {"grade": "B", "reason": "one element missing"}
     assert "effective only on receipt" in grader.prompts[0]
@@ -119,25 +103,23 @@ def test_run_answers_scores_every_mode_with_intervals():
     ]
 
     def research(question: str) -> dict:
+        text = "An acceptance is effective when dispatched."
         return {
-            "answer": "Rule: An acceptance is effective when dispatched [Source 1].",
+            "answer": f"Rule: {text} [1]",
+            "abstained": False,
+            "sentences": [{"text": text, "passage_ids": ["p"]}],
             "llm_calls": 4,
         }
 
     def evidence_mode(question: str) -> dict:
         if "H-1B" in question or "burglary" in question:
             return {"answer": f"{ABSTAIN_TEXT}\nMissing: a rule.", "abstained": True, "quotes": []}
+        text = "An acceptance is effective when dispatched."
         return {
-            "answer": "An acceptance is effective when dispatched [Q1].",
+            "answer": f"Rule: {text} [1]",
             "abstained": False,
-            "quotes": [
-                {
-                    "id": "Q1",
-                    "passage_id": "p",
-                    "text": "effective when dispatched",
-                    "verified": True,
-                }
-            ],
+            "sentences": [{"text": text, "passage_ids": ["p"]}],
+            "quotes": [{"passage_id": "p", "text": "effective when dispatched", "verdict": "ok"}],
             "passages": {"p": "An acceptance is effective when dispatched."},
             "llm_calls": 4,
         }

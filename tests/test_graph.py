@@ -354,7 +354,7 @@ def test_no_issue_with_evidence_declines_plainly_and_is_not_cached(tmp_settings)
     )
     record = result["answer"]
     assert record["abstained"] is True
-    assert record["why"].startswith("no issue's research found a passage on its doctrine")
+    assert record["why"].startswith("no issue's research found a rule on its doctrine")
     assert result["final_cited_answer"].startswith("No answer: the sources hold nothing")
     assert result["run_metrics"]["has_answer"] is False
     assert memory.writes == [] and "apply" not in script.roles()
@@ -478,19 +478,34 @@ def test_planted_passage_never_reaches_a_prompt(tmp_settings):
     assert "planted" not in {c["passage_id"] for c in result["answer"]["citations"]}
 
 
-def test_evidence_mode_runs_its_quote_stage_after_the_answer_stage(tmp_settings):
-    """Evidence mode's verified-quote policy reads the research's passages after the answer
-    stage; here no sentence is worth quoting, so it abstains, and the record says so."""
-    replies = fact_replies(evidence_extract=[J(sentences=[])])
+def test_evidence_mode_quotes_only_rules_the_grounding_gate_verified(tmp_settings):
+    """Under the evidence policy each issue's candidate rule sentences go to the grounding gate
+    first: only a verified one is quoted; an issue with none has no evidence; no extra node."""
+    ok_first = J(verdicts=[{"n": 1, "verdict": "ok"}] + [{"n": n, "verdict": "other_doctrine"} for n in (2, 3, 4)])  # fmt: skip
+    none_ok = J(verdicts=[{"n": n, "verdict": "other_doctrine"} for n in (1, 2, 3, 4)])
+    replies = fact_replies(verify=[ok_first, none_ok], apply=[APPLY])
     result, script, memory, _ = run(tmp_settings, replies, answer_mode="evidence")
-    assert nodes_run(result)[-5:] == [
-        "answer", "answer_from_evidence", "mc_select", "memory_writeback", "observability",
-    ]  # fmt: skip
-    assert result["evidence"]["abstained"] is True
-    assert result["answer"]["abstained"] is True
-    assert result["answer"]["text"] == result["final_cited_answer"]
-    assert result["run_metrics"]["has_answer"] is False
+    assert script.roles() == ["classify", "plan", "verify", "apply", "verify", "bottom_line"]
+    assert nodes_run(result)[-4:] == ["answer", "mc_select", "memory_writeback", "observability"]
+    record = result["answer"]
+    status = {i["issue"]: i for i in record["issues"]}
+    assert status["Comparative negligence"]["status"] == "no_evidence"
+    assert "grounding gate" in status["Comparative negligence"]["why"]
+    verified = [q["text"] for q in record["quotes"] if q["verdict"] == "ok"]
+    rules = [s["text"] for s in status["Negligence"]["sentences"] if s["role"] == "rule"]
+    assert rules == verified[:1] and len(verified) == 1
+    assert {q["issue"] for q in record["quotes"]} == {"Negligence", "Comparative negligence"}
+    assert record["abstained"] is False and record["grounded"] is True
     assert memory.writes == []  # evidence answers are never cached
+
+
+def test_evidence_mode_abstains_when_the_gate_reply_is_unusable(tmp_settings):
+    """A gate reply that cannot be read verifies nothing: no rule is quoted unjudged."""
+    replies = fact_replies(verify=["no json here", "still none"], apply=[], bottom_line=[])
+    result, script, *_ = run(tmp_settings, replies, answer_mode="evidence")
+    record = result["answer"]
+    assert record["abstained"] is True and record["guards"]["unparsed_verdicts"] == 2
+    assert result["run_metrics"]["has_answer"] is False
 
 
 # ------------------------------------------------------------------------------------------------
@@ -561,7 +576,7 @@ def test_search_strategy_setting_forces_one_type_for_every_step(tmp_settings):
 
 def test_graph_is_one_graph_with_one_answer_stage():
     mermaid = main.build_graph().get_graph().draw_mermaid()
-    for node in ("planner", "executor", "evaluator", "replanner", "answer", "answer_from_evidence", "mc_select"):  # fmt: skip
+    for node in ("planner", "executor", "evaluator", "replanner", "answer", "mc_select"):
         assert node in mermaid
 
 
@@ -580,7 +595,7 @@ def test_studio_graphs_accept_the_servers_empty_context(factory, tmp_settings, m
     ctx = fake_context(settings, client=client, retrieve=FakeRetriever(LAW, ranked=True))
     monkeypatch.setattr(nodes, "default_context", lambda: ctx)
     out = factory().invoke({"global_objective": FACTS, "question": FACTS}, context={})
-    assert script.roles()[:3] == ["classify", "plan", "apply"]
+    assert script.roles()[:2] == ["classify", "plan"]
     assert out["run_metrics"]["steps_completed"] == 2
 
 
