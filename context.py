@@ -74,6 +74,9 @@ class AgentContext:
     link_issues: Callable[[str, list[str]], list[str]] | None = None
     """(question, the model's issues) -> the research agenda: the issues merged with the doctrines
     the question links to in the legal taxonomy, one item per claim (None: the model's issues)."""
+    unknown_terms: Callable[[str], list[str]] | None = None
+    """text -> its words that no passage of the corpus uses (``Bm25Index.unknown_terms``); None:
+    no check (every word counts as known)."""
     evidence_score: ConfidenceFn | None = None
     """(question, passages) -> the evidence gate's score, the highest question-passage cosine
     (``rag_utils.evidence_score``); None: computed with ``embed``."""
@@ -152,6 +155,7 @@ class AgentContext:
             retrieve=retrieve,
             confidence=confidence,
             evidence_score=evidence_score,
+            unknown_terms=lambda text: rag_utils.get_bm25(settings).unknown_terms(text),
             embed=embed,
             check_memory=check_memory,
             write_memory=write_memory,

@@ -223,6 +223,25 @@ def candidate_doctrines(ctx: AgentContext, question: str) -> list[str]:
     return out
 
 
+def off_topic(ctx: AgentContext, question: str) -> str:
+    """Why an open question is off topic as asked ("" when it is not), checked before any
+    research (which searches the doctrines the model names, and can turn gibberish into a legal
+    topic): a rule question that uses words no passage of the corpus uses ("copyright", "ERISA":
+    the sources cannot state its rule), or a question whose every sentence's closest passages
+    score below LEAN_GATE."""
+    rule_question = answer_stage.question_kind(question, None) == "rule_question"
+    unknown = ctx.unknown_terms(question) if ctx.unknown_terms and rule_question else []
+    if unknown:
+        return f"{OFF_TOPIC}: no source uses the words {', '.join(unknown[:5])}"
+    score = ctx.off_topic_score(question)
+    if score is not None:
+        return (
+            f"{OFF_TOPIC}: the passages closest to the question as asked score {score:.2f}, "
+            f"below LEAN_GATE {ctx.settings.lean_gate:.2f}"
+        )
+    return ""
+
+
 @_traced("planner")
 def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """QA memory first (a hit ends the research; a multiple-choice question still gets its letter
@@ -248,6 +267,10 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
             },
             f"memory hit (similarity {hit.get('similarity', 0):.3f})",
         )
+    decline = "" if state.get("choices") else off_topic(ctx, question)
+    if decline:  # nothing to research: the answer stage declines and says why
+        update = {"memory_hit": False, "decline": decline, "stop_reason": decline}
+        return update, f"declined: {decline}"
     candidates = candidate_doctrines(ctx, question)
     listed = "\n".join(f"- {c}" for c in candidates) or "(none)"
     result = prompts.call(ctx.client, "plan", objective=question, candidates=listed)
@@ -489,10 +512,9 @@ def issue_research(state: AgentState, why_not: str) -> list[answer_stage.IssueRe
 @_traced("answer")
 def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """The one answer stage (``answer.build_record``): the typed answer record from each issue's
-    research, or an abstention that says why.  An open question is declined when the passages
-    retrieved for it as the user asked it stay below LEAN_GATE (off topic as asked: the research
-    searched the issues the model named, which can turn gibberish into a legal topic), or when no
-    issue's research found evidence; never because one step failed."""
+    research, or an abstention that says why.  An open question is declined when the planner
+    found it off topic as asked (:func:`off_topic`), or when no issue's research found evidence;
+    never because one step failed."""
     question = state["question"]
     choices = state.get("choices") or None
     if state.get("memory_hit"):
@@ -502,16 +524,8 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         kind = answer_stage.question_kind(question, choices)
         record = answer_stage.AnswerRecord(kind, "", [], [], False, "lean mode: no research")
         return _record_update(record), "lean: no research steps"
-    decline = ""
+    decline = state.get("decline") or ""
     stop = state.get("stop_reason") or ""
-    if not choices:
-        off_topic = ctx.off_topic_score(question)
-        if off_topic is not None:
-            decline = (
-                f"{OFF_TOPIC}: the passages closest to the question as asked score "
-                f"{off_topic:.2f}, below LEAN_GATE {ctx.settings.lean_gate:.2f}"
-            )
-            stop = decline
     why_not = stop or f"MAX_STEPS {ctx.settings.max_steps} reached"
     research = issue_research(state, why_not)
     policy = "evidence" if answer_mode(state, ctx) == "evidence" else "research"
@@ -783,5 +797,5 @@ def route_after_injection(state: AgentState) -> Literal["classifier", "answer", 
 
 
 def route_after_planner(state: AgentState) -> Literal["executor", "answer"]:
-    """A memory hit skips the research."""
-    return "answer" if state.get("memory_hit") else "executor"
+    """A memory hit, or a question declined as off topic, skips the research."""
+    return "answer" if state.get("memory_hit") or state.get("decline") else "executor"

@@ -1045,6 +1045,12 @@ def bm25_tokenize(texts: Sequence[str]) -> list[list[str]]:
     return bm25s.tokenize(list(texts), stopwords="en", return_ids=False, show_progress=False)
 
 
+MIN_VOCABULARY_PASSAGES = 100
+"""Below this many passages a collection's vocabulary is too small to say a word is off topic."""
+TERM_PREFIX = 8
+"""Letters of a word's stem compared when asking whether the corpus uses it."""
+
+
 @dataclass
 class Bm25Index:
     """A bm25s index over every passage of a collection; ``ids[i]`` is document ``i``."""
@@ -1053,6 +1059,7 @@ class Bm25Index:
     ids: list[str]
     count: int
     _rows: dict[str, int] | None = None
+    _prefixes: frozenset[str] | None = None
 
     def row(self, pid: str) -> int | None:
         """Document number of passage ``pid`` (None when it is not indexed)."""
@@ -1119,6 +1126,29 @@ class Bm25Index:
 
     def top(self, query: str, n: int) -> list[tuple[str, float]]:
         return self.top_of(self.scores(query), n)
+
+    def unknown_terms(self, text: str) -> list[str]:
+        """The words of ``text`` that no passage of the collection uses: its words (bm25s's longer
+        English stop-word list and bare numbers left out) whose Snowball stem (at most :data:`TERM_PREFIX`
+        letters of it) starts no indexed word's stem ("owes" and "mailed" are known from "owe"
+        and "mailbox"; "copyright" is not, in the starter corpus).  Empty for a collection of
+        fewer than :data:`MIN_VOCABULARY_PASSAGES` passages, whose vocabulary says little."""
+        import snowballstemmer
+
+        stem = snowballstemmer.stemmer("english").stemWord
+        if self._prefixes is None:
+            stems = {stem(w) for w in self.retriever.vocab_dict}
+            self._prefixes = frozenset(
+                {w[:TERM_PREFIX] for w in stems}
+                | {w[:k] for w in stems for k in range(3, min(len(w), TERM_PREFIX) + 1)}
+            )
+        if self.count < MIN_VOCABULARY_PASSAGES:
+            return []
+        words = _bm25s().tokenize(
+            [text], stopwords="en_plus", return_ids=False, show_progress=False
+        )
+        tokens = [t for t in words[0] if not t.isdigit()]
+        return list(dict.fromkeys(t for t in tokens if stem(t)[:TERM_PREFIX] not in self._prefixes))
 
     def top_of(self, sc: Any, n: int) -> list[tuple[str, float]]:
         """The ``n`` best (id, score) of one row of :meth:`scores_many` (positive scores only)."""

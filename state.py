@@ -121,6 +121,9 @@ class AgentState(TypedDict, total=False):
     fallbacks: Annotated[list[str], operator.add]
     """Where a node fell back because a model reply was unusable (such research is not cached)."""
     error: str | None
+    decline: str
+    """Why the planner declined an open question as off topic before any research ("" or absent:
+    it did not)."""
     stop_reason: str
     run_metrics: dict[str, Any]
     trace: Annotated[list[TraceEvent], operator.add]

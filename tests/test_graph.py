@@ -272,7 +272,8 @@ def test_a_fact_pattern_gets_rule_application_conclusion_and_bottom_line(tmp_set
                 passage = next(d for d in LAW if d["id"] == by_n[s["cites"][0]]["passage_id"])
                 assert s["text"] in passage["text"]
     # The step's queries carry the issue's name and the facts that raise it.
-    queries = " ".join(retriever.calls[2][0])  # [0]: the planner's candidates; [1]: step 1
+    step_queries = [" ".join(q) for q, *_ in retriever.calls if "negligence" in " ".join(q)]
+    queries = next(q for q in step_queries if "Comparative negligence" in q)
     assert "Comparative negligence" in queries and "reading her phone" in queries
     # SOURCES: only the passages the answer cites.
     assert {s["id"] for s in result["sources"]} == {c["passage_id"] for c in record["citations"]}
@@ -313,7 +314,7 @@ def test_a_step_below_the_gate_gets_another_angle_before_it_is_given_up(tmp_sett
     result, script, _, retriever = run(
         tmp_settings,
         fact_replies(),
-        evidence_score=lambda q, docs: next(scores, 0.9),
+        evidence_score=lambda q, docs: next(scores, 0.9) if "rule and elements" in q else 0.9,
         lean_gate=0.5,
         search_strategy="auto",
     )
@@ -335,7 +336,10 @@ def test_one_issue_without_evidence_does_not_decline_the_question(tmp_settings):
     scores = iter([0.1, 0.9, 0.1, 0.9])  # Negligence misses the gate at both angles
     replies = fact_replies(apply=[COMPARE])
     result, *_ = run(
-        tmp_settings, replies, evidence_score=lambda q, docs: next(scores, 0.9), lean_gate=0.5
+        tmp_settings,
+        replies,
+        evidence_score=lambda q, docs: next(scores, 0.9) if "rule and elements" in q else 0.9,
+        lean_gate=0.5,
     )
     record = result["answer"]
     assert record["abstained"] is False
@@ -362,8 +366,9 @@ def test_no_issue_with_evidence_declines_plainly_and_is_not_cached(tmp_settings)
 
 
 def test_a_question_off_topic_as_asked_is_declined_however_the_issues_were_named(tmp_settings):
-    """The model can name a legal issue for gibberish; the question as asked decides."""
-    replies = {"classify": [J(query_type="simple")], "plan": [J(issues=["Negligence"])]}
+    """The model could name a legal issue for gibberish; the question as asked decides, before
+    any research."""
+    replies = {"classify": [J(query_type="simple")]}
     result, script, memory, _ = run(
         tmp_settings,
         replies,
@@ -374,7 +379,37 @@ def test_a_question_off_topic_as_asked_is_declined_however_the_issues_were_named
     assert result["answer"]["abstained"] is True
     assert result["answer"]["why"].startswith("off topic")
     assert result["stop_reason"].startswith("off topic")
-    assert "apply" not in script.roles() and memory.writes == []
+    assert script.roles() == ["classify"] and memory.writes == []
+    assert result["planning_table"] == []
+
+
+def test_a_rule_question_in_words_no_source_uses_is_declined_before_research(tmp_settings):
+    """ "What are the four fair use factors in copyright law?" against a corpus that never says
+    "copyright": the sources cannot state its rule, however close its generic words score."""
+    replies = {"classify": [J(query_type="simple")]}
+    settings = tmp_settings.replace(llm_max_retries=0, skip_injection_check=True)
+    script = Script(replies)
+    client = LLMClient(settings, llm_factory=lambda role: ScriptedChat(role=role, script=script))
+    vocabulary = {"four", "fair", "factors", "law", "negligence"}
+    ctx = fake_context(
+        settings,
+        client=client,
+        retrieve=FakeRetriever(LAW, ranked=True),
+        unknown_terms=lambda text: [w for w in _words(text) if w not in vocabulary | STOPWORDS],
+        evidence_score=lambda q, docs: 0.9,
+    )
+    result = main.run_agent(
+        "What are the four fair use factors in copyright law?", None, context=ctx
+    )
+    assert result["answer"]["abstained"] is True
+    assert (
+        "no source uses the words" in result["answer"]["why"]
+        and "copyright" in result["answer"]["why"]
+    )
+    assert script.roles() == ["classify"]
+    # A fact pattern's names and objects are not the subject: the same check never declines one.
+    result = main.run_agent(FACTS, None, context=ctx)
+    assert not (result.get("decline") or "")
 
 
 def test_a_passage_about_another_doctrine_is_never_an_issues_rule(tmp_settings):

@@ -726,3 +726,18 @@ def test_dense_search_is_exact_and_the_same_in_every_run(loaded, monkeypatch):
     # above the limit the HNSW index answers, with the same interface
     monkeypatch.setattr(rag_utils, "EXACT_SEARCH_MAX_PASSAGES", 0)
     assert [len(r) for r in store.query_ids(rank_vecs, 5)] == [5, 5, 5]
+
+
+def test_unknown_terms_are_the_words_no_passage_uses_matched_by_stem(monkeypatch):
+    texts = [
+        "Under the mailbox rule an acceptance is effective on dispatch.",
+        "A landowner owes an invitee reasonable care.",
+    ]
+    index = rag_utils.Bm25Index.build(["p1", "p2"], texts)
+    assert index.unknown_terms("What is copyright?") == []  # two passages say nothing of a topic
+    monkeypatch.setattr(rag_utils, "MIN_VOCABULARY_PASSAGES", 2)
+    assert index.unknown_terms("What duty does a landowner owe to invitees?") == ["duty"]
+    assert index.unknown_terms("Is an acceptance mailed effective?") == []
+    assert index.unknown_terms("What are the fair use factors in copyright law, under 17 USC 107?") == [
+        "fair", "use", "factors", "copyright", "law", "usc",
+    ]  # fmt: skip
