@@ -328,11 +328,15 @@ def requirements(sentences: Sequence[str]) -> list[str]:
     return out[:MAX_REQUIREMENTS]
 
 
-def apply_rule(client: Any, issue: str, reqs: Sequence[str], facts: str) -> list[Check] | None:
-    """The ``apply`` call: for each requirement, the stated fact that decides it (None:
-    unusable).  A reply cut off at its token budget keeps its complete checks."""
+def apply_rule(
+    client: Any, issue: str, reqs: Sequence[str], facts: Sequence[str]
+) -> list[Check] | None:
+    """The ``apply`` call: for each requirement, the number of the stated fact that decides it
+    (None: unusable).  The model answers with numbers, never rewrites a fact, and its reply stays
+    short; a reply cut off at its token budget keeps its complete checks."""
     numbered = "\n".join(f"{n}. {r}" for n, r in enumerate(reqs, 1))
-    result = prompts.call(client, "apply", issue=issue, rule=numbered, facts=facts)
+    listed = "\n".join(f"F{n}. {f}" for n, f in enumerate(facts, 1))
+    result = prompts.call(client, "apply", issue=issue, rule=numbered, facts=listed)
     parsed = result.parsed
     if parsed is None and result.finish_reason == "length":
         parsed = complete_checks(result.text)
@@ -341,8 +345,24 @@ def apply_rule(client: Any, issue: str, reqs: Sequence[str], facts: str) -> list
     checks: dict[int, Check] = {}
     for f in parsed.checks:
         if 1 <= f.n <= len(reqs) and f.n not in checks:
-            checks[f.n] = Check(requirement=reqs[f.n - 1], fact=f.fact, met=f.met)
+            fact = _fact_text(f.fact, facts)
+            met = "unclear" if fact == NOT_STATED_FACT else f.met
+            checks[f.n] = Check(requirement=reqs[f.n - 1], fact=fact, met=met)
     return [checks[n] for n in sorted(checks)] or None
+
+
+NOT_STATED_FACT = "not stated"
+
+
+def _fact_text(ref: int | str, facts: Sequence[str]) -> str:
+    """The fact a check names: the numbered fact sentence ("F2", 2), the model's own words, or
+    :data:`NOT_STATED_FACT` (0, out of range, or empty)."""
+    text = str(ref).strip()
+    number = text.upper().removeprefix("F")
+    if number.isdigit():
+        n = int(number)
+        return facts[n - 1] if 1 <= n <= len(facts) else NOT_STATED_FACT
+    return text[:120] or NOT_STATED_FACT
 
 
 def complete_checks(text: str) -> Application | None:
@@ -466,9 +486,7 @@ def build_record(
             rule = select_rule(query, docs, embed)
         applied = None
         if kind != "rule_question" and facts:
-            applied = apply_rule(
-                client, item.issue, requirements([s for _, s in rule]), " ".join(facts)
-            )
+            applied = apply_rule(client, item.issue, requirements([s for _, s in rule]), facts)
             if applied is not None and not raised(applied):
                 guards["not_raised"] += 1
                 issues.append(

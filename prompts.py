@@ -237,14 +237,17 @@ class Check(BaseModel):
     :class:`Finding` and the requirement it numbers)."""
 
     requirement: str = Field(min_length=1)
-    fact: str = Field(min_length=1, max_length=120)
+    fact: str = Field(min_length=1)
+    """The fact sentence as the user wrote it, or the model's words for it (at most 120 characters)."""
     met: Met
 
 
 class Finding(BaseModel):
     n: int = Field(ge=1, le=6)
     """The number of the requirement it decides."""
-    fact: str = Field(min_length=1, max_length=120)
+    fact: int | str
+    """The number of the fact sentence that decides it (0: no stated fact); words are taken as
+    the fact itself."""
     met: Met
 
 
@@ -323,7 +326,7 @@ CALLS: dict[Role, Call] = {
     "classify": Call("classify_and_route", Classification, 20),
     "plan": Call("plan_synthesis", Plan, 80),
     "rewrite": Call("query_rewrite", Rewrite, 110),
-    "apply": Call("apply_rule", Application, 200),
+    "apply": Call("apply_rule", Application, 100),
     "bottom_line": Call("bottom_line", BottomLine, 90),
     "verify": Call("verify_quotes", GateVerdicts, 90),
     "irac": Call("irac_ceiling", Irac, 400),

@@ -112,10 +112,26 @@ def test_a_record_with_nothing_to_stand_on_abstains_and_says_why(tmp_settings):
 def test_cut_off_application_reply_is_used(tmp_settings):
     cut = CutOff('{"checks": [{"n": 1, "fact": "handcuffed", "met": "no"}, {"req')  # fmt: skip
     client, _ = scripted_client(tmp_settings, {"apply": [cut]})
-    got = answer.apply_rule(client, "Search incident to arrest", ["within reaching distance"], "f")
+    got = answer.apply_rule(
+        client, "Search incident to arrest", ["within reaching distance"], ["f"]
+    )
     assert (
         got is not None and got[0].met == "no" and got[0].requirement == "within reaching distance"
     )
+
+
+def test_a_check_names_its_fact_by_number_and_a_check_without_one_is_not_met(tmp_settings):
+    reply = json.dumps({"checks": [{"n": 1, "fact": 2, "met": "no"}, {"n": 2, "fact": 0, "met": "yes"}, {"n": 3, "fact": "F9", "met": "yes"}]})  # fmt: skip
+    client, script = scripted_client(tmp_settings, {"apply": [reply]})
+    long = " after a long chase through three counties that ended when his car ran out of gas"
+    facts = ["Police arrested Dan.", "They locked him in the patrol car" + long * 2 + "."]
+    got = answer.apply_rule(
+        client, "Search incident to arrest", ["reach", "arrest", "search"], facts
+    )
+    assert [(c.fact, c.met) for c in got] == [
+        (facts[1], "no"), ("not stated", "unclear"), ("not stated", "unclear"),
+    ]  # fmt: skip
+    assert "F1. Police arrested Dan.\nF2. They locked him" in script.prompts("apply")[0]
 
 
 def test_requirements_are_the_rules_own_clauses():

@@ -186,7 +186,7 @@ CHOICES = {
 }
 APPLY = J(
     checks=[
-        {"n": 1, "fact": "the milk was left for two hours", "met": "yes"},
+        {"n": 1, "fact": 2, "met": "yes"},
         {"n": 2, "fact": "she was hurt", "met": "yes"},
     ]
 )  # fmt: skip
@@ -262,7 +262,8 @@ def test_a_fact_pattern_gets_rule_application_conclusion_and_bottom_line(tmp_set
     assert record["verdict"] == "yes" and record["grounded"] is True
     text = result["final_cited_answer"]
     assert "Bottom line: Yes. the store breached its duty to an invitee" in text
-    assert "met: the milk was left for two hours" in text
+    assert "met: Store employees had seen the puddle two hours earlier and left it there." in text
+    assert "F2. Store employees had seen the puddle" in script.prompts("apply")[0]
     # Every legal sentence cites; a rule is quoted verbatim from its passage.
     by_n = {c["n"]: c for c in record["citations"]}
     for issue in record["issues"]:
