@@ -722,8 +722,10 @@ def memory_writeback(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
 
 def worst_case_calls(settings: Any, *, choices: bool = True, injection: bool = False) -> int:
     """The most LLM calls one question can take: classify and plan; one application per
-    researched issue and the bottom line; the MC call and its strict retry."""
-    return 2 + settings.max_steps + 1 + (2 if choices else 0) + int(injection)
+    researched issue (and, in evidence mode, one grounding-gate call) and the bottom line; the MC
+    call and its strict retry."""
+    per_issue = 2 if settings.answer_mode == "evidence" else 1
+    return 2 + per_issue * settings.max_steps + 1 + (2 if choices else 0) + int(injection)
 
 
 def compute_metrics(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
