@@ -476,12 +476,15 @@ def score_fact_pattern(
     cited = {pid for s in sentences for pid in s["passage_ids"]}
     verdict = None if abstained else verdict_of(result)
     hits = conclusion_hits(item, str(result.get("answer") or "")) if not abstained else []
-    misgrounded = sum(
-        1
-        for s in sentences
-        if s["passage_ids"]
-        and not any(p in gold or same_doctrine(p, gold) for p in s["passage_ids"])
-    )
+    def on_gold(ids: Sequence[str]) -> bool:
+        return any(p in gold or same_doctrine(p, gold) for p in ids)
+
+    misgrounded = [s for s in sentences if s["passage_ids"] and not on_gold(s["passage_ids"])]
+    # An issue the fact pattern raises: one of its sentences cites a gold passage or one on the
+    # same doctrine.  A misgrounded sentence under any other issue is there because an issue the
+    # facts do not raise was answered, not because a sentence cites the wrong passage for its issue.
+    raised = {s.get("issue") for s in sentences if s["passage_ids"] and on_gold(s["passage_ids"])}
+    off_agenda = [s for s in misgrounded if s.get("issue") not in raised]
     return {
         "id": item["id"],
         "mode": mode,
@@ -499,7 +502,8 @@ def score_fact_pattern(
         "verdict_correct": verdict == item["answer"],
         "sentences": len(sentences),
         "uncited_sentences": sum(1 for s in sentences if not s["passage_ids"]),
-        "misgrounded_sentences": misgrounded,
+        "misgrounded_sentences": len(misgrounded),
+        "misgrounded_off_agenda": len(off_agenda),
         "llm_calls": result.get("llm_calls"),
         "seconds": round(seconds, 3),
         "answer": str(result.get("answer") or ""),
@@ -527,6 +531,7 @@ def summarize_facts(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, An
             "misgrounded_sentences": _share(
                 sum(r["misgrounded_sentences"] for r in rs), sum(r["sentences"] for r in rs)
             ),
+            "misgrounded_off_agenda": sum(r.get("misgrounded_off_agenda", 0) for r in rs),
             "judge_a_or_b": _share(sum(r["grade"] in ("A", "B") for r in graded), len(graded)),
             "llm_calls_per_question": _mean(
                 [float(r["llm_calls"]) for r in rs if r.get("llm_calls") is not None]

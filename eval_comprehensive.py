@@ -862,11 +862,16 @@ def agent_answer_fn(
 
 
 def record_sentences(state: Mapping[str, Any]) -> list[dict]:
-    """The answer record's legal sentences with the passage ids each cites."""
+    """The answer record's legal sentences with the issue each answers and the passage ids it
+    cites."""
     record = state.get("answer") or {}
     ids = {c["n"]: c["passage_id"] for c in record.get("citations") or []}
     return [
-        {"text": s["text"], "passage_ids": [ids[n] for n in s.get("cites") or [] if n in ids]}
+        {
+            "text": s["text"],
+            "issue": issue["issue"],
+            "passage_ids": [ids[n] for n in s.get("cites") or [] if n in ids],
+        }
         for issue in record.get("issues") or []
         for s in issue.get("sentences") or []
     ]
@@ -1037,8 +1042,31 @@ def answers_main(argv: Sequence[str], *, llm_factory: Callable[[str], Any] | Non
     )
     if rc:
         return rc
-    human = json.dumps(summary["answers"], indent=2, default=str)
+    human = answers_table(summary["answers"])
     return ec.print_summary(summary, as_json=args.json, human=human, results_dir=args.results_dir)
+
+
+def answers_table(by_mode: Mapping[str, Mapping[str, Any]]) -> str:
+    """Phase 3's summary as a table: one row per metric, one column per mode; a share reads
+    ``k/n rate (95% CI)``, a mean ``mean (95% CI)``."""
+
+    def cell(value: Any) -> str:
+        if isinstance(value, dict) and "k" in value:
+            if not value["n"]:
+                return "—"
+            lo, hi = value["ci95"]
+            return f"{value['k']}/{value['n']} {value['rate']:.2f} ({lo:.2f}–{hi:.2f})"
+        if isinstance(value, dict) and "mean" in value:
+            return "—" if value["mean"] is None else f"{value['mean']:.2f}"
+        return "—" if value in (None, {}) else str(value)
+
+    modes = list(by_mode)
+    metrics = [m for m in dict.fromkeys(k for v in by_mode.values() for k in v)]
+    rows = [[m, *(cell(by_mode[mode].get(m)) for mode in modes)] for m in metrics]
+    widths = [max(len(r[i]) for r in [["metric", *modes], *rows]) for i in range(len(modes) + 1)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(["metric", *modes], widths, strict=True))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------------
