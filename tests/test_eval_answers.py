@@ -165,3 +165,19 @@ def test_interleaving_takes_the_categories_in_turn_so_a_short_run_covers_each():
     assert order == ["a0", "b0", "c0", "a1", "b1", "a2"]
     first = ea.interleave_categories(ea.load_open_questions())[:4]
     assert {it["category"] for it in first} == set(ea.CATEGORIES)
+
+
+def test_phase3_table_has_a_row_per_metric_and_a_column_per_mode():
+    import eval_comprehensive
+
+    share = {"k": 3, "n": 16, "rate": 0.1875, "ci95": [0.066, 0.43]}
+    table = eval_comprehensive.answers_table(
+        {
+            "research": {"gold_cited": share, "uncited_sentences": 0},
+            "ceiling": {"gold_cited": share},
+        }
+    )
+    head, gold, uncited = table.splitlines()
+    assert head.split() == ["metric", "research", "ceiling"]
+    assert gold.split()[:3] == ["gold_cited", "3/16", "0.19"] and "(0.07–0.43)" in gold
+    assert uncited.split() == ["uncited_sentences", "0", "—"]
