@@ -12,8 +12,9 @@ stage writes the answer a user reads, in the shape of a bar essay:
   it applies and names its fact.
 - **Conclusion** — per issue, from the requirements: every requirement met, the rule applies; one
   failed, it does not; otherwise it turns on facts the question does not state.
-- **Bottom line** — one call (``skills/bottom_line.md``) that answers the question as asked from
-  the issues' conclusions ("yes", "no" or "unclear" and why), cited to the rules it rests on.
+- **Bottom line** — for a yes/no question, one call (``skills/bottom_line.md``) that answers it as
+  asked from the issues' conclusions ("yes", "no" or "unclear" and why), cited to the rules it
+  rests on.  The answer to a "which ..." question is the issues themselves.
 
 Under the **evidence policy** (``ANSWER_MODE=evidence``) each rule sentence must also pass the
 grounding gate (``skills/verify_quotes.md``): one call per issue asks, for each candidate sentence,
@@ -308,6 +309,10 @@ def _conclusion(issue: str, outcome: Met, checks: Sequence[Check], cites: list[i
 
 _ENUMERATION = re.compile(r"\(\d+\)\s*")
 MAX_REQUIREMENTS = 4
+_HEADING_PREFIX = re.compile(r"^[^:;]+:\s+(?=\S)")
+HEADING_PREFIX_WORDS = 10
+"""A passage's opening "Doctrine name: ..." of at most this many words is its heading, not part of
+a requirement."""
 _TRAILING_CONJUNCTION = re.compile(r"[;,]?\s*\b(?:and|or)\s*$")
 
 
@@ -321,6 +326,9 @@ def requirements(sentences: Sequence[str]) -> list[str]:
         items = parts[1:] if len(parts) > 2 else sentence.split(";")
         for item in items:
             item = _TRAILING_CONJUNCTION.sub("", " ".join(item.split())).strip(" ;,.")
+            head = _HEADING_PREFIX.match(item)  # "Due process in discipline: Students have ..."
+            if head and len(head.group(0).split()) <= HEADING_PREFIX_WORDS:
+                item = item[head.end() :]
             for lead in ("and ", "or "):
                 item = item.removeprefix(lead)
             if len(item.split()) >= 2:
@@ -515,18 +523,18 @@ def build_record(
     verdict = None
     tail: list[Sentence] = []
     applied_issues = [i for i in answered if i.outcome is not None]
-    if kind == "fact_pattern" and applied_issues:
+    # A yes/no question gets a bottom line; the answer to "Which rights were violated, and what
+    # must she show?" is the issues themselves, each with its rule and conclusion.
+    if kind == "fact_pattern" and applied_issues and asks_yes_or_no(asked):
         findings = "\n".join(_finding(i) for i in applied_issues)
         line = bottom_line(client, asked, findings)
         all_cites = sorted({n for i in applied_issues for s in i.sentences for n in s.cites})
         if line is None:
             guards["unparsed_bottom_line"] += 1
-        elif asks_yes_or_no(asked):
+        else:
             verdict = line.answer
             head = {"yes": "Yes", "no": "No", "unclear": "Unclear"}[line.answer]
             tail.append(Sentence(f"{head}. {_clean(line.reason)}.", "bottom_line", all_cites))
-        else:  # "Which rights were violated?": the reason is the answer
-            tail.append(Sentence(f"{_clean(line.reason)}.", "bottom_line", all_cites))
     record = AnswerRecord(
         kind, "", issues, citations.items, False, verdict=verdict, quotes=quotes, guards=guards
     )

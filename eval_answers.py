@@ -476,6 +476,7 @@ def score_fact_pattern(
     cited = {pid for s in sentences for pid in s["passage_ids"]}
     verdict = None if abstained else verdict_of(result)
     hits = conclusion_hits(item, str(result.get("answer") or "")) if not abstained else []
+
     def on_gold(ids: Sequence[str]) -> bool:
         return any(p in gold or same_doctrine(p, gold) for p in ids)
 

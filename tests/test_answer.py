@@ -143,6 +143,8 @@ def test_requirements_are_the_rules_own_clauses():
         "a duty of care owed to the plaintiff", "breach of that duty", "actual cause",
         "actual damages, such as physical injury",
     ]  # fmt: skip
+    headed = "Due process in school discipline: Students have a property interest in education."
+    assert answer.requirements([headed]) == ["Students have a property interest in education"]
     assert answer.requirements(["A licensee must be warned of known dangers; no duty to inspect."]) == [
         "A licensee must be warned of known dangers", "no duty to inspect",
     ]  # fmt: skip
@@ -184,3 +186,20 @@ def test_an_issue_no_stated_fact_bears_on_is_named_not_answered(tmp_settings):
 )
 def test_only_a_yes_or_no_question_gets_a_yes_or_no_bottom_line(asked, yes_no):
     assert answer.asks_yes_or_no(asked) is yes_no
+
+
+def test_a_which_question_is_answered_by_its_issues_without_a_bottom_line(tmp_settings):
+    """ "Which rights were violated?" takes no yes or no: each issue's rule and conclusion is the
+    answer, and no model call restates them."""
+    apply = json.dumps({"checks": [{"n": 1, "fact": 2, "met": "no"}]})
+    client, script = scripted_client(tmp_settings, {"apply": [apply]})
+    question = FACTS.replace(
+        "Can he get the cocaine suppressed?", "Which of his rights did the search violate?"
+    )
+    record = answer.build_record(
+        client, question, None, [answer.IssueResearch("Search incident to arrest", [GANT])], EMBED
+    )
+    assert script.roles() == ["apply"] and record.verdict is None
+    assert (
+        "Bottom line" not in record.text and "Conclusion: Search incident to arrest" in record.text
+    )
