@@ -326,7 +326,7 @@ CALLS: dict[Role, Call] = {
     "classify": Call("classify_and_route", Classification, 20),
     "plan": Call("plan_synthesis", Plan, 80),
     "rewrite": Call("query_rewrite", Rewrite, 110),
-    "apply": Call("apply_rule", Application, 100),
+    "apply": Call("apply_rule", Application, 160),
     "bottom_line": Call("bottom_line", BottomLine, 90),
     "verify": Call("verify_quotes", GateVerdicts, 90),
     "irac": Call("irac_ceiling", Irac, 400),
