@@ -160,8 +160,9 @@ class Settings:
     The embedded 1.5B model needs ~100 s for the multi_hop demo on 2 cores; 600 leaves room for a
     slower laptop and bounds a hung endpoint (5 attempts x 60 s + backoff per call)."""
     answer_mode: str = "research"
-    """research = the answer is the cited research ([Source N] per claim); evidence = the answer is
-    composed only from verified verbatim quotes ([Qn]), or the agent abstains (evidence.py)."""
+    """research = per issue the rule quoted from its passages ([N] citations), its application to
+    the facts and a conclusion; evidence = the same, each rule sentence first verified by the
+    grounding gate; lean = multiple choice from one retrieval, no research (answer.py)."""
     search_strategy: str = "auto"
     """auto = each step searches as its plan says; dense | keyword | hybrid | graph | combined
     forces one search type for every step (for evaluation)."""
