@@ -1080,17 +1080,25 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Phase 1: retrieval metrics (Recall@1/5/10, MRR, nDCG@10) over items whose gold passage "
             "is in the store. Phase 2: MC accuracy per mode (llm_only, rag, lean: one retrieval, "
-            "the evidence gate, one answer; pipeline, gold_passage, evidence: the agent in evidence mode, with coverage = share grounded and accuracy on "
-            "the grounded items) with bootstrap CIs and McNemar tests. Results go to eval_results/<run-id>/."
+            "the evidence gate, one answer; pipeline: the agent; evidence: the agent in evidence "
+            "mode, with coverage = share grounded and accuracy on the grounded items; "
+            "gold_passage) with bootstrap CIs and McNemar tests. Results go to "
+            "eval_results/<run-id>/."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(
+            "subcommands (each has its own --help):\n"
+            "  answers     phase 3: open answers and fact patterns (abstention, citations, "
+            "conclusions)\n"
+            "  injection   the prompt-injection check's detection and false-positive rates\n"
+            "\n"
             "examples:\n"
             "  python eval_comprehensive.py retrieval\n"
             "  python eval_comprehensive.py both 40 --qa ../shared/data/qa/barexam_dev.jsonl "
             "--passages ../shared/data/corpus/passages.jsonl\n"
             "  python eval_comprehensive.py pipeline 20 --modes llm_only,rag --run-id trial\n"
-            "  python eval_comprehensive.py --resume trial"
+            "  python eval_comprehensive.py --resume trial\n"
+            "  python eval_comprehensive.py answers --facts --split report"
         ),
     )
     p.add_argument(
@@ -1181,13 +1189,13 @@ def prepare_items(args: argparse.Namespace, settings: Settings) -> tuple[list[di
     gold ids), take the first N."""
 
     qa_path = Path(args.qa) if args.qa else ec.default_qa_path()
+    items = ec.load_qa(qa_path)  # a missing or broken QA file stops here, before any indexing
     if args.passages:
         passages = load_corpus.read_passages(args.passages)
         added = load_corpus.load_passages(passages, settings=settings)
         logger.info("indexed %s: %d passages (%d new)", args.passages, len(passages), added)
     else:
         load_corpus.ensure_starter_index(settings)
-    items = ec.load_qa(qa_path)
     if any(ec.gold_ids(it) for it in items):
         with_gold, without = ec.split_by_gold_in_store(items, settings)
         if without:

@@ -492,11 +492,17 @@ def test_a_trace_traces_the_research_even_when_the_memory_holds_the_answer(
     assert not case["memory_hit"] and case["steps"], case
 
 
-def test_a_missing_qa_file_leaves_no_empty_run_folder(env, capsys):
-    argv = ["retrieval", "2", "--qa", str(env / "nope.jsonl"), "--results-dir", str(env / "res")]
-    assert eval_comprehensive.main(argv) == 2
-    assert "QA file not found" in capsys.readouterr().err
-    assert not (env / "res").exists() or not any((env / "res").iterdir())
+def test_a_missing_qa_file_is_reported_before_any_indexing(env, capsys, monkeypatch):
+    def no_indexing(*args, **kwargs):
+        raise AssertionError("indexed before the QA file was read")
+
+    monkeypatch.setattr(eval_comprehensive.load_corpus, "load_passages", no_indexing)
+    monkeypatch.setattr(eval_comprehensive.load_corpus, "ensure_starter_index", no_indexing)
+    for extra in ([], ["--passages", str(PASSAGES)]):
+        argv = ["retrieval", "2", "--qa", str(env / "nope.jsonl"), "--results-dir", str(env / "res"), *extra]  # fmt: skip
+        assert eval_comprehensive.main(argv) == 2
+        assert "QA file not found" in capsys.readouterr().err
+        assert not (env / "res").exists() or not any((env / "res").iterdir())
 
 
 def test_reranker_comparison_refuses_n_below_one(env, capsys):
