@@ -163,6 +163,7 @@ class AgentContext:
                 "dense": with_reranker("none"),
                 "keyword": with_reranker("bm25"),
                 "hybrid": with_reranker("hybrid"),
+                "hybrid+keyword": fuse_searches(with_reranker("hybrid"), with_reranker("bm25")),
                 "graph": graph("graph"),
                 "combined": graph("combined"),
             },
@@ -294,3 +295,13 @@ def default_context() -> AgentContext:
                 logger.info("built the starter index: %d passages", added)
             _default = AgentContext.from_settings(settings)
         return _default
+
+
+def fuse_searches(*searches: Retriever) -> Retriever:
+    """One search whose ranking is the ``searches``' rankings merged by reciprocal rank fusion
+    (``rag_utils.rrf_merge``)."""
+
+    def search(queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[dict]:
+        return rag_utils.rrf_merge([f(queries, k, exclude_ids) for f in searches], k)
+
+    return search

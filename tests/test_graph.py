@@ -309,8 +309,8 @@ def test_issues_beyond_max_steps_are_reported_as_not_answered(tmp_settings):
 
 
 def test_a_step_below_the_gate_gets_another_angle_before_it_is_given_up(tmp_settings):
-    """The first angle (hybrid) misses the evidence gate; the retry searches BM25 over the
-    issue's names and facts, and its passages answer the issue."""
+    """The first angle (hybrid and BM25, fused) misses the evidence gate; the retry searches BM25
+    over the issue's names and facts joined, and its passages answer the issue."""
     scores = iter([0.1, 0.9, 0.9, 0.9])
     result, script, _, retriever = run(
         tmp_settings,
@@ -321,8 +321,8 @@ def test_a_step_below_the_gate_gets_another_angle_before_it_is_given_up(tmp_sett
     )
     table = result["planning_table"]
     assert [(s["issue"], s["status"], s["strategy"]["search_type"]) for s in table] == [
-        ("Negligence", "failed", "hybrid"),
-        ("Comparative negligence", "completed", "hybrid"),
+        ("Negligence", "failed", "hybrid+keyword"),
+        ("Comparative negligence", "completed", "hybrid+keyword"),
         ("Negligence", "completed", "keyword"),
     ]
     assert table[2]["phase"] == "retry"
@@ -647,3 +647,14 @@ def test_studio_default_context_indexes_the_starter_corpus(tmp_path, monkeypatch
     assert rag_utils.corpus_count(ctx.settings) > 200
     assert context.default_context() is ctx
     monkeypatch.setattr(context, "_default", None)
+
+
+def test_fused_search_keeps_what_either_search_ranks_high():
+    """A step's first angle: hybrid and BM25 merged, so a passage only BM25 finds (a doctrine's
+    name dense search misreads) is among the step's passages."""
+    from context import fuse_searches
+
+    hybrid = lambda queries, k, exclude: [{"id": i} for i in ("a", "b", "c")][:k]  # noqa: E731
+    keyword = lambda queries, k, exclude: [{"id": i} for i in ("z", "a")][:k]  # noqa: E731
+    got = [d["id"] for d in fuse_searches(hybrid, keyword)(["Shopkeeper's privilege"], 3, [])]
+    assert got[0] == "a" and "z" in got and len(got) == 3
