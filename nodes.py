@@ -252,6 +252,22 @@ def off_topic(ctx: AgentContext, question: str) -> str:
     return ""
 
 
+def picked_issues(picks: list[int | str], candidates: list[str]) -> list[str]:
+    """The agenda the plan call picked: a number is that candidate (with the other names it
+    carries in parentheses, which become its queries); a name is kept as written, or as the
+    candidate it names ("Offer" for "Offer (Firm offer (UCC 2-205))")."""
+    by_name = {c.split("(")[0].strip().lower(): c for c in candidates}
+    out = []
+    for pick in picks:
+        text = " ".join(str(pick).split())
+        if text.isdigit():
+            if 1 <= int(text) <= len(candidates):
+                out.append(candidates[int(text) - 1])
+        elif text:
+            out.append(by_name.get(text.lower(), text))
+    return list(dict.fromkeys(out))
+
+
 @_traced("planner")
 def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """QA memory first (a hit ends the research; a multiple-choice question still gets its letter
@@ -282,13 +298,9 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         update = {"memory_hit": False, "decline": decline, "stop_reason": decline}
         return update, f"declined: {decline}"
     candidates = candidate_doctrines(ctx, question)
-    listed = "\n".join(f"- {c}" for c in candidates) or "(none)"
+    listed = "\n".join(f"{n}. {c}" for n, c in enumerate(candidates, 1)) or "(none)"
     result = prompts.call(ctx.client, "plan", objective=question, candidates=listed)
-    # A picked candidate keeps the doctrine names it carries in parentheses (its queries): the
-    # model copies "Offer (Firm offer (UCC 2-205))" as "Offer".
-    full = {c.split("(")[0].strip().lower(): c for c in candidates}
-    named = [" ".join(i.split()) for i in (result.parsed.issues if result.parsed else [])]
-    issues = list(dict.fromkeys(full.get(i.lower(), i) for i in named if i))
+    issues = picked_issues(result.parsed.issues if result.parsed else [], candidates)
     fallbacks = []
     if not issues:
         fallbacks.append("planner: no issues named (the linked doctrines are researched)")

@@ -224,9 +224,9 @@ SEARCH_TYPES: tuple[SearchType, ...] = ("hybrid", "dense", "keyword", "graph", "
 
 
 class Plan(BaseModel):
-    issues: list[str] = Field(min_length=1, max_length=4)
-    """The legal issues the objective raises, each named as a doctrine, most important first:
-    the research agenda (one research step each)."""
+    issues: list[int | str] = Field(min_length=1, max_length=4)
+    """The legal issues the objective raises, most important first, each the number of a
+    candidate doctrine (or a doctrine's name): the research agenda (one research step each)."""
 
 
 Met = Literal["yes", "no", "unclear"]

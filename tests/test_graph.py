@@ -658,3 +658,14 @@ def test_fused_search_keeps_what_either_search_ranks_high():
     keyword = lambda queries, k, exclude: [{"id": i} for i in ("z", "a")][:k]  # noqa: E731
     got = [d["id"] for d in fuse_searches(hybrid, keyword)(["Shopkeeper's privilege"], 3, [])]
     assert got[0] == "a" and "z" in got and len(got) == 3
+
+
+def test_the_plan_picks_candidates_by_number_and_keeps_the_names_they_carry():
+    candidates = ["Freedom of speech (Student speech)", "Free Exercise Clause", "Offer (Firm offer (UCC 2-205))"]  # fmt: skip
+    assert nodes.picked_issues([2, 1, 2, 9], candidates) == [
+        "Free Exercise Clause", "Freedom of speech (Student speech)",
+    ]  # fmt: skip
+    # a name is kept, as the candidate it names when there is one
+    assert nodes.picked_issues(["offer", "Consideration"], candidates) == [
+        "Offer (Firm offer (UCC 2-205))", "Consideration",
+    ]  # fmt: skip
