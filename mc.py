@@ -7,11 +7,10 @@ Letter extraction (:func:`parse_mc_answer`), in order:
 
 1. ``answer_format`` — an explicit marker: ``**Answer: (B)**``, ``Answer: B``, ``the answer is (B)``,
    ``correct choice is B``, or a reply that is only a letter (``B``, ``(B)``, ``B.``). Of several
-   markers the first wins (``MC_LETTER=first``, the default: the letter the prompt asks for on the
-   first line) or the last (``MC_LETTER=last``: the conclusion after the element check).  The
-   embedded 1.5B model often labels its per-choice lines with the marker (``**Answer: (C)** C
-   fails ...``), so its last marker is only the last choice it discussed; where its first and last
-   letters differed on barexam_dev, the first was right 9 times and the last once.
+   markers the first wins: the letter the prompt asks for on the first line.  The embedded 1.5B
+   model often labels its per-choice lines with the marker (``**Answer: (C)** C fails ...``), so
+   its last marker is only the last choice it discussed; where its first and last letters
+   differed on barexam_dev, the first was right 9 times and the last once.
 2. ``choice_text`` — the reply quotes the full text of exactly one choice.
 3. ``word_overlap`` — the reply's last line shares most content words with exactly one choice
    (>= 60% of that choice's words and a clear margin over the next).
@@ -124,11 +123,9 @@ def content_words(text: str) -> set[str]:
     return {w for w in _WORD.findall(text.lower()) if w not in _STOP and len(w) > 1}
 
 
-def parse_mc_answer(
-    text: str, choices: Mapping[str, str], letter_rule: str = "first"
-) -> tuple[str | None, str]:
-    """(letter or None, strategy) extracted from a reply; letters outside ``choices`` are ignored.
-    ``letter_rule`` (``first`` or ``last``) picks among several answer markers (``MC_LETTER``)."""
+def parse_mc_answer(text: str, choices: Mapping[str, str]) -> tuple[str | None, str]:
+    """(letter or None, strategy) extracted from a reply; letters outside ``choices`` are ignored;
+    of several answer markers, the first."""
     valid = {k.upper() for k in choices}
     reply = (text or "").strip()
     if not reply:
@@ -136,7 +133,7 @@ def parse_mc_answer(
     markers = [m.group(1).upper() for m in _MARKER.finditer(reply)]
     markers = [m for m in markers if m in valid]
     if markers:
-        return markers[-1 if letter_rule == "last" else 0], "answer_format"
+        return markers[0], "answer_format"
     bare = _BARE.match(reply)
     if bare and bare.group(1).upper() in valid:
         return bare.group(1).upper(), "answer_format"
@@ -165,8 +162,7 @@ def select_answer(
     choices: Mapping[str, str],
     evidence: str | None,
 ) -> MCResult:
-    """Pick a letter with one LLM call (plus one strict retry when no letter can be parsed); of
-    several answer markers in the reply, the client's ``MC_LETTER`` setting picks the first or last.
+    """Pick a letter with one LLM call (plus one strict retry when no letter can be parsed).
 
     ``evidence`` is plain text (numbered passages); it is quoted as data in the prompt.  LLM
     transport errors (``llm_config.LLMCallError``) propagate to the caller.
@@ -176,14 +172,12 @@ def select_answer(
         "choices": format_choices(choices),
         "evidence": prompts.quote("evidence", evidence) if evidence else NO_EVIDENCE,
     }
-    settings = getattr(client, "settings", None)
-    rule = getattr(settings, "mc_letter", "first")
     result = prompts.call(client, "mc_select", **values)
-    letter, strategy = parse_mc_answer(result.text, choices, rule)
+    letter, strategy = parse_mc_answer(result.text, choices)
     if letter is not None:
         return MCResult(letter, strategy, result.text)
     logger.info("mc_select: no letter in the reply; retrying with the strict format")
     retry = prompts.call(client, "mc_select_strict", **values)
-    letter, strategy = parse_mc_answer(retry.text, choices, rule)
+    letter, strategy = parse_mc_answer(retry.text, choices)
     text = f"{result.text}\n\n[strict retry] {retry.text}"
     return MCResult(letter, strategy, text, retried=True, parse_failed=letter is None)

@@ -145,14 +145,6 @@ class Settings:
     """Evidence gate (lean mode, and each research step): evidence whose best cosine to the question
     is below this is not used: lean answers closed-book, a research step is not synthesized.
     0 = never gate.  Calibrated on barexam_dev by ``benchmarks/bench_agent.py gate``."""
-    mc_letter: str = "first"
-    """Which of several answer markers in a multiple-choice reply is the answer: ``first`` (the
-    letter ``skills/mc_select.md`` asks for on the reply's first line) or ``last`` (the closing
-    line's, after the element check).  On barexam_dev the embedded 1.5B model's check mostly
-    drifts: where the two letters differed, the first was right 9 times and the last once
-    (``eval_comprehensive.py`` replies, README).  A model that reasons before it concludes may
-    want ``last``: compare both with ``eval_comprehensive.py pipeline --modes llm_only`` (the
-    second run replays the first one's cached replies: no LLM calls, a paired comparison)."""
     skip_injection_check: bool = False
     run_timeout: float = 600.0
     """Seconds a whole question may take (0 = no limit).  Research stops early enough that a
@@ -225,8 +217,6 @@ class Settings:
             raise SettingsError(
                 f"RERANKER={self.reranker!r}: use auto, cross-encoder, hybrid or none"
             )
-        if self.mc_letter not in {"first", "last"}:
-            raise SettingsError(f"MC_LETTER={self.mc_letter!r}: use first or last")
         if self.answer_mode not in {"research", "evidence", "lean"}:
             raise SettingsError(f"ANSWER_MODE={self.answer_mode!r}: use research, evidence or lean")
         if self.search_strategy not in {"auto", "dense", "keyword", "hybrid", "graph", "combined"}:

@@ -42,29 +42,15 @@ def test_parse_mc_answer(reply, letter, strategy):
 
 
 @pytest.mark.parametrize(
-    ("reply", "first", "last"),
+    ("reply", "first"),
     [
         # the 1.5B model labels its per-choice lines with the marker: the last is the last choice
-        (
-            "**Answer: (B)** B meets the rule. **Answer: (C)** C fails. **Answer: (D)** D too.",
-            "B",
-            "D",
-        ),
-        ("**Answer: (A)**\nRule: x\n(B) fails duty\n(C) meets all\n**Answer: (C)**", "A", "C"),
-        ("**Answer: (C)**\nRule: x\n**Answer: (C)**", "C", "C"),
+        ("**Answer: (B)** B meets the rule. **Answer: (C)** C fails. **Answer: (D)** D too.", "B"),
+        ("**Answer: (A)**\nRule: x\n(B) fails duty\n(C) meets all\n**Answer: (C)**", "A"),
     ],
 )
-def test_mc_letter_picks_the_first_or_the_last_marker(reply, first, last):
+def test_of_several_answer_markers_the_first_is_the_letter(reply, first):
     assert mc.parse_mc_answer(reply, CHOICES) == (first, "answer_format")
-    assert mc.parse_mc_answer(reply, CHOICES, "first") == (first, "answer_format")
-    assert mc.parse_mc_answer(reply, CHOICES, "last") == (last, "answer_format")
-
-
-def test_select_answer_follows_the_mc_letter_setting(tmp_settings):
-    reply = "**Answer: (B)** B meets the rule.\n**Answer: (D)** D fails it."
-    for rule, letter in (("first", "B"), ("last", "D")):
-        client, _ = _client(tmp_settings.replace(mc_letter=rule), [reply])
-        assert mc.select_answer(client, "Q?", CHOICES, None).letter == letter
 
 
 def test_letters_outside_the_choices_are_ignored():

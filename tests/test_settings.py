@@ -34,7 +34,6 @@ def test_environment_overrides_defaults_and_flags_override_environment():
         ({"RERANKER": "colbert"}, "RERANKER"),
         ({"LEAN_GATE": "3"}, "LEAN_GATE"),
         ({"MAX_STEPS": "0"}, "MAX_STEPS"),
-        ({"MC_LETTER": "middle"}, "MC_LETTER"),
     ],
 )
 def test_bad_values_name_the_variable(env, fragment):
