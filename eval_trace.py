@@ -338,7 +338,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mode",
         choices=["research", "evidence"],
-        help="ANSWER_MODE: evidence shows the grounding gate's verdict on each candidate rule sentence too",
+        default="research",
+        help="answer mode traced (default research, for multiple-choice items too, where the "
+        "product's default answers lean); evidence shows the grounding gate's verdict on each "
+        "candidate rule sentence too",
     )
     p.add_argument("--json", action="store_true", help="print the case studies as JSON")
     p.add_argument("-v", "--verbose", action="store_true")

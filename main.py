@@ -346,7 +346,7 @@ settings (environment variables or .env; a flag above wins over its variable):
   MAX_STEPS (3)           issues researched (one step each; the rest are named as not answered)
   MAX_ITERATIONS (6)      executor runs per question (hard cap)
   SKIP_INJECTION_CHECK    1 = skip the LLM injection check (the regex pre-screen still runs)
-  ANSWER_MODE (research)  research | evidence (--mode)
+  ANSWER_MODE (auto)      auto | research | evidence | lean (--mode); auto = lean with choices
   SEARCH_STRATEGY (auto)  auto | dense | keyword | hybrid | graph | combined (--strategy)
   RETRIEVAL_K (5)         passages per research step
   MEMORY_THRESHOLD (0.92) cosine at which a cached answer (QA memory) is reused
@@ -400,8 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-iterations", type=int, help="MAX_ITERATIONS for this run")
     parser.add_argument(
         "--mode",
-        choices=["research", "evidence", "lean"],
-        help="ANSWER_MODE for this run: research = the issues researched and applied to the facts ([N] citations); evidence = the same, "
+        choices=["auto", "research", "evidence", "lean"],
+        help="ANSWER_MODE for this run: auto (default) = lean for a multiple-choice question, research for any other; research = the issues researched and applied to the facts ([N] citations); evidence = the same, "
         "each rule sentence first verified by the grounding gate (one more call per issue); lean "
         "(multiple choice only) = one retrieval, the LEAN_GATE on its evidence, one answer: at "
         "most 3 LLM calls",

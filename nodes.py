@@ -170,7 +170,11 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     ``prescreen_only`` when the model's verdict was unavailable)."""
     text = state.get("global_objective", "")
     check = ctx.check_injection(text)
-    update: dict[str, Any] = {"injection_check": dict(check)}
+    # the run's answer mode, resolved once (ANSWER_MODE=auto: lean with choices, else research)
+    update: dict[str, Any] = {
+        "injection_check": dict(check),
+        "answer_mode": answer_mode(state, ctx),
+    }
     if not check["is_safe"]:
         update["final_cited_answer"] = ctx.rejection_message(check)
         update["stop_reason"] = "injection"
@@ -426,8 +430,12 @@ AnswerRoute = Literal["executor", "replanner", "answer"]
 
 
 def answer_mode(state: AgentState, ctx: AgentContext) -> str:
-    """research or evidence: the run's input may choose, else ANSWER_MODE."""
-    return state.get("answer_mode") or ctx.settings.answer_mode
+    """research, evidence or lean: the run's input may choose, else ANSWER_MODE; auto is lean for
+    a multiple-choice question and research for any other."""
+    mode = state.get("answer_mode") or ctx.settings.answer_mode
+    if mode == "auto":  # chosen by measurement: README, "Which mode answers which question"
+        return "lean" if state.get("choices") else "research"
+    return mode
 
 
 def _retried(state: AgentState, step: PlanStep) -> bool:

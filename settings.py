@@ -151,8 +151,9 @@ class Settings:
     multiple-choice letter can still be picked; the run then ends with what it has and says why.
     The embedded 1.5B model needs ~100 s for the multi_hop demo on 2 cores; 600 leaves room for a
     slower laptop and bounds a hung endpoint (5 attempts x 60 s + backoff per call)."""
-    answer_mode: str = "research"
-    """research = per issue the rule quoted from its passages ([N] citations), its application to
+    answer_mode: str = "auto"
+    """auto = lean for a multiple-choice question, research for any other (chosen by measurement:
+    README, "Which mode answers which question"); research = per issue the rule quoted from its passages ([N] citations), its application to
     the facts and a conclusion; evidence = the same, each rule sentence first verified by the
     grounding gate; lean = multiple choice from one retrieval, no research (answer.py)."""
     search_strategy: str = "auto"
@@ -217,8 +218,10 @@ class Settings:
             raise SettingsError(
                 f"RERANKER={self.reranker!r}: use auto, cross-encoder, hybrid or none"
             )
-        if self.answer_mode not in {"research", "evidence", "lean"}:
-            raise SettingsError(f"ANSWER_MODE={self.answer_mode!r}: use research, evidence or lean")
+        if self.answer_mode not in {"auto", "research", "evidence", "lean"}:
+            raise SettingsError(
+                f"ANSWER_MODE={self.answer_mode!r}: use auto, research, evidence or lean"
+            )
         if self.search_strategy not in {"auto", "dense", "keyword", "hybrid", "graph", "combined"}:
             raise SettingsError(
                 f"SEARCH_STRATEGY={self.search_strategy!r}: use auto, dense, keyword, hybrid, "

@@ -106,7 +106,7 @@ class AgentState(TypedDict, total=False):
     flagged_passages: Annotated[list[dict[str, Any]], operator.add]
     """Retrieved passages dropped because their text carries instructions (injection screen):
     {"id", "patterns"}."""
-    answer_mode: Literal["research", "evidence", "lean"]
+    answer_mode: Literal["auto", "research", "evidence", "lean"]
     """How the answer is made (ANSWER_MODE; a Studio run may set it in its input)."""
     answer: dict[str, Any]
     """The answer record (``answer.AnswerRecord.to_dict()``), decided once by the answer stage:

@@ -456,7 +456,9 @@ def test_a_multiple_choice_letter_reads_the_analysis_and_leans_retrieval(tmp_set
         "apply": [J(checks=[{"n": 1, "fact": "suspended for her speech", "met": "yes"}])],
         "mc_select": ["**Answer: (C)**"],
     }  # fmt: skip
-    result, script, memory, retriever = run(tmp_settings, replies, question=q, choices=CHOICES)
+    result, script, memory, retriever = run(
+        tmp_settings, replies, question=q, choices=CHOICES, answer_mode="research"
+    )
     assert result["answer"]["kind"] == "multiple_choice" and result["answer"]["letter"] == "C"
     prompt = script.prompts("mc_select")[0]
     assert "may not punish a student's speech" in prompt  # the research's passage
@@ -473,7 +475,9 @@ def test_memory_hit_skips_the_research_and_a_letter_is_still_picked(tmp_settings
     cached = {"id": "neg", "title": "Negligence elements", "text": LAW[0]["text"], "ref": "[1]"}
     memory = Memory({"question": "q", "answer": "Cached answer [1].", "confidence": 0.7, "similarity": 0.99, "sources": [cached]})  # fmt: skip
     replies = {"classify": [J(query_type="simple")], "mc_select": ["**Answer: (B)**"]}
-    result, script, memory, _ = run(tmp_settings, replies, memory=memory, choices=CHOICES)
+    result, script, memory, _ = run(
+        tmp_settings, replies, memory=memory, choices=CHOICES, answer_mode="research"
+    )
     assert result["memory_hit"] is True and result["mc_answer"]["letter"] == "B"
     assert "executor" not in nodes_run(result)
     assert "Cached answer" in script.prompts("mc_select")[0]
@@ -577,14 +581,22 @@ def test_worst_case_call_budget(tmp_settings):
         mc_select=["no letter"],
         mc_select_strict=["still none"],
     )
-    result, script, *_ = run(tmp_settings, replies, choices=CHOICES, max_steps=3)
+    result, script, *_ = run(
+        tmp_settings, replies, choices=CHOICES, max_steps=3, answer_mode="research"
+    )
     assert len(script.calls) <= nodes.worst_case_calls(settings)
 
 
 def test_run_deadline_stops_research_early_and_still_picks_a_letter(tmp_settings):
     replies = fact_replies(apply=[APPLY], bottom_line=[], mc_select=["**Answer: (A)**"])
     replies["plan"] = [J(issues=["Negligence", "Comparative negligence"])]
-    result, *_ = run(tmp_settings, replies, choices=CHOICES, run_timeout=nodes.MC_RESERVE_S / 2)
+    result, *_ = run(
+        tmp_settings,
+        replies,
+        choices=CHOICES,
+        run_timeout=nodes.MC_RESERVE_S / 2,
+        answer_mode="research",
+    )
     assert result["stop_reason"].startswith("deadline")
     assert result["run_metrics"]["steps_completed"] == 1
     assert result["mc_answer"]["letter"] == "A"

@@ -143,10 +143,12 @@ def _context(tmp_settings, replies, **changes):
     return ctx, script
 
 
-def test_lean_mode_is_a_route_through_the_graph_with_zero_research_steps(tmp_settings):
+@pytest.mark.parametrize("mode", ["lean", "auto"])
+def test_lean_mode_is_a_route_through_the_graph_with_zero_research_steps(tmp_settings, mode):
+    """Lean, and the default (auto) for a multiple-choice question: zero research steps."""
     ctx, script = _context(
         tmp_settings, ['{"verdict": "safe", "reason": "a legal question"}', "**Answer: (A)**"],
-        lean_gate=0.6, skip_injection_check=False, retrieval_k=2, answer_mode="lean",
+        lean_gate=0.6, skip_injection_check=False, retrieval_k=2, answer_mode=mode,
     )  # fmt: skip
     events: list[dict] = []
     result = main.run_agent(QUESTION, CHOICES, context=ctx, on_event=events.append)
