@@ -53,6 +53,7 @@ def test_planted_passage_is_flagged_and_the_letter_is_unchanged(tmp_settings):
         skip_injection_check=True,
         llm_max_retries=1,
         run_timeout=0,
+        answer_mode="research",  # the research steps' screen (lean's: tests/test_lean.py)
     )
 
     def run(corpus: list[dict]) -> tuple[dict, list[str]]:
