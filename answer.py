@@ -264,7 +264,9 @@ def _clean(text: str) -> str:
     return " ".join(str(text).split()).strip().rstrip(".;,")
 
 
-NOT_STATED = frozenset({"not stated", "none stated", "not mentioned", "n/a", "none", "unknown"})
+NOT_STATED_FACT = "not stated"
+"""A check's fact when no stated fact decides its requirement."""
+NOT_STATED = frozenset({NOT_STATED_FACT, "none stated", "not mentioned", "n/a", "none", "unknown"})
 
 
 def raised(checks: Sequence[Check]) -> bool:
@@ -357,9 +359,6 @@ def apply_rule(
             met = "unclear" if fact == NOT_STATED_FACT else f.met
             checks[f.n] = Check(requirement=reqs[f.n - 1], fact=fact, met=met)
     return [checks[n] for n in sorted(checks)] or None
-
-
-NOT_STATED_FACT = "not stated"
 
 
 def _fact_text(ref: int | str, facts: Sequence[str]) -> str:

@@ -30,6 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 import eval_common as ec
+import mc
 import prompts
 
 logger = logging.getLogger(__name__)
@@ -96,122 +97,19 @@ def citation_counts(
     return {"sentences": len(sentences), "cited": len(cited), "valid": len(valid)}
 
 
-STOPWORDS = frozenset(
-    [
-        "a",
-        "an",
-        "the",
-        "of",
-        "to",
-        "in",
-        "on",
-        "for",
-        "and",
-        "or",
-        "but",
-        "with",
-        "by",
-        "from",
-        "at",
-        "as",
-        "is",
-        "are",
-        "was",
-        "were",
-        "be",
-        "been",
-        "being",
-        "it",
-        "its",
-        "this",
-        "that",
-        "these",
-        "those",
-        "there",
-        "their",
-        "they",
-        "them",
-        "he",
-        "she",
-        "his",
-        "her",
-        "him",
-        "we",
-        "our",
-        "you",
-        "your",
-        "if",
-        "then",
-        "than",
-        "so",
-        "such",
-        "which",
-        "who",
-        "whom",
-        "whose",
-        "what",
-        "when",
-        "where",
-        "why",
-        "how",
-        "any",
-        "all",
-        "each",
-        "every",
-        "some",
-        "may",
-        "must",
-        "can",
-        "could",
-        "would",
-        "should",
-        "shall",
-        "will",
-        "do",
-        "does",
-        "did",
-        "has",
-        "have",
-        "had",
-        "also",
-        "only",
-        "even",
-        "more",
-        "most",
-        "other",
-        "into",
-        "onto",
-        "upon",
-        "about",
-        "over",
-        "under",
-        "after",
-        "before",
-        "between",
-        "through",
-        "during",
-        "while",
-        "because",
-        "whether",
-        "same",
-        "very",
-        "just",
-        "own",
-        "both",
-        "either",
-        "neither",
-        "per",
-        "one",
-        "two",
-        "three",
-    ]
+STOPWORDS = (mc.STOPWORDS - {"no", "not"}) | frozenset(
+    """being these those there them him we our you your if then than so such what when where why
+    how each every some may must can could would should shall will do does did has have had also
+    only even more most other into onto upon about over under after before between through during
+    while because whether same very just own both either neither per one two three""".split()  # noqa: SIM905 - a word list reads better as text
 )
-_WORD = re.compile(r"[a-z0-9]+")
+"""Function words left out of key-point stems: the multiple-choice parser's stop words, plus more,
+minus its negations ("is not effective" must not count as "is effective")."""
 
 
 def _stems(text: str) -> set[str]:
     """Content-word stems (the first 6 letters: "negligence" and "negligent" match)."""
-    return {w[:6] for w in _WORD.findall(text.lower()) if w not in STOPWORDS and len(w) > 2}
+    return {w[:6] for w in mc.WORD.findall(text.lower()) if w not in STOPWORDS and len(w) > 2}
 
 
 def key_point_hits(

@@ -43,8 +43,8 @@ _MARKER = re.compile(
     re.IGNORECASE,
 )
 _BARE = re.compile(r"^\W*\(?\s*([A-Ha-h])\s*\)?\W*$")
-_WORD = re.compile(r"[a-z0-9]+")
-_STOP = frozenset(
+WORD = re.compile(r"[a-z0-9]+")
+STOPWORDS = frozenset(
     [
         "a",
         "an",
@@ -115,12 +115,12 @@ def answer_line(letter: str | None, choices: Mapping[str, str]) -> str:
 
 
 def _norm(text: str) -> str:
-    return " ".join(_WORD.findall(text.lower()))
+    return " ".join(WORD.findall(text.lower()))
 
 
 def content_words(text: str) -> set[str]:
     """Lower-case words of ``text`` without stop words and single letters."""
-    return {w for w in _WORD.findall(text.lower()) if w not in _STOP and len(w) > 1}
+    return {w for w in WORD.findall(text.lower()) if w not in STOPWORDS and len(w) > 1}
 
 
 def parse_mc_answer(text: str, choices: Mapping[str, str]) -> tuple[str | None, str]:

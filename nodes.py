@@ -35,7 +35,8 @@ logger = logging.getLogger(__name__)
 MC_RESERVE_S = 30.0
 """Seconds of the run deadline kept for the answer: research stops this early."""
 OFF_TOPIC = "off topic"
-"""How a stop_reason starts when the question as asked is below LEAN_GATE (see answer_node)."""
+"""How the planner's decline (and stop_reason) starts when the question as asked is off topic
+(see :func:`off_topic`)."""
 FIRST_SEARCH = "hybrid+keyword"
 """A research step's first angle: hybrid (dense + BM25) search and BM25 alone, merged by reciprocal
 rank fusion.  Dense search misreads a doctrine's name ("Shopkeeper's privilege" finds

@@ -1133,17 +1133,16 @@ class Bm25Index:
         letters of it) starts no indexed word's stem ("owes" and "mailed" are known from "owe"
         and "mailbox"; "copyright" is not, in the starter corpus).  Empty for a collection of
         fewer than :data:`MIN_VOCABULARY_PASSAGES` passages, whose vocabulary says little."""
+        if self.count < MIN_VOCABULARY_PASSAGES:
+            return []
         import snowballstemmer
 
         stem = snowballstemmer.stemmer("english").stemWord
-        if self._prefixes is None:
+        if self._prefixes is None:  # each stem's prefixes of 3 to TERM_PREFIX letters (or itself)
             stems = {stem(w) for w in self.retriever.vocab_dict}
             self._prefixes = frozenset(
-                {w[:TERM_PREFIX] for w in stems}
-                | {w[:k] for w in stems for k in range(3, min(len(w), TERM_PREFIX) + 1)}
+                w[:k] for w in stems for k in range(min(len(w), 3), min(len(w), TERM_PREFIX) + 1)
             )
-        if self.count < MIN_VOCABULARY_PASSAGES:
-            return []
         words = _bm25s().tokenize(
             [text], stopwords="en_plus", return_ids=False, show_progress=False
         )
