@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 import answer as answer_stage
+import filters
 import injection
 import lean
 import legal_graph
@@ -266,9 +267,11 @@ class _MemoryScope:
 
 
 def memory_scope(settings: Settings) -> dict[str, str]:
-    """The provider, model, embedding model and corpus fingerprint a cached answer depends on."""
+    """The provider, model, embedding model, corpus fingerprint and passage filter a cached
+    answer depends on."""
     llm = resolve("synthesize", settings)
     return {
+        "filter": filters.passage_filter(settings).describe(),
         "provider": llm.provider,
         "model": llm.model,
         "embedding_model": rag_utils.embedder_name(settings),

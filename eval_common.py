@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+import filters
 import prompts
 import rag_utils
 from llm_config import (
@@ -347,7 +348,9 @@ def eval_settings(env: dict[str, str] | None = None, **overrides: Any) -> Settin
     # off by a loaded machine would count as a wrong answer.  Set RUN_TIMEOUT to apply one anyway.
     if "RUN_TIMEOUT" not in (os.environ if env is None else env):
         overrides.setdefault("run_timeout", 0)
-    return Settings.from_env(env, **overrides)
+    settings = Settings.from_env(env, **overrides)
+    filters.passage_filter(settings)  # a bad filter value stops the run before any work
+    return settings
 
 
 def settings_record(settings: Settings) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from typing import Any
 
 import eval_answers
 import eval_common as ec
+import filters
 import legal_graph
 import load_corpus
 import main as agent
@@ -834,6 +835,7 @@ def build_answers_parser() -> argparse.ArgumentParser:
     p.add_argument("--provider", help="LLM provider (overrides LLM_PROVIDER)")
     p.add_argument("--json", action="store_true", help="print summary.json")
     p.add_argument("-v", "--verbose", action="store_true")
+    filters.add_arguments(p)
     return p
 
 
@@ -1039,6 +1041,7 @@ def answers_main(argv: Sequence[str], *, llm_factory: Callable[[str], Any] | Non
     rc, summary = ec.cli_run(
         lambda settings: run_answers_phase(args, settings, llm_factory=llm_factory),
         llm_provider=args.provider,
+        **filters.overrides(args),
     )
     if rc:
         return rc
@@ -1149,6 +1152,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reranker", choices=["auto", "cross-encoder", "hybrid", "none"])
     p.add_argument("--json", action="store_true", help="print summary.json instead of the tables")
     p.add_argument("-v", "--verbose", action="store_true")
+    filters.add_arguments(p)
     return p
 
 
@@ -1412,6 +1416,7 @@ def main(
         llm_provider=args.provider,
         llm_model=args.model,
         reranker=args.reranker,
+        **filters.overrides(args),
     )
     if rc:
         return rc

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import eval_common as ec
+import filters
 import load_corpus
 import rag_utils
 from settings import Settings
@@ -166,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results-dir", default=ec.DEFAULT_RESULTS_DIR)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("-v", "--verbose", action="store_true")
+    filters.add_arguments(p)
     return p
 
 
@@ -244,7 +246,7 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     ec.configure_logging(args.verbose)
-    rc, summary = ec.cli_run(lambda settings: run(args, settings))
+    rc, summary = ec.cli_run(lambda settings: run(args, settings), **filters.overrides(args))
     if rc:
         return rc
     if args.json:

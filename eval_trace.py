@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import eval_common as ec
+import filters
 import load_corpus
 import main as agent
 import nodes
@@ -345,6 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print the case studies as JSON")
     p.add_argument("-v", "--verbose", action="store_true")
+    filters.add_arguments(p)
     return p
 
 
@@ -412,6 +414,7 @@ def main(
         lambda settings: run(args, settings, llm_factory=llm_factory, out=out),
         llm_provider=args.provider,
         answer_mode=args.mode,
+        **filters.overrides(args),
     )
     if rc:
         return rc

@@ -44,7 +44,7 @@ import shutil
 import threading
 import time
 from collections import Counter, OrderedDict, defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -316,18 +316,27 @@ def load_taxonomy(path: str | Path | None = None) -> Taxonomy:
 
 
 # ------------------------------------------------------------------------------------------------
-# Authority extraction (citation patterns)
+# Authority extraction: eyecite for case and statute citations, patterns for the rest
 # ------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Authority:
-    """A cited source of law: ``kind`` is statute, rule, constitution or case."""
+    """A cited source of law: ``kind`` is statute, rule, constitution or case (``document`` for a
+    user's document whose own citation names no reporter or code).
+
+    Cases and statutes that eyecite recognises are keyed by their normalised citation
+    (``392 U.S. 1``, ``28 U.S.C. § 1441``) and a case is named by its parties when eyecite finds
+    them; court rules, the Constitution, U.C.C. sections and case names cited without a reporter
+    keep pattern keys (``fre:803``, ``const:amend:14``, ``ucc:2-207``, ``case:goss v lopez``)."""
 
     id: str
     name: str
     kind: str
 
+
+_Found = tuple[int, int, Authority, str]
+"""An authority found in a text: its span, the authority and the citation as written."""
 
 _ROMAN = {"I": 1, "V": 5, "X": 10, "L": 50, "C": 100}
 _ORDINALS = [
@@ -344,10 +353,8 @@ _RULE_FAMILIES = {
 }
 _SUB = r"((?:\([A-Za-z0-9]{1,4}\))*)"
 
-USC_RE = re.compile(
-    r"\b(\d{1,2})\s*U\.?\s?S\.?\s?C\.?(?:\s?A\.?)?\s*(?:§§?|[Ss]ec(?:tion|\.)|[Ss]ections?)?\s*"
-    r"(\d{1,5}[a-z]?(?:-\d+)?)" + _SUB
-)
+# What eyecite 2.7 does not recognise (checked on this corpus): court rules, the Constitution,
+# U.C.C. sections and case names cited without a reporter ("See Goss v. Lopez.").
 FED_RULE_RE = re.compile(
     r"\bFed(?:eral|\.)?\s*R(?:ules?|\.)?\s*(?:of\s+)?"
     r"(Civ(?:il|\.)?\s*P(?:roc(?:edure|\.)?|\.)?|Evid(?:ence|\.)?|Crim(?:inal|\.)?\s*P(?:roc(?:edure|\.)?|\.)?"
@@ -373,7 +380,7 @@ UCC_RE = re.compile(
 )
 _CAP = r"(?:[A-Z][A-Za-z0-9'’&.\-]*|\d+[A-Za-z.]*)"
 _JOIN = r"(?:of|the|and|de|la|du|von|van|for|in|ex rel\.|&)"
-CASE_RE = re.compile(
+CASE_NAME_RE = re.compile(
     rf"\b({_CAP}(?:,? (?:{_CAP}|{_JOIN})){{0,7}}) vs?\. ({_CAP}(?: (?:{_CAP}|{_JOIN})){{0,7}})"
 )
 _CASE_LEAD = {
@@ -388,6 +395,10 @@ _CASE_STOP = {
     "the", "in", "a", "an", "this", "that", "it", "he", "she", "they", "we", "under", "see",
     "but", "however", "here", "there", "thus", "when", "because", "as", "court", "held",
 }  # fmt: skip
+
+# eyecite logs a warning for every pair of overlapping citations it cannot order (parallel
+# citations, "Terry, 392 U.S. at 21"): noise for a corpus load, not an error of ours.
+logging.getLogger("eyecite.helpers").setLevel(logging.ERROR)
 
 
 def _roman(s: str) -> int:
@@ -411,15 +422,59 @@ def _to_roman(n: int) -> str:
     return out
 
 
+def _written(text: str, start: int, end: int) -> str:
+    return " ".join(text[start:end].split())
+
+
+def _eyecite_authority(cite: Any, text: str) -> Authority | None:
+    """The Authority of an eyecite full citation: a case by its normalised reporter citation
+    (named "Plaintiff v. Defendant" when eyecite finds both), a statute by title, code and
+    section (``28 U.S.C. § 1441``; eyecite's corrected form drops a state code's subject)."""
+    from eyecite.models import FullCaseCitation, FullLawCitation
+
+    if isinstance(cite, FullCaseCitation):
+        key = cite.corrected_citation()
+        meta = cite.metadata
+        name = f"{meta.plaintiff} v. {meta.defendant}" if meta.plaintiff and meta.defendant else key
+        return Authority(key, name, "case")
+    if isinstance(cite, FullLawCitation):
+        groups = cite.groups
+        if groups.get("title"):
+            key = f"{groups['title']} {cite.corrected_reporter()} § {groups['section']}"
+        else:
+            key = _written(text, *cite.span())
+        return Authority(key, key, "statute")
+    return None
+
+
+def _eyecite_citations(text: str) -> list[_Found]:
+    """Case and statute citations eyecite finds, with short forms, "id." and "supra" resolved to
+    the full citation they refer to (in this text; an unresolved short form is dropped). A full
+    citation's span includes its case name, so the name is not found again as a bare name."""
+    from eyecite import get_citations, resolve_citations
+    from eyecite.models import FullCitation, FullLawCitation
+
+    out: list[_Found] = []
+    for resource, refs in resolve_citations(get_citations(text)).items():
+        auth = _eyecite_authority(getattr(resource, "citation", None), text)
+        if auth is None:
+            continue
+        for c in refs:
+            start, end = c.full_span() if isinstance(c, FullCitation) else c.span()
+            shown = c.full_span() if isinstance(c, FullLawCitation) else c.span()
+            out.append((start, end, auth, _written(text, *shown)))
+    return out
+
+
 def _rule(family: str, number: str) -> Authority:
     return Authority(f"{family}:{number}", f"{_RULE_FAMILIES[family]} {number}", "rule")
 
 
 def _family_of(raw: str) -> str:
     low = re.sub(r"[\s.]", "", raw.lower())
-    if low.startswith(("frcrp", "fedrcrimp", "crim", "frcrimp")) or "crim" in low:
+    if "crim" in low or low.startswith("frcrp"):
         return "frcrp"
-    if low.startswith("frap") or low.startswith("app"):
+    if low.startswith(("frap", "app")):
         return "frap"
     if low.startswith(("fre", "evid")) or "evid" in low:
         return "fre"
@@ -441,107 +496,127 @@ def _context_family(context: str, explicit: Counter[str]) -> str | None:
     return None
 
 
-def _clean_party(words: list[str], leading: bool) -> list[str]:
-    if leading:
-        while words and (
-            words[0].lower().rstrip(",") in _CASE_LEAD or re.fullmatch(r"\d+\.?", words[0])
-        ):
-            words = words[1:]
-        # a plaintiff's name is its last few capitalised words ("... in Smith Corp.")
-        words = words[-5:]
-    else:
-        kept: list[str] = []
-        for i, w in enumerate(words):
-            if i > 0 and (w.lower() in _CASE_STOP or w[:1].isdigit()):
-                break
-            kept.append(w)
-            if i > 0 and w.endswith(".") and len(w.rstrip(".")) > 4:
-                break  # "Tompkins." ends a sentence; "Co." and "Fin." do not
-        words = kept
+def _rule_citations(text: str, context: str) -> list[_Found]:
+    """Federal rules of procedure and evidence: explicit ("Fed. R. Civ. P. 12(b)(6)", "FRE 803")
+    and bare ("Rule 803(2)": the family from ``context`` or the explicit citations; without
+    either, rules 101-1103 are Evidence and others are skipped)."""
+    found: list[_Found] = []
+    explicit: Counter[str] = Counter()
+    for m in (*FED_RULE_RE.finditer(text), *ABBR_RULE_RE.finditer(text)):
+        fam = _family_of(m.group(1))
+        explicit[fam] += 1
+        found.append((m.start(), m.end(), _rule(fam, m.group(2)), _written(text, *m.span())))
+    hint = _context_family(context, explicit)
+    for m in BARE_RULE_RE.finditer(text):
+        number = m.group(1)
+        fam = hint or ("fre" if len(number) >= 3 and 101 <= float(number) <= 1103 else None)
+        if fam is not None:
+            found.append((m.start(), m.end(), _rule(fam, number), _written(text, *m.span())))
+    return found
+
+
+def _amendment(n: int) -> Authority | None:
+    if not 1 <= n <= 27:
+        return None
+    return Authority(f"const:amend:{n}", f"U.S. Const. amend. {_to_roman(n)}", "constitution")
+
+
+def _article(n: int, section: str | None) -> Authority:
+    key = f"const:art:{n}" + (f":{section}" if section else "")
+    name = f"U.S. Const. art. {_to_roman(n)}" + (f", § {section}" if section else "")
+    return Authority(key, name, "constitution")
+
+
+def _constitution(m: re.Match[str]) -> Authority | None:
+    """"U.S. Const. amend. XIV, § 1" and "U.S. Const. art. III, § 2"."""
+    n = _roman(m.group(2))
+    return _amendment(n) if m.group(1).lower().startswith("amend") else _article(n, m.group(3))
+
+
+def _ucc(m: re.Match[str]) -> Authority:
+    section = m.group(1) or m.group(2)
+    return Authority(f"ucc:{section}", f"U.C.C. § {section}", "statute")
+
+
+def _plaintiff(words: list[str]) -> list[str]:
+    """The last few capitalised words before "v.", without a leading signal or "In"."""
+    while words and (
+        words[0].lower().rstrip(",") in _CASE_LEAD or re.fullmatch(r"\d+\.?", words[0])
+    ):
+        words = words[1:]
+    return words[-5:]
+
+
+def _defendant(words: list[str]) -> list[str]:
+    """The words after "v." up to a sentence's next word or its end ("Tompkins." ends a sentence;
+    "Co." and "Fin." do not)."""
+    kept: list[str] = []
+    for i, w in enumerate(words):
+        if i > 0 and (w.lower() in _CASE_STOP or w[:1].isdigit()):
+            break
+        kept.append(w)
+        if i > 0 and w.endswith(".") and len(w.rstrip(".")) > 4:
+            break
+    return kept
+
+
+def _strip_joins(words: list[str]) -> list[str]:
     while words and re.fullmatch(_JOIN, words[-1]):
         words = words[:-1]
     return words
 
 
+def _case_name(m: re.Match[str]) -> Authority | None:
+    """A case cited by name only ("See Palsgraf v. Long Island R. Co."), keyed by its words."""
+    left = _strip_joins(_plaintiff(m.group(1).replace(",", "").split()))
+    right = _strip_joins(_defendant(m.group(2).split()))
+    if not left or not right or len(" ".join(left)) < 2:
+        return None
+    if len(left) == 1 and left[0].lower() in _NOT_A_PARTY:
+        return None  # "federal v. state law", "plaintiff v. defendant"
+    name = f"{' '.join(left)} v. {' '.join(right).rstrip('.,')}"
+    if not re.search(r"[A-Za-z]{2}", name.split(" v. ")[1]):
+        return None
+    return Authority("case:" + " ".join(tokens(name)), name, "case")
+
+
+_PATTERNS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], Authority | None]], ...] = (
+    (CONST_RE, _constitution),
+    (ORDINAL_AMEND_RE, lambda m: _amendment(_ORDINALS.index(m.group(1).lower()) + 1)),
+    (ROMAN_AMEND_RE, lambda m: _amendment(_roman(m.group(1)))),
+    (ARTICLE_RE, lambda m: _article(_roman(m.group(1)), m.group(2))),
+    (UCC_RE, _ucc),
+    (CASE_NAME_RE, _case_name),
+)
+"""The patterns after the rules, in order of precedence (an earlier match wins an overlap)."""
+
+
+def _pattern_citations(text: str, context: str) -> Iterator[_Found]:
+    yield from _rule_citations(text, context)
+    for regex, build in _PATTERNS:
+        for m in regex.finditer(text):
+            auth = build(m)
+            if auth is not None:
+                yield m.start(), m.end(), auth, _written(text, *m.span())
+
+
 def extract_authorities(text: str, context: str = "") -> list[tuple[Authority, str]]:
     """Authorities cited in ``text`` as ``(authority, the citation as written)``, in order.
 
-    ``context`` (the passage's source and title) decides which rule family a bare "Rule 803(2)"
-    belongs to; without a hint, 3- and 4-digit rules 101-1103 are Evidence and others are skipped.
-    Subdivisions ("(b)(6)") stay in the citation, not in the authority's identity."""
-    found: list[tuple[int, Authority, str]] = []
-    taken: list[tuple[int, int]] = []
-
-    def add(m: re.Match[str], auth: Authority) -> None:
-        if any(s < m.end() and m.start() < e for s, e in taken):
-            return
-        taken.append((m.start(), m.end()))
-        found.append((m.start(), auth, " ".join(m.group(0).split())))
-
-    for m in USC_RE.finditer(text):
-        title, sec = m.group(1), m.group(2)
-        add(m, Authority(f"usc:{title}:{sec}", f"{title} U.S.C. § {sec}", "statute"))
-    explicit: Counter[str] = Counter()
-    for m in FED_RULE_RE.finditer(text):
-        fam = _family_of(m.group(1))
-        explicit[fam] += 1
-        add(m, _rule(fam, m.group(2)))
-    for m in ABBR_RULE_RE.finditer(text):
-        fam = _family_of(m.group(1))
-        explicit[fam] += 1
-        add(m, _rule(fam, m.group(2)))
-    fam_hint = _context_family(context, explicit)
-    for m in BARE_RULE_RE.finditer(text):
-        number = m.group(1)
-        fam = fam_hint
-        if fam is None and len(number) >= 3 and 101 <= int(float(number)) <= 1103:
-            fam = "fre"
-        if fam is not None:
-            add(m, _rule(fam, number))
-    for m in CONST_RE.finditer(text):
-        n = _roman(m.group(2))
-        if m.group(1).lower().startswith("amend"):
-            add(
-                m,
-                Authority(f"const:amend:{n}", f"U.S. Const. amend. {_to_roman(n)}", "constitution"),
-            )
-        else:
-            sec = f", § {m.group(3)}" if m.group(3) else ""
-            key = f"const:art:{n}" + (f":{m.group(3)}" if m.group(3) else "")
-            add(m, Authority(key, f"U.S. Const. art. {_to_roman(n)}{sec}", "constitution"))
-    for m in ORDINAL_AMEND_RE.finditer(text):
-        n = _ORDINALS.index(m.group(1).lower()) + 1
-        add(m, Authority(f"const:amend:{n}", f"U.S. Const. amend. {_to_roman(n)}", "constitution"))
-    for m in ROMAN_AMEND_RE.finditer(text):
-        n = _roman(m.group(1))
-        if 1 <= n <= 27:
-            add(
-                m,
-                Authority(f"const:amend:{n}", f"U.S. Const. amend. {_to_roman(n)}", "constitution"),
-            )
-    for m in ARTICLE_RE.finditer(text):
-        n = _roman(m.group(1))
-        sec = m.group(2)
-        key = f"const:art:{n}" + (f":{sec}" if sec else "")
-        name = f"U.S. Const. art. {_to_roman(n)}" + (f", § {sec}" if sec else "")
-        add(m, Authority(key, name, "constitution"))
-    for m in UCC_RE.finditer(text):
-        sec = m.group(1) or m.group(2)
-        add(m, Authority(f"ucc:{sec}", f"U.C.C. § {sec}", "statute"))
-    for m in CASE_RE.finditer(text):
-        left = _clean_party(m.group(1).replace(",", "").split(), leading=True)
-        right = _clean_party(m.group(2).split(), leading=False)
-        if not left or not right or len(" ".join(left)) < 2:
-            continue
-        if len(left) == 1 and left[0].lower() in _NOT_A_PARTY:
-            continue  # "federal v. state law", "plaintiff v. defendant"
-        name = f"{' '.join(left)} v. {' '.join(right).rstrip('.,')}"
-        if not re.search(r"[A-Za-z]{2}", name.split(" v. ")[1]):
-            continue
-        key = "case:" + " ".join(tokens(name))
-        add(m, Authority(key, name, "case"))
-    found.sort(key=lambda t: t[0])
-    return [(a, cite) for _, a, cite in found]
+    eyecite finds the case and statute citations and resolves their short forms ("392 U.S. at
+    21", "Id. at 5", "supra") to the full citation; patterns find what eyecite does not know:
+    court rules, constitutional provisions, U.C.C. sections and case names without a reporter,
+    unless the text is part of a citation eyecite found. ``context`` (the passage's source and
+    title) decides which rule family a bare "Rule 803(2)" belongs to. Subdivisions ("(b)(6)")
+    stay in the citation, not in the authority's identity."""
+    found = _eyecite_citations(text)
+    taken = [(s, e) for s, e, _, _ in found]
+    for start, end, auth, cite in _pattern_citations(text, context):
+        if not any(s < end and start < e for s, e in taken):
+            taken.append((start, end))
+            found.append((start, end, auth, cite))
+    found.sort(key=lambda f: f[0])
+    return [(auth, cite) for _, _, auth, cite in found]
 
 
 def extract_doctrines(text: str, taxonomy: Taxonomy | None = None) -> Counter[str]:

@@ -25,6 +25,7 @@ from typing import Any
 
 from langgraph.errors import GraphRecursionError
 
+import filters
 import load_corpus
 import nodes
 import rag_utils
@@ -444,6 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="debug logging (and tracebacks on unexpected errors)",
     )
+    filters.add_arguments(parser)
     return parser  # fmt: skip
 
 
@@ -537,7 +539,9 @@ def main(argv: list[str] | None = None) -> int:
             run_timeout=args.deadline,
             search_strategy=args.strategy,
             answer_mode=args.mode,
+            **filters.overrides(args),
         )
+        filters.passage_filter(settings)  # a bad filter value stops here
         if args.mode == "lean" and not choices:
             raise InputError(
                 "--mode lean answers multiple-choice questions: give choices (A) ... (D)"

@@ -171,7 +171,7 @@ class Embedder:
         return self.embed_documents([text])[0]
 
     def token_spans(self, text: str) -> list[tuple[int, int]]:
-        """Character span of each word-piece of ``text`` (no special tokens), for windowing."""
+        """Character span of each word-piece of ``text`` (no special tokens)."""
         enc = self.model.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         return [tuple(span) for span in enc["offset_mapping"]]
 
@@ -198,7 +198,6 @@ class OnnxEmbedder:
         self._inputs = {i.name for i in session.get_inputs()}
         trunc = tokenizer.truncation or {}
         self.max_tokens = int(trunc.get("max_length") or 256)
-        self._truncating: dict[int, Any] = {}
 
     @classmethod
     def load(cls, model_file: Path, source: Path, name: str, batch_size: int) -> OnnxEmbedder:
@@ -250,23 +249,8 @@ class OnnxEmbedder:
     def embed_query(self, text: str) -> np.ndarray:
         return self.embed_documents([text])[0]
 
-    def embed_truncated(self, texts: Sequence[str], max_tokens: int) -> np.ndarray:
-        """Embeddings of ``texts`` cut at ``max_tokens`` tokens (special tokens included) by the
-        tokenizer itself: what :func:`embed_passages` does for other backends by cutting the text,
-        without tokenizing every passage twice."""
-        if max_tokens >= self.max_tokens:
-            return self.embed_documents(texts)
-        tokenizer = self._truncating.get(max_tokens)
-        if tokenizer is None:
-            from tokenizers import Tokenizer
-
-            tokenizer = Tokenizer.from_str(self.tokenizer.to_str())
-            tokenizer.enable_truncation(max_length=max_tokens)
-            self._truncating[max_tokens] = tokenizer
-        return self.embed_documents(texts, tokenizer=tokenizer)
-
     def token_spans(self, text: str) -> list[tuple[int, int]]:
-        """Character span of each word-piece of ``text`` (no special tokens), for windowing."""
+        """Character span of each word-piece of ``text`` (no special tokens)."""
         enc = self.tokenizer.encode(text, add_special_tokens=False)
         return [tuple(o) for o in enc.offsets]
 
@@ -574,75 +558,10 @@ def get_embedder(
         return emb
 
 
-WINDOW_OVERLAP = 0.25
-"""Share of each passage window repeated in the next one."""
-
-
-def passage_windows(
-    text: str, spans: Sequence[tuple[int, int]], window: int, limit: int
-) -> list[str]:
-    """``text`` as overlapping windows of ``window`` tokens (``spans``: each token's character
-    span), or ``[text]`` when its tokens fit in ``limit`` (the model's input minus its two
-    special tokens). Windows are cut from the original text, so no token is split."""
-    if len(spans) <= limit or window <= 0:
-        return [text]
-    stride = max(1, int(window * (1 - WINDOW_OVERLAP)))
-    out = []
-    for start in range(0, len(spans), stride):
-        chunk = spans[start : start + window]
-        out.append(text[chunk[0][0] : chunk[-1][1]])
-        if start + window >= len(spans):
-            break
-    return out
-
-
-def _word_spans(text: str) -> list[tuple[int, int]]:
-    return [m.span() for m in re.finditer(r"\S+", text)]
-
-
-def passage_token_limit(embedder: Any, settings: Settings) -> int:
-    """How many word pieces of a passage are embedded: PASSAGE_MAX_TOKENS (or the model's input
-    length when it is 0 or larger) minus the two special tokens."""
-    limit = int(getattr(embedder, "max_tokens", 256))
-    if settings.passage_max_tokens:
-        limit = min(limit, int(settings.passage_max_tokens))
-    return limit - 2
-
-
 def embed_passages(texts: Sequence[str], settings: Settings) -> np.ndarray:
-    """Passage embeddings for the index: each passage from its first PASSAGE_MAX_TOKENS tokens
-    (cut at a word-piece boundary, the same for every backend). With PASSAGE_WINDOW_TOKENS=N a
-    longer passage is embedded as overlapping windows of at most N tokens whose normalised mean is
-    its vector (one vector per passage, so the store, BM25 and confidence are unchanged); measured
-    on barexam_dev it did not help (see the README), so it is off."""
-    import numpy as np
-
-    s = settings
-    embedder = get_embedder(s)
-    spans_of = getattr(embedder, "token_spans", _word_spans)
-    limit = passage_token_limit(embedder, s)
-    window = min(int(s.passage_window_tokens or 0), limit)
-    if not window:
-        if limit + 2 >= int(getattr(embedder, "max_tokens", 256)):
-            return embedder.embed_documents(texts)  # the model truncates at its own limit
-        if hasattr(embedder, "embed_truncated"):
-            return embedder.embed_truncated(texts, limit + 2)
-        cut = []
-        for text in texts:
-            spans = spans_of(text) if len(text) > limit else []  # a token spans >= 1 character
-            cut.append(text[: spans[limit - 1][1]] if len(spans) > limit else text)
-        return embedder.embed_documents(cut)
-    pieces: list[str] = []
-    owner: list[int] = []
-    for i, text in enumerate(texts):
-        for piece in passage_windows(text, spans_of(text), window, limit):
-            pieces.append(piece)
-            owner.append(i)
-    vecs = embedder.embed_documents(pieces)
-    out = np.zeros((len(texts), vecs.shape[1] if len(vecs) else 0), dtype=np.float32)
-    np.add.at(out, np.asarray(owner, dtype=np.int64), vecs)
-    norms = np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
-    return (out / norms).astype(np.float32)
+    """Passage embeddings for the index (the model truncates at its own input limit; documents
+    are chunked to fit it, ``documents.chunk_document``)."""
+    return get_embedder(settings).embed_documents(texts)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -664,15 +583,8 @@ def sanitize_model_name(name: str) -> str:
 
 
 def collection_name(settings: Settings, prefix: str = PASSAGE_PREFIX) -> str:
-    """``passages__<model slug>-t<N>`` (N = PASSAGE_MAX_TOKENS when set; ``-w<N>`` with passage
-    windows) — a different embedding model or passage embedding never reads a stale index."""
-    s = settings
-    model = embedder_name(s)
-    if prefix == PASSAGE_PREFIX and s.passage_max_tokens:
-        model += f"-t{int(s.passage_max_tokens)}"
-    if prefix == PASSAGE_PREFIX and s.passage_window_tokens:
-        model += f"-w{int(s.passage_window_tokens)}"
-    return f"{prefix}{sanitize_model_name(model)}"
+    """``passages__<model slug>``: a different embedding model never reads a stale index."""
+    return f"{prefix}{sanitize_model_name(embedder_name(settings))}"
 
 
 def _client_key(s: Settings) -> tuple:
@@ -823,6 +735,8 @@ class PassageStore:
         self._collection: Any = None
         self._matrix: tuple[int, list[str], Any] | None = None
         """(passage count, ids, unit vectors) for exact search, reread when the count changes."""
+        self._allowed: dict[tuple[Any, int], frozenset[str]] = {}
+        """(filter, passage count) -> the ids the filter admits."""
 
     @property
     def collection(self) -> Any:
@@ -951,23 +865,43 @@ class PassageStore:
             out.append(rec)
         return out
 
-    def query_ids(self, embeddings: Any, n: int) -> list[list[str]]:
-        """Ids of the ``n`` nearest passages (by cosine) of each embedding: exact search over the
-        stored vectors up to EXACT_SEARCH_MAX_PASSAGES passages, else one Chroma HNSW query."""
-        total = self.count()
+    def allowed_ids(self, flt: Any) -> frozenset[str]:
+        """Ids of the passages a :class:`filters.PassageFilter` admits (one scan of the metadata
+        per filter, kept until the collection changes size)."""
+        key = (flt, self.count())
+        if key not in self._allowed:
+            self._allowed[key] = frozenset(
+                rec["id"]
+                for rec in self.iter_all(include_text=False)
+                if flt.admits(rec["id"], rec["source"], rec["metadata"])
+            )
+        return self._allowed[key]
+
+    def query_ids(
+        self, embeddings: Any, n: int, allowed: frozenset[str] | None = None
+    ) -> list[list[str]]:
+        """Ids of the ``n`` nearest passages (by cosine) of each embedding, among ``allowed``
+        when given: exact search over the stored vectors up to EXACT_SEARCH_MAX_PASSAGES passages,
+        else one Chroma HNSW query (restricted to ``allowed`` ids)."""
+        total = self.count() if allowed is None else min(self.count(), len(allowed))
         if total == 0 or n <= 0 or len(embeddings) == 0:
             return [[] for _ in range(len(embeddings))]
-        if total <= EXACT_SEARCH_MAX_PASSAGES:
-            return self._exact_ids(embeddings, min(n, total), total)
+        if self.count() <= EXACT_SEARCH_MAX_PASSAGES:
+            return self._exact_ids(embeddings, min(n, total), allowed)
         got = self.collection.query(
             query_embeddings=[list(map(float, e)) for e in embeddings],
             n_results=min(n, total),
+            ids=sorted(allowed) if allowed is not None else None,
             include=[],
         )
         return [list(ids) for ids in got["ids"]]
 
-    def _exact_ids(self, embeddings: Any, n: int, total: int) -> list[list[str]]:
+    def _exact_ids(
+        self, embeddings: Any, n: int, allowed: frozenset[str] | None
+    ) -> list[list[str]]:
         import numpy as np
+
+        total = self.count()
 
         if self._matrix is None or self._matrix[0] != total:
             got = self.collection.get(include=["embeddings"])
@@ -977,6 +911,8 @@ class PassageStore:
             self._matrix = (total, [got["ids"][i] for i in order], mat)
         _, ids, mat = self._matrix
         scores = np.asarray(embeddings, dtype=np.float32) @ mat.T
+        if allowed is not None:
+            scores[:, ~np.fromiter((i in allowed for i in ids), bool, len(ids))] = -np.inf
         out = []
         for row in scores:
             top = np.argpartition(-row, n - 1)[:n] if n < len(row) else np.arange(len(row))
@@ -1123,6 +1059,15 @@ class Bm25Index:
             if known:
                 out[i] = self.retriever.get_scores(known)
         return out
+
+    def admitted(self, scores: Any, allowed: frozenset[str] | None) -> Any:
+        """``scores`` (rows of :meth:`scores_many`) with every passage outside ``allowed`` at 0,
+        so that :meth:`top_of` never returns it (``scores`` itself when ``allowed`` is None)."""
+        if allowed is None:
+            return scores
+        import numpy as np
+
+        return scores * np.fromiter((i in allowed for i in self.ids), np.float32, len(self.ids))
 
     def top(self, query: str, n: int) -> list[tuple[str, float]]:
         return self.top_of(self.scores(query), n)
@@ -1381,17 +1326,23 @@ def candidate_pool(
     exclude: set[str],
     *,
     bm25_scores: Any = None,
+    allowed: frozenset[str] | None = None,
 ) -> list[str]:
     """Ids of the ``per_query`` nearest passages of every query (dense when ``qvecs`` is given,
-    BM25 when ``bm25`` is), deduplicated in first-seen order, without ``exclude``.
+    BM25 when ``bm25`` is), deduplicated in first-seen order, without ``exclude``, and only among
+    ``allowed`` when given (a passage filter).
 
     All queries go to Chroma in one call and to BM25 as one score matrix (``bm25_scores``, one
     row per query, computed here when not given): at 100K passages, three separate searches per
     step cost about twice as much."""
     pool: dict[str, None] = {}
-    dense_ids = store.query_ids(qvecs, per_query) if qvecs is not None else [[]] * len(queries)
+    dense_ids = (
+        store.query_ids(qvecs, per_query, allowed) if qvecs is not None else [[]] * len(queries)
+    )
     if bm25 is not None and bm25_scores is None:
         bm25_scores = bm25.scores_many(queries)
+    if bm25 is not None:
+        bm25_scores = bm25.admitted(bm25_scores, allowed)
     for qi in range(len(queries)):
         for pid in dense_ids[qi]:
             pool.setdefault(pid, None)
@@ -1412,6 +1363,14 @@ def fuse_rankings(
         w / (RRF_K + rd) + (1.0 - w) / (RRF_K + rl)
         for rd, rl in zip(_ranks(dense), _ranks(lexical), strict=True)
     ]
+
+
+def allowed_ids(store: PassageStore, settings: Settings) -> frozenset[str] | None:
+    """The passages the settings' filter admits (:mod:`filters`); None when there is no filter."""
+    import filters
+
+    flt = filters.passage_filter(settings)
+    return store.allowed_ids(flt) if flt else None
 
 
 def retrieve_documents_multi_query(
@@ -1453,7 +1412,14 @@ def retrieve_documents_multi_query(
     )
     bm25_scores = bm25.scores_many(queries) if bm25 is not None else None
     ids = candidate_pool(
-        store, queries, rank_vecs, bm25, per_query, excluded, bm25_scores=bm25_scores
+        store,
+        queries,
+        rank_vecs,
+        bm25,
+        per_query,
+        excluded,
+        bm25_scores=bm25_scores,
+        allowed=allowed_ids(store, s),
     )
     docs = store.get(ids, with_embeddings=qvecs is not None)
     if not docs:

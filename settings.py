@@ -94,19 +94,20 @@ class Settings:
     """Hybrid reranking: weight of the dense ranking in the reciprocal rank fusion (BM25 gets
     1 - weight); chosen with DENSE_CENTERING on the even half of barexam_dev, reported on the odd
     half (benchmarks/bench_retrieval.py, README "Measured here")."""
-    passage_max_tokens: int = 0
-    """0 = passages are embedded up to the model's own limit (256 tokens for all-MiniLM-L6-v2).
-    N > 0: from their first N tokens (special tokens included), e.g. 128, the length the default
-    model was trained on: the shared corpus indexes 1.7x faster (54 against 31.5 passages/s with
-    the ONNX backend), but on barexam_dev hybrid Recall@10 with the question alone fell from 0.162
-    to 0.135 (3 items lost, none gained, on both halves), so it is not the default.  Queries keep
-    the model's limit.  Part of the collection name, so changing it builds a new index."""
-    passage_window_tokens: int = 0
-    """0 = embed each passage whole (truncated at PASSAGE_MAX_TOKENS). N > 0: passages longer than
-    that are embedded as overlapping windows of at most N tokens averaged into one vector. Part of
-    the collection name, so changing it builds a new index."""
     memory_threshold: float = 0.92
     """Cosine similarity at which a cached QA-memory answer is reused."""
+    # --- passage filters (filters.py; --jurisdiction ... on main.py and the eval scripts) --------
+    filter_jurisdiction: str = ""
+    """Comma-separated jurisdictions a search may return: US (federal) or a state (TX, Texas)."""
+    filter_court: str = ""
+    """Comma-separated courts-db ids (scotus, ca9, tex)."""
+    filter_source_type: str = ""
+    """Comma-separated authority types: constitution, statute, regulation, court_rule, case,
+    secondary."""
+    filter_after: str = ""
+    """Only passages dated on or after this day (YYYY, YYYY-MM or YYYY-MM-DD)."""
+    filter_before: str = ""
+    """Only passages dated on or before this day (YYYY, YYYY-MM or YYYY-MM-DD)."""
 
     # --- LLM ----------------------------------------------------------------------------------
     llm_provider: str = "local"
@@ -243,14 +244,6 @@ class Settings:
         if not 0.0 <= self.fusion_dense_weight <= 1.0:
             raise SettingsError(
                 f"FUSION_DENSE_WEIGHT={self.fusion_dense_weight}: must be between 0 and 1"
-            )
-        if self.passage_max_tokens and not 16 <= self.passage_max_tokens <= 8192:
-            raise SettingsError(
-                f"PASSAGE_MAX_TOKENS={self.passage_max_tokens}: 0 (the model's limit) or 16 to 8192"
-            )
-        if self.passage_window_tokens and not 16 <= self.passage_window_tokens <= 512:
-            raise SettingsError(
-                f"PASSAGE_WINDOW_TOKENS={self.passage_window_tokens}: 0 (off) or 16 to 512"
             )
         if self.graph_engine not in {"ladybug", "kuzu", "ryugraph"}:
             raise SettingsError(

@@ -7,7 +7,6 @@ default model."""
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import logging
 from pathlib import Path
@@ -189,68 +188,6 @@ def test_fusion_weight_outside_0_1_is_rejected():
 # ------------------------------------------------------------------------------------------------
 
 
-def _spans(text):
-    import re
-
-    return [m.span() for m in re.finditer(r"\S+", text)]
-
-
-def test_short_passages_are_not_windowed_and_long_ones_overlap_and_cover_everything():
-    short = "one two three"
-    assert rag_utils.passage_windows(short, _spans(short), 4, 10) == [short]
-    words = [f"w{i}" for i in range(23)]
-    text = " ".join(words)
-    windows = rag_utils.passage_windows(text, _spans(text), 8, 10)
-    assert all(len(w.split()) <= 8 for w in windows)
-    assert windows[0].split()[0] == "w0" and windows[-1].split()[-1] == "w22"
-    for a, b in zip(windows, windows[1:], strict=False):  # consecutive windows share tokens
-        assert set(a.split()) & set(b.split())
-    covered = {w for win in windows for w in win.split()}
-    assert covered == set(words)
-
-
-def test_windowed_passage_vector_is_the_mean_of_its_windows(tmp_settings, fake):
-    fake.max_tokens = 12  # a tiny model window, so the fixture-sized text is "long"
-    s = tmp_settings.replace(passage_window_tokens=16)
-    head = "negligence duty breach causation damages " * 2
-    tail = "zoning variance unnecessary hardship ordinance " * 2
-    text = (head + tail).strip()
-    vec = rag_utils.embed_passages([text, "short text"], s)
-    # a window never exceeds what the model reads (its 12 tokens less the 2 special ones)
-    windows = rag_utils.passage_windows(text, _spans(text), 10, 10)
-    assert len(windows) > 1 and all(len(w.split()) <= 10 for w in windows)
-    expected = fake.embed_documents(windows).sum(axis=0)
-    expected /= np.linalg.norm(expected)
-    assert vec[0] == pytest.approx(expected, abs=1e-6)
-    assert vec[1] == pytest.approx(fake.embed_query("short text"), abs=1e-6)
-    # off by default: the whole text in one vector (the model truncates it)
-    assert rag_utils.embed_passages([text], tmp_settings)[0] == pytest.approx(
-        fake.embed_query(text), abs=1e-6
-    )
-
-
-def test_passages_are_embedded_from_their_first_passage_max_tokens(tmp_settings, fake):
-    """PASSAGE_MAX_TOKENS=N cuts passages at N tokens, in an index of its own; 0 (the default)
-    leaves the model's limit."""
-    text = " ".join("".join(p) for p in itertools.product("abcdefg", repeat=3))  # 343 words
-    vec = rag_utils.embed_passages([text], tmp_settings.replace(passage_max_tokens=32))[0]
-    assert vec == pytest.approx(fake.embed_query(" ".join(text.split()[:30])), abs=1e-6)
-    assert not np.allclose(vec, fake.embed_query(text))
-    whole = rag_utils.embed_passages([text], tmp_settings.replace(passage_max_tokens=0))[0]
-    assert whole == pytest.approx(fake.embed_query(text), abs=1e-6)  # the model truncates
-    assert rag_utils.collection_name(tmp_settings) == "passages__all-minilm-l6-v2"
-    assert rag_utils.collection_name(tmp_settings.replace(passage_max_tokens=128)) == (
-        "passages__all-minilm-l6-v2-t128"
-    )
-
-
-def test_windowed_index_is_its_own_collection(tmp_settings, fake):
-    s = tmp_settings.replace(passage_window_tokens=128)
-    assert rag_utils.collection_name(s) == "passages__all-minilm-l6-v2-w128"
-    load_corpus.load_passages(load_corpus.read_passages(PASSAGES), s, progress=False)
-    assert rag_utils.corpus_count(s) > 0 and rag_utils.corpus_count(tmp_settings) == 0
-
-
 # ------------------------------------------------------------------------------------------------
 # the real ONNX export (slow)
 # ------------------------------------------------------------------------------------------------
@@ -280,17 +217,6 @@ def test_onnx_export_matches_torch_and_a_corrupted_cache_is_rebuilt(tmp_settings
     assert (got * ref).sum(axis=1).min() > 0.98  # int8 weights: close to, not equal to, fp32
     q = onnx_emb.embed_query("unwanted touching of another person")
     assert float(got[0] @ q) > float(got[1] @ q)
-    # PASSAGE_MAX_TOKENS: cut by the tokenizer, the same vector as the cut text's in either backend
-    # (cosines, not equality: dynamic int8 quantizes activations per batch, so a batch's padding
-    # moves a vector slightly)
-    cut = onnx_emb.embed_truncated(texts, 24)
-    assert float(cut[0] @ got[0]) > 0.99  # short enough already
-    spans = onnx_emb.token_spans(texts[2])
-    head = texts[2][: spans[21][1]]  # 22 word pieces + the 2 special tokens
-    assert float(cut[2] @ onnx_emb.embed_query(head)) > 0.99
-    assert float(cut[2] @ torch_emb.embed_query(head)) > 0.98
-    assert float(cut[2] @ got[2]) < 0.99
-
     # a corrupted export is detected by its checksum and exported again
     with open(cache / rag_utils.ONNX_FILE, "r+b") as fh:
         fh.seek(1000)

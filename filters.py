@@ -1,0 +1,197 @@
+"""Passage filters: jurisdiction, court, authority type and date, the first filters legal
+researchers ask for.
+
+One :class:`PassageFilter` is built from the settings (``FILTER_JURISDICTION``, ``FILTER_COURT``,
+``FILTER_SOURCE_TYPE``, ``FILTER_AFTER``, ``FILTER_BEFORE``; ``--jurisdiction`` … on the entry
+points) and applied where passages are found, not to what was found: dense search ranks only the
+passages it admits, BM25 scores only them, and graph hits outside it are dropped before the
+passages are read.  A filtered search therefore never returns a passage outside the filter, and
+still returns ``k`` passages when the filter admits that many.
+
+A passage's attributes are its stored metadata (``load_corpus.py docs`` writes ``jurisdiction``,
+``court``, ``authority_type`` and ``date_int``; a sidecar file or flags override them).  Passages
+loaded from passage tables carry none of these; their authority type and, for the federal rules,
+statutes and Constitution, their jurisdiction are derived from the id and source as
+:func:`rag_utils.source_type` does.  A passage whose attribute is unknown is outside every filter
+on that attribute: a date filter admits only dated passages.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from settings import Settings, SettingsError
+
+AUTHORITY_TYPES = ("constitution", "statute", "regulation", "court_rule", "case", "secondary")
+"""The kinds of authority a passage can be (metadata ``authority_type``)."""
+
+_DATE = re.compile(r"^(\d{4})(?:-(\d{1,2}))?(?:-(\d{1,2}))?$")
+FEDERAL_SOURCES = ("federal rules", "u.s.c", "constitution")
+"""Source names of passage-table rows that are federal law (jurisdiction US)."""
+
+
+def parse_date(value: str, *, end: bool = False) -> int:
+    """``YYYY``, ``YYYY-MM`` or ``YYYY-MM-DD`` as a ``YYYYMMDD`` integer (``date_int``); a partial
+    date is its first day, or its last with ``end`` ("2001" -> 20010101, or 20011231)."""
+    m = _DATE.match(value.strip())
+    if not m:
+        raise ValueError(f"{value!r} is not a date: use YYYY, YYYY-MM or YYYY-MM-DD")
+    year, month, day = m.group(1), m.group(2), m.group(3)
+    mm = int(month) if month else (12 if end else 1)
+    dd = int(day) if day else (31 if end else 1)
+    if not (1 <= mm <= 12 and 1 <= dd <= 31):
+        raise ValueError(f"{value!r} is not a date")
+    return int(year) * 10000 + mm * 100 + dd
+
+
+def legacy_authority_type(pid: str, source: str) -> str:
+    """The authority type of a passage-table row without ``authority_type`` metadata, from its id
+    prefix and source name."""
+    pid, source = pid.lower(), source.lower()
+    if pid.startswith("const") or "constitution" in source:
+        return "constitution"
+    if pid.startswith(("fre", "frcp", "frcmp", "rule_")) or "federal rules" in source:
+        return "court_rule"
+    if pid.startswith("cfr"):
+        return "regulation"
+    if pid.startswith(("usc", "ucc", "statute")) or "u.s.c" in source or source.endswith(":ucc"):
+        return "statute"
+    if pid.startswith(("caselaw", "holding")) or "caselaw" in source or "holding" in source:
+        return "case"
+    return "secondary"
+
+
+def attributes(pid: str, source: str, meta: Mapping[str, Any]) -> dict[str, Any]:
+    """A passage's filterable attributes: jurisdiction, court, authority_type, date_int (None when
+    unknown)."""
+    kind = str(meta.get("authority_type") or "") or legacy_authority_type(pid, source)
+    jurisdiction = str(meta.get("jurisdiction") or "").upper() or None
+    if jurisdiction is None and any(s in source.lower() for s in FEDERAL_SOURCES):
+        jurisdiction = "US"
+    date = meta.get("date_int")
+    return {
+        "jurisdiction": jurisdiction,
+        "court": str(meta.get("court") or "").lower() or None,
+        "authority_type": kind,
+        "date_int": int(date) if isinstance(date, int | float) and date else None,
+    }
+
+
+def _jurisdiction(value: str) -> str:
+    from documents import normalize_jurisdiction  # courts-db loads only when a filter names one
+
+    return normalize_jurisdiction(value)
+
+
+def _values(raw: str) -> list[str]:
+    return [v.strip() for v in (raw or "").split(",") if v.strip()]
+
+
+@dataclass(frozen=True)
+class PassageFilter:
+    """What a search may return; the empty filter admits everything (and is falsy)."""
+
+    jurisdictions: frozenset[str] = frozenset()
+    courts: frozenset[str] = frozenset()
+    source_types: frozenset[str] = frozenset()
+    after: int | None = None
+    """Earliest ``date_int`` admitted (inclusive)."""
+    before: int | None = None
+    """Latest ``date_int`` admitted (inclusive)."""
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> PassageFilter:
+        """The filter of ``s`` (FILTER_* settings); bad values raise :class:`SettingsError`."""
+        try:
+            jurisdictions = frozenset(_jurisdiction(v) for v in _values(s.filter_jurisdiction))
+        except ValueError as exc:
+            raise SettingsError(f"FILTER_JURISDICTION: {exc}") from None
+        kinds = frozenset(v.lower().replace("-", "_") for v in _values(s.filter_source_type))
+        bad = sorted(kinds - set(AUTHORITY_TYPES))
+        if bad:
+            raise SettingsError(
+                f"FILTER_SOURCE_TYPE={','.join(bad)}: use {', '.join(AUTHORITY_TYPES)}"
+            )
+        dates = {}
+        for name, end in (("after", False), ("before", True)):
+            raw = getattr(s, f"filter_{name}").strip()
+            try:
+                dates[name] = parse_date(raw, end=end) if raw else None
+            except ValueError as exc:
+                raise SettingsError(f"FILTER_{name.upper()}: {exc}") from None
+        return cls(
+            jurisdictions=jurisdictions,
+            courts=frozenset(v.lower() for v in _values(s.filter_court)),
+            source_types=kinds,
+            **dates,
+        )
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.jurisdictions or self.courts or self.source_types or self.after or self.before
+        )
+
+    def admits(self, pid: str, source: str, meta: Mapping[str, Any]) -> bool:
+        """Whether the passage ``pid`` (its source and stored metadata) is inside the filter."""
+        a = attributes(pid, source, meta)
+        if self.jurisdictions and a["jurisdiction"] not in self.jurisdictions:
+            return False
+        if self.courts and a["court"] not in self.courts:
+            return False
+        if self.source_types and a["authority_type"] not in self.source_types:
+            return False
+        if self.after or self.before:
+            date = a["date_int"]
+            if date is None or (self.after and date < self.after):
+                return False
+            if self.before and date > self.before:
+                return False
+        return True
+
+    def describe(self) -> str:
+        """One line for the CLI and the run metrics ("" for no filter)."""
+        parts = []
+        for name, values in (
+            ("jurisdiction", self.jurisdictions),
+            ("court", self.courts),
+            ("source type", self.source_types),
+        ):
+            if values:
+                parts.append(f"{name} {', '.join(sorted(values))}")
+        for name, value in (("after", self.after), ("before", self.before)):
+            if value:
+                parts.append(f"{name} {value // 10000}-{value // 100 % 100:02d}-{value % 100:02d}")
+        return "; ".join(parts)
+
+
+@functools.lru_cache(maxsize=32)
+def passage_filter(settings: Settings) -> PassageFilter:
+    """The filter the settings ask for (settings are frozen and hashable, so it is built once)."""
+    return PassageFilter.from_settings(settings)
+
+
+def add_arguments(parser: Any) -> None:
+    """The filter flags of an entry point (argparse): each sets its FILTER_* setting."""
+    group = parser.add_argument_group("passage filters (every search returns only what they admit)")
+    group.add_argument(
+        "--jurisdiction", help="US (federal) or a state: TX, Texas (comma-separated)"
+    )
+    group.add_argument("--court", help="courts-db ids: scotus, ca9, tex (comma-separated)")
+    group.add_argument("--source-type", help=f"authority types: {', '.join(AUTHORITY_TYPES)}")
+    group.add_argument("--after", help="only passages dated on or after YYYY[-MM[-DD]]")
+    group.add_argument("--before", help="only passages dated on or before YYYY[-MM[-DD]]")
+
+
+def overrides(args: Any) -> dict[str, str | None]:
+    """The settings the filter flags of ``args`` set (None: not given)."""
+    return {
+        "filter_jurisdiction": args.jurisdiction,
+        "filter_court": args.court,
+        "filter_source_type": args.source_type,
+        "filter_after": args.after,
+        "filter_before": args.before,
+    }

@@ -1,0 +1,159 @@
+"""Passage filters (filters.py): a filtered search never returns a passage outside its filter, for
+every search type the agent uses, and still fills ``k`` when the filter admits enough."""
+
+from __future__ import annotations
+
+import pytest
+
+import filters
+import load_corpus
+import rag_utils
+from context import AgentContext
+from settings import SettingsError
+
+pytestmark = pytest.mark.usefixtures("fresh_rag_caches")
+
+WORDS = "contract breach damages remedy expectation reliance"
+
+
+def _passage(pid, n, **meta):
+    return {
+        "idx": pid,
+        "text": f"{WORDS} passage {pid} on contract damages number {n} and its remedy.",
+        "source": meta.pop("source", "user documents"),
+        "title": f"Passage {pid}",
+        **meta,
+    }
+
+
+PASSAGES = [
+    *[
+        _passage(
+            f"tx_case_{n}",
+            n,
+            jurisdiction="TX",
+            court="tex",
+            authority_type="case",
+            date_int=19900101 + n * 10000,
+        )  # fmt: skip
+        for n in range(6)
+    ],
+    *[
+        _passage(
+            f"ca9_case_{n}",
+            n,
+            jurisdiction="US",
+            court="ca9",
+            authority_type="case",
+            date_int=20100101 + n * 10000,
+        )  # fmt: skip
+        for n in range(4)
+    ],
+    _passage("usc_1441", 1, jurisdiction="US", authority_type="statute"),
+    _passage("fre_803", 2, source="Federal Rules of Evidence"),  # legacy row: court_rule, US
+    *[_passage(f"mbe_{n}", n, source="barexam_qa:mbe") for n in range(4)],  # secondary, no place
+]
+BY_ID = {p["idx"]: p for p in PASSAGES}
+SEARCHES = ("dense", "keyword", "hybrid", "hybrid+keyword", "graph", "combined")
+
+
+@pytest.fixture
+def store(tmp_settings, fake):
+    load_corpus.load_passages(PASSAGES, tmp_settings, progress=False)
+    return tmp_settings
+
+
+def _search(settings, search_type, k=5):
+    ctx = AgentContext.from_settings(settings, client=object())
+    return ctx.search(search_type, [f"{WORDS} contract damages"], k, [])
+
+
+def _admitted(flt, pid):
+    p = BY_ID[pid]
+    meta = {k: v for k, v in p.items() if k not in ("idx", "text", "source", "title")}
+    return flt.admits(pid, p["source"], meta)
+
+
+CASES = [
+    ({"filter_jurisdiction": "texas"}, {f"tx_case_{n}" for n in range(6)}),
+    ({"filter_court": "ca9"}, {f"ca9_case_{n}" for n in range(4)}),
+    ({"filter_source_type": "statute,court_rule"}, {"usc_1441", "fre_803"}),
+    ({"filter_source_type": "secondary"}, {f"mbe_{n}" for n in range(4)}),
+    ({"filter_jurisdiction": "US", "filter_after": "2011"}, {f"ca9_case_{n}" for n in (1, 2, 3)}),
+    ({"filter_before": "1992-06"}, {"tx_case_0", "tx_case_1", "tx_case_2"}),
+]
+
+
+@pytest.mark.parametrize("search_type", SEARCHES)
+@pytest.mark.parametrize(("overrides", "inside"), CASES)
+def test_a_filtered_search_returns_only_what_the_filter_admits(
+    store, search_type, overrides, inside
+):
+    settings = store.replace(**overrides)
+    flt = filters.passage_filter(settings)
+    assert {pid for pid in BY_ID if _admitted(flt, pid)} == inside
+    got = [d["id"] for d in _search(settings, search_type)]
+    assert set(got) <= inside, (
+        f"{search_type} returned {set(got) - inside} outside {flt.describe()}"
+    )
+    if search_type != "graph":  # the graph reaches passages by doctrine, not every passage
+        assert len(got) == min(5, len(inside))  # the filter is applied first: k is still filled
+
+
+def test_unfiltered_search_returns_passages_of_every_kind(store):
+    got = {d["id"] for d in _search(store, "hybrid", k=len(PASSAGES))}
+    assert got == set(BY_ID)
+
+
+def test_the_hnsw_path_of_a_large_collection_is_filtered_too(store, monkeypatch):
+    monkeypatch.setattr(rag_utils, "EXACT_SEARCH_MAX_PASSAGES", 0)
+    settings = store.replace(filter_court="tex")
+    got = [d["id"] for d in _search(settings, "dense")]
+    assert len(got) == 5 and all(pid.startswith("tx_case_") for pid in got)
+
+
+def test_a_filter_that_admits_nothing_returns_nothing(store):
+    assert _search(store.replace(filter_court="scotus"), "hybrid") == []
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("filter_jurisdiction", "Narnia", "FILTER_JURISDICTION"),
+        ("filter_source_type", "treatise", "FILTER_SOURCE_TYPE=treatise"),
+        ("filter_after", "last year", "FILTER_AFTER"),
+    ],
+)
+def test_a_bad_filter_value_is_a_settings_error_naming_the_setting(
+    tmp_settings, field, value, message
+):
+    with pytest.raises(SettingsError, match=message):
+        filters.PassageFilter.from_settings(tmp_settings.replace(**{field: value}))
+
+
+def test_dates_cover_whole_years_and_months():
+    assert filters.parse_date("2001") == 20010101
+    assert filters.parse_date("2001", end=True) == 20011231
+    assert filters.parse_date("2001-02-03") == 20010203
+    flt = filters.PassageFilter(after=filters.parse_date("1995"))
+    assert flt.describe() == "after 1995-01-01"
+    assert not filters.PassageFilter()
+
+
+def test_main_and_the_eval_scripts_take_the_filter_flags():
+    import eval_comprehensive
+    import eval_reranker
+    import eval_trace
+    import main
+
+    argv = ["--jurisdiction", "TX", "--source-type", "case", "--after", "2000"]
+    for parser in (
+        main.build_parser(),
+        eval_trace.build_parser(),
+        eval_reranker.build_parser(),
+        eval_comprehensive.build_parser(),
+        eval_comprehensive.build_answers_parser(),
+    ):
+        args, _ = parser.parse_known_args(argv)
+        assert filters.overrides(args)["filter_jurisdiction"] == "TX"
+        assert filters.overrides(args)["filter_after"] == "2000"
