@@ -80,6 +80,9 @@ class Citation:
     title: str
     support: str
     """The sentence of the passage that the citing sentences rest on (verbatim)."""
+    pin: str = ""
+    """Where a reader finds it in the source (:func:`pin_cite`); "" for a passage without
+    document metadata."""
 
 
 @dataclass
@@ -256,8 +259,30 @@ class _Citations:
             if c.passage_id == doc["id"] and c.support == sentence:
                 return c.n
         n = len(self.items) + 1
-        self.items.append(Citation(n, str(doc["id"]), str(doc.get("title") or ""), sentence))
+        title = str(doc.get("title") or "")
+        self.items.append(Citation(n, str(doc["id"]), title, sentence, pin_cite(doc)))
         return n
+
+
+def pin_cite(doc: Mapping[str, Any]) -> str:
+    """A pin cite to a passage of the user's documents (``load_corpus.py docs``), from its
+    metadata: the document's own citation with the passage's page or subsection — "Terry v.
+    Ohio, 392 U.S. 1, 27 (1968)", "28 U.S.C. § 1441(b)(2)" — else its title with the pin ("Brief
+    for Appellant, p. 3").  "" for a passage that has no pin (passage tables)."""
+    meta = doc.get("metadata") or {}
+    pin = str(meta.get("pin") or "").strip()
+    if not pin:
+        return ""
+    cite = str(meta.get("citation") or "").strip()
+    title = str(doc.get("title") or meta.get("title") or "").strip()
+    if cite and "§" in cite and pin.startswith("§"):  # the statute's own section, deepest part
+        return f"{cite.split('§')[0].strip()} {pin}"
+    if cite and pin.startswith(("*", "p. ")):  # a reported case: name, reporter, page (year)
+        page = pin.lstrip("*").removeprefix("p. ").strip()
+        year = str(meta.get("date") or "")[:4]
+        name = f"{title}, " if title and title not in cite else ""
+        return f"{name}{cite}, {page}" + (f" ({year})" if year.isdigit() else "")
+    return f"{cite or title}, {pin}" if (cite or title) else pin
 
 
 def _clean(text: str) -> str:
@@ -586,9 +611,12 @@ def render(record: AnswerRecord, tail: Sequence[Sentence] = ()) -> str:
     return "\n".join(lines).strip()
 
 
-def render_sources(record: AnswerRecord) -> list[str]:
-    """One line per citation: its number, the passage's title and id, and the sentence it rests on."""
+def render_sources(citations: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per citation (``AnswerRecord.to_dict()["citations"]``): its number, where a
+    reader finds it (the pin cite, else the passage's title), the passage id, and the sentence it
+    rests on."""
     return [
-        f'[{c.n}] {c.title or "(untitled)"} ({c.passage_id}): "{c.support}"'
-        for c in record.citations
+        f"[{c['n']}] {c.get('pin') or c['title'] or '(untitled)'} ({c['passage_id']}): "
+        f'"{c["support"]}"'
+        for c in citations
     ]

@@ -25,6 +25,7 @@ from typing import Any
 
 from langgraph.errors import GraphRecursionError
 
+import answer as answer_stage
 import filters
 import load_corpus
 import nodes
@@ -474,8 +475,8 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
     if record.get("citations"):
         out("")
         out("SOURCES")
-        for c in record["citations"]:
-            out(f'  [{c["n"]}] {c["title"] or "(untitled)"} ({c["passage_id"]}): "{c["support"]}"')
+        for line in answer_stage.render_sources(record["citations"]):
+            out(f"  {line}")
     if record.get("quotes"):  # the evidence policy's grounding gate
         verdicts = Counter(q["verdict"] for q in record["quotes"])
         out("")

@@ -581,7 +581,9 @@ def memory_record(
 ) -> answer_stage.AnswerRecord:
     """The record of a QA-memory hit: the cached text and its cited passages."""
     citations = [
-        answer_stage.Citation(n, s["id"], s.get("title") or "", s.get("support") or "")
+        answer_stage.Citation(
+            n, s["id"], s.get("title") or "", s.get("support") or "", s.get("pin") or ""
+        )
         for n, s in enumerate(state.get("sources") or [], 1)
     ]
     return answer_stage.AnswerRecord(
@@ -602,7 +604,13 @@ def _record_update(record: answer_stage.AnswerRecord) -> dict[str, Any]:
         "research_answer": "" if record.abstained else record.text,
         "abstained": record.abstained,
         "sources": [
-            {"id": c.passage_id, "title": c.title, "support": c.support, "ref": f"[{c.n}]"}
+            {
+                "id": c.passage_id,
+                "title": c.title,
+                "support": c.support,
+                "pin": c.pin,
+                "ref": f"[{c.n}]",
+            }
             for c in record.citations
         ],
     }
@@ -633,9 +641,7 @@ def mc_evidence(docs: list[dict], lean_count: int) -> str:
     lean's 14."""
     if not docs or not lean_count:
         return prompts.format_evidence(docs) if docs else ""
-    return prompts.format_evidence(
-        docs, max_chars=prompts.EVIDENCE_CHARS // lean_count * len(docs)
-    )
+    return prompts.format_evidence(docs, max_chars=prompts.EVIDENCE_CHARS // lean_count * len(docs))
 
 
 CLOSED_BOOK_NOTE = (

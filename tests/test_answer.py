@@ -94,7 +94,7 @@ def test_a_record_applies_the_rule_and_answers_the_question(tmp_settings):
     # the facts and the rule reach the application call; the conclusions reach the bottom line
     assert "locked him in the patrol car" in script.prompts("apply")[0]
     assert "rule does not apply" in script.prompts("bottom_line")[0]
-    lines = answer.render_sources(record)
+    lines = answer.render_sources(record.to_dict()["citations"])
     assert lines[0].startswith('[1] Search incident to arrest (sia): "')
 
 
@@ -203,3 +203,27 @@ def test_a_which_question_is_answered_by_its_issues_without_a_bottom_line(tmp_se
     assert (
         "Bottom line" not in record.text and "Conclusion: Search incident to arrest" in record.text
     )
+
+
+@pytest.mark.parametrize(
+    ("title", "meta", "expected"),
+    [
+        (
+            "Terry v. Ohio",
+            {"citation": "392 U.S. 1", "pin": "*27", "date": "1968-06-10"},
+            "Terry v. Ohio, 392 U.S. 1, 27 (1968)",
+        ),
+        (
+            "28 U.S.C. § 1441",
+            {"citation": "28 U.S.C. § 1441", "pin": "§ 1441(b)(2)"},
+            "28 U.S.C. § 1441(b)(2)",
+        ),  # fmt: skip
+        ("Brief for Appellant", {"pin": "p. 3"}, "Brief for Appellant, p. 3"),
+        ("Negligence", {}, ""),  # a passage-table row has no pin
+    ],
+)
+def test_a_citation_of_the_users_documents_carries_a_pin_cite(title, meta, expected):
+    doc = {"id": "d#1", "title": title, "text": "x", "metadata": meta}
+    assert answer.pin_cite(doc) == expected
+    line = answer.render_sources([{"n": 1, "passage_id": "d#1", "title": title, "support": "s", "pin": expected}])  # fmt: skip
+    assert line == [f'[1] {expected or title} (d#1): "s"']
