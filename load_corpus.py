@@ -29,6 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import filters
 import injection
 import legal_graph
 import rag_utils
@@ -417,7 +418,10 @@ def _metadata(p: dict[str, Any]) -> dict[str, Any]:
     """Stored metadata of a passage, with its injection screen result (:data:`INJECTION_FLAGS`)."""
 
     meta = {k: v for k, v in p.items() if k not in ("idx", "text", INJECTION_FLAGS)}
-    meta[INJECTION_FLAGS] = ",".join(injection.screen_passage(p["text"]))
+    flags = injection.screen_passage(p["text"])
+    hidden = str(p.get("hidden_injection") or "")
+    flags += [HIDDEN_FLAG + f for f in hidden.split(",") if f]
+    meta[INJECTION_FLAGS] = ",".join(flags)
     return meta
 
 
@@ -515,6 +519,74 @@ def load_passages(
     return added
 
 
+HIDDEN_FLAG = "hidden:"
+"""Prefix of the injection flags a document's hidden text earned all of its chunks."""
+
+
+def _token_counter(settings: Settings) -> tuple[Any, int]:
+    """(text -> word pieces, the most a chunk may hold) for the embedder of ``settings``."""
+    embedder = rag_utils.get_embedder(settings)
+    limit = int(getattr(embedder, "max_tokens", 256)) - 2  # [CLS] and [SEP]
+    spans = getattr(embedder, "token_spans", None)
+    return (lambda text: len(spans(text))) if spans else None, limit
+
+
+def load_documents(
+    paths: Sequence[str | Path],
+    settings: Settings | None = None,
+    overrides: dict[str, str] | None = None,
+    progress: bool = True,
+    err: Any = None,
+) -> dict[str, Any]:
+    """Read, chunk and load the user's documents (``documents.py``): files, or folders searched
+    recursively.  A file that cannot be read costs one line on ``err`` (stderr) and the others
+    still load.  Idempotent and resumable: a document whose stored chunks came from the same file
+    bytes (sha256) is skipped; a changed or partly loaded one has its chunks replaced.  A document
+    that hides text which reads as instructions to the model (white or invisible PDF text, HTML
+    comments or hidden elements, metadata) is loaded quarantined: every chunk carries the flag,
+    so no search hands it to a prompt."""
+    import documents
+
+    s = settings_or_current(settings)
+    err = err or sys.stderr
+    files = documents.find_files(paths)
+    if not files:
+        raise CorpusError(f"no readable documents under {', '.join(map(str, paths))}")
+    rag_utils.require_writable(s, f"load {len(files)} documents")
+    count_tokens, limit = _token_counter(s)
+    store = rag_utils.get_store(s)
+    report: dict[str, Any] = {"files": len(files), "loaded": [], "replaced": [], "unchanged": []}
+    report.update(failed=[], quarantined=[], chunks_added=0)
+    from tqdm import tqdm
+
+    for path in tqdm(files, unit="file", desc="documents", disable=not progress, file=sys.stderr):
+        try:
+            chunks = documents.read_and_chunk(
+                path,
+                overrides=overrides,
+                max_tokens=min(documents.DEFAULT_MAX_TOKENS, limit),
+                count_tokens=count_tokens,
+            )
+        except documents.DocumentError as exc:
+            print(f"skipped: {exc}", file=err)
+            report["failed"].append({"file": str(path), "error": str(exc)})
+            continue
+        doc_id, sha = chunks[0]["doc_id"], chunks[0]["sha256"]
+        stored = store.document_chunks(doc_id) if store.count() else {}
+        ids = {c["idx"] for c in chunks}
+        if set(stored) == ids and set(stored.values()) == {sha}:
+            report["unchanged"].append(str(path))
+            continue
+        store.delete(list(stored))
+        hidden = chunks[0].get("hidden_injection")
+        if hidden:
+            report["quarantined"].append({"file": str(path), "flags": hidden})
+            print(f"quarantined: {path}: hidden text reads as instructions ({hidden})", file=err)
+        report["chunks_added"] += load_passages(chunks, s, progress=False)
+        report["replaced" if stored else "loaded"].append(str(path))
+    return report
+
+
 def _update_graph(passages: Sequence[dict[str, Any]], settings: Settings) -> None:
     """Add the passages to the knowledge graph (legal_graph.py); those already in it are skipped,
     so the graph catches up with the vector store on every load."""
@@ -559,9 +631,17 @@ def scan_metadata(store: Any) -> dict[str, Any]:
 
     sources: Counter[str] = Counter()
     flags: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
+    places: Counter[str] = Counter()
+    docs: dict[str, tuple[str, str]] = {}
     flagged = unscreened = 0
     for p in store.iter_all(include_text=False):
         sources[p["source"] or "(none)"] += 1
+        a = filters.attributes(p["id"], p["source"], p["metadata"])
+        kinds[a["authority_type"]] += 1
+        places[a["jurisdiction"] or "(none)"] += 1
+        if p["metadata"].get("doc_id"):
+            docs[p["metadata"]["doc_id"]] = (a["authority_type"], a["jurisdiction"] or "(none)")
         value = p["metadata"].get(INJECTION_FLAGS)
         if value is None:
             unscreened += 1
@@ -570,9 +650,31 @@ def scan_metadata(store: Any) -> dict[str, Any]:
             flags.update(value.split(","))
     return {
         "sources": dict(sources.most_common()),
+        "authority_types": dict(kinds.most_common()),
+        "jurisdictions": dict(places.most_common()),
+        "documents": {
+            "count": len(docs),
+            "by_type": dict(Counter(k for k, _ in docs.values()).most_common()),
+            "by_jurisdiction": dict(Counter(j for _, j in docs.values()).most_common()),
+        },
         "flagged": flagged,
         "unscreened": unscreened,
         "flags": dict(flags.most_common()),
+    }
+
+
+_SCAN_ONLY = ("flagged", "unscreened", "flags")
+
+
+def scan_metadata_empty() -> dict[str, Any]:
+    return {
+        "sources": {},
+        "authority_types": {},
+        "jurisdictions": {},
+        "documents": {"count": 0, "by_type": {}, "by_jurisdiction": {}},
+        "flagged": 0,
+        "unscreened": 0,
+        "flags": {},
     }
 
 
@@ -590,7 +692,7 @@ def status(settings: Settings | None = None) -> dict[str, Any]:
             "collection": f"{name} (absent)",
             "embedding_model": rag_utils.embedder_name(s),
             "count": 0,
-            "sources": {},
+            **{k: v for k, v in scan_metadata_empty().items() if k not in _SCAN_ONLY},
             "injection_flagged": 0,
             "injection_unscreened": 0,
             "injection_flags": {},
@@ -606,11 +708,7 @@ def status(settings: Settings | None = None) -> dict[str, Any]:
     store = rag_utils.get_store(s)
     bm25_meta = store.bm25_dir / store.name / "ids.json"
     count = store.count()
-    scan = (
-        scan_metadata(store)
-        if count
-        else {"sources": {}, "flagged": 0, "unscreened": 0, "flags": {}}
-    )
+    scan = scan_metadata(store) if count else scan_metadata_empty()
     bm25_count = None
     if bm25_meta.exists():
         try:
@@ -623,6 +721,9 @@ def status(settings: Settings | None = None) -> dict[str, Any]:
         "embedding_model": rag_utils.embedder_name(s),
         "count": count,
         "sources": scan["sources"],
+        "authority_types": scan["authority_types"],
+        "jurisdictions": scan["jurisdictions"],
+        "documents": scan["documents"],
         "injection_flagged": scan["flagged"],
         "injection_unscreened": scan["unscreened"],
         "injection_flags": scan["flags"],
@@ -656,13 +757,19 @@ def build_parser() -> argparse.ArgumentParser:
             "  status            collection size, embedding model and sources (--json)\n"
             "  curated [N]       every gold passage of the QA set + N padding passages (default 500)\n"
             "  starter           (re)load the bundled starter corpus\n"
-            "  graph             rebuild the knowledge graph from the vector store's passages\n\n"
+            "  graph             rebuild the knowledge graph from the vector store's passages\n"
+            "  docs PATH...      your own documents: PDF, HTML, DOCX, Markdown, text files or\n"
+            "                    folders of them, chunked by section, paragraph or heading with\n"
+            "                    pin cites; metadata from the text, a <file>.meta.json sidecar or\n"
+            "                    the flags below (idempotent: unchanged files are skipped)\n\n"
             "source: --passages PATH, else datasets/barexam_qa/, else a download of HF_DATASET\n"
             "(reglab/barexam_qa) when online, else the starter corpus."
         ),
     )
-    p.add_argument("command", nargs="?", help="N | status | curated | starter | graph")
-    p.add_argument("n", nargs="?", type=int, help="number of padding passages for 'curated'")
+    p.add_argument("command", nargs="?", help="N | status | curated | starter | graph | docs")
+    p.add_argument(
+        "rest", nargs="*", metavar="ARG", help="'curated': padding passages; 'docs': paths"
+    )
     p.add_argument("--passages", help="passages file (CSV, TSV, JSONL, JSON, Parquet)")
     p.add_argument("--qa", help="QA file for 'curated' (same formats; needs gold_idx)")
     p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH, help="passages per upsert")
@@ -671,7 +778,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--embedding-model", help="EMBEDDING_MODEL for this run")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("-v", "--verbose", action="store_true")
+    meta = p.add_argument_group("document metadata for 'docs' (overrides the text and sidecars)")
+    for flag, what in DOC_FLAGS.items():
+        meta.add_argument(f"--{flag}", help=what)
     return p
+
+
+DOC_FLAGS = {
+    "title": "the document's title",
+    "citation": "its own citation, e.g. '392 U.S. 1' or '28 U.S.C. § 1441'",
+    "court": "courts-db id, e.g. scotus, ca9, tex",
+    "jurisdiction": "US (federal) or a state: TX, Texas",
+    "date": "decision or enactment date, YYYY[-MM[-DD]]",
+    "source-type": "constitution, statute, regulation, court_rule, case or secondary",
+}
+"""The metadata flags of ``docs``; each overrides what the text or a sidecar says."""
+
+
+def doc_overrides(args: argparse.Namespace) -> dict[str, str]:
+    """The metadata the ``docs`` flags set (``--source-type`` is ``authority_type``)."""
+    names = {"source-type": "authority_type"}
+    values = {names.get(f, f): getattr(args, f.replace("-", "_")) for f in DOC_FLAGS}
+    return {k: v for k, v in values.items() if v}
 
 
 def _print_status(info: dict[str, Any], as_json: bool) -> None:
@@ -694,6 +822,18 @@ def _print_status(info: dict[str, Any], as_json: bool) -> None:
             else ""
         )
     )
+    for key, label in (("authority_types", "by type"), ("jurisdictions", "by jurisdiction")):
+        if info.get(key):
+            print(f"{label + ':':<17}" + ", ".join(f"{k} {v}" for k, v in info[key].items()))
+    docs = info.get("documents") or {}
+    if docs.get("count"):
+        print(
+            f"documents:       {docs['count']} ("
+            + ", ".join(f"{k} {v}" for k, v in docs["by_type"].items())
+            + "; "
+            + ", ".join(f"{k} {v}" for k, v in docs["by_jurisdiction"].items())
+            + ")"
+        )
     if info["sources"]:
         print("sources:")
         for name, n in info["sources"].items():
@@ -723,6 +863,15 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             print(f"  nodes: {nodes}\n  edges: {edges}")
         return 0
 
+    if command == "docs":
+        return _run_docs(args, settings)
+    if doc_overrides(args):
+        raise CorpusError(
+            "--title, --citation, --court, --jurisdiction, --date and --source-type are for 'docs'"
+        )
+    n = _padding(args.rest) if command == "curated" else None
+    if args.rest and command != "curated":
+        raise CorpusError(f"unexpected extra argument {args.rest[0]!r}")
     limit: int | None = None
     padding = DEFAULT_PADDING
     if command in ("", "all"):
@@ -730,13 +879,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     elif command.isdigit():
         limit = int(command)
     elif command == "curated":
-        padding = DEFAULT_PADDING if args.n is None else args.n
+        padding = DEFAULT_PADDING if n is None else n
     elif command != "starter":
         raise CorpusError(
-            f"unknown command {args.command!r}: use N, status, curated, starter or graph"
+            f"unknown command {args.command!r}: use N, status, curated, starter, graph or docs"
         )
-    if command != "curated" and args.n is not None:
-        raise CorpusError(f"unexpected extra argument {args.n}")
 
     # read and validate everything first: nothing is written when an input is bad
     if command == "starter":
@@ -787,6 +934,40 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             f"added {added} passages{rate}, {result['already_stored']} already stored; "
             f"{result['collection']} now holds {total}"
         )
+    return 0
+
+
+def _padding(rest: list[str]) -> int | None:
+    if not rest:
+        return None
+    if len(rest) > 1 or not rest[0].isdigit():
+        raise CorpusError(f"curated takes one number of padding passages, not {' '.join(rest)!r}")
+    return int(rest[0])
+
+
+def _run_docs(args: argparse.Namespace, settings: Settings) -> int:
+    """``load_corpus.py docs PATH...``: exit 0 when every file loaded (or was unchanged), 1 when
+    some could not be read (each named on stderr), 2 when none could."""
+    if not args.rest:
+        raise CorpusError("docs needs at least one file or folder: load_corpus.py docs PATH...")
+    start = time.perf_counter()
+    report = load_documents(
+        args.rest, settings, overrides=doc_overrides(args), progress=not args.no_progress
+    )
+    report["seconds"] = round(time.perf_counter() - start, 2)
+    report["count"] = rag_utils.corpus_count(settings)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(
+            f"{report['files']} files: {len(report['loaded'])} loaded, "
+            f"{len(report['replaced'])} replaced, {len(report['unchanged'])} unchanged, "
+            f"{len(report['failed'])} unreadable, {len(report['quarantined'])} quarantined; "
+            f"{report['chunks_added']} chunks added in {report['seconds']} s; "
+            f"{rag_utils.collection_name(settings)} now holds {report['count']}"
+        )
+    if report["failed"]:
+        return 2 if len(report["failed"]) == report["files"] else 1
     return 0
 
 

@@ -920,6 +920,31 @@ class PassageStore:
             out.append([ids[j] for j in top])
         return out
 
+    def document_chunks(self, doc_id: str) -> dict[str, str]:
+        """The stored passages of one document (metadata ``doc_id``): id -> the ``sha256`` of the
+        file they were cut from."""
+        got = self.collection.get(where={"doc_id": doc_id}, include=["metadatas"])
+        return {
+            pid: str((meta or {}).get("sha256") or "")
+            for pid, meta in zip(got["ids"], got["metadatas"], strict=True)
+        }
+
+    def delete(self, ids: Sequence[str]) -> None:
+        """Remove passages, and every index derived from the collection (BM25, the mean vector,
+        the exact-search matrix, filter scans): they are rebuilt on next use, since a delete and
+        an add can leave the passage count, by which they are checked, unchanged."""
+        if not ids:
+            return
+        self.collection.delete(ids=list(ids))
+        self._matrix = None
+        self._allowed.clear()
+        shutil.rmtree(self.bm25_dir / self.name, ignore_errors=True)
+        (self.bm25_dir.parent / "centroid" / f"{self.name}.json").unlink(missing_ok=True)
+        with _lock:
+            for cache in (_bm25, _centroids):
+                for key in [k for k in cache if k[1] == self.name]:
+                    del cache[key]
+
     def delete_all(self) -> int:
         n = self.count()
         self.client.delete_collection(self.name)
