@@ -341,14 +341,30 @@ HEADING_PREFIX_WORDS = 10
 """A passage's opening "Doctrine name: ..." of at most this many words is its heading, not part of
 a requirement."""
 _TRAILING_CONJUNCTION = re.compile(r"[;,]?\s*\b(?:and|or)\s*$")
+NOT_AN_ELEMENT = re.compile(
+    r"\b(?:examples?|defen[cs]es?|exceptions?|unless|need not|"
+    r"does not (?:apply|require)|is not (?:required|enough|sufficient|necessary)|not enough)\b",
+    re.I,
+)
+"""A clause that gives examples, a defense, an exception or what does not suffice: part of the
+rule as quoted, but not a requirement the facts must meet ("blasting and crop dusting are classic
+examples"; "knowing assumption of the risk is a defense")."""
+MIN_CLAUSE_WORDS = 6
+"""Words of a clause kept from a sentence that also gives examples or a defense: shorter pieces
+are the start of an example list ("blasting, storing explosives, and crop dusting are ...")."""
+_CLAUSE_JOIN = re.compile(r",\s+(?:and|but)\s+")
 
 
 def requirements(sentences: Sequence[str]) -> list[str]:
     """The requirements of a rule, cut in code from its verbatim sentences: the items of an
     enumeration ("must prove (1) a duty ...; (2) breach ...") or the clauses between semicolons,
-    at most :data:`MAX_REQUIREMENTS`.  The model is asked about each, never to restate the law."""
+    without examples, defenses and exceptions (:data:`NOT_AN_ELEMENT`), at most
+    :data:`MAX_REQUIREMENTS`.  The model is asked about each, never to restate the law."""
     out: list[str] = []
     for sentence in sentences:
+        head = _HEADING_PREFIX.match(sentence)
+        if head and NOT_AN_ELEMENT.search(head.group(0)):  # "Defenses: ...", "Exceptions: ..."
+            continue
         parts = _ENUMERATION.split(sentence)
         items = parts[1:] if len(parts) > 2 else sentence.split(";")
         for item in items:
@@ -358,6 +374,12 @@ def requirements(sentences: Sequence[str]) -> list[str]:
                 item = item[head.end() :]
             for lead in ("and ", "or "):
                 item = item.removeprefix(lead)
+            if NOT_AN_ELEMENT.search(item):  # keep its clauses that state an element
+                item = ", and ".join(
+                    c
+                    for c in _CLAUSE_JOIN.split(item)
+                    if not NOT_AN_ELEMENT.search(c) and len(c.split()) >= MIN_CLAUSE_WORDS
+                )
             if len(item.split()) >= 2:
                 out.append(item)
     return out[:MAX_REQUIREMENTS]

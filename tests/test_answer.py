@@ -150,6 +150,24 @@ def test_requirements_are_the_rules_own_clauses():
     ]  # fmt: skip
 
 
+def test_examples_defenses_and_exceptions_are_not_requirements_to_meet():
+    """A rule's examples, defenses and exceptions stay in its quoted text, but the facts are not
+    asked to meet them (the blasting answer had "met" on "crop dusting is a classic example")."""
+    rules = [
+        "An activity is abnormally dangerous when it creates a highly significant risk of harm "
+        "that reasonable care cannot eliminate; blasting, storing explosives, and crop dusting "
+        "are classic examples.",
+        "The harm must flow from the risk that made the activity dangerous, and the plaintiff's "
+        "knowing assumption of risk is a defense.",
+        "Defenses: unforeseeable misuse defeats liability; the plaintiff's fault reduces recovery.",
+    ]
+    assert answer.requirements(rules) == [
+        "An activity is abnormally dangerous when it creates a highly significant risk of harm "
+        "that reasonable care cannot eliminate",
+        "The harm must flow from the risk that made the activity dangerous",
+    ]
+
+
 def test_an_issue_no_stated_fact_bears_on_is_named_not_answered(tmp_settings):
     """The application finds no stated fact for any requirement: the issue is not one of these
     facts, so its rule is not given as part of the answer (guard ``not_raised``)."""
