@@ -591,9 +591,23 @@ def screen_passage(text: str) -> list[str]:
     return hits
 
 
+HIDDEN_FLAG = "hidden:"
+"""Prefix of the stored injection flags of a chunk whose document hides text that reads as
+instructions (white or invisible PDF text, HTML comments or hidden elements, metadata): the
+loader flags every chunk of such a document (``load_corpus.load_documents``), and no search hands
+one to a prompt, though its visible text screens clean."""
+
+
+def quarantined(doc: Mapping[str, Any]) -> list[str]:
+    """The :data:`HIDDEN_FLAG` flags stored with a retrieved passage (empty: not quarantined)."""
+    stored = str((doc.get("metadata") or {}).get("injection_flags") or "")
+    return [f for f in stored.split(",") if f.startswith(HIDDEN_FLAG)]
+
+
 def passage_flags(doc: Mapping[str, Any]) -> list[str]:
-    """:func:`screen_passage` of a retrieved passage dict (its ``text``)."""
-    return screen_passage(str(doc.get("text") or ""))
+    """:func:`screen_passage` of a retrieved passage dict (its ``text``), and the flags of its
+    document's hidden text (:func:`quarantined`)."""
+    return quarantined(doc) + screen_passage(str(doc.get("text") or ""))
 
 
 def split_flagged(docs: Iterable[Mapping[str, Any]]) -> tuple[list[dict], list[dict]]:
@@ -629,7 +643,7 @@ def keep_clean(
     for doc in docs:
         if doc["id"] in skip:
             continue
-        hits = screen(doc.get("text") or "")
+        hits = quarantined(doc) + screen(doc.get("text") or "")
         if hits:
             flagged.append({"id": doc["id"], "patterns": hits})
         elif len(kept) < k:

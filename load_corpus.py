@@ -420,7 +420,7 @@ def _metadata(p: dict[str, Any]) -> dict[str, Any]:
     meta = {k: v for k, v in p.items() if k not in ("idx", "text", INJECTION_FLAGS)}
     flags = injection.screen_passage(p["text"])
     hidden = str(p.get("hidden_injection") or "")
-    flags += [HIDDEN_FLAG + f for f in hidden.split(",") if f]
+    flags += [injection.HIDDEN_FLAG + f for f in hidden.split(",") if f]
     meta[INJECTION_FLAGS] = ",".join(flags)
     return meta
 
@@ -517,10 +517,6 @@ def load_passages(
             )
     graph_job.result()
     return added
-
-
-HIDDEN_FLAG = "hidden:"
-"""Prefix of the injection flags a document's hidden text earned all of its chunks."""
 
 
 def _token_counter(settings: Settings) -> tuple[Any, int]:
