@@ -60,7 +60,12 @@ logger = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
 TAXONOMY_PATH = HERE / "datasets" / "legal_taxonomy.jsonl"
 NODE_TYPES = ("Passage", "Doctrine", "Authority", "Subject")
-EDGE_TYPES = ("MENTIONS", "CITES", "PART_OF", "ELEMENT_OF", "EXCEPTION_TO", "RELATED_TO")
+EDGE_TYPES = (
+    "MENTIONS", "CITES", "TEXT_OF", "PART_OF", "ELEMENT_OF", "EXCEPTION_TO", "RELATED_TO",
+)  # fmt: skip
+EXTRACTOR_VERSION = "eyecite-1"
+"""Recorded in the graph beside the taxonomy's version: a graph built by another version of the
+citation extraction (or without the TEXT_OF edges) is re-linked by ``load_corpus.py graph``."""
 RELATIONS = {"element_of": "ELEMENT_OF", "exception_to": "EXCEPTION_TO", "related_to": "RELATED_TO"}
 MODES = ("keyword", "principles", "semantic", "graph", "combined")
 EMBEDDED_ENGINES = ("ladybug", "kuzu", "ryugraph")
@@ -528,7 +533,7 @@ def _article(n: int, section: str | None) -> Authority:
 
 
 def _constitution(m: re.Match[str]) -> Authority | None:
-    """"U.S. Const. amend. XIV, § 1" and "U.S. Const. art. III, § 2"."""
+    """ "U.S. Const. amend. XIV, § 1" and "U.S. Const. art. III, § 2"."""
     n = _roman(m.group(2))
     return _amendment(n) if m.group(1).lower().startswith("amend") else _article(n, m.group(3))
 
@@ -634,6 +639,8 @@ class PassageFacts:
     title: str
     doctrines: Counter[str] = field(default_factory=Counter)
     authorities: dict[str, tuple[Authority, list[str]]] = field(default_factory=dict)
+    document: Authority | None = None
+    """The authority this passage is part of: a user's document carries its own citation."""
 
 
 def passage_id(p: dict[str, Any]) -> str:
@@ -641,15 +648,38 @@ def passage_id(p: dict[str, Any]) -> str:
     return str(p.get("idx", p.get("id", "")))
 
 
+def document_authority(citation: str, title: str = "") -> Authority | None:
+    """The authority a document's own ``citation`` names ("Terry v. Ohio, 392 U.S. 1 (1968)"
+    or "392 U.S. 1"): the first one found, named by ``title`` when that names the parties and
+    the citation does not; a citation nothing recognises is kept as written (kind document)."""
+    citation = " ".join(citation.split())
+    if not citation:
+        return None
+    found = extract_authorities(citation)
+    if not found:
+        return Authority(citation, title or citation, "document")
+    auth = found[0][0]
+    if auth.kind == "case" and auth.name == auth.id and " v. " in title:
+        auth = replace(auth, name=title)
+    return auth
+
+
 def extract(passage: dict[str, Any], taxonomy: Taxonomy | None = None) -> PassageFacts:
-    """Doctrine mentions and citations of one passage (its title and text)."""
+    """Doctrine mentions and citations of one passage (its title and text), and the authority
+    it is part of when its metadata has a ``citation`` (it does not cite itself)."""
     tax = taxonomy or load_taxonomy()
     meta = passage.get("metadata") or {}
     source = str(passage.get("source") or meta.get("source") or "")
     title = str(passage.get("title") or meta.get("title") or "")
     body = f"{title}\n{passage.get('text') or ''}" if title else str(passage.get("text") or "")
     facts = PassageFacts(passage_id(passage), source, title, extract_doctrines(body, tax))
+    facts.document = document_authority(
+        str(passage.get("citation") or meta.get("citation") or ""), title
+    )
+    own = facts.document.id if facts.document else None
     for auth, cite in extract_authorities(body, context=f"{source} {title}"):
+        if auth.id == own:
+            continue
         if auth.id in facts.authorities:
             facts.authorities[auth.id][1].append(cite)
         else:
@@ -688,6 +718,7 @@ EMBEDDED_SCHEMA = (
     "CREATE NODE TABLE IF NOT EXISTS Meta(key STRING, value STRING, PRIMARY KEY(key))",
     "CREATE REL TABLE IF NOT EXISTS MENTIONS(FROM Passage TO Doctrine, count INT64)",
     "CREATE REL TABLE IF NOT EXISTS CITES(FROM Passage TO Authority, count INT64, cite STRING)",
+    "CREATE REL TABLE IF NOT EXISTS TEXT_OF(FROM Passage TO Authority)",
     "CREATE REL TABLE IF NOT EXISTS PART_OF(FROM Doctrine TO Subject)",
     "CREATE REL TABLE IF NOT EXISTS ELEMENT_OF(FROM Doctrine TO Doctrine)",
     "CREATE REL TABLE IF NOT EXISTS EXCEPTION_TO(FROM Doctrine TO Doctrine)",
@@ -845,6 +876,23 @@ def _graph_key(s: Settings) -> tuple:
     return ("embedded", s.graph_engine, str(graph_path(s)))
 
 
+def _open_embedded(s: Settings, write: bool) -> EmbeddedBackend:
+    """The embedded file, read-only when it exists and no write is asked, unless it was built by
+    another version (its schema and taxonomy are then brought up to date)."""
+    path = graph_path(s)
+    try:
+        backend = EmbeddedBackend(path, s.graph_engine, read_only=not write and path.exists())
+    except GraphError:
+        if write or not path.exists():
+            raise
+        # a read-only open fails on a file left with a write-ahead log to replay
+        return EmbeddedBackend(path, s.graph_engine, read_only=False)
+    if backend.read_only and not _is_current(backend):
+        backend.close()
+        backend = EmbeddedBackend(path, s.graph_engine, read_only=False)
+    return backend
+
+
 def get_graph(settings: Settings | None = None, *, write: bool = False) -> GraphBackend:
     """The configured graph with its schema and taxonomy in place: Neo4j when NEO4J_URI is set,
     else the embedded database file (created on first use). One handle per process; a handle
@@ -863,16 +911,7 @@ def get_graph(settings: Settings | None = None, *, write: bool = False) -> Graph
                 s.neo4j_uri or "", s.neo4j_user, s.neo4j_password, s.neo4j_database
             )
         else:
-            path = graph_path(s)
-            try:
-                backend = EmbeddedBackend(
-                    path, s.graph_engine, read_only=not write and path.exists()
-                )
-            except GraphError:
-                if write or not path.exists():
-                    raise
-                # a read-only open fails on a file left with a write-ahead log to replay
-                backend = EmbeddedBackend(path, s.graph_engine, read_only=False)
+            backend = _open_embedded(s, write)
         if not getattr(backend, "read_only", False):
             backend.ensure_schema()
             sync_taxonomy(backend)
@@ -916,8 +955,11 @@ Q_PASSAGES = (
     "SET p.source = r.source, p.title = r.title, p.done = false"
 )
 Q_AUTHORITIES = (
-    "UNWIND $rows AS r MERGE (a:Authority {id: r.id}) SET a.name = r.name, a.kind = r.kind"
+    "UNWIND $rows AS r MERGE (a:Authority {id: r.id}) "
+    "SET a.name = CASE WHEN r.name = r.id AND a.name IS NOT NULL THEN a.name ELSE r.name END, "
+    "a.kind = r.kind"
 )
+"""An authority keeps the case name an earlier passage gave it when this one cites it bare."""
 Q_MENTIONS = (
     "UNWIND $rows AS r MATCH (p:Passage {id: r.pid}), (d:Doctrine {id: r.did}) "
     "MERGE (p)-[m:MENTIONS]->(d) SET m.count = r.count"
@@ -925,6 +967,10 @@ Q_MENTIONS = (
 Q_CITES = (
     "UNWIND $rows AS r MATCH (p:Passage {id: r.pid}), (a:Authority {id: r.aid}) "
     "MERGE (p)-[c:CITES]->(a) SET c.count = r.count, c.cite = r.cite"
+)
+Q_TEXT_OF = (
+    "UNWIND $rows AS r MATCH (p:Passage {id: r.pid}), (a:Authority {id: r.aid}) "
+    "MERGE (p)-[:TEXT_OF]->(a)"
 )
 Q_MARK_DONE = "UNWIND $ids AS i MATCH (p:Passage {id: i}) SET p.done = true"
 Q_COUNT_NODES = "MATCH (n:{label}) RETURN count(n) AS n"
@@ -935,18 +981,29 @@ def _subject_id(name: str) -> str:
     return "-".join(tokens(name))
 
 
+def _version(tax: Taxonomy) -> str:
+    return f"{tax.fingerprint}+{EXTRACTOR_VERSION}"
+
+
+def _is_current(backend: GraphBackend) -> bool:
+    """Whether the graph was built with this taxonomy and citation extraction."""
+    got = backend.run(Q_META_GET, {"key": "taxonomy"})
+    return bool(got) and got[0]["value"] == _version(load_taxonomy())
+
+
 def sync_taxonomy(backend: GraphBackend, taxonomy: Taxonomy | None = None) -> bool:
     """Write the taxonomy's subjects, doctrines and relations unless the graph already has this
-    version (recorded in a Meta node). Returns True when it wrote. A changed taxonomy leaves old
-    MENTIONS edges in place: ``python load_corpus.py graph`` rebuilds them."""
+    version of them and of the citation extraction (recorded in a Meta node). Returns True when
+    it wrote. A change leaves old MENTIONS and CITES edges in place: ``python load_corpus.py
+    graph`` rebuilds them."""
     tax = taxonomy or load_taxonomy()
     got = backend.run(Q_META_GET, {"key": "taxonomy"})
-    if got and got[0]["value"] == tax.fingerprint:
+    if got and got[0]["value"] == _version(tax):
         return False
     if got:
         logger.warning(
-            "the doctrine taxonomy changed since the graph was built: run `python load_corpus.py "
-            "graph` to re-link the passages"
+            "the doctrine taxonomy or the citation extraction changed since the graph was built: "
+            "run `python load_corpus.py graph` to re-link the passages"
         )
     backend.run(Q_SUBJECTS, {"rows": [{"id": _subject_id(n), "name": n} for n in tax.subjects]})
     rows = [
@@ -972,7 +1029,7 @@ def sync_taxonomy(backend: GraphBackend, taxonomy: Taxonomy | None = None) -> bo
         ]
         if pairs:
             backend.run(Q_RELATION.replace("{rel}", rel), {"rows": pairs})
-    backend.run(Q_META_SET, {"key": "taxonomy", "value": tax.fingerprint})
+    backend.run(Q_META_SET, {"key": "taxonomy", "value": _version(tax)})
     return True
 
 
@@ -992,7 +1049,10 @@ def write_facts(backend: GraphBackend, facts: Sequence[PassageFacts]) -> None:
     backend.run(
         Q_PASSAGES, {"rows": [{"id": f.id, "source": f.source, "title": f.title} for f in facts]}
     )
-    auths = {a.id: a for f in facts for a, _ in f.authorities.values()}
+    auths: dict[str, Authority] = {}
+    for a in (a for f in facts for a in (f.document, *(a for a, _ in f.authorities.values()))):
+        if a is not None and (a.id not in auths or a.name != a.id):
+            auths[a.id] = a  # a case name wins over its bare citation
     if auths:
         backend.run(
             Q_AUTHORITIES,
@@ -1010,6 +1070,9 @@ def write_facts(backend: GraphBackend, facts: Sequence[PassageFacts]) -> None:
     ]
     if cites:
         backend.run(Q_CITES, {"rows": cites})
+    texts = [{"pid": f.id, "aid": f.document.id} for f in facts if f.document is not None]
+    if texts:
+        backend.run(Q_TEXT_OF, {"rows": texts})
     backend.run(Q_MARK_DONE, {"ids": [f.id for f in facts]})
 
 
@@ -1137,6 +1200,22 @@ Q_AUTHORITY_PASSAGES = (
     "RETURN p.id AS pid, a.id AS aid, c.count AS n"
 )
 Q_DOCTRINE_DF = "MATCH (p:Passage)-[:MENTIONS]->(d:Doctrine) WHERE d.id IN $ids RETURN d.id AS id, count(p) AS df"
+Q_AUTHORITY_TEXTS = (
+    "MATCH (p:Passage)-[:TEXT_OF]->(a:Authority) WHERE a.id IN $ids AND NOT p.id IN $exclude "
+    "RETURN p.id AS pid, a.id AS aid, 1 AS n"
+)
+Q_CASE_NAMES = (
+    "MATCH (a:Authority) WHERE a.kind IN ['case', 'document'] AND a.name <> a.id "
+    "RETURN a.id AS id, a.name AS name"
+)
+Q_CITED_BY_TEXTS = (
+    "MATCH (x:Authority)<-[:TEXT_OF]-(:Passage)-[:CITES]->(y:Authority) WHERE x.id IN $ids "
+    "RETURN DISTINCT x.id AS src, y.id AS dst, y.name AS name"
+)
+Q_CITING_TEXTS = (
+    "MATCH (x:Authority)<-[:CITES]-(:Passage)-[:TEXT_OF]->(y:Authority) WHERE x.id IN $ids "
+    "RETURN DISTINCT x.id AS src, y.id AS dst, y.name AS name"
+)
 Q_AUTHORITY_DF = (
     "MATCH (p:Passage)-[:CITES]->(a:Authority) WHERE a.id IN $ids RETURN a.id AS id, count(p) AS df"
 )
@@ -1197,13 +1276,42 @@ def alias_doctrines(g: GraphBackend, query: str) -> dict[str, _Seed]:
     return seeds
 
 
+def _case_names(g: GraphBackend) -> AliasIndex:
+    """The graph's case and document authorities by the words of their names ("terry v ohio"
+    -> "392 U.S. 1"), memoised per graph like the passage count."""
+    key = ("cases", g.where)
+    if key not in _cache:
+        index: dict[tuple[str, ...], list[str]] = defaultdict(list)
+        for r in g.run(Q_CASE_NAMES):
+            words = tuple(tokens(str(r["name"] or "")))
+            if len(words) >= 3:  # "a v b" at least
+                index[words].append(str(r["id"]))
+        _cache[key] = AliasIndex({k: tuple(v) for k, v in index.items()})
+    return _cache[key]
+
+
 def query_authorities(g: GraphBackend, query: str) -> dict[str, _Seed]:
-    """Authorities cited in the query that exist in the graph."""
-    cited = {a.id: cite for a, cite in extract_authorities(query)}
-    if not cited:
+    """Authorities of the graph that the query cites ("392 U.S. 1", "28 U.S.C. § 1441", "FRE
+    803") or names ("Terry v. Ohio": the name of a case some passage cites or is part of)."""
+    ids = [a.id for a, _ in extract_authorities(query)]
+    ids += [i for m in _case_names(g).find(query) for i in m.doctrine_ids]
+    if not ids:
         return {}
-    rows = g.run(Q_AUTHORITY_BY_ID, {"ids": list(cited)})
+    rows = g.run(Q_AUTHORITY_BY_ID, {"ids": list(dict.fromkeys(ids))})
     return {str(r["id"]): _Seed(1.0, f"cites {r['name']}", str(r["name"])) for r in rows}
+
+
+def _authority_neighbours(g: GraphBackend, seeds: dict[str, _Seed]) -> dict[str, _Seed]:
+    """One citation hop from the seed authorities, weight x PRINCIPLE_DECAY: what the passages
+    of a seed document cite, and the documents whose passages cite a seed."""
+    out: dict[str, _Seed] = {}
+    for verb, cypher in (("cites", Q_CITED_BY_TEXTS), ("is cited by", Q_CITING_TEXTS)):
+        for r in g.run(cypher, {"ids": list(seeds)}):
+            src, dst, name = str(r["src"]), str(r["dst"]), str(r["name"] or r["dst"])
+            weight = seeds[src].weight * PRINCIPLE_DECAY
+            if dst not in seeds and (dst not in out or out[dst].weight < weight):
+                out[dst] = _Seed(weight, f"{seeds[src].why} -> {verb} {name}", name)
+    return out
 
 
 _doctrine_vectors: dict[tuple, tuple[list[str], Any]] = {}
@@ -1297,7 +1405,13 @@ def _expand(
     )
     df = {str(r["id"]): int(r["df"]) for r in g.run(q_df, {"ids": ids})}
     total = max(1, _passage_count(g))
-    rows = g.run(q_pass, {"ids": ids, "exclude": exclude})
+    edge = "MENTIONS" if kind == "doctrine" else "CITES"
+    rows = [{**r, "edge": edge} for r in g.run(q_pass, {"ids": ids, "exclude": exclude})]
+    if kind == "authority":  # the passages of the seed documents themselves
+        rows += [
+            {**r, "edge": "TEXT_OF"}
+            for r in g.run(Q_AUTHORITY_TEXTS, {"ids": ids, "exclude": exclude})
+        ]
     hits: dict[str, GraphHit] = {}
     best: dict[str, float] = {}
     tax = load_taxonomy()
@@ -1314,8 +1428,11 @@ def _expand(
                 if kind == "doctrine" and nid in tax.doctrines
                 else seeds[nid].name or nid
             )
-            edge = "MENTIONS" if kind == "doctrine" else "CITES"
-            hit.path = [f"query {seeds[nid].why}", f"{kind} {target}", f"{edge} <- passage {pid}"]
+            hit.path = [
+                f"query {seeds[nid].why}",
+                f"{kind} {target}",
+                f"{r['edge']} <- passage {pid}",
+            ]
     return hits
 
 
@@ -1343,15 +1460,21 @@ def _fuse(
 def _keyword(
     g: GraphBackend, query: str, exclude: list[str], seeds: dict[str, _Seed] | None = None
 ) -> dict[str, GraphHit]:
-    """Passages mentioning a doctrine the query names, or citing an authority it cites."""
+    """Passages mentioning a doctrine the query names, citing an authority it cites or names,
+    or part of that authority (a document whose own citation it is)."""
     seeds = alias_doctrines(g, query) if seeds is None else seeds
     hits = _expand(g, seeds, exclude)
-    for pid, h in _expand(g, query_authorities(g, query), exclude, kind="authority").items():
+    return _merge(hits, _expand(g, query_authorities(g, query), exclude, kind="authority"))
+
+
+def _merge(hits: dict[str, GraphHit], more: dict[str, GraphHit]) -> dict[str, GraphHit]:
+    """``more`` added into ``hits``: scores summed, the path of the larger contribution kept."""
+    for pid, h in more.items():
         cur = hits.get(pid)
         if cur is None:
             hits[pid] = h
             continue
-        if h.score > cur.score:  # the path of the larger contribution
+        if h.score > cur.score:
             cur.path = h.path
         cur.score += h.score
     return hits
@@ -1361,11 +1484,20 @@ def _principles(
     g: GraphBackend, query: str, exclude: list[str], seeds: dict[str, _Seed] | None = None
 ) -> dict[str, GraphHit]:
     """Passages of the doctrines the query names and of their elements, exceptions and related
-    doctrines (one hop, weight x PRINCIPLE_DECAY)."""
-    tax = load_taxonomy()
+    doctrines, and of the authorities it cites or names and those one citation away (what the
+    cited document cites, the documents that cite it): one hop, weight x PRINCIPLE_DECAY."""
     seeds = alias_doctrines(g, query) if seeds is None else seeds
-    if not seeds:
-        return {}
+    hits = _expand(g, _doctrine_neighbours(g, seeds), exclude) if seeds else {}
+    cited = query_authorities(g, query)
+    if cited:
+        reached = {**_authority_neighbours(g, cited), **cited}
+        _merge(hits, _expand(g, reached, exclude, kind="authority"))
+    return hits
+
+
+def _doctrine_neighbours(g: GraphBackend, seeds: dict[str, _Seed]) -> dict[str, _Seed]:
+    """The seed doctrines and their neighbours by one relation, weight x PRINCIPLE_DECAY."""
+    tax = load_taxonomy()
     expanded = {did: _Seed(s.weight, s.why) for did, s in seeds.items()}
     for rel in RELATIONS.values():
         for r in g.run(Q_NEIGHBOURS.replace("{rel}", rel), {"ids": list(seeds)}):
@@ -1374,7 +1506,7 @@ def _principles(
             if dst not in expanded or expanded[dst].weight < weight:
                 why = f"{seeds[src].why} -> {tax[src].name} -[{rel}]- {tax[dst].name}"
                 expanded[dst] = _Seed(weight, why)
-    return _expand(g, expanded, exclude)
+    return expanded
 
 
 def _semantic(
@@ -1487,6 +1619,16 @@ def search_graph(
     return _fuse([o for o in ordered if o], k)
 
 
+FILTER_HEADROOM = 4
+"""A filtered graph search asks the graph for this many times ``k`` hits and keeps those the
+passage filter admits (the graph holds no metadata to filter on)."""
+
+
+def _admitted(hits: list[GraphHit], allowed: frozenset[str] | None) -> list[GraphHit]:
+    """``hits`` inside the passage filter's ``allowed`` ids (all of them when None)."""
+    return hits if allowed is None else [h for h in hits if h.id in allowed]
+
+
 def graph_search(
     query: str,
     k: int = 5,
@@ -1508,9 +1650,11 @@ def graph_search(
 
     s = settings_or_current(settings)
     excluded = [str(i) for i in dict.fromkeys(exclude_ids)]
+    allowed = rag_utils.allowed_ids(rag_utils.get_store(s), s)
+    headroom = 1 if allowed is None else FILTER_HEADROOM
     if mode == "combined":
         pool = max(k, COMBINED_POOL)
-        graph_hits = search_graph(query, pool, excluded, "graph", s)
+        graph_hits = _admitted(search_graph(query, pool * headroom, excluded, "graph", s), allowed)
         dense = rag_utils.retrieve_documents_multi_query(
             [query], k=pool, exclude_ids=excluded, reranker=reranker, settings=s
         )
@@ -1520,7 +1664,7 @@ def graph_search(
         ]
         hits = _fuse([dense_hits, graph_hits], k, weights=[1.0, COMBINED_GRAPH_WEIGHT])
     else:
-        hits = search_graph(query, k, excluded, mode, s)
+        hits = _admitted(search_graph(query, k * headroom, excluded, mode, s), allowed)[:k]
     if not hits:
         return []
     store = rag_utils.get_store(s)

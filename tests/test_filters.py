@@ -13,13 +13,13 @@ from settings import SettingsError
 
 pytestmark = pytest.mark.usefixtures("fresh_rag_caches")
 
-WORDS = "contract breach damages remedy expectation reliance"
+WORDS = "expectation damages for breach of contract: the benefit of the bargain remedy"
 
 
 def _passage(pid, n, **meta):
     return {
         "idx": pid,
-        "text": f"{WORDS} passage {pid} on contract damages number {n} and its remedy.",
+        "text": f"{WORDS}, passage {pid} on lost profits number {n} and its remedy.",
         "source": meta.pop("source", "user documents"),
         "title": f"Passage {pid}",
         **meta,
@@ -65,7 +65,7 @@ def store(tmp_settings, fake):
 
 def _search(settings, search_type, k=5):
     ctx = AgentContext.from_settings(settings, client=object())
-    return ctx.search(search_type, [f"{WORDS} contract damages"], k, [])
+    return ctx.search(search_type, ["expectation damages for breach of contract"], k, [])
 
 
 def _admitted(flt, pid):
@@ -157,3 +157,11 @@ def test_main_and_the_eval_scripts_take_the_filter_flags():
         args, _ = parser.parse_known_args(argv)
         assert filters.overrides(args)["filter_jurisdiction"] == "TX"
         assert filters.overrides(args)["filter_after"] == "2000"
+
+
+@pytest.mark.parametrize("search_type", ["graph", "combined"])
+def test_the_graph_searches_reach_every_kind_unfiltered_so_their_filter_test_means_something(
+    store, search_type
+):
+    got = {d["id"].split("_")[0] for d in _search(store, search_type, k=len(PASSAGES))}
+    assert {"tx", "ca9", "mbe"} <= got
