@@ -616,8 +616,13 @@ def _record_update(record: answer_stage.AnswerRecord) -> dict[str, Any]:
     }
 
 
-MC_RESEARCH_PASSAGES = 2
-"""Passages the answer cites that the MC prompt reads after lean's retrieval."""
+MC_RESEARCH_PASSAGES = 0
+"""Passages the answer cites that the MC prompt reads after lean's retrieval.  Measured on the 40
+barexam_dev items with the embedded 1.5B (eval_comprehensive.py pipeline 40 --modes pipeline,
+paired with lean): with 2 the research route's letter was right 12 times against lean's 14 (0
+gained, 2 lost, 37 letters the same); with the answer's prose and every research passage, 5.  So
+the letter reads what lean reads, and the research's passages only when lean's retrieval falls
+below the gate."""
 
 
 def mc_passages(state: AgentState, extra: list[dict]) -> list[dict]:
@@ -637,8 +642,7 @@ def mc_evidence(docs: list[dict], lean_count: int) -> str:
     """The evidence of the MC prompt: ``docs`` (:func:`mc_passages`) through the one evidence
     formatter every mode uses, each lean passage given as many characters as lean mode gives it
     (the research's passages add to the prompt, they do not crowd lean's out).  The answer's prose
-    is not shown: on the 40 barexam_dev items the letter read from it was right 5 times in 40,
-    lean's 14."""
+    is not shown (see MC_RESEARCH_PASSAGES)."""
     if not docs or not lean_count:
         return prompts.format_evidence(docs) if docs else ""
     return prompts.format_evidence(docs, max_chars=prompts.EVIDENCE_CHARS // lean_count * len(docs))

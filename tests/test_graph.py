@@ -448,20 +448,30 @@ def test_an_application_cut_off_at_its_budget_keeps_its_complete_checks(tmp_sett
 # ------------------------------------------------------------------------------------------------
 
 
-def test_a_multiple_choice_letter_reads_the_analysis_and_leans_retrieval(tmp_settings):
-    q = "A public university suspended a student for her speech without a hearing. Was it lawful?"
-    replies = {
-        "classify": [J(query_type="multi_hop")],
-        "plan": [J(issues=["Free speech at public universities"])],
-        "apply": [J(checks=[{"n": 1, "fact": "suspended for her speech", "met": "yes"}])],
-        "mc_select": ["**Answer: (C)**"],
-    }  # fmt: skip
+MC_QUESTION = (
+    "A public university suspended a student for her speech without a hearing. Was it lawful?"
+)
+MC_REPLIES = {
+    "classify": [J(query_type="multi_hop")],
+    "plan": [J(issues=["Free speech at public universities"])],
+    "apply": [J(checks=[{"n": 1, "fact": "suspended for her speech", "met": "yes"}])],
+    "mc_select": ["**Answer: (C)**"],
+}  # fmt: skip
+
+
+def test_a_researched_multiple_choice_letter_reads_what_lean_reads(tmp_settings):
+    """The research route's letter reads lean's retrieval (question + choices) exactly as lean
+    mode does: on barexam_dev, adding the research's passages or its prose lost items."""
     result, script, memory, retriever = run(
-        tmp_settings, replies, question=q, choices=CHOICES, answer_mode="research"
+        tmp_settings,
+        {k: list(v) for k, v in MC_REPLIES.items()},
+        question=MC_QUESTION,
+        choices=CHOICES,
+        answer_mode="research",
     )
     assert result["answer"]["kind"] == "multiple_choice" and result["answer"]["letter"] == "C"
+    assert "apply" in script.roles()  # the research ran
     prompt = script.prompts("mc_select")[0]
-    assert "may not punish a student's speech" in prompt  # the research's passage
     assert "notice and a hearing" in prompt  # found by lean's query (question + choices)
     assert any("(C) Yes, because she had no hearing." in " ".join(c[0]) for c in retriever.calls)
     for role in ("classify", "plan", "apply"):
@@ -469,6 +479,22 @@ def test_a_multiple_choice_letter_reads_the_analysis_and_leans_retrieval(tmp_set
             assert "Yes, because the speech was protected" not in p
     assert len(memory.writes) == 1 and "Answer: (C)" not in memory.writes[0][1]
     assert result["final_cited_answer"].endswith("**Answer: (C)** Yes, because she had no hearing.")
+    lean_replies = {"mc_select": ["**Answer: (C)**"]}
+    _, lean_script, *_ = run(
+        tmp_settings, lean_replies, question=MC_QUESTION, choices=CHOICES, answer_mode="lean"
+    )
+    assert lean_script.prompts("mc_select") == [prompt]
+
+
+def test_when_leans_retrieval_falls_below_the_gate_the_letter_reads_the_research(tmp_settings):
+    scores = iter([0.9] * 50 + [0.1] * 50)  # the research's gates pass; lean's (last) does not
+    result, script, *_ = run(
+        tmp_settings, {k: list(v) for k, v in MC_REPLIES.items()}, question=MC_QUESTION, choices=CHOICES,
+        answer_mode="research", lean_gate=0.5, evidence_score=lambda q, docs: next(scores),
+    )  # fmt: skip
+    prompt = script.prompts("mc_select")[0]
+    assert "may not punish a student's speech" in prompt  # the research's passage
+    assert result["mc_answer"]["closed_book"] is False
 
 
 def test_memory_hit_skips_the_research_and_a_letter_is_still_picked(tmp_settings):
