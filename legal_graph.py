@@ -11,20 +11,26 @@ with the fact pattern, and a multi-issue question should be split into the doctr
   description (for embedding similarity) and relations ``element_of`` / ``exception_to`` /
   ``related_to``. :func:`load_taxonomy`.
 * **Extraction** is deterministic, so a corpus loads at about the vector load's speed: doctrine
-  mentions by alias (word boundaries, case-insensitive, longest match) and authorities by citation
-  patterns (``28 U.S.C. § 1332``, ``Fed. R. Civ. P. 12(b)(6)``, ``FRE 803(2)``, ``Rule 803(2)``,
-  ``U.S. Const. amend. XIV, § 1``, ``First Amendment``, ``U.C.C. § 2-207``, ``X v. Y``).
-  :func:`extract_doctrines`, :func:`extract_authorities`.
+  mentions by alias (word boundaries, case-insensitive, longest match) and authorities by
+  eyecite (case and statute citations, ``Terry v. Ohio, 392 U.S. 1`` and ``28 U.S.C. § 1441``,
+  with ``Id.``, ``supra`` and short forms resolved to them) plus patterns for what eyecite does
+  not know (``Fed. R. Civ. P. 12(b)(6)``, ``FRE 803(2)``, ``Rule 803(2)``, ``U.S. Const. amend.
+  XIV, § 1``, ``First Amendment``, ``U.C.C. § 2-207``, a case name without a reporter).
+  :func:`extract_doctrines`, :func:`extract_authorities`; docs/CITATIONS.md measures them.
 * **Graph**: nodes Passage, Doctrine, Authority, Subject; edges MENTIONS (passage → doctrine),
-  CITES (passage → authority), PART_OF (doctrine → subject), ELEMENT_OF / EXCEPTION_TO /
-  RELATED_TO (doctrine → doctrine). The engine is an embedded Kùzu-lineage database (LadybugDB by
-  default, no server) or Neo4j through its official driver when ``NEO4J_URI`` is set; both run the
-  same Cypher (only the schema statements differ). :func:`get_graph`.
+  CITES (passage → authority), TEXT_OF (passage → the authority it is part of: a user's document
+  whose metadata carries its own ``citation``, so "a case cites a case" is a path: passage
+  -CITES-> authority <-TEXT_OF- passages of that document), PART_OF (doctrine → subject),
+  ELEMENT_OF / EXCEPTION_TO / RELATED_TO (doctrine → doctrine). The engine is an embedded
+  Kùzu-lineage database (LadybugDB by default, no server) or Neo4j through its official driver
+  when ``NEO4J_URI`` is set; both run the same Cypher (only the schema statements differ).
+  :func:`get_graph`.
 * **Loading** is idempotent and resumable like the vector load: :func:`add_passages` skips passages
   already complete in the graph; :func:`rebuild` rebuilds from the vector store's passages.
 * **Search** (:func:`search_graph`, :func:`graph_search`) in the modes ``keyword`` (Cypher over
-  doctrine aliases and authority names in the query), ``principles`` (linked doctrines → their
-  elements, exceptions and related doctrines → passages), ``semantic`` (query embedding against
+  doctrine aliases, and authorities the query cites or names → the passages citing them and the
+  passages of those documents), ``principles`` (linked doctrines → their elements, exceptions and
+  related doctrines → passages; cited authorities → the authorities one citation away), ``semantic`` (query embedding against
   the doctrine descriptions → passages), ``graph`` (the three fused) and ``combined`` (graph fused
   with the hybrid dense + BM25 retrieval by reciprocal rank fusion).
 * **Issue spotting**: :func:`link_doctrines` links a question to doctrines (aliases and embedding
@@ -454,10 +460,9 @@ def _eyecite_authority(cite: Any, text: str) -> Authority | None:
 
 def _eyecite_citations(text: str) -> list[_Found]:
     """Case and statute citations eyecite finds, with short forms, "id." and "supra" resolved to
-    the full citation they refer to (in this text; an unresolved short form is dropped). A full
-    citation's span includes its case name, so the name is not found again as a bare name."""
+    the full citation they refer to (in this text; an unresolved short form is dropped)."""
     from eyecite import get_citations, resolve_citations
-    from eyecite.models import FullCitation, FullLawCitation
+    from eyecite.models import FullCaseCitation
 
     out: list[_Found] = []
     for resource, refs in resolve_citations(get_citations(text)).items():
@@ -465,10 +470,25 @@ def _eyecite_citations(text: str) -> list[_Found]:
         if auth is None:
             continue
         for c in refs:
-            start, end = c.full_span() if isinstance(c, FullCitation) else c.span()
-            shown = c.full_span() if isinstance(c, FullLawCitation) else c.span()
+            start, end = _cite_span(c, text)
+            shown = c.span() if isinstance(c, FullCaseCitation) else (start, end)
             out.append((start, end, auth, _written(text, *shown)))
     return out
+
+
+def _cite_span(cite: Any, text: str) -> tuple[int, int]:
+    """Where a citation is: a full case citation from its case name (which is then not found
+    again as a bare name), a statute with its subsection ("§ 1441(b)"), neither with the
+    parenthetical after it (a "Fourteenth Amendment" there is a citation of its own)."""
+    from eyecite.models import FullCaseCitation, FullLawCitation
+
+    start, end = cite.span()
+    if isinstance(cite, FullCaseCitation):
+        start = cite.full_span()[0]
+    pin = getattr(cite.metadata, "pin_cite", None)
+    if isinstance(cite, FullLawCitation) and pin and text.startswith(pin, end):
+        end += len(pin)
+    return start, end
 
 
 def _rule(family: str, number: str) -> Authority:
@@ -606,7 +626,14 @@ def _pattern_citations(text: str, context: str) -> Iterator[_Found]:
 
 
 def extract_authorities(text: str, context: str = "") -> list[tuple[Authority, str]]:
-    """Authorities cited in ``text`` as ``(authority, the citation as written)``, in order.
+    """Authorities cited in ``text`` as ``(authority, the citation as written)``, in order
+    (:func:`locate_authorities` without the spans)."""
+    return [(auth, cite) for _, _, auth, cite in locate_authorities(text, context)]
+
+
+def locate_authorities(text: str, context: str = "") -> list[tuple[int, int, Authority, str]]:
+    """Authorities cited in ``text`` as ``(start, end, authority, the citation as written)``, in
+    order of their start (a full case citation's span begins at its case name).
 
     eyecite finds the case and statute citations and resolves their short forms ("392 U.S. at
     21", "Id. at 5", "supra") to the full citation; patterns find what eyecite does not know:
@@ -621,7 +648,7 @@ def extract_authorities(text: str, context: str = "") -> list[tuple[Authority, s
             taken.append((start, end))
             found.append((start, end, auth, cite))
     found.sort(key=lambda f: f[0])
-    return [(auth, cite) for _, _, auth, cite in found]
+    return found
 
 
 def extract_doctrines(text: str, taxonomy: Taxonomy | None = None) -> Counter[str]:
@@ -676,9 +703,10 @@ def extract(passage: dict[str, Any], taxonomy: Taxonomy | None = None) -> Passag
     facts.document = document_authority(
         str(passage.get("citation") or meta.get("citation") or ""), title
     )
-    own = facts.document.id if facts.document else None
+    doc = facts.document
+    own = {doc.id, "case:" + " ".join(tokens(doc.name))} if doc else set()  # its cite, its name
     for auth, cite in extract_authorities(body, context=f"{source} {title}"):
-        if auth.id == own:
+        if auth.id in own:
             continue
         if auth.id in facts.authorities:
             facts.authorities[auth.id][1].append(cite)

@@ -60,6 +60,30 @@ TINY = [
         "text": "A university campus open to student speakers is a designated public forum; "
         "content-based restrictions there must survive strict scrutiny. U.S. Const. amend. I.",
     },
+    {  # a user's document: its chunks carry the document's own citation
+        "idx": "terry#0",
+        "source": "user documents",
+        "title": "Terry v. Ohio",
+        "citation": "392 U.S. 1",
+        "doc_id": "terry",
+        "text": "An officer who reasonably suspects that a person is armed may pat down his outer "
+        "clothing for weapons. Evidence seized otherwise is excluded, Mapp v. Ohio, 367 U.S. 643 "
+        "(1961).",
+    },
+    {
+        "idx": "p_frisk",
+        "source": "test",
+        "title": "",
+        "text": "A stop and frisk needs reasonable suspicion. Terry v. Ohio, 392 U.S. 1, 27 (1968). "
+        "The frisk is limited to a search for weapons. Id. at 29.",
+    },
+    {
+        "idx": "p_exclusion",
+        "source": "test",
+        "title": "",
+        "text": "Evidence from an unconstitutional search is inadmissible in a state prosecution. "
+        "See Mapp v. Ohio, 367 U.S. 643, 655 (1961).",
+    },
 ]
 
 
@@ -121,7 +145,17 @@ def test_a_broken_taxonomy_is_a_one_line_error_naming_the_file(tmp_path):
         (
             "jurisdiction under 28 U.S.C. § 1332(a)(1) requires",
             "",
-            ("usc:28:1332", "28 U.S.C. § 1332"),
+            ("28 U.S.C. § 1332", "28 U.S.C. § 1332"),
+        ),
+        (
+            "removable under 28 U.S.C. § 1441(b) unless",
+            "",
+            ("28 U.S.C. § 1441", "28 U.S.C. § 1441"),
+        ),
+        (
+            "The officer relied on Terry v. Ohio, 392 U.S. 1 (1968), when he",
+            "",
+            ("392 U.S. 1", "Terry v. Ohio"),
         ),
         ("a motion under Fed. R. Civ. P. 12(b)(6) tests", "", ("frcp:12", "Fed. R. Civ. P. 12")),
         ("see Federal Rule of Evidence 702", "", ("fre:702", "Fed. R. Evid. 702")),
@@ -156,6 +190,42 @@ def test_a_broken_taxonomy_is_a_one_line_error_naming_the_file(tmp_path):
 def test_citation_patterns(text, context, expected):
     found = [(a.id, a.name) for a, _ in lg.extract_authorities(text, context)]
     assert found == [expected]
+
+
+def test_short_forms_id_and_supra_resolve_to_the_full_citation():
+    text = (
+        "Terry v. Ohio, 392 U.S. 1, 27 (1968), allows a frisk. Id. at 29. The officer in "
+        "Sibron v. New York, 392 U.S. 40 (1968), lacked suspicion. Terry, 392 U.S. at 30. "
+        "See also Terry, supra, at 24."
+    )
+    found = [(a.id, cite) for a, cite in lg.extract_authorities(text)]
+    assert found == [
+        ("392 U.S. 1", "392 U.S. 1"),
+        ("392 U.S. 1", "Id. at 29"),
+        ("392 U.S. 40", "392 U.S. 40"),
+        ("392 U.S. 1", "392 U.S. at 30"),
+        ("392 U.S. 1", "supra, at 24"),
+    ]
+    facts = lg.extract({"idx": "x", "text": text})
+    auth, cites = facts.authorities["392 U.S. 1"]
+    assert auth.name == "Terry v. Ohio" and len(cites) == 4
+
+
+def test_statute_id_after_a_statute_and_a_short_form_without_its_full_cite():
+    found = lg.extract_authorities("Removal is governed by 28 U.S.C. § 1441(b). Id. § 1446.")
+    assert [a.id for a, _ in found] == ["28 U.S.C. § 1441", "28 U.S.C. § 1441"]
+    # a short form whose full citation is in another passage names no first page: left out
+    assert lg.extract_authorities("The frisk was lawful. 392 U.S., at 30.") == []
+
+
+def test_a_document_is_the_authority_of_its_own_citation_and_does_not_cite_itself():
+    facts = lg.extract(TINY[6])
+    assert facts.document == lg.Authority("392 U.S. 1", "Terry v. Ohio", "case")
+    assert list(facts.authorities) == ["367 U.S. 643"]
+    stored = lg.extract({"id": "s#1", "text": "Held, 392 U.S. at 5.", "metadata": {
+        "citation": "Terry v. Ohio, 392 U.S. 1 (1968)"}})  # fmt: skip
+    assert stored.document == lg.Authority("392 U.S. 1", "Terry v. Ohio", "case")
+    assert lg.extract({"idx": "y", "text": "no citation"}).document is None
 
 
 def test_bare_rule_without_a_family_hint_is_not_guessed():
@@ -207,6 +277,10 @@ def test_tiny_graph_has_every_node_and_edge_type(tiny_graph):
         {"id": "p_diversity"},
     )
     assert rows == [{"name": "28 U.S.C. § 1332", "cite": "28 U.S.C. § 1332(a)"}]
+    rows = tiny_graph.run(
+        "MATCH (p:Passage)-[:TEXT_OF]->(a:Authority) RETURN p.id AS pid, a.id AS aid, a.name AS name"
+    )
+    assert rows == [{"pid": "terry#0", "aid": "392 U.S. 1", "name": "Terry v. Ohio"}]
 
 
 def test_loading_is_idempotent_and_redoes_an_interrupted_passage(tiny_graph, graph_settings):
@@ -228,6 +302,39 @@ def test_keyword_search_by_alias_and_by_citation(tiny_graph, graph_settings, fak
     assert cited[0].path[:2] == ["query cites Fed. R. Evid. 801", "authority Fed. R. Evid. 801"]
     excluded = lg.search_graph("excited utterance", 5, exclude_ids=["p_excited"], mode="keyword")
     assert "p_excited" not in [h.id for h in excluded]
+
+
+@pytest.mark.parametrize(
+    "query", ["What did 392 U.S. 1 hold?", "Is a frisk allowed under Terry v. Ohio?"]
+)
+def test_keyword_search_by_a_case_reaches_its_document_and_the_passages_citing_it(
+    tiny_graph, graph_settings, fake, query
+):
+    hits = lg.search_graph(query, 5, mode="keyword")
+    assert {"terry#0", "p_frisk"} <= {h.id for h in hits}
+    assert "p_exclusion" not in {h.id for h in hits}  # it cites Mapp, which Terry cites
+
+
+def test_keyword_search_paths_show_the_citation_edges(tiny_graph, graph_settings, fake):
+    paths = {h.id: h.path for h in lg.search_graph("What did 392 U.S. 1 hold?", 5, mode="keyword")}
+    assert set(paths) == {"terry#0", "p_frisk"}
+    assert paths["terry#0"] == [
+        "query cites Terry v. Ohio",
+        "authority Terry v. Ohio",
+        "TEXT_OF <- passage terry#0",
+    ]
+    assert paths["p_frisk"][1:] == ["authority Terry v. Ohio", "CITES <- passage p_frisk"]
+
+
+def test_principles_follow_a_case_to_the_cases_its_document_cites(tiny_graph, graph_settings, fake):
+    hits = lg.search_graph("What did 392 U.S. 1 hold?", 5, mode="principles")
+    paths = {h.id: h.path for h in hits}
+    assert set(paths) == {"terry#0", "p_frisk", "p_exclusion"}
+    assert paths["p_exclusion"] == [
+        "query cites Terry v. Ohio -> cites Mapp v. Ohio",
+        "authority Mapp v. Ohio",
+        "CITES <- passage p_exclusion",
+    ]
 
 
 def test_principles_follow_exceptions_to_reach_passages_the_query_does_not_name(
@@ -388,7 +495,7 @@ def test_neo4j_write_path_sends_merges_with_the_extracted_rows():
     assert by_cypher[lg.Q_PASSAGES] == {
         "rows": [{"id": "p_diversity", "source": "test", "title": "Diversity"}]
     }
-    assert {"id": "usc:28:1332", "name": "28 U.S.C. § 1332", "kind": "statute"} in by_cypher[
+    assert {"id": "28 U.S.C. § 1332", "name": "28 U.S.C. § 1332", "kind": "statute"} in by_cypher[
         lg.Q_AUTHORITIES
     ]["rows"]
     mentioned = {r["did"] for r in by_cypher[lg.Q_MENTIONS]["rows"]}
