@@ -54,7 +54,11 @@ def legacy_authority_type(pid: str, source: str) -> str:
     pid, source = pid.lower(), source.lower()
     if pid.startswith("const") or "constitution" in source:
         return "constitution"
-    if pid.startswith(("fre", "frcp", "frcmp", "rule_")) or "federal rules" in source:
+    if (
+        pid.startswith(("fre", "frcp", "frcmp", "rule_"))
+        or "federal rules" in source
+        or source.endswith(":fre")
+    ):
         return "court_rule"
     if pid.startswith("cfr"):
         return "regulation"

@@ -60,7 +60,6 @@ EMBEDDING_BACKENDS = ("auto", "onnx", "torch")
 RERANKERS = ("none", "bm25", "hybrid", "cross-encoder", "auto")
 STUDY_SHARE = 3 / 5
 """Share of study material in a source-diverse top k (3 study + 2 caselaw for k=5)."""
-CASELAW_MARKERS = ("caselaw", "holding")
 """A passage is caselaw when its source or id starts with (or its source contains) one of these."""
 
 _lock = threading.RLock()
@@ -1313,9 +1312,7 @@ def _ranks(scores: Sequence[float]) -> list[int]:
 
 
 def is_caselaw(doc: dict[str, Any]) -> bool:
-    source = str(doc.get("source") or "").lower()
-    pid = str(doc.get("id") or "").lower()
-    return any(source.startswith(m) or pid.startswith(m) or m in source for m in CASELAW_MARKERS)
+    return source_type(doc) == "caselaw"
 
 
 def interleave_sources(docs: Sequence[dict[str, Any]], k: int) -> list[dict[str, Any]]:
@@ -1692,20 +1689,19 @@ def clear_memory(settings: Settings) -> int:
     return n
 
 
+SOURCE_TYPES = {
+    "constitution": "statute/rule", "statute": "statute/rule", "regulation": "statute/rule",
+    "court_rule": "statute/rule", "case": "caselaw", "secondary": "study material",
+}  # fmt: skip
+"""The working memory's three kinds of source, by authority type."""
+
+
 def source_type(passage: Mapping[str, Any]) -> str:
-    """statute/rule, caselaw or study material, from the passage's id prefix and source name."""
-    pid = str(passage.get("id") or passage.get("idx") or "").lower()
-    src = str(passage.get("source") or "").lower()
-    if pid.startswith(("caselaw", "holding")) or "caselaw" in src or "holding" in src:
-        return "caselaw"
-    statute_prefixes = ("fre", "frcp", "frcmp", "usc", "const", "ucc", "cfr", "statute", "rule_")
-    if (
-        pid.startswith(statute_prefixes)
-        or "federal rules" in src
-        or "u.s.c" in src
-        or "constitution" in src
-        or src.endswith(":ucc")
-        or src.endswith(":fre")
-    ):
-        return "statute/rule"
-    return "study material"
+    """statute/rule, caselaw or study material, from the passage's authority type (stored by
+    ``load_corpus.py docs``, else derived from its id and source: :mod:`filters`)."""
+    import filters
+
+    pid = str(passage.get("id") or passage.get("idx") or "")
+    meta = passage.get("metadata") or {}
+    kind = filters.attributes(pid, str(passage.get("source") or ""), meta)["authority_type"]
+    return SOURCE_TYPES[kind]
