@@ -55,6 +55,9 @@ from typing import Any
 from filters import AUTHORITY_TYPES, parse_date
 
 logger = logging.getLogger(__name__)
+# pypdf logs a warning for every quirk of a malformed file ("EOF marker not found") before it
+# raises; the loader's one line per unreadable file says it, so the warnings are noise.
+logging.getLogger("pypdf").setLevel(logging.ERROR)
 
 MAX_FILE_BYTES = 50 * 2**20
 MAX_PDF_PAGES = 3000
