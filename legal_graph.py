@@ -75,7 +75,10 @@ citation extraction (or without the TEXT_OF edges) is re-linked by ``load_corpus
 RELATIONS = {"element_of": "ELEMENT_OF", "exception_to": "EXCEPTION_TO", "related_to": "RELATED_TO"}
 MODES = ("keyword", "principles", "semantic", "graph", "combined")
 EMBEDDED_ENGINES = ("ladybug", "kuzu", "ryugraph")
-"""Python packages of the Kùzu lineage with the same API (``Database``, ``Connection``)."""
+"""Python packages of the Kùzu lineage with the same API (``Database``, ``Connection``); the
+product uses :data:`ENGINE`, ``benchmarks/bench_graph.py engines`` compares the others."""
+ENGINE = "ladybug"
+"""The embedded graph database (Kùzu is archived; the GRAPH_ENGINE setting was removed)."""
 EMBEDDED_THREADS = 1
 """Threads per embedded query. Graph queries are tiny: one thread answers in ~2 ms, while the
 engine's default (every core) waits on scheduling on a busy 2-core machine (p50 24 ms measured)."""
@@ -773,7 +776,7 @@ class EmbeddedBackend:
     def __init__(self, path: Path, engine: str = "ladybug", read_only: bool = False) -> None:
 
         if engine not in EMBEDDED_ENGINES:
-            raise GraphError(f"GRAPH_ENGINE={engine!r}: use one of {', '.join(EMBEDDED_ENGINES)}")
+            raise GraphError(f"graph engine {engine!r}: use one of {', '.join(EMBEDDED_ENGINES)}")
         try:
             self._mod = importlib.import_module(engine)
         except ImportError as exc:
@@ -892,7 +895,7 @@ def graph_path(settings: Settings | None = None) -> Path:
     folder = (
         Path(s.graph_dir).expanduser() if s.graph_dir else Path(s.chroma_dir).expanduser() / "graph"
     )
-    return folder.resolve() / f"{rag_utils.collection_name(s)}.{s.graph_engine}"
+    return folder.resolve() / f"{rag_utils.collection_name(s)}.{ENGINE}"
 
 
 _graphs: dict[tuple, GraphBackend] = {}
@@ -901,7 +904,7 @@ _graphs: dict[tuple, GraphBackend] = {}
 def _graph_key(s: Settings) -> tuple:
     if s.neo4j_uri:
         return ("neo4j", s.neo4j_uri, s.neo4j_user, s.neo4j_database)
-    return ("embedded", s.graph_engine, str(graph_path(s)))
+    return ("embedded", ENGINE, str(graph_path(s)))
 
 
 def _open_embedded(s: Settings, write: bool) -> EmbeddedBackend:
@@ -909,15 +912,15 @@ def _open_embedded(s: Settings, write: bool) -> EmbeddedBackend:
     another version (its schema and taxonomy are then brought up to date)."""
     path = graph_path(s)
     try:
-        backend = EmbeddedBackend(path, s.graph_engine, read_only=not write and path.exists())
+        backend = EmbeddedBackend(path, ENGINE, read_only=not write and path.exists())
     except GraphError:
         if write or not path.exists():
             raise
         # a read-only open fails on a file left with a write-ahead log to replay
-        return EmbeddedBackend(path, s.graph_engine, read_only=False)
+        return EmbeddedBackend(path, ENGINE, read_only=False)
     if backend.read_only and not _is_current(backend):
         backend.close()
-        backend = EmbeddedBackend(path, s.graph_engine, read_only=False)
+        backend = EmbeddedBackend(path, ENGINE, read_only=False)
     return backend
 
 
@@ -1198,7 +1201,7 @@ def graph_status(settings: Settings | None = None) -> dict[str, Any]:
     """Engine, location and node/edge counts by type, for ``load_corpus.py status``. Never
     creates a graph: an absent embedded file reports zero counts."""
     s = settings_or_current(settings)
-    engine = "neo4j" if s.neo4j_uri else s.graph_engine
+    engine = "neo4j" if s.neo4j_uri else ENGINE
     empty = {"nodes": dict.fromkeys(NODE_TYPES, 0), "edges": dict.fromkeys(EDGE_TYPES, 0)}
     if not s.neo4j_uri and not graph_path(s).exists() and _graph_key(s) not in _graphs:
         return {"engine": engine, "where": str(graph_path(s)), "state": "absent", **empty}

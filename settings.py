@@ -167,8 +167,6 @@ class Settings:
     # --- knowledge graph (legal_graph.py) ------------------------------------------------------
     graph_build: bool = True
     """Build the knowledge graph when passages load (python load_corpus.py graph rebuilds it)."""
-    graph_engine: str = "ladybug"
-    """Embedded graph database: ladybug (default), kuzu or ryugraph; unused when NEO4J_URI is set."""
     graph_dir: str | None = None
     """Folder of the embedded graph; empty = CHROMA_DIR/graph."""
     neo4j_uri: str | None = None
@@ -244,11 +242,6 @@ class Settings:
         if not 0.0 <= self.fusion_dense_weight <= 1.0:
             raise SettingsError(
                 f"FUSION_DENSE_WEIGHT={self.fusion_dense_weight}: must be between 0 and 1"
-            )
-        if self.graph_engine not in {"ladybug", "kuzu", "ryugraph"}:
-            raise SettingsError(
-                f"GRAPH_ENGINE={self.graph_engine!r}: use ladybug, kuzu or ryugraph "
-                "(set NEO4J_URI for Neo4j)"
             )
         for name in ("max_steps", "max_iterations", "retrieval_k", "overretrieve_factor"):
             if getattr(self, name) < 1:

@@ -74,7 +74,8 @@ def cmd_build(args: argparse.Namespace) -> dict[str, Any]:
     passages = list(lg.iter_passages_jsonl(args.passages))
     questions = [ec.item_question(q) for q in ec.load_qa(default_qa())]
     with tempfile.TemporaryDirectory() as tmp:
-        s = Settings.from_env(env={}, chroma_dir=tmp, graph_engine=args.engine)
+        lg.ENGINE = args.engine  # this process measures one engine
+        s = Settings.from_env(env={}, chroma_dir=tmp)
         set_settings(s)
         start = time.perf_counter()
         g = lg.get_graph(s, write=True)
