@@ -114,7 +114,7 @@ class AgentContext:
             linked = legal_graph.link_doctrines(question, settings)
             return legal_graph.merge_agenda(issues, linked, max_items=4)
 
-        def with_reranker(name: str) -> Retriever:
+        def with_reranker(name: str, fuse_keyword: bool = False) -> Retriever:
             def search(queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[dict]:
                 reranker = name
                 # A hybrid step ranks with the cross-encoder when RERANKER resolves to one (set
@@ -126,7 +126,12 @@ class AgentContext:
                 ):
                     reranker = "cross-encoder"
                 return rag_utils.retrieve_documents_multi_query(
-                    queries, k=k, exclude_ids=exclude_ids, reranker=reranker, settings=settings
+                    queries,
+                    k=k,
+                    exclude_ids=exclude_ids,
+                    reranker=reranker,
+                    settings=settings,
+                    fuse_keyword=fuse_keyword,
                 )
 
             return search
@@ -164,7 +169,7 @@ class AgentContext:
                 "dense": with_reranker("none"),
                 "keyword": with_reranker("bm25"),
                 "hybrid": with_reranker("hybrid"),
-                "hybrid+keyword": fuse_searches(with_reranker("hybrid"), with_reranker("bm25")),
+                "hybrid+keyword": with_reranker("hybrid", fuse_keyword=True),
                 "graph": graph("graph"),
                 "combined": graph("combined"),
             },
@@ -298,13 +303,3 @@ def default_context() -> AgentContext:
                 logger.info("built the starter index: %d passages", added)
             _default = AgentContext.from_settings(settings)
         return _default
-
-
-def fuse_searches(*searches: Retriever) -> Retriever:
-    """One search whose ranking is the ``searches``' rankings merged by reciprocal rank fusion
-    (``rag_utils.rrf_merge``)."""
-
-    def search(queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[dict]:
-        return rag_utils.rrf_merge([f(queries, k, exclude_ids) for f in searches], k)
-
-    return search

@@ -60,7 +60,6 @@ EMBEDDING_BACKENDS = ("auto", "onnx", "torch")
 RERANKERS = ("none", "bm25", "hybrid", "cross-encoder", "auto")
 STUDY_SHARE = 3 / 5
 """Share of study material in a source-diverse top k (3 study + 2 caselaw for k=5)."""
-"""A passage is caselaw when its source or id starts with (or its source contains) one of these."""
 
 _lock = threading.RLock()
 _verified_files: dict[str, str] = {}
@@ -1402,8 +1401,13 @@ def retrieve_documents_multi_query(
     *,
     reranker: str | None = None,
     settings: Settings,
+    fuse_keyword: bool = False,
 ) -> list[dict[str, Any]]:
     """Top ``k`` passages for ``queries`` (the first is primary).
+
+    ``fuse_keyword``: the ranking is merged (:func:`rrf_merge`) with the BM25 ranking of the same
+    pool, which holds BM25's own best candidates, so one search gives what a reranked search and a
+    keyword search would give fused (a doctrine's name that dense search misreads still counts).
 
     Each query contributes ``OVERRETRIEVE_FACTOR * k`` dense candidates (and as many BM25 candidates
     with hybrid, bm25 and cross-encoder); the pool is deduplicated by id, ``exclude_ids`` are
@@ -1426,7 +1430,7 @@ def retrieve_documents_multi_query(
     excluded = {str(i) for i in exclude_ids}
     per_query = max(k, s.overretrieve_factor * k) + len(excluded)
     embedder = get_embedder(s) if method != "bm25" else None
-    use_bm25 = method in ("hybrid", "bm25", "cross-encoder")
+    use_bm25 = method in ("hybrid", "bm25", "cross-encoder") or fuse_keyword
     bm25 = get_bm25(s, store) if use_bm25 else None
 
     qvecs, rank_vecs = (
@@ -1480,6 +1484,11 @@ def retrieve_documents_multi_query(
     top = interleave_sources(ranked, k) if s.source_diverse_retrieval else ranked[:k]
     for r, d in enumerate(top, start=1):
         d["rank"] = r
+    if fuse_keyword and method != "bm25":
+        assert bm25 is not None
+        lexical = dict(zip([d["id"] for d in docs], bm25.scores_of(bm25_scores[0], [d["id"] for d in docs]), strict=True))  # fmt: skip
+        by_bm25 = sorted((d for d in docs if lexical[d["id"]] > 0), key=lambda d: -lexical[d["id"]])
+        return rrf_merge([top, by_bm25[:k]], k)
     return top
 
 

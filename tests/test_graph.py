@@ -689,17 +689,6 @@ def test_studio_default_context_indexes_the_starter_corpus(tmp_path, monkeypatch
     monkeypatch.setattr(context, "_default", None)
 
 
-def test_fused_search_keeps_what_either_search_ranks_high():
-    """A step's first angle: hybrid and BM25 merged, so a passage only BM25 finds (a doctrine's
-    name dense search misreads) is among the step's passages."""
-    from context import fuse_searches
-
-    hybrid = lambda queries, k, exclude: [{"id": i} for i in ("a", "b", "c")][:k]  # noqa: E731
-    keyword = lambda queries, k, exclude: [{"id": i} for i in ("z", "a")][:k]  # noqa: E731
-    got = [d["id"] for d in fuse_searches(hybrid, keyword)(["Shopkeeper's privilege"], 3, [])]
-    assert got[0] == "a" and "z" in got and len(got) == 3
-
-
 def test_the_plan_picks_candidates_by_number_and_keeps_the_names_they_carry():
     candidates = ["Freedom of speech (Student speech)", "Free Exercise Clause", "Offer (Firm offer (UCC 2-205))"]  # fmt: skip
     assert nodes.picked_issues([2, 1, 2, 9], candidates) == [

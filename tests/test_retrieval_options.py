@@ -141,6 +141,31 @@ def test_batched_pool_equals_one_search_per_query(loaded):
     assert pool == [i for i in expected if i != "mbe_neg1"]
 
 
+def test_a_fused_keyword_search_is_one_search_ranked_both_ways(loaded, monkeypatch):
+    """A step's first angle (hybrid and BM25 fused): one pool, one embedding pass and one BM25
+    scoring give what the two searches fused would give."""
+    settings, _ = loaded
+    queries = ["duty breach negligence", "adverse possession hostile"]
+    apart = rag_utils.rrf_merge(
+        [
+            rag_utils.retrieve_documents_multi_query(queries, k=4, reranker=r, settings=settings)
+            for r in ("hybrid", "bm25")
+        ],
+        4,
+    )
+    emb = rag_utils.get_embedder(settings)
+    before = emb.calls
+    store = rag_utils.get_store(settings)
+    gets = []
+    real_get = store.get
+    monkeypatch.setattr(store, "get", lambda ids, **kw: gets.append(ids) or real_get(ids, **kw))
+    fused = rag_utils.retrieve_documents_multi_query(
+        queries, k=4, reranker="hybrid", settings=settings, fuse_keyword=True
+    )
+    assert _ids(fused) == _ids(apart)
+    assert emb.calls - before == 1 and len(gets) == 1
+
+
 # ------------------------------------------------------------------------------------------------
 # weighted rank fusion
 # ------------------------------------------------------------------------------------------------
