@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import bisect
 import calendar
-import functools
 import hashlib
 import io
 import itertools
@@ -52,7 +51,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from filters import AUTHORITY_TYPES, parse_date
+from filters import AUTHORITY_TYPES, jurisdiction_of, normalize_jurisdiction, parse_date
 
 logger = logging.getLogger(__name__)
 # pypdf logs a warning for every quirk of a malformed file ("EOF marker not found") before it
@@ -802,38 +801,6 @@ _DATE = re.compile(
 _RULES = r"\bRules? of (?:Evidence|Civil|Criminal|Appellate|Bankruptcy)|Federal Rules|^Rule\s+\d"
 _CONSTITUTION = r"^(?:Article|ARTICLE|Amendment|AMENDMENT)\s"
 _DATE_RANK = ("decided", "filed", "effective", "enacted", "dated", "argued", "submitted")
-_FEDERAL_NAMES = ("us", "usa", "federal", "fed", "unitedstates", "unitedstatesofamerica")
-
-
-def _key(value: str) -> str:
-    return re.sub(r"[^a-z]", "", value.lower())
-
-
-@functools.cache
-def _jurisdictions() -> dict[str, str]:
-    """Name, USPS code or reporter abbreviation (letters only, lower case) -> USPS code or US."""
-    import courts_db
-    import reporters_db
-
-    states = json.loads((Path(courts_db.__file__).parent / "data" / "states.json").read_text())
-    table = dict.fromkeys(_FEDERAL_NAMES, "US")
-    by_name = {}
-    for code, name in states.items():
-        if len(code) == 2:
-            table[_key(code)] = table[_key(name)] = by_name[name.lower()] = code
-    for abbr, name in reporters_db.STATE_ABBREVIATIONS.items():
-        if name.lower() in by_name:
-            table.setdefault(_key(abbr), by_name[name.lower()])
-    return table
-
-
-def normalize_jurisdiction(value: str) -> str:
-    """``US`` for the federal system, else a state's USPS code: ``federal``, ``U.S.`` -> US;
-    ``Texas``, ``tex``, ``Tex.``, ``tx`` -> TX.  Raises ValueError for anything else."""
-    code = _jurisdictions().get(_key(value or ""))
-    if code is None:
-        raise ValueError(f"unknown jurisdiction {value!r}: use US (federal) or a state: TX, Texas")
-    return code
 
 
 def _court_jurisdiction(court: str) -> str | None:
@@ -844,7 +811,10 @@ def _court_jurisdiction(court: str) -> str | None:
         return None
     if found[0].get("system") == "federal":
         return "US"
-    return _jurisdictions().get(_key(found[0].get("location") or ""))
+    try:
+        return normalize_jurisdiction(found[0].get("location") or "")
+    except ValueError:
+        return None
 
 
 def _find_court(texts: Iterable[str]) -> str | None:
@@ -915,7 +885,7 @@ def _authority(title: str, blocks: Sequence[Block], kind: str) -> dict[str, str]
             meta["citation"] = " ".join(p for p in parts if p)
         words = [(law.groups.get("reporter") or " ").split()[0]] if law else []
         words += re.findall(r"[A-Z][a-z]+(?: [A-Z][a-z]+)?", title)  # "Texas Penal Code"
-        states = [_jurisdictions().get(_key(w)) for w in words if len(_key(w)) > 2]
+        states = [jurisdiction_of(w) for w in words if len(re.sub(r"[^A-Za-z]", "", w)) > 2]
         place = "US" if _FEDERAL.search(both) else next((s for s in states if s), None)
     when = _find_date(head) or (case.metadata.year if case and kind == "opinion" else None)
     meta |= {k: v for k, v in (("jurisdiction", place), ("date", when)) if v}

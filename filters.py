@@ -19,9 +19,11 @@ on that attribute: a date filter admits only dated passages.
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from settings import Settings, SettingsError
@@ -46,6 +48,45 @@ def parse_date(value: str, *, end: bool = False) -> int:
     if not (1 <= mm <= 12 and 1 <= dd <= 31):
         raise ValueError(f"{value!r} is not a date")
     return int(year) * 10000 + mm * 100 + dd
+
+
+_FEDERAL_NAMES = ("us", "usa", "federal", "fed", "unitedstates", "unitedstatesofamerica")
+
+
+def _key(value: str) -> str:
+    return re.sub(r"[^a-z]", "", value.lower())
+
+
+@functools.cache
+def _jurisdictions() -> dict[str, str]:
+    """Name, USPS code or reporter abbreviation (letters only, lower case) -> USPS code or US."""
+    import courts_db
+    import reporters_db
+
+    states = json.loads((Path(courts_db.__file__).parent / "data" / "states.json").read_text())
+    table = dict.fromkeys(_FEDERAL_NAMES, "US")
+    by_name = {}
+    for code, name in states.items():
+        if len(code) == 2:
+            table[_key(code)] = table[_key(name)] = by_name[name.lower()] = code
+    for abbr, name in reporters_db.STATE_ABBREVIATIONS.items():
+        if name.lower() in by_name:
+            table.setdefault(_key(abbr), by_name[name.lower()])
+    return table
+
+
+def jurisdiction_of(value: str) -> str | None:
+    """``US`` for the federal system, a state's USPS code (from courts-db's and reporters-db's
+    names and abbreviations: ``Texas``, ``tex``, ``Tex.``, ``tx`` -> TX), else None."""
+    return _jurisdictions().get(_key(value or ""))
+
+
+def normalize_jurisdiction(value: str) -> str:
+    """:func:`jurisdiction_of`, raising ValueError for a value that names none."""
+    code = jurisdiction_of(value)
+    if code is None:
+        raise ValueError(f"unknown jurisdiction {value!r}: use US (federal) or a state: TX, Texas")
+    return code
 
 
 def legacy_authority_type(pid: str, source: str) -> str:
@@ -85,12 +126,6 @@ def attributes(pid: str, source: str, meta: Mapping[str, Any]) -> dict[str, Any]
     }
 
 
-def _jurisdiction(value: str) -> str:
-    from documents import normalize_jurisdiction  # courts-db loads only when a filter names one
-
-    return normalize_jurisdiction(value)
-
-
 def _values(raw: str) -> list[str]:
     return [v.strip() for v in (raw or "").split(",") if v.strip()]
 
@@ -111,7 +146,9 @@ class PassageFilter:
     def from_settings(cls, s: Settings) -> PassageFilter:
         """The filter of ``s`` (FILTER_* settings); bad values raise :class:`SettingsError`."""
         try:
-            jurisdictions = frozenset(_jurisdiction(v) for v in _values(s.filter_jurisdiction))
+            jurisdictions = frozenset(
+                normalize_jurisdiction(v) for v in _values(s.filter_jurisdiction)
+            )
         except ValueError as exc:
             raise SettingsError(f"FILTER_JURISDICTION: {exc}") from None
         kinds = frozenset(v.lower().replace("-", "_") for v in _values(s.filter_source_type))
