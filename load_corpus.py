@@ -20,6 +20,7 @@ interruption embeds only what is missing.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import sys
@@ -536,8 +537,9 @@ def load_documents(
 ) -> dict[str, Any]:
     """Read, chunk and load the user's documents (``documents.py``): files, or folders searched
     recursively.  A file that cannot be read costs one line on ``err`` (stderr) and the others
-    still load.  Idempotent and resumable: a document whose stored chunks came from the same file
-    bytes (sha256) is skipped; a changed or partly loaded one has its chunks replaced.  A document
+    still load.  Idempotent and resumable: a document whose stored chunks have the same text and
+    metadata is skipped (a new sidecar or flag counts as a change); a changed or partly loaded one
+    has its chunks replaced.  A document
     that hides text which reads as instructions to the model (white or invisible PDF text, HTML
     comments or hidden elements, metadata) is loaded quarantined: every chunk carries the flag,
     so no search hands it to a prompt."""
@@ -567,10 +569,13 @@ def load_documents(
             print(f"skipped: {exc}", file=err)
             report["failed"].append({"file": str(path), "error": str(exc)})
             continue
-        doc_id, sha = chunks[0]["doc_id"], chunks[0]["sha256"]
+        for c in chunks:  # text and metadata: a new sidecar or flag changes it too
+            c["chunk_hash"] = hashlib.sha1(
+                json.dumps(c, sort_keys=True, default=str).encode()
+            ).hexdigest()[:16]
+        doc_id = chunks[0]["doc_id"]
         stored = store.document_chunks(doc_id) if store.count() else {}
-        ids = {c["idx"] for c in chunks}
-        if set(stored) == ids and set(stored.values()) == {sha}:
+        if stored == {c["idx"]: c["chunk_hash"] for c in chunks}:
             report["unchanged"].append(str(path))
             continue
         store.delete(list(stored))

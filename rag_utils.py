@@ -919,11 +919,11 @@ class PassageStore:
         return out
 
     def document_chunks(self, doc_id: str) -> dict[str, str]:
-        """The stored passages of one document (metadata ``doc_id``): id -> the ``sha256`` of the
-        file they were cut from."""
+        """The stored passages of one document (metadata ``doc_id``): id -> its ``chunk_hash``
+        (the loader's fingerprint of the chunk's text and metadata)."""
         got = self.collection.get(where={"doc_id": doc_id}, include=["metadatas"])
         return {
-            pid: str((meta or {}).get("sha256") or "")
+            pid: str((meta or {}).get("chunk_hash") or "")
             for pid, meta in zip(got["ids"], got["metadatas"], strict=True)
         }
 

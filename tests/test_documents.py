@@ -287,6 +287,11 @@ def test_a_folder_loads_every_readable_file_and_names_the_one_it_cannot(
     assert _docs(tmp_settings, str(folder)) == 1
     assert "0 loaded, 0 replaced, 5 unchanged" in capsys.readouterr().out
     assert fake.calls == calls
+    # a new sidecar changes the document's metadata: its chunks are replaced
+    (folder / "brief.md.meta.json").write_text(json.dumps({"jurisdiction": "TX"}))
+    assert _docs(tmp_settings, str(folder / "brief.md")) == 0
+    assert "1 replaced" in capsys.readouterr().out
+    assert load_corpus.status(tmp_settings)["documents"]["by_jurisdiction"]["TX"] == 1
     # an edited file replaces its chunks; the count follows it
     before = rag_utils.corpus_count(tmp_settings)
     tacking = "\n\nTacking joins the possession periods of successive possessors in privity. "
