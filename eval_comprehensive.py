@@ -49,7 +49,7 @@ import prompts
 import rag_utils
 from context import AgentContext
 from llm_config import LLMConfigError, check_config
-from settings import Settings
+from settings import RERANKER_CHOICES, Settings
 
 logger = logging.getLogger(__name__)
 
@@ -1149,7 +1149,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results-dir", default=ec.DEFAULT_RESULTS_DIR, help="default eval_results")
     p.add_argument("--provider", help="LLM provider (overrides LLM_PROVIDER)")
     p.add_argument("--model", help="LLM model (overrides LLM_MODEL)")
-    p.add_argument("--reranker", choices=["auto", "cross-encoder", "hybrid", "none"])
+    p.add_argument("--reranker", choices=RERANKER_CHOICES)
     p.add_argument("--json", action="store_true", help="print summary.json instead of the tables")
     p.add_argument("-v", "--verbose", action="store_true")
     filters.add_arguments(p)

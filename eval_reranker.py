@@ -30,7 +30,7 @@ from settings import Settings
 
 logger = logging.getLogger(__name__)
 
-RERANKERS = ("none", "bm25", "hybrid", "cross-encoder")
+RERANKERS = tuple(r for r in rag_utils.RERANKERS if r != "auto")
 DEFAULT_RERANKERS = ("none", "hybrid", "cross-encoder")
 BASELINE = "none"
 K = 10

@@ -39,7 +39,7 @@ from llm_config import (
     install_log_redaction,
 )
 from mc import MC_LETTERS, format_choices
-from settings import Settings, SettingsError, load_dotenv_file
+from settings import SEARCH_TYPES, Settings, SettingsError, load_dotenv_file
 from state import AgentState
 
 logger = logging.getLogger(__name__)
@@ -410,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--strategy",
-        choices=["auto", "dense", "keyword", "hybrid", "graph", "combined"],
+        choices=["auto", *SEARCH_TYPES],
         help="SEARCH_STRATEGY for this run: force one search type for every research step",
     )
     parser.add_argument(

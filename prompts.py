@@ -218,11 +218,6 @@ class Classification(BaseModel):
     query_type: Literal["simple", "multi_hop"]
 
 
-SearchType = Literal["dense", "keyword", "graph", "hybrid", "combined"]
-SEARCH_TYPES: tuple[SearchType, ...] = ("hybrid", "dense", "keyword", "graph", "combined")
-"""The search strategies, in the order the executor falls back through them after a dead end."""
-
-
 class Plan(BaseModel):
     issues: list[int | str] = Field(min_length=1, max_length=4)
     """The legal issues the objective raises, most important first, each the number of a

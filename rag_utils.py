@@ -43,7 +43,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from settings import Settings
+from settings import RERANKER_CHOICES, Settings
 
 if TYPE_CHECKING:
     import numpy as np
@@ -57,7 +57,7 @@ MEMORY_PREFIX = "qa_memory__"
 RRF_K = 60
 """Reciprocal rank fusion constant: score = sum over rankings of 1 / (RRF_K + rank)."""
 EMBEDDING_BACKENDS = ("auto", "onnx", "torch")
-RERANKERS = ("none", "bm25", "hybrid", "cross-encoder", "auto")
+RERANKERS = (*RERANKER_CHOICES, "bm25")
 STUDY_SHARE = 3 / 5
 """Share of study material in a source-diverse top k (3 study + 2 caselaw for k=5)."""
 

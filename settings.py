@@ -23,6 +23,13 @@ _TRUE = {"1", "true", "yes", "on", "y"}
 _FALSE = {"0", "false", "no", "off", "n", ""}
 
 
+SEARCH_TYPES = ("dense", "keyword", "hybrid", "graph", "combined")
+"""The search types a research step can use (SEARCH_STRATEGY forces one; "auto" lets the step
+choose)."""
+RERANKER_CHOICES = ("auto", "cross-encoder", "hybrid", "none")
+"""RERANKER values (rag_utils.RERANKERS adds "bm25", the ranking of a keyword search)."""
+
+
 class SettingsError(ValueError):
     """A setting has a value that cannot be used; the message names the variable."""
 
@@ -213,7 +220,7 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
     def validate(self) -> None:
-        if self.reranker not in {"auto", "cross-encoder", "hybrid", "none"}:
+        if self.reranker not in RERANKER_CHOICES:
             raise SettingsError(
                 f"RERANKER={self.reranker!r}: use auto, cross-encoder, hybrid or none"
             )
@@ -221,7 +228,7 @@ class Settings:
             raise SettingsError(
                 f"ANSWER_MODE={self.answer_mode!r}: use auto, research, evidence or lean"
             )
-        if self.search_strategy not in {"auto", "dense", "keyword", "hybrid", "graph", "combined"}:
+        if self.search_strategy not in ("auto", *SEARCH_TYPES):
             raise SettingsError(
                 f"SEARCH_STRATEGY={self.search_strategy!r}: use auto, dense, keyword, hybrid, "
                 "graph or combined"
