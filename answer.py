@@ -260,7 +260,8 @@ class _Citations:
                 return c.n
         n = len(self.items) + 1
         title = str(doc.get("title") or "")
-        self.items.append(Citation(n, str(doc["id"]), title, sentence, pin_cite(doc)))
+        pin = doc.get("pin") or pin_cite(doc)  # a research record carries it computed
+        self.items.append(Citation(n, str(doc["id"]), title, sentence, pin))
         return n
 
 

@@ -528,6 +528,21 @@ def test_injection_rejected_by_prescreen_without_llm_call(tmp_settings, attack):
     assert result["run_metrics"]["has_answer"] is False
 
 
+def test_a_citation_of_a_users_document_carries_its_pin_cite_to_the_cli_and_json(tmp_settings):
+    """A passage of a loaded document (load_corpus.py docs) keeps its citation and pin through
+    the research, so SOURCES cites "Name, 392 U.S. 1, 27 (1968)", not only a title."""
+    meta = {"citation": "392 U.S. 1", "pin": "*27", "date": "1968-06-10"}
+    law = [{**d, "title": "Smith v. Grocer", "metadata": meta} for d in LAW]
+    result, *_ = run(tmp_settings, fact_replies(), retriever=FakeRetriever(law, ranked=True))
+    pins = {c["pin"] for c in result["answer"]["citations"]}
+    assert pins == {"Smith v. Grocer, 392 U.S. 1, 27 (1968)"}
+    lines: list[str] = []
+    main._print_result(result, lines.append)
+    assert any(
+        line.strip().startswith("[1] Smith v. Grocer, 392 U.S. 1, 27 (1968) (") for line in lines
+    )
+
+
 def test_llm_injection_verdict_on_a_plain_fact_pattern_is_overruled(tmp_settings):
     replies = fact_replies(injection=[J(verdict="injection", reason="hypothetical facts")])
     result, *_ = run(tmp_settings, replies, skip_injection_check=False)
