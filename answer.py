@@ -276,6 +276,8 @@ def pin_cite(doc: Mapping[str, Any]) -> str:
         return ""
     cite = str(meta.get("citation") or "").strip()
     title = str(doc.get("title") or meta.get("title") or "").strip()
+    if pin == title:  # a heading pin that repeats the title
+        return title
     if cite and "§" in cite and pin.startswith("§"):  # the statute's own section, deepest part
         return f"{cite.split('§')[0].strip()} {pin}"
     if cite and pin.startswith(("*", "p. ")):  # a reported case: name, reporter, page (year)
