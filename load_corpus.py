@@ -25,7 +25,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -539,10 +539,9 @@ def load_documents(
     recursively.  A file that cannot be read costs one line on ``err`` (stderr) and the others
     still load.  Idempotent and resumable: a document whose stored chunks have the same text and
     metadata is skipped (a new sidecar or flag counts as a change); a changed or partly loaded one
-    has its chunks replaced.  A document
-    that hides text which reads as instructions to the model (white or invisible PDF text, HTML
-    comments or hidden elements, metadata) is loaded quarantined: every chunk carries the flag,
-    so no search hands it to a prompt."""
+    has its chunks replaced.  A document that hides text which reads as instructions to the model
+    (white or invisible PDF text, HTML comments or hidden elements, metadata) is loaded
+    quarantined: every chunk carries the flag, so no search hands it to a prompt."""
     import documents
 
     s = settings_or_current(settings)
@@ -625,8 +624,9 @@ def curated_selection(
     return chosen + pad, sorted(gold - found)
 
 
-def scan_metadata(store: Any) -> dict[str, Any]:
-    """One pass over the stored metadata: passages per source, and how many passages are flagged
+def scan_metadata(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """One pass over stored passages (``PassageStore.iter_all``): passages per source, authority
+    type and jurisdiction, documents by type and jurisdiction, and how many passages are flagged
     as injections (per pattern name) or were loaded before screening (no flag field)."""
     from collections import Counter
 
@@ -636,7 +636,7 @@ def scan_metadata(store: Any) -> dict[str, Any]:
     places: Counter[str] = Counter()
     docs: dict[str, tuple[str, str]] = {}
     flagged = unscreened = 0
-    for p in store.iter_all(include_text=False):
+    for p in records:
         sources[p["source"] or "(none)"] += 1
         a = filters.attributes(p["id"], p["source"], p["metadata"])
         kinds[a["authority_type"]] += 1
@@ -658,24 +658,9 @@ def scan_metadata(store: Any) -> dict[str, Any]:
             "by_type": dict(Counter(k for k, _ in docs.values()).most_common()),
             "by_jurisdiction": dict(Counter(j for _, j in docs.values()).most_common()),
         },
-        "flagged": flagged,
-        "unscreened": unscreened,
-        "flags": dict(flags.most_common()),
-    }
-
-
-_SCAN_ONLY = ("flagged", "unscreened", "flags")
-
-
-def scan_metadata_empty() -> dict[str, Any]:
-    return {
-        "sources": {},
-        "authority_types": {},
-        "jurisdictions": {},
-        "documents": {"count": 0, "by_type": {}, "by_jurisdiction": {}},
-        "flagged": 0,
-        "unscreened": 0,
-        "flags": {},
+        "injection_flagged": flagged,
+        "injection_unscreened": unscreened,
+        "injection_flags": dict(flags.most_common()),
     }
 
 
@@ -693,10 +678,7 @@ def status(settings: Settings | None = None) -> dict[str, Any]:
             "collection": f"{name} (absent)",
             "embedding_model": rag_utils.embedder_name(s),
             "count": 0,
-            **{k: v for k, v in scan_metadata_empty().items() if k not in _SCAN_ONLY},
-            "injection_flagged": 0,
-            "injection_unscreened": 0,
-            "injection_flags": {},
+            **scan_metadata([]),
             "bm25_index": "absent",
             "reranker": s.reranker,
             "qa_memory_entries": (
@@ -709,7 +691,6 @@ def status(settings: Settings | None = None) -> dict[str, Any]:
     store = rag_utils.get_store(s)
     bm25_meta = store.bm25_dir / store.name / "ids.json"
     count = store.count()
-    scan = scan_metadata(store) if count else scan_metadata_empty()
     bm25_count = None
     if bm25_meta.exists():
         try:
@@ -721,13 +702,7 @@ def status(settings: Settings | None = None) -> dict[str, Any]:
         "collection": store.name,
         "embedding_model": rag_utils.embedder_name(s),
         "count": count,
-        "sources": scan["sources"],
-        "authority_types": scan["authority_types"],
-        "jurisdictions": scan["jurisdictions"],
-        "documents": scan["documents"],
-        "injection_flagged": scan["flagged"],
-        "injection_unscreened": scan["unscreened"],
-        "injection_flags": scan["flags"],
+        **scan_metadata(store.iter_all(include_text=False) if count else []),
         "bm25_index": "absent"
         if bm25_count is None
         else ("fresh" if bm25_count == count else "stale"),

@@ -38,7 +38,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -735,6 +735,8 @@ class PassageStore:
         """(passage count, ids, unit vectors) for exact search, reread when the count changes."""
         self._allowed: dict[tuple[Any, int], frozenset[str]] = {}
         """(filter, passage count) -> the ids the filter admits."""
+        self._masks: dict[frozenset[str], Any] = {}
+        """Admitted ids -> which rows of the exact-search matrix they are (:func:`membership`)."""
 
     @property
     def collection(self) -> Any:
@@ -881,27 +883,27 @@ class PassageStore:
         """Ids of the ``n`` nearest passages (by cosine) of each embedding, among ``allowed``
         when given: exact search over the stored vectors up to EXACT_SEARCH_MAX_PASSAGES passages,
         else one Chroma HNSW query (restricted to ``allowed`` ids)."""
-        total = self.count() if allowed is None else min(self.count(), len(allowed))
+        count = self.count()
+        total = count if allowed is None else min(count, len(allowed))
         if total == 0 or n <= 0 or len(embeddings) == 0:
             return [[] for _ in range(len(embeddings))]
-        if self.count() <= EXACT_SEARCH_MAX_PASSAGES:
-            return self._exact_ids(embeddings, min(n, total), allowed)
+        if count <= EXACT_SEARCH_MAX_PASSAGES:
+            return self._exact_ids(embeddings, min(n, total), count, allowed)
         got = self.collection.query(
             query_embeddings=[list(map(float, e)) for e in embeddings],
             n_results=min(n, total),
-            ids=sorted(allowed) if allowed is not None else None,
+            ids=list(allowed) if allowed is not None else None,
             include=[],
         )
         return [list(ids) for ids in got["ids"]]
 
     def _exact_ids(
-        self, embeddings: Any, n: int, allowed: frozenset[str] | None
+        self, embeddings: Any, n: int, total: int, allowed: frozenset[str] | None
     ) -> list[list[str]]:
         import numpy as np
 
-        total = self.count()
-
         if self._matrix is None or self._matrix[0] != total:
+            self._masks.clear()
             got = self.collection.get(include=["embeddings"])
             order = sorted(range(len(got["ids"])), key=lambda i: got["ids"][i])
             mat = np.asarray(got["embeddings"], dtype=np.float32)[order]
@@ -910,7 +912,7 @@ class PassageStore:
         _, ids, mat = self._matrix
         scores = np.asarray(embeddings, dtype=np.float32) @ mat.T
         if allowed is not None:
-            scores[:, ~np.fromiter((i in allowed for i in ids), bool, len(ids))] = -np.inf
+            scores[:, ~membership(ids, allowed, self._masks)] = -np.inf
         out = []
         for row in scores:
             top = np.argpartition(-row, n - 1)[:n] if n < len(row) else np.arange(len(row))
@@ -936,6 +938,7 @@ class PassageStore:
         self.collection.delete(ids=list(ids))
         self._matrix = None
         self._allowed.clear()
+        self._masks.clear()
         shutil.rmtree(self.bm25_dir / self.name, ignore_errors=True)
         (self.bm25_dir.parent / "centroid" / f"{self.name}.json").unlink(missing_ok=True)
         with _lock:
@@ -1019,6 +1022,7 @@ class Bm25Index:
     count: int
     _rows: dict[str, int] | None = None
     _prefixes: frozenset[str] | None = None
+    _masks: dict[frozenset[str], Any] = field(default_factory=dict)
 
     def row(self, pid: str) -> int | None:
         """Document number of passage ``pid`` (None when it is not indexed)."""
@@ -1086,11 +1090,7 @@ class Bm25Index:
     def admitted(self, scores: Any, allowed: frozenset[str] | None) -> Any:
         """``scores`` (rows of :meth:`scores_many`) with every passage outside ``allowed`` at 0,
         so that :meth:`top_of` never returns it (``scores`` itself when ``allowed`` is None)."""
-        if allowed is None:
-            return scores
-        import numpy as np
-
-        return scores * np.fromiter((i in allowed for i in self.ids), np.float32, len(self.ids))
+        return scores if allowed is None else scores * membership(self.ids, allowed, self._masks)
 
     def top(self, query: str, n: int) -> list[tuple[str, float]]:
         return self.top_of(self.scores(query), n)
@@ -1386,6 +1386,18 @@ def fuse_rankings(
     ]
 
 
+def membership(ids: Sequence[str], allowed: frozenset[str], cache: dict) -> np.ndarray:
+    """Which of ``ids`` are in ``allowed`` (a boolean row), kept in ``cache`` per admitted set
+    (the store hands out one frozenset per filter), so a filtered search masks its scores without
+    testing every id again."""
+    import numpy as np
+
+    mask = cache.get(allowed)
+    if mask is None:
+        mask = cache[allowed] = np.fromiter((i in allowed for i in ids), bool, len(ids))
+    return mask
+
+
 def allowed_ids(store: PassageStore, settings: Settings) -> frozenset[str] | None:
     """The passages the settings' filter admits (:mod:`filters`); None when there is no filter."""
     import filters
@@ -1486,8 +1498,9 @@ def retrieve_documents_multi_query(
         d["rank"] = r
     if fuse_keyword and method != "bm25":
         assert bm25 is not None
-        lexical = dict(zip([d["id"] for d in docs], bm25.scores_of(bm25_scores[0], [d["id"] for d in docs]), strict=True))  # fmt: skip
-        by_bm25 = sorted((d for d in docs if lexical[d["id"]] > 0), key=lambda d: -lexical[d["id"]])
+        lexical = bm25.scores_of(bm25_scores[0], [d["id"] for d in docs])
+        order = sorted((i for i in range(len(docs)) if lexical[i] > 0), key=lambda i: -lexical[i])
+        by_bm25 = [docs[i] for i in order]
         return rrf_merge([top, by_bm25[:k]], k)
     return top
 
