@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import sys
 import tempfile
 import time
@@ -29,6 +28,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from rss import peak_rss_mb
 
 import documents
 
@@ -60,17 +61,6 @@ PARAGRAPHS = [
     "would the facts available to the officer at the moment of the seizure or the search warrant "
     "a man of reasonable caution in the belief that the action taken was appropriate?",
 ]
-
-
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process (VmHWM, else ru_maxrss)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def write_pdf(path: Path, pages: int) -> None:

@@ -36,7 +36,6 @@ import argparse
 import json
 import random
 import re
-import resource
 import sys
 import tempfile
 import time
@@ -46,6 +45,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from rss import peak_rss_mb
+
 import eval_common as ec
 import load_corpus
 import rag_utils
@@ -53,18 +54,6 @@ from settings import Settings, set_settings
 
 RESULTS = REPO / "benchmarks" / "results" / "bench_retrieval.json"
 METHODS = {"dense": "none", "bm25": "bm25", "hybrid": "hybrid"}
-
-
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process: VmHWM (ru_maxrss survives exec, so a child started
-    by a big parent would report the parent's peak)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 def bench_indexing(settings: Any, passages_path: Path) -> dict[str, Any]:
