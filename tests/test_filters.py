@@ -26,29 +26,24 @@ def _passage(pid, n, **meta):
     }
 
 
+def _cases(prefix, court, jurisdiction, first_year, count):
+    """``count`` dated opinions of one court, a year apart."""
+    return [
+        _passage(
+            f"{prefix}_case_{n}",
+            n,
+            jurisdiction=jurisdiction,
+            court=court,
+            authority_type="case",
+            date_int=(first_year + n) * 10000 + 101,
+        )
+        for n in range(count)
+    ]
+
+
 PASSAGES = [
-    *[
-        _passage(
-            f"tx_case_{n}",
-            n,
-            jurisdiction="TX",
-            court="tex",
-            authority_type="case",
-            date_int=19900101 + n * 10000,
-        )  # fmt: skip
-        for n in range(6)
-    ],
-    *[
-        _passage(
-            f"ca9_case_{n}",
-            n,
-            jurisdiction="US",
-            court="ca9",
-            authority_type="case",
-            date_int=20100101 + n * 10000,
-        )  # fmt: skip
-        for n in range(4)
-    ],
+    *_cases("tx", "tex", "TX", 1990, 6),
+    *_cases("ca9", "ca9", "US", 2010, 4),
     _passage("usc_1441", 1, jurisdiction="US", authority_type="statute"),
     _passage("fre_803", 2, source="Federal Rules of Evidence"),  # legacy row: court_rule, US
     *[_passage(f"mbe_{n}", n, source="barexam_qa:mbe") for n in range(4)],  # secondary, no place
