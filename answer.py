@@ -260,8 +260,7 @@ class _Citations:
                 return c.n
         n = len(self.items) + 1
         title = str(doc.get("title") or "")
-        pin = doc.get("pin") or pin_cite(doc)  # a research record carries it computed
-        self.items.append(Citation(n, str(doc["id"]), title, sentence, pin))
+        self.items.append(Citation(n, str(doc["id"]), title, sentence, pin_cite(doc)))
         return n
 
 
@@ -269,7 +268,10 @@ def pin_cite(doc: Mapping[str, Any]) -> str:
     """A pin cite to a passage of the user's documents (``load_corpus.py docs``), from its
     metadata: the document's own citation with the passage's page or subsection — "Terry v.
     Ohio, 392 U.S. 1, 27 (1968)", "28 U.S.C. § 1441(b)(2)" — else its title with the pin ("Brief
-    for Appellant, p. 3").  "" for a passage that has no pin (passage tables)."""
+    for Appellant, p. 3").  "" for a passage that has no pin (passage tables).  A research
+    record (``nodes._passage_record``) carries it already computed, as ``pin``."""
+    if doc.get("pin"):
+        return str(doc["pin"])
     meta = doc.get("metadata") or {}
     pin = str(meta.get("pin") or "").strip()
     if not pin:

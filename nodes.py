@@ -156,7 +156,7 @@ def _passage_record(doc: dict) -> dict:
         "title": doc.get("title") or "",
         "source": doc.get("source") or (doc.get("metadata") or {}).get("source", ""),
         "text": doc.get("text") or "",
-        "pin": doc.get("pin") or answer_stage.pin_cite(doc),
+        "pin": answer_stage.pin_cite(doc),
     }
 
 
