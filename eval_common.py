@@ -42,7 +42,7 @@ from llm_config import (
 )
 from load_corpus import STARTER_DIR, read_qa
 from mc import format_choices
-from settings import Settings, SettingsError, load_dotenv_file, set_settings
+from settings import Settings, SettingsError, load_dotenv_file
 
 logger = logging.getLogger(__name__)
 
@@ -446,7 +446,7 @@ def require_llm(settings: Settings, llm_factory: Callable[[str], Any] | None = N
 
 
 def cli_run(fn: Callable[[Settings], Any], **overrides: Any) -> tuple[int, Any]:
-    """An eval script's body: read ``.env``, build and install the eval settings (``overrides``
+    """An eval script's body: read ``.env``, build the eval settings (``overrides``
     are its CLI flags), return ``(0, fn(settings))`` — or ``(2, None)`` after printing a user
     error in one line to stderr."""
     import sys
@@ -454,7 +454,6 @@ def cli_run(fn: Callable[[Settings], Any], **overrides: Any) -> tuple[int, Any]:
     try:
         load_dotenv_file()
         settings = eval_settings(**overrides)
-        set_settings(settings)
         return 0, fn(settings)
     except user_errors() as exc:
         print(f"error: {exc}".splitlines()[0], file=sys.stderr)  # noqa: T201 - CLI output

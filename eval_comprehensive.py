@@ -134,7 +134,7 @@ def run_retrieval_item(
         ]
         docs = rag_utils.rrf_merge(rankings, RETRIEVAL_K)
     elif variant in ("graph", "combined"):
-        docs = legal_graph.graph_search(queries[0], RETRIEVAL_K, (), variant, settings)
+        docs = legal_graph.graph_search(queries[0], RETRIEVAL_K, (), variant, settings=settings)
     elif variant in ("dense", "bm25", "hybrid"):
         reranker = {"dense": "none", "bm25": "bm25", "hybrid": "hybrid"}[variant]
         docs = rag_utils.retrieve_documents_multi_query(

@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import rag_utils
-from settings import Settings, settings_or_current
+from settings import Settings
 
 if TYPE_CHECKING:
     import numpy as np
@@ -887,15 +887,16 @@ def _short(exc: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def graph_path(settings: Settings | None = None) -> Path:
+def graph_path(settings: Settings) -> Path:
     """File of the embedded graph: ``<GRAPH_DIR or CHROMA_DIR/graph>/<passage collection>.<engine>``
     (one graph per passage collection, like the BM25 index)."""
 
-    s = settings_or_current(settings)
     folder = (
-        Path(s.graph_dir).expanduser() if s.graph_dir else Path(s.chroma_dir).expanduser() / "graph"
+        Path(settings.graph_dir).expanduser()
+        if settings.graph_dir
+        else Path(settings.chroma_dir).expanduser() / "graph"
     )
-    return folder.resolve() / f"{rag_utils.collection_name(s)}.{ENGINE}"
+    return folder.resolve() / f"{rag_utils.collection_name(settings)}.{ENGINE}"
 
 
 _graphs: dict[tuple, GraphBackend] = {}
@@ -924,12 +925,11 @@ def _open_embedded(s: Settings, write: bool) -> EmbeddedBackend:
     return backend
 
 
-def get_graph(settings: Settings | None = None, *, write: bool = False) -> GraphBackend:
+def get_graph(settings: Settings, *, write: bool = False) -> GraphBackend:
     """The configured graph with its schema and taxonomy in place: Neo4j when NEO4J_URI is set,
     else the embedded database file (created on first use). One handle per process; a handle
     opened read-only is reopened for writing when ``write`` is asked."""
-    s = settings_or_current(settings)
-    key = _graph_key(s)
+    key = _graph_key(settings)
     with _lock:
         backend = _graphs.get(key)
         if backend is not None and not (write and getattr(backend, "read_only", False)):
@@ -939,10 +939,13 @@ def get_graph(settings: Settings | None = None, *, write: bool = False) -> Graph
             del _graphs[key]
         if key[0] == "neo4j":
             backend = Neo4jBackend(
-                s.neo4j_uri or "", s.neo4j_user, s.neo4j_password, s.neo4j_database
+                settings.neo4j_uri or "",
+                settings.neo4j_user,
+                settings.neo4j_password,
+                settings.neo4j_database,
             )
         else:
-            backend = _open_embedded(s, write)
+            backend = _open_embedded(settings, write)
         if not getattr(backend, "read_only", False):
             backend.ensure_schema()
             sync_taxonomy(backend)
@@ -1109,7 +1112,7 @@ def write_facts(backend: GraphBackend, facts: Sequence[PassageFacts]) -> None:
 
 def add_passages(
     passages: Sequence[dict[str, Any]],
-    settings: Settings | None = None,
+    settings: Settings,
     *,
     backend: GraphBackend | None = None,
     batch_size: int = BATCH,
@@ -1121,8 +1124,7 @@ def add_passages(
     store returns them (``id, text, metadata``). Safe to interrupt and rerun."""
     if not passages:
         return 0
-    s = settings_or_current(settings)
-    g = backend or get_graph(s, write=True)
+    g = backend or get_graph(settings, write=True)
     tax = load_taxonomy()
     ids = [passage_id(p) for p in passages]
     present = done_ids(g, ids)
@@ -1143,15 +1145,14 @@ def add_passages(
     return len(todo)
 
 
-def on_passages_loaded(passages: Sequence[dict[str, Any]], settings: Settings | None = None) -> int:
+def on_passages_loaded(passages: Sequence[dict[str, Any]], settings: Settings) -> int:
     """The vector load's hook: add ``passages`` to the graph unless GRAPH_BUILD is off. A graph
     failure is logged, never raised: the vector load stays usable, and ``python load_corpus.py
     graph`` builds the graph later."""
-    s = settings_or_current(settings)
-    if not s.graph_build:
+    if not settings.graph_build:
         return 0
     try:
-        return add_passages(passages, s)
+        return add_passages(passages, settings)
     except Exception as exc:
         logger.warning(
             "the knowledge graph was not updated (%s); run `python load_corpus.py graph` to build it",
@@ -1160,27 +1161,26 @@ def on_passages_loaded(passages: Sequence[dict[str, Any]], settings: Settings | 
         return 0
 
 
-def rebuild(settings: Settings | None = None, *, progress: bool = True) -> dict[str, Any]:
+def rebuild(settings: Settings, *, progress: bool = True) -> dict[str, Any]:
     """Rebuild the graph from every passage of the vector store; returns the build's numbers
     (passages, seconds, nodes and edges by type)."""
 
-    s = settings_or_current(settings)
     start = time.perf_counter()
-    if s.neo4j_uri:
-        g = get_graph(s, write=True)
+    if settings.neo4j_uri:
+        g = get_graph(settings, write=True)
         g.drop_all()
     else:
         close_graphs()
-        path = graph_path(s)
+        path = graph_path(settings)
         for p in (path, path.with_name(path.name + ".wal")):
             if p.is_dir():
                 shutil.rmtree(p)
             elif p.exists():
                 p.unlink()
-        g = get_graph(s, write=True)
+        g = get_graph(settings, write=True)
     sync_taxonomy(g)
-    passages = list(rag_utils.get_store(s).iter_all())
-    added = add_passages(passages, s, backend=g, progress=progress)
+    passages = list(rag_utils.get_store(settings).iter_all())
+    added = add_passages(passages, settings, backend=g, progress=progress)
     seconds = time.perf_counter() - start
     return {"passages": added, "seconds": round(seconds, 2), **graph_counts(g)}
 
@@ -1197,16 +1197,19 @@ def graph_counts(backend: GraphBackend) -> dict[str, dict[str, int]]:
     return {"nodes": nodes, "edges": edges}
 
 
-def graph_status(settings: Settings | None = None) -> dict[str, Any]:
+def graph_status(settings: Settings) -> dict[str, Any]:
     """Engine, location and node/edge counts by type, for ``load_corpus.py status``. Never
     creates a graph: an absent embedded file reports zero counts."""
-    s = settings_or_current(settings)
-    engine = "neo4j" if s.neo4j_uri else ENGINE
+    engine = "neo4j" if settings.neo4j_uri else ENGINE
     empty = {"nodes": dict.fromkeys(NODE_TYPES, 0), "edges": dict.fromkeys(EDGE_TYPES, 0)}
-    if not s.neo4j_uri and not graph_path(s).exists() and _graph_key(s) not in _graphs:
-        return {"engine": engine, "where": str(graph_path(s)), "state": "absent", **empty}
+    if (
+        not settings.neo4j_uri
+        and not graph_path(settings).exists()
+        and _graph_key(settings) not in _graphs
+    ):
+        return {"engine": engine, "where": str(graph_path(settings)), "state": "absent", **empty}
     try:
-        g = get_graph(s)
+        g = get_graph(settings)
         counts = graph_counts(g)
     except Exception as exc:
         return {"engine": engine, "state": f"error: {_short(exc)}", **empty}
@@ -1348,15 +1351,14 @@ def _authority_neighbours(g: GraphBackend, seeds: dict[str, _Seed]) -> dict[str,
 _doctrine_vectors: dict[tuple, tuple[list[str], Any]] = {}
 
 
-def doctrine_vectors(settings: Settings | None = None) -> tuple[list[str], np.ndarray]:
+def doctrine_vectors(settings: Settings) -> tuple[list[str], np.ndarray]:
     """Embeddings of every doctrine's name and description, computed once per embedder and
     taxonomy version and cached on disk beside the graph (``doctrines-<model>-<version>.npy``)."""
     import numpy as np
 
-    s = settings_or_current(settings)
     tax = load_taxonomy()
-    model = rag_utils.embedder_name(s)
-    folder = graph_path(s).parent
+    model = rag_utils.embedder_name(settings)
+    folder = graph_path(settings).parent
     key = (model, tax.fingerprint, str(folder))
     with _lock:
         if key in _doctrine_vectors:
@@ -1372,7 +1374,7 @@ def doctrine_vectors(settings: Settings | None = None) -> tuple[list[str], np.nd
         except (OSError, ValueError):
             vecs = None
     if vecs is None:
-        embedder = rag_utils.get_embedder(s)
+        embedder = rag_utils.get_embedder(settings)
         vecs = np.asarray(
             embedder.embed_documents([tax[i].text_for_embedding() for i in ids]), dtype=np.float32
         )
@@ -1398,12 +1400,11 @@ def reset_caches() -> None:
         _passage_cache.clear()
 
 
-def embed_query(query: str, settings: Settings | None = None) -> np.ndarray:
+def embed_query(query: str, settings: Settings) -> np.ndarray:
     """The query's embedding, remembered for the last 64 queries (graph_search, its graph
     modes and link_doctrines embed the same question)."""
 
-    s = settings_or_current(settings)
-    embedder = rag_utils.get_embedder(s)
+    embedder = rag_utils.get_embedder(settings)
     key = (id(embedder), getattr(embedder, "name", ""), query)
     with _lock:
         if key in _query_vectors:
@@ -1416,7 +1417,7 @@ def embed_query(query: str, settings: Settings | None = None) -> np.ndarray:
     return vec
 
 
-def _doctrine_similarities(query: str, settings: Settings | None) -> tuple[list[str], np.ndarray]:
+def _doctrine_similarities(query: str, settings: Settings) -> tuple[list[str], np.ndarray]:
     ids, vecs = doctrine_vectors(settings)
     return ids, vecs @ embed_query(query, settings)
 
@@ -1619,21 +1620,21 @@ def search_graph(
     k: int = 10,
     exclude_ids: Iterable[str] = (),
     mode: str = "graph",
-    settings: Settings | None = None,
+    *,
+    settings: Settings,
 ) -> list[GraphHit]:
     """Passage ids the graph reaches for ``query`` with scores and paths, best first, without
     ``exclude_ids``. Modes: keyword, principles, semantic, graph (the three fused by RRF).
     ``combined`` needs the hybrid retrieval too and is served by :func:`graph_search`."""
 
-    s = settings_or_current(settings)
     if mode not in MODES or mode == "combined":
         raise ValueError(f"unknown graph mode {mode!r}: use keyword, principles, semantic or graph")
     query = (query or "").strip()
     if not query or k <= 0:
         return []
-    g = get_graph(s)
+    g = get_graph(settings)
     exclude = [str(i) for i in dict.fromkeys(exclude_ids)]
-    qvec = embed_query(query, s)
+    qvec = embed_query(query, settings)
     modes = ("keyword", "principles", "semantic") if mode == "graph" else (mode,)
     seeds = alias_doctrines(g, query) if mode != "semantic" else {}
     candidates = []
@@ -1643,8 +1644,8 @@ def search_graph(
         elif m == "principles":
             candidates.append(_principles(g, query, exclude, seeds))
         else:
-            candidates.append(_semantic(g, query, exclude, qvec, s))
-    ordered = _order_by_text(candidates, qvec, s)
+            candidates.append(_semantic(g, query, exclude, qvec, settings))
+    ordered = _order_by_text(candidates, qvec, settings)
     if mode != "graph":
         return ordered[0][:k]
     return _fuse([o for o in ordered if o], k)
@@ -1665,8 +1666,8 @@ def graph_search(
     k: int = 5,
     exclude_ids: Iterable[str] = (),
     mode: str = "graph",
-    settings: Settings | None = None,
     *,
+    settings: Settings,
     reranker: str = "hybrid",
 ) -> list[dict[str, Any]]:
     """Graph retrieval for the agent: passages with the dict shape of
@@ -1679,15 +1680,16 @@ def graph_search(
     COMBINED_GRAPH_WEIGHT."""
     import numpy as np
 
-    s = settings_or_current(settings)
     excluded = [str(i) for i in dict.fromkeys(exclude_ids)]
-    allowed = rag_utils.allowed_ids(rag_utils.get_store(s), s)
+    allowed = rag_utils.allowed_ids(rag_utils.get_store(settings), settings)
     headroom = 1 if allowed is None else FILTER_HEADROOM
     if mode == "combined":
         pool = max(k, COMBINED_POOL)
-        graph_hits = _admitted(search_graph(query, pool * headroom, excluded, "graph", s), allowed)
+        graph_hits = _admitted(
+            search_graph(query, pool * headroom, excluded, "graph", settings=settings), allowed
+        )
         dense = rag_utils.retrieve_documents_multi_query(
-            [query], k=pool, exclude_ids=excluded, reranker=reranker, settings=s
+            [query], k=pool, exclude_ids=excluded, reranker=reranker, settings=settings
         )
         dense_hits = [
             GraphHit(d["id"], float(d.get("rerank_score") or 0.0), [f"{reranker} retrieval"])
@@ -1695,12 +1697,14 @@ def graph_search(
         ]
         hits = _fuse([dense_hits, graph_hits], k, weights=[1.0, COMBINED_GRAPH_WEIGHT])
     else:
-        hits = _admitted(search_graph(query, k * headroom, excluded, mode, s), allowed)[:k]
+        hits = _admitted(
+            search_graph(query, k * headroom, excluded, mode, settings=settings), allowed
+        )[:k]
     if not hits:
         return []
-    store = rag_utils.get_store(s)
+    store = rag_utils.get_store(settings)
     docs = {d["id"]: d for d in store.get([h.id for h in hits], with_embeddings=True)}
-    q = embed_query(query, s)
+    q = embed_query(query, settings)
     out: list[dict[str, Any]] = []
     for h in hits:
         d = docs.get(h.id)
@@ -1732,7 +1736,7 @@ MAX_PER_CLAIM = 2
 
 def link_doctrines(
     question: str,
-    settings: Settings | None = None,
+    settings: Settings,
     k: int = 6,
     *,
     use_embeddings: bool = True,

@@ -34,7 +34,7 @@ import filters
 import injection
 import legal_graph
 import rag_utils
-from settings import Settings, SettingsError, load_dotenv_file, set_settings, settings_or_current
+from settings import Settings, SettingsError, load_dotenv_file
 
 logger = logging.getLogger(__name__)
 
@@ -336,12 +336,12 @@ def _preferred(files: list[Path], whole_name: str) -> list[Path]:
     return whole[:1] if whole else files
 
 
-def barexam_dir(settings: Settings | None = None) -> Path:
-    base = Path(settings_or_current(settings).datasets_dir).expanduser()
+def barexam_dir(settings: Settings) -> Path:
+    base = Path(settings.datasets_dir).expanduser()
     return (base if base.is_absolute() else HERE / base) / BAREXAM_DIRNAME
 
 
-def local_barexam(settings: Settings | None = None) -> tuple[list[Path], list[Path]] | None:
+def local_barexam(settings: Settings) -> tuple[list[Path], list[Path]] | None:
     """(passage files, QA files) of ``datasets/barexam_qa/`` when it holds passages."""
     root = barexam_dir(settings)
     files = _tabular_files(root)
@@ -352,14 +352,13 @@ def local_barexam(settings: Settings | None = None) -> tuple[list[Path], list[Pa
     return _preferred(passages, "passages"), _preferred(qa, "qa")
 
 
-def download_barexam(settings: Settings | None = None) -> tuple[list[Path], list[Path]]:
+def download_barexam(settings: Settings) -> tuple[list[Path], list[Path]]:
     """Download the passage and QA files of HF_DATASET (``reglab/barexam_qa``) into
     ``datasets/barexam_qa/``. Raises OSError-like exceptions when offline."""
     from huggingface_hub import HfApi, hf_hub_download
 
-    s = settings_or_current(settings)
-    repo = s.hf_dataset
-    root = barexam_dir(s)
+    repo = settings.hf_dataset
+    root = barexam_dir(settings)
     files = HfApi().list_repo_files(repo, repo_type="dataset")
     tabular = [f for f in files if Path(f).suffix.lower() in FORMATS]
     passages = [f for f in tabular if "passage" in f.lower()]
@@ -372,25 +371,25 @@ def download_barexam(settings: Settings | None = None) -> tuple[list[Path], list
     print(f"downloading {len(wanted)} files of {repo} into {root} ...", file=sys.stderr)
     for f in wanted:
         hf_hub_download(repo, f, repo_type="dataset", local_dir=str(root))
-    got = local_barexam(s)
+    got = local_barexam(settings)
     if got is None:
         raise FileNotFoundError(f"no passage files in {root} after downloading {repo}")
     return got
 
 
-def default_source(settings: Settings | None = None) -> tuple[list[Path], list[Path]]:
+def default_source(settings: Settings) -> tuple[list[Path], list[Path]]:
     """(passage files, QA files): local Bar Exam QA, else downloaded, else the starter corpus."""
-    s = settings_or_current(settings)
-    got = local_barexam(s)
+    got = local_barexam(settings)
     if got is not None:
         return got
     try:
-        return download_barexam(s)
+        return download_barexam(settings)
     except Exception as exc:
         reason = " ".join(str(exc).split())[:160] or exc.__class__.__name__
         print(
-            f"offline or unavailable: cannot download {s.hf_dataset} from Hugging Face ({reason}); "
-            "use --passages PATH for local files — loading the bundled starter corpus instead",
+            f"offline or unavailable: cannot download {settings.hf_dataset} from Hugging Face "
+            f"({reason}); use --passages PATH for local files — loading the bundled starter "
+            "corpus instead",
             file=sys.stderr,
         )
     return starter_files()
@@ -428,7 +427,7 @@ def _metadata(p: dict[str, Any]) -> dict[str, Any]:
 
 def load_passages(
     passages: Sequence[dict[str, Any]],
-    settings: Settings | None = None,
+    settings: Settings,
     batch_size: int = DEFAULT_BATCH,
     progress: bool = True,
 ) -> int:
@@ -439,8 +438,7 @@ def load_passages(
     (:func:`injection.screen_passage`) and the result stored in its metadata; one warning per load
     gives the count of flagged passages."""
 
-    s = settings_or_current(settings)
-    store = rag_utils.get_store(s)
+    store = rag_utils.get_store(settings)
     ids = [str(p["idx"]) for p in passages]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
@@ -452,10 +450,10 @@ def load_passages(
             "%d of %d passages already stored; loading %d", len(present), len(ids), len(todo)
         )
     if not todo:
-        _update_graph(passages, s)
+        _update_graph(passages, settings)
         return 0
-    rag_utils.require_writable(s, f"add {len(todo)} passages")
-    rag_utils.get_embedder(s)  # load (or export) the model before the progress bar starts
+    rag_utils.require_writable(settings, f"add {len(todo)} passages")
+    rag_utils.get_embedder(settings)  # load (or export) the model before the progress bar starts
     from tqdm import tqdm
 
     bar = tqdm(
@@ -483,12 +481,12 @@ def load_passages(
     # is embedded, and the graph is built meanwhile.  A batch is committed before the one after
     # it is sent, and an interrupted load waits for the batch in flight.
     pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="load_corpus")
-    graph_job = pool.submit(_update_graph, passages, s)
+    graph_job = pool.submit(_update_graph, passages, settings)
     in_flight: tuple[Future, int] | None = None
     try:
         for i in range(0, len(todo), batch_size):
             batch = todo[i : i + batch_size]
-            vecs = rag_utils.embed_passages([p["text"] for p in batch], s)
+            vecs = rag_utils.embed_passages([p["text"] for p in batch], settings)
             if in_flight is not None:
                 in_flight[0].result()
                 added += in_flight[1]
@@ -530,7 +528,7 @@ def _token_counter(settings: Settings) -> tuple[Any, int]:
 
 def load_documents(
     paths: Sequence[str | Path],
-    settings: Settings | None = None,
+    settings: Settings,
     overrides: dict[str, str] | None = None,
     progress: bool = True,
     err: Any = None,
@@ -544,14 +542,13 @@ def load_documents(
     quarantined: every chunk carries the flag, so no search hands it to a prompt."""
     import documents
 
-    s = settings_or_current(settings)
     err = err or sys.stderr
     files = documents.find_files(paths)
     if not files:
         raise CorpusError(f"no readable documents under {', '.join(map(str, paths))}")
-    rag_utils.require_writable(s, f"load {len(files)} documents")
-    count_tokens, limit = _token_counter(s)
-    store = rag_utils.get_store(s)
+    rag_utils.require_writable(settings, f"load {len(files)} documents")
+    count_tokens, limit = _token_counter(settings)
+    store = rag_utils.get_store(settings)
     report: dict[str, Any] = {"files": len(files), "loaded": [], "replaced": [], "unchanged": []}
     report.update(failed=[], quarantined=[], chunks_added=0)
     from tqdm import tqdm
@@ -582,7 +579,7 @@ def load_documents(
         if hidden:
             report["quarantined"].append({"file": str(path), "flags": hidden})
             print(f"quarantined: {path}: hidden text reads as instructions ({hidden})", file=err)
-        report["chunks_added"] += load_passages(chunks, s, progress=False)
+        report["chunks_added"] += load_passages(chunks, settings, progress=False)
         report["replaced" if stored else "loaded"].append(str(path))
     return report
 
@@ -596,20 +593,19 @@ def _update_graph(passages: Sequence[dict[str, Any]], settings: Settings) -> Non
         logger.info("knowledge graph: %d passages added", added)
 
 
-def ensure_starter_index(settings: Settings | None = None) -> int:
+def ensure_starter_index(settings: Settings) -> int:
     """Index the bundled starter corpus when the passage collection is empty; returns passages
     added (0 when the collection already has passages)."""
 
-    s = settings_or_current(settings)
-    if rag_utils.corpus_count(s) > 0:
+    if rag_utils.corpus_count(settings) > 0:
         return 0
-    if rag_utils.is_read_only(s):
+    if rag_utils.is_read_only(settings):
         logger.warning("the store is empty and read-only: the starter corpus is not indexed")
         return 0
     passage_files, _ = starter_files()
     passages = read_many(passage_files, read_passages)
     logger.info("indexing the starter corpus (%d passages)", len(passages))
-    return load_passages(passages, s, progress=False)
+    return load_passages(passages, settings, progress=False)
 
 
 def curated_selection(
@@ -664,31 +660,33 @@ def scan_metadata(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def status(settings: Settings | None = None) -> dict[str, Any]:
-
-    s = settings_or_current(settings)
+def status(settings: Settings) -> dict[str, Any]:
+    """What the store of ``settings`` holds, for ``load_corpus.py status``: passages by source,
+    type and jurisdiction, BM25 index freshness, memory entries and the graph. Creates nothing."""
     where = (
-        f"{s.chroma_host}:{s.chroma_port}" if s.chroma_host else str(Path(s.chroma_dir).resolve())
+        f"{settings.chroma_host}:{settings.chroma_port}"
+        if settings.chroma_host
+        else str(Path(settings.chroma_dir).resolve())
     )
-    existing = rag_utils.existing_collections(s)
-    name = rag_utils.collection_name(s)
+    existing = rag_utils.existing_collections(settings)
+    name = rag_utils.collection_name(settings)
     if name not in existing:  # a look creates nothing (a typo'd model or folder stays a typo)
         return {
-            "store": where + ("" if existing or s.chroma_host else " (no store here)"),
+            "store": where + ("" if existing or settings.chroma_host else " (no store here)"),
             "collection": f"{name} (absent)",
-            "embedding_model": rag_utils.embedder_name(s),
+            "embedding_model": rag_utils.embedder_name(settings),
             "count": 0,
             **scan_metadata([]),
             "bm25_index": "absent",
-            "reranker": s.reranker,
+            "reranker": settings.reranker,
             "qa_memory_entries": (
-                rag_utils.memory_count(s)
-                if rag_utils.collection_name(s, prefix=rag_utils.MEMORY_PREFIX) in existing
+                rag_utils.memory_count(settings)
+                if rag_utils.collection_name(settings, prefix=rag_utils.MEMORY_PREFIX) in existing
                 else 0
             ),
-            "graph": _graph_status(s),
+            "graph": _graph_status(settings),
         }
-    store = rag_utils.get_store(s)
+    store = rag_utils.get_store(settings)
     bm25_meta = store.bm25_dir / store.name / "ids.json"
     count = store.count()
     bm25_count = None
@@ -700,15 +698,15 @@ def status(settings: Settings | None = None) -> dict[str, Any]:
     return {
         "store": where,
         "collection": store.name,
-        "embedding_model": rag_utils.embedder_name(s),
+        "embedding_model": rag_utils.embedder_name(settings),
         "count": count,
         **scan_metadata(store.iter_all(include_text=False) if count else []),
         "bm25_index": "absent"
         if bm25_count is None
         else ("fresh" if bm25_count == count else "stale"),
-        "reranker": s.reranker,
-        "qa_memory_entries": rag_utils.memory_count(s),
-        "graph": _graph_status(s),
+        "reranker": settings.reranker,
+        "qa_memory_entries": rag_utils.memory_count(settings),
+        "graph": _graph_status(settings),
     }
 
 
@@ -959,7 +957,6 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings.from_env(
             chroma_dir=args.chroma_dir, embedding_model=args.embedding_model
         )
-        set_settings(settings)
         return run(args, settings)
     except (SettingsError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -2,7 +2,7 @@
 
 Every entry point (``main.py``, ``load_corpus.py``, the eval scripts, the benchmarks) builds a
 :class:`Settings` once: CLI flag > environment (and ``.env``) > default.  Library modules never read
-``os.environ`` themselves; they receive a ``Settings`` (or fall back to :func:`get_settings`).
+``os.environ`` themselves; they receive a ``Settings`` from their caller.
 
 Each field maps to the environment variable of the same name in upper case (``llm_provider`` ->
 ``LLM_PROVIDER``).  ``.env.example`` documents every one of them.
@@ -298,11 +298,6 @@ def get_settings() -> Settings:
     if _current is None:
         _current = Settings.from_env()
     return _current
-
-
-def settings_or_current(settings: Settings | None) -> Settings:
-    """``settings`` when given, else the process-wide settings (library functions' default)."""
-    return settings if settings is not None else get_settings()
 
 
 def set_settings(settings: Settings | None) -> None:

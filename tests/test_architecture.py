@@ -46,7 +46,60 @@ def test_nodes_depend_only_on_context_state_prompts_mc_answer_and_llm_errors():
     assert deps.get("llm_config", set()) <= {"LLMCallError", "LLMConfigError", "LLMDeadlineError"}
 
 
-def test_library_modules_never_fall_back_to_process_wide_settings():
-    for name in ("rag_utils", "llm_config", "local_llm", "nodes", "context", "answer", "mc"):
-        text = MODULES[name].read_text()
-        assert "settings_or_current(" not in text and "get_settings()" not in text, name
+ENTRY_POINTS = {("context", "default_context"), ("eval_common", "eval_settings")}
+"""Functions besides a CLI's ``main`` that build settings from the environment: the context of a
+LangGraph Studio run, which brings none, and the settings of the eval scripts' CLIs."""
+
+
+def settings_calls(module: str) -> list[tuple[str, str, int]]:
+    """(enclosing function, callee, line) of every call in ``module`` that builds settings from the
+    environment (``Settings.from_env``) or falls back to the process-wide ones."""
+    found: list[tuple[str, str, int]] = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                visit(child, child.name)
+                continue
+            if isinstance(child, ast.Call):
+                callee = child.func
+                name = (
+                    callee.attr if isinstance(callee, ast.Attribute) else getattr(callee, "id", "")
+                )
+                if name in ("from_env", "get_settings", "settings_or_current"):
+                    found.append((function, name, child.lineno))
+            visit(child, function)
+
+    visit(ast.parse(MODULES[module].read_text()), "<module>")
+    return found
+
+
+def test_no_module_falls_back_to_process_wide_settings_and_only_entry_points_read_the_env():
+    assert {"legal_graph", "load_corpus", "rag_utils", "nodes", "eval_comprehensive"} <= set(
+        MODULES
+    )
+    for module in sorted(set(MODULES) - {"settings"}):
+        for function, callee, line in settings_calls(module):
+            where = f"{module}.py:{line} in {function}"
+            assert callee == "from_env", f"{where} falls back to the process-wide settings"
+            assert function == "main" or (module, function) in ENTRY_POINTS, (
+                f"{where} builds settings from the environment outside an entry point"
+            )
+
+
+def test_the_settings_check_sees_a_fallback_and_a_library_read_of_the_env(tmp_path, monkeypatch):
+    fake = tmp_path / "fake_module.py"
+    fake.write_text(
+        "def search(query, settings=None):\n"
+        "    s = settings_or_current(settings)\n"
+        "def load():\n"
+        "    return Settings.from_env()\n"
+        "def main():\n"
+        "    return Settings.from_env()\n"
+    )
+    monkeypatch.setitem(MODULES, "fake_module", fake)
+    assert settings_calls("fake_module") == [
+        ("search", "settings_or_current", 2),
+        ("load", "from_env", 4),
+        ("main", "from_env", 6),
+    ]

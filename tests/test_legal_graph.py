@@ -294,13 +294,19 @@ def test_loading_is_idempotent_and_redoes_an_interrupted_passage(tiny_graph, gra
 
 
 def test_keyword_search_by_alias_and_by_citation(tiny_graph, graph_settings, fake):
-    hits = lg.search_graph("Is the excited utterance admissible?", 5, mode="keyword")
+    hits = lg.search_graph(
+        "Is the excited utterance admissible?", 5, mode="keyword", settings=graph_settings
+    )
     assert hits[0].id == "p_excited"
     assert "alias 'excited utterance'" in hits[0].path[0]
-    cited = lg.search_graph("What does Fed. R. Evid. 801 define?", 5, mode="keyword")
+    cited = lg.search_graph(
+        "What does Fed. R. Evid. 801 define?", 5, mode="keyword", settings=graph_settings
+    )
     assert [h.id for h in cited] == ["p_hearsay"]
     assert cited[0].path[:2] == ["query cites Fed. R. Evid. 801", "authority Fed. R. Evid. 801"]
-    excluded = lg.search_graph("excited utterance", 5, exclude_ids=["p_excited"], mode="keyword")
+    excluded = lg.search_graph(
+        "excited utterance", 5, exclude_ids=["p_excited"], mode="keyword", settings=graph_settings
+    )
     assert "p_excited" not in [h.id for h in excluded]
 
 
@@ -310,13 +316,14 @@ def test_keyword_search_by_alias_and_by_citation(tiny_graph, graph_settings, fak
 def test_keyword_search_by_a_case_reaches_its_document_and_the_passages_citing_it(
     tiny_graph, graph_settings, fake, query
 ):
-    hits = lg.search_graph(query, 5, mode="keyword")
+    hits = lg.search_graph(query, 5, mode="keyword", settings=graph_settings)
     assert {"terry#0", "p_frisk"} <= {h.id for h in hits}
     assert "p_exclusion" not in {h.id for h in hits}  # it cites Mapp, which Terry cites
 
 
 def test_keyword_search_paths_show_the_citation_edges(tiny_graph, graph_settings, fake):
-    paths = {h.id: h.path for h in lg.search_graph("What did 392 U.S. 1 hold?", 5, mode="keyword")}
+    hits = lg.search_graph("What did 392 U.S. 1 hold?", 5, mode="keyword", settings=graph_settings)
+    paths = {h.id: h.path for h in hits}
     assert set(paths) == {"terry#0", "p_frisk"}
     assert paths["terry#0"] == [
         "query cites Terry v. Ohio",
@@ -327,7 +334,9 @@ def test_keyword_search_paths_show_the_citation_edges(tiny_graph, graph_settings
 
 
 def test_principles_follow_a_case_to_the_cases_its_document_cites(tiny_graph, graph_settings, fake):
-    hits = lg.search_graph("What did 392 U.S. 1 hold?", 5, mode="principles")
+    hits = lg.search_graph(
+        "What did 392 U.S. 1 hold?", 5, mode="principles", settings=graph_settings
+    )
     paths = {h.id: h.path for h in hits}
     assert set(paths) == {"terry#0", "p_frisk", "p_exclusion"}
     assert paths["p_exclusion"] == [
@@ -340,7 +349,7 @@ def test_principles_follow_a_case_to_the_cases_its_document_cites(tiny_graph, gr
 def test_principles_follow_exceptions_to_reach_passages_the_query_does_not_name(
     tiny_graph, graph_settings, fake
 ):
-    hits = lg.search_graph("hearsay", 5, mode="principles")
+    hits = lg.search_graph("hearsay", 5, mode="principles", settings=graph_settings)
     ids = [h.id for h in hits]
     assert ids[0] == "p_hearsay"
     assert "p_excited" in ids  # excited utterance -[EXCEPTION_TO]- hearsay
@@ -351,18 +360,22 @@ def test_principles_follow_exceptions_to_reach_passages_the_query_does_not_name(
 
 def test_semantic_and_fused_modes_return_each_passage_once(tiny_graph, graph_settings, fake):
     for mode in ("semantic", "graph"):
-        hits = lg.search_graph("duty breach proximate cause damages negligence", 10, mode=mode)
+        hits = lg.search_graph(
+            "duty breach proximate cause damages negligence", 10, mode=mode, settings=graph_settings
+        )
         ids = [h.id for h in hits]
         assert ids and ids[0] == "p_negligence", mode
         assert len(ids) == len(set(ids))
     with pytest.raises(ValueError, match="unknown graph mode"):
-        lg.search_graph("x", mode="nope")
+        lg.search_graph("x", mode="nope", settings=graph_settings)
 
 
 def test_graph_search_returns_retrieval_dicts_with_texts_from_the_store(graph_settings, fake):
     load_corpus.load_passages(TINY, graph_settings, progress=False)  # the hook builds the graph
     for mode in ("keyword", "graph", "combined"):
-        docs = lg.graph_search("excited utterance", 3, exclude_ids=["p_hearsay"], mode=mode)
+        docs = lg.graph_search(
+            "excited utterance", 3, exclude_ids=["p_hearsay"], mode=mode, settings=graph_settings
+        )
         assert docs[0]["id"] == "p_excited", mode
         assert "p_hearsay" not in [d["id"] for d in docs]
         d = docs[0]
@@ -544,8 +557,8 @@ def _claims(items: list[str]) -> set[str]:
 DEMO_CLAIMS = {"conlaw.free_speech", "conlaw.free_exercise", "conlaw.procedural_due_process"}
 
 
-def test_demo_agenda_from_aliases_covers_speech_religion_and_due_process():
-    linked = lg.link_doctrines(DEMO, k=6, use_embeddings=False)
+def test_demo_agenda_from_aliases_covers_speech_religion_and_due_process(tmp_settings):
+    linked = lg.link_doctrines(DEMO, tmp_settings, k=6, use_embeddings=False)
     agenda = lg.merge_agenda(
         ["First Amendment", "Right to Free Speech", "Right to Free Expression"], linked
     )
