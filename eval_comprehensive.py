@@ -1,6 +1,11 @@
 """Retrieval metrics and multiple-choice accuracy of the agent against its baselines.
 
     python eval_comprehensive.py [retrieval|pipeline|both] [N] [--qa FILE] [--passages FILE] ...
+    python eval_comprehensive.py answers [N] [--facts] [--split tune|report|all] ...
+    python eval_comprehensive.py injection [--prescreen-only] ...
+
+``--help`` lists every phase with its own flags; ``answers --help`` and ``injection --help`` give
+the full options of those two.
 
 Phase 1 (``retrieval``, no LLM unless an LLM variant is asked for): Recall@1/5/10, MRR and nDCG@10
 over the QA items whose gold passage is in the store, for the query = the question and the question
@@ -1077,38 +1082,65 @@ def answers_table(by_mode: Mapping[str, Mapping[str, Any]]) -> str:
 # ------------------------------------------------------------------------------------------------
 
 
+MC_PHASES = ("retrieval", "pipeline", "both")
+"""The phases of the main parser (the first of them, or N alone, runs ``both``)."""
+SUBCOMMANDS = ("answers", "injection")
+"""The phases with their own parser; each is the first argument."""
+PHASES = {
+    "retrieval": (
+        "[N] [--variants V,...] [--columns C,...] [--reranker R]",
+        "phase 1: Recall@1/5/10, MRR, nDCG@10 of the gold passages (no LLM unless a variant asks)",
+    ),
+    "pipeline": (
+        "[N] [--modes M,...] [--pipeline-n M] [--workers W]",
+        "phase 2: multiple-choice accuracy per mode with bootstrap CIs and McNemar tests",
+    ),
+    "both": ("[N]", "phase 1 then phase 2 on the same items, with the flags of both (the default)"),
+    "answers": (
+        "[N] [--facts] [--split tune|report|all] [--modes research,evidence[,ceiling]] [--grade]",
+        "phase 3: open answers and fact patterns: abstention, citations, quotes, conclusions",
+    ),
+    "injection": (
+        "[--split S] [--prescreen-only]",
+        "the prompt-injection check's recall and false-positive rate on a labelled set",
+    ),
+}
+"""Every phase ``--help`` names: its own arguments and what it measures."""
+
+
+def phases_help() -> str:
+    """The ``phases`` section of ``--help``: per phase its arguments, then what it measures."""
+    lines = ["phases (the first argument; answers and injection have their own --help):"]
+    for name, (flags, measures) in PHASES.items():
+        lines += [f"  {name} {flags}", f"      {measures}"]
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="eval_comprehensive.py",
+        usage="%(prog)s [PHASE] [N] [options]",
         description=(
-            "Phase 1: retrieval metrics (Recall@1/5/10, MRR, nDCG@10) over items whose gold passage "
-            "is in the store. Phase 2: MC accuracy per mode (llm_only, rag, lean: one retrieval, "
-            "the evidence gate, one answer; pipeline: the agent; evidence: the agent in evidence "
-            "mode, with coverage = share grounded and accuracy on the grounded items; "
-            "gold_passage) with bootstrap CIs and McNemar tests. Results go to "
-            "eval_results/<run-id>/."
+            "Evaluate the agent on a labelled question set. Results go to "
+            "eval_results/<run-id>/.\n\n" + phases_help()
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(
-            "subcommands (each has its own --help):\n"
-            "  answers     phase 3: open answers and fact patterns (abstention, citations, "
-            "conclusions)\n"
-            "  injection   the prompt-injection check's detection and false-positive rates\n"
-            "\n"
             "examples:\n"
             "  python eval_comprehensive.py retrieval\n"
             "  python eval_comprehensive.py both 40 --qa ../shared/data/qa/barexam_dev.jsonl "
             "--passages ../shared/data/corpus/passages.jsonl\n"
             "  python eval_comprehensive.py pipeline 20 --modes llm_only,rag --run-id trial\n"
             "  python eval_comprehensive.py --resume trial\n"
-            "  python eval_comprehensive.py answers --facts --split report"
+            "  python eval_comprehensive.py answers --facts --split report\n"
+            "  python eval_comprehensive.py injection --prescreen-only"
         ),
     )
     p.add_argument(
         "positional",
         nargs="*",
-        metavar="[PHASE] [N]",
-        help="PHASE: retrieval | pipeline | both (default both); N: number of items (default all)",
+        metavar="PHASE N",
+        help="PHASE: " + " | ".join(PHASES) + " (default both); N: number of items (default all)",
     )
     p.add_argument(
         "--qa", help="QA file (CSV/TSV/JSONL/Parquet, Bar Exam QA fields); default: starter set"
@@ -1117,7 +1149,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--modes",
         default=",".join(MODES),
-        help=f"comma-separated phase-2 modes (default {','.join(MODES)})",
+        help=f"comma-separated phase-2 modes (default {','.join(MODES)}): llm_only closed book; "
+        "rag one retrieval; lean one retrieval, the evidence gate, one answer; pipeline the agent; "
+        "evidence the agent in evidence mode (coverage = share grounded, accuracy on the grounded "
+        "items); gold_passage the gold passage as evidence",
     )
     p.add_argument(
         "--pipeline-n",
@@ -1161,12 +1196,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     phase, n = "both", None
     for tok in args.positional:
-        if tok in ("retrieval", "pipeline", "both"):
+        if tok in MC_PHASES:
             phase = tok
         elif tok.isdigit() and int(tok) > 0:
             n = int(tok)
+        elif tok in SUBCOMMANDS:
+            parser.error(f"{tok} must be the first argument: eval_comprehensive.py {tok} ...")
         else:
-            parser.error(f"unexpected argument {tok!r}: expected retrieval|pipeline|both and/or N")
+            parser.error(f"unexpected argument {tok!r}: expected {'|'.join(MC_PHASES)} and/or N")
     args.phase, args.n = phase, n
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
@@ -1377,7 +1414,7 @@ def resume_command(given: Sequence[str]) -> list[str]:
     An interrupted run thus resumes with its phase, N, QA file and modes without retyping them.
     Anything else (a phase given, no ``--resume``, no saved command) is returned unchanged."""
     given = list(given)
-    if given[:1] in (["injection"], ["answers"]):
+    if given[:1] and given[0] in SUBCOMMANDS:
         return given
     args = build_parser().parse_args(given)
     if not args.resume or args.positional:
@@ -1390,7 +1427,7 @@ def resume_command(given: Sequence[str]) -> list[str]:
     if not isinstance(saved, list) or not saved or not all(isinstance(t, str) for t in saved):
         return given
     saved = _without(saved, "--run-id")  # the run is the one named by --resume
-    if saved[:1] in (["injection"], ["answers"]):  # these phases resume by their --run-id
+    if saved[:1] and saved[0] in SUBCOMMANDS:  # these phases resume by their --run-id
         return [*saved, *_without(given, "--resume"), "--run-id", args.resume]
     return [*saved, *given]
 

@@ -7,6 +7,7 @@ question's gold passage is in its prompt, so each mode's accuracy shows which ev
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -174,6 +175,28 @@ def test_help(module, argv, capsys):
     out = capsys.readouterr().out
     assert "usage" in out
     assert "%%" not in out  # a description is printed as written, not %-formatted
+
+
+def test_help_names_every_phase_with_flags_its_own_parser_accepts(capsys):
+    with pytest.raises(SystemExit):
+        eval_comprehensive.main(["--help"])
+    out = capsys.readouterr().out
+    ec = eval_comprehensive
+    assert list(ec.PHASES) == [*ec.MC_PHASES, *ec.SUBCOMMANDS]  # every phase main dispatches
+    parsers = {"answers": ec.build_answers_parser(), "injection": ec.build_injection_parser()}
+    for phase, (flags, measures) in ec.PHASES.items():
+        assert f"  {phase} {flags}\n      {measures}\n" in out
+        known = parsers.get(phase, ec.build_parser())._option_string_actions
+        for flag in re.findall(r"--[a-z][a-z-]*", flags):
+            assert flag in known, (phase, flag)
+    assert "answers [N] [--facts] [--split tune|report|all] [--modes research,evidence" in out
+
+
+def test_a_subcommand_after_another_argument_is_a_usage_error_that_says_where_it_goes(capsys):
+    with pytest.raises(SystemExit) as exc:
+        eval_comprehensive.parse_args(["5", "answers"])
+    assert exc.value.code == 2
+    assert "answers must be the first argument" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
