@@ -2,16 +2,17 @@
 
 * ``PROVIDERS`` — OpenAI-compatible endpoints as data (base URL, model, the env variable holding the
   key, published free-tier limits).  ``python llm_config.py`` prints them.
-* ``get_llm(role)`` — a cached LangChain ``ChatOpenAI`` for the selected provider.  ``LLM_PROVIDER``
+* ``get_llm(role)`` — a cached LangChain chat model for the selected provider.  ``LLM_PROVIDER``
   picks the entry; ``LLM_BASE_URL`` / ``LLM_API_KEY`` / ``LLM_MODEL`` override it; the cheap roles
-  (``FAST_ROLES``: classify, rewrite, injection) use ``LLM_PROVIDER_FAST`` / ``LLM_MODEL_FAST`` when set.
-  The default ``local`` provider is the embedded model of :mod:`local_llm`.
-* ``LLMClient`` — the one call helper: retries with backoff (honouring Retry-After), per-call
-  timeout, an optional deadline (``LLMDeadlineError``), JSON output (provider JSON-schema mode, else
-  prompt + :func:`parse_json_reply`), per-call metrics and an optional SQLite response cache.  A 200
-  response that is not a chat completion (a proxy's HTML error page, broken JSON) is retried like a
-  5xx.  API keys never reach the cache, logs or records, and :func:`redact_url` strips credentials
-  from any URL before it is shown or saved.
+  (``FAST_ROLES``) use ``LLM_PROVIDER_FAST`` / ``LLM_MODEL_FAST`` and the grader ``JUDGE_PROVIDER``
+  / ``JUDGE_MODEL`` when set.  The default ``local`` provider is the embedded model of :mod:`local_llm`.
+* ``LLMClient`` — the one call helper, on LangChain's primitives: ``Runnable.with_retry``
+  (exponential backoff with jitter), ``InMemoryRateLimiter`` per endpoint, a ``BaseCache`` over
+  SQLite, ``usage_metadata`` for tokens.  It adds what they lack: the run deadline
+  (``LLMDeadlineError``), the provider's Retry-After, JSON replies (provider JSON-schema mode, else
+  prompt + :func:`parse_json_reply`) and per-call records.  A 200 response that is not a chat
+  completion is retried like a 5xx.  API keys never reach the cache, logs or records, and
+  :func:`redact_url` strips credentials from any URL before it is shown or saved.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import email.utils
 import hashlib
 import json
 import logging
-import random
 import re
 import sqlite3
 import sys
@@ -34,6 +34,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from langchain_core.caches import BaseCache
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, convert_to_messages
+from langchain_core.outputs import ChatGeneration
+from langchain_core.rate_limiters import InMemoryRateLimiter
+from langchain_core.runnables import RunnableLambda
 from pydantic import BaseModel, ValidationError
 
 import local_llm
@@ -55,9 +60,7 @@ class LLMCallError(RuntimeError):
         self, message: str, *, role: str = "", provider: str = "", attempts: int = 0
     ) -> None:
         super().__init__(message)
-        self.role = role
-        self.provider = provider
-        self.attempts = attempts
+        self.role, self.provider, self.attempts = role, provider, attempts
 
 
 class LLMDeadlineError(LLMCallError):
@@ -86,13 +89,12 @@ REDACTED = "***"
 
 def _redact_params(part: str) -> str:
     """``a=1&api_key=s`` -> ``a=1&api_key=***`` (names kept, secret values hidden, order kept)."""
-    out = []
-    for pair in part.split("&"):
-        name, eq, _value = pair.partition("=")
-        if eq and _SECRET_PARAM.search(urllib.parse.unquote_plus(name)):
-            pair = f"{name}={REDACTED}"
-        out.append(pair)
-    return "&".join(out)
+    pairs = [pair.partition("=") for pair in part.split("&")]
+    return "&".join(
+        f"{name}={REDACTED}" if eq and _SECRET_PARAM.search(urllib.parse.unquote_plus(name))
+        else name + eq + value
+        for name, eq, value in pairs
+    )  # fmt: skip
 
 
 def redact_url(url: str | None) -> str | None:
@@ -110,17 +112,9 @@ def redact_url(url: str | None) -> str | None:
         return url.split("://", 1)[0] + "://" + REDACTED
     netloc = parts.netloc
     if "@" in netloc:
-        host = f"[{host}]" if ":" in host else host
-        netloc = f"{REDACTED}@{host}{port}"
-    return urllib.parse.urlunsplit(
-        (
-            parts.scheme,
-            netloc,
-            parts.path,
-            _redact_params(parts.query),
-            _redact_params(parts.fragment),
-        )
-    )
+        netloc = f"{REDACTED}@{f'[{host}]' if ':' in host else host}{port}"
+    query, fragment = _redact_params(parts.query), _redact_params(parts.fragment)
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, fragment))
 
 
 def redact_urls_in_text(text: str) -> str:
@@ -161,33 +155,29 @@ def install_log_redaction(logger_: logging.Logger | None = None) -> None:
 @dataclass(frozen=True)
 class Provider:
     """An OpenAI-compatible endpoint.  Limits are the published free-tier numbers (None = no fixed
-    daily limit / pay as you go); providers change them, so treat them as a guide."""
+    daily limit / pay as you go; ``requests_per_minute``: the calls started per minute the client
+    allows itself); providers change them, so treat them as a guide.  ``local``: served in-process
+    by local_llm (its base_url is known once the server runs).  ``api_key_env_aliases``: other
+    variables holding the same key, read when ``api_key_env`` is unset (GOOGLE_API_KEY)."""
 
     name: str
     base_url: str | None
     model: str
     api_key_env: str | None
-    """The variable holding the key; ``api_key_env_aliases`` are read when it is unset."""
     requests_per_day: int | None = None
     tokens_per_day: int | None = None
     requests_per_minute: int | None = None
-    """Calls started per minute that the client allows itself (None = no limit)."""
     supports_system_messages: bool = True
     supports_json_schema: bool = False
     key_required: bool = True
     local: bool = False
-    """Served in-process by local_llm (base_url is known only once the server runs)."""
     notes: str = ""
     api_key_env_aliases: tuple[str, ...] = ()
-    """Other variables that hold the same key (GOOGLE_API_KEY for Google AI Studio)."""
 
     def api_key(self, settings: Settings) -> str | None:
         """The key from ``api_key_env``, else from the first of its aliases that is set."""
-        for var in (self.api_key_env, *self.api_key_env_aliases):
-            value = settings.secret(var)
-            if value:
-                return value
-        return None
+        values = (settings.secret(var) for var in (self.api_key_env, *self.api_key_env_aliases))
+        return next((v for v in values if v), None)
 
     def key_variables(self) -> str:
         """The variable names a user may set, for messages: 'GEMINI_API_KEY (or GOOGLE_API_KEY)'."""
@@ -272,8 +262,8 @@ FAST_ROLES = frozenset(
     {"classify", "classifier", "rewrite", "query_rewrite", "injection", "injection_check"}
 )
 """Roles that use LLM_PROVIDER_FAST / LLM_MODEL_FAST when set (cheap, short calls)."""
-
-_NO_KEY = "sk-no-key-required"
+JUDGE_ROLES = frozenset({"judge"})
+"""Roles that use JUDGE_PROVIDER / JUDGE_MODEL when set (the answer grader of the eval)."""
 
 
 @dataclass(frozen=True)
@@ -299,17 +289,12 @@ class ResolvedLLM:
     def on_this_machine(self) -> bool:
         """The embedded model or a server on loopback (Ollama, vLLM, llama.cpp here): slow CPU
         inference, so such calls get the long default timeout."""
-        if self.local:
-            return True
         try:
             host = (urllib.parse.urlsplit(self.base_url or "").hostname or "").lower()
         except ValueError:
-            return False
-        return (
-            host in {"localhost", "::1", "0.0.0.0"}
-            or host.startswith("127.")
-            or host.endswith(".localhost")
-        )
+            return self.local
+        loopback = host in {"localhost", "::1", "0.0.0.0"} or host.startswith("127.")
+        return self.local or loopback or host.endswith(".localhost")
 
 
 LOCAL_TIMEOUT_S = 300.0
@@ -336,10 +321,6 @@ def deadline_after(seconds: float | None) -> float | None:
     return time.monotonic() + float(seconds)
 
 
-JUDGE_ROLES = frozenset({"judge"})
-"""Roles that use JUDGE_PROVIDER / JUDGE_MODEL when set (the answer grader of the eval)."""
-
-
 def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
     """Which provider, URL, model and key ``role`` uses; raises LLMConfigError when unusable.
 
@@ -347,29 +328,23 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
     (:data:`JUDGE_ROLES`) JUDGE_PROVIDER / JUDGE_MODEL when set.  A separately chosen provider
     takes its own registry URL and key: LLM_BASE_URL, LLM_API_KEY and LLM_MODEL belong to the
     main one."""
-    fast = role in FAST_ROLES
-    judge = role in JUDGE_ROLES
-    use_fast_provider = fast and bool(settings.llm_provider_fast)
-    use_judge_provider = judge and bool(settings.judge_provider)
-    if use_judge_provider:
+    fast, judge = role in FAST_ROLES, role in JUDGE_ROLES
+    given, var = settings.llm_provider, "LLM_PROVIDER"
+    if judge and settings.judge_provider:
         given, var = settings.judge_provider, "JUDGE_PROVIDER"
-    elif use_fast_provider:
+    elif fast and settings.llm_provider_fast:
         given, var = settings.llm_provider_fast, "LLM_PROVIDER_FAST"
-    else:
-        given, var = settings.llm_provider, "LLM_PROVIDER"
-    use_fast_provider = use_fast_provider or use_judge_provider  # "not the main provider"
+    main = var == "LLM_PROVIDER"
     provider = PROVIDERS.get(provider_name(given) or "")
     if provider is None:
         raise LLMConfigError(
             f"{var}={given!r} is not a known provider; choose one of: {', '.join(PROVIDERS)} "
             f"or the aliases {', '.join(PROVIDER_ALIASES)} (python llm_config.py lists them)"
         )
-    name = provider.name
-    # The raw overrides belong to the main provider, not to a separately chosen fast provider.
-    base_url = provider.base_url
-    model = provider.model
-    api_key = provider.api_key(settings)
-    if not use_fast_provider:
+    name, base_url, model, api_key = (
+        provider.name, provider.base_url, provider.model, provider.api_key(settings)
+    )  # fmt: skip
+    if main:  # the raw overrides belong to the main provider
         base_url = settings.llm_base_url or base_url
         model = settings.llm_model or model
         api_key = settings.llm_api_key or api_key
@@ -377,7 +352,7 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
         model = settings.llm_model_fast
     if judge and settings.judge_model:
         model = settings.judge_model
-    local = provider.local and not (settings.llm_base_url and not use_fast_provider)
+    local = provider.local and not (settings.llm_base_url and main)
     if provider.key_required and not api_key:
         raise LLMConfigError(
             f"{var}={given} needs an API key: set {provider.key_variables()} or LLM_API_KEY "
@@ -404,12 +379,9 @@ def check_config(settings: Settings, roles: tuple[str | None, ...] = (None, "cla
     API key or model, or the embedded model's packages not installed.  Entry points call it before
     any work starts, so a configuration error costs nothing and prints one line (exit 2).  Starts
     nothing and sends no request."""
-    checked: set[str] = set()
     for role in roles:  # default: the main provider, and the fast one for the cheap roles
         cfg = resolve(role, settings)
-        if cfg.local and cfg.provider not in checked:
-            checked.add(cfg.provider)
-
+        if cfg.local:
             try:
                 local_llm.check_installed(cfg.provider)
             except local_llm.LocalModelError as exc:
@@ -417,136 +389,79 @@ def check_config(settings: Settings, roles: tuple[str | None, ...] = (None, "cla
 
 
 # ------------------------------------------------------------------------------------------------
-# Rate limiting
+# Chat models and rate limits
 # ------------------------------------------------------------------------------------------------
 
-
-class RateLimiter:
-    """Spaces call starts at least ``60 / per_minute`` seconds apart, across threads, so that
-    concurrent eval workers stay within a provider's requests-per-minute limit."""
-
-    def __init__(self, per_minute: float) -> None:
-        self.interval = 60.0 / per_minute
-        self._next = 0.0
-        self._lock = threading.Lock()
-
-    def wait(self, deadline: float | None = None) -> float | None:
-        """Block until this call may start; returns the seconds waited, or None (without waiting
-        or taking a slot) when the call could only start after ``deadline``."""
-        with self._lock:
-            now = time.monotonic()
-            start = max(now, self._next)
-            if deadline is not None and start >= deadline:
-                return None
-            self._next = start + self.interval
-        delay = start - now
-        if delay > 0:
-            time.sleep(delay)
-        return delay
+_NO_KEY = "sk-no-key-required"
+_models: dict[tuple, Any] = {}
+_limiters: dict[tuple, Any] = {}
+_models_lock = threading.Lock()
 
 
-_limiters: dict[tuple[str, str | None, str, int], RateLimiter] = {}
-_limiters_lock = threading.Lock()
-
-
-def rate_limiter(cfg: ResolvedLLM) -> RateLimiter | None:
-    """The process-wide limiter of an endpoint (None when it has no per-minute limit)."""
+def rate_limiter(cfg: ResolvedLLM) -> Any:
+    """The process-wide ``InMemoryRateLimiter`` (langchain-core's token bucket) of an endpoint, so
+    that concurrent eval workers stay within its requests-per-minute limit; None without a limit.
+    The bucket starts full: the first call does not wait."""
     if not cfg.requests_per_minute or cfg.requests_per_minute <= 0:
         return None
     key = (cfg.provider, cfg.base_url, cfg.model, cfg.requests_per_minute)
-    with _limiters_lock:
+    with _models_lock:
         if key not in _limiters:
-            _limiters[key] = RateLimiter(cfg.requests_per_minute)
+            limiter = InMemoryRateLimiter(
+                requests_per_second=cfg.requests_per_minute / 60, check_every_n_seconds=0.05
+            )
+            limiter.available_tokens = 1.0
+            _limiters[key] = limiter
         return _limiters[key]
 
 
-# ------------------------------------------------------------------------------------------------
-# Chat models
-# ------------------------------------------------------------------------------------------------
-
-
-def _to_messages(messages: Sequence[Any]) -> list[Any]:
-    from langchain_core.messages import convert_to_messages
-
-    return list(convert_to_messages(list(messages)))
+def _acquire(limiter: Any, deadline: float | None) -> bool:
+    """Take a slot of ``limiter``, or return False at once when the next slot comes only after
+    ``deadline``.  Kept because the limiter's own blocking ``acquire`` knows no deadline (nor
+    does the ``rate_limiter=`` of a chat model, which uses it)."""
+    while not limiter.acquire(blocking=False):
+        tokens_missing = 1.0 - limiter.available_tokens
+        ready = (limiter.last or time.monotonic()) + tokens_missing / limiter.requests_per_second
+        if deadline is not None and ready >= deadline:
+            return False
+        time.sleep(limiter.check_every_n_seconds)
+    return True
 
 
 def fold_system_messages(messages: Sequence[Any]) -> list[Any]:
-    """Merge system messages into the first human message (for models that reject the system role)."""
-    from langchain_core.messages import HumanMessage, SystemMessage
-
-    msgs = _to_messages(messages)
-    system = [m for m in msgs if isinstance(m, SystemMessage)]
-    if not system:
-        return msgs
-    preamble = "\n\n".join(_content_text(m.content) for m in system)
+    """Merge system messages into the first human message (for models that reject the system
+    role, like Gemma on Google AI Studio; no LangChain message utility does this)."""
+    msgs = convert_to_messages(list(messages))
+    preamble = "\n\n".join(m.text for m in msgs if isinstance(m, SystemMessage))
     rest = [m for m in msgs if not isinstance(m, SystemMessage)]
+    if not preamble:
+        return msgs
     for i, m in enumerate(rest):
         if isinstance(m, HumanMessage):
-            rest[i] = HumanMessage(content=f"{preamble}\n\n{_content_text(m.content)}")
+            rest[i] = HumanMessage(content=f"{preamble}\n\n{m.text}")
             return rest
     return [HumanMessage(content=preamble), *rest]
 
 
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for block in content:
-            if isinstance(block, str):
-                parts.append(block)
-            elif isinstance(block, dict) and block.get("type") == "text":
-                parts.append(str(block.get("text", "")))
-        return "".join(parts)
-    return "" if content is None else str(content)
-
-
-def _chat_model_class() -> type:
-    from langchain_openai import ChatOpenAI
-
-    class RegistryChatOpenAI(ChatOpenAI):
-        """ChatOpenAI that folds system messages when the model rejects them and sends the
-        classic ``max_tokens`` field that every OpenAI-compatible server understands."""
-
-        fold_system: bool = False
-        legacy_max_tokens: bool = True
-
-        def _generate(self, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return super()._generate(*args, **kwargs)
-            except json.JSONDecodeError as exc:  # Content-Type: application/json, body is not
-                raise MalformedResponseError(
-                    f"the 200 response body is not valid JSON ({exc.msg})"
-                ) from None
-
-        def _create_chat_result(self, response: Any, generation_info: Any = None) -> Any:
-            check_chat_completion(response)
-            return super()._create_chat_result(response, generation_info)
-
-        def _get_request_payload(self, input_: Any, *, stop: Any = None, **kwargs: Any) -> dict:
-            if self.fold_system:
-                input_ = fold_system_messages(self._convert_input(input_).to_messages())
-            payload = super()._get_request_payload(input_, stop=stop, **kwargs)
-            if self.legacy_max_tokens and "max_completion_tokens" in payload:
-                payload["max_tokens"] = payload.pop("max_completion_tokens")
-            return payload
-
-    return RegistryChatOpenAI
-
-
-def check_chat_completion(response: Any) -> None:
-    """Raise MalformedResponseError unless ``response`` (what the OpenAI SDK parsed from a 200
-    reply) is a chat completion with at least one choice that has a message.  An empty message
-    is a valid completion: :attr:`LLMResult.empty` reports it."""
-    if isinstance(response, str | bytes):
-        text = response.decode("utf-8", "replace") if isinstance(response, bytes) else response
-        snippet = " ".join(text.split())[:80]
-        raise MalformedResponseError(f"the 200 response is not a chat completion: {snippet!r}")
-    data = response.model_dump() if hasattr(response, "model_dump") else response
+def _check_completion(response: Any) -> None:
+    """Raise MalformedResponseError unless a 200 reply is a chat completion with at least one
+    choice that has a message (an empty message is valid: :attr:`LLMResult.empty` reports it).
+    An httpx response hook on the SDK's own client class: the OpenAI SDK hands a non-JSON body on
+    as a string and LangChain then fails with an AttributeError that says nothing."""
+    if response.status_code != 200:
+        return
+    response.read()
+    try:
+        data = json.loads(response.content)
+    except ValueError as exc:
+        if "json" in response.headers.get("content-type", ""):
+            message = f"the 200 response body is not valid JSON ({getattr(exc, 'msg', exc)})"
+        else:
+            message = f"the 200 response is not a chat completion: {' '.join(response.text.split())[:80]!r}"
+        raise MalformedResponseError(message) from None
     if not isinstance(data, dict):
         raise MalformedResponseError(
-            f"the 200 response is not a chat completion ({type(response).__name__})"
+            f"the 200 response is not a chat completion ({type(data).__name__})"
         )
     if data.get("error"):
         detail = " ".join(str(data["error"]).split())[:120]
@@ -554,23 +469,20 @@ def check_chat_completion(response: Any) -> None:
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices:
         raise MalformedResponseError("the 200 response has no choices")
-    first = choices[0]
-    if not isinstance(first, dict) or not isinstance(first.get("message"), dict):
+    if not isinstance(choices[0], dict) or not isinstance(choices[0].get("message"), dict):
         raise MalformedResponseError("the 200 response's first choice has no message")
 
 
-_llm_cache: dict[tuple, Any] = {}
-_llm_lock = threading.Lock()
+def _chat_model(cfg: ResolvedLLM, settings: Settings) -> Any:
+    """The cached chat model of an endpoint (starts the embedded model when the provider is local).
+    ``BaseChatOpenAI`` — the base LangChain's OpenAI-compatible integrations share — sends the
+    classic ``max_tokens`` every such server understands; ``ChatOpenAI`` (OpenAI itself) sends
+    ``max_completion_tokens``.  It never retries by itself (max_retries=0): :class:`LLMClient` does."""
+    import openai
+    from langchain_openai import ChatOpenAI
+    from langchain_openai.chat_models.base import BaseChatOpenAI
 
-
-def get_llm(role: str | None, settings: Settings) -> Any:
-    """A cached ``ChatOpenAI`` for ``role`` (starts the embedded model when the provider is local).
-
-    The client never retries by itself (max_retries=0): :class:`LLMClient` does, with backoff.
-    """
-    cfg = resolve(role, settings)
-    base_url = cfg.base_url
-    model = cfg.model
+    base_url, model = cfg.base_url, cfg.model
     if cfg.local:
         try:
             server = local_llm.get_local_server(cfg.provider, settings)
@@ -579,175 +491,101 @@ def get_llm(role: str | None, settings: Settings) -> Any:
         base_url, model = server.base_url, server.model
     key_digest = hashlib.sha256((cfg.api_key or "").encode()).hexdigest()
     timeout = call_timeout(cfg, settings)
-    cache_key = (
-        cfg.provider,
-        base_url,
-        model,
-        key_digest,
-        settings.llm_temperature,
-        timeout,
-    )
-    with _llm_lock:
-        llm = _llm_cache.get(cache_key)
-        if llm is None:
-            cls = _chat_model_class()
-            llm = cls(
+    key = (cfg.provider, base_url, model, key_digest, settings.llm_temperature, timeout)
+    with _models_lock:
+        if key not in _models:
+            cls = ChatOpenAI if cfg.provider == "openai" else BaseChatOpenAI
+            _models[key] = cls(
                 model=model,
                 base_url=base_url,
                 api_key=cfg.api_key or _NO_KEY,
                 temperature=settings.llm_temperature,
                 timeout=timeout,
                 max_retries=0,
-                fold_system=not cfg.supports_system_messages,
-                legacy_max_tokens=cfg.provider != "openai",
+                http_client=openai.DefaultHttpxClient(
+                    event_hooks={"response": [_check_completion]}
+                ),
             )
-            _llm_cache[cache_key] = llm
-        return llm
+        return _models[key]
+
+
+def get_llm(role: str | None, settings: Settings) -> Any:
+    """A cached chat model for ``role``; for providers that reject the system role, a
+    ``fold_system_messages | model`` chain."""
+    cfg = resolve(role, settings)
+    llm = _chat_model(cfg, settings)
+    return llm if cfg.supports_system_messages else RunnableLambda(fold_system_messages) | llm
 
 
 def clear_llm_cache() -> None:
-    """Forget the cached chat models (tests; after changing settings)."""
-    with _llm_lock:
-        _llm_cache.clear()
+    """Forget the cached chat models and rate limiters (tests; after changing settings)."""
+    with _models_lock:
+        _models.clear()
+        _limiters.clear()
 
 
 # ------------------------------------------------------------------------------------------------
 # JSON replies
 # ------------------------------------------------------------------------------------------------
 
-_FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
-_TRAILING_COMMA = re.compile(r",\s*([}\]])")
+_JSON_WORDS = re.compile(r"\b(true|false|null)\b")
 
 
-def _loads_lenient(text: str) -> Any:
-    """json.loads, then the usual small-model slips: trailing commas, Python-style quoting."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        pass
-    fixed = _TRAILING_COMMA.sub(r"\1", text)
-    try:
-        return json.loads(fixed)
-    except ValueError:
-        pass
-    pyish = re.sub(r"\btrue\b", "True", re.sub(r"\bfalse\b", "False", fixed))
-    pyish = re.sub(r"\bnull\b", "None", pyish)
-    try:
-        return ast.literal_eval(pyish)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        raise ValueError("not valid JSON") from None
+def _python_word(match: re.Match) -> str:
+    return {"true": "True", "false": "False", "null": "None"}[match[1]]
 
 
-def _json_candidates(text: str) -> list[str]:
-    candidates = [m.group(1).strip() for m in _FENCE.finditer(text)]
-    candidates.append(text.strip())
-    # Every balanced {...} span, outermost first, so prose before/after the object is ignored.
-    depth, start, in_str, quote, escape = 0, -1, False, "", False
+def json_objects(text: str) -> Iterator[dict[str, Any]]:
+    """The one lenient JSON reader of model replies: every top-level ``{...}`` object of ``text``
+    that parses, in order.  Prose and code fences around an object are skipped; trailing commas
+    and Python-style quoting (the small models' slips) are read as a Python literal.  An object
+    cut off at max_tokens yields nothing here: langchain-core's ``parse_partial_json`` completes
+    those (answer.complete_checks)."""
+    depth = start = 0
+    quote, escaped = "", False
     for i, ch in enumerate(text):
-        if in_str:
-            if escape:
-                escape = False
-            elif ch == "\\":
-                escape = True
-            elif ch == quote:
-                in_str = False
-        elif ch in "\"'" and depth > 0:
-            in_str, quote = True, ch
+        if quote:
+            escaped, quote = (
+                (False, quote) if escaped else (ch == "\\", "" if ch == quote else quote)
+            )
+        elif ch in "\"'" and depth:
+            quote = ch
         elif ch == "{":
-            if depth == 0:
-                start = i
-            depth += 1
-        elif ch == "}" and depth > 0:
+            start, depth = (i if depth == 0 else start), depth + 1
+        elif ch == "}" and depth:
             depth -= 1
             if depth == 0:
-                candidates.append(text[start : i + 1])
-    return candidates
+                span = text[start : i + 1]
+                try:
+                    data = json.loads(span)
+                except ValueError:
+                    try:
+                        data = ast.literal_eval(_JSON_WORDS.sub(_python_word, span))
+                    except (ValueError, SyntaxError, MemoryError, RecursionError):
+                        continue
+                if isinstance(data, dict):
+                    yield data
 
 
 def parse_json_reply(text: str, schema: type[T]) -> T:
-    """Extract and validate a JSON object from a model reply.
-
-    Accepts a fenced ```json block, a bare object, an object surrounded by prose, trailing commas
-    and single-quoted (Python-style) objects.  Raises JSONReplyError saying what was wrong.
-    """
+    """The first JSON object of a model reply (see :func:`json_objects`) that validates against
+    ``schema``; raises JSONReplyError saying what was wrong."""
     if not text or not text.strip():
         raise JSONReplyError("empty reply")
-    last_validation: ValidationError | None = None
-    for candidate in _json_candidates(text):
-        try:
-            data = _loads_lenient(candidate)
-        except ValueError:
-            continue
-        if not isinstance(data, dict):
-            continue
+    last_error: ValidationError | None = None
+    for data in json_objects(text):
         try:
             return schema.model_validate(data)
         except ValidationError as exc:
-            last_validation = exc
-    if last_validation is not None:
+            last_error = exc
+    if last_error is not None:
         errors = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}"
-            for e in last_validation.errors()[:3]
+            for e in last_error.errors()[:3]
         )
         raise JSONReplyError(f"JSON does not match {schema.__name__}: {errors}")
     snippet = text.strip().replace("\n", " ")[:80]
     raise JSONReplyError(f"no JSON object found in reply: {snippet!r}")
-
-
-def cut_off_prefixes(text: str) -> Iterator[dict[str, Any]]:
-    """The JSON object a reply cut off mid-way (at max_tokens) began, completed at each place where
-    a value had ended, longest first: its open arrays and objects closed, the unfinished value
-    dropped.  A caller validates each against what it needs and takes the first that passes."""
-    start = text.find("{")
-    if start < 0:
-        return
-    closers: list[str] = []
-    cuts: list[tuple[int, str]] = []
-    in_string = escaped = False
-    for i in range(start, len(text)):
-        ch = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            closers.append("}" if ch == "{" else "]")
-        elif ch in "}]":
-            if not closers or closers.pop() != ch:
-                break
-            if not closers:
-                break  # the object is complete: nothing was cut off
-            cuts.append((i + 1, "".join(reversed(closers))))
-        elif ch == ",":
-            cuts.append((i, "".join(reversed(closers))))
-    for end, close in reversed(cuts):
-        try:
-            data = json.loads(text[start:end] + close)
-        except ValueError:
-            continue
-        if isinstance(data, dict):
-            yield data
-
-
-def json_schema_instruction(schema: type[BaseModel]) -> str:
-    """The instruction appended (after the prompt, keeping its prefix stable) in prompt-JSON mode."""
-    compact = json.dumps(schema.model_json_schema(), separators=(",", ":"))
-    return (
-        "\n\nReply with only one JSON object (no prose, no code fence) that matches this JSON "
-        f"schema:\n{compact}"
-    )
-
-
-def _response_format(schema: type[BaseModel]) -> dict:
-    return {
-        "type": "json_schema",
-        "json_schema": {"name": schema.__name__, "schema": schema.model_json_schema()},
-    }
 
 
 # ------------------------------------------------------------------------------------------------
@@ -755,16 +593,18 @@ def _response_format(schema: type[BaseModel]) -> dict:
 # ------------------------------------------------------------------------------------------------
 
 
-class ResponseCache:
-    """SQLite cache of replies keyed by sha256 of (provider, base URL, model, messages, params).
-
-    Holds reply text and token usage only — never an API key or header."""
+class ResponseCache(BaseCache):
+    """langchain-core's cache interface over our SQLite file: one row per reply, keyed by the
+    sha256 of the request (``prompt``: the messages; ``llm_string``: provider, display URL,
+    model and the parameters) as one sorted JSON object — the key of earlier versions, so
+    their cache files still hit.  Holds reply text and token usage only, never a key.  Not
+    LangChain's own SQLiteCache (langchain-community): that keys on the model's serialized
+    form, key and full URL included."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30)
+        self._db = sqlite3.connect(str(path), check_same_thread=False, timeout=30)
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, provider TEXT, "
             "model TEXT, text TEXT, usage TEXT, created REAL)"
@@ -772,38 +612,56 @@ class ResponseCache:
         self._db.commit()
 
     @staticmethod
-    def key(payload: dict) -> str:
+    def _key(prompt: str, llm_string: str) -> str:
+        payload = {**json.loads(llm_string), "messages": json.loads(prompt)}
         blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()
 
-    def get(self, key: str) -> dict | None:
+    def lookup(self, prompt: str, llm_string: str) -> list[Any] | None:
         with self._lock:
             row = self._db.execute(
-                "SELECT text, usage FROM responses WHERE key = ?", (key,)
+                "SELECT text, usage FROM responses WHERE key = ?",
+                (self._key(prompt, llm_string),),
             ).fetchone()
         if row is None:
             return None
-        return {"text": row[0], "usage": json.loads(row[1] or "{}")}
+        usage = json.loads(row[1] or "{}")
+        tokens = usage.get("input_tokens"), usage.get("output_tokens")
+        message = AIMessage(
+            content=row[0],
+            usage_metadata=None if None in tokens else {
+                "input_tokens": tokens[0], "output_tokens": tokens[1],
+                "total_tokens": tokens[0] + tokens[1],
+            },
+            response_metadata={"finish_reason": usage.get("finish_reason")},
+        )  # fmt: skip
+        return [ChatGeneration(message=message)]
 
-    def put(self, key: str, provider: str, model: str, text: str, usage: dict) -> None:
+    def update(self, prompt: str, llm_string: str, return_val: Sequence[Any]) -> None:
+        message = return_val[0].message
+        tokens = message.usage_metadata or {}
+        usage = {
+            "input_tokens": tokens.get("input_tokens"),
+            "output_tokens": tokens.get("output_tokens"),
+            "finish_reason": message.response_metadata.get("finish_reason"),
+        }
+        about = json.loads(llm_string)
+        row = (self._key(prompt, llm_string), about["provider"], about["model"], message.text)
         with self._lock:
             self._db.execute(
                 "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)",
-                (key, provider, model, text, json.dumps(usage), time.time()),
+                (*row, json.dumps(usage), time.time()),
             )
             self._db.commit()
 
-    def __len__(self) -> int:
+    def clear(self, **kwargs: Any) -> None:
         with self._lock:
-            return self._db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
+            self._db.execute("DELETE FROM responses")
+            self._db.commit()
 
 
 # ------------------------------------------------------------------------------------------------
-# The call helper
+# Results, records, failures
 # ------------------------------------------------------------------------------------------------
 
 
@@ -826,6 +684,22 @@ class LLMResult:
         """The model returned no text (content "" or null, whatever the finish reason).  Never
         an answer: callers treat it as a failed call, and it is never cached."""
         return not self.text.strip()
+
+    @classmethod
+    def from_message(cls, message: Any, latency_s: float, retries: int, cached: bool) -> LLMResult:
+        """The reply's text, its ``usage_metadata`` (LangChain's provider-neutral token counts)
+        and its finish reason."""
+        usage = message.usage_metadata or {}
+        return cls(
+            text=message.text,
+            cached=cached,
+            latency_s=latency_s,
+            input_tokens=usage.get("input_tokens"),
+            output_tokens=usage.get("output_tokens"),
+            cached_prompt_tokens=(usage.get("input_token_details") or {}).get("cache_read"),
+            retries=retries,
+            finish_reason=message.response_metadata.get("finish_reason"),
+        )
 
 
 @dataclass
@@ -853,69 +727,6 @@ class CallRecord:
         return asdict(self)
 
 
-@dataclass
-class _Failure:
-    retryable: bool
-    reason: str
-    retry_after: float | None = None
-
-
-def _retry_after_seconds(headers: Any) -> float | None:
-    if headers is None:
-        return None
-    try:
-        ms = headers.get("retry-after-ms")
-        if ms is not None:
-            return max(0.0, float(ms) / 1000.0)
-        value = headers.get("retry-after")
-    except (AttributeError, ValueError):
-        return None
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def _classify(exc: BaseException) -> _Failure:
-    """Is the failure worth retrying, why, and how long the provider asks us to wait."""
-    import openai
-
-    seen: list[BaseException] = []
-    cur: BaseException | None = exc
-    while cur is not None and cur not in seen:
-        seen.append(cur)
-        cur = cur.__cause__ or cur.__context__
-    for e in seen:
-        if isinstance(e, MalformedResponseError):
-            return _Failure(True, f"malformed response ({e})")
-        if isinstance(e, openai.APITimeoutError):
-            return _Failure(True, "timeout")
-        if isinstance(e, openai.APIConnectionError):
-            return _Failure(True, f"connection error ({e.__class__.__name__})")
-        if isinstance(e, openai.APIStatusError):
-            status = e.status_code
-            headers = getattr(e.response, "headers", None)
-            if status == 429:
-                return _Failure(True, "rate limited (HTTP 429)", _retry_after_seconds(headers))
-            if status >= 500 or status == 408:
-                return _Failure(
-                    True, f"server error (HTTP {status})", _retry_after_seconds(headers)
-                )
-            return _Failure(False, f"HTTP {status}: {e.message}")
-        if isinstance(e, TimeoutError):
-            return _Failure(True, "timeout")
-        if isinstance(e, ConnectionError):
-            return _Failure(True, f"connection error ({e.__class__.__name__})")
-    return _Failure(False, f"{exc.__class__.__name__}: {exc}")
-
-
 def usage(records: Sequence[CallRecord]) -> dict[str, Any]:
     """The one usage summary of a list of call records (a run's, an eval task's, a benchmark's):
     calls (from the provider and from the cache), errors, retries, parse failures, tokens,
@@ -939,11 +750,90 @@ def usage(records: Sequence[CallRecord]) -> dict[str, Any]:
         }
 
     out = totals(records)
-    out["by_role"] = {
-        role: totals([r for r in records if r.role == role])
-        for role in dict.fromkeys(r.role for r in records)
-    }
+    roles = dict.fromkeys(r.role for r in records)
+    out["by_role"] = {role: totals([r for r in records if r.role == role]) for role in roles}
     return out
+
+
+def _retry_after_seconds(headers: Any) -> float | None:
+    """The wait a 429/5xx asks for (Retry-After-Ms, Retry-After: seconds or an HTTP date).  Kept
+    because ``with_retry`` waits by its own schedule only."""
+    ms, value = headers.get("retry-after-ms"), headers.get("retry-after")
+    try:
+        return max(0.0, float(ms) / 1000.0 if ms is not None else float(value))
+    except (TypeError, ValueError):
+        pass
+    try:
+        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+def _classify(exc: BaseException) -> tuple[bool, str, float | None]:
+    """(retryable, why, the seconds the provider asks to wait) of a failed attempt.  Kept because
+    it also names the reason for the user and reads Retry-After."""
+    import openai
+
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    for e in chain:
+        if isinstance(e, MalformedResponseError):
+            return True, f"malformed response ({e})", None
+        if isinstance(e, openai.APITimeoutError | TimeoutError):
+            return True, "timeout", None
+        if isinstance(e, openai.APIConnectionError | ConnectionError):
+            return True, f"connection error ({e.__class__.__name__})", None
+        if isinstance(e, openai.APIStatusError):
+            status, wait = e.status_code, _retry_after_seconds(e.response.headers)
+            if status == 429:
+                return True, "rate limited (HTTP 429)", wait
+            if status >= 500 or status == 408:
+                return True, f"server error (HTTP {status})", wait
+            return False, f"HTTP {status}: {e.message}", None
+    return False, f"{chain[0].__class__.__name__}: {chain[0]}", None
+
+
+class _Retry(Exception):
+    """An attempt failed in a way worth another (the only exception ``with_retry`` retries)."""
+
+
+class _Stop(Exception):
+    """A call failed for good: the user's ``message``, the ``reason`` for the record, after how
+    many ``attempts``, and whether the deadline ended it."""
+
+    def __init__(self, message: str, reason: str, attempts: int, at_deadline: bool) -> None:
+        super().__init__(message)
+        self.message, self.reason, self.attempts, self.at_deadline = (
+            message, reason, attempts, at_deadline
+        )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------
+# The call helper
+# ------------------------------------------------------------------------------------------------
+
+
+def json_schema_instruction(schema: type[BaseModel]) -> str:
+    """The instruction appended (after the prompt, keeping its prefix stable) in both JSON modes."""
+    compact = json.dumps(schema.model_json_schema(), separators=(",", ":"))
+    return (
+        "\n\nReply with only one JSON object (no prose, no code fence) that matches this JSON "
+        f"schema:\n{compact}"
+    )
+
+
+def _add_instruction(msgs: list[Any], suffix: str, *, prefer_system: bool) -> list[Any]:
+    """Append ``suffix`` to the last system message (if preferred and present), else to the last
+    human message."""
+    out = list(msgs)
+    for kinds in (SystemMessage, HumanMessage) if prefer_system else (HumanMessage,):
+        for i in range(len(out) - 1, -1, -1):
+            if isinstance(out[i], kinds):
+                out[i] = type(out[i])(content=out[i].text + suffix)
+                return out
+    return [*out, HumanMessage(content=suffix.strip())]
 
 
 class LLMClient:
@@ -973,11 +863,7 @@ class LLMClient:
         """Default deadline of every call (time.monotonic() value); None = none."""
         self._records: list[CallRecord] = []
         self._lock = threading.Lock()
-        self._cache: ResponseCache | None = None
-        if self.settings.llm_cache:
-            self._cache = ResponseCache(self.settings.llm_cache_path)
-
-    # -- metrics ---------------------------------------------------------------------------------
+        self._cache = ResponseCache(settings.llm_cache_path) if settings.llm_cache else None
 
     @property
     def records(self) -> list[CallRecord]:
@@ -997,12 +883,10 @@ class LLMClient:
         """True when ``role`` talks to the embedded local model (short reply budgets)."""
         return resolve(role, self.settings).local
 
-    # -- calls -----------------------------------------------------------------------------------
-
-    def _llm(self, role: str) -> Any:
-        if self._factory is not None:
-            return self._factory(role)
-        return get_llm(role, self.settings)
+    def effective_deadline(self, deadline: float | None = None) -> float | None:
+        """The earlier of ``deadline`` and the client's own (a call never outlives the run)."""
+        found = [d for d in (deadline, self.deadline) if d is not None]
+        return min(found) if found else None
 
     def _redact(self, text: str, cfg: ResolvedLLM) -> str:
         if cfg.api_key and len(cfg.api_key) >= 4:
@@ -1010,11 +894,6 @@ class LLMClient:
         if cfg.base_url and cfg.display_url != cfg.base_url:
             text = text.replace(cfg.base_url, cfg.display_url or "")
         return redact_urls_in_text(text)
-
-    def effective_deadline(self, deadline: float | None = None) -> float | None:
-        """The earlier of ``deadline`` and the client's own (a call never outlives the run)."""
-        found = [d for d in (deadline, self.deadline) if d is not None]
-        return min(found) if found else None
 
     def invoke(
         self,
@@ -1055,209 +934,61 @@ class LLMClient:
                 provider=cfg.provider,
                 attempts=0,
             )
-        msgs = _to_messages(messages)
+        msgs = convert_to_messages(list(messages))
         if not cfg.supports_system_messages:
             msgs = fold_system_messages(msgs)
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {} if max_tokens is None else {"max_tokens": max_tokens}
         if schema is None:
             json_mode = None
         else:
-            if json_mode is None:
-                json_mode = "schema" if cfg.supports_json_schema else "prompt"
+            json_mode = json_mode or ("schema" if cfg.supports_json_schema else "prompt")
             # The model sees the schema in both modes (field names, enums).  In schema mode the
             # server enforces it, and the instruction goes at the end of the system message so
             # the prefix shared by every call of a node stays stable for the prompt cache.  In
             # prompt mode it must sit right after the question: the local 1.5B echoed the schema
             # itself when it was in the system message (bench_llm: 25% vs 100% valid).
-            instruction = json_schema_instruction(schema)
-            if json_mode == "schema":
-                kwargs["response_format"] = _response_format(schema)
-                msgs = _add_instruction(msgs, instruction, prefer_system=True)
-            else:
-                msgs = _add_instruction(msgs, instruction, prefer_system=False)
-        if max_tokens is not None:
-            kwargs["max_tokens"] = max_tokens
-        in_chars = sum(len(_content_text(m.content)) for m in msgs)
-
-        cache_key = None
-        if self._cache is not None:
-            cache_key = ResponseCache.key(
-                {
-                    "provider": cfg.provider,
-                    "base_url": cfg.display_url,
-                    "model": cfg.model,
-                    "messages": [[m.type, _content_text(m.content)] for m in msgs],
-                    "temperature": self.settings.llm_temperature,
-                    "max_tokens": max_tokens,
-                    "json_mode": json_mode,
-                    "schema": schema.model_json_schema() if schema is not None else None,
+            schema_mode = json_mode == "schema"
+            msgs = _add_instruction(
+                msgs, json_schema_instruction(schema), prefer_system=schema_mode
+            )
+            if schema_mode:  # the json_schema response format with_structured_output would send
+                kwargs["response_format"] = {
+                    "type": "json_schema",
+                    "json_schema": {"name": schema.__name__, "schema": schema.model_json_schema()},
                 }
-            )
-            hit = self._cache.get(cache_key)
-            if hit is not None:
-                usage = hit["usage"]
-                result = LLMResult(
-                    text=hit["text"],
-                    cached=True,
-                    input_tokens=usage.get("input_tokens"),
-                    output_tokens=usage.get("output_tokens"),
-                    finish_reason=usage.get("finish_reason"),
-                )
-                self._finish(result, cfg, role, schema, json_mode, in_chars)
-                return result
-
-        result = self._call_with_retries(
-            msgs, kwargs, cfg, role, schema, json_mode, in_chars, timeout, deadline
-        )
-        self._finish(result, cfg, role, schema, json_mode, in_chars)
-        # An empty or unparseable reply is a fault, not an answer: caching it would replay it to
-        # every later run (also after the server is fixed), so only good replies are kept.
-        if (
-            self._cache is not None
-            and cache_key is not None
-            and not result.empty
-            and result.parse_error is None
-        ):
-            self._cache.put(
-                cache_key,
-                cfg.provider,
-                cfg.model,
-                result.text,
-                {
-                    "input_tokens": result.input_tokens,
-                    "output_tokens": result.output_tokens,
-                    "finish_reason": result.finish_reason,
-                },
-            )
-        return result
-
-    def _call_with_retries(
-        self,
-        msgs: list[Any],
-        kwargs: dict[str, Any],
-        cfg: ResolvedLLM,
-        role: str,
-        schema: type[BaseModel] | None,
-        json_mode: str | None,
-        in_chars: int,
-        timeout: float | None,
-        deadline: float | None,
-    ) -> LLMResult:
-        import openai
-
-        llm = self._llm(role)
-        openai_model = _is_openai_model(llm)
-        call_kwargs = dict(kwargs)
-        per_call = float(timeout) if timeout is not None else call_timeout(cfg, self.settings)
-        attempts = max(0, int(self.settings.llm_max_retries)) + 1
-        limiter = rate_limiter(cfg)
+        record = dict(
+            role=role, provider=cfg.provider, model=cfg.model, schema=schema and schema.__name__,
+            json_mode=json_mode, in_chars=sum(len(m.text) for m in msgs),
+        )  # fmt: skip
+        prompt = llm_string = ""
+        hit = None
+        if self._cache is not None:
+            prompt = json.dumps([[m.type, m.text] for m in msgs])
+            request = {
+                "provider": cfg.provider, "base_url": cfg.display_url, "model": cfg.model,
+                "temperature": self.settings.llm_temperature, "max_tokens": max_tokens,
+                "json_mode": json_mode,
+                "schema": schema.model_json_schema() if schema is not None else None,
+            }  # fmt: skip
+            llm_string = json.dumps(request)
+            hit = self._cache.lookup(prompt, llm_string)
         start = time.perf_counter()
-
-        def fail(attempt: int, reason: str, *, at_deadline: bool) -> LLMCallError:
-            self._record_failure(cfg, role, schema, json_mode, in_chars, start, attempt, reason)
-            if at_deadline:
-                return LLMDeadlineError(
-                    f"LLM call for role {role!r} to {cfg.provider} ({cfg.model}) stopped at the "
-                    f"run deadline after {attempt} attempt(s) and {time.perf_counter() - start:.1f}s"
-                    f" (last: {reason}); raise RUN_TIMEOUT / --deadline to allow more time",
-                    role=role,
-                    provider=cfg.provider,
-                    attempts=attempt,
-                )
-            return LLMCallError(
-                f"LLM call for role {role!r} to {cfg.provider} ({cfg.model}) failed after "
-                f"{attempt} attempt(s): {reason}",
-                role=role,
-                provider=cfg.provider,
-                attempts=attempt,
-            )
-
-        reason = "no attempt made"
-        for attempt in range(attempts):
-            if limiter is not None:
-                waited = limiter.wait(deadline)
-                if waited is None:
-                    why = "no rate-limit slot before the deadline"
-                    raise fail(
-                        attempt, why if attempt == 0 else f"{reason}; {why}", at_deadline=True
-                    )
-                if waited > 0:
-                    logger.debug(
-                        "LLM %s/%s: waited %.1fs for the rate limit", cfg.provider, role, waited
-                    )
-            attempt_timeout = per_call
-            capped = False
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise fail(attempt, reason, at_deadline=True)
-                capped = remaining < per_call
-                attempt_timeout = min(per_call, remaining)
-            if openai_model:
-                call_kwargs["timeout"] = attempt_timeout
+        if hit is not None:
+            message, retries = hit[0].message, 0
+        else:
             try:
-                message = llm.invoke(msgs, **call_kwargs)
-            except openai.LengthFinishReasonError as exc:
-                # JSON-schema mode raises on max_tokens truncation; keep the partial reply.
-                choice = exc.completion.choices[0] if exc.completion.choices else None
-                text = (choice.message.content or "") if choice else ""
-                usage = exc.completion.usage
-                return LLMResult(
-                    text=text,
-                    latency_s=time.perf_counter() - start,
-                    input_tokens=usage.prompt_tokens if usage else None,
-                    output_tokens=usage.completion_tokens if usage else None,
-                    retries=attempt,
-                    finish_reason="length",
-                )
-            except Exception as exc:
-                failure = _classify(exc)
-                reason = self._redact(failure.reason, cfg)
-                too_long = (
-                    failure.retry_after is not None and failure.retry_after > self.max_retry_after_s
-                )
-                if not failure.retryable or too_long:
-                    if too_long:
-                        reason += f"; the provider asks to wait {failure.retry_after:.0f}s"
-                    raise fail(attempt + 1, reason, at_deadline=False) from None
-                delay = self._backoff(attempt, failure.retry_after)
-                if deadline is not None:
-                    now = time.monotonic()
-                    timed_out_at_deadline = capped and failure.reason == "timeout"
-                    no_time_to_retry = attempt < attempts - 1 and now + delay >= deadline
-                    if now >= deadline or timed_out_at_deadline or no_time_to_retry:
-                        raise fail(attempt + 1, reason, at_deadline=True) from None
-                if attempt == attempts - 1:
-                    raise fail(attempt + 1, reason, at_deadline=False) from None
-                logger.warning(
-                    "LLM %s/%s %s; retry %d/%d in %.1fs",
-                    cfg.provider,
-                    role,
-                    reason,
-                    attempt + 1,
-                    attempts - 1,
-                    delay,
-                )
-                time.sleep(delay)
-                continue
-            return _result_from_message(message, time.perf_counter() - start, attempt)
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return retry_after + random.uniform(0, 0.1 * self.backoff_base_s)
-        delay = min(self.backoff_max_s, self.backoff_base_s * 2**attempt)
-        return delay + random.uniform(0, delay / 2)
-
-    def _finish(
-        self,
-        result: LLMResult,
-        cfg: ResolvedLLM,
-        role: str,
-        schema: type[BaseModel] | None,
-        json_mode: str | None,
-        in_chars: int,
-    ) -> None:
+                message, retries = self._call(msgs, kwargs, cfg, role, timeout, deadline)
+            except _Stop as stop:
+                latency = round(time.perf_counter() - start, 4)
+                failed = CallRecord(**record, latency_s=latency, out_chars=0, error=stop.reason)
+                failed.retries = stop.attempts
+                self._add(failed)
+                error = LLMDeadlineError if stop.at_deadline else LLMCallError
+                raise error(
+                    stop.message, role=role, provider=cfg.provider, attempts=stop.attempts
+                ) from None
+        latency = 0.0 if hit is not None else time.perf_counter() - start
+        result = LLMResult.from_message(message, latency, retries, cached=hit is not None)
         if schema is not None:
             if result.finish_reason == "length" and not result.text.strip():
                 result.parse_error = "reply cut off at max_tokens before any output"
@@ -1274,97 +1005,123 @@ class LLMClient:
         if result.empty:
             logger.warning(
                 "LLM %s/%s returned an empty reply (finish_reason=%s)",
-                cfg.provider,
-                role,
-                result.finish_reason,
-            )
-        record = CallRecord(
-            role=role,
-            provider=cfg.provider,
-            model=cfg.model,
-            latency_s=round(result.latency_s, 4),
-            in_chars=in_chars,
-            out_chars=len(result.text),
-            input_tokens=result.input_tokens,
-            output_tokens=result.output_tokens,
-            cached_prompt_tokens=result.cached_prompt_tokens,
-            cached=result.cached,
-            retries=result.retries,
-            schema=schema.__name__ if schema is not None else None,
-            json_mode=json_mode,
-            parse_failed=result.parse_error is not None,
-            empty=result.empty,
-        )
+                cfg.provider, role, result.finish_reason,
+            )  # fmt: skip
+        self._add(CallRecord(
+            **record, latency_s=round(result.latency_s, 4), out_chars=len(result.text),
+            input_tokens=result.input_tokens, output_tokens=result.output_tokens,
+            cached_prompt_tokens=result.cached_prompt_tokens, cached=result.cached,
+            retries=result.retries, parse_failed=result.parse_error is not None, empty=result.empty,
+        ))  # fmt: skip
+        # An empty or unparseable reply is a fault, not an answer: caching it would replay it to
+        # every later run (also after the server is fixed), so only good replies are kept.
+        if self._cache is not None and hit is None and not result.empty and not result.parse_error:
+            self._cache.update(prompt, llm_string, [ChatGeneration(message=message)])
+        return result
+
+    def _add(self, record: CallRecord) -> None:
         with self._lock:
             self._records.append(record)
 
-    def _record_failure(
+    def _call(
         self,
+        msgs: list[Any],
+        kwargs: dict[str, Any],
         cfg: ResolvedLLM,
         role: str,
-        schema: type[BaseModel] | None,
-        json_mode: str | None,
-        in_chars: int,
-        start: float,
-        attempt: int,
-        reason: str,
-    ) -> None:
-        record = CallRecord(
-            role=role,
-            provider=cfg.provider,
-            model=cfg.model,
-            latency_s=round(time.perf_counter() - start, 4),
-            in_chars=in_chars,
-            out_chars=0,
-            retries=attempt,
-            schema=schema.__name__ if schema is not None else None,
-            json_mode=json_mode,
-            error=reason,
-        )
-        with self._lock:
-            self._records.append(record)
+        timeout: float | None,
+        deadline: float | None,
+    ) -> tuple[Any, int]:
+        """The reply message and the number of retries it took.  ``with_retry`` runs the attempts
+        and sleeps its exponential backoff with jitter between them; each attempt adds what it
+        cannot do: take a rate-limit slot, cap its timeout at the deadline, wait what the provider
+        asks (Retry-After) and stop before a wait that would pass the deadline."""
+        import openai
+        from langchain_openai.chat_models.base import BaseChatOpenAI
 
+        llm = self._factory(role) if self._factory is not None else _chat_model(cfg, self.settings)
+        per_call = float(timeout) if timeout is not None else call_timeout(cfg, self.settings)
+        attempts = max(0, int(self.settings.llm_max_retries)) + 1
+        limiter = rate_limiter(cfg)
+        state = {"attempt": 0, "reason": "no attempt made"}
+        prefix = f"LLM call for role {role!r} to {cfg.provider} ({cfg.model})"
+        t0 = time.perf_counter()
 
-def _is_openai_model(llm: Any) -> bool:
-    try:
-        from langchain_openai import ChatOpenAI
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(llm, ChatOpenAI)
+        def stop(reason: str, *, at_deadline: bool = False) -> _Stop:
+            n = state["attempt"]
+            if at_deadline:
+                message = (f"{prefix} stopped at the run deadline after {n} attempt(s) and "
+                           f"{time.perf_counter() - t0:.1f}s (last: {reason}); "
+                           "raise RUN_TIMEOUT / --deadline to allow more time")  # fmt: skip
+            else:
+                message = f"{prefix} failed after {n} attempt(s): {reason}"
+            return _Stop(message, reason, n, at_deadline)
 
+        def attempt(messages: list[Any]) -> Any:
+            if limiter is not None and not _acquire(limiter, deadline):
+                why = "no rate-limit slot before the deadline"
+                last = state["reason"]
+                raise stop(why if state["attempt"] == 0 else f"{last}; {why}", at_deadline=True)
+            call_kwargs, capped = dict(kwargs), False
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise stop(state["reason"], at_deadline=True)
+                capped = remaining < per_call
+            if isinstance(llm, BaseChatOpenAI):
+                call_kwargs["timeout"] = per_call if deadline is None else min(per_call, remaining)
+            state["attempt"] += 1
+            try:
+                return llm.invoke(messages, **call_kwargs)
+            except openai.LengthFinishReasonError as exc:
+                # JSON-schema mode raises on max_tokens truncation; keep the partial reply.
+                choice = exc.completion.choices[0] if exc.completion.choices else None
+                tokens = exc.completion.usage
+                return AIMessage(
+                    content=(choice.message.content or "") if choice else "",
+                    usage_metadata=tokens and {
+                        "input_tokens": tokens.prompt_tokens,
+                        "output_tokens": tokens.completion_tokens,
+                        "total_tokens": tokens.total_tokens,
+                    },
+                    response_metadata={"finish_reason": "length"},
+                )  # fmt: skip
+            except Exception as exc:
+                retryable, reason, wait = _classify(exc)
+                reason = state["reason"] = self._redact(reason, cfg)
+                n = state["attempt"]
+                if not retryable:
+                    raise stop(reason) from None
+                if wait is not None and wait > self.max_retry_after_s:
+                    raise stop(f"{reason}; the provider asks to wait {wait:.0f}s") from None
+                # with_retry sleeps base * 2**(n-1) plus up to base of jitter (at most max) next;
+                # a longer Retry-After is made up before it.
+                scheduled = min(self.backoff_max_s, self.backoff_base_s * 2 ** (n - 1))
+                longest = max(wait or 0.0, min(self.backoff_max_s, scheduled + self.backoff_base_s))
+                if deadline is not None:
+                    now = time.monotonic()
+                    timed_out_at_deadline = capped and reason == "timeout"
+                    no_time_to_retry = n < attempts and now + longest >= deadline
+                    if now >= deadline or timed_out_at_deadline or no_time_to_retry:
+                        raise stop(reason, at_deadline=True) from None
+                if n == attempts:
+                    raise stop(reason) from None
+                logger.warning(
+                    "LLM %s/%s %s; retry %d/%d", cfg.provider, role, reason, n, attempts - 1
+                )
+                time.sleep(max(0.0, (wait or 0.0) - scheduled))
+                raise _Retry(reason) from None
 
-def _add_instruction(msgs: list[Any], suffix: str, *, prefer_system: bool) -> list[Any]:
-    """Append ``suffix`` to the last system message (if preferred and present), else to the last
-    human message."""
-    from langchain_core.messages import HumanMessage, SystemMessage
-
-    out = list(msgs)
-    for i in range(len(out) - 1, -1, -1):
-        if prefer_system and isinstance(out[i], SystemMessage):
-            out[i] = SystemMessage(content=_content_text(out[i].content) + suffix)
-            return out
-    for i in range(len(out) - 1, -1, -1):
-        if isinstance(out[i], HumanMessage):
-            out[i] = HumanMessage(content=_content_text(out[i].content) + suffix)
-            return out
-    out.append(HumanMessage(content=suffix.strip()))
-    return out
-
-
-def _result_from_message(message: Any, latency_s: float, retries: int) -> LLMResult:
-    text = _content_text(getattr(message, "content", message))
-    usage = getattr(message, "usage_metadata", None) or {}
-    details = usage.get("input_token_details") or {}
-    meta = getattr(message, "response_metadata", None) or {}
-    return LLMResult(
-        text=text,
-        latency_s=latency_s,
-        input_tokens=usage.get("input_tokens"),
-        output_tokens=usage.get("output_tokens"),
-        cached_prompt_tokens=details.get("cache_read"),
-        retries=retries,
-        finish_reason=meta.get("finish_reason"),
-    )
+        retrying = RunnableLambda(attempt).with_retry(
+            retry_if_exception_type=(_Retry,),
+            exponential_jitter_params={
+                "initial": self.backoff_base_s, "max": self.backoff_max_s,
+                "jitter": self.backoff_base_s,
+            },
+            stop_after_attempt=attempts,
+        )  # fmt: skip
+        message = retrying.invoke(msgs)
+        return message, state["attempt"] - 1
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1374,29 +1131,28 @@ def _result_from_message(message: Any, latency_s: float, retries: int) -> LLMRes
 
 def provider_rows(settings: Settings) -> list[dict]:
     """The registry as rows for display: limits and whether the key is set (never the key)."""
-    rows = []
-    for p in PROVIDERS.values():
-        key = "set" if p.api_key(settings) else "missing"
-        if not p.key_required:
-            key = "not needed"
-        rows.append(
-            {
-                "name": p.name,
-                "model": p.model or "(LLM_MODEL)",
-                "base_url": redact_url(p.base_url) or "(embedded, loopback)",
-                "api_key_env": p.api_key_env,
-                "api_key_env_aliases": list(p.api_key_env_aliases),
-                "aliases": sorted(a for a, target in PROVIDER_ALIASES.items() if target == p.name),
-                "key": key,
-                "requests_per_minute": p.requests_per_minute,
-                "requests_per_day": p.requests_per_day,
-                "tokens_per_day": p.tokens_per_day,
-                "json_schema": p.supports_json_schema,
-                "system_messages": p.supports_system_messages,
-                "notes": p.notes,
-            }
-        )
-    return rows
+    return [
+        {
+            "name": p.name,
+            "model": p.model or "(LLM_MODEL)",
+            "base_url": redact_url(p.base_url) or "(embedded, loopback)",
+            "api_key_env": p.api_key_env,
+            "api_key_env_aliases": list(p.api_key_env_aliases),
+            "aliases": sorted(a for a, target in PROVIDER_ALIASES.items() if target == p.name),
+            "key": "not needed"
+            if not p.key_required
+            else "set"
+            if p.api_key(settings)
+            else "missing",
+            "requests_per_minute": p.requests_per_minute,
+            "requests_per_day": p.requests_per_day,
+            "tokens_per_day": p.tokens_per_day,
+            "json_schema": p.supports_json_schema,
+            "system_messages": p.supports_system_messages,
+            "notes": p.notes,
+        }
+        for p in PROVIDERS.values()
+    ]
 
 
 def _selection(settings: Settings) -> dict:
@@ -1415,12 +1171,7 @@ def _selection(settings: Settings) -> dict:
     return out
 
 
-def _fmt_limit(value: int | None) -> str:
-    return "-" if value is None else f"{value:,}"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-
     parser = argparse.ArgumentParser(
         description="List the LLM providers (limits, whether each key is set) and the selection."
     )
@@ -1434,9 +1185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_dotenv_file()
     settings = Settings.from_env()
     set_settings(settings)
-    rows = provider_rows(settings)
-    selection = _selection(settings)
-    ping = None
+    rows, selection, ping = provider_rows(settings), _selection(settings), None
     if args.ping:
         client = LLMClient(settings.replace(llm_cache=False))
         try:
@@ -1451,6 +1200,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(out, indent=2))
         return 0 if ping is None or ping["ok"] else 1
 
+    def limit(value: int | None) -> str:
+        return "-" if value is None else f"{value:,}"
+
     headers = ["name", "model", "key", "req/min", "req/day", "tokens/day", "schema", "notes"]
     table = [
         [
@@ -1459,9 +1211,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{'/'.join([r['api_key_env'], *r['api_key_env_aliases']])}: {r['key']}"
             if r["api_key_env"]
             else r["key"],
-            _fmt_limit(r["requests_per_minute"]),
-            _fmt_limit(r["requests_per_day"]),
-            _fmt_limit(r["tokens_per_day"]),
+            limit(r["requests_per_minute"]),
+            limit(r["requests_per_day"]),
+            limit(r["tokens_per_day"]),
             "yes" if r["json_schema"] else "no",
             r["notes"],
         ]
@@ -1471,14 +1223,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     widths[-1] = 0
     for line in [headers, *table]:
         print("  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)).rstrip())
-    print()
     aliases = ", ".join(f"{alias} = {target}" for alias, target in PROVIDER_ALIASES.items())
-    print(f"aliases (the original project's names, accepted in LLM_PROVIDER): {aliases}")
+    print(f"\naliases (the original project's names, accepted in LLM_PROVIDER): {aliases}")
     for label, sel in selection.items():
-        if "error" in sel:
-            print(f"{label}: {sel['error']}")
-        else:
-            print(f"{label}: {sel['provider']} / {sel['model']} @ {sel['base_url'] or 'embedded'}")
+        where = f"{sel.get('provider')} / {sel.get('model')} @ {sel.get('base_url') or 'embedded'}"
+        print(f"{label}: {sel.get('error', where)}")
     if ping is not None:
         print(f"ping: {ping}")
         return 0 if ping["ok"] else 1

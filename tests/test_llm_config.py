@@ -933,13 +933,3 @@ def test_check_config_covers_every_role_before_any_work(tmp_settings, monkeypatc
     with pytest.raises(LLMConfigError, match=r'no_such_part_pkg1.*pip install -e "\.\[local\]"'):
         llm_config.check_config(tmp_settings)
     assert server.requests == []
-
-
-def test_cut_off_prefixes_close_a_reply_cut_off_mid_value():
-    cut = '{"a": {"t": "x \\" y", "n": [1, 2]}, "b": [{"t": "ok"}, {"t": "cu'
-    assert list(llm_config.cut_off_prefixes(cut))[0] == {
-        "a": {"t": 'x " y', "n": [1, 2]},
-        "b": [{"t": "ok"}],
-    }
-    assert list(llm_config.cut_off_prefixes('{"a": 1}')) == []  # complete: nothing was cut
-    assert list(llm_config.cut_off_prefixes("no json here")) == []
