@@ -951,10 +951,12 @@ class LLMClient:
             msgs = _add_instruction(
                 msgs, json_schema_instruction(schema), prefer_system=schema_mode
             )
-            if schema_mode:  # the json_schema response format with_structured_output would send
-                kwargs["response_format"] = {
-                    "type": "json_schema",
-                    "json_schema": {"name": schema.__name__, "schema": schema.model_json_schema()},
+            if schema_mode:  # with_structured_output's json_schema format, sent in extra_body so
+                # that LangChain calls create(), not the SDK's parse(), which raises on a reply
+                # cut off at max_tokens instead of returning it with finish_reason "length".
+                body = {"name": schema.__name__, "schema": schema.model_json_schema()}
+                kwargs["extra_body"] = {
+                    "response_format": {"type": "json_schema", "json_schema": body}
                 }
         record = dict(
             role=role, provider=cfg.provider, model=cfg.model, schema=schema and schema.__name__,
@@ -1036,7 +1038,6 @@ class LLMClient:
         and sleeps its exponential backoff with jitter between them; each attempt adds what it
         cannot do: take a rate-limit slot, cap its timeout at the deadline, wait what the provider
         asks (Retry-After) and stop before a wait that would pass the deadline."""
-        import openai
         from langchain_openai.chat_models.base import BaseChatOpenAI
 
         llm = self._factory(role) if self._factory is not None else _chat_model(cfg, self.settings)
@@ -1073,19 +1074,6 @@ class LLMClient:
             state["attempt"] += 1
             try:
                 return llm.invoke(messages, **call_kwargs)
-            except openai.LengthFinishReasonError as exc:
-                # JSON-schema mode raises on max_tokens truncation; keep the partial reply.
-                choice = exc.completion.choices[0] if exc.completion.choices else None
-                tokens = exc.completion.usage
-                return AIMessage(
-                    content=(choice.message.content or "") if choice else "",
-                    usage_metadata=tokens and {
-                        "input_tokens": tokens.prompt_tokens,
-                        "output_tokens": tokens.completion_tokens,
-                        "total_tokens": tokens.total_tokens,
-                    },
-                    response_metadata={"finish_reason": "length"},
-                )  # fmt: skip
             except Exception as exc:
                 retryable, reason, wait = _classify(exc)
                 reason = state["reason"] = self._redact(reason, cfg)
