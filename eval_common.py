@@ -84,6 +84,10 @@ def load_qa(path: str | os.PathLike[str] | None = None, n: int | None = None) ->
             dropped += 1
             continue
         items.append(item)
+    if not items:
+        raise ValueError(
+            f"{path}: no multiple-choice item (each needs choice_a..choice_d and an answer A-D)"
+        )
     if dropped:
         logger.warning(
             "%s: skipped %d item(s) without 4 choices and an answer letter", path, dropped
@@ -95,6 +99,30 @@ def load_qa(path: str | os.PathLike[str] | None = None, n: int | None = None) ->
             seen.add(item_id(item))
             unique.append(item)
     return unique[:n] if n is not None else unique
+
+
+def check_jsonl(path: str | os.PathLike[str]) -> None:
+    """Raise a one-line error naming the file (and the row) when ``path`` is missing, not UTF-8,
+    or holds a line that is not a JSON object; for JSONL readers that would otherwise fail later
+    with a message that names neither."""
+    p = Path(path)
+    if p.is_dir():
+        raise FileNotFoundError(f"{p}: is a folder, not a file")
+    if not p.exists():
+        raise FileNotFoundError(f"QA file not found: {p}")
+    try:
+        with p.open(encoding="utf-8") as fh:
+            for n, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{p}: row {n}: invalid JSON ({exc.msg})") from None
+                if not isinstance(rec, dict):
+                    raise ValueError(f"{p}: row {n}: expected a JSON object")
+    except UnicodeDecodeError:
+        raise ValueError(f"{p}: not a UTF-8 text file") from None
 
 
 def item_id(item: dict) -> str:

@@ -948,6 +948,25 @@ def grade_answer_rows(
         )
 
 
+def read_answer_items(args: argparse.Namespace) -> list[dict]:
+    """The open questions (or with ``--facts`` the fact patterns of ``--split``), first N; a
+    missing file, a line that is not a JSON object, an item without its fields or no item at all
+    is a one-line error naming the file."""
+    path = Path(args.qa) if args.qa else None
+    ec.check_jsonl(
+        path or (eval_answers.FACT_PATTERNS if args.facts else eval_answers.OPEN_QUESTIONS)
+    )
+    if args.facts:
+        items = eval_answers.load_fact_patterns(path, args.split)
+        what = f"fact patterns in split {args.split!r}"
+    else:
+        items = eval_answers.interleave_categories(eval_answers.load_open_questions(path))
+        what = "questions"
+    if not items:
+        raise ValueError(f"{path or 'the default set'}: no {what}")
+    return items[: args.n]
+
+
 def run_answers_phase(
     args: argparse.Namespace, settings: Settings, *, llm_factory: Any = None
 ) -> dict[str, Any]:
@@ -956,15 +975,11 @@ def run_answers_phase(
     bad = [m for m in modes if m not in allowed]
     if bad:
         raise ValueError(f"unknown answer mode(s) {bad}; choose from {', '.join(allowed)}")
+    items = read_answer_items(args)  # bad input: no model, no index, no run folder
     ec.require_llm(settings, llm_factory)
     rag_utils.require_reranker(settings)
     if args.grade and llm_factory is None:
         check_config(settings, roles=("judge",))  # JUDGE_PROVIDER / JUDGE_MODEL, before any work
-    if args.facts:
-        items = eval_answers.load_fact_patterns(args.qa, args.split)[: args.n]
-    else:
-        items = eval_answers.interleave_categories(eval_answers.load_open_questions(args.qa))
-        items = items[: args.n]
     load_corpus.ensure_starter_index(settings)
     run_dir = ec.open_run("answers", args.run_id, None, args.results_dir)
     config = {
@@ -1225,14 +1240,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def prepare_items(args: argparse.Namespace, settings: Settings) -> tuple[list[dict], int, Path]:
-    """Load the QA set (and passages), keep the items whose gold is in the store (when the set has
-    gold ids), take the first N."""
-
+def read_inputs(args: argparse.Namespace) -> tuple[Path, list[dict], list[dict] | None]:
+    """The QA file's path and items and the ``--passages`` to index, read and validated before
+    any model loads or index is built: a missing or broken file stops the run here, in one line."""
     qa_path = Path(args.qa) if args.qa else ec.default_qa_path()
-    items = ec.load_qa(qa_path)  # a missing or broken QA file stops here, before any indexing
-    if args.passages:
-        passages = load_corpus.read_passages(args.passages)
+    items = ec.load_qa(qa_path)
+    passages = load_corpus.read_passages(args.passages) if args.passages else None
+    return qa_path, items, passages
+
+
+def prepare_items(
+    args: argparse.Namespace,
+    settings: Settings,
+    qa_path: Path,
+    items: list[dict],
+    passages: list[dict] | None,
+) -> tuple[list[dict], int]:
+    """Index the passages (the starter corpus when none are given), keep the items whose gold is
+    in the store (when the set has gold ids), take the first N."""
+    if passages is not None:
         added = load_corpus.load_passages(passages, settings=settings)
         logger.info("indexed %s: %d passages (%d new)", args.passages, len(passages), added)
     else:
@@ -1253,7 +1279,7 @@ def prepare_items(args: argparse.Namespace, settings: Settings) -> tuple[list[di
         n_with_gold = 0
     if args.n is not None:
         items = items[: args.n]
-    return items, n_with_gold, qa_path
+    return items, n_with_gold
 
 
 def run(
@@ -1265,11 +1291,12 @@ def run(
     """Run the phases of ``args`` and return the summary (also written to the run directory)."""
 
     started = time.time()
+    qa_path, items, passages = read_inputs(args)  # bad input: no model, no index, no run folder
     llm_variants = [v for v in args.variant_list if v in LLM_VARIANTS]
     if args.phase != "retrieval" or llm_variants:
         ec.require_llm(settings, llm_factory)
     rag_utils.require_reranker(settings)
-    items, n_with_gold, qa_path = prepare_items(args, settings)  # bad input: no run folder made
+    items, n_with_gold = prepare_items(args, settings, qa_path, items, passages)
     run_dir = ec.open_run(args.phase, args.run_id, args.resume, args.results_dir)
     has_gold = n_with_gold > 0
     modes = [m for m in args.mode_list if m != "gold_passage" or has_gold]

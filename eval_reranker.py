@@ -181,12 +181,15 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         raise ValueError(f"unknown reranker(s) {bad}; choose from {', '.join(RERANKERS)}")
     if BASELINE not in names:
         names.insert(0, BASELINE)
-    if args.passages:
-        load_corpus.load_passages(load_corpus.read_passages(args.passages), settings=settings)
+    # the input files first: a missing or broken one stops here, before any index is built
+    qa_path = Path(args.qa) if args.qa else ec.default_qa_path()
+    qa_items = ec.load_qa(qa_path)
+    passages = load_corpus.read_passages(args.passages) if args.passages else None
+    if passages is not None:
+        load_corpus.load_passages(passages, settings=settings)
     else:
         load_corpus.ensure_starter_index(settings)
-    qa_path = Path(args.qa) if args.qa else ec.default_qa_path()
-    items, missing = ec.split_by_gold_in_store(ec.load_qa(qa_path), settings)
+    items, missing = ec.split_by_gold_in_store(qa_items, settings)
     if missing:
         logger.warning("%d item(s) skipped: gold passage not in the store", len(missing))
     if not items:

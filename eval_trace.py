@@ -362,19 +362,21 @@ def run(
     out: Callable[[str], None] = print,
 ) -> list[dict]:
 
+    # the input files first: a missing or broken one stops here, before any model or index
+    qa_items = ec.load_qa(args.qa) if args.qa and args.query is None else None
+    passages = load_corpus.read_passages(args.passages) if args.passages else None
     ec.require_llm(settings, llm_factory)
     rag_utils.require_reranker(settings)
-    if args.passages:
-        load_corpus.load_passages(load_corpus.read_passages(args.passages), settings=settings)
+    if passages is not None:
+        load_corpus.load_passages(passages, settings=settings)
     else:
         load_corpus.ensure_starter_index(settings)
     targets: list[tuple[str, dict | None]]
     if args.query is not None:
         targets = [(args.query.strip(), None)]
-    elif args.qa:
-        items = ec.load_qa(args.qa)
-        with_gold, _ = ec.split_by_gold_in_store(items, settings)
-        pool = with_gold or items
+    elif qa_items is not None:
+        with_gold, _ = ec.split_by_gold_in_store(qa_items, settings)
+        pool = with_gold or qa_items
         targets = [(ec.item_question(it), it) for it in pool[: args.n or DEFAULT_N]]
     else:
         items = load_trace_questions()

@@ -528,6 +528,111 @@ def test_a_missing_qa_file_is_reported_before_any_indexing(env, capsys, monkeypa
         assert not (env / "res").exists() or not any((env / "res").iterdir())
 
 
+BROKEN_QA = {
+    "missing": (None, "not found"),
+    "empty": ("", "no questions"),
+    "not JSONL": ("question: is it hearsay?\n", "row 1: invalid JSON"),
+    "not an object": ('["a", "list"]\n', "row 1: expected a JSON object"),
+    "no id": ('{"question": "Is it hearsay?"}\n', "row 1: no question id"),
+}
+"""A QA file every script refuses, and what its one-line error says."""
+NO_CHOICES = ('{"idx": "q1", "question": "Is it hearsay?"}\n', "no multiple-choice item")
+"""A QA file without choice_a..choice_d and an answer: nothing an MC eval can score."""
+BROKEN_ANSWER_SETS = {
+    "missing": (None, "QA file not found"),
+    "empty": ("", "no questions"),
+    "not JSONL": ("question: is it hearsay?\n", "row 1: invalid JSON"),
+    "no fields": ('{"id": "o1", "question": "Is it hearsay?"}\n', "lacks ['category'"),
+}
+
+
+def _broken_file(env: Path, content: str | None) -> Path:
+    path = env / "qa.jsonl"
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    return path
+
+
+def _no_index(monkeypatch) -> None:
+    """Building or opening an index fails the test: the input check must come first."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("an index was opened before the input file was checked")
+
+    for name in ("load_passages", "ensure_starter_index"):
+        monkeypatch.setattr(load_corpus, name, refuse)
+    monkeypatch.setattr(rag_utils, "get_store", refuse)
+
+
+def _assert_one_line_error_before_any_index(rc: int, capsys, env: Path, path: Path, says: str):
+    captured = capsys.readouterr()
+    assert rc == 2 and captured.out == ""
+    assert captured.err.startswith("error: ") and len(captured.err.strip().splitlines()) == 1
+    assert str(path) in captured.err and says in captured.err, captured.err
+    assert not (env / "chroma").exists()  # no store was created, let alone indexed
+    assert not (env / "res").exists()  # no run folder either
+
+
+@pytest.mark.parametrize(
+    ("script", "argv"),
+    [
+        ("comprehensive", ["retrieval", "5"]),
+        ("comprehensive", ["pipeline", "1", "--modes", "rag"]),
+        ("comprehensive", ["both", "--passages", str(PASSAGES)]),
+        ("trace", ["1"]),
+        ("trace", ["1", "--passages", str(PASSAGES)]),
+        ("reranker", ["3"]),
+    ],
+)
+@pytest.mark.parametrize("kind", [*BROKEN_QA, "no choices"], ids=[*BROKEN_QA, "no choices"])
+def test_a_missing_or_broken_qa_file_fails_in_one_line_before_any_index(
+    script, argv, kind, env, capsys, monkeypatch
+):
+    content, says = NO_CHOICES if kind == "no choices" else BROKEN_QA[kind]
+    path = _broken_file(env, content)
+    _no_index(monkeypatch)
+    factory, calls = reader()
+    qa, res = ["--qa", str(path)], ["--results-dir", str(env / "res")]
+    if script == "comprehensive":
+        rc = eval_comprehensive.main([*argv, *qa, *res], llm_factory=factory)
+    elif script == "trace":
+        rc = eval_trace.main([*argv, *qa], llm_factory=factory)
+    else:
+        rc = eval_reranker.main([*argv, *qa, *res])
+    _assert_one_line_error_before_any_index(rc, capsys, env, path, says)
+    assert calls == []
+
+
+@pytest.mark.parametrize("facts", [False, True], ids=["open questions", "fact patterns"])
+@pytest.mark.parametrize("kind", list(BROKEN_ANSWER_SETS))
+def test_a_missing_or_broken_answer_set_fails_in_one_line_before_any_index(
+    kind, facts, env, capsys, monkeypatch
+):
+    content, says = BROKEN_ANSWER_SETS[kind]
+    if facts and kind == "no fields":
+        says = "lacks ['answer'"
+    path = _broken_file(env, content)
+    _no_index(monkeypatch)
+    factory, calls = reader()
+    argv = ["answers", "2", "--qa", str(path), "--results-dir", str(env / "res")]
+    rc = eval_comprehensive.main([*argv, *(["--facts"] if facts else [])], llm_factory=factory)
+    if facts and kind == "empty":
+        says = "no fact patterns"
+    _assert_one_line_error_before_any_index(rc, capsys, env, path, says)
+    assert calls == []
+
+
+def test_a_fact_pattern_split_with_no_item_is_refused_before_any_index(env, capsys, monkeypatch):
+    item = {"id": "f1", "question": "Q?", "answer": "yes", "issues": [], "conclusion_keys": []}
+    path = _broken_file(env, json.dumps({**item, "split": "report"}) + "\n")
+    _no_index(monkeypatch)
+    argv = ["answers", "--facts", "--split", "tune", "--qa", str(path)]
+    rc = eval_comprehensive.main([*argv, "--results-dir", str(env / "res")])
+    _assert_one_line_error_before_any_index(
+        rc, capsys, env, path, "no fact patterns in split 'tune'"
+    )
+
+
 def test_reranker_comparison_refuses_n_below_one(env, capsys):
     assert eval_reranker.main(["0", "--qa", str(QA)]) == 2
     assert capsys.readouterr().err.startswith("error: N must be at least 1")
