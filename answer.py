@@ -172,11 +172,16 @@ _YES_NO = re.compile(
 )
 
 
+_EITHER_OR = re.compile(r"\bor\b(?!\s+not\b)[^,;?]*\?\s*$", re.IGNORECASE)
+
+
 def asks_yes_or_no(asked: str) -> bool:
     """Whether the question as asked takes a yes or a no ("Can he get the evidence suppressed?";
-    not "Which rights were violated?"): its last sentence opens with an auxiliary verb."""
-    last = split_sentences(asked)[-1] if asked.strip() else ""
-    return bool(_YES_NO.match(last.strip()))
+    not "Which rights were violated?", nor "Is it embezzlement or larceny?", whose answer is one
+    of its alternatives): its last sentence opens with an auxiliary verb and does not end by
+    offering alternatives."""
+    last = (split_sentences(asked)[-1] if asked.strip() else "").strip()
+    return bool(_YES_NO.match(last)) and not _EITHER_OR.search(last)
 
 
 def _rows(embed: EmbedFn, texts: list[str]) -> np.ndarray:
@@ -307,31 +312,47 @@ def raised(checks: Sequence[Check]) -> bool:
 
 
 def _outcome(checks: Sequence[Check]) -> Met:
-    """The rule's outcome from its requirements: any failed -> no; all met -> yes; else unclear."""
-    if any(c.met == "no" for c in checks):
+    """The rule's outcome from its structure: an exception that applies, or a requirement that
+    fails -> no; every requirement met -> yes; else unclear.  An exception the facts do not show
+    leaves the rule as its requirements decide it."""
+    elements = [c for c in checks if not c.exception]
+    if any(c.met == "yes" for c in checks if c.exception) or any(c.met == "no" for c in elements):
         return "no"
-    return "yes" if all(c.met == "yes" for c in checks) else "unclear"
+    return "yes" if elements and all(c.met == "yes" for c in elements) else "unclear"
 
 
 def _application_sentences(checks: Sequence[Check], cites: list[int]) -> list[Sentence]:
-    """One sentence per requirement: the requirement, whether the facts meet it, and the fact
-    (requirements the model repeated are said once)."""
+    """One sentence per requirement or exception: what it says, whether the facts meet it (an
+    exception: whether it applies), and the fact (what the model repeated is said once)."""
     out, seen = [], set()
     for c in checks:
         requirement = _clean(c.requirement)
         if requirement.lower() in seen:
             continue
         seen.add(requirement.lower())
-        verdict = {"yes": "met", "no": "not met", "unclear": "not decided by the facts"}[c.met]
-        text = f"{requirement[:1].upper()}{requirement[1:]} — {verdict}: {_clean(c.fact)}."
+        if c.exception:
+            verdict = {
+                "yes": "applies",
+                "no": "does not apply",
+                "unclear": "not shown by the facts",
+            }
+            text = f"Exception: {requirement} — {verdict[c.met]}: {_clean(c.fact)}."
+        else:
+            verdict = {"yes": "met", "no": "not met", "unclear": "not decided by the facts"}
+            text = (
+                f"{requirement[:1].upper()}{requirement[1:]} — {verdict[c.met]}: {_clean(c.fact)}."
+            )
         out.append(Sentence(text, "application", list(cites)))
     return out
 
 
 def _conclusion(issue: str, outcome: Met, checks: Sequence[Check], cites: list[int]) -> Sentence:
-    failed = [c for c in checks if c.met == "no"]
+    applies = [c for c in checks if c.exception and c.met == "yes"]
+    failed = [c for c in checks if not c.exception and c.met == "no"]
     if outcome == "yes":
         text = f"{issue}: every requirement is met on these facts, so the rule applies."
+    elif applies:
+        text = f"{issue}: the rule does not apply, because an exception applies: {_clean(applies[0].requirement)}."
     elif outcome == "no":
         text = f"{issue}: the rule does not apply, because {_clean(failed[0].requirement)} fails."
     else:
@@ -358,45 +379,85 @@ MIN_CLAUSE_WORDS = 6
 """Words of a clause kept from a sentence that also gives examples or a defense: shorter pieces
 are the start of an example list ("blasting, storing explosives, and crop dusting are ...")."""
 _CLAUSE_JOIN = re.compile(r",\s+(?:and|but)\s+")
+_UNLESS = re.compile(r",?\s+\bunless\b\s+", re.I)
+EXCEPTION = re.compile(
+    r"\b(?:exceptions?|defen[cs]es?|unless|privileged|does not apply|not liable|"
+    r"(?:no|neither)\b[^.;]{0,40}\bappl(?:y|ies))\b",
+    re.I,
+)
+"""A clause that states an exception or defense: when the facts show it, the rule does not apply
+("the market-participant exception when the state buys or sells as a market actor"; "neither
+privilege applies when one spouse is charged with a crime against the other")."""
+MAX_EXCEPTIONS = 2
 
 
-def requirements(sentences: Sequence[str]) -> list[str]:
-    """The requirements of a rule, cut in code from its verbatim sentences: the items of an
-    enumeration ("must prove (1) a duty ...; (2) breach ...") or the clauses between semicolons,
-    without examples, defenses and exceptions (:data:`NOT_AN_ELEMENT`), at most
-    :data:`MAX_REQUIREMENTS`.  The model is asked about each, never to restate the law."""
-    out: list[str] = []
+def _item_text(item: str) -> str:
+    item = _TRAILING_CONJUNCTION.sub("", " ".join(item.split())).strip(" ;,.")
+    head = _HEADING_PREFIX.match(item)  # "Due process in discipline: Students have ..."
+    if head and len(head.group(0).split()) <= HEADING_PREFIX_WORDS:
+        item = item[head.end() :]
+    for lead in ("and ", "or "):
+        item = item.removeprefix(lead)
+    return item
+
+
+def rule_structure(sentences: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(requirements, exceptions) of a rule, cut in code from its verbatim sentences.  The
+    requirements are the items of an enumeration ("must prove (1) a duty ...; (2) breach ...") or
+    the clauses between semicolons, without examples, defenses and exceptions
+    (:data:`NOT_AN_ELEMENT`), at most :data:`MAX_REQUIREMENTS`.  The exceptions are the clauses
+    that state an exception or a defense (:data:`EXCEPTION`; "unless ..." is cut from the element
+    it qualifies), at most :data:`MAX_EXCEPTIONS`.  The model is asked about each, never to
+    restate the law; the issue's conclusion follows from this structure (:func:`_outcome`)."""
+    reqs: list[str] = []
+    exceptions: list[str] = []
     for sentence in sentences:
         head = _HEADING_PREFIX.match(sentence)
         if head and NOT_AN_ELEMENT.search(head.group(0)):  # "Defenses: ...", "Exceptions: ..."
+            if EXCEPTION.search(head.group(0)):
+                exceptions.append(" ".join(sentence[head.end() :].split()).rstrip(" ;,."))
             continue
         parts = _ENUMERATION.split(sentence)
         items = parts[1:] if len(parts) > 2 else sentence.split(";")
-        for item in items:
-            item = _TRAILING_CONJUNCTION.sub("", " ".join(item.split())).strip(" ;,.")
-            head = _HEADING_PREFIX.match(item)  # "Due process in discipline: Students have ..."
-            if head and len(head.group(0).split()) <= HEADING_PREFIX_WORDS:
-                item = item[head.end() :]
-            for lead in ("and ", "or "):
-                item = item.removeprefix(lead)
-            if NOT_AN_ELEMENT.search(item):  # keep its clauses that state an element
-                item = ", and ".join(
+        for item in map(_item_text, items):
+            element, *unless = _UNLESS.split(item, maxsplit=1)
+            exceptions += [f"unless {u}" for u in unless if len(u.split()) >= 2]
+            clauses = _CLAUSE_JOIN.split(element)
+            exceptions += [
+                c for c in clauses if EXCEPTION.search(c) and not re.search(r"\bexamples?\b", c)
+            ]
+            if NOT_AN_ELEMENT.search(element) or EXCEPTION.search(element):
+                element = ", and ".join(  # its clauses that state an element
                     c
-                    for c in _CLAUSE_JOIN.split(item)
-                    if not NOT_AN_ELEMENT.search(c) and len(c.split()) >= MIN_CLAUSE_WORDS
+                    for c in clauses
+                    if not (NOT_AN_ELEMENT.search(c) or EXCEPTION.search(c))
+                    and len(c.split()) >= MIN_CLAUSE_WORDS
                 )
-            if len(item.split()) >= 2:
-                out.append(item)
-    return out[:MAX_REQUIREMENTS]
+            if len(element.split()) >= 2:
+                reqs.append(element)
+    return reqs[:MAX_REQUIREMENTS], list(dict.fromkeys(exceptions))[:MAX_EXCEPTIONS]
+
+
+def requirements(sentences: Sequence[str]) -> list[str]:
+    """The requirements of a rule (:func:`rule_structure`)."""
+    return rule_structure(sentences)[0]
 
 
 def apply_rule(
-    client: Any, issue: str, reqs: Sequence[str], facts: Sequence[str]
+    client: Any,
+    issue: str,
+    reqs: Sequence[str],
+    facts: Sequence[str],
+    exceptions: Sequence[str] = (),
 ) -> list[Check] | None:
-    """The ``apply`` call: for each requirement, the number of the stated fact that decides it
-    (None: unusable).  The model answers with numbers, never rewrites a fact, and its reply stays
-    short; a reply cut off at its token budget keeps its complete checks."""
-    numbered = "\n".join(f"{n}. {r}" for n, r in enumerate(reqs, 1))
+    """The ``apply`` call: for each requirement and each exception (marked as such), the number
+    of the stated fact that decides it (None: unusable).  The model answers with numbers, never
+    rewrites a fact, and its reply stays short; a reply cut off at its token budget keeps its
+    complete checks."""
+    items = [*reqs, *exceptions]
+    numbered = "\n".join(
+        f"{n}. {'(exception) ' if n > len(reqs) else ''}{r}" for n, r in enumerate(items, 1)
+    )
     listed = "\n".join(f"F{n}. {f}" for n, f in enumerate(facts, 1))
     result = prompts.call(client, "apply", issue=issue, rule=numbered, facts=listed)
     parsed = result.parsed
@@ -406,10 +467,12 @@ def apply_rule(
         return None
     checks: dict[int, Check] = {}
     for f in parsed.checks:
-        if 1 <= f.n <= len(reqs) and f.n not in checks:
+        if 1 <= f.n <= len(items) and f.n not in checks:
             fact = _fact_text(f.fact, facts)
             met = "unclear" if fact == NOT_STATED_FACT else f.met
-            checks[f.n] = Check(requirement=reqs[f.n - 1], fact=fact, met=met)
+            checks[f.n] = Check(
+                requirement=items[f.n - 1], fact=fact, met=met, exception=f.n > len(reqs)
+            )
     return [checks[n] for n in sorted(checks)] or None
 
 
@@ -545,7 +608,8 @@ def build_record(
             rule = select_rule(query, docs, embed)
         applied = None
         if kind != "rule_question" and facts:
-            applied = apply_rule(client, item.issue, requirements([s for _, s in rule]), facts)
+            reqs, exceptions = rule_structure([s for _, s in rule])
+            applied = apply_rule(client, item.issue, reqs, facts, exceptions)
             if applied is not None and not raised(applied):
                 guards["not_raised"] += 1
                 issues.append(

@@ -67,6 +67,45 @@ def test_the_issue_outcome_follows_from_its_requirements(mets, outcome):
     assert answer._outcome(checks) == outcome
 
 
+@pytest.mark.parametrize(
+    "mets, exception, outcome",
+    [
+        (["yes"], "yes", "no"),  # the exception applies: the rule does not
+        (["yes"], "unclear", "yes"),  # an exception the facts do not show changes nothing
+        (["yes"], "no", "yes"),
+        (["no"], "no", "no"),
+    ],
+)
+def test_an_exception_that_applies_defeats_the_rule(mets, exception, outcome):
+    checks = [Check(requirement=f"r{i}", fact="f", met=m) for i, m in enumerate(mets)]
+    checks.append(Check(requirement="market participant", fact="f", met=exception, exception=True))
+    assert answer._outcome(checks) == outcome
+
+
+def test_a_rules_exceptions_and_defenses_are_asked_about_apart_from_its_requirements():
+    """The cement-plant answer never asked whether the market-participant exception applied (it
+    was dropped with the examples), so "the contractor will prevail" followed."""
+    rules = [
+        "Dormant Commerce Clause: Even when Congress has not acted, states may not discriminate "
+        "against or unduly burden interstate commerce.",
+        "Exceptions: the market-participant exception when the state buys or sells as a market "
+        "actor, and laws Congress has authorized.",
+        "Neither privilege applies when one spouse is charged with a crime against the other.",
+        "A seller is liable for the defect unless the buyer inspected the goods before the sale.",
+    ]
+    reqs, exceptions = answer.rule_structure(rules)
+    assert reqs == [
+        "Even when Congress has not acted, states may not discriminate against or unduly burden "
+        "interstate commerce",
+        "A seller is liable for the defect",
+    ]
+    assert exceptions == [
+        "the market-participant exception when the state buys or sells as a market actor, and "
+        "laws Congress has authorized",
+        "Neither privilege applies when one spouse is charged with a crime against the other",
+    ]  # at most MAX_EXCEPTIONS: the "unless" clause is the third
+
+
 def test_an_application_cut_off_mid_check_keeps_the_complete_ones():
     full = {"checks": [{"n": 1, "fact": "b", "met": "no"}, {"n": 2, "fact": "d", "met": "yes"}]}  # fmt: skip
     text = json.dumps(full)
@@ -200,6 +239,8 @@ def test_an_issue_no_stated_fact_bears_on_is_named_not_answered(tmp_settings):
             False,
         ),
         ("What must she show?", False),
+        ("Is Dan guilty of embezzlement or larceny by trick?", False),  # one of two, not yes
+        ("Is the statement admissible or not?", True),
     ],
 )
 def test_only_a_yes_or_no_question_gets_a_yes_or_no_bottom_line(asked, yes_no):
@@ -245,3 +286,36 @@ def test_a_citation_of_the_users_documents_carries_a_pin_cite(title, meta, expec
     assert answer.pin_cite(doc) == expected
     line = answer.render_sources([{"n": 1, "passage_id": "d#1", "title": title, "support": "s", "pin": expected}])  # fmt: skip
     assert line == [f'[1] {expected or title} (d#1): "s"']
+
+
+def test_an_exception_the_facts_show_decides_the_issue_and_the_bottom_line_reads_it(tmp_settings):
+    plant = {
+        "id": "dcc",
+        "title": "Dormant Commerce Clause",
+        "text": "Dormant Commerce Clause. Even when Congress has not acted, states may not "
+        "discriminate against interstate commerce. Exceptions: the market-participant exception "
+        "when the state buys or sells as a market actor.",
+    }
+    facts = (
+        "State Y owns a cement plant and sells cement only to buyers in State Y. A contractor "
+        "from State Z sued, claiming the state discriminates against interstate commerce. "
+        "Will the contractor prevail?"
+    )
+    applied = json.dumps({"checks": [{"n": 1, "fact": 1, "met": "yes"}, {"n": 2, "fact": 1, "met": "yes"}]})  # fmt: skip
+    bottom = json.dumps({"answer": "no", "reason": "the state sells as a market participant"})
+    client, script = scripted_client(tmp_settings, {"apply": [applied], "bottom_line": [bottom]})
+    research = [answer.IssueResearch("Dormant Commerce Clause", [plant])]
+    record = answer.build_record(client, facts, None, research, EMBED)
+    assert (
+        "2. (exception) the market-participant exception when the state"
+        in script.prompts("apply")[0]
+    )
+    issue = record.issues[0]
+    assert issue.outcome == "no"
+    assert (
+        "Exception: the market-participant exception when the state buys or sells as a market "
+        "actor — applies: State Y owns a cement plant" in record.text
+    )
+    assert "the rule does not apply, because an exception applies" in record.text
+    assert "because an exception applies" in script.prompts("bottom_line")[0]
+    assert record.verdict == "no"
