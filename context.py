@@ -38,18 +38,34 @@ logger = logging.getLogger(__name__)
 class Retriever(Protocol):
     def __call__(self, queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[dict]:
         """Passages for ``queries`` (the first is primary), best first, none of ``exclude_ids``:
-        dicts with id, text, title, source, metadata, dense_score, rerank_score."""
+        dicts with id, text, title, source, metadata, dense_score (the plain cosine of the primary
+        query to the passage; None when the search embedded no query), rerank_score."""
         ...
 
 
 ConfidenceFn = Callable[[str, list[dict]], float]
 """(question, passages the answer stands on) -> confidence in [0, 1]."""
+CosineFn = Callable[[str, list[dict]], Sequence[float]]
+"""(question, passages) -> the cosine of the question to each passage."""
 EmbedFn = Callable[[list[str]], Any]
 """texts -> L2-normalised rows (np.ndarray or lists)."""
 MemoryLookup = Callable[[str], "dict | None"]
 """question -> the cached entry ({question, answer, confidence, similarity, sources}) or None."""
 MemoryWrite = Callable[[str, str, float, list[dict]], None]
 """(question, research answer, confidence, sources) -> None."""
+
+CONFIDENCE_PASSAGES = 2
+"""A step's confidence is the mean cosine of its question to this many best passages."""
+
+
+@dataclass(frozen=True)
+class GateScores:
+    """A step's two numbers, both read from one cosine of its question to each passage."""
+
+    evidence: float
+    """The evidence gate's score: the highest cosine (0.0 for no passage)."""
+    confidence: float
+    """The mean cosine of the first CONFIDENCE_PASSAGES passages (0.0 for none)."""
 
 
 @dataclass
@@ -59,7 +75,6 @@ class AgentContext:
     settings: Settings
     client: LLMClient
     retrieve: Retriever
-    confidence: ConfidenceFn
     embed: EmbedFn
     check_memory: MemoryLookup
     write_memory: MemoryWrite
@@ -78,9 +93,16 @@ class AgentContext:
     unknown_terms: Callable[[str], list[str]] | None = None
     """text -> its words that no passage of the corpus uses (``Bm25Index.unknown_terms``); None:
     no check (every word counts as known)."""
+    cosines: CosineFn | None = None
+    """(question, passages) -> the cosine of the question to each passage, from one embedding of
+    the question and one read of the passage vectors (``rag_utils.passage_cosines``); None:
+    computed with ``embed``.  Used when the search's own cosines do not apply
+    (:meth:`passage_cosines`)."""
     evidence_score: ConfidenceFn | None = None
-    """(question, passages) -> the evidence gate's score, the highest question-passage cosine
-    (``rag_utils.evidence_score``); None: computed with ``embed``."""
+    """A scripted evidence score (tests, benchmarks) in place of the highest cosine."""
+    confidence: ConfidenceFn | None = None
+    """A scripted confidence (tests, benchmarks) in place of the mean cosine of the first
+    passages."""
     flag_headroom: ClassVar[int] = injection.FLAG_HEADROOM
     """Extra passages a search fetches to replace those the injection screen drops."""
     searchers: dict[str, Retriever] = field(default_factory=dict)
@@ -136,11 +158,8 @@ class AgentContext:
 
             return search
 
-        def confidence(question: str, docs: list[dict]) -> float:
-            return rag_utils.compute_confidence(question, docs, settings=settings)
-
-        def evidence_score(question: str, docs: list[dict]) -> float:
-            return rag_utils.evidence_score(question, docs, settings=settings)
+        def cosines(question: str, docs: list[dict]) -> Any:
+            return rag_utils.passage_cosines(question, docs, settings=settings)
 
         def embed(texts: list[str]) -> Any:
             return rag_utils.get_embedder(settings).embed_documents(texts)
@@ -159,8 +178,7 @@ class AgentContext:
             settings=settings,
             client=client,
             retrieve=retrieve,
-            confidence=confidence,
-            evidence_score=evidence_score,
+            cosines=cosines,
             unknown_terms=lambda text: rag_utils.get_bm25(settings).unknown_terms(text),
             embed=embed,
             check_memory=check_memory,
@@ -182,14 +200,45 @@ class AgentContext:
         """Route one step's search on its strategy's ``search_type``."""
         return self.searchers.get(search_type, self.retrieve)(queries, k, exclude_ids)
 
-    def score_evidence(self, question: str, docs: list[dict]) -> float:
-        """The evidence gate's score of ``docs`` for ``question`` (0.0 for none)."""
-        if not docs:
-            return 0.0
-        if self.evidence_score is not None:
-            return float(self.evidence_score(question, docs))
+    def passage_cosines(
+        self, question: str, docs: list[dict], queries: Sequence[str] = ()
+    ) -> list[float]:
+        """The cosine of ``question`` to each of ``docs``, which the search of ``queries`` found.
+
+        A search embeds its queries in one pass, reads the vectors of the passages it ranks, and
+        puts on each passage its plain cosine to its first query (``dense_score``).  When that
+        query is ``question`` those are the cosines asked for (``rag_utils.searched_cosines``),
+        so a step embeds its question once and reads the passage vectors once, and every gate
+        reads the numbers the search ranked with.  Otherwise (a keyword search embeds nothing; a
+        retry angle or lean's query searched another text) they are computed, once."""
+        searched = rag_utils.searched_cosines(question, docs, queries)
+        if searched is not None:
+            return searched
+        if self.cosines is not None:
+            return [float(c) for c in self.cosines(question, docs)]
         rows = np.asarray(self.embed([question, *[d.get("text") or "" for d in docs]]))
-        return float((rows[1:] @ rows[0]).max())
+        return [float(c) for c in rows[1:] @ rows[0]]
+
+    def gate_scores(
+        self, question: str, docs: list[dict], queries: Sequence[str] = ()
+    ) -> GateScores:
+        """The evidence score and the confidence of ``docs`` for ``question``, from one list of
+        cosines (:meth:`passage_cosines`); a scripted number replaces its computed one."""
+        if not docs:
+            return GateScores(0.0, 0.0)
+        top = docs[:CONFIDENCE_PASSAGES]
+        cos: list[float] = []
+        if self.evidence_score is None or self.confidence is None:
+            cos = self.passage_cosines(question, docs, queries)
+        evidence = self.evidence_score(question, docs) if self.evidence_score else max(cos)
+        confidence = (
+            self.confidence(question, top) if self.confidence else sum(cos[: len(top)]) / len(top)
+        )
+        return GateScores(float(evidence), float(confidence))
+
+    def score_evidence(self, question: str, docs: list[dict], queries: Sequence[str] = ()) -> float:
+        """The evidence gate's score of ``docs`` for ``question`` (0.0 for none)."""
+        return self.gate_scores(question, docs, queries).evidence
 
     def keep_clean(
         self, retrieved: list[dict], k: int, exclude: Sequence[str] = ()
@@ -216,7 +265,7 @@ class AgentContext:
         best = 0.0
         for text in answer_stage.split_sentences(question) or [question]:
             docs = self.retrieve([text], self.settings.retrieval_k, [])
-            best = max(best, self.score_evidence(text, docs))
+            best = max(best, self.score_evidence(text, docs, [text]))
         return best if self.below_gate(best) else None
 
     def _lean_sources(self) -> dict[str, Any]:

@@ -338,8 +338,9 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
 def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """Run ONE pending step: its search (the doctrine's names and the issue's facts as queries)
     -> drop passages that carry instructions (injection screen) -> the evidence gate: the best
-    cosine of the issue's question to a passage, against LEAN_GATE.  No model call: the answer
-    stage reads the passages."""
+    cosine of the issue's question to a passage, against LEAN_GATE (the search's own cosines when
+    its first query is that question: ``AgentContext.passage_cosines``).  No model call: the
+    answer stage reads the passages."""
     pending = [
         s
         for s in state.get("planning_table") or []
@@ -357,8 +358,8 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     retrieved = ctx.search(search_type, queries, k + ctx.flag_headroom, [])
     docs, flagged = ctx.keep_clean(retrieved, k)
     asked = issue_question(issue_names(step.get("issue") or step["question"])[0])
-    score = ctx.score_evidence(asked, docs)
-    confidence = float(ctx.confidence(asked, docs[:2])) if docs else 0.0
+    scores = ctx.gate_scores(asked, docs, queries)  # the search's cosines when it searched asked
+    score, confidence = scores.evidence, scores.confidence
     gated = not docs or ctx.below_gate(score)
     execution: Execution = {
         "optimized_query": queries[0],

@@ -1548,6 +1548,30 @@ def passage_cosines(query: str, docs: Sequence[dict[str, Any]], settings: Settin
     return np.asarray(vecs, dtype=np.float32) @ q
 
 
+def searched_cosines(
+    question: str, docs: Sequence[dict[str, Any]], queries: Sequence[str]
+) -> list[float] | None:
+    """The cosine of ``question`` to each of ``docs`` as the search of ``queries`` that found
+    them computed it, or None when it did not.
+
+    A search puts on each passage its plain cosine to its primary query, the first non-blank of
+    ``queries`` (``dense_score``: :func:`retrieve_documents_multi_query`,
+    ``legal_graph.graph_search``).  When that query is ``question`` and every passage carries a
+    float score, those are the cosines :func:`passage_cosines` computes, without embedding the
+    question or reading the passage vectors again.  They differ from it only by the question
+    being embedded in a batch with the search's other queries: the int8 ONNX embedder quantizes
+    a batch's activations together, so its vector is not the one embedded alone
+    (``benchmarks/bench_step.py`` measures the difference).  None for a keyword search (no dense
+    score) and for a search of another text."""
+    primary = next((q.strip() for q in map(str, queries) if q.strip()), None)
+    if primary is None or primary != question.strip():
+        return None
+    scores = [d.get("dense_score") for d in docs]
+    if not all(isinstance(s, float) for s in scores):
+        return None
+    return [float(s) for s in scores]
+
+
 def compute_confidence(query: str, docs: Sequence[dict[str, Any]], settings: Settings) -> float:
     """Mean cosine similarity of ``query`` to ``docs`` (0.0 for no docs)."""
     cos = passage_cosines(query, docs, settings)

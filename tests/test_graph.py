@@ -106,7 +106,9 @@ LAW = [
 
 
 class FakeRetriever:
-    """Returns passages in corpus order (``ranked``: by words shared with the queries)."""
+    """Returns passages in corpus order (``ranked``: by words shared with the queries), each with
+    a dense score of 0.5: a step's gate reads it, as it reads a real search's cosines, unless a
+    test scripts the evidence score."""
 
     def __init__(self, corpus: list[dict] | None = None, ranked: bool = False) -> None:
         self.corpus = CORPUS if corpus is None else corpus
@@ -124,21 +126,6 @@ class FakeRetriever:
         for rank, d in enumerate(docs):
             d.update(rank=rank, rerank_score=1.0 - rank / 10, dense_score=0.5)
         return docs
-
-
-class Confidences:
-    """Per-step confidence values, in execution order (the last value repeats)."""
-
-    def __init__(self, values: list[float]) -> None:
-        self.values = list(values)
-        self.i = 0
-
-    def __call__(self, query: str, docs: list[dict]) -> float:
-        if not docs:
-            return 0.0
-        value = self.values[min(self.i, len(self.values) - 1)]
-        self.i += 1
-        return value
 
 
 class Memory:
@@ -161,7 +148,6 @@ def fake_context(settings: Any = None, **fields: Any) -> AgentContext:
         "settings": settings,
         "client": None,
         "retrieve": FakeRetriever(),
-        "confidence": Confidences([0.6]),
         "embed": fake_embed,
         "check_memory": Memory().check,
         "write_memory": Memory().write,
@@ -216,7 +202,6 @@ def run(
         settings=settings,
         client=client,
         retrieve=retriever,
-        confidence=Confidences([0.6]),
         embed=embed,
         check_memory=memory.check,
         write_memory=memory.write,
