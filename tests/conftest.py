@@ -34,11 +34,15 @@ def tmp_settings(tmp_path: Path) -> settings_mod.Settings:
         # The evidence gate is calibrated on the real embedder's cosines; the fake embedders of the
         # unit tests have another scale, so it is off here and the gate's own tests set it.
         lean_gate=0.0,
+        # RERANKER=auto would try the real cross-encoder (importing torch, and loading the model
+        # wherever it is cached, as in CI) on every hybrid search; the reranker tests set it.
+        reranker="hybrid",
     )
     settings_mod.set_settings(s)
     legal_graph.reset_caches()
     yield s
     settings_mod.set_settings(None)
+    legal_graph.close_graphs()  # an open embedded graph holds its buffer pool until closed
     legal_graph.reset_caches()
 
 
@@ -76,6 +80,7 @@ def fresh_rag_caches():
     legal_graph.reset_caches()
     yield
     rag_utils.reset_caches()
+    legal_graph.close_graphs()
     legal_graph.reset_caches()
 
 
