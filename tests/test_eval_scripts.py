@@ -81,12 +81,15 @@ class ReaderFake(BaseChatModel):
         return "reader-fake"
 
     def _generate(self, messages, stop=None, run_manager=None, **kwargs) -> ChatResult:
+        # the client sends JSON-schema mode's response_format in the request body (extra_body)
+        fmt = kwargs.get("response_format") or (kwargs.get("extra_body") or {}).get(
+            "response_format"
+        )
         with self.lock:
             if self.fail_after is not None and len(self.calls) >= self.fail_after:
                 raise KeyboardInterrupt  # the user pressing Ctrl-C mid-run
-            self.calls.append(kwargs.get("response_format") is not None)
+            self.calls.append(fmt is not None)
         text = "\n".join(str(m.content) for m in messages)
-        fmt = kwargs.get("response_format")
         if fmt is not None:
             schema = fmt["json_schema"]["schema"]
             reply = json.dumps(_fill(schema, schema.get("$defs", {})))
