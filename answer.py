@@ -369,7 +369,8 @@ a requirement."""
 _TRAILING_CONJUNCTION = re.compile(r"[;,]?\s*\b(?:and|or)\s*$")
 NOT_AN_ELEMENT = re.compile(
     r"\b(?:examples?|defen[cs]es?|exceptions?|unless|need not|"
-    r"does not (?:apply|require)|is not (?:required|enough|sufficient|necessary)|not enough)\b",
+    r"does not (?:apply|require)|is not (?:required|enough|sufficient|necessary)|not enough)\b"
+    r"|\b(?:is|are) not$",  # "... is a defense, but intent to repay money is not"
     re.I,
 )
 """A clause that gives examples, a defense, an exception or what does not suffice: part of the

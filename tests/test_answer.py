@@ -92,6 +92,8 @@ def test_a_rules_exceptions_and_defenses_are_asked_about_apart_from_its_requirem
         "actor, and laws Congress has authorized.",
         "Neither privilege applies when one spouse is charged with a crime against the other.",
         "A seller is liable for the defect unless the buyer inspected the goods before the sale.",
+        "Intent to return the very same property is a defense, but intent to repay equivalent "
+        "money is not.",  # the clause after "but" says what is no defense: not an element
     ]
     reqs, exceptions = answer.rule_structure(rules)
     assert reqs == [
