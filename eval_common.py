@@ -40,7 +40,7 @@ from llm_config import (
     redact_url,
     resolve,
 )
-from load_corpus import STARTER_DIR, read_qa
+from load_corpus import STARTER_DIR, iter_rows, read_qa
 from mc import format_choices
 from settings import Settings, SettingsError, load_dotenv_file
 
@@ -102,27 +102,14 @@ def load_qa(path: str | os.PathLike[str] | None = None, n: int | None = None) ->
 
 
 def check_jsonl(path: str | os.PathLike[str]) -> None:
-    """Raise a one-line error naming the file (and the row) when ``path`` is missing, not UTF-8,
-    or holds a line that is not a JSON object; for JSONL readers that would otherwise fail later
-    with a message that names neither."""
+    """Raise a one-line error naming the file (and the row) when ``path`` is missing or holds a
+    row that is not a JSON object (``load_corpus.iter_rows``' checks), for JSONL readers that
+    would otherwise fail later with a message that names neither."""
     p = Path(path)
-    if p.is_dir():
-        raise FileNotFoundError(f"{p}: is a folder, not a file")
     if not p.exists():
         raise FileNotFoundError(f"QA file not found: {p}")
-    try:
-        with p.open(encoding="utf-8") as fh:
-            for n, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{p}: row {n}: invalid JSON ({exc.msg})") from None
-                if not isinstance(rec, dict):
-                    raise ValueError(f"{p}: row {n}: expected a JSON object")
-    except UnicodeDecodeError:
-        raise ValueError(f"{p}: not a UTF-8 text file") from None
+    for _ in iter_rows(p):
+        pass
 
 
 def item_id(item: dict) -> str:
