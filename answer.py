@@ -321,6 +321,10 @@ def _outcome(checks: Sequence[Check]) -> Met:
     return "yes" if elements and all(c.met == "yes" for c in elements) else "unclear"
 
 
+_ELEMENT_VERDICT = {"yes": "met", "no": "not met", "unclear": "not decided by the facts"}
+_EXCEPTION_VERDICT = {"yes": "applies", "no": "does not apply", "unclear": "not shown by the facts"}
+
+
 def _application_sentences(checks: Sequence[Check], cites: list[int]) -> list[Sentence]:
     """One sentence per requirement or exception: what it says, whether the facts meet it (an
     exception: whether it applies), and the fact (what the model repeated is said once)."""
@@ -331,17 +335,10 @@ def _application_sentences(checks: Sequence[Check], cites: list[int]) -> list[Se
             continue
         seen.add(requirement.lower())
         if c.exception:
-            verdict = {
-                "yes": "applies",
-                "no": "does not apply",
-                "unclear": "not shown by the facts",
-            }
-            text = f"Exception: {requirement} — {verdict[c.met]}: {_clean(c.fact)}."
+            text = f"Exception: {requirement} — {_EXCEPTION_VERDICT[c.met]}: {_clean(c.fact)}."
         else:
-            verdict = {"yes": "met", "no": "not met", "unclear": "not decided by the facts"}
-            text = (
-                f"{requirement[:1].upper()}{requirement[1:]} — {verdict[c.met]}: {_clean(c.fact)}."
-            )
+            said = f"{requirement[:1].upper()}{requirement[1:]}"
+            text = f"{said} — {_ELEMENT_VERDICT[c.met]}: {_clean(c.fact)}."
         out.append(Sentence(text, "application", list(cites)))
     return out
 
@@ -437,11 +434,6 @@ def rule_structure(sentences: Sequence[str]) -> tuple[list[str], list[str]]:
             if len(element.split()) >= 2:
                 reqs.append(element)
     return reqs[:MAX_REQUIREMENTS], list(dict.fromkeys(exceptions))[:MAX_EXCEPTIONS]
-
-
-def requirements(sentences: Sequence[str]) -> list[str]:
-    """The requirements of a rule (:func:`rule_structure`)."""
-    return rule_structure(sentences)[0]
 
 
 def apply_rule(

@@ -180,13 +180,13 @@ def test_requirements_are_the_rules_own_clauses():
         "A plaintiff must prove (1) a duty of care owed to the plaintiff; (2) breach of that duty; "
         "(3) actual cause; and (4) actual damages, such as physical injury."
     )
-    assert answer.requirements([rule]) == [
+    assert answer.rule_structure([rule])[0] == [
         "a duty of care owed to the plaintiff", "breach of that duty", "actual cause",
         "actual damages, such as physical injury",
     ]  # fmt: skip
     headed = "Due process in school discipline: Students have a property interest in education."
-    assert answer.requirements([headed]) == ["Students have a property interest in education"]
-    assert answer.requirements(["A licensee must be warned of known dangers; no duty to inspect."]) == [
+    assert answer.rule_structure([headed])[0] == ["Students have a property interest in education"]
+    assert answer.rule_structure(["A licensee must be warned of known dangers; no duty to inspect."])[0] == [
         "A licensee must be warned of known dangers", "no duty to inspect",
     ]  # fmt: skip
 
@@ -202,7 +202,7 @@ def test_examples_defenses_and_exceptions_are_not_requirements_to_meet():
         "knowing assumption of risk is a defense.",
         "Defenses: unforeseeable misuse defeats liability; the plaintiff's fault reduces recovery.",
     ]
-    assert answer.requirements(rules) == [
+    assert answer.rule_structure(rules)[0] == [
         "An activity is abnormally dangerous when it creates a highly significant risk of harm "
         "that reasonable care cannot eliminate",
         "The harm must flow from the risk that made the activity dangerous",
