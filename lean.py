@@ -8,7 +8,7 @@ when the reply carries no letter and the strict retry runs):
    with centring); passages that carry instructions (the injection screen) are dropped and
    replaced by the next ones;
 2. **gate**: the evidence score is the highest cosine between the question as asked and a
-   retrieved passage (:func:`rag_utils.evidence_score`);
+   retrieved passage (``AgentContext.score_evidence``);
 3. **answer**: at or above ``LEAN_GATE`` the passages go to ``mc_select`` (the rag answer), below
    it the model answers closed-book (the llm_only answer), so weak evidence never steers the letter.
 
