@@ -29,7 +29,8 @@ import lean
 import legal_graph
 import load_corpus
 import rag_utils
-from llm_config import LLMClient, resolve
+from llm_config import LLMClient
+from providers import resolve
 from settings import Settings, load_dotenv_file
 
 logger = logging.getLogger(__name__)

@@ -32,16 +32,10 @@ import numpy as np
 import filters
 import prompts
 import rag_utils
-from llm_config import (
-    LLMClient,
-    LLMConfigError,
-    check_config,
-    install_log_redaction,
-    redact_url,
-    resolve,
-)
+from llm_config import LLMClient
 from load_corpus import STARTER_DIR, iter_rows, read_qa
 from mc import format_choices
+from providers import LLMConfigError, check_config, install_log_redaction, redact_url, resolve
 from settings import Settings, SettingsError, load_dotenv_file
 
 logger = logging.getLogger(__name__)

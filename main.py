@@ -31,14 +31,9 @@ import load_corpus
 import nodes
 import rag_utils
 from context import AgentContext
-from llm_config import (
-    LLMCallError,
-    LLMConfigError,
-    LLMDeadlineError,
-    check_config,
-    install_log_redaction,
-)
+from llm_config import LLMCallError, LLMDeadlineError
 from mc import MC_LETTERS, format_choices
+from providers import LLMConfigError, check_config, install_log_redaction
 from settings import SEARCH_TYPES, Settings, SettingsError, load_dotenv_file
 from state import AgentState
 

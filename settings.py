@@ -133,7 +133,7 @@ class Settings:
     llm_temperature: float = 0.0
     llm_timeout: float = 0.0
     """Seconds per LLM call attempt before it is abandoned; 0 = auto: 300 for the embedded model
-    and servers on this machine (slow CPU inference), 60 for remote APIs (llm_config.call_timeout)."""
+    and servers on this machine (slow CPU inference), 60 for remote APIs (providers.call_timeout)."""
     llm_max_retries: int = 4
     llm_requests_per_minute: int = 0
     """Calls per minute the client allows itself (shared by eval workers); 0 = the provider's

@@ -18,17 +18,14 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from pydantic import BaseModel
 
 import llm_config
-from llm_config import (
+import providers
+from llm_config import JSONReplyError, LLMCallError, LLMClient, LLMDeadlineError, parse_json_reply
+from providers import (
     PROVIDERS,
-    JSONReplyError,
-    LLMCallError,
-    LLMClient,
     LLMConfigError,
-    LLMDeadlineError,
     check_config,
     fold_system_messages,
     get_llm,
-    parse_json_reply,
     resolve,
 )
 from settings import Settings
@@ -139,9 +136,9 @@ def server():
 
 @pytest.fixture(autouse=True)
 def _fresh_llm_cache():
-    llm_config.clear_llm_cache()
+    providers.clear_llm_cache()
     yield
-    llm_config.clear_llm_cache()
+    providers.clear_llm_cache()
 
 
 def make_client(tmp_settings, server: FakeServer, provider: str = "vllm", **changes) -> LLMClient:
@@ -362,7 +359,7 @@ def test_concurrent_calls_stay_within_the_requests_per_minute_limit(tmp_settings
 
 
 def test_registry_rate_limit_applies_unless_overridden(tmp_settings):
-    from llm_config import resolve
+    from providers import resolve
 
     env = {"GROQ_API_KEY": SECRET}
     groq = tmp_settings.replace(llm_provider="groq", environ=env)
@@ -824,12 +821,12 @@ def test_default_timeouts_long_on_this_machine_short_for_remote_apis(tmp_setting
         None,
         auto.replace(llm_provider="vllm", llm_model="m", llm_base_url="https://gpu.example/v1"),
     )
-    assert llm_config.call_timeout(local, auto) == llm_config.LOCAL_TIMEOUT_S == 300
-    assert llm_config.call_timeout(ollama, auto) == 300  # localhost: CPU inference
-    assert llm_config.call_timeout(groq, auto) == llm_config.REMOTE_TIMEOUT_S == 60
-    assert llm_config.call_timeout(vllm_remote, auto) == 60
+    assert providers.call_timeout(local, auto) == providers.LOCAL_TIMEOUT_S == 300
+    assert providers.call_timeout(ollama, auto) == 300  # localhost: CPU inference
+    assert providers.call_timeout(groq, auto) == providers.REMOTE_TIMEOUT_S == 60
+    assert providers.call_timeout(vllm_remote, auto) == 60
     fixed = auto.replace(llm_timeout=12.5)
-    assert llm_config.call_timeout(groq, fixed) == llm_config.call_timeout(local, fixed) == 12.5
+    assert providers.call_timeout(groq, fixed) == providers.call_timeout(local, fixed) == 12.5
     assert get_llm(None, auto.replace(llm_provider="groq")).request_timeout == 60
 
 
@@ -869,7 +866,7 @@ def test_run_timeout_setting(tmp_settings):
     ],
 )
 def test_redact_url(url, expected):
-    assert llm_config.redact_url(url) == expected
+    assert providers.redact_url(url) == expected
 
 
 def test_credentials_in_the_base_url_reach_no_record_log_or_error(tmp_settings, server):
@@ -884,7 +881,7 @@ def test_credentials_in_the_base_url_reach_no_record_log_or_error(tmp_settings, 
     cfg = resolve(None, settings)
     assert cfg.base_url == url  # the real URL is still used for the calls
     assert password not in repr(cfg) and password not in cfg.display_url
-    assert password not in json.dumps(llm_config._selection(settings))
+    assert password not in json.dumps(providers._selection(settings))
 
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
@@ -895,7 +892,7 @@ def test_credentials_in_the_base_url_reach_no_record_log_or_error(tmp_settings, 
     for lg in loggers:  # an eval CLI run earlier in the session may have quietened httpx
         lg.setLevel(logging.DEBUG)
     try:
-        llm_config.install_log_redaction()
+        providers.install_log_redaction()
         server.script = [{"body": completion("ok")}]
         client = LLMClient(settings)
         assert client.invoke(MSGS, role="synthesize").text == "ok"
@@ -917,13 +914,13 @@ def test_credentials_in_the_base_url_reach_no_record_log_or_error(tmp_settings, 
 def test_check_config_covers_every_role_before_any_work(tmp_settings, monkeypatch, server):
     import local_llm
 
-    llm_config.check_config(tmp_settings.replace(llm_provider="vllm", llm_model="m"))
+    providers.check_config(tmp_settings.replace(llm_provider="vllm", llm_model="m"))
     with pytest.raises(LLMConfigError, match="LLM_PROVIDER_FAST=groq needs an API key"):
-        llm_config.check_config(
+        providers.check_config(
             tmp_settings.replace(llm_provider="vllm", llm_model="m", llm_provider_fast="groq")
         )
     with pytest.raises(LLMConfigError, match="not a known provider"):
-        llm_config.check_config(tmp_settings.replace(llm_provider="nope-provider"))
+        providers.check_config(tmp_settings.replace(llm_provider="nope-provider"))
     # The embedded model's packages are looked up, nothing is started or assembled.
     spec = local_llm.LocalModelSpec(
         "local", "x.gguf", "x", ("no_such_part_pkg1",), "0" * 64, "local"
@@ -931,5 +928,5 @@ def test_check_config_covers_every_role_before_any_work(tmp_settings, monkeypatc
     monkeypatch.setitem(local_llm.LOCAL_MODELS, "local", spec)
     monkeypatch.setattr(local_llm, "_start", lambda *a, **k: pytest.fail("started the model"))
     with pytest.raises(LLMConfigError, match=r'no_such_part_pkg1.*pip install -e "\.\[local\]"'):
-        llm_config.check_config(tmp_settings)
+        providers.check_config(tmp_settings)
     assert server.requests == []

@@ -1,0 +1,559 @@
+"""The provider side of the LLM layer: which endpoint each role talks to, and the chat model that
+talks to it.  :mod:`llm_config` makes the calls; nothing here sends a request.
+
+* ``PROVIDERS`` — OpenAI-compatible endpoints as data (base URL, model, the env variable holding the
+  key, published free-tier limits).  ``python llm_config.py`` prints them.
+* :func:`resolve` — the endpoint of a role.  ``LLM_PROVIDER`` picks the entry; ``LLM_BASE_URL`` /
+  ``LLM_API_KEY`` / ``LLM_MODEL`` override it; the cheap roles (``FAST_ROLES``) use
+  ``LLM_PROVIDER_FAST`` / ``LLM_MODEL_FAST`` and the grader ``JUDGE_PROVIDER`` / ``JUDGE_MODEL``
+  when set.  The default ``local`` provider is the embedded model of :mod:`local_llm`.
+* :func:`get_llm` — a cached LangChain chat model of that endpoint, and :func:`rate_limiter` its
+  process-wide ``InMemoryRateLimiter``.
+* :func:`redact_url` strips credentials from any URL before it is shown, logged or saved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import threading
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.messages import HumanMessage, SystemMessage, convert_to_messages
+from langchain_core.rate_limiters import InMemoryRateLimiter
+from langchain_core.runnables import RunnableLambda
+
+import local_llm
+from settings import Settings
+
+
+class LLMConfigError(RuntimeError):
+    """The LLM cannot be configured (unknown provider, missing API key); the message says what to set."""
+
+
+class MalformedResponseError(RuntimeError):
+    """A 200 response that is not a chat completion: not JSON (a proxy's HTML error page), an
+    error object, or no choices.  Retried like a server error: it is the server's fault."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Credentials in URLs
+# ------------------------------------------------------------------------------------------------
+
+_SECRET_PARAM = re.compile(r"key|token|secret|password|passwd|pwd|sig|auth|credential", re.I)
+_URL_IN_TEXT = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s\"'<>()]+")
+REDACTED = "***"
+
+
+def _redact_params(part: str) -> str:
+    """``a=1&api_key=s`` -> ``a=1&api_key=***`` (names kept, secret values hidden, order kept)."""
+    pairs = [pair.partition("=") for pair in part.split("&")]
+    return "&".join(
+        f"{name}={REDACTED}" if eq and _SECRET_PARAM.search(urllib.parse.unquote_plus(name))
+        else name + eq + value
+        for name, eq, value in pairs
+    )  # fmt: skip
+
+
+def redact_url(url: str | None) -> str | None:
+    """``url`` without its credentials: user name and password become ``***`` and so do the values
+    of query (or fragment) parameters whose names look secret (``key``, ``api_key``, ``token``,
+    ``sig``, ``password`` ...).  Host, port and path are kept so the record still says where the
+    calls went.  Apply it wherever a URL is recorded (case studies, eval configs, traces, logs)."""
+    if not url or "://" not in url:
+        return url
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:  # an unparseable port or bracket: hide everything after the scheme
+        return url.split("://", 1)[0] + "://" + REDACTED
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = f"{REDACTED}@{f'[{host}]' if ':' in host else host}{port}"
+    query, fragment = _redact_params(parts.query), _redact_params(parts.fragment)
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, fragment))
+
+
+def redact_urls_in_text(text: str) -> str:
+    """Every URL inside ``text`` passed through :func:`redact_url` (log lines, error messages)."""
+    if "://" not in text:
+        return text
+    return _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)) or "", text)
+
+
+class RedactingFilter(logging.Filter):
+    """A handler filter that strips credentials from URLs in every log line (httpx logs each
+    request URL, user:password included).  The CLIs install it with :func:`install_log_redaction`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a broken log call is not ours to fix here
+            return True
+        clean = redact_urls_in_text(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        return True
+
+
+def install_log_redaction(logger_: logging.Logger | None = None) -> None:
+    """Add :class:`RedactingFilter` to every handler of ``logger_`` (default: the root logger);
+    call it after ``logging.basicConfig`` in a CLI.  Idempotent."""
+    for handler in (logger_ or logging.getLogger()).handlers:
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())
+
+
+# ------------------------------------------------------------------------------------------------
+# Provider registry
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Provider:
+    """An OpenAI-compatible endpoint.  Limits are the published free-tier numbers (None = no fixed
+    daily limit / pay as you go; ``requests_per_minute``: the calls started per minute the client
+    allows itself); providers change them, so treat them as a guide.  ``local``: served in-process
+    by local_llm (its base_url is known once the server runs).  ``api_key_env_aliases``: other
+    variables holding the same key, read when ``api_key_env`` is unset (GOOGLE_API_KEY)."""
+
+    name: str
+    base_url: str | None
+    model: str
+    api_key_env: str | None
+    requests_per_day: int | None = None
+    tokens_per_day: int | None = None
+    requests_per_minute: int | None = None
+    supports_system_messages: bool = True
+    supports_json_schema: bool = False
+    key_required: bool = True
+    local: bool = False
+    notes: str = ""
+    api_key_env_aliases: tuple[str, ...] = ()
+
+    def api_key(self, settings: Settings) -> str | None:
+        """The key from ``api_key_env``, else from the first of its aliases that is set."""
+        values = (settings.secret(var) for var in (self.api_key_env, *self.api_key_env_aliases))
+        return next((v for v in values if v), None)
+
+    def key_variables(self) -> str:
+        """The variable names a user may set, for messages: 'GEMINI_API_KEY (or GOOGLE_API_KEY)'."""
+        if not self.api_key_env_aliases:
+            return str(self.api_key_env)
+        return f"{self.api_key_env} (or {', '.join(self.api_key_env_aliases)})"
+
+
+_PROVIDER_LIST = [
+    Provider("local", None, "qwen2.5-coder-1.5b-instruct", None, supports_json_schema=True,
+             key_required=False, local=True,
+             notes="default; embedded Qwen2.5-Coder-1.5B Q4_K_M via xllamacpp, offline ('local' extra)"),
+    Provider("local-small", None, "qwen2.5-coder-0.5b-instruct", None, supports_json_schema=True,
+             key_required=False, local=True,
+             notes="embedded Qwen2.5-Coder-0.5B Q4_K_M, faster, weaker ('local-small' extra)"),
+    Provider("google-gemma", "https://generativelanguage.googleapis.com/v1beta/openai/",
+             "gemma-3-27b-it", "GEMINI_API_KEY", 14_400, None, supports_system_messages=False,
+             requests_per_minute=30, api_key_env_aliases=("GOOGLE_API_KEY",), notes="Google AI Studio free tier (30 req/min, 15k tokens/min); system prompt folded into the user turn"),
+    Provider("google-gemini-flash", "https://generativelanguage.googleapis.com/v1beta/openai/",
+             "gemini-2.5-flash", "GEMINI_API_KEY", 250, None, supports_json_schema=True,
+             requests_per_minute=10, api_key_env_aliases=("GOOGLE_API_KEY",), notes="Google AI Studio free tier (10 req/min)"),
+    Provider("groq", "https://api.groq.com/openai/v1", "llama-3.3-70b-versatile", "GROQ_API_KEY",
+             1_000, 100_000, requests_per_minute=30, notes="Groq free tier (30 req/min, 12k tokens/min)"),
+    Provider("groq-small", "https://api.groq.com/openai/v1", "llama-3.1-8b-instant", "GROQ_API_KEY",
+             14_400, 500_000, requests_per_minute=30, notes="Groq free tier; cheap calls (LLM_PROVIDER_FAST)"),
+    Provider("openrouter-llama-free", "https://openrouter.ai/api/v1",
+             "meta-llama/llama-3.3-70b-instruct:free", "OPENROUTER_API_KEY", 50, None,
+             requests_per_minute=20, notes="OpenRouter free model (20 req/min; 1000 req/day after buying $10 credit)"),
+    Provider("openrouter-deepseek-free", "https://openrouter.ai/api/v1",
+             "deepseek/deepseek-chat-v3-0324:free", "OPENROUTER_API_KEY", 50, None,
+             requests_per_minute=20, notes="OpenRouter free model; shares the free daily request budget"),
+    Provider("openrouter-gemma-free", "https://openrouter.ai/api/v1", "google/gemma-3-27b-it:free",
+             "OPENROUTER_API_KEY", 50, None, supports_system_messages=False,
+             requests_per_minute=20, notes="OpenRouter free model; shares the free daily request budget"),
+    Provider("openrouter-qwen-free", "https://openrouter.ai/api/v1",
+             "qwen/qwen-2.5-72b-instruct:free", "OPENROUTER_API_KEY", 50, None,
+             requests_per_minute=20, notes="OpenRouter free model; shares the free daily request budget"),
+    Provider("openrouter-paid", "https://openrouter.ai/api/v1", "openai/gpt-4o-mini",
+             "OPENROUTER_API_KEY", None, None, supports_json_schema=True,
+             notes="OpenRouter paid model (pay per token); any OpenRouter model id via LLM_MODEL"),
+    Provider("cerebras", "https://api.cerebras.ai/v1", "llama-3.3-70b", "CEREBRAS_API_KEY",
+             14_400, 1_000_000, requests_per_minute=30, notes="Cerebras free tier (30 req/min, 60k tokens/min)"),
+    Provider("ollama", "http://localhost:11434/v1", "qwen2.5:7b-instruct", None,
+             supports_json_schema=True, key_required=False,
+             notes="local Ollama server; `ollama pull` the model first; LLM_MODEL picks another"),
+    Provider("deepseek", "https://api.deepseek.com/v1", "deepseek-chat", "DEEPSEEK_API_KEY",
+             None, None, notes="paid, no fixed daily limit"),
+    Provider("openai", "https://api.openai.com/v1", "gpt-4o-mini", "OPENAI_API_KEY", None, None,
+             supports_json_schema=True, notes="paid; limits depend on the account tier"),
+    Provider("together", "https://api.together.xyz/v1", "meta-llama/Llama-3.3-70B-Instruct-Turbo",
+             "TOGETHER_API_KEY", None, None, notes="paid; per-minute limits by account tier"),
+    Provider("mistral", "https://api.mistral.ai/v1", "mistral-small-latest", "MISTRAL_API_KEY",
+             None, None, requests_per_minute=60, notes="free 'Experiment' plan: 1 req/s, 500k tokens/min, 1B tokens/month"),
+    Provider("vllm", "http://localhost:8000/v1", "", None, supports_json_schema=True,
+             key_required=False,
+             notes="your vLLM server; set LLM_MODEL (and LLM_BASE_URL if not localhost:8000)"),
+    Provider("llamacpp-server", "http://localhost:8080/v1", "local-model", None,
+             supports_json_schema=True, key_required=False,
+             notes="a separate llama.cpp llama-server; LLM_BASE_URL if not localhost:8080"),
+]  # fmt: skip
+
+PROVIDERS: dict[str, Provider] = {p.name: p for p in _PROVIDER_LIST}
+
+PROVIDER_ALIASES: dict[str, str] = {
+    "gemma": "google-gemma",
+    "groq-llama70b": "groq",
+    "or-llama70b": "openrouter-llama-free",
+}
+"""The original project's provider names, so that its ``.env`` works unchanged (its ``cerebras``
+and ``ollama`` are registry names as they are)."""
+
+
+def provider_name(name: str | None) -> str | None:
+    """The registry name of ``name`` (an alias is translated; unknown names come back unchanged)."""
+    if name is None:
+        return None
+    key = name.strip().lower()
+    return PROVIDER_ALIASES.get(key, key)
+
+
+FAST_ROLES = frozenset(
+    {"classify", "classifier", "rewrite", "query_rewrite", "injection", "injection_check"}
+)
+"""Roles that use LLM_PROVIDER_FAST / LLM_MODEL_FAST when set (cheap, short calls)."""
+JUDGE_ROLES = frozenset({"judge"})
+"""Roles that use JUDGE_PROVIDER / JUDGE_MODEL when set (the answer grader of the eval)."""
+
+
+@dataclass(frozen=True)
+class ResolvedLLM:
+    """The endpoint one role talks to after applying the overrides (the key is never printed)."""
+
+    provider: str
+    base_url: str | None = field(repr=False)
+    """May hold credentials (user:password@, ?key=): show :attr:`display_url` instead."""
+    model: str
+    supports_system_messages: bool
+    supports_json_schema: bool
+    local: bool
+    api_key: str | None = field(default=None, repr=False)
+    requests_per_minute: int | None = None
+
+    @property
+    def display_url(self) -> str | None:
+        """The base URL without credentials (safe to print, log and save)."""
+        return redact_url(self.base_url)
+
+    @property
+    def on_this_machine(self) -> bool:
+        """The embedded model or a server on loopback (Ollama, vLLM, llama.cpp here): slow CPU
+        inference, so such calls get the long default timeout."""
+        try:
+            host = (urllib.parse.urlsplit(self.base_url or "").hostname or "").lower()
+        except ValueError:
+            return self.local
+        loopback = host in {"localhost", "::1", "0.0.0.0"} or host.startswith("127.")
+        return self.local or loopback or host.endswith(".localhost")
+
+
+LOCAL_TIMEOUT_S = 300.0
+"""Default seconds per call for the embedded model and servers on this machine (LLM_TIMEOUT=0):
+the 1.5B model on 2 CPU cores needs up to ~60 s for the longest node prompt, a slow laptop more."""
+REMOTE_TIMEOUT_S = 60.0
+"""Default seconds per call for remote APIs (LLM_TIMEOUT=0): a hosted 70B answers our prompts
+(at most ~1,000 output tokens) in seconds; 60 s without a byte means the endpoint hangs."""
+
+
+def call_timeout(cfg: ResolvedLLM, settings: Settings) -> float:
+    """Seconds one attempt may take: LLM_TIMEOUT when set (> 0), else 300 on this machine and
+    60 for remote providers."""
+    if settings.llm_timeout and settings.llm_timeout > 0:
+        return float(settings.llm_timeout)
+    return LOCAL_TIMEOUT_S if cfg.on_this_machine else REMOTE_TIMEOUT_S
+
+
+def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
+    """Which provider, URL, model and key ``role`` uses; raises LLMConfigError when unusable.
+
+    The cheap roles (:data:`FAST_ROLES`) use LLM_PROVIDER_FAST / LLM_MODEL_FAST and the grader
+    (:data:`JUDGE_ROLES`) JUDGE_PROVIDER / JUDGE_MODEL when set.  A separately chosen provider
+    takes its own registry URL and key: LLM_BASE_URL, LLM_API_KEY and LLM_MODEL belong to the
+    main one."""
+    fast, judge = role in FAST_ROLES, role in JUDGE_ROLES
+    given, var = settings.llm_provider, "LLM_PROVIDER"
+    if judge and settings.judge_provider:
+        given, var = settings.judge_provider, "JUDGE_PROVIDER"
+    elif fast and settings.llm_provider_fast:
+        given, var = settings.llm_provider_fast, "LLM_PROVIDER_FAST"
+    main = var == "LLM_PROVIDER"
+    provider = PROVIDERS.get(provider_name(given) or "")
+    if provider is None:
+        raise LLMConfigError(
+            f"{var}={given!r} is not a known provider; choose one of: {', '.join(PROVIDERS)} "
+            f"or the aliases {', '.join(PROVIDER_ALIASES)} (python llm_config.py lists them)"
+        )
+    name, base_url, model, api_key = (
+        provider.name, provider.base_url, provider.model, provider.api_key(settings)
+    )  # fmt: skip
+    if main:  # the raw overrides belong to the main provider
+        base_url = settings.llm_base_url or base_url
+        model = settings.llm_model or model
+        api_key = settings.llm_api_key or api_key
+    if fast and settings.llm_model_fast:
+        model = settings.llm_model_fast
+    if judge and settings.judge_model:
+        model = settings.judge_model
+    local = provider.local and not (settings.llm_base_url and main)
+    if provider.key_required and not api_key:
+        raise LLMConfigError(
+            f"{var}={given} needs an API key: set {provider.key_variables()} or LLM_API_KEY "
+            "in the environment or .env"
+        )
+    if not model:
+        raise LLMConfigError(f"{var}={name} has no default model: set LLM_MODEL")
+    if not local and not base_url:
+        raise LLMConfigError(f"{var}={name} has no base URL: set LLM_BASE_URL")
+    return ResolvedLLM(
+        provider=name,
+        base_url=base_url,
+        model=model,
+        supports_system_messages=provider.supports_system_messages,
+        supports_json_schema=provider.supports_json_schema,
+        local=local,
+        api_key=api_key,
+        requests_per_minute=settings.llm_requests_per_minute or provider.requests_per_minute,
+    )
+
+
+def check_config(settings: Settings, roles: tuple[str | None, ...] = (None, "classify")) -> None:
+    """Raise LLMConfigError when any role cannot be configured: an unknown provider, a missing
+    API key or model, or the embedded model's packages not installed.  Entry points call it before
+    any work starts, so a configuration error costs nothing and prints one line (exit 2).  Starts
+    nothing and sends no request."""
+    for role in roles:  # default: the main provider, and the fast one for the cheap roles
+        cfg = resolve(role, settings)
+        if cfg.local:
+            try:
+                local_llm.check_installed(cfg.provider)
+            except local_llm.LocalModelError as exc:
+                raise LLMConfigError(str(exc)) from None
+
+
+# ------------------------------------------------------------------------------------------------
+# Chat models and rate limits
+# ------------------------------------------------------------------------------------------------
+
+_NO_KEY = "sk-no-key-required"
+_models: dict[tuple, Any] = {}
+_limiters: dict[tuple, Any] = {}
+_models_lock = threading.Lock()
+
+
+def rate_limiter(cfg: ResolvedLLM) -> Any:
+    """The process-wide ``InMemoryRateLimiter`` (langchain-core's token bucket) of an endpoint, so
+    that concurrent eval workers stay within its requests-per-minute limit; None without a limit.
+    The bucket starts full: the first call does not wait."""
+    if not cfg.requests_per_minute or cfg.requests_per_minute <= 0:
+        return None
+    key = (cfg.provider, cfg.base_url, cfg.model, cfg.requests_per_minute)
+    with _models_lock:
+        if key not in _limiters:
+            limiter = InMemoryRateLimiter(
+                requests_per_second=cfg.requests_per_minute / 60, check_every_n_seconds=0.05
+            )
+            limiter.available_tokens = 1.0
+            _limiters[key] = limiter
+        return _limiters[key]
+
+
+def fold_system_messages(messages: Sequence[Any]) -> list[Any]:
+    """Merge system messages into the first human message (for models that reject the system
+    role, like Gemma on Google AI Studio; no LangChain message utility does this)."""
+    msgs = convert_to_messages(list(messages))
+    preamble = "\n\n".join(m.text for m in msgs if isinstance(m, SystemMessage))
+    rest = [m for m in msgs if not isinstance(m, SystemMessage)]
+    if not preamble:
+        return msgs
+    for i, m in enumerate(rest):
+        if isinstance(m, HumanMessage):
+            rest[i] = HumanMessage(content=f"{preamble}\n\n{m.text}")
+            return rest
+    return [HumanMessage(content=preamble), *rest]
+
+
+def _check_completion(response: Any) -> None:
+    """Raise MalformedResponseError unless a 200 reply is a chat completion with at least one
+    choice that has a message (an empty message is valid: ``llm_config.LLMResult.empty`` reports
+    it).
+    An httpx response hook on the SDK's own client class: the OpenAI SDK hands a non-JSON body on
+    as a string and LangChain then fails with an AttributeError that says nothing."""
+    if response.status_code != 200:
+        return
+    response.read()
+    try:
+        data = json.loads(response.content)
+    except ValueError as exc:
+        if "json" in response.headers.get("content-type", ""):
+            message = f"the 200 response body is not valid JSON ({getattr(exc, 'msg', exc)})"
+        else:
+            message = f"the 200 response is not a chat completion: {' '.join(response.text.split())[:80]!r}"
+        raise MalformedResponseError(message) from None
+    if not isinstance(data, dict):
+        raise MalformedResponseError(
+            f"the 200 response is not a chat completion ({type(data).__name__})"
+        )
+    if data.get("error"):
+        detail = " ".join(str(data["error"]).split())[:120]
+        raise MalformedResponseError(f"the 200 response is an error object: {detail}")
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise MalformedResponseError("the 200 response has no choices")
+    if not isinstance(choices[0], dict) or not isinstance(choices[0].get("message"), dict):
+        raise MalformedResponseError("the 200 response's first choice has no message")
+
+
+def chat_model(cfg: ResolvedLLM, settings: Settings) -> Any:
+    """The cached chat model of an endpoint (starts the embedded model when the provider is local).
+    ``BaseChatOpenAI`` — the base LangChain's OpenAI-compatible integrations share — sends the
+    classic ``max_tokens`` every such server understands; ``ChatOpenAI`` (OpenAI itself) sends
+    ``max_completion_tokens``.  It never retries by itself (max_retries=0):
+    ``llm_config.LLMClient`` does."""
+    import openai
+    from langchain_openai import ChatOpenAI
+    from langchain_openai.chat_models.base import BaseChatOpenAI
+
+    base_url, model = cfg.base_url, cfg.model
+    if cfg.local:
+        try:
+            server = local_llm.get_local_server(cfg.provider, settings)
+        except local_llm.LocalModelError as exc:
+            raise LLMConfigError(str(exc)) from exc
+        base_url, model = server.base_url, server.model
+    key_digest = hashlib.sha256((cfg.api_key or "").encode()).hexdigest()
+    timeout = call_timeout(cfg, settings)
+    key = (cfg.provider, base_url, model, key_digest, settings.llm_temperature, timeout)
+    with _models_lock:
+        if key not in _models:
+            cls = ChatOpenAI if cfg.provider == "openai" else BaseChatOpenAI
+            _models[key] = cls(
+                model=model,
+                base_url=base_url,
+                api_key=cfg.api_key or _NO_KEY,
+                temperature=settings.llm_temperature,
+                timeout=timeout,
+                max_retries=0,
+                http_client=openai.DefaultHttpxClient(
+                    event_hooks={"response": [_check_completion]}
+                ),
+            )
+        return _models[key]
+
+
+def get_llm(role: str | None, settings: Settings) -> Any:
+    """A cached chat model for ``role``; for providers that reject the system role, a
+    ``fold_system_messages | model`` chain."""
+    cfg = resolve(role, settings)
+    llm = chat_model(cfg, settings)
+    return llm if cfg.supports_system_messages else RunnableLambda(fold_system_messages) | llm
+
+
+def clear_llm_cache() -> None:
+    """Forget the cached chat models and rate limiters (tests; after changing settings)."""
+    with _models_lock:
+        _models.clear()
+        _limiters.clear()
+
+
+# ------------------------------------------------------------------------------------------------
+# The listing of `python llm_config.py`
+# ------------------------------------------------------------------------------------------------
+
+
+def provider_rows(settings: Settings) -> list[dict]:
+    """The registry as rows for display: limits and whether the key is set (never the key)."""
+    return [
+        {
+            "name": p.name,
+            "model": p.model or "(LLM_MODEL)",
+            "base_url": redact_url(p.base_url) or "(embedded, loopback)",
+            "api_key_env": p.api_key_env,
+            "api_key_env_aliases": list(p.api_key_env_aliases),
+            "aliases": sorted(a for a, target in PROVIDER_ALIASES.items() if target == p.name),
+            "key": ("set" if p.api_key(settings) else "missing")
+            if p.key_required
+            else "not needed",
+            "requests_per_minute": p.requests_per_minute,
+            "requests_per_day": p.requests_per_day,
+            "tokens_per_day": p.tokens_per_day,
+            "json_schema": p.supports_json_schema,
+            "system_messages": p.supports_system_messages,
+            "notes": p.notes,
+        }
+        for p in PROVIDERS.values()
+    ]
+
+
+def _selection(settings: Settings) -> dict:
+    out = {}
+    for label, role in (("main", None), ("fast", "classify")):
+        try:
+            cfg = resolve(role, settings)
+            out[label] = {
+                "provider": cfg.provider,
+                "model": cfg.model,
+                "base_url": cfg.display_url,
+                "timeout_s": call_timeout(cfg, settings),
+            }
+        except LLMConfigError as exc:
+            out[label] = {"error": str(exc)}
+    return out
+
+
+def listing(settings: Settings) -> dict:
+    """What ``python llm_config.py --json`` prints before the ping: the registry rows, the
+    original project's aliases and the endpoints the main and fast roles resolve to."""
+    return {
+        "providers": provider_rows(settings),
+        "aliases": PROVIDER_ALIASES,
+        "selected": _selection(settings),
+    }
+
+
+def format_listing(listing: dict) -> str:
+    """:func:`listing` as the table ``python llm_config.py`` prints."""
+
+    def limit(value: int | None) -> str:
+        return "-" if value is None else f"{value:,}"
+
+    headers = ["name", "model", "key", "req/min", "req/day", "tokens/day", "schema", "notes"]
+    table = [
+        [
+            r["name"] + (f" ({', '.join(r['aliases'])})" if r["aliases"] else ""),
+            r["model"],
+            f"{'/'.join([r['api_key_env'], *r['api_key_env_aliases']])}: {r['key']}"
+            if r["api_key_env"]
+            else r["key"],
+            limit(r["requests_per_minute"]),
+            limit(r["requests_per_day"]),
+            limit(r["tokens_per_day"]),
+            "yes" if r["json_schema"] else "no",
+            r["notes"],
+        ]
+        for r in listing["providers"]
+    ]
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *table, strict=False)]
+    widths[-1] = 0
+    lines = [
+        "  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)).rstrip()
+        for line in [headers, *table]
+    ]
+    aliases = ", ".join(f"{alias} = {target}" for alias, target in listing["aliases"].items())
+    lines.append(f"\naliases (the original project's names, accepted in LLM_PROVIDER): {aliases}")
+    for label, sel in listing["selected"].items():
+        where = f"{sel.get('provider')} / {sel.get('model')} @ {sel.get('base_url') or 'embedded'}"
+        lines.append(f"{label}: {sel.get('error', where)}")
+    return "\n".join(lines)
