@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import email.utils
 import hashlib
 import json
 import logging
@@ -35,17 +34,15 @@ from langchain_core.runnables import RunnableLambda
 from pydantic import BaseModel, ValidationError
 
 from providers import (
-    REDACTED,
     LLMConfigError,
-    MalformedResponseError,
     ResolvedLLM,
     call_timeout,
     chat_model,
+    classify_failure,
     fold_system_messages,
     format_listing,
     listing,
     rate_limiter,
-    redact_urls_in_text,
     resolve,
 )
 from settings import Settings, load_dotenv_file, set_settings
@@ -73,6 +70,11 @@ class LLMDeadlineError(LLMCallError):
 
 class JSONReplyError(ValueError):
     """A reply holds no JSON object that validates against the schema."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Deadlines
+# ------------------------------------------------------------------------------------------------
 
 
 def deadline_after(seconds: float | None) -> float | None:
@@ -327,59 +329,16 @@ def usage(records: Sequence[CallRecord]) -> dict[str, Any]:
     return out
 
 
-def _retry_after_seconds(headers: Any) -> float | None:
-    """The wait a 429/5xx asks for (Retry-After-Ms, Retry-After: seconds or an HTTP date).  Kept
-    because ``with_retry`` waits by its own schedule only."""
-    ms, value = headers.get("retry-after-ms"), headers.get("retry-after")
-    try:
-        return max(0.0, float(ms) / 1000.0 if ms is not None else float(value))
-    except (TypeError, ValueError):
-        pass
-    try:
-        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError):
-        return None
-
-
-def _classify(exc: BaseException) -> tuple[bool, str, float | None]:
-    """(retryable, why, the seconds the provider asks to wait) of a failed attempt.  Kept because
-    it also names the reason for the user and reads Retry-After."""
-    import openai
-
-    chain: list[BaseException] = []
-    while exc is not None and exc not in chain:
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    for e in chain:
-        if isinstance(e, MalformedResponseError):
-            return True, f"malformed response ({e})", None
-        if isinstance(e, openai.APITimeoutError | TimeoutError):
-            return True, "timeout", None
-        if isinstance(e, openai.APIConnectionError | ConnectionError):
-            return True, f"connection error ({e.__class__.__name__})", None
-        if isinstance(e, openai.APIStatusError):
-            status, wait = e.status_code, _retry_after_seconds(e.response.headers)
-            if status == 429:
-                return True, "rate limited (HTTP 429)", wait
-            if status >= 500 or status == 408:
-                return True, f"server error (HTTP {status})", wait
-            return False, f"HTTP {status}: {e.message}", None
-    return False, f"{chain[0].__class__.__name__}: {chain[0]}", None
-
-
 class _Retry(Exception):
     """An attempt failed in a way worth another (the only exception ``with_retry`` retries)."""
 
 
 class _Stop(Exception):
-    """A call failed for good: the user's ``message``, the ``reason`` for the record, after how
-    many ``attempts``, and whether the deadline ended it."""
+    """A call failed for good: the ``error`` to raise and the short ``reason`` for its record."""
 
-    def __init__(self, message: str, reason: str, attempts: int, at_deadline: bool) -> None:
-        super().__init__(message)
-        self.message, self.reason, self.attempts, self.at_deadline = (
-            message, reason, attempts, at_deadline
-        )  # fmt: skip
+    def __init__(self, error: LLMCallError, reason: str) -> None:
+        super().__init__(str(error))
+        self.error, self.reason = error, reason
 
 
 # ------------------------------------------------------------------------------------------------
@@ -411,7 +370,8 @@ def _add_instruction(msgs: list[Any], suffix: str, *, prefer_system: bool) -> li
 class LLMClient:
     """The call helper every node and eval script uses.
 
-    ``llm_factory(role) -> BaseChatModel`` replaces :func:`get_llm` (tests inject fake models).
+    ``llm_factory(role) -> BaseChatModel`` replaces ``providers.get_llm`` (tests inject fake
+    models).
     ``deadline`` (an absolute ``time.monotonic()`` value, or None) bounds every call made through
     this client — set it once per run (``client.deadline = deadline_after(settings.run_timeout)``)
     and no node has to pass it.
@@ -459,13 +419,6 @@ class LLMClient:
         """The earlier of ``deadline`` and the client's own (a call never outlives the run)."""
         found = [d for d in (deadline, self.deadline) if d is not None]
         return min(found) if found else None
-
-    def _redact(self, text: str, cfg: ResolvedLLM) -> str:
-        if cfg.api_key and len(cfg.api_key) >= 4:
-            text = text.replace(cfg.api_key, REDACTED)
-        if cfg.base_url and cfg.display_url != cfg.base_url:
-            text = text.replace(cfg.base_url, cfg.display_url or "")
-        return redact_urls_in_text(text)
 
     def invoke(
         self,
@@ -555,16 +508,13 @@ class LLMClient:
             except _Stop as stop:
                 latency = round(time.perf_counter() - start, 4)
                 failed = CallRecord(**record, latency_s=latency, out_chars=0, error=stop.reason)
-                failed.retries = stop.attempts
+                failed.retries = stop.error.attempts
                 self._add(failed)
-                error = LLMDeadlineError if stop.at_deadline else LLMCallError
-                raise error(
-                    stop.message, role=role, provider=cfg.provider, attempts=stop.attempts
-                ) from None
+                raise stop.error from None
         latency = 0.0 if hit is not None else time.perf_counter() - start
         result = LLMResult.from_message(message, latency, retries, cached=hit is not None)
         if schema is not None:
-            if result.finish_reason == "length" and not result.text.strip():
+            if result.finish_reason == "length" and result.empty:
                 result.parse_error = "reply cut off at max_tokens before any output"
             else:
                 try:
@@ -618,6 +568,7 @@ class LLMClient:
         limiter = rate_limiter(cfg)
         state = {"attempt": 0, "reason": "no attempt made"}
         prefix = f"LLM call for role {role!r} to {cfg.provider} ({cfg.model})"
+        about = {"role": role, "provider": cfg.provider}
         t0 = time.perf_counter()
 
         def stop(reason: str, *, at_deadline: bool = False) -> _Stop:
@@ -626,9 +577,9 @@ class LLMClient:
                 message = (f"{prefix} stopped at the run deadline after {n} attempt(s) and "
                            f"{time.perf_counter() - t0:.1f}s (last: {reason}); "
                            "raise RUN_TIMEOUT / --deadline to allow more time")  # fmt: skip
-            else:
-                message = f"{prefix} failed after {n} attempt(s): {reason}"
-            return _Stop(message, reason, n, at_deadline)
+                return _Stop(LLMDeadlineError(message, **about, attempts=n), reason)
+            message = f"{prefix} failed after {n} attempt(s): {reason}"
+            return _Stop(LLMCallError(message, **about, attempts=n), reason)
 
         def attempt(messages: list[Any]) -> Any:
             if limiter is not None and not _acquire(limiter, deadline):
@@ -647,8 +598,8 @@ class LLMClient:
             try:
                 return llm.invoke(messages, **call_kwargs)
             except Exception as exc:
-                retryable, reason, wait = _classify(exc)
-                reason = state["reason"] = self._redact(reason, cfg)
+                retryable, reason, wait = classify_failure(exc)
+                reason = state["reason"] = cfg.redact(reason)
                 n = state["attempt"]
                 if not retryable:
                     raise stop(reason) from None
@@ -684,7 +635,13 @@ class LLMClient:
         return message, state["attempt"] - 1
 
 
+# ------------------------------------------------------------------------------------------------
+# CLI
+# ------------------------------------------------------------------------------------------------
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python llm_config.py``: the providers, the selection and, with ``--ping``, one call."""
     parser = argparse.ArgumentParser(
         description="List the LLM providers (limits, whether each key is set) and the selection."
     )

@@ -9,16 +9,20 @@ talks to it.  :mod:`llm_config` makes the calls; nothing here sends a request.
   when set.  The default ``local`` provider is the embedded model of :mod:`local_llm`.
 * :func:`get_llm` — a cached LangChain chat model of that endpoint, and :func:`rate_limiter` its
   process-wide ``InMemoryRateLimiter``.
+* :func:`classify_failure` — what a failed call's exception says: worth another attempt, why,
+  and the wait the provider asks for.
 * :func:`redact_url` strips credentials from any URL before it is shown, logged or saved.
 """
 
 from __future__ import annotations
 
+import email.utils
 import hashlib
 import json
 import logging
 import re
 import threading
+import time
 import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -248,6 +252,14 @@ class ResolvedLLM:
         """The base URL without credentials (safe to print, log and save)."""
         return redact_url(self.base_url)
 
+    def redact(self, text: str) -> str:
+        """``text`` (an error message) without this endpoint's key or URL credentials."""
+        if self.api_key and len(self.api_key) >= 4:
+            text = text.replace(self.api_key, REDACTED)
+        if self.base_url and self.display_url != self.base_url:
+            text = text.replace(self.base_url, self.display_url or "")
+        return redact_urls_in_text(text)
+
     @property
     def on_this_machine(self) -> bool:
         """The embedded model or a server on loopback (Ollama, vLLM, llama.cpp here): slow CPU
@@ -344,7 +356,7 @@ def check_config(settings: Settings, roles: tuple[str | None, ...] = (None, "cla
 
 
 # ------------------------------------------------------------------------------------------------
-# Chat models and rate limits
+# Chat models, rate limits and failed calls
 # ------------------------------------------------------------------------------------------------
 
 _NO_KEY = "sk-no-key-required"
@@ -387,9 +399,8 @@ def fold_system_messages(messages: Sequence[Any]) -> list[Any]:
 
 def _check_completion(response: Any) -> None:
     """Raise MalformedResponseError unless a 200 reply is a chat completion with at least one
-    choice that has a message (an empty message is valid: ``llm_config.LLMResult.empty`` reports
-    it).
-    An httpx response hook on the SDK's own client class: the OpenAI SDK hands a non-JSON body on
+    choice that has a message (an empty message is valid: ``llm_config.LLMResult.empty``
+    reports it).  An httpx response hook on the SDK's own client class: the OpenAI SDK hands a non-JSON body on
     as a string and LangChain then fails with an AttributeError that says nothing."""
     if response.status_code != 200:
         return
@@ -414,6 +425,48 @@ def _check_completion(response: Any) -> None:
         raise MalformedResponseError("the 200 response has no choices")
     if not isinstance(choices[0], dict) or not isinstance(choices[0].get("message"), dict):
         raise MalformedResponseError("the 200 response's first choice has no message")
+
+
+def _retry_after_seconds(headers: Any) -> float | None:
+    """The wait a 429/5xx asks for (Retry-After-Ms, Retry-After: seconds or an HTTP date).  Kept
+    because ``with_retry`` waits by its own schedule only."""
+    ms, value = headers.get("retry-after-ms"), headers.get("retry-after")
+    try:
+        return max(0.0, float(ms) / 1000.0 if ms is not None else float(value))
+    except (TypeError, ValueError):
+        pass
+    try:
+        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+def classify_failure(exc: BaseException) -> tuple[bool, str, float | None]:
+    """(retryable, why, the seconds the provider asks to wait) of a failed call to an endpoint:
+    timeouts, connection errors, 429, 408 and 5xx are worth another attempt (and so is a 200 that
+    is not a chat completion); other statuses are not.  Kept because it also names the reason
+    for the user and reads Retry-After."""
+    import openai
+
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    for e in chain:
+        if isinstance(e, MalformedResponseError):
+            return True, f"malformed response ({e})", None
+        if isinstance(e, openai.APITimeoutError | TimeoutError):
+            return True, "timeout", None
+        if isinstance(e, openai.APIConnectionError | ConnectionError):
+            return True, f"connection error ({e.__class__.__name__})", None
+        if isinstance(e, openai.APIStatusError):
+            status, wait = e.status_code, _retry_after_seconds(e.response.headers)
+            if status == 429:
+                return True, "rate limited (HTTP 429)", wait
+            if status >= 500 or status == 408:
+                return True, f"server error (HTTP {status})", wait
+            return False, f"HTTP {status}: {e.message}", None
+    return False, f"{chain[0].__class__.__name__}: {chain[0]}", None
 
 
 def chat_model(cfg: ResolvedLLM, settings: Settings) -> Any:
