@@ -96,13 +96,12 @@ class Sentence:
 @dataclass
 class IssueAnswer:
     issue: str
-    status: Literal["answered", "no_evidence", "not_researched", "not_raised", "same_rule"]
+    status: Literal["answered", "no_evidence", "not_researched", "not_raised"]
     sentences: list[Sentence] = field(default_factory=list)
     outcome: Met | None = None
     """yes: the rule's requirements are met on the facts; no: one fails; unclear: the facts do not
     decide it; None: no application (a rule question, or no rule found)."""
     why: str = ""
-    """Why the issue is not answered; for ``same_rule``, the issue whose rule it repeats."""
 
 
 @dataclass
@@ -540,19 +539,6 @@ def bottom_line(client: Any, asked: str, findings: str) -> BottomLine | None:
     return result.parsed
 
 
-def _same_rule(rule: Sequence[tuple[Mapping[str, Any], str]], issues: Sequence[IssueAnswer]) -> str:
-    """The answered issue whose rule quotes the same sentences as ``rule`` ("" when none): the
-    agenda can research one doctrine under two names ("Personal jurisdiction" and "Personal
-    jurisdiction: minimum contacts"), and the answer states and applies it once (guard
-    ``same_rule``)."""
-    quoted = {s for _, s in rule}
-    for issue in issues:
-        stated = {s.text for s in issue.sentences if s.role == "rule"}
-        if issue.status == "answered" and stated and stated == quoted:
-            return issue.issue
-    return ""
-
-
 def build_record(
     client: Any,
     question: str,
@@ -575,7 +561,6 @@ def build_record(
         "not_raised": 0,
         "unparsed_application": 0,
         "unparsed_bottom_line": 0,
-        "same_rule": 0,
     }
     if policy == "evidence":
         guards["unparsed_verdicts"] = 0
@@ -614,11 +599,6 @@ def build_record(
                 continue
         else:
             rule = select_rule(query, docs, embed)
-        same = _same_rule(rule, issues)
-        if same:  # two names of one doctrine (the agenda links names, not rules)
-            guards["same_rule"] += 1
-            issues.append(IssueAnswer(item.issue, "same_rule", why=same))
-            continue
         applied = None
         if kind != "rule_question" and facts:
             reqs, exceptions = rule_structure([s for _, s in rule])
@@ -705,10 +685,7 @@ def render(record: AnswerRecord, tail: Sequence[Sentence] = ()) -> str:
     unraised = [i.issue for i in record.issues if i.status == "not_raised"]
     if unraised:
         lines.append(f"\nConsidered, but no stated fact raises it: {'; '.join(unraised)}.")
-    same = [f"{i.issue} (as {i.why})" for i in record.issues if i.status == "same_rule"]
-    if same:
-        lines.append(f"\nResearched under another name, with the same rule: {'; '.join(same)}.")
-    missing = [i for i in record.issues if i.status not in ("answered", "not_raised", "same_rule")]
+    missing = [i for i in record.issues if i.status not in ("answered", "not_raised")]
     if missing:
         lines.append(
             "\nNot answered: "

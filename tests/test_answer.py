@@ -321,26 +321,3 @@ def test_an_exception_the_facts_show_decides_the_issue_and_the_bottom_line_reads
     assert "the rule does not apply, because an exception applies" in record.text
     assert "because an exception applies" in script.prompts("bottom_line")[0]
     assert record.verdict == "no"
-
-
-def test_one_doctrine_researched_under_two_names_is_stated_and_applied_once(tmp_settings):
-    """The agenda linked "Search incident to arrest" and "Search incident to arrest: vehicles",
-    and both searches found the same passage: the answer gives its rule once, applies it once,
-    and says the second name was researched with the same rule (guard ``same_rule``)."""
-    short = {**GANT, "text": " ".join(GANT["text"].split(". ")[:2]) + "."}
-    checks = json.dumps({"checks": [{"n": 1, "fact": 2, "met": "yes"}]})
-    client, calls = scripted_client(tmp_settings, {"apply": [checks], "bottom_line": [
-        json.dumps({"answer": "no", "reason": "the search was lawful"})]})  # fmt: skip
-    research = [
-        answer.IssueResearch("Search incident to arrest", [short]),
-        answer.IssueResearch("Search incident to arrest: vehicles", [short]),
-    ]
-    record = answer.build_record(client, FACTS, None, research, EMBED)
-    assert [i.status for i in record.issues][:2] == ["answered", "same_rule"]
-    assert record.guards["same_rule"] == 1
-    assert calls.roles().count("apply") == 1
-    assert record.text.count("Rule: ") == 1
-    assert (
-        "Researched under another name, with the same rule: Search incident to arrest: vehicles "
-        "(as Search incident to arrest)." in record.text
-    )
