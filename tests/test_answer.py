@@ -54,6 +54,24 @@ def test_the_rule_is_the_passages_own_sentences_closest_to_the_issue_and_its_fac
     )  # heading
 
 
+def test_the_rule_comes_from_the_passage_that_fits_the_facts_not_only_the_first_found():
+    """The search ranked the joint-tenancy severance passage third; the facts (a conveyance by
+    one joint tenant) pick its sentence over the first passages' general ones."""
+    general = {"id": "co", "title": "Concurrent ownership", "text": "Concurrent ownership. "
+               "Cotenants each have the right to possess the whole property at all times."}  # fmt: skip
+    kinds = {"id": "kinds", "title": "Concurrent ownership: kinds", "text": "Kinds of cotenancy. "
+             "A tenancy in common has no right of survivorship between the cotenants."}  # fmt: skip
+    severance = {"id": "sev", "title": "Joint tenancy and severance", "text": "Severance. "
+                 "A joint tenant who conveys his share to a buyer severs the joint tenancy."}  # fmt: skip
+    rule = answer.select_rule(
+        "Concurrent ownership joint tenant conveys share buyer",
+        [general, kinds, severance],
+        EMBED,
+        1,
+    )
+    assert [d["id"] for d, _ in rule] == ["sev"]
+
+
 def test_a_passage_about_another_doctrine_is_told_apart():
     assert answer.on_doctrine("Search incident to arrest", [GANT, PRODUCTS], EMBED) == [True, False]
 
