@@ -626,7 +626,7 @@ class LLMClient:
         retrying = RunnableLambda(attempt).with_retry(
             retry_if_exception_type=(_Retry,),
             exponential_jitter_params={
-                "initial": self.backoff_base_s, "max": self.backoff_max_s,
+                "multiplier": self.backoff_base_s, "max": self.backoff_max_s,
                 "jitter": self.backoff_base_s,
             },
             stop_after_attempt=attempts,
