@@ -53,9 +53,10 @@ from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import rag_utils
+from rag_utils import short_error
 from settings import Settings
 
 if TYPE_CHECKING:
@@ -82,7 +83,6 @@ ENGINE = "ladybug"
 EMBEDDED_THREADS = 1
 """Threads per embedded query. Graph queries are tiny: one thread answers in ~2 ms, while the
 engine's default (every core) waits on scheduling on a busy 2-core machine (p50 24 ms measured)."""
-RRF_K = 60
 BATCH = 500
 SEMANTIC_TOP = 1
 """Doctrines the semantic mode expands from (on barexam_dev, more doctrines only added noise)."""
@@ -257,23 +257,6 @@ class Taxonomy:
                 return cur.id
             seen.add(nxt)
             cur = self.doctrines[nxt]
-
-    def neighbours(self, doctrine_id: str) -> list[tuple[str, str]]:
-        """``(relation, other doctrine id)`` in both directions."""
-        return list(self._neighbours().get(doctrine_id, ()))
-
-    def _neighbours(self) -> dict[str, list[tuple[str, str]]]:
-        cached = getattr(self, "_nb", None)
-        if cached is None:
-            cached = defaultdict(list)
-            for d in self.doctrines.values():
-                for field_name, rel in RELATIONS.items():
-                    for other in getattr(d, field_name):
-                        if other in self.doctrines:
-                            cached[d.id].append((rel, other))
-                            cached[other].append((rel, d.id))
-            self._nb = cached
-        return cached
 
 
 _taxonomies: dict[tuple[str, int], Taxonomy] = {}
@@ -723,19 +706,28 @@ def extract(passage: dict[str, Any], taxonomy: Taxonomy | None = None) -> Passag
 # ------------------------------------------------------------------------------------------------
 
 
-class GraphBackend(Protocol):
-    """What the graph code needs from a database: run Cypher with parameters."""
+class GraphBackend:
+    """What the graph code needs from a database: run Cypher with parameters. Every backend runs
+    the same queries; only its ``schema`` statements differ."""
 
     name: str
     where: str
+    schema: tuple[str, ...] = ()
 
-    def run(self, cypher: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]: ...
+    def run(self, cypher: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        raise NotImplementedError
 
-    def ensure_schema(self) -> None: ...
+    def ensure_schema(self) -> None:
+        for stmt in self.schema:
+            self.run(stmt)
 
-    def drop_all(self) -> None: ...
+    def drop_all(self) -> None:
+        """Delete every node and edge (the schema stays)."""
+        for label in (*NODE_TYPES, "Meta"):
+            self.run(f"MATCH (n:{label}) DETACH DELETE n")
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        raise NotImplementedError
 
 
 EMBEDDED_SCHEMA = (
@@ -767,14 +759,15 @@ NEO4J_SCHEMA = tuple(
 )
 
 
-class EmbeddedBackend:
+class EmbeddedBackend(GraphBackend):
     """An embedded Kùzu-lineage database in one file (``ladybug``, ``kuzu`` or ``ryugraph``).
 
     One read-write ``Database`` per file per process (the engine locks the file); calls are
     serialised by a lock because a connection is not meant for concurrent queries."""
 
-    def __init__(self, path: Path, engine: str = "ladybug", read_only: bool = False) -> None:
+    schema = EMBEDDED_SCHEMA
 
+    def __init__(self, path: Path, engine: str = ENGINE, read_only: bool = False) -> None:
         if engine not in EMBEDDED_ENGINES:
             raise GraphError(f"graph engine {engine!r}: use one of {', '.join(EMBEDDED_ENGINES)}")
         try:
@@ -802,7 +795,7 @@ class EmbeddedBackend:
             self._conn = self._mod.Connection(self._db)
         except Exception as exc:
             raise GraphError(
-                f"cannot open the graph database {self.path}: {_short(exc)} — is another process "
+                f"cannot open the graph database {self.path}: {short_error(exc)} — is another process "
                 "writing it? (the embedded engine allows one writer)"
             ) from None
 
@@ -816,15 +809,6 @@ class EmbeddedBackend:
             result.close()
             return rows
 
-    def ensure_schema(self) -> None:
-        for stmt in EMBEDDED_SCHEMA:
-            self.run(stmt)
-
-    def drop_all(self) -> None:
-        """Delete every node and edge (the schema stays)."""
-        for label in (*NODE_TYPES, "Meta"):
-            self.run(f"MATCH (n:{label}) DETACH DELETE n")
-
     def close(self) -> None:
         with self._lock:
             for obj in (getattr(self, "_conn", None), getattr(self, "_db", None)):
@@ -832,9 +816,11 @@ class EmbeddedBackend:
                     obj.close()
 
 
-class Neo4jBackend:
+class Neo4jBackend(GraphBackend):
     """Neo4j through the official ``neo4j`` driver (``NEO4J_URI``, ``NEO4J_USER``,
     ``NEO4J_PASSWORD``, ``NEO4J_DATABASE``). ``driver`` may be given (tests pass a fake)."""
+
+    schema = NEO4J_SCHEMA
 
     def __init__(
         self,
@@ -859,7 +845,7 @@ class Neo4jBackend:
                 driver.verify_connectivity()
             except Exception as exc:
                 raise GraphError(
-                    f"cannot reach Neo4j at {uri}: {_short(exc)} — is it running? Check NEO4J_URI, "
+                    f"cannot reach Neo4j at {uri}: {short_error(exc)} — is it running? Check NEO4J_URI, "
                     "NEO4J_USER and NEO4J_PASSWORD"
                 ) from None
         self._driver = driver
@@ -870,21 +856,8 @@ class Neo4jBackend:
             result = session.run(cypher, params or {})
             return [record.data() for record in result]
 
-    def ensure_schema(self) -> None:
-        for stmt in NEO4J_SCHEMA:
-            self.run(stmt)
-
-    def drop_all(self) -> None:
-        for label in (*NODE_TYPES, "Meta"):
-            self.run(f"MATCH (n:{label}) DETACH DELETE n")
-
     def close(self) -> None:
         self._driver.close()
-
-
-def _short(exc: BaseException, limit: int = 200) -> str:
-    text = " ".join(str(exc).split()) or exc.__class__.__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def graph_path(settings: Settings) -> Path:
@@ -1156,7 +1129,7 @@ def on_passages_loaded(passages: Sequence[dict[str, Any]], settings: Settings) -
     except Exception as exc:
         logger.warning(
             "the knowledge graph was not updated (%s); run `python load_corpus.py graph` to build it",
-            _short(exc),
+            short_error(exc),
         )
         return 0
 
@@ -1212,7 +1185,7 @@ def graph_status(settings: Settings) -> dict[str, Any]:
         g = get_graph(settings)
         counts = graph_counts(g)
     except Exception as exc:
-        return {"engine": engine, "state": f"error: {_short(exc)}", **empty}
+        return {"engine": engine, "state": f"error: {short_error(exc)}", **empty}
     return {"engine": engine, "where": g.where, "state": "ready", **counts}
 
 
@@ -1475,18 +1448,15 @@ def _rank(hits: dict[str, GraphHit], k: int) -> list[GraphHit]:
 def _fuse(
     rankings: Sequence[Sequence[GraphHit]], k: int, weights: Sequence[float] | None = None
 ) -> list[GraphHit]:
-    """Weighted reciprocal rank fusion; each passage keeps the path from its best-ranked list."""
-    fused: dict[str, GraphHit] = {}
-    best_rank: dict[str, int] = {}
-    for i, ranking in enumerate(rankings):
-        w = 1.0 if weights is None else weights[i]
+    """The best ``k`` by weighted reciprocal rank fusion (:func:`rag_utils.rrf_scores`); each
+    passage keeps the path from the list that ranks it best (the first on a tie)."""
+    score = rag_utils.rrf_scores([[h.id for h in ranking] for ranking in rankings], weights)
+    best: dict[str, tuple[int, list[str]]] = {}
+    for ranking in rankings:
         for r, h in enumerate(ranking, start=1):
-            cur = fused.setdefault(h.id, GraphHit(h.id, 0.0, h.path))
-            cur.score += w / (RRF_K + r)
-            if r < best_rank.get(h.id, 10**9):
-                best_rank[h.id] = r
-                cur.path = h.path
-    return _rank(fused, k)
+            if h.id not in best or r < best[h.id][0]:
+                best[h.id] = (r, h.path)
+    return _rank({pid: GraphHit(pid, total, best[pid][1]) for pid, total in score.items()}, k)
 
 
 def _keyword(

@@ -14,8 +14,8 @@ and a process builds each model once.
 * :func:`retrieve_documents_multi_query` — pool candidates of every query, dedupe, drop excluded ids,
   rerank against the primary query (cross-encoder, hybrid dense+BM25 reciprocal rank fusion, BM25 or
   none), optionally interleave study material and caselaw.
-* :func:`compute_confidence`, and the QA memory (:func:`check_memory`, :func:`write_to_memory`,
-  :func:`clear_memory`) in its own collection.
+* :func:`passage_cosines` (what the evidence gate scores), and the QA memory (:func:`check_memory`,
+  :func:`write_to_memory`, :func:`clear_memory`) in its own collection.
 
 A read-only ``CHROMA_DIR`` (a shared or mounted index) can still be queried: Chroma cannot open a
 folder it cannot write, so the store is opened from a private temporary copy, and every write the
@@ -36,8 +36,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -216,7 +215,7 @@ class OnnxEmbedder:
         options = ort.SessionOptions()
         options.log_severity_level = 3
         # no busy-waiting between operators: beside other busy processes (the local LLM, eval
-        # workers) spinning threads made a 3-query embedding 5x slower (83 vs 16 ms p50)
+        # workers) spinning threads slow embedding down several times (docs/MEASUREMENTS.md)
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
         session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
@@ -277,7 +276,9 @@ def _valid_onnx_cache(cache: Path, source_sha256: str) -> Path | None:
     try:
         verify_sha256(model, str(manifest.get("onnx_sha256", "")))
     except ModelLoadError as exc:
-        logger.warning("ONNX embedder cache unusable (%s); exporting it again", _short(exc, 120))
+        logger.warning(
+            "ONNX embedder cache unusable (%s); exporting it again", short_error(exc, 120)
+        )
         return None
     return model
 
@@ -289,8 +290,7 @@ def ensure_onnx_model(source: Path, cache: Path, source_sha256: str) -> Path:
     of every MatMul) into ``cache`` with a manifest recording the source's and the export's sha256.
     A cache that is missing, corrupt, or from another source or recipe is exported again; the
     export is written to a temporary folder and renamed, so readers never see half a file.
-    Per-channel weights matter: per-tensor int8 gave a cosine to fp32 of 0.95 on legal passages,
-    per-channel 0.99."""
+    Per-channel, because per-tensor int8 strays much further from fp32 (docs/MEASUREMENTS.md)."""
     found = _valid_onnx_cache(cache, source_sha256)
     if found is not None:
         return found
@@ -304,7 +304,6 @@ def ensure_onnx_model(source: Path, cache: Path, source_sha256: str) -> Path:
             f"cannot export the ONNX embedder: {exc.name} is not installed (pip install onnx "
             "onnxruntime), or set EMBEDDING_BACKEND=torch"
         ) from None
-    import tempfile
     import warnings
 
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -372,7 +371,7 @@ def ensure_onnx_model(source: Path, cache: Path, source_sha256: str) -> Path:
         raise
     except Exception as exc:
         raise ModelLoadError(
-            f"cannot export the ONNX embedder: {_short(exc)} — set EMBEDDING_BACKEND=torch"
+            f"cannot export the ONNX embedder: {short_error(exc)} — set EMBEDDING_BACKEND=torch"
         ) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -382,48 +381,47 @@ def ensure_onnx_model(source: Path, cache: Path, source_sha256: str) -> Path:
     return found
 
 
+def _load_model(cls: Any, name: str, kwargs: dict[str, Any], offline: bool = False) -> Any:
+    """A sentence-transformers model (class ``cls``) from a local path, else from the local
+    Hugging Face cache (works offline), else, unless ``offline``, downloaded. Raises the last
+    attempt's exception."""
+    path = Path(name).expanduser()
+    if path.exists():
+        return cls(str(path), local_files_only=True, **kwargs)
+    try:
+        return cls(name, local_files_only=True, **kwargs)
+    except Exception as exc:
+        if offline:
+            raise
+        logger.debug("%s is not in the local cache (%s); trying to download", name, exc)
+    from huggingface_hub import model_info
+
+    model_info(name, timeout=10.0)  # one request: fails fast where a download attempt retries
+    return cls(name, local_files_only=False, **kwargs)
+
+
 def _load_sentence_transformer(name: str, settings: Settings) -> Any:
     from sentence_transformers import SentenceTransformer
 
     kwargs: dict[str, Any] = {"trust_remote_code": bool(settings.trust_remote_code)}
     if settings.embedding_device:
         kwargs["device"] = settings.embedding_device
-    if Path(name).expanduser().exists():
-        try:
-            return SentenceTransformer(
-                str(Path(name).expanduser()), local_files_only=True, **kwargs
-            )
-        except Exception as exc:
-            raise ModelLoadError(
-                f"cannot load embedding model from {name}: {_short(exc)}"
-            ) from None
-    try:  # the local Hugging Face cache first: works offline
-        return SentenceTransformer(name, local_files_only=True, **kwargs)
-    except Exception as cached_exc:
-        logger.debug("%s is not in the local cache (%s); trying to download", name, cached_exc)
-    advice = (
-        "Run once with network access to cache it, give a local path, or set "
-        "EMBEDDING_MODEL=default for the offline model."
-    )
     try:
-        _probe_hub(name)
-        return SentenceTransformer(name, **kwargs)
+        return _load_model(SentenceTransformer, name, kwargs)
     except Exception as exc:
+        if Path(name).expanduser().exists():
+            raise ModelLoadError(
+                f"cannot load embedding model from {name}: {short_error(exc)}"
+            ) from None
         raise ModelLoadError(
             f"cannot load embedding model {name!r}: not in the local Hugging Face cache and the "
-            f"download failed ({_short(exc)}). {advice}"
+            f"download failed ({short_error(exc)}). Run once with network access to cache it, give a "
+            "local path, or set EMBEDDING_MODEL=default for the offline model."
         ) from None
 
 
-def _probe_hub(name: str, timeout: float = 10.0) -> None:
-    """Fail fast (one request) when the hub is unreachable or the model does not exist, instead
-    of the retries a full download attempt makes."""
-    from huggingface_hub import model_info
-
-    model_info(name, timeout=timeout)
-
-
-def _short(exc: BaseException, limit: int = 200) -> str:
+def short_error(exc: BaseException, limit: int = 200) -> str:
+    """``exc`` as one line of at most ``limit`` characters, for error messages and logs."""
     text = " ".join(str(exc).split()) or exc.__class__.__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -544,7 +542,7 @@ def get_embedder(
                 except ModelLoadError as exc:
                     if asked == "onnx":
                         raise
-                    logger.warning("ONNX embedder unavailable (%s); using torch", _short(exc))
+                    logger.warning("ONNX embedder unavailable (%s); using torch", short_error(exc))
             if emb is None:
                 emb = Embedder(
                     _load_sentence_transformer(str(path), s), name, s.embedding_batch_size
@@ -670,7 +668,7 @@ def get_client(settings: Settings) -> Any:
         except Exception as exc:
             where = f"{key[1]}:{key[2]}" if key[0] == "http" else key[1]
             raise StoreError(
-                f"cannot open the Chroma store at {where}: {_short(exc)} — check CHROMA_HOST/"
+                f"cannot open the Chroma store at {where}: {short_error(exc)} — check CHROMA_HOST/"
                 "CHROMA_PORT (is `chroma run` up?) or CHROMA_DIR"
             ) from None
         _clients[key] = client
@@ -715,11 +713,22 @@ def _record(pid: str, text: str | None, meta: dict[str, Any] | None) -> dict[str
     }
 
 
+def _open_collection(client: Any, name: str, model_name: str) -> Any:
+    """A Chroma collection searched by cosine, whose vectors are always given (never embedded by
+    Chroma), created when missing."""
+    return client.get_or_create_collection(
+        name,
+        embedding_function=None,
+        configuration={"hnsw": {"space": "cosine"}},
+        metadata={"embedding_model": model_name},
+    )
+
+
 EXACT_SEARCH_MAX_PASSAGES = 20_000
 """Up to this many passages, dense search is exact (one matrix product over the stored vectors,
-kept in memory: 30 MB at the limit) instead of Chroma's HNSW index, whose candidates at the
-default ef_search differed from one process to the next on the shared corpus (about 5% of each
-top 50 missing against exact search), so the same command gave different Recall@10 values."""
+kept in memory: 30 MB at the limit) instead of Chroma's HNSW index, whose approximate candidates
+changed from one process to the next, so the same command gave different Recall@10 values
+(docs/MEASUREMENTS.md)."""
 
 
 class PassageStore:
@@ -741,12 +750,7 @@ class PassageStore:
     @property
     def collection(self) -> Any:
         if self._collection is None:
-            self._collection = self.client.get_or_create_collection(
-                self.name,
-                embedding_function=None,
-                configuration={"hnsw": {"space": "cosine"}},
-                metadata={"embedding_model": self.model_name},
-            )
+            self._collection = _open_collection(self.client, self.name, self.model_name)
         return self._collection
 
     def count(self) -> int:
@@ -837,34 +841,6 @@ class PassageStore:
             return np.zeros(0, dtype=np.float32)
         return (total / n).astype(np.float32)
 
-    def sources(self) -> dict[str, int]:
-        """Passage count per ``source`` (scans the metadata of the whole collection)."""
-        counts = Counter(p["source"] or "(none)" for p in self.iter_all(include_text=False))
-        return dict(counts.most_common())
-
-    def query(self, embedding: Any, n: int) -> list[dict[str, Any]]:
-        """The ``n`` nearest passages by cosine, each with ``dense_score``."""
-        total = self.count()
-        if total == 0 or n <= 0:
-            return []
-        got = self.collection.query(
-            query_embeddings=[list(map(float, embedding))],
-            n_results=min(n, total),
-            include=["documents", "metadatas", "distances"],
-        )
-        out = []
-        for pid, text, meta, dist in zip(
-            got["ids"][0],
-            got["documents"][0],
-            got["metadatas"][0],
-            got["distances"][0],
-            strict=True,
-        ):
-            rec = _record(pid, text, meta)
-            rec["dense_score"] = 1.0 - float(dist)
-            out.append(rec)
-        return out
-
     def allowed_ids(self, flt: Any) -> frozenset[str]:
         """Ids of the passages a :class:`filters.PassageFilter` admits (one scan of the metadata
         per filter, kept until the collection changes size)."""
@@ -946,14 +922,6 @@ class PassageStore:
                 for key in [k for k in cache if k[1] == self.name]:
                     del cache[key]
 
-    def delete_all(self) -> int:
-        n = self.count()
-        self.client.delete_collection(self.name)
-        self._collection = None
-        self._matrix = None
-        shutil.rmtree(self.bm25_dir / self.name, ignore_errors=True)
-        return n
-
 
 def _bm25_root(s: Settings) -> Path:
     return Path(s.chroma_dir).expanduser().resolve() / "bm25"
@@ -1030,10 +998,6 @@ class Bm25Index:
             self._rows = {p: i for i, p in enumerate(self.ids)}
         return self._rows.get(pid)
 
-    def scores_for(self, query: str, ids: Sequence[str]) -> list[float]:
-        """BM25 score of ``query`` for each passage of ``ids`` (0.0 when not indexed)."""
-        return self.scores_of(self.scores(query), ids)
-
     def scores_of(self, scores: Any, ids: Sequence[str]) -> list[float]:
         """Entries of one row of :meth:`scores_many` for the passages ``ids`` (0.0 when not
         indexed)."""
@@ -1066,17 +1030,13 @@ class Bm25Index:
             meta = json.loads(meta_path.read_text())
             retriever = bm25s.BM25.load(str(folder), show_progress=False, verbosity=0)
         except Exception as exc:  # a corrupt index is rebuilt
-            logger.warning("BM25 index at %s unreadable (%s); rebuilding", folder, _short(exc))
+            logger.warning("BM25 index at %s unreadable (%s); rebuilding", folder, short_error(exc))
             return None
         return cls(retriever, list(meta["ids"]), int(meta["count"]))
 
-    def scores(self, query: str) -> np.ndarray:
-        """BM25 score of every document for ``query`` (zeros when no term matches)."""
-        return self.scores_many([query])[0]
-
     def scores_many(self, queries: Sequence[str]) -> np.ndarray:
         """BM25 scores of every document for each query: shape (queries, documents), the queries
-        tokenized in one call."""
+        tokenized in one call (a row of zeros when no term of its query matches)."""
         import numpy as np
 
         out = np.zeros((len(queries), len(self.ids)), dtype=np.float32)
@@ -1091,9 +1051,6 @@ class Bm25Index:
         """``scores`` (rows of :meth:`scores_many`) with every passage outside ``allowed`` at 0,
         so that :meth:`top_of` never returns it (``scores`` itself when ``allowed`` is None)."""
         return scores if allowed is None else scores * membership(self.ids, allowed, self._masks)
-
-    def top(self, query: str, n: int) -> list[tuple[str, float]]:
-        return self.top_of(self.scores(query), n)
 
     def unknown_terms(self, text: str) -> list[str]:
         """The words of ``text`` that no passage of the collection uses: its words (bm25s's longer
@@ -1236,29 +1193,14 @@ def get_cross_encoder(settings: Settings, local_only: bool = False) -> Any:
             return _cross_encoders[key]
         from sentence_transformers import CrossEncoder
 
-        kwargs: dict[str, Any] = {}
-        if s.embedding_device:
-            kwargs["device"] = s.embedding_device
-        local = Path(name).expanduser().exists()
-        attempts = [True] if local or local_only else [True, False]
-        last: BaseException | None = None
-        for only_local in attempts:
-            try:
-                if not only_local:
-                    _probe_hub(name)
-                model = CrossEncoder(
-                    str(Path(name).expanduser()) if local else name,
-                    local_files_only=only_local,
-                    **kwargs,
-                )
-                break
-            except Exception as exc:
-                last = exc
-        else:
+        kwargs = {"device": s.embedding_device} if s.embedding_device else {}
+        try:
+            model = _load_model(CrossEncoder, name, kwargs, offline=local_only)
+        except Exception as exc:
             raise ModelLoadError(
-                f"cannot load cross-encoder {name!r} ({_short(last or Exception())}): cache it "
-                "with network access, set RERANKER_MODEL to a local path, or use RERANKER=hybrid"
-            )
+                f"cannot load cross-encoder {name!r} ({short_error(exc)}): cache it with network "
+                "access, set RERANKER_MODEL to a local path, or use RERANKER=hybrid"
+            ) from None
         _cross_encoders[key] = model
         return model
 
@@ -1294,15 +1236,6 @@ def resolve_reranker(name: str | None, settings: Settings) -> str:
                     s.reranker_model,
                 )
         return _auto_choice[key]
-
-
-def _ranks(scores: Sequence[float]) -> list[int]:
-    """1-based rank of each score (higher score = better rank; ties keep input order)."""
-    order = sorted(range(len(scores)), key=lambda i: -scores[i])
-    ranks = [0] * len(scores)
-    for r, i in enumerate(order, start=1):
-        ranks[i] = r
-    return ranks
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1354,8 +1287,7 @@ def candidate_pool(
     ``allowed`` when given (a passage filter).
 
     All queries go to Chroma in one call and to BM25 as one score matrix (``bm25_scores``, one
-    row per query, computed here when not given): at 100K passages, three separate searches per
-    step cost about twice as much."""
+    row per query, computed here when not given), which costs much less than a search per query."""
     pool: dict[str, None] = {}
     dense_ids = (
         store.query_ids(qvecs, per_query, allowed) if qvecs is not None else [[]] * len(queries)
@@ -1373,17 +1305,33 @@ def candidate_pool(
     return [i for i in pool if i not in exclude]
 
 
+def rrf_scores(
+    rankings: Iterable[Sequence[Hashable]], weights: Sequence[float] | None = None
+) -> dict[Any, float]:
+    """Reciprocal rank fusion: each key scores the sum over the rankings holding it of
+    ``weight / (RRF_K + its 1-based rank)`` (weight 1 without ``weights``); keys in the order
+    they were first seen. Ranks, not scores, so rankings on different scales need no calibration."""
+    fused: dict[Any, float] = {}
+    for i, ranking in enumerate(rankings):
+        w = 1.0 if weights is None else weights[i]
+        for rank, key in enumerate(ranking, start=1):
+            fused[key] = fused.get(key, 0.0) + w / (RRF_K + rank)
+    return fused
+
+
 def fuse_rankings(
     dense: Sequence[float], lexical: Sequence[float], dense_weight: float = 0.5
 ) -> list[float]:
-    """Weighted reciprocal rank fusion: ``w / (RRF_K + dense rank) + (1 - w) / (RRF_K + BM25
-    rank)`` per candidate. Ranks, not scores, so the two scales need no calibration; the weight
-    (FUSION_DENSE_WEIGHT) was chosen on one half of barexam_dev and reported on the other."""
+    """The hybrid score of each candidate: :func:`rrf_scores` of its dense and its BM25 rank,
+    weighted ``w`` and ``1 - w`` (FUSION_DENSE_WEIGHT, chosen in docs/MEASUREMENTS.md); equal
+    scores rank in the candidates' order."""
     w = float(dense_weight)
-    return [
-        w / (RRF_K + rd) + (1.0 - w) / (RRF_K + rl)
-        for rd, rl in zip(_ranks(dense), _ranks(lexical), strict=True)
-    ]
+
+    def best_first(scores: Sequence[float]) -> list[int]:
+        return sorted(range(len(scores)), key=lambda i: -scores[i])
+
+    fused = rrf_scores([best_first(dense), best_first(lexical)], [w, 1.0 - w])
+    return [fused[i] for i in range(len(dense))]
 
 
 def membership(ids: Sequence[str], allowed: frozenset[str], cache: dict) -> np.ndarray:
@@ -1472,48 +1420,39 @@ def retrieve_documents_multi_query(
     for d, score in zip(docs, dense, strict=True):
         d["dense_score"] = score
 
+    lexical = bm25.scores_of(bm25_scores[0], [d["id"] for d in docs]) if bm25 is not None else []
     if method == "none":
-        final = list(ranking)
+        final = ranking
     elif method == "bm25":
-        assert bm25 is not None
-        final = bm25.scores_of(bm25_scores[0], [d["id"] for d in docs])
+        final = lexical
     elif method == "hybrid":
-        assert bm25 is not None
-        lexical = bm25.scores_of(bm25_scores[0], [d["id"] for d in docs])
         final = fuse_rankings(ranking, lexical, s.fusion_dense_weight)
     else:  # cross-encoder
         model = get_cross_encoder(s)
         raw = model.predict([(queries[0], d["text"]) for d in docs], show_progress_bar=False)
         final = [float(x) for x in np.asarray(raw).reshape(len(docs), -1)[:, -1]]
 
-    order = sorted(range(len(docs)), key=lambda i: -final[i])
-    ranked = []
-    for i in order:
-        d = docs[i]
-        d["rerank_score"] = float(final[i])
+    for d, score in zip(docs, final, strict=True):
+        d["rerank_score"] = float(score)
         d["metadata"] = {**d["metadata"], "reranker": method}
-        ranked.append(d)
+    ranked = [docs[i] for i in sorted(range(len(docs)), key=lambda i: -final[i])]
     top = interleave_sources(ranked, k) if s.source_diverse_retrieval else ranked[:k]
     for r, d in enumerate(top, start=1):
         d["rank"] = r
-    if fuse_keyword and method != "bm25":
-        assert bm25 is not None
-        lexical = bm25.scores_of(bm25_scores[0], [d["id"] for d in docs])
-        order = sorted((i for i in range(len(docs)) if lexical[i] > 0), key=lambda i: -lexical[i])
-        by_bm25 = [docs[i] for i in order]
-        return rrf_merge([top, by_bm25[:k]], k)
-    return top
+    if not fuse_keyword or method == "bm25":
+        return top
+    order = sorted((i for i in range(len(docs)) if lexical[i] > 0), key=lambda i: -lexical[i])
+    return rrf_merge([top, [docs[i] for i in order[:k]]], k)
 
 
 def rrf_merge(rankings: Sequence[Sequence[dict[str, Any]]], k: int) -> list[dict[str, Any]]:
-    """Reciprocal rank fusion of ranked passage lists: each passage scores the sum over the lists
-    holding it of ``1 / (RRF_K + rank)``; the best ``k``, each with ``rrf_score`` and ``rank``."""
-    score: dict[str, float] = {}
+    """The best ``k`` of ranked passage lists by :func:`rrf_scores` (ties: first seen first), each
+    with ``rrf_score`` and ``rank``."""
     first: dict[str, dict[str, Any]] = {}
     for ranking in rankings:
-        for rank, doc in enumerate(ranking, start=1):
-            score[doc["id"]] = score.get(doc["id"], 0.0) + 1.0 / (RRF_K + rank)
+        for doc in ranking:
             first.setdefault(doc["id"], doc)
+    score = rrf_scores([d["id"] for d in ranking] for ranking in rankings)
     order = sorted(score, key=lambda i: -score[i])[:k]
     return [{**first[i], "rrf_score": score[i], "rank": r} for r, i in enumerate(order, start=1)]
 
@@ -1558,11 +1497,9 @@ def searched_cosines(
     ``queries`` (``dense_score``: :func:`retrieve_documents_multi_query`,
     ``legal_graph.graph_search``).  When that query is ``question`` and every passage carries a
     float score, those are the cosines :func:`passage_cosines` computes, without embedding the
-    question or reading the passage vectors again.  They differ from it only by the question
-    being embedded in a batch with the search's other queries: the int8 ONNX embedder quantizes
-    a batch's activations together, so its vector is not the one embedded alone
-    (``benchmarks/bench_step.py`` measures the difference).  None for a keyword search (no dense
-    score) and for a search of another text."""
+    question or reading the passage vectors again (up to the int8 ONNX embedder quantizing a
+    batch of queries together: ``benchmarks/bench_step.py``).  None for a keyword search (no
+    dense score) and for a search of another text."""
     primary = next((q.strip() for q in map(str, queries) if q.strip()), None)
     if primary is None or primary != question.strip():
         return None
@@ -1572,31 +1509,13 @@ def searched_cosines(
     return [float(s) for s in scores]
 
 
-def compute_confidence(query: str, docs: Sequence[dict[str, Any]], settings: Settings) -> float:
-    """Mean cosine similarity of ``query`` to ``docs`` (0.0 for no docs)."""
-    cos = passage_cosines(query, docs, settings)
-    return float(cos.mean()) if len(cos) else 0.0
-
-
-def evidence_score(query: str, docs: Sequence[dict[str, Any]], settings: Settings) -> float:
-    """The evidence gate's score: the highest cosine of ``query`` to one of ``docs`` (0.0 for
-    none).  Scored against the question as asked, whatever query retrieved the passages."""
-    cos = passage_cosines(query, docs, settings)
-    return float(cos.max()) if len(cos) else 0.0
-
-
 # ------------------------------------------------------------------------------------------------
 # QA memory
 # ------------------------------------------------------------------------------------------------
 
 
 def _memory_collection(s: Settings) -> Any:
-    return get_client(s).get_or_create_collection(
-        collection_name(s, prefix=MEMORY_PREFIX),
-        embedding_function=None,
-        configuration={"hnsw": {"space": "cosine"}},
-        metadata={"embedding_model": embedder_name(s)},
-    )
+    return _open_collection(get_client(s), collection_name(s, MEMORY_PREFIX), embedder_name(s))
 
 
 def _memory_id(question: str, scope: Mapping[str, str] | None = None) -> str:

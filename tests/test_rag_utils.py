@@ -403,17 +403,17 @@ def test_an_agent_step_with_a_cross_encoder_that_cannot_load_fails_not_silently(
 # ------------------------------------------------------------------------------------------------
 
 
-def test_confidence_is_the_mean_cosine_of_query_and_documents(loaded):
+def test_passage_cosines_of_stored_and_unstored_passages(loaded):
     settings, _ = loaded
     q = "elements of negligence duty breach"
     docs = rag_utils.retrieve_documents(q, k=5, reranker="hybrid", settings=settings)
-    conf = rag_utils.compute_confidence(q, docs, settings=settings)
-    assert conf == pytest.approx(float(np.mean([d["dense_score"] for d in docs])), abs=1e-5)
-    assert rag_utils.compute_confidence(q, [], settings=settings) == 0.0
-    off = rag_utils.compute_confidence("zoning ordinance variance", docs, settings=settings)
-    assert off < conf
+    cos = rag_utils.passage_cosines(q, docs, settings)
+    assert cos.mean() == pytest.approx(float(np.mean([d["dense_score"] for d in docs])), abs=1e-5)
+    assert len(rag_utils.passage_cosines(q, [], settings)) == 0
+    off = rag_utils.passage_cosines("zoning ordinance variance", docs, settings)
+    assert off.mean() < cos.mean()
     outside = [{"id": "not-in-store", "text": "negligence duty breach elements"}]
-    assert rag_utils.compute_confidence(q, outside, settings=settings) > 0.8
+    assert rag_utils.passage_cosines(q, outside, settings)[0] > 0.8
 
 
 def test_qa_memory_roundtrip_threshold_and_clear(loaded):
@@ -500,8 +500,8 @@ def test_real_embedder_end_to_end_retrieval(tmp_settings):
         "standard for a temporary order stopping conduct before trial", k=2, settings=tmp_settings
     )
     assert "wex_inj" in _ids(docs)
-    conf = rag_utils.compute_confidence("negligence elements", docs[:1], settings=tmp_settings)
-    assert 0.0 < conf <= 1.0
+    cos = rag_utils.passage_cosines("negligence elements", docs[:1], tmp_settings)
+    assert 0.0 < cos[0] <= 1.0
 
 
 # ------------------------------------------------------------------------------------------------

@@ -134,9 +134,9 @@ def test_batched_pool_equals_one_search_per_query(loaded):
     pool = rag_utils.candidate_pool(store, queries, qvecs, bm25, 3, {"mbe_neg1"})
     expected: dict[str, None] = {}
     for q, v in zip(queries, qvecs, strict=True):
-        for d in store.query(v, 3):
-            expected.setdefault(d["id"], None)
-        for pid, _ in bm25.top(q, 3):
+        for pid in store.query_ids([v], 3)[0]:
+            expected.setdefault(pid, None)
+        for pid, _ in bm25.top_of(bm25.scores_many([q])[0], 3):
             expected.setdefault(pid, None)
     assert pool == [i for i in expected if i != "mbe_neg1"]
 
