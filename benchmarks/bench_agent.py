@@ -41,13 +41,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from common import quantile, save
+
 import eval_common as ec
 import main
 from context import AgentContext
 from llm_config import LLMClient
 from settings import Settings, load_dotenv_file
-
-RESULTS = REPO / "benchmarks" / "results" / "bench_agent.json"
 
 COVERED_QUESTIONS = [
     "What are the elements of a negligence claim?",
@@ -83,9 +83,9 @@ def _stats(values: list[float]) -> dict[str, float]:
     return {
         "n": len(values),
         "mean": round(statistics.fmean(values), 4) if values else None,
-        "p10": round(ec.percentile(values, 0.10), 4),
-        "p50": round(ec.percentile(values, 0.50), 4),
-        "p90": round(ec.percentile(values, 0.90), 4),
+        "p10": round(quantile(values, 0.10), 4),
+        "p50": round(quantile(values, 0.50), 4),
+        "p90": round(quantile(values, 0.90), 4),
     }
 
 
@@ -139,9 +139,7 @@ def calibrate(k: int = 5, starter_only: bool = False) -> dict[str, Any]:
     covered = topk_mean(emb(COVERED_QUESTIONS))
     uncovered = topk_mean(emb(UNCOVERED_QUESTIONS))
     bar_topk = topk_mean(Qg)
-    suggested = round(
-        (ec.percentile(uncovered, 0.9) + ec.percentile(covered + bar_topk, 0.1)) / 2, 2
-    )
+    suggested = round((quantile(uncovered, 0.9) + quantile(covered + bar_topk, 0.1)) / 2, 2)
     return {
         "embedder": rag_utils.embedder_name(settings),
         "backend": rag_utils.resolve_embedding_backend(settings),
@@ -231,7 +229,6 @@ def _fake_context(settings: Any) -> Any:
 
 
 def overhead(repeats: int = 20) -> dict[str, Any]:
-
     settings = Settings.from_env(skip_injection_check=False)
     choices = {"A": "yes", "B": "no", "C": "maybe", "D": "never"}
     main.run_agent("warm up question about torts", choices, context=_fake_context(settings))
@@ -254,7 +251,6 @@ def overhead(repeats: int = 20) -> dict[str, Any]:
 
 
 def demos(names: list[str]) -> dict[str, Any]:
-
     settings = Settings.from_env()
     main._ensure_index(settings)
     out = {}
@@ -370,11 +366,8 @@ def main_cli(argv: list[str] | None = None) -> int:
     else:
         result = demos(args.names or ["simple", "medium", "multi_hop"])
     print(json.dumps(result, indent=2))
-    saved = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     key = args.what + ("_starter_only" if args.starter_only else "")
-    saved[key + (f"_k{args.k}" if args.what == "calibrate" else "")] = result
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(saved, indent=2) + "\n")
+    save("bench_agent", result, key + (f"_k{args.k}" if args.what == "calibrate" else ""))
     return 0
 
 

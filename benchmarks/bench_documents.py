@@ -29,11 +29,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rss import peak_rss_mb
+from common import peak_rss_mb, printer, save
 
 import documents
-
-RESULTS = REPO / "benchmarks" / "results" / "bench_documents.json"
 
 PARAGRAPHS = [
     "This case presents serious questions concerning the role of the Fourth Amendment in the "
@@ -169,21 +167,16 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.ERROR)  # pypdf's warnings on odd files are not results
 
-    def say(msg: str) -> None:
-        if not args.json:
-            print(msg, flush=True)
-
+    say = printer(args.json)
     try:
         result = run(args, say)
     except documents.DocumentError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if not args.no_save:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+        save("bench_documents", result)
     if args.json:
         print(json.dumps(result, indent=2))
-        return 0
     say(
         f"{result['file']}: {result['pages']} pages, {result['blocks']} paragraphs -> "
         f"{result['chunks']} chunks ({result['kind']}; mean {result['chunk_tokens_mean']} tokens, "

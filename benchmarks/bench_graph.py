@@ -33,11 +33,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import eval_common as ec  # noqa: E402
-import legal_graph as lg  # noqa: E402
-from settings import Settings, set_settings  # noqa: E402
+from common import ms, save, saved
 
-RESULTS = REPO / "benchmarks" / "results" / "bench_graph.json"
+import eval_common as ec
+import legal_graph as lg
+from settings import Settings, set_settings
+
 SHARED = REPO.parent / "shared" / "data"
 
 
@@ -51,23 +52,10 @@ def default_qa() -> Path:
     return shared if shared.exists() else REPO / "datasets" / "starter" / "qa.jsonl"
 
 
-def p95(values: list[float]) -> float:
-    return round(ec.percentile(values, 0.95) * 1000, 2)
-
-
 def dir_size(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def save(key: str, value: Any) -> None:
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    if key == "retrieval" and isinstance(data.get(key), dict):  # a run of some modes updates them
-        value = {**value, "modes": {**data[key].get("modes", {}), **value["modes"]}}
-    data[key] = value
-    RESULTS.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def cmd_build(args: argparse.Namespace) -> dict[str, Any]:
@@ -106,9 +94,9 @@ def cmd_build(args: argparse.Namespace) -> dict[str, Any]:
         "build_s": round(seconds, 2),
         "schema_and_taxonomy_s": round(opened, 2),
         "db_mb": round(size / 2**20, 1),
-        "keyword_p50_ms": round(ec.percentile(lat["keyword"], 0.5) * 1000, 2),
-        "keyword_p95_ms": p95(lat["keyword"]),
-        "principles_p95_ms": p95(lat["principles"]),
+        "keyword_p50_ms": ms(lat["keyword"], 0.5, 2),
+        "keyword_p95_ms": ms(lat["keyword"], 0.95, 2),
+        "principles_p95_ms": ms(lat["principles"], 0.95, 2),
         "queries": len(questions),
         **counts,
     }
@@ -171,14 +159,9 @@ def _ranked(mode: str, query: str, s: Settings, k: int) -> list[str]:
 
 
 def cmd_retrieval(args: argparse.Namespace) -> dict[str, Any]:
-    import rag_utils
-
     s = Settings.from_env()
     set_settings(s)
-    items = ec.load_qa(args.qa)
-    store = rag_utils.get_store(s)
-    present = store.existing_ids([g for q in items for g in ec.gold_ids(q)])
-    items = [q for q in items if set(ec.gold_ids(q)) & present]
+    items, _ = ec.split_by_gold_in_store(ec.load_qa(args.qa), s)
     for mode in args.modes:  # warm up models, indexes and caches outside the timings
         _ranked(mode, ec.item_question(items[0]), s, 10)
     out: dict[str, Any] = {"qa": str(args.qa), "items": len(items), "modes": {}}
@@ -191,8 +174,8 @@ def cmd_retrieval(args: argparse.Namespace) -> dict[str, Any]:
             ranks.append(ec.retrieval_metrics(ranked, ec.gold_ids(q)))
         out["modes"][mode] = {
             **{m: round(statistics.mean(r[m] for r in ranks), 3) for m in ranks[0]},
-            "p50_ms": round(ec.percentile(seconds, 0.5) * 1000, 1),
-            "p95_ms": p95(seconds),
+            "p50_ms": ms(seconds, 0.5),
+            "p95_ms": ms(seconds, 0.95, 2),
         }
         print(mode, out["modes"][mode], file=sys.stderr)
     return out
@@ -214,10 +197,7 @@ def cmd_latency(args: argparse.Namespace) -> dict[str, Any]:
             t = time.perf_counter()
             lg.search_graph(q, 10, mode=mode, settings=s)
             seconds.append(time.perf_counter() - t)
-        out[mode] = {
-            "p50_ms": round(ec.percentile(seconds, 0.5) * 1000, 1),
-            "p95_ms": p95(seconds),
-        }
+        out[mode] = {"p50_ms": ms(seconds, 0.5), "p95_ms": ms(seconds, 0.95, 2)}
         print(mode, out[mode], file=sys.stderr)
     return out
 
@@ -257,7 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     result = fn[args.command](args)
     print(json.dumps(result, indent=2))
     if not args.no_save and args.command != "build":
-        save(args.command, result)
+        old = saved("bench_graph").get(args.command)
+        if args.command == "retrieval" and isinstance(
+            old, dict
+        ):  # a run of some modes updates them
+            result = {**result, "modes": {**old.get("modes", {}), **result["modes"]}}
+        save("bench_graph", result, args.command)
     return 0
 
 

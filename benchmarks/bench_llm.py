@@ -30,13 +30,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from common import save
+
 import llm_config
 import local_llm
 import mc
 import prompts
+from eval_common import preview
 from settings import Settings, load_dotenv_file, set_settings
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 NODES = (
     "detect_prompt_injection",
@@ -373,11 +374,6 @@ class SchemaNode:
         return prompts.CALLS[self.role]
 
 
-def _short(text: str, n: int = 110) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= n else text[: n - 1] + "…"
-
-
 def schema_nodes() -> dict[str, SchemaNode]:
     """The JSON calls of the agent, keyed by skill name, with the values their nodes fill."""
     nodes = [
@@ -436,16 +432,19 @@ def run_schema_case(
         return Outcome(False, error=str(exc), records=client.records[offset:])
     records = client.records[offset:]
     if res.parsed is None:
-        return Outcome(False, error=res.parse_error, summary=_short(res.text), records=records)
+        return Outcome(
+            False, error=res.parse_error, summary=preview(res.text, 110), records=records
+        )
     if spec.label is not None:
         label = spec.label(res.parsed)
     else:
         label = getattr(res.parsed, spec.label_field) if spec.label_field else None
-    return Outcome(True, label=label, summary=_short(spec.summarize(res.parsed)), records=records)
+    return Outcome(
+        True, label=label, summary=preview(spec.summarize(res.parsed), 110), records=records
+    )
 
 
 def run_mc_case(client: llm_config.LLMClient, case: Case) -> Outcome:
-
     offset = len(client.records)
     inputs = case.inputs
     try:
@@ -459,7 +458,7 @@ def run_mc_case(client: llm_config.LLMClient, case: Case) -> Outcome:
         label=res.letter,
         summary=f"({res.letter}) via {res.strategy}"
         + (" after strict retry" if res.retried else ""),
-        error=None if first_try else _short(res.text, 200),
+        error=None if first_try else preview(res.text, 200),
         records=client.records[offset:],
     )
 
@@ -661,7 +660,7 @@ def print_report(result: dict) -> None:
                 expected = f" (expected {case['expected']})" if case["expected"] else ""
                 print(f"    #{case['case']} {case['output'] or '-'}{expected}")
             for err in n["parse_errors"]:
-                print(f"    parse error: {_short(err, 160)}")
+                print(f"    parse error: {preview(err, 160)}")
         t = result["totals"][mode]
         acc = "-" if t["label_accuracy"] is None else f"{t['label_accuracy']:.1%}"
         print(
@@ -672,7 +671,6 @@ def print_report(result: dict) -> None:
     print(
         f"\nprompt tokens served from the server's cache: {result['cached_prompt_tokens']} of {result['input_tokens']}"
     )
-    print(f"written to {RESULTS / 'bench_llm.json'}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -718,12 +716,12 @@ def main(argv: list[str] | None = None) -> int:
     result["cached_prompt_tokens"] = summary["cached_prompt_tokens"]
     result["input_tokens"] = summary["input_tokens"]
 
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "bench_llm.json").write_text(json.dumps(result, indent=2))
+    path = save("bench_llm", result)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         print_report(result)
+        print(f"written to {path}")
     return 0
 
 

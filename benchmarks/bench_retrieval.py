@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,19 +47,18 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rss import peak_rss_mb
+import numpy as np
+from common import ms, peak_rss_mb, printer, save
 
 import eval_common as ec
 import load_corpus
 import rag_utils
 from settings import Settings, set_settings
 
-RESULTS = REPO / "benchmarks" / "results" / "bench_retrieval.json"
 METHODS = {"dense": "none", "bm25": "bm25", "hybrid": "hybrid"}
 
 
 def bench_indexing(settings: Any, passages_path: Path) -> dict[str, Any]:
-
     t0 = time.perf_counter()
     passages = load_corpus.read_passages(passages_path)
     t_read = time.perf_counter() - t0
@@ -82,7 +83,6 @@ def bench_indexing(settings: Any, passages_path: Path) -> dict[str, Any]:
 def bench_latency(
     settings: Any, question_triples: list[list[str]], rerankers: list[str], repeats: int
 ) -> dict[str, Any]:
-
     out: dict[str, Any] = {}
     for reranker in rerankers:
         rag_utils.retrieve_documents_multi_query(
@@ -96,11 +96,7 @@ def bench_latency(
                 queries, k=5, reranker=reranker, settings=settings
             )
             times.append(time.perf_counter() - t)
-        out[reranker] = {
-            "p50_ms": round(1000 * ec.percentile(times, 0.5), 1),
-            "p95_ms": round(1000 * ec.percentile(times, 0.95), 1),
-            "n": len(times),
-        }
+        out[reranker] = {"p50_ms": ms(times, 0.5), "p95_ms": ms(times, 0.95), "n": len(times)}
     return out
 
 
@@ -132,11 +128,7 @@ def latency_sets(settings: Any, bar: list[list[str]], repeats: int) -> dict[str,
 
 
 def bench_quality(settings: Any, qa: list[dict]) -> dict[str, Any]:
-
-    store = rag_utils.get_store(settings)
-    golds = {str(it["gold_idx"]) for it in qa if it.get("gold_idx")}
-    present = {p["id"] for p in store.get(sorted(golds))}
-    items = [it for it in qa if str(it.get("gold_idx")) in present]
+    items = gold_items(settings, qa)
     out: dict[str, Any] = {
         "items": len(items),
         "items_without_gold_in_corpus": len(qa) - len(items),
@@ -146,42 +138,32 @@ def bench_quality(settings: Any, qa: list[dict]) -> dict[str, Any]:
         ("question+choices", ec.question_with_choices),
     ):
         for label, reranker in METHODS.items():
-            hits = {1: 0, 5: 0, 10: 0}
-            rr = 0.0
-            for it in items:
-                docs = rag_utils.retrieve_documents(
-                    make(it), k=10, reranker=reranker, settings=settings
-                )
-                ids = [d["id"] for d in docs]
-                gold = str(it["gold_idx"])
-                if gold in ids:
-                    rank = ids.index(gold) + 1
-                    rr += 1.0 / rank
-                    for k in hits:
-                        hits[k] += rank <= k
+            scores = [
+                ec.retrieval_metrics(ranked(settings, make(it), reranker), [str(it["gold_idx"])])
+                for it in items
+            ]
             n = max(1, len(items))
             out[f"{variant}/{label}"] = {
-                "recall@1": round(hits[1] / n, 3),
-                "recall@5": round(hits[5] / n, 3),
-                "recall@10": round(hits[10] / n, 3),
-                "mrr@10": round(rr / n, 3),
+                **{m: round(sum(s[m] for s in scores) / n, 3) for m in RECALLS},
+                "mrr@10": round(sum(s["rr"] for s in scores) / n, 3),
             }
     return out
 
 
-def recall_at_10(settings: Any, items: list[dict], make: Any, reranker: str) -> float:
-    import rag_utils
+RECALLS = ("recall@1", "recall@5", "recall@10")
 
-    hits = 0
-    for it in items:
-        docs = rag_utils.retrieve_documents(make(it), k=10, reranker=reranker, settings=settings)
-        hits += str(it["gold_idx"]) in [d["id"] for d in docs]
+
+def ranked(settings: Any, query: str, reranker: str) -> list[str]:
+    docs = rag_utils.retrieve_documents(query, k=10, reranker=reranker, settings=settings)
+    return [d["id"] for d in docs]
+
+
+def recall_at_10(settings: Any, items: list[dict], make: Any, reranker: str) -> float:
+    hits = sum(str(it["gold_idx"]) in ranked(settings, make(it), reranker) for it in items)
     return round(hits / max(1, len(items)), 3)
 
 
 def gold_items(settings: Any, qa: list[dict]) -> list[dict]:
-    import rag_utils
-
     golds = sorted({str(it["gold_idx"]) for it in qa if it.get("gold_idx")})
     present = {p["id"] for p in rag_utils.get_store(settings).get(golds)}
     return [it for it in qa if str(it.get("gold_idx")) in present]
@@ -240,10 +222,6 @@ def bench_windows(
     settings: Any, passages: list[dict], qa: list[dict], sizes: tuple[int, ...] = (128, 254)
 ) -> dict[str, Any]:
     """Dense Recall@10 (question alone) with long passages as windows, scored by max or mean."""
-    import numpy as np
-
-    import rag_utils
-
     emb = rag_utils.get_embedder(settings)
     ids = [str(p["idx"]) for p in passages]
     texts = [p["text"] for p in passages]
@@ -298,8 +276,6 @@ def bench_windows(
 
 def index_in_subprocess(backend: str, chroma_dir: str, passages_path: Path) -> dict[str, Any]:
     """Index the shared corpus with one backend in a fresh process, so its peak RSS is its own."""
-    import subprocess
-
     cmd = [sys.executable, __file__, "--index-only", backend, "--chroma-dir", chroma_dir]
     cmd += ["--shared-data", str(passages_path.parent.parent)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -308,26 +284,17 @@ def index_in_subprocess(backend: str, chroma_dir: str, passages_path: Path) -> d
 
 def bench_backends(settings: Any, tmp: Path, passages_path: Path, qa: list[dict]) -> dict[str, Any]:
     """Indexing speed and memory per backend, their cosine, and Recall@10 of each index."""
-    import numpy as np
-
-    import rag_utils
-
     out: dict[str, Any] = {}
     dirs = {}
     for backend in ("onnx", "torch"):
         dirs[backend] = str(tmp / f"index-{backend}")
         out[backend] = {"indexing": index_in_subprocess(backend, dirs[backend], passages_path)}
     by = {b: settings.replace(chroma_dir=dirs[b], embedding_backend=b) for b in dirs}
+    ids = [str(p["idx"]) for p in load_corpus.read_passages(passages_path)]
     vecs = {}
     for b, s in by.items():
-        got = {
-            p["id"]: p["embedding"]
-            for p in rag_utils.get_store(s).get(
-                [str(p["idx"]) for p in __import__("load_corpus").read_passages(passages_path)],
-                with_embeddings=True,
-            )
-        }
-        vecs[b] = got
+        stored = rag_utils.get_store(s).get(ids, with_embeddings=True)
+        vecs[b] = {p["id"]: p["embedding"] for p in stored}
         items = gold_items(s, qa)
         out[b]["recall@10"] = {
             "dense, question": recall_at_10(s, items, ec.item_question, "none"),
@@ -364,8 +331,6 @@ def synthetic_texts(passages: list[dict], n: int, seed: int = 13) -> list[str]:
 def bench_synthetic(
     settings: Any, passages: list[dict], n: int, question_triples: list[list[str]], repeats: int
 ) -> dict[str, Any]:
-    import numpy as np
-
     texts = synthetic_texts(passages, n)
     dim = rag_utils.get_embedder(settings).dimension
     rng = np.random.default_rng(0)
@@ -436,15 +401,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(bench_indexing(s, passages_path)))
         return 0
     qa = load_corpus.read_qa(qa_path)
-    results: dict[str, Any] = {"machine": {"cpus": __import__("os").cpu_count()}}
-
-    def say(msg: str) -> None:
-        if not args.json:
-            print(msg, flush=True)
-
+    results: dict[str, Any] = {"machine": {"cpus": os.cpu_count()}}
+    say = printer(args.json)
     with tempfile.TemporaryDirectory(prefix="bench_retrieval_") as tmp:
-        import rag_utils
-
         default = Settings.from_env(env={})
         t0 = time.perf_counter()
         rag_utils.get_embedder(default)  # the one-time ONNX export, not counted as indexing
@@ -518,12 +477,11 @@ def main(argv: list[str] | None = None) -> int:
                 + json.dumps(s["latency_3_queries_k5"])
                 + f"; peak RSS {s['peak_rss_mb']} MB"
             )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    path = save("bench_retrieval", results)
     if args.json:
         print(json.dumps(results, indent=2))
     else:
-        print(f"written to {RESULTS.relative_to(REPO)}")
+        print(f"written to {path.relative_to(REPO)}")
     return 0
 
 

@@ -37,6 +37,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from common import printer, save
+
 import answer as answer_stage
 import load_corpus
 import nodes
@@ -44,7 +46,6 @@ import rag_utils
 from context import AgentContext
 from settings import Settings, load_dotenv_file, set_settings
 
-RESULTS = REPO / "benchmarks" / "results" / "bench_step.json"
 FACT_PATTERNS = REPO / "datasets" / "fact_patterns.jsonl"
 
 
@@ -198,7 +199,7 @@ def run(args: argparse.Namespace, say: Any) -> dict[str, Any]:
     for _ in range(args.repeats):
         for kind, steps in kinds.items():
             runs[kind].extend(run_step(step, ctx, counts) for step in steps)
-    result: dict[str, Any] = {
+    return {
         "doctrines": [s["issue"] for s in first],
         "repeats": args.repeats,
         "passages": rag_utils.corpus_count(settings),
@@ -209,7 +210,6 @@ def run(args: argparse.Namespace, say: Any) -> dict[str, Any]:
         },
         "gate_check": gate_check(planned_steps(ctx, args.check_steps), ctx),
     }
-    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,17 +229,12 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.ERROR)
 
-    def say(msg: str) -> None:
-        if not args.json:
-            print(msg, flush=True)
-
+    say = printer(args.json)
     result = run(args, say)
     if not args.no_save:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+        save("bench_step", result)
     if args.json:
         print(json.dumps(result, indent=2))
-        return 0
     for kind in ("first", "retry"):
         r = result[kind]
         say(
