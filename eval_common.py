@@ -1,25 +1,25 @@
-"""Helpers shared by ``eval_comprehensive.py``, ``eval_trace.py`` and ``eval_reranker.py``.
+"""Helpers shared by the eval scripts (``eval_comprehensive.py``, ``eval_trace.py``,
+``eval_reranker.py``) and the benchmarks.
 
-* QA items — loading (any file ``load_corpus.read_qa`` reads; the starter set by default), field
-  access (choices, full question text, gold passage ids, subject) and "is the gold passage in the
-  store" detection.
-* Metrics — Recall@k, reciprocal rank, nDCG@k (binary relevance), accuracy, a seeded percentile
-  bootstrap confidence interval, McNemar's exact test and a paired rank comparison (wins/losses/ties,
-  sign test, Wilcoxon signed-rank test).
-* Runs — ``eval_results/<run-id>/``: ``results.jsonl`` (one row per (item, mode), appended and
-  flushed as each finishes, so an interrupted run resumes where it stopped), ``summary.json`` (full
-  configuration, never an API key), ``summary.md`` and PNG plots.
-* ``run_tasks`` — a progress-barred, optionally concurrent loop that survives Ctrl-C cleanly.
+* QA items: loading (any file ``load_corpus.read_qa`` reads; the starter set by default), field
+  access, indexing the passages a run needs, "is the gold passage in the store".
+* Metrics: Recall@k, reciprocal rank, nDCG@k (binary relevance), accuracy, a seeded bootstrap
+  interval, Wilson intervals, McNemar's exact test and a paired rank comparison.
+* Runs: ``eval_results/<run-id>/`` with ``results.jsonl`` (one row per (item, mode), flushed as
+  each finishes, so an interrupted run resumes where it stopped), ``config.json``, summaries and
+  plots; the CLI scaffolding every eval command shares.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import logging
 import math
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 
 import filters
+import load_corpus
 import prompts
 import rag_utils
 from llm_config import LLMClient
-from load_corpus import STARTER_DIR, iter_rows, read_qa
 from mc import format_choices
 from providers import LLMConfigError, check_config, install_log_redaction, redact_url, resolve
 from settings import Settings, SettingsError, load_dotenv_file
@@ -54,45 +54,50 @@ _SECRET_FIELD = re.compile(r"(api_key|secret|token|password)", re.IGNORECASE)
 
 def default_qa_path() -> Path:
     """The bundled starter question set (``datasets/starter/qa.jsonl`` next to this file)."""
-
-    starter = Path(STARTER_DIR)
+    starter = Path(load_corpus.STARTER_DIR)
     if not starter.is_absolute():
         starter = Path(__file__).resolve().parent / starter
     return starter / "qa.jsonl"
 
 
-def load_qa(path: str | os.PathLike[str] | None = None, n: int | None = None) -> list[dict]:
-    """QA items from ``path`` (default: the starter set), first ``n`` of them when given.
-
-    Items without four choices or an answer letter are dropped with a warning."""
-
+def load_qa(path: str | os.PathLike[str] | None = None) -> list[dict]:
+    """The multiple-choice items of ``path`` (default: the starter set); items without four
+    choices or an answer letter are dropped with a warning."""
     path = Path(path) if path is not None else default_qa_path()
     if not path.exists():
         raise FileNotFoundError(f"QA file not found: {path}")
-    items = []
-    dropped = 0
-    for item in read_qa(path):
-        if str(item.get("answer") or "").strip().upper() not in MC_KEYS or not all(
-            str(item.get(f"choice_{k.lower()}") or "").strip() for k in MC_KEYS
-        ):
-            dropped += 1
-            continue
-        items.append(item)
+    rows = load_corpus.read_qa(path)  # ids are unique
+    items = [it for it in rows if item_answer(it) in MC_KEYS and all(item_choices(it).values())]
     if not items:
         raise ValueError(
             f"{path}: no multiple-choice item (each needs choice_a..choice_d and an answer A-D)"
         )
-    if dropped:
+    if len(items) < len(rows):
         logger.warning(
-            "%s: skipped %d item(s) without 4 choices and an answer letter", path, dropped
+            "%s: skipped %d item(s) without 4 choices and an answer letter",
+            path,
+            len(rows) - len(items),
         )
-    seen: set[str] = set()
-    unique = []
-    for item in items:
-        if item_id(item) not in seen:
-            seen.add(item_id(item))
-            unique.append(item)
-    return unique[:n] if n is not None else unique
+    return items
+
+
+def read_inputs(qa: str | None, passages: str | None) -> tuple[Path, list[dict], list[dict] | None]:
+    """The QA file's path and items (``--qa``, default the starter set) and the ``--passages`` to
+    index, read and validated before any model loads or index is built: a missing or broken file
+    stops the run here, in one line."""
+    qa_path = Path(qa) if qa else default_qa_path()
+    items = load_qa(qa_path)
+    return qa_path, items, load_corpus.read_passages(passages) if passages else None
+
+
+def index_corpus(settings: Settings, passages: list[dict] | None, source: str | None) -> None:
+    """Index the passages read from ``source`` (``--passages``), or the starter corpus when none
+    were given."""
+    if passages is None:
+        load_corpus.ensure_starter_index(settings)
+        return
+    added = load_corpus.load_passages(passages, settings=settings)
+    logger.info("indexed %s: %d passages (%d new)", source, len(passages), added)
 
 
 def check_jsonl(path: str | os.PathLike[str]) -> None:
@@ -102,7 +107,7 @@ def check_jsonl(path: str | os.PathLike[str]) -> None:
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"QA file not found: {p}")
-    for _ in iter_rows(p):
+    for _ in load_corpus.iter_rows(p):
         pass
 
 
@@ -144,36 +149,23 @@ def gold_ids(item: dict) -> list[str]:
 
 def question_with_choices(item: dict) -> str:
     """The retrieval query 'question + choices'."""
-
     return f"{item_question(item)}\n{format_choices(item_choices(item))}"
 
 
-def fetch_passages(ids: Iterable[str], settings: Settings | None = None) -> dict[str, dict]:
+def fetch_passages(ids: Iterable[str], settings: Settings) -> dict[str, dict]:
     """Passages of the store by id (missing ids are absent from the result)."""
-
-    ids = list(dict.fromkeys(ids))
-    if not ids:
-        return {}
-    got = rag_utils.get_store(settings).get(ids)
-    if isinstance(got, dict):  # Chroma's column format
-        metas = got.get("metadatas") or [{}] * len(got["ids"])
-        got = [
-            {"id": i, "text": t, **(m or {})}
-            for i, t, m in zip(
-                got["ids"], got.get("documents") or [""] * len(got["ids"]), metas, strict=False
-            )
-        ]
-    return {str(p["id"]): p for p in got if p}
+    return {str(p["id"]): p for p in rag_utils.get_store(settings).get(list(ids))}
 
 
 def split_by_gold_in_store(
-    items: Sequence[dict], settings: Settings | None = None
+    items: Sequence[dict], settings: Settings
 ) -> tuple[list[dict], list[dict]]:
     """(items with at least one gold passage in the store, the others)."""
-    found = fetch_passages((g for it in items for g in gold_ids(it)), settings)
-    with_gold = [it for it in items if any(g in found for g in gold_ids(it))]
-    kept = {id(it) for it in with_gold}
-    return with_gold, [it for it in items if id(it) not in kept]
+    store = rag_utils.get_store(settings)
+    present = store.existing_ids([g for it in items for g in gold_ids(it)])
+    with_gold = [it for it in items if present.intersection(gold_ids(it))]
+    without = [it for it in items if not present.intersection(gold_ids(it))]
+    return with_gold, without
 
 
 def agent_rewrite(client: Any, question: str) -> tuple[str, list[str]]:
@@ -245,14 +237,45 @@ def retrieval_metrics(
     return out
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile (0..1) of ``values`` by linear interpolation; NaN when empty."""
-    vals = sorted(values)
-    if not vals:
-        return float("nan")
-    pos = (len(vals) - 1) * q
-    lo, hi = int(pos), min(int(pos) + 1, len(vals) - 1)
-    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
+def ranking_row(item: dict, mode: str, ranked: Sequence[str], **fields: Any) -> dict:
+    """One results.jsonl row of a ranking of ``item``'s query: its gold passages, the rank of the
+    first and :func:`retrieval_metrics`, after ``fields``."""
+    gold = gold_ids(item)
+    return {
+        "item": item_id(item),
+        "mode": mode,
+        **fields,
+        "subject": item_subject(item),
+        "gold": gold,
+        "ranked": list(ranked),
+        "gold_rank": gold_rank(ranked, gold),
+        **retrieval_metrics(ranked, gold),
+    }
+
+
+def summarize_rankings(rows: Sequence[dict], max_k: int = 10) -> dict[str, Any]:
+    """Recall@1/5/10, MRR with its bootstrap interval, nDCG@10 and the Recall@k curve of rows
+    made by :func:`ranking_row`."""
+    rr = [r["rr"] for r in rows]
+    return {
+        "n": len(rows),
+        "recall@1": mean(r["recall@1"] for r in rows),
+        "recall@5": mean(r["recall@5"] for r in rows),
+        "recall@10": mean(r["recall@10"] for r in rows),
+        "mrr": mean(rr),
+        "mrr_ci": list(bootstrap_ci(rr)),
+        "ndcg@10": mean(r["ndcg@10"] for r in rows),
+        "recall_curve": recall_curve([r["gold_rank"] for r in rows], max_k),
+    }
+
+
+def recall_curve(ranks: Sequence[int | None], max_k: int = 10) -> list[float]:
+    """Recall@k for k = 1..max_k from the rank of the gold passage of each item (None = missed)."""
+    if not ranks:
+        return []
+    return [
+        sum(1 for r in ranks if r is not None and r <= k) / len(ranks) for k in range(1, max_k + 1)
+    ]
 
 
 def mean(values: Iterable[float]) -> float:
@@ -325,22 +348,17 @@ def paired_comparison(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
     diffs = [y - x for x, y in zip(a, b, strict=True)]
     wins = sum(d > 0 for d in diffs)
     losses = sum(d < 0 for d in diffs)
-    ties = len(diffs) - wins - losses
     from scipy.stats import binomtest, wilcoxon
 
-    sign_p = 1.0 if wins + losses == 0 else float(binomtest(wins, wins + losses, 0.5).pvalue)
-    wilcoxon_p = None
-    if wins + losses > 0:
-        nonzero = [d for d in diffs if d != 0]
-        wilcoxon_p = float(wilcoxon(nonzero).pvalue)
+    decided = wins + losses
     return {
         "n": len(diffs),
         "wins": wins,
         "losses": losses,
-        "ties": ties,
-        "mean_diff": mean(diffs) if diffs else float("nan"),
-        "sign_test_p": sign_p,
-        "wilcoxon_p": wilcoxon_p,
+        "ties": len(diffs) - decided,
+        "mean_diff": mean(diffs),
+        "sign_test_p": float(binomtest(wins, decided, 0.5).pvalue) if decided else 1.0,
+        "wilcoxon_p": float(wilcoxon([d for d in diffs if d]).pvalue) if decided else None,
     }
 
 
@@ -365,7 +383,6 @@ def eval_settings(env: dict[str, str] | None = None, **overrides: Any) -> Settin
 def settings_record(settings: Settings) -> dict[str, Any]:
     """Every setting except secrets (API keys) and the environment snapshot; URLs lose their
     credentials (``LLM_BASE_URL=http://user:password@host`` is recorded as ``http://***@host``)."""
-
     out = {}
     for f in dataclasses.fields(settings):
         if f.name == "environ" or _SECRET_FIELD.search(f.name):
@@ -378,7 +395,6 @@ def settings_record(settings: Settings) -> dict[str, Any]:
 def llm_record(settings: Settings, roles: Sequence[str] = ("mc_select", "rewrite")) -> dict:
     """Provider, model and base URL (without credentials) each role resolves to — no key — or
     the configuration error."""
-
     out: dict[str, Any] = {}
     for role in roles:
         try:
@@ -392,7 +408,6 @@ def llm_record(settings: Settings, roles: Sequence[str] = ("mc_select", "rewrite
 
 def retrieval_record(settings: Settings) -> dict[str, Any]:
     """Embedder name, reranker setting and passage count of the store used."""
-
     rec: dict[str, Any] = {"reranker": settings.reranker}
     try:
         rec["embedder"] = rag_utils.get_embedder(settings).name
@@ -402,14 +417,8 @@ def retrieval_record(settings: Settings) -> dict[str, Any]:
     return rec
 
 
-# ------------------------------------------------------------------------------------------------
-# LLM client per task
-# ------------------------------------------------------------------------------------------------
-
-
 def make_client(settings: Settings, llm_factory: Callable[[str], Any] | None = None) -> Any:
     """A fresh ``LLMClient`` (one per task, so its records are that task's calls)."""
-
     return LLMClient(settings, llm_factory=llm_factory)
 
 
@@ -421,8 +430,16 @@ def usage_of(client: Any) -> dict[str, Any]:
     return out
 
 
+def require_llm(settings: Settings, llm_factory: Callable[[str], Any] | None = None) -> None:
+    """Raise LLMConfigError (a missing API key, an unknown provider, the embedded model's packages
+    missing) for any role before any work is done; nothing to check when a test injects its own
+    chat models."""
+    if llm_factory is None:
+        check_config(settings)
+
+
 # ------------------------------------------------------------------------------------------------
-# Run directory
+# CLI
 # ------------------------------------------------------------------------------------------------
 
 
@@ -430,58 +447,106 @@ class ConfigMismatchError(RuntimeError):
     """A resumed run was started with a different configuration."""
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    """Errors an eval script reports as one line and exit status 2 (bad input, settings or
-    provider configuration, a model that does not load, a resumed run with another
-    configuration), never a traceback; inside a run they stop it rather than fail every item."""
-
-    return (
-        FileNotFoundError,
-        ValueError,
-        ConfigMismatchError,
-        LLMConfigError,
-        SettingsError,
-        rag_utils.ModelLoadError,
-    )
+USER_ERRORS = (
+    FileNotFoundError,
+    ValueError,
+    ConfigMismatchError,
+    LLMConfigError,
+    SettingsError,
+    rag_utils.ModelLoadError,
+)
+"""Errors an eval command reports as one line and exit status 2 (bad input, settings or provider
+configuration, a model that does not load, a resumed run with another configuration), never a
+traceback; inside a run they stop it rather than fail every item."""
 
 
-def require_llm(settings: Settings, llm_factory: Callable[[str], Any] | None = None) -> None:
-    """Raise LLMConfigError (a missing API key, an unknown provider, the embedded model's packages
-    missing) for any role before any work is done; nothing to check when a test injects its own
-    chat models."""
-    if llm_factory is not None:
-        return
-    check_config(settings)
+def add_cli_arguments(
+    p: argparse.ArgumentParser,
+    *,
+    run_dir: bool = True,
+    provider: bool = True,
+    model: bool = False,
+    passage_filters: bool = True,
+) -> None:
+    """The flags eval commands share: ``--run-id``/``--results-dir``, ``--provider``,
+    ``--model``, ``--json``, ``-v`` and the passage filters (``filters.add_arguments``)."""
+    if run_dir:
+        p.add_argument("--run-id", help="run directory name; an existing one is resumed")
+        p.add_argument("--results-dir", default=DEFAULT_RESULTS_DIR, help="default eval_results")
+    if provider:
+        p.add_argument("--provider", help="LLM provider (overrides LLM_PROVIDER)")
+    if model:
+        p.add_argument("--model", help="LLM model (overrides LLM_MODEL)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON, not the tables")
+    p.add_argument("-v", "--verbose", action="store_true")
+    if passage_filters:
+        filters.add_arguments(p)
 
 
-def cli_run(fn: Callable[[Settings], Any], **overrides: Any) -> tuple[int, Any]:
-    """An eval script's body: read ``.env``, build the eval settings (``overrides``
-    are its CLI flags), return ``(0, fn(settings))`` — or ``(2, None)`` after printing a user
-    error in one line to stderr."""
-    import sys
-
+def cli_run(
+    args: argparse.Namespace, fn: Callable[[Settings], Any], **overrides: Any
+) -> tuple[int, Any]:
+    """An eval command's body: logging, ``.env``, the eval settings (``overrides`` and the
+    provider, model and filter flags of ``args``), then ``(0, fn(settings))`` — or ``(2, None)``
+    after printing a user error in one line to stderr."""
+    configure_logging(args.verbose)
+    overrides.setdefault("llm_provider", getattr(args, "provider", None))
+    overrides.setdefault("llm_model", getattr(args, "model", None))
+    if hasattr(args, "jurisdiction"):
+        overrides.update(filters.overrides(args))
     try:
         load_dotenv_file()
-        settings = eval_settings(**overrides)
-        return 0, fn(settings)
-    except user_errors() as exc:
-        print(f"error: {exc}".splitlines()[0], file=sys.stderr)  # noqa: T201 - CLI output
+        return 0, fn(eval_settings(**overrides))
+    except USER_ERRORS as exc:
+        print(f"error: {exc}".splitlines()[0], file=sys.stderr)
         return 2, None
 
 
-def print_summary(summary: dict[str, Any], *, as_json: bool, human: str, results_dir: str) -> int:
-    """The end of an eval command: ``summary`` as JSON (``--json``) or ``human`` and the run's
-    folder; exit status 130 when the run was interrupted, else 0."""
-    if as_json:
-        out = json.dumps(summary, indent=2, ensure_ascii=False, default=str)
+def print_summary(
+    args: argparse.Namespace, summary: dict[str, Any], render: Callable[[dict[str, Any]], str]
+) -> int:
+    """The end of an eval command: ``summary`` as JSON (``--json``) or as ``render`` shows it,
+    then the run's folder; exit status 130 when the run was interrupted, else 0."""
+    if args.json:
+        print(json.dumps(summary, indent=2, ensure_ascii=False, default=str))
     else:
-        out = f"{human}\nresults: {Path(results_dir) / summary['run_id']}"
-    print(out)  # noqa: T201 - CLI output
+        print(f"{render(summary)}\nresults: {Path(args.results_dir) / summary['run_id']}")
     return 130 if summary.get("interrupted") else 0
 
 
-def new_run_id(kind: str) -> str:
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}"
+def comma_list(value: str, allowed: Iterable[str], what: str) -> list[str]:
+    """The items of a comma-separated flag; a ValueError names those not in ``allowed``."""
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [v for v in items if v not in allowed]
+    if bad:
+        raise ValueError(f"unknown {what}(s) {bad}; choose from {', '.join(allowed)}")
+    return items
+
+
+def configure_logging(verbose: bool = False) -> None:
+    """CLI logging to stderr."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    noisy = (
+        "httpx",
+        "httpx2",
+        "httpcore",
+        "urllib3",
+        "chromadb",
+        "sentence_transformers",
+        "openai",
+    )
+    for name in noisy:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    install_log_redaction()
+
+
+# ------------------------------------------------------------------------------------------------
+# Run directory
+# ------------------------------------------------------------------------------------------------
 
 
 class RunDir:
@@ -495,21 +560,14 @@ class RunDir:
             raise ValueError(f"invalid run id {run_id!r}")
         self.run_id = run_id
         self.path = Path(root) / run_id
+        self.results_path = self.path / "results.jsonl"
         self.resumed = self.results_path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._rows: list[dict] = self._read_rows()
 
-    @property
-    def results_path(self) -> Path:
-        return self.path / "results.jsonl"
-
-    @property
-    def config_path(self) -> Path:
-        return self.path / "config.json"
-
     def _read_rows(self) -> list[dict]:
-        if not self.results_path.exists():
+        if not self.resumed:
             return []
         raw = self.results_path.read_bytes()
         rows = []
@@ -552,10 +610,33 @@ class RunDir:
         with self._lock, open(self.path / "errors.jsonl", "a", encoding="utf-8") as fh:
             fh.write(json.dumps(row, ensure_ascii=False, default=_json_default) + "\n")
 
+    def run(
+        self,
+        fn: Callable[[Any], dict],
+        tasks: Sequence[Any],
+        *,
+        key: Callable[[Any], tuple[str, str]],
+        workers: int = 1,
+        desc: str = "",
+        fatal: tuple[type[BaseException], ...] = (),
+    ) -> None:
+        """``fn`` over ``tasks`` (:func:`run_tasks`), each row appended as it ends; a task that
+        fails is logged and written to errors.jsonl under ``key(task)`` = (item id, mode)."""
+        for task, row, err in run_tasks(fn, tasks, workers=workers, desc=desc, fatal=fatal):
+            if err is None:
+                self.append(row)
+                continue
+            item, mode = key(task)
+            logger.warning("%s / %s failed: %s", item, mode, err)
+            self.log_error(
+                {"item": item, "mode": mode, "error": f"{err.__class__.__name__}: {err}"}
+            )
+
     def check_config(self, config: dict[str, Any], keys: Sequence[str]) -> None:
         """Save ``config``; on resume refuse to mix rows made under a different one (``keys``)."""
-        if self.config_path.exists():
-            old = json.loads(self.config_path.read_text(encoding="utf-8"))
+        config_path = self.path / "config.json"
+        if config_path.exists():
+            old = json.loads(config_path.read_text(encoding="utf-8"))
             diff = [k for k in keys if k in old and old.get(k) != config.get(k)]
             if diff:
                 details = "; ".join(f"{k}: {old.get(k)!r} -> {config.get(k)!r}" for k in diff)
@@ -565,7 +646,7 @@ class RunDir:
                 )
         self.write_json("config.json", config)
 
-    def write_json(self, name: str, data: Any) -> Path:
+    def write_json(self, name: str, data: Any) -> None:
         path = self.path / name
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text(
@@ -573,12 +654,9 @@ class RunDir:
             encoding="utf-8",
         )
         tmp.replace(path)
-        return path
 
-    def write_text(self, name: str, text: str) -> Path:
-        path = self.path / name
-        path.write_text(text, encoding="utf-8")
-        return path
+    def write_text(self, name: str, text: str) -> None:
+        (self.path / name).write_text(text, encoding="utf-8")
 
 
 def open_run(
@@ -594,7 +672,7 @@ def open_run(
         if not (Path(root) / resume / "results.jsonl").exists():
             raise FileNotFoundError(f"no run to resume: {Path(root) / resume}/results.jsonl")
         return RunDir(resume, root)
-    return RunDir(run_id or new_run_id(kind), root)
+    return RunDir(run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}", root)
 
 
 def _json_default(obj: Any) -> Any:
@@ -602,8 +680,6 @@ def _json_default(obj: Any) -> Any:
         return obj.item()
     if isinstance(obj, np.ndarray):
         return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return dataclasses.asdict(obj)
     if hasattr(obj, "model_dump"):
@@ -614,11 +690,6 @@ def _json_default(obj: Any) -> Any:
 def to_jsonable(obj: Any) -> Any:
     """A JSON round-trip of ``obj`` (numpy, dataclasses, pydantic models become plain data)."""
     return json.loads(json.dumps(obj, default=_json_default))
-
-
-# ------------------------------------------------------------------------------------------------
-# Task loop
-# ------------------------------------------------------------------------------------------------
 
 
 def run_tasks(
@@ -682,19 +753,14 @@ def run_tasks(
 
 
 def fmt_num(value: Any, digits: int = 3) -> str:
-    if value is None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "–"
-        return f"{value:.{digits}f}"
-    return str(value)
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
 def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    for row in rows:
-        lines.append("| " + " | ".join(fmt_num(v) for v in row) + " |")
+    lines += ["| " + " | ".join(fmt_num(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
@@ -702,12 +768,12 @@ def text_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     """A plain aligned table for the terminal."""
     cells = [list(headers)] + [[fmt_num(v) for v in row] for row in rows]
     widths = [max(len(str(r[i])) for r in cells) for i in range(len(headers))]
-    out = []
-    for j, row in enumerate(cells):
-        out.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-        if j == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    lines = [
+        "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in cells
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
 
 
 def _pyplot() -> Any:
@@ -719,74 +785,41 @@ def _pyplot() -> Any:
     return plt
 
 
+def _save(
+    fig: Any, ax: Any, path: str | os.PathLike[str], ylabel: str, title: str, **legend: Any
+) -> Path:
+    ax.set_ylim(0, 1)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8, **legend)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return Path(path)
+
+
 def plot_accuracy(modes: dict[str, dict], path: str | os.PathLike[str], title: str = "") -> Path:
     """Bar chart of accuracy per mode with its 95% CI (``modes[m]`` has accuracy, ci_low, ci_high, n)."""
-    plt = _pyplot()
     names = list(modes)
     acc = [modes[m]["accuracy"] for m in names]
     lower = [max(0.0, a - modes[m]["ci_low"]) for a, m in zip(acc, names, strict=True)]
     upper = [max(0.0, modes[m]["ci_high"] - a) for a, m in zip(acc, names, strict=True)]
-    fig, ax = plt.subplots(figsize=(1.6 * max(3, len(names)) + 1, 4))
+    fig, ax = _pyplot().subplots(figsize=(1.6 * max(3, len(names)) + 1, 4))
     ax.bar(names, acc, yerr=[lower, upper], capsize=6, color="#4c72b0")
     for i, m in enumerate(names):
         ax.text(i, 0.02, f"n={modes[m]['n']}", ha="center", color="white", fontsize=8)
     ax.axhline(0.25, ls="--", color="grey", lw=1, label="chance (4 options)")
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("accuracy (95% bootstrap CI)")
-    ax.set_title(title or "MC accuracy per mode")
-    ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    ylabel = "accuracy (95% bootstrap CI)"
+    return _save(fig, ax, path, ylabel, title or "MC accuracy per mode", loc="upper right")
 
 
 def plot_recall_curve(
     curves: dict[str, Sequence[float]], path: str | os.PathLike[str], title: str = ""
 ) -> Path:
     """Recall@k for k = 1..len(curve), one line per query variant (or reranker)."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = _pyplot().subplots(figsize=(6, 4))
     for name, curve in curves.items():
-        ks = list(range(1, len(curve) + 1))
-        ax.plot(ks, curve, marker="o", label=name)
+        ax.plot(range(1, len(curve) + 1), curve, marker="o", label=name)
     ax.set_xlabel("k")
-    ax.set_ylabel("Recall@k")
-    ax.set_ylim(0, 1)
-    ax.set_title(title or "Recall@k")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
-
-
-def recall_curve(ranks: Sequence[int | None], max_k: int = 10) -> list[float]:
-    """Recall@k for k = 1..max_k from the rank of the gold passage of each item (None = missed)."""
-    if not ranks:
-        return []
-    return [
-        sum(1 for r in ranks if r is not None and r <= k) / len(ranks) for k in range(1, max_k + 1)
-    ]
-
-
-def configure_logging(verbose: bool = False) -> None:
-    """CLI logging to stderr."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
-    for noisy in (
-        "httpx",
-        "httpx2",
-        "httpcore",
-        "urllib3",
-        "chromadb",
-        "sentence_transformers",
-        "openai",
-    ):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-
-    install_log_redaction()
+    return _save(fig, ax, path, "Recall@k", title or "Recall@k")

@@ -1,29 +1,16 @@
-"""Retrieval metrics and multiple-choice accuracy of the agent against its baselines.
+"""Retrieval metrics, multiple-choice accuracy and open answers of the agent against its baselines.
 
     python eval_comprehensive.py [retrieval|pipeline|both] [N] [--qa FILE] [--passages FILE] ...
     python eval_comprehensive.py answers [N] [--facts] [--split tune|report|all] ...
     python eval_comprehensive.py injection [--prescreen-only] ...
 
-``--help`` lists every phase with its own flags; ``answers --help`` and ``injection --help`` give
-the full options of those two.
-
-Phase 1 (``retrieval``, no LLM unless an LLM variant is asked for): Recall@1/5/10, MRR and nDCG@10
-over the QA items whose gold passage is in the store, for the query = the question and the question
-+ its choices; ``--variants`` adds the agent's rewrites, HyDE (alone and fused with the question)
-and one query per choice (RRF-fused); ``--columns`` the question through each retriever.
-
-Phase 2 (``pipeline``): MC accuracy on the same items for each mode —
-
-* ``llm_only``     closed book: the MC prompt with no evidence;
-* ``rag``          one retrieval of the question, the passages as evidence;
-* ``lean``         one retrieval of the question + choices, the evidence only when its score
-                   clears ``LEAN_GATE``, else closed book (``lean.py``);
-* ``pipeline``     the full agent (``main.run_agent``) with the choices;
-* ``gold_passage`` the gold passage as evidence (an upper bound for the reader).
-
-All modes use the same MC prompt and letter extraction (``mc.select_answer``).  Reported per mode
-and per subject with 95% bootstrap CIs, McNemar's exact test against ``llm_only``, LLM calls,
-tokens and seconds per question, and the parse-failure rate.
+``--help`` lists every phase with its own flags (``PHASES``); ``answers --help`` and
+``injection --help`` give the full options of those two.  The phase-2 modes, the phase-1 query
+variants and retriever columns are described where they are defined (``MODES``,
+``EXTRA_VARIANTS``, ``RETRIEVER_COLUMNS``).  Every mode answers with the same MC prompt and letter
+extraction (``mc.select_answer``); phase 2 reports each per subject with 95% bootstrap CIs,
+McNemar's exact test against ``llm_only``, LLM calls, tokens and seconds per question, and the
+parse-failure rate.
 
 Each run writes ``eval_results/<run-id>/``: ``results.jsonl`` (one row per (item, mode), flushed
 as it finishes), ``config.json``, ``summary.json``, ``summary.md``, ``accuracy.png``,
@@ -34,6 +21,7 @@ already written; the LLM response cache is on, so repeating a finished run costs
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
@@ -45,7 +33,6 @@ from typing import Any
 
 import eval_answers
 import eval_common as ec
-import filters
 import legal_graph
 import load_corpus
 import main as agent
@@ -53,26 +40,43 @@ import mc
 import prompts
 import rag_utils
 from context import AgentContext
-from providers import LLMConfigError, check_config
+from providers import LLMConfigError, check_config, resolve
 from settings import RERANKER_CHOICES, Settings
 
 logger = logging.getLogger(__name__)
 
-MODES = ("llm_only", "rag", "lean", "pipeline", "gold_passage", "evidence")
+MODES = {
+    "llm_only": "closed book: the MC prompt with no evidence",
+    "rag": "one retrieval of the question, its passages as evidence",
+    "lean": "one retrieval of the question + choices, the evidence only when its score clears "
+    "LEAN_GATE, else closed book (lean.py)",
+    "pipeline": "the full agent (main.run_agent) with the choices",
+    "gold_passage": "the gold passage as evidence (an upper bound for the reader)",
+    "evidence": "the agent in evidence mode (coverage = share grounded, accuracy on the grounded "
+    "items)",
+}
+"""Phase 2's modes (``--modes``)."""
 QUERY_VARIANTS = ("question", "question+choices")
 """Phase-1 query variants scored on every run (no LLM)."""
-EXTRA_VARIANTS = ("rewrite", "hyde", "hyde+question", "per_choice")
-"""Phase-1 variants on request (--variants): the agent's rewrites (primary + 2 alternatives,
-pooled), HyDE (the model writes a short outline paragraph stating the rule; embedded alone, and
-RRF-fused with the question's ranking), and one query per answer choice (question + that choice),
-RRF-fused.  The LLM variants (rewrite, hyde, hyde+question) go through the response cache."""
+EXTRA_VARIANTS = {
+    "rewrite": "the agent's rewrites (primary + 2 alternatives, pooled)",
+    "hyde": "a model-written outline paragraph stating the rule (HyDE)",
+    "hyde+question": "hyde's ranking RRF-fused with the question's",
+    "per_choice": "question + each choice, RRF-fused",
+}
+"""Phase-1 variants on request (``--variants``)."""
 LLM_VARIANTS = ("rewrite", "hyde", "hyde+question")
-RETRIEVER_COLUMNS = ("dense", "bm25", "hybrid", "graph", "combined")
-"""Extra phase-1 columns (--columns): the question alone through one retriever each — the vector
-store without reranking, BM25, their fusion, the legal knowledge graph, and graph + hybrid."""
+"""The variants that call the LLM (through the response cache)."""
+RETRIEVER_COLUMNS = {
+    "dense": "the vector store without reranking",
+    "bm25": "BM25",
+    "hybrid": "their fusion",
+    "graph": "the legal knowledge graph built at load time",
+    "combined": "graph + hybrid",
+}
+"""Phase-1 columns on request (``--columns``): the question alone through one retriever each."""
 RETRIEVAL_K = 10
 RETRIEVAL_PREFIX = "retrieval:"
-# Keys of config.json that must match when a run is resumed.
 RESUME_KEYS = (
     "phase",
     "qa",
@@ -92,33 +96,23 @@ the same phase, questions, models and settings, and the same number of passages 
 # ------------------------------------------------------------------------------------------------
 
 
-def retrieval_queries(
-    item: dict, variant: str, *, settings: Settings, client: Any = None
-) -> list[str]:
+def retrieval_queries(item: dict, variant: str, client: Any = None) -> list[str]:
     """The query list of one variant for one item."""
-    if variant == "question":
-        return [ec.item_question(item)]
+    question = ec.item_question(item)
+    if variant in ("question", *RETRIEVER_COLUMNS):
+        return [question]
     if variant == "question+choices":
         return [ec.question_with_choices(item)]
     if variant == "rewrite":
-        primary, alternatives = ec.agent_rewrite(client, ec.item_question(item))
+        primary, alternatives = ec.agent_rewrite(client, question)
         return [primary, *alternatives]
     if variant in ("hyde", "hyde+question"):
-        passage = hyde_passage(client, ec.item_question(item))
-        return [passage] if variant == "hyde" else [ec.item_question(item), passage]
+        # the question itself when the model's paragraph is empty
+        reply = " ".join((prompts.call(client, "hyde", question=question).text or "").split())
+        return [reply or question] if variant == "hyde" else [question, reply or question]
     if variant == "per_choice":
-        question = ec.item_question(item)
         return [f"{question}\n{text}" for _, text in sorted(ec.item_choices(item).items())]
-    if variant in RETRIEVER_COLUMNS:
-        return [ec.item_question(item)]
     raise ValueError(f"unknown query variant {variant!r}")
-
-
-def hyde_passage(client: Any, question: str) -> str:
-    """HyDE: a short outline paragraph stating the rule ``question`` turns on (the question itself
-    when the reply is empty)."""
-    text = " ".join((prompts.call(client, "hyde", question=question).text or "").split())
-    return text or question
 
 
 def run_retrieval_item(
@@ -129,10 +123,9 @@ def run_retrieval_item(
     llm_factory: Callable[[str], Any] | None = None,
 ) -> dict:
     """Retrieve the top 10 for one (item, variant) and score it against the gold passages."""
-
     client = ec.make_client(settings, llm_factory) if variant in LLM_VARIANTS else None
     start = time.perf_counter()
-    queries = retrieval_queries(item, variant, settings=settings, client=client)
+    queries = retrieval_queries(item, variant, client)
     if variant in ("hyde+question", "per_choice"):  # one ranking per query, RRF-fused
         rankings = [
             rag_utils.retrieve_documents(q, k=2 * RETRIEVAL_K, settings=settings) for q in queries
@@ -140,28 +133,17 @@ def run_retrieval_item(
         docs = rag_utils.rrf_merge(rankings, RETRIEVAL_K)
     elif variant in ("graph", "combined"):
         docs = legal_graph.graph_search(queries[0], RETRIEVAL_K, (), variant, settings=settings)
-    elif variant in ("dense", "bm25", "hybrid"):
-        reranker = {"dense": "none", "bm25": "bm25", "hybrid": "hybrid"}[variant]
+    else:
+        reranker = {"dense": "none", "bm25": "bm25", "hybrid": "hybrid"}.get(variant)
         docs = rag_utils.retrieve_documents_multi_query(
             queries, k=RETRIEVAL_K, reranker=reranker, settings=settings
         )
-    else:
-        docs = rag_utils.retrieve_documents_multi_query(queries, k=RETRIEVAL_K, settings=settings)
     seconds = time.perf_counter() - start
     ranked = [d["id"] for d in docs]
-    gold = ec.gold_ids(item)
-    row = {
-        "item": ec.item_id(item),
-        "mode": RETRIEVAL_PREFIX + variant,
-        "phase": "retrieval",
-        "variant": variant,
-        "subject": ec.item_subject(item),
-        "gold": gold,
-        "ranked": ranked,
-        "gold_rank": ec.gold_rank(ranked, gold),
-        **ec.retrieval_metrics(ranked, gold),
-        "seconds": round(seconds, 4),
-    }
+    row = ec.ranking_row(
+        item, RETRIEVAL_PREFIX + variant, ranked, phase="retrieval", variant=variant
+    )
+    row["seconds"] = round(seconds, 4)
     if client is not None:
         row["queries"] = queries
         row.update(ec.usage_of(client))
@@ -291,29 +273,18 @@ def _pipeline_fields(state: dict, gold: Sequence[str]) -> tuple[dict, dict]:
 
 
 def summarize_retrieval(rows: Sequence[dict]) -> dict[str, dict]:
-    out: dict[str, dict] = {}
     by_variant: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         if r.get("phase") == "retrieval":
             by_variant[r["variant"]].append(r)
-    for variant in [
-        v for v in (*QUERY_VARIANTS, *EXTRA_VARIANTS, *RETRIEVER_COLUMNS) if v in by_variant
-    ]:
-        rs = by_variant[variant]
-        rr = [r["rr"] for r in rs]
-        lo, hi = ec.bootstrap_ci(rr)
-        out[variant] = {
-            "n": len(rs),
-            "recall@1": ec.mean(r["recall@1"] for r in rs),
-            "recall@5": ec.mean(r["recall@5"] for r in rs),
-            "recall@10": ec.mean(r["recall@10"] for r in rs),
-            "mrr": ec.mean(rr),
-            "mrr_ci": [lo, hi],
-            "ndcg@10": ec.mean(r["ndcg@10"] for r in rs),
-            "recall_curve": ec.recall_curve([r["gold_rank"] for r in rs], RETRIEVAL_K),
-            "seconds_per_query": ec.mean(r["seconds"] for r in rs),
+    return {
+        v: {
+            **ec.summarize_rankings(by_variant[v], RETRIEVAL_K),
+            "seconds_per_query": ec.mean(r["seconds"] for r in by_variant[v]),
         }
-    return out
+        for v in (*QUERY_VARIANTS, *EXTRA_VARIANTS, *RETRIEVER_COLUMNS)
+        if v in by_variant
+    }
 
 
 def summarize_mc(rows: Sequence[dict]) -> dict[str, dict]:
@@ -330,14 +301,13 @@ def summarize_mc(rows: Sequence[dict]) -> dict[str, dict]:
         subjects: dict[str, list[bool]] = defaultdict(list)
         for r in rs:
             subjects[r["subject"]].append(bool(r["correct"]))
-        w_lo, w_hi = ec.wilson_ci(sum(correct), len(correct))
         entry: dict[str, Any] = {
             "n": len(rs),
             "correct": sum(correct),
             "accuracy": ec.accuracy(correct),
             "ci_low": lo,
             "ci_high": hi,
-            "wilson_ci": [w_lo, w_hi],
+            "wilson_ci": list(ec.wilson_ci(sum(correct), len(correct))),
             "predicted_letters": dict(
                 sorted(Counter(r.get("predicted") or "none" for r in rs).items())
             ),
@@ -377,13 +347,11 @@ def summarize_mc(rows: Sequence[dict]) -> dict[str, dict]:
             if common:
                 a = [bool(base[i]["correct"]) for i in common]
                 b = [bool(by_mode[mode][i]["correct"]) for i in common]
-                test = ec.mcnemar_exact(a, b)
                 diff = [float(y) - float(x) for x, y in zip(a, b, strict=True)]
-                d_lo, d_hi = ec.bootstrap_ci(diff)
                 entry["vs_llm_only"] = {
-                    **test,
+                    **ec.mcnemar_exact(a, b),
                     "accuracy_diff": ec.mean(diff),
-                    "diff_ci": [d_lo, d_hi],
+                    "diff_ci": list(ec.bootstrap_ci(diff)),
                 }
         out[mode] = entry
     return out
@@ -577,12 +545,7 @@ def build_injection_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--prescreen-only", action="store_true", help="the deterministic pre-screen alone (no LLM)"
     )
-    p.add_argument("--run-id", help="run directory name; an existing one is resumed")
-    p.add_argument("--results-dir", default=ec.DEFAULT_RESULTS_DIR, help="default eval_results")
-    p.add_argument("--provider", help="LLM provider (overrides LLM_PROVIDER)")
-    p.add_argument("--model", help="LLM model (overrides LLM_MODEL)")
-    p.add_argument("--json", action="store_true", help="print summary.json instead of the tables")
-    p.add_argument("-v", "--verbose", action="store_true")
+    ec.add_cli_arguments(p, model=True, passage_filters=False)
     return p
 
 
@@ -705,9 +668,8 @@ def run_injection(
     qa_path = Path(args.qa) if args.qa else INJECTION_QA
     items = read_injection_set(qa_path, args.split)
     check = "prescreen_only" if args.prescreen_only else "prescreen+llm"
+    mode = f"injection:{check}"
     if not args.prescreen_only and llm_factory is None:
-        from providers import resolve
-
         resolve("injection", settings)  # a missing key or unknown provider: exit 2 before work
     run_dir = ec.open_run("injection", args.run_id, None, args.results_dir)
     config = {
@@ -730,7 +692,7 @@ def run_injection(
         result = injection.detect(item["text"], client, skip_llm=args.prescreen_only)
         row = {
             "item": item["id"],
-            "mode": f"injection:{check}",
+            "mode": mode,
             "phase": "injection",
             "label": item["label"],
             "style": item["style"],
@@ -745,23 +707,20 @@ def run_injection(
             row.update(ec.usage_of(client))
         return row
 
-    tasks = [it for it in items if (it["id"], f"injection:{check}") not in done]
     interrupted = False
     try:
-        _run_tasks(
-            run_dir,
-            [(it,) for it in tasks],
-            lambda t: one(t[0]),
-            workers=1,
+        run_dir.run(
+            one,
+            [it for it in items if (it["id"], mode) not in done],
+            key=lambda it: (it["id"], mode),
             desc="injection",
-            mode_of=lambda t: f"injection:{check}",
-            fatal=ec.user_errors(),
+            fatal=ec.USER_ERRORS,
         )
     except KeyboardInterrupt:
         interrupted = True
         logger.warning("interrupted: rerun with --run-id %s to finish", run_dir.run_id)
     wanted = {it["id"] for it in items}
-    rows = [r for r in run_dir.rows if r["item"] in wanted and r["mode"] == f"injection:{check}"]
+    rows = [r for r in run_dir.rows if r["item"] in wanted and r["mode"] == mode]
     summary = {
         "run_id": run_dir.run_id,
         "config": config,
@@ -779,16 +738,8 @@ def injection_main(argv: Sequence[str], *, llm_factory: Callable[[str], Any] | N
     """``eval_comprehensive.py injection ...``"""
     args = build_injection_parser().parse_args(argv)
     args.argv = ["injection", *argv]
-    ec.configure_logging(args.verbose)
-    rc, summary = ec.cli_run(
-        lambda settings: run_injection(args, settings, llm_factory=llm_factory),
-        llm_provider=args.provider,
-        llm_model=args.model,
-    )
-    if rc:
-        return rc
-    human = "" if args.json else render_injection_markdown(summary)
-    return ec.print_summary(summary, as_json=args.json, human=human, results_dir=args.results_dir)
+    rc, summary = ec.cli_run(args, lambda s: run_injection(args, s, llm_factory=llm_factory))
+    return rc or ec.print_summary(args, summary, render_injection_markdown)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -835,12 +786,7 @@ def build_answers_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--modes", default=",".join(ANSWER_MODES), help="research,evidence[,ceiling]")
     p.add_argument("--grade", action="store_true", help="grade every answer A-F with the judge")
-    p.add_argument("--run-id", help="run directory name; an existing one is resumed")
-    p.add_argument("--results-dir", default=ec.DEFAULT_RESULTS_DIR)
-    p.add_argument("--provider", help="LLM provider (overrides LLM_PROVIDER)")
-    p.add_argument("--json", action="store_true", help="print summary.json")
-    p.add_argument("-v", "--verbose", action="store_true")
-    filters.add_arguments(p)
+    ec.add_cli_arguments(p)
     return p
 
 
@@ -970,11 +916,7 @@ def read_answer_items(args: argparse.Namespace) -> list[dict]:
 def run_answers_phase(
     args: argparse.Namespace, settings: Settings, *, llm_factory: Any = None
 ) -> dict[str, Any]:
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    allowed = FACT_MODES if args.facts else ANSWER_MODES
-    bad = [m for m in modes if m not in allowed]
-    if bad:
-        raise ValueError(f"unknown answer mode(s) {bad}; choose from {', '.join(allowed)}")
+    modes = ec.comma_list(args.modes, FACT_MODES if args.facts else ANSWER_MODES, "answer mode")
     items = read_answer_items(args)  # bad input: no model, no index, no run folder
     ec.require_llm(settings, llm_factory)
     rag_utils.require_reranker(settings)
@@ -1006,22 +948,20 @@ def run_answers_phase(
     fns = {m: agent_answer_fn(settings, m, llm_factory) for m in modes if m != "ceiling"}
     score = None
     if args.facts:
-        same = same_doctrine_fn(settings)
+        score = functools.partial(
+            eval_answers.score_fact_pattern, same_doctrine=same_doctrine_fn(settings)
+        )
+    if "ceiling" in modes:
         by_question = {str(it["question"]): it for it in items}
-        if "ceiling" in modes:
-            client = ec.make_client(settings, llm_factory)
+        client = ec.make_client(settings, llm_factory)
 
-            def ceiling(question: str) -> dict:
-                item = by_question[question]
-                ids = [g for issue in item["issues"] for g in issue["gold_ids"]]
-                gold = list(ec.fetch_passages(ids, settings).values())
-                return eval_answers.ceiling_answer(client, item, gold)
+        def ceiling(question: str) -> dict:
+            item = by_question[question]
+            ids = [g for issue in item["issues"] for g in issue["gold_ids"]]
+            gold = list(ec.fetch_passages(ids, settings).values())
+            return eval_answers.ceiling_answer(client, item, gold)
 
-            fns["ceiling"] = ceiling
-
-        def score(item: Mapping[str, Any], mode: str, result: Mapping[str, Any], s: float) -> dict:
-            return eval_answers.score_fact_pattern(item, mode, result, s, same)
-
+        fns["ceiling"] = ceiling
     interrupted = False
     try:
         eval_answers.run_answers(
@@ -1032,9 +972,8 @@ def run_answers_phase(
             score=score,
         )
         if args.grade:
-            grade_answer_rows(
-                run_dir, items, modes, ec.make_client(settings, llm_factory), config["judge"]
-            )
+            judge = ec.make_client(settings, llm_factory)
+            grade_answer_rows(run_dir, items, modes, judge, config["judge"])
     except KeyboardInterrupt:
         interrupted = True
         logger.warning("interrupted: rerun with --run-id %s to finish", run_dir.run_id)
@@ -1042,12 +981,11 @@ def run_answers_phase(
     rows = [
         r for r in answer_rows_with_grades(run_dir) if r["item"] in wanted and r["mode"] in modes
     ]
+    summarize = eval_answers.summarize_facts if args.facts else eval_answers.summarize_answers
     summary = {
         "run_id": run_dir.run_id,
         "config": config,
-        "answers": (eval_answers.summarize_facts if args.facts else eval_answers.summarize_answers)(
-            rows
-        ),
+        "answers": summarize(rows),
         "interrupted": interrupted,
     }
     run_dir.write_json("summary.json", summary)
@@ -1057,21 +995,13 @@ def run_answers_phase(
 def answers_main(argv: Sequence[str], *, llm_factory: Callable[[str], Any] | None = None) -> int:
     """``eval_comprehensive.py answers ...``"""
     args = build_answers_parser().parse_args(argv)
-    ec.configure_logging(args.verbose)
-    rc, summary = ec.cli_run(
-        lambda settings: run_answers_phase(args, settings, llm_factory=llm_factory),
-        llm_provider=args.provider,
-        **filters.overrides(args),
-    )
-    if rc:
-        return rc
-    human = answers_table(summary["answers"])
-    return ec.print_summary(summary, as_json=args.json, human=human, results_dir=args.results_dir)
+    rc, summary = ec.cli_run(args, lambda s: run_answers_phase(args, s, llm_factory=llm_factory))
+    return rc or ec.print_summary(args, summary, lambda s: answers_table(s["answers"]))
 
 
 def answers_table(by_mode: Mapping[str, Mapping[str, Any]]) -> str:
     """Phase 3's summary as a table: one row per metric, one column per mode; a share reads
-    ``k/n rate (95% CI)``, a mean ``mean (95% CI)``."""
+    ``k/n rate (95% CI)``, a mean its value."""
 
     def cell(value: Any) -> str:
         if isinstance(value, dict) and "k" in value:
@@ -1084,12 +1014,13 @@ def answers_table(by_mode: Mapping[str, Mapping[str, Any]]) -> str:
         return "—" if value in (None, {}) else str(value)
 
     modes = list(by_mode)
-    metrics = [m for m in dict.fromkeys(k for v in by_mode.values() for k in v)]
-    rows = [[m, *(cell(by_mode[mode].get(m)) for mode in modes)] for m in metrics]
-    widths = [max(len(r[i]) for r in [["metric", *modes], *rows]) for i in range(len(modes) + 1)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(["metric", *modes], widths, strict=True))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(lines)
+    metrics = dict.fromkeys(k for v in by_mode.values() for k in v)
+    table = [
+        ["metric", *modes],
+        *([m, *(cell(by_mode[mode].get(m)) for mode in modes)] for m in metrics),
+    ]
+    widths = [max(len(r[i]) for r in table) for i in range(len(modes) + 1)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in table)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1164,10 +1095,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--modes",
         default=",".join(MODES),
-        help=f"comma-separated phase-2 modes (default {','.join(MODES)}): llm_only closed book; "
-        "rag one retrieval; lean one retrieval, the evidence gate, one answer; pipeline the agent; "
-        "evidence the agent in evidence mode (coverage = share grounded, accuracy on the grounded "
-        "items); gold_passage the gold passage as evidence",
+        help="comma-separated phase-2 modes (default all): " + _described(MODES),
     )
     p.add_argument(
         "--pipeline-n",
@@ -1177,33 +1105,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--variants",
         default="",
-        help="phase 1 also scores these query variants: "
-        + ",".join(EXTRA_VARIANTS)
-        + " (rewrite = the agent's rewrites; hyde = a model-written rule paragraph; hyde+question "
-        "= its ranking RRF-fused with the question's; per_choice = question + each choice, "
-        "RRF-fused; rewrite and hyde* call the LLM, through the response cache)",
+        help="phase 1 also scores these query variants (rewrite and hyde* call the LLM, through "
+        "the response cache): " + _described(EXTRA_VARIANTS),
     )
     p.add_argument("--rewrite", action="store_true", help="same as --variants rewrite")
     p.add_argument(
         "--columns",
         default="",
         help="phase 1 also scores the question alone through these retrievers: "
-        + ",".join(RETRIEVER_COLUMNS)
-        + " (graph and combined use the legal knowledge graph built at load time)",
+        + _described(RETRIEVER_COLUMNS),
     )
     p.add_argument(
         "--workers", type=int, default=1, help="items in parallel (API providers; default 1)"
     )
-    p.add_argument("--run-id", help="run directory name; an existing one is resumed")
     p.add_argument("--resume", metavar="RUN_ID", help="resume this existing run")
-    p.add_argument("--results-dir", default=ec.DEFAULT_RESULTS_DIR, help="default eval_results")
-    p.add_argument("--provider", help="LLM provider (overrides LLM_PROVIDER)")
-    p.add_argument("--model", help="LLM model (overrides LLM_MODEL)")
     p.add_argument("--reranker", choices=RERANKER_CHOICES)
-    p.add_argument("--json", action="store_true", help="print summary.json instead of the tables")
-    p.add_argument("-v", "--verbose", action="store_true")
-    filters.add_arguments(p)
+    ec.add_cli_arguments(p, model=True)
     return p
+
+
+def _described(options: Mapping[str, str]) -> str:
+    return "; ".join(f"{name} = {what}" for name, what in options.items())
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -1220,33 +1142,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         else:
             parser.error(f"unexpected argument {tok!r}: expected {'|'.join(MC_PHASES)} and/or N")
     args.phase, args.n = phase, n
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
-    if bad:
-        parser.error(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
-    args.mode_list = modes
-    args.variant_list = [v.strip() for v in args.variants.split(",") if v.strip()]
-    if args.rewrite and "rewrite" not in args.variant_list:
-        args.variant_list.append("rewrite")
-    bad = [v for v in args.variant_list if v not in EXTRA_VARIANTS]
-    if bad:
-        parser.error(f"unknown variant(s) {bad}; choose from {', '.join(EXTRA_VARIANTS)}")
-    args.column_list = [c.strip() for c in args.columns.split(",") if c.strip()]
-    bad = [c for c in args.column_list if c not in RETRIEVER_COLUMNS]
-    if bad:
-        parser.error(f"unknown column(s) {bad}; choose from {', '.join(RETRIEVER_COLUMNS)}")
     if args.workers < 1:
         parser.error("--workers must be at least 1")
+    try:
+        args.mode_list = ec.comma_list(args.modes, MODES, "mode")
+        args.variant_list = ec.comma_list(args.variants, EXTRA_VARIANTS, "variant")
+        args.column_list = ec.comma_list(args.columns, RETRIEVER_COLUMNS, "column")
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.rewrite and "rewrite" not in args.variant_list:
+        args.variant_list.append("rewrite")
     return args
-
-
-def read_inputs(args: argparse.Namespace) -> tuple[Path, list[dict], list[dict] | None]:
-    """The QA file's path and items and the ``--passages`` to index, read and validated before
-    any model loads or index is built: a missing or broken file stops the run here, in one line."""
-    qa_path = Path(args.qa) if args.qa else ec.default_qa_path()
-    items = ec.load_qa(qa_path)
-    passages = load_corpus.read_passages(args.passages) if args.passages else None
-    return qa_path, items, passages
 
 
 def prepare_items(
@@ -1258,28 +1164,21 @@ def prepare_items(
 ) -> tuple[list[dict], int]:
     """Index the passages (the starter corpus when none are given), keep the items whose gold is
     in the store (when the set has gold ids), take the first N."""
-    if passages is not None:
-        added = load_corpus.load_passages(passages, settings=settings)
-        logger.info("indexed %s: %d passages (%d new)", args.passages, len(passages), added)
-    else:
-        load_corpus.ensure_starter_index(settings)
+    ec.index_corpus(settings, passages, args.passages)
     if any(ec.gold_ids(it) for it in items):
-        with_gold, without = ec.split_by_gold_in_store(items, settings)
+        items, without = ec.split_by_gold_in_store(items, settings)
         if without:
             logger.warning(
                 "%d of %d items have no gold passage in the store and are skipped "
                 "(index their passages with --passages)",
                 len(without),
-                len(items),
+                len(items) + len(without),
             )
-        items = with_gold
         n_with_gold = len(items)
     else:
         logger.info("%s has no gold passage ids: phase 1 and gold_passage are skipped", qa_path)
         n_with_gold = 0
-    if args.n is not None:
-        items = items[: args.n]
-    return items, n_with_gold
+    return items[: args.n], n_with_gold
 
 
 def run(
@@ -1289,9 +1188,9 @@ def run(
     llm_factory: Callable[[str], Any] | None = None,
 ) -> dict[str, Any]:
     """Run the phases of ``args`` and return the summary (also written to the run directory)."""
-
     started = time.time()
-    qa_path, items, passages = read_inputs(args)  # bad input: no model, no index, no run folder
+    # bad input: no model, no index, no run folder
+    qa_path, items, passages = ec.read_inputs(args.qa, args.passages)
     llm_variants = [v for v in args.variant_list if v in LLM_VARIANTS]
     if args.phase != "retrieval" or llm_variants:
         ec.require_llm(settings, llm_factory)
@@ -1347,15 +1246,14 @@ def run(
                 for it in items
                 if (ec.item_id(it), RETRIEVAL_PREFIX + v) not in done
             ]
-            _run_tasks(
-                run_dir,
-                tasks,
+            run_dir.run(
                 lambda t: run_retrieval_item(
                     t[0], t[1], settings=settings, llm_factory=llm_factory
                 ),
+                tasks,
+                key=lambda t: (ec.item_id(t[0]), RETRIEVAL_PREFIX + t[1]),
                 workers=args.workers if llm_variants else 1,
                 desc="retrieval",
-                mode_of=lambda t: RETRIEVAL_PREFIX + t[1],
                 fatal=(LLMConfigError,),
             )
         if args.phase in ("pipeline", "both") and modes:
@@ -1375,15 +1273,14 @@ def run(
             if any(m == "pipeline" for _, m in tasks):
                 cleared = rag_utils.clear_memory(settings)
                 logger.info("cleared the QA memory before pipeline runs (%s entries)", cleared)
-            _run_tasks(
-                run_dir,
-                tasks,
+            run_dir.run(
                 lambda t: run_mc_item(
                     t[0], t[1], settings=settings, llm_factory=llm_factory, gold_texts=gold_texts
                 ),
+                tasks,
+                key=lambda t: (ec.item_id(t[0]), t[1]),
                 workers=args.workers,
                 desc="MC",
-                mode_of=lambda t: t[1],
                 fatal=(LLMConfigError,),
             )
     except KeyboardInterrupt:
@@ -1397,27 +1294,6 @@ def run(
     summary["interrupted"] = interrupted
     write_outputs(run_dir, summary)
     return summary
-
-
-def _run_tasks(
-    run_dir: ec.RunDir,
-    tasks: list,
-    fn: Callable[[Any], dict],
-    *,
-    workers: int,
-    desc: str,
-    mode_of: Callable[[Any], str],
-    fatal: tuple[type[BaseException], ...],
-) -> None:
-    for task, row, err in ec.run_tasks(fn, tasks, workers=workers, desc=desc, fatal=fatal):
-        if err is None:
-            run_dir.append(row)
-            continue
-        item_key = ec.item_id(task[0])
-        logger.warning("%s / %s failed: %s", item_key, mode_of(task), err)
-        run_dir.log_error(
-            {"item": item_key, "mode": mode_of(task), "error": f"{err.__class__.__name__}: {err}"}
-        )
 
 
 def _without(tokens: Sequence[str], option: str) -> list[str]:
@@ -1462,30 +1338,23 @@ def resume_command(given: Sequence[str]) -> list[str]:
 def main(
     argv: Sequence[str] | None = None, *, llm_factory: Callable[[str], Any] | None = None
 ) -> int:
-    given = resume_command(sys.argv[1:] if argv is None else argv)
-    if given != list(sys.argv[1:] if argv is None else argv):
+    given = list(sys.argv[1:] if argv is None else argv)
+    command = resume_command(given)
+    if command != given:
         print(
-            f"eval_comprehensive.py: resuming with the run's command: {' '.join(given)}",
+            f"eval_comprehensive.py: resuming with the run's command: {' '.join(command)}",
             file=sys.stderr,
         )
-    if given[:1] == ["injection"]:
-        return injection_main(given[1:], llm_factory=llm_factory)
-    if given[:1] == ["answers"]:
-        return answers_main(given[1:], llm_factory=llm_factory)
-    args = parse_args(given)
-    args.argv = given
-    ec.configure_logging(args.verbose)
+    if command[:1] == ["injection"]:
+        return injection_main(command[1:], llm_factory=llm_factory)
+    if command[:1] == ["answers"]:
+        return answers_main(command[1:], llm_factory=llm_factory)
+    args = parse_args(command)
+    args.argv = command
     rc, summary = ec.cli_run(
-        lambda settings: run(args, settings, llm_factory=llm_factory),
-        llm_provider=args.provider,
-        llm_model=args.model,
-        reranker=args.reranker,
-        **filters.overrides(args),
+        args, lambda s: run(args, s, llm_factory=llm_factory), reranker=args.reranker
     )
-    if rc:
-        return rc
-    human = "" if args.json else render_markdown(summary)
-    return ec.print_summary(summary, as_json=args.json, human=human, results_dir=args.results_dir)
+    return rc or ec.print_summary(args, summary, render_markdown)
 
 
 if __name__ == "__main__":

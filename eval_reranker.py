@@ -12,19 +12,15 @@ is reported as unavailable, not silently replaced.  Results go to ``eval_results
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
 import sys
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import eval_common as ec
-import filters
-import load_corpus
 import rag_utils
 from settings import Settings
 
@@ -38,7 +34,6 @@ K = 10
 
 def check_reranker(name: str, settings: Settings) -> str | None:
     """None when ``name`` works here (one warm-up query, loads its model), else the reason."""
-
     try:
         docs = rag_utils.retrieve_documents("warm-up query", k=K, reranker=name, settings=settings)
     except Exception as exc:  # reported as unavailable
@@ -50,23 +45,13 @@ def check_reranker(name: str, settings: Settings) -> str | None:
 
 
 def run_item(item: dict, reranker: str, *, settings: Settings, query: str) -> dict:
-
     text = ec.question_with_choices(item) if query == "question+choices" else ec.item_question(item)
     start = time.perf_counter()
     docs = rag_utils.retrieve_documents(text, k=K, reranker=reranker, settings=settings)
     seconds = time.perf_counter() - start
-    ranked = [d["id"] for d in docs]
-    gold = ec.gold_ids(item)
-    return {
-        "item": ec.item_id(item),
-        "mode": reranker,
-        "subject": ec.item_subject(item),
-        "gold": gold,
-        "ranked": ranked,
-        "gold_rank": ec.gold_rank(ranked, gold),
-        **ec.retrieval_metrics(ranked, gold),
-        "seconds": round(seconds, 5),
-    }
+    row = ec.ranking_row(item, reranker, [d["id"] for d in docs])
+    row["seconds"] = round(seconds, 5)
+    return row
 
 
 def summarize(rows: Sequence[dict], rerankers: Sequence[str]) -> dict[str, dict]:
@@ -80,16 +65,8 @@ def summarize(rows: Sequence[dict], rerankers: Sequence[str]) -> dict[str, dict]
         if not rs:
             continue
         secs = sorted(r["seconds"] for r in rs)
-        rr = [r["rr"] for r in rs]
         entry: dict[str, Any] = {
-            "n": len(rs),
-            "recall@1": ec.mean(r["recall@1"] for r in rs),
-            "recall@5": ec.mean(r["recall@5"] for r in rs),
-            "recall@10": ec.mean(r["recall@10"] for r in rs),
-            "mrr": ec.mean(rr),
-            "mrr_ci": list(ec.bootstrap_ci(rr)),
-            "ndcg@10": ec.mean(r["ndcg@10"] for r in rs),
-            "recall_curve": ec.recall_curve([r["gold_rank"] for r in rs], K),
+            **ec.summarize_rankings(rs, K),
             "latency_mean_s": ec.mean(secs),
             "latency_median_s": statistics.median(secs),
             "latency_p95_s": secs[min(len(secs) - 1, int(round(0.95 * (len(secs) - 1))))],
@@ -163,38 +140,25 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated, from {', '.join(RERANKERS)} (default {','.join(DEFAULT_RERANKERS)})",
     )
     p.add_argument("--query", choices=["question", "question+choices"], default="question")
-    p.add_argument("--run-id", help="run directory name; an existing one is resumed")
-    p.add_argument("--results-dir", default=ec.DEFAULT_RESULTS_DIR)
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("-v", "--verbose", action="store_true")
-    filters.add_arguments(p)
+    ec.add_cli_arguments(p, provider=False)
     return p
 
 
 def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
-
     if args.n is not None and args.n < 1:
         raise ValueError(f"N must be at least 1 (got {args.n})")
-    names = [r.strip() for r in args.rerankers.split(",") if r.strip()]
-    bad = [r for r in names if r not in RERANKERS]
-    if bad:
-        raise ValueError(f"unknown reranker(s) {bad}; choose from {', '.join(RERANKERS)}")
+    names = ec.comma_list(args.rerankers, RERANKERS, "reranker")
     if BASELINE not in names:
         names.insert(0, BASELINE)
-    # the input files first: a missing or broken one stops here, before any index is built
-    qa_path = Path(args.qa) if args.qa else ec.default_qa_path()
-    qa_items = ec.load_qa(qa_path)
-    passages = load_corpus.read_passages(args.passages) if args.passages else None
-    if passages is not None:
-        load_corpus.load_passages(passages, settings=settings)
-    else:
-        load_corpus.ensure_starter_index(settings)
+    # bad input: no index, no run folder
+    qa_path, qa_items, passages = ec.read_inputs(args.qa, args.passages)
+    ec.index_corpus(settings, passages, args.passages)
     items, missing = ec.split_by_gold_in_store(qa_items, settings)
     if missing:
         logger.warning("%d item(s) skipped: gold passage not in the store", len(missing))
     if not items:
         raise ValueError(f"no item of {qa_path} has its gold passage in the store (use --passages)")
-    items = items[: args.n] if args.n else items
+    items = items[: args.n]
     run_dir = ec.open_run("reranker", args.run_id, None, args.results_dir)
     config = {
         "script": "eval_reranker.py",
@@ -248,16 +212,8 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    ec.configure_logging(args.verbose)
-    rc, summary = ec.cli_run(lambda settings: run(args, settings), **filters.overrides(args))
-    if rc:
-        return rc
-    if args.json:
-        print(json.dumps(summary, indent=2, ensure_ascii=False, default=str))
-    else:
-        print(render(summary, ec.text_table))
-        print(f"results: {Path(args.results_dir) / summary['run_id']}")
-    return 0
+    rc, summary = ec.cli_run(args, lambda settings: run(args, settings))
+    return rc or ec.print_summary(args, summary, lambda s: render(s, ec.text_table))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import eval_common as ec
-import filters
 import load_corpus
 import main as agent
 import nodes
@@ -56,10 +55,7 @@ def load_trace_questions(path: str | Path = TRACE_QUESTIONS) -> list[dict]:
     out_of_corpus), ``question``, ``subject``, ``gold_idx`` (';'-separated, optional) and, for
     ``mc``, ``choice_a..choice_d`` and ``answer``.  Raises ValueError naming a bad row."""
     rows = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
+    for n, row in load_corpus.iter_rows(path):
         kind = row.get("kind")
         if kind not in TRACE_KINDS or not str(row.get("question") or "").strip():
             raise ValueError(f"{path}:{n}: needs a question and a kind in {TRACE_KINDS}")
@@ -210,8 +206,8 @@ def trace_query(
                 for s in sources
             ],
             "confidence": ec.mean(confidences) if confidences else None,
-            "steps_completed": sum(1 for s in steps if _status(s) == "completed"),
-            "steps_failed": sum(1 for s in steps if _status(s) == "failed"),
+            "steps_completed": sum(s["status"] == "completed" for s in steps),
+            "steps_failed": sum(s["status"] == "failed" for s in steps),
             "unique_docs": len({s.get("id") for s in sources}),
             "agent_s": round(agent_s, 3),
             "llm": usage,
@@ -247,10 +243,6 @@ def trace_query(
         f"{usage['llm_calls']} LLM calls; {agent_s:.1f}s"
     )
     return case
-
-
-def _status(step: dict) -> str:
-    return str(step.get("status") or "").lower()
 
 
 def _print_docs(out: Callable[[str], None], title: str, rows: Sequence[dict]) -> None:
@@ -335,7 +327,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--save", action="store_true", help=f"write one case-study JSON per query to {CASE_DIR}/"
     )
     p.add_argument("--case-dir", default=CASE_DIR, help=argparse.SUPPRESS)
-    p.add_argument("--provider", help="LLM provider (overrides LLM_PROVIDER)")
     p.add_argument(
         "--mode",
         choices=["research", "evidence"],
@@ -344,9 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
         "product's default answers lean); evidence shows the grounding gate's verdict on each "
         "candidate rule sentence too",
     )
-    p.add_argument("--json", action="store_true", help="print the case studies as JSON")
-    p.add_argument("-v", "--verbose", action="store_true")
-    filters.add_arguments(p)
+    ec.add_cli_arguments(p, run_dir=False)
     return p
 
 
@@ -361,16 +350,12 @@ def run(
     llm_factory: Callable[[str], Any] | None = None,
     out: Callable[[str], None] = print,
 ) -> list[dict]:
-
     # the input files first: a missing or broken one stops here, before any model or index
     qa_items = ec.load_qa(args.qa) if args.qa and args.query is None else None
     passages = load_corpus.read_passages(args.passages) if args.passages else None
     ec.require_llm(settings, llm_factory)
     rag_utils.require_reranker(settings)
-    if passages is not None:
-        load_corpus.load_passages(passages, settings=settings)
-    else:
-        load_corpus.ensure_starter_index(settings)
+    ec.index_corpus(settings, passages, args.passages)
     targets: list[tuple[str, dict | None]]
     if args.query is not None:
         targets = [(args.query.strip(), None)]
@@ -410,13 +395,11 @@ def main(
     if args.n is not None and args.n < 1:
         print("error: N must be at least 1", file=sys.stderr)
         return 2
-    ec.configure_logging(args.verbose)
     out = (lambda _line: None) if args.json else print
     rc, cases = ec.cli_run(
+        args,
         lambda settings: run(args, settings, llm_factory=llm_factory, out=out),
-        llm_provider=args.provider,
         answer_mode=args.mode,
-        **filters.overrides(args),
     )
     if rc:
         return rc

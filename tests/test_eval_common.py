@@ -198,13 +198,6 @@ def test_plots_are_written(tmp_path):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_percentile_interpolates_between_ranks():
-    assert ec.percentile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.5
-    assert ec.percentile([10.0, 20.0], 0.95) == pytest.approx(19.5)
-    assert ec.percentile([7.0], 0.9) == 7.0
-    assert math.isnan(ec.percentile([], 0.5))
-
-
 def test_eval_runs_have_no_run_deadline_unless_one_is_set():
     assert ec.eval_settings(env={}).run_timeout == 0
     assert ec.eval_settings(env={"RUN_TIMEOUT": "120"}).run_timeout == 120
