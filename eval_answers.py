@@ -18,7 +18,6 @@ verbatim in their passage); and the A+B rate of the grader.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -30,6 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 import eval_common as ec
+import load_corpus
 import mc
 import prompts
 
@@ -53,16 +53,23 @@ class AnswerGrade(BaseModel):
 # ------------------------------------------------------------------------------------------------
 
 
+def _read_items(path: Path, fields: set[str]) -> list[dict]:
+    """The JSON objects of a JSONL file (``load_corpus.iter_rows`` names a bad row); a ValueError
+    names an item without one of ``fields``."""
+    items = [item for _, item in load_corpus.iter_rows(path)]
+    for item in items:
+        if missing := fields - set(item):
+            raise ValueError(f"{path}: item {item.get('id')!r} lacks {sorted(missing)}")
+    return items
+
+
 def load_open_questions(path: str | Path | None = None) -> list[dict]:
     """The open question set: ``id, question, category, key_points, should_abstain`` (+ gold_ids)."""
     path = Path(path) if path else OPEN_QUESTIONS
-    items = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    items = _read_items(path, {"id", "question", "category", "key_points", "should_abstain"})
     for item in items:
-        missing = {"id", "question", "category", "key_points", "should_abstain"} - set(item)
-        if missing or item["category"] not in CATEGORIES:
-            raise ValueError(
-                f"{path}: item {item.get('id')!r} lacks {sorted(missing)} or has a bad category"
-            )
+        if item["category"] not in CATEGORIES:
+            raise ValueError(f"{path}: item {item['id']!r} has a bad category")
     return items
 
 
@@ -81,10 +88,6 @@ def interleave_categories(items: Sequence[Mapping[str, Any]]) -> list[dict]:
 # ------------------------------------------------------------------------------------------------
 # Pure metrics of one answer
 # ------------------------------------------------------------------------------------------------
-
-
-def is_abstention(result: Mapping[str, Any]) -> bool:
-    return bool(result.get("abstained"))
 
 
 def citation_counts(
@@ -112,15 +115,13 @@ def _stems(text: str) -> set[str]:
     return {w[:6] for w in mc.WORD.findall(text.lower()) if w not in STOPWORDS and len(w) > 2}
 
 
-def key_point_hits(
-    answer: str, key_points: Sequence[str], threshold: float = KEY_POINT_COVERAGE
-) -> list[bool]:
-    """Per key point: at least ``threshold`` of its content words occur in the answer."""
+def key_point_hits(answer: str, key_points: Sequence[str]) -> list[bool]:
+    """Per key point: at least ``KEY_POINT_COVERAGE`` of its content words occur in the answer."""
     words = _stems(_REFS.sub(" ", answer or ""))
     hits = []
     for point in key_points:
         need = _stems(point)
-        hits.append(bool(need) and len(need & words) / len(need) >= threshold)
+        hits.append(bool(need) and len(need & words) / len(need) >= KEY_POINT_COVERAGE)
     return hits
 
 
@@ -142,7 +143,7 @@ def score_answer(
 ) -> dict:
     """One result row: what the metrics need, per item and mode."""
     answer = str(result.get("answer") or "")
-    abstained = is_abstention(result)
+    abstained = bool(result.get("abstained"))
     sentences = [] if abstained else list(result.get("sentences") or [])
     counts = citation_counts(sentences, result.get("passages") or {})
     hits = (
@@ -182,7 +183,7 @@ def expectation(item: Mapping[str, Any]) -> str:
     return f"Expected key points:\n{points}"
 
 
-def grade_answer(client: Any, item: Mapping[str, Any], answer: str, role: str = "judge") -> dict:
+def grade_answer(client: Any, item: Mapping[str, Any], answer: str) -> dict:
     """A–F grade of one answer; ``grade`` None when unparseable.  An answerable question is graded
     against its key points (``skills/grade_answer.md``); one whose right answer declines, on
     whether the answer declines (``skills/grade_abstention.md``)."""
@@ -196,12 +197,7 @@ def grade_answer(client: Any, item: Mapping[str, Any], answer: str, role: str = 
         messages = prompts.render(
             "grade_answer", expectation=prompts.quote("expectation", expectation(item)), **fields
         )
-    result = client.invoke(
-        messages,
-        role=role,
-        schema=AnswerGrade,
-        max_tokens=80,
-    )
+    result = client.invoke(messages, role="judge", schema=AnswerGrade, max_tokens=80)
     if result.parsed is None:
         return {"grade": None, "reason": result.parse_error or "unparseable"}
     return {"grade": result.parsed.grade, "reason": result.parsed.reason}
@@ -336,11 +332,7 @@ _BOTTOM_LINE = re.compile(r"^\s*(?:\*\*)?bottom line:?(?:\*\*)?\s*(yes|no|unclea
 def load_fact_patterns(path: str | Path | None = None, split: str | None = None) -> list[dict]:
     """The fact patterns (``datasets/fact_patterns.jsonl``), optionally one split (tune/report)."""
     path = Path(path) if path else FACT_PATTERNS
-    items = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
-    for item in items:
-        missing = {"id", "question", "answer", "issues", "conclusion_keys", "split"} - set(item)
-        if missing:
-            raise ValueError(f"{path}: item {item.get('id')!r} lacks {sorted(missing)}")
+    items = _read_items(path, {"id", "question", "answer", "issues", "conclusion_keys", "split"})
     return [it for it in items if split in (None, "all", it["split"])]
 
 
@@ -369,7 +361,7 @@ def score_fact_pattern(
     ``[{"text", "passage_ids"}]`` for each legal sentence (the ids it cites; empty: uncited)."""
     gold_by_issue = [list(i["gold_ids"]) for i in item["issues"]]
     gold = [g for ids in gold_by_issue for g in ids]
-    abstained = is_abstention(result)
+    abstained = bool(result.get("abstained"))
     sentences = [] if abstained else list(result.get("sentences") or [])
     cited = {pid for s in sentences for pid in s["passage_ids"]}
     verdict = None if abstained else verdict_of(result)

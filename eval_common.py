@@ -43,6 +43,8 @@ logger = logging.getLogger(__name__)
 MC_KEYS = ("A", "B", "C", "D")
 BOOTSTRAP_SEED = 20240607
 BOOTSTRAP_RESAMPLES = 2000
+Z_95 = 1.959963984540054
+"""The standard normal quantile of 0.975 (``scipy.stats.norm.ppf(0.975)``)."""
 DEFAULT_RESULTS_DIR = "eval_results"
 _SECRET_FIELD = re.compile(r"(api_key|secret|token|password)", re.IGNORECASE)
 
@@ -98,17 +100,6 @@ def index_corpus(settings: Settings, passages: list[dict] | None, source: str | 
         return
     added = load_corpus.load_passages(passages, settings=settings)
     logger.info("indexed %s: %d passages (%d new)", source, len(passages), added)
-
-
-def check_jsonl(path: str | os.PathLike[str]) -> None:
-    """Raise a one-line error naming the file (and the row) when ``path`` is missing or holds a
-    row that is not a JSON object (``load_corpus.iter_rows``' checks), for JSONL readers that
-    would otherwise fail later with a message that names neither."""
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"QA file not found: {p}")
-    for _ in load_corpus.iter_rows(p):
-        pass
 
 
 def item_id(item: dict) -> str:
@@ -226,12 +217,10 @@ def ndcg_at_k(ranked_ids: Sequence[str], gold: Iterable[str], k: int = 10) -> fl
     return dcg / ideal
 
 
-def retrieval_metrics(
-    ranked_ids: Sequence[str], gold: Iterable[str], ks: Sequence[int] = (1, 5, 10)
-) -> dict[str, float]:
-    """``recall@k`` for each k, ``rr`` and ``ndcg@10`` of one ranked list."""
+def retrieval_metrics(ranked_ids: Sequence[str], gold: Iterable[str]) -> dict[str, float]:
+    """``recall@1``, ``recall@5``, ``recall@10``, ``rr`` and ``ndcg@10`` of one ranked list."""
     gold = list(gold)
-    out = {f"recall@{k}": recall_at_k(ranked_ids, gold, k) for k in ks}
+    out = {f"recall@{k}": recall_at_k(ranked_ids, gold, k) for k in (1, 5, 10)}
     out["rr"] = reciprocal_rank(ranked_ids, gold)
     out["ndcg@10"] = ndcg_at_k(ranked_ids, gold, 10)
     return out
@@ -287,34 +276,26 @@ def accuracy(correct: Iterable[bool]) -> float:
     return mean(float(bool(c)) for c in correct)
 
 
-def bootstrap_ci(
-    values: Sequence[float],
-    *,
-    confidence: float = 0.95,
-    resamples: int = BOOTSTRAP_RESAMPLES,
-    seed: int = BOOTSTRAP_SEED,
-) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of ``values`` (fixed seed: reproducible).
+def bootstrap_ci(values: Sequence[float]) -> tuple[float, float]:
+    """95% percentile bootstrap interval of the mean of ``values`` (fixed seed: reproducible).
 
     For paired differences pass the per-item differences.  (nan, nan) for no values."""
     arr = np.asarray(list(values), dtype=float)
     if arr.size == 0:
         return (float("nan"), float("nan"))
-    rng = np.random.default_rng(seed)
-    means = arr[rng.integers(0, arr.size, size=(resamples, arr.size))].mean(axis=1)
-    tail = (1.0 - confidence) / 2.0
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    means = arr[rng.integers(0, arr.size, size=(BOOTSTRAP_RESAMPLES, arr.size))].mean(axis=1)
+    tail = (1.0 - 0.95) / 2.0
     lo, hi = np.quantile(means, [tail, 1.0 - tail])
     return (float(lo), float(hi))
 
 
-def wilson_ci(successes: int, n: int, *, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval of a proportion; unlike the bootstrap it is not degenerate at 0 or n."""
+def wilson_ci(successes: int, n: int) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion; unlike the bootstrap it is not degenerate at 0
+    or n."""
     if n == 0:
         return (float("nan"), float("nan"))
-    from scipy.stats import norm
-
-    z = float(norm.ppf(1 - (1 - confidence) / 2))
-    p = successes / n
+    z, p = Z_95, successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return (max(0.0, centre - half), min(1.0, centre + half))

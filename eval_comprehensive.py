@@ -407,17 +407,9 @@ def render_markdown(summary: dict[str, Any]) -> str:
             ec.markdown_table(
                 ["query", "n", "R@1", "R@5", "R@10", "MRR", "MRR 95% CI", "nDCG@10", "s/query"],
                 [
-                    [
-                        v,
-                        m["n"],
-                        m["recall@1"],
-                        m["recall@5"],
-                        m["recall@10"],
-                        m["mrr"],
-                        f"{m['mrr_ci'][0]:.3f}–{m['mrr_ci'][1]:.3f}",
-                        m["ndcg@10"],
-                        m["seconds_per_query"],
-                    ]
+                    [v, *(m[k] for k in ("n", "recall@1", "recall@5", "recall@10", "mrr"))]
+                    + [f"{m['mrr_ci'][0]:.3f}–{m['mrr_ci'][1]:.3f}", m["ndcg@10"]]
+                    + [m["seconds_per_query"]]
                     for v, m in summary["retrieval"].items()
                 ],
             )
@@ -898,10 +890,10 @@ def read_answer_items(args: argparse.Namespace) -> list[dict]:
     """The open questions (or with ``--facts`` the fact patterns of ``--split``), first N; a
     missing file, a line that is not a JSON object, an item without its fields or no item at all
     is a one-line error naming the file."""
-    path = Path(args.qa) if args.qa else None
-    ec.check_jsonl(
-        path or (eval_answers.FACT_PATTERNS if args.facts else eval_answers.OPEN_QUESTIONS)
-    )
+    default = eval_answers.FACT_PATTERNS if args.facts else eval_answers.OPEN_QUESTIONS
+    path = Path(args.qa) if args.qa else default
+    if not path.exists():
+        raise FileNotFoundError(f"QA file not found: {path}")
     if args.facts:
         items = eval_answers.load_fact_patterns(path, args.split)
         what = f"fact patterns in split {args.split!r}"
@@ -909,7 +901,7 @@ def read_answer_items(args: argparse.Namespace) -> list[dict]:
         items = eval_answers.interleave_categories(eval_answers.load_open_questions(path))
         what = "questions"
     if not items:
-        raise ValueError(f"{path or 'the default set'}: no {what}")
+        raise ValueError(f"{path}: no {what}")
     return items[: args.n]
 
 

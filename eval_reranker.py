@@ -87,12 +87,7 @@ def render(summary: dict[str, Any], table: Any = ec.markdown_table) -> str:
         rows.append(
             [
                 name,
-                m["n"],
-                m["recall@1"],
-                m["recall@5"],
-                m["recall@10"],
-                m["mrr"],
-                m["ndcg@10"],
+                *(m[k] for k in ("n", "recall@1", "recall@5", "recall@10", "mrr", "ndcg@10")),
                 m["latency_mean_s"] * 1000,
                 m["latency_p95_s"] * 1000,
                 f"{vs['wins']}/{vs['losses']}/{vs['ties']}" if vs else "–",
