@@ -1,40 +1,29 @@
 """A legal knowledge graph over the passage corpus: doctrines, authorities and the passages that
-mention or cite them, queried with Cypher.
+mention or cite them, queried with Cypher (docs/ARCHITECTURE.md, "The legal knowledge graph").
 
 Why a graph: dense and BM25 retrieval see words, not the structure of the law. A question about an
 excited utterance should reach passages on the hearsay exceptions even when they share few words
 with the fact pattern, and a multi-issue question should be split into the doctrines it raises
 (free speech, free exercise, procedural due process), not researched as one blurred topic.
 
-* **Taxonomy** (``datasets/legal_taxonomy.jsonl``, written by the team): several hundred doctrines
-  of the MBE subjects, each with aliases (the phrasings a question or passage uses), a one-line
-  description (for embedding similarity) and relations ``element_of`` / ``exception_to`` /
-  ``related_to``. :func:`load_taxonomy`.
+* **Taxonomy** (``datasets/legal_taxonomy.jsonl``, written by the team): the doctrines of the MBE
+  subjects with aliases (the phrasings a question or passage uses), a one-line description (for
+  embedding similarity) and relations ``element_of`` / ``exception_to`` / ``related_to``.
 * **Extraction** is deterministic, so a corpus loads at about the vector load's speed: doctrine
-  mentions by alias (word boundaries, case-insensitive, longest match) and authorities by
-  eyecite (case and statute citations, ``Terry v. Ohio, 392 U.S. 1`` and ``28 U.S.C. § 1441``,
-  with ``Id.``, ``supra`` and short forms resolved to them) plus patterns for what eyecite does
-  not know (``Fed. R. Civ. P. 12(b)(6)``, ``FRE 803(2)``, ``Rule 803(2)``, ``U.S. Const. amend.
-  XIV, § 1``, ``First Amendment``, ``U.C.C. § 2-207``, a case name without a reporter).
-  :func:`extract_doctrines`, :func:`extract_authorities`; docs/CITATIONS.md measures them.
+  mentions by alias (whole words, longest match) and authorities by eyecite (case and statute
+  citations, short forms resolved) plus patterns for what eyecite does not know (court rules, the
+  Constitution, U.C.C. sections, case names without a reporter). docs/CITATIONS.md measures it.
 * **Graph**: nodes Passage, Doctrine, Authority, Subject; edges MENTIONS (passage → doctrine),
   CITES (passage → authority), TEXT_OF (passage → the authority it is part of: a user's document
-  whose metadata carries its own ``citation``, so "a case cites a case" is a path: passage
-  -CITES-> authority <-TEXT_OF- passages of that document), PART_OF (doctrine → subject),
-  ELEMENT_OF / EXCEPTION_TO / RELATED_TO (doctrine → doctrine). The engine is an embedded
-  Kùzu-lineage database (LadybugDB by default, no server) or Neo4j through its official driver
-  when ``NEO4J_URI`` is set; both run the same Cypher (only the schema statements differ).
-  :func:`get_graph`.
-* **Loading** is idempotent and resumable like the vector load: :func:`add_passages` skips passages
-  already complete in the graph; :func:`rebuild` rebuilds from the vector store's passages.
-* **Search** (:func:`search_graph`, :func:`graph_search`) in the modes ``keyword`` (Cypher over
-  doctrine aliases, and authorities the query cites or names → the passages citing them and the
-  passages of those documents), ``principles`` (linked doctrines → their elements, exceptions and
-  related doctrines → passages; cited authorities → the authorities one citation away), ``semantic`` (query embedding against
-  the doctrine descriptions → passages), ``graph`` (the three fused) and ``combined`` (graph fused
-  with the hybrid dense + BM25 retrieval by reciprocal rank fusion).
-* **Issue spotting**: :func:`link_doctrines` links a question to doctrines (aliases and embedding
-  similarity); :func:`merge_agenda` merges them with the model's issue list, one item per doctrine.
+  whose metadata carries its own ``citation``, so "a case cites a case" is a path), PART_OF
+  (doctrine → subject), ELEMENT_OF / EXCEPTION_TO / RELATED_TO (doctrine → doctrine). The engine
+  is an embedded Kùzu-lineage database (LadybugDB, no server) or Neo4j when ``NEO4J_URI`` is set;
+  both run the same Cypher. Loading is idempotent and resumable like the vector load.
+* **Search** (:func:`search_graph`, :func:`graph_search`) in the modes ``keyword``,
+  ``principles``, ``semantic``, ``graph`` (the three fused) and ``combined`` (graph fused with the
+  hybrid dense + BM25 retrieval).
+* **Issue spotting**: :func:`link_doctrines` links a question to doctrines; :func:`merge_agenda`
+  merges them with the model's issue list, one item per claim.
 """
 
 from __future__ import annotations
@@ -170,12 +159,19 @@ class Match:
 
 
 class AliasIndex:
-    """Alias token sequences -> doctrine ids, matched greedily left to right."""
+    """Alias token sequences -> the ids they name (doctrines, or case authorities by name),
+    matched greedily left to right."""
 
-    def __init__(self, entries: dict[tuple[str, ...], tuple[str, ...]]) -> None:
-        self._index = entries
-        self._max_len = max((len(k) for k in entries), default=0)
-        self._first = {k[0] for k in entries}
+    def __init__(self, pairs: Iterable[tuple[Sequence[str], str]]) -> None:
+        """``pairs``: (an alias's tokens, an id it names); an id is kept once per alias, in the
+        order given."""
+        index: dict[tuple[str, ...], list[str]] = defaultdict(list)
+        for words, target in pairs:
+            if words and target not in index[tuple(words)]:
+                index[tuple(words)].append(target)
+        self._index = {k: tuple(v) for k, v in index.items()}
+        self._max_len = max((len(k) for k in index), default=0)
+        self._first = {k[0] for k in index}
 
     def find(self, text: str | Sequence[str]) -> list[Match]:
         """Alias matches in ``text`` (or its tokens): at each position the longest alias wins and
@@ -205,13 +201,9 @@ class Taxonomy:
         self.doctrines: dict[str, Doctrine] = {d.id: d for d in doctrines}
         self.fingerprint = fingerprint
         self.subjects: list[str] = sorted({d.subject for d in doctrines})
-        index: dict[tuple[str, ...], list[str]] = defaultdict(list)
-        for d in doctrines:
-            for alias in (d.name, *d.aliases):
-                key = tuple(tokens(alias))
-                if key and d.id not in index[key]:
-                    index[key].append(d.id)
-        self._aliases = AliasIndex({k: tuple(v) for k, v in index.items()})
+        self._aliases = AliasIndex(
+            (tokens(alias), d.id) for d in doctrines for alias in (d.name, *d.aliases)
+        )
 
     def __len__(self) -> int:
         return len(self.doctrines)
@@ -892,7 +884,7 @@ def _open_embedded(s: Settings, write: bool) -> EmbeddedBackend:
             raise
         # a read-only open fails on a file left with a write-ahead log to replay
         return EmbeddedBackend(path, ENGINE, read_only=False)
-    if backend.read_only and not _is_current(backend):
+    if backend.read_only and _built_version(backend) != _version(load_taxonomy()):
         backend.close()
         backend = EmbeddedBackend(path, ENGINE, read_only=False)
     return backend
@@ -992,10 +984,10 @@ def _version(tax: Taxonomy) -> str:
     return f"{tax.fingerprint}+{EXTRACTOR_VERSION}"
 
 
-def _is_current(backend: GraphBackend) -> bool:
-    """Whether the graph was built with this taxonomy and citation extraction."""
+def _built_version(backend: GraphBackend) -> str | None:
+    """The taxonomy and citation extraction the graph was built with (None: not built)."""
     got = backend.run(Q_META_GET, {"key": "taxonomy"})
-    return bool(got) and got[0]["value"] == _version(load_taxonomy())
+    return got[0]["value"] if got else None
 
 
 def sync_taxonomy(backend: GraphBackend, taxonomy: Taxonomy | None = None) -> bool:
@@ -1004,10 +996,10 @@ def sync_taxonomy(backend: GraphBackend, taxonomy: Taxonomy | None = None) -> bo
     it wrote. A change leaves old MENTIONS and CITES edges in place: ``python load_corpus.py
     graph`` rebuilds them."""
     tax = taxonomy or load_taxonomy()
-    got = backend.run(Q_META_GET, {"key": "taxonomy"})
-    if got and got[0]["value"] == _version(tax):
+    built = _built_version(backend)
+    if built == _version(tax):
         return False
-    if got:
+    if built is not None:
         logger.warning(
             "the doctrine taxonomy or the citation extraction changed since the graph was built: "
             "run `python load_corpus.py graph` to re-link the passages"
@@ -1088,7 +1080,6 @@ def add_passages(
     settings: Settings,
     *,
     backend: GraphBackend | None = None,
-    batch_size: int = BATCH,
     progress: bool = False,
 ) -> int:
     """Extract and write the passages not yet complete in the graph; returns how many were added.
@@ -1108,8 +1099,8 @@ def add_passages(
 
     bar = tqdm(total=len(todo), unit="passage", desc="graph", disable=not progress, leave=False)
     try:
-        for i in range(0, len(todo), batch_size):
-            batch = todo[i : i + batch_size]
+        for i in range(0, len(todo), BATCH):
+            batch = todo[i : i + BATCH]
             write_facts(g, [extract(p, tax) for p in batch])
             bar.update(len(batch))
     finally:
@@ -1267,19 +1258,12 @@ def alias_doctrines(g: GraphBackend, query: str) -> dict[str, _Seed]:
     rows = g.run(Q_ALIAS_MATCH, {"q": q})
     if not rows:
         return {}
-    by_alias: dict[str, list[str]] = defaultdict(list)
-    for r in rows:
-        by_alias[str(r["alias"]).strip()].append(str(r["id"]))
-    hit_index = AliasIndex({tuple(a.split()): tuple(ids) for a, ids in by_alias.items()})
+    hits = AliasIndex((str(r["alias"]).split(), str(r["id"])) for r in rows)
     seeds: dict[str, _Seed] = {}
-    for m in hit_index.find(q.split()):
+    for m in hits.find(q.split()):
         share = 1.0 / len(m.doctrine_ids)  # an alias naming several doctrines counts less for each
         for did in m.doctrine_ids:
-            cur = seeds.get(did)
-            if cur is None:
-                seeds[did] = _Seed(share, f"alias '{m.alias}'")
-            else:
-                cur.weight += share
+            seeds.setdefault(did, _Seed(0.0, f"alias '{m.alias}'")).weight += share
     return seeds
 
 
@@ -1288,12 +1272,8 @@ def _case_names(g: GraphBackend) -> AliasIndex:
     -> "392 U.S. 1"), memoised per graph like the passage count."""
     key = ("cases", g.where)
     if key not in _cache:
-        index: dict[tuple[str, ...], list[str]] = defaultdict(list)
-        for r in g.run(Q_CASE_NAMES):
-            words = tuple(tokens(str(r["name"] or "")))
-            if len(words) >= 3:  # "a v b" at least
-                index[words].append(str(r["id"]))
-        _cache[key] = AliasIndex({k: tuple(v) for k, v in index.items()})
+        names = ((tokens(str(r["name"] or "")), str(r["id"])) for r in g.run(Q_CASE_NAMES))
+        _cache[key] = AliasIndex((w, i) for w, i in names if len(w) >= 3)  # "a v b" at least
     return _cache[key]
 
 
@@ -1338,15 +1318,11 @@ def doctrine_vectors(settings: Settings) -> tuple[list[str], np.ndarray]:
             return _doctrine_vectors[key]
     ids = list(tax.doctrines)
     cache = folder / f"doctrines-{rag_utils.sanitize_model_name(model)}-{tax.fingerprint}.npy"
-    vecs = None
-    if cache.exists():
-        try:
-            vecs = np.load(cache)
-            if vecs.shape[0] != len(ids):
-                vecs = None
-        except (OSError, ValueError):
-            vecs = None
-    if vecs is None:
+    try:
+        vecs = np.load(cache)
+    except (OSError, ValueError):
+        vecs = None
+    if vecs is None or vecs.shape[0] != len(ids):
         embedder = rag_utils.get_embedder(settings)
         vecs = np.asarray(
             embedder.embed_documents([tax[i].text_for_embedding() for i in ids]), dtype=np.float32
@@ -1388,11 +1364,6 @@ def embed_query(query: str, settings: Settings) -> np.ndarray:
             _query_vectors.pop(next(iter(_query_vectors)))
         _query_vectors[key] = vec
     return vec
-
-
-def _doctrine_similarities(query: str, settings: Settings) -> tuple[list[str], np.ndarray]:
-    ids, vecs = doctrine_vectors(settings)
-    return ids, vecs @ embed_query(query, settings)
 
 
 def _expand(
@@ -1536,25 +1507,24 @@ def _passage_vectors(store: Any, ids: Sequence[str]) -> dict[str, np.ndarray]:
     """Embeddings of ``ids`` from the store (missing ids are left out), through an LRU cache."""
     import numpy as np
 
+    where = (str(store.bm25_dir), store.name)
     out: dict[str, np.ndarray] = {}
     missing = []
     with _lock:
         for pid in ids:
-            vec = _passage_cache.get((str(store.bm25_dir), store.name, pid))
+            vec = _passage_cache.get((*where, pid))
             if vec is None:
                 missing.append(pid)
             else:
-                _passage_cache.move_to_end((str(store.bm25_dir), store.name, pid))
+                _passage_cache.move_to_end((*where, pid))
                 out[pid] = vec
     if missing:
         got = store.get(missing, with_embeddings=True)
         with _lock:
             for d in got:
-                if d.get("embedding") is None:
-                    continue
-                vec = np.asarray(d["embedding"], dtype=np.float32)
-                out[d["id"]] = vec
-                _passage_cache[(str(store.bm25_dir), store.name, d["id"])] = vec
+                if d.get("embedding") is not None:
+                    out[d["id"]] = np.asarray(d["embedding"], dtype=np.float32)
+                    _passage_cache[(*where, d["id"])] = out[d["id"]]
             while len(_passage_cache) > PASSAGE_VECTOR_CACHE:
                 _passage_cache.popitem(last=False)
     return out
@@ -1607,15 +1577,12 @@ def search_graph(
     qvec = embed_query(query, settings)
     modes = ("keyword", "principles", "semantic") if mode == "graph" else (mode,)
     seeds = alias_doctrines(g, query) if mode != "semantic" else {}
-    candidates = []
-    for m in modes:
-        if m == "keyword":
-            candidates.append(_keyword(g, query, exclude, seeds))
-        elif m == "principles":
-            candidates.append(_principles(g, query, exclude, seeds))
-        else:
-            candidates.append(_semantic(g, query, exclude, qvec, settings))
-    ordered = _order_by_text(candidates, qvec, settings)
+    search = {
+        "keyword": lambda: _keyword(g, query, exclude, seeds),
+        "principles": lambda: _principles(g, query, exclude, seeds),
+        "semantic": lambda: _semantic(g, query, exclude, qvec, settings),
+    }
+    ordered = _order_by_text([search[m]() for m in modes], qvec, settings)
     if mode != "graph":
         return ordered[0][:k]
     return _fuse([o for o in ordered if o], k)
@@ -1651,7 +1618,8 @@ def graph_search(
     import numpy as np
 
     excluded = [str(i) for i in dict.fromkeys(exclude_ids)]
-    allowed = rag_utils.allowed_ids(rag_utils.get_store(settings), settings)
+    store = rag_utils.get_store(settings)
+    allowed = rag_utils.allowed_ids(store, settings)
     headroom = 1 if allowed is None else FILTER_HEADROOM
     if mode == "combined":
         pool = max(k, COMBINED_POOL)
@@ -1672,7 +1640,6 @@ def graph_search(
         )[:k]
     if not hits:
         return []
-    store = rag_utils.get_store(settings)
     docs = {d["id"]: d for d in store.get([h.id for h in hits], with_embeddings=True)}
     q = embed_query(query, settings)
     out: list[dict[str, Any]] = []
@@ -1724,7 +1691,8 @@ def link_doctrines(
             if f"alias '{m.alias}'" not in why[did]:
                 why[did].append(f"alias '{m.alias}'")
     if use_embeddings:
-        ids, sims = _doctrine_similarities(question, settings)
+        ids, vecs = doctrine_vectors(settings)
+        sims = vecs @ embed_query(question, settings)
         for did, sim in zip(ids, sims.tolist(), strict=True):
             if sim > 0:
                 scores[did] += sim

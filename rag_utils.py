@@ -1,4 +1,4 @@
-"""Retrieval layer: embedder, vector store, BM25, reranking, confidence and the QA memory.
+"""Retrieval layer: embedder, vector store, BM25, reranking, passage cosines and the QA memory.
 
 Everything heavy (torch, sentence-transformers, chromadb, bm25s) is imported lazily inside the
 factories, and each factory caches its object per settings key, so importing this module is cheap
@@ -221,16 +221,15 @@ class OnnxEmbedder:
         session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
         return cls(session, tokenizer, name, int(config["hidden_size"]), batch_size)
 
-    def embed_documents(self, texts: Sequence[str], tokenizer: Any = None) -> np.ndarray:
+    def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
         import numpy as np
 
-        tokenizer = tokenizer or self.tokenizer
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         # longest first, so each batch pads to texts of similar length (as sentence-transformers)
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         for start in range(0, len(order), self.batch_size):
             rows = order[start : start + self.batch_size]
-            enc = tokenizer.encode_batch([str(texts[i]) for i in rows])
+            enc = self.tokenizer.encode_batch([str(texts[i]) for i in rows])
             ids = np.asarray([e.ids for e in enc], dtype=np.int64)
             mask = np.asarray([e.attention_mask for e in enc], dtype=np.int64)
             feed = {"input_ids": ids, "attention_mask": mask}
@@ -532,9 +531,11 @@ def get_embedder(
         if key in _embedders:
             return _embedders[key]
         emb: Embedder | OnnxEmbedder | None = None
+        source = name
         if name == DEFAULT_MODEL_NAME:
             path = default_model_path()
             verify_sha256(path / "model.safetensors", DEFAULT_MODEL_SHA256)
+            source = str(path)
             if backend == "onnx":
                 try:
                     onnx_file = ensure_onnx_model(path, onnx_cache_dir(s), DEFAULT_MODEL_SHA256)
@@ -543,12 +544,8 @@ def get_embedder(
                     if asked == "onnx":
                         raise
                     logger.warning("ONNX embedder unavailable (%s); using torch", short_error(exc))
-            if emb is None:
-                emb = Embedder(
-                    _load_sentence_transformer(str(path), s), name, s.embedding_batch_size
-                )
-        else:
-            emb = Embedder(_load_sentence_transformer(name, s), name, s.embedding_batch_size)
+        if emb is None:
+            emb = Embedder(_load_sentence_transformer(source, s), name, s.embedding_batch_size)
         logger.info("embedder %s loaded (%s)", name, emb.backend)
         _embedders[key] = emb
         return emb
@@ -938,7 +935,7 @@ def get_store(settings: Settings) -> PassageStore:
         return _stores[key]
 
 
-def corpus_count(settings: Settings | None = None) -> int:
+def corpus_count(settings: Settings) -> int:
     """Passages indexed for the current embedding model."""
     return get_store(settings).count()
 
@@ -1476,7 +1473,6 @@ def passage_cosines(query: str, docs: Sequence[dict[str, Any]], settings: Settin
     embedder = get_embedder(s)
     q = embedder.embed_query(query)
     ids = [str(d.get("id", "")) for d in docs]
-    stored: dict[str, Any] = {}
     try:
         stored = {p["id"]: p["embedding"] for p in get_store(s).get(ids, with_embeddings=True)}
     except StoreError:
