@@ -1767,11 +1767,3 @@ def merge_agenda(
         names = extra.get(key, [])[:3]
         items.append(f"{label[key]} ({'; '.join(names)})" if names else label[key])
     return items[:max_items] if max_items else items
-
-
-def iter_passages_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
-    """Passages of a JSONL file (benchmarks and coverage checks)."""
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                yield json.loads(line)

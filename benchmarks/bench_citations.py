@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import legal_graph as lg  # noqa: E402
+import load_corpus  # noqa: E402
 
 DEFAULT_PASSAGES = REPO.parent / "shared" / "data" / "corpus" / "passages.jsonl"
 KINDS = ("case", "statute", "rule", "constitution")
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not args.passages.exists():
         sys.exit(f"no passages file at {args.passages}: pass --passages FILE (JSONL)")
     old = load_old(args.old_rev)
-    passages = list(lg.iter_passages_jsonl(args.passages))
+    passages = [rec for _, rec in load_corpus.iter_rows(args.passages)]
     found: dict[str, dict[str, list]] = {"old": {}, "new": {}}
     seconds = {"old": 0.0, "new": 0.0}
     forms: Counter[str] = Counter()

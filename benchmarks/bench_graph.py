@@ -37,6 +37,7 @@ from common import ms, save, saved
 
 import eval_common as ec
 import legal_graph as lg
+import load_corpus
 from settings import Settings, set_settings
 
 SHARED = REPO.parent / "shared" / "data"
@@ -59,7 +60,7 @@ def dir_size(path: Path) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> dict[str, Any]:
-    passages = list(lg.iter_passages_jsonl(args.passages))
+    passages = [rec for _, rec in load_corpus.iter_rows(args.passages)]
     questions = [ec.item_question(q) for q in ec.load_qa(default_qa())]
     with tempfile.TemporaryDirectory() as tmp:
         lg.ENGINE = args.engine  # this process measures one engine
@@ -133,7 +134,7 @@ def cmd_coverage(args: argparse.Namespace) -> dict[str, Any]:
     tax = lg.load_taxonomy()
     out = {}
     for path in args.passages_list or [default_passages()]:
-        facts = [lg.extract(p, tax) for p in lg.iter_passages_jsonl(path)]
+        facts = [lg.extract(p, tax) for _, p in load_corpus.iter_rows(path)]
         n = len(facts)
         out["shared" if Path(path).parent.name == "corpus" else Path(path).parent.name] = {
             "passages": n,
