@@ -10,7 +10,7 @@
 ``flock /tmp/legalrag-llm.lock python benchmarks/bench_agent.py demos`` on a shared machine.
 
 Calibration method (``calibrate``): a step's confidence is the mean cosine between its question and
-the passages retrieved for it (rag_utils.compute_confidence).  With all-MiniLM-L6-v2 we embed the
+the passages retrieved for it (AgentContext.gate_scores).  With all-MiniLM-L6-v2 we embed the
 corpus (the starter passages plus ../shared/data when present) and measure, for questions the corpus
 answers (bar exam questions with a gold passage, starter questions, short research questions on
 covered doctrines) and questions it does not (non-legal and uncovered legal topics):
