@@ -59,14 +59,11 @@ def load_trace_questions(path: str | Path = TRACE_QUESTIONS) -> list[dict]:
         kind = row.get("kind")
         if kind not in TRACE_KINDS or not str(row.get("question") or "").strip():
             raise ValueError(f"{path}:{n}: needs a question and a kind in {TRACE_KINDS}")
-        if (kind == "mc") != _has_choices(row) or (kind == "mc" and not ec.item_answer(row)):
+        has_choices = all(ec.item_choices(row).values())
+        if (kind == "mc") != has_choices or (kind == "mc" and not ec.item_answer(row)):
             raise ValueError(f"{path}:{n}: an mc row (only) has four choices and an answer")
         rows.append(row)
     return rows
-
-
-def _has_choices(item: dict) -> bool:
-    return all(str(v).strip() for v in ec.item_choices(item).values())
 
 
 def _doc_rows(docs: Sequence[dict], gold: Sequence[str]) -> list[dict]:
@@ -126,9 +123,8 @@ def trace_query(
     out: Callable[[str], None] = print,
 ) -> dict:
     """Trace one query (a QA item when ``item`` is given); print as it goes; return the case study."""
-
     gold = ec.gold_ids(item) if item else []
-    choices = ec.item_choices(item) if item and _has_choices(item) else None
+    choices = ec.item_choices(item) if item and all(ec.item_choices(item).values()) else None
     case: dict[str, Any] = {
         "query": query,
         "item": ec.item_id(item) if item else None,
