@@ -254,7 +254,7 @@ class AgentContext:
 
     def below_gate(self, score: float) -> bool:
         """True when evidence scoring ``score`` is below ``LEAN_GATE`` (``lean.below_gate``)."""
-        return lean.below_gate(score, self.settings.lean_gate)
+        return lean.below_gate(score, self.settings.agent.lean_gate)
 
     def off_topic_score(self, question: str) -> float | None:
         """The evidence score of ``question`` as the user asked it when that is below
@@ -265,13 +265,13 @@ class AgentContext:
         their best sentences at least 0.33), while a one-sentence question scores as before."""
         best = 0.0
         for text in answer_stage.split_sentences(question) or [question]:
-            docs = self.retrieve([text], self.settings.retrieval_k, [])
+            docs = self.retrieve([text], self.settings.agent.retrieval_k, [])
             best = max(best, self.score_evidence(text, docs, [text]))
         return best if self.below_gate(best) else None
 
     def _lean_sources(self) -> dict[str, Any]:
         return {
-            "k": self.settings.retrieval_k,
+            "k": self.settings.agent.retrieval_k,
             "retrieve": lambda query, k: self.retrieve([query], k, []),
             "score": self.score_evidence,
             "screen": self.screen_passage,
@@ -286,17 +286,23 @@ class AgentContext:
     def lean_answer(self, question: str, choices: dict[str, str]) -> lean.LeanResult:
         """Lean mode (``lean.answer_lean``): one retrieval, the ``LEAN_GATE``, one answer."""
         return lean.answer_lean(
-            self.client, question, choices, gate=self.settings.lean_gate, **self._lean_sources()
+            self.client,
+            question,
+            choices,
+            gate=self.settings.agent.lean_gate,
+            **self._lean_sources(),
         )
 
     def check_injection(self, text: str) -> injection.InjectionCheck:
         """The injection verdict on the user's input (``injection.detect``)."""
-        return injection.detect(text, self.client, skip_llm=self.settings.skip_injection_check)
+        return injection.detect(
+            text, self.client, skip_llm=self.settings.agent.skip_injection_check
+        )
 
     def start_run(self) -> AgentContext:
         """Mark the start of a run: its LLM records and its deadline (``RUN_TIMEOUT``)."""
         self.record_offset = len(self.client.records)
-        timeout = float(self.settings.run_timeout or 0)
+        timeout = float(self.settings.agent.run_timeout or 0)
         self.deadline = time.monotonic() + timeout if timeout > 0 else None
         self.client.deadline = self.deadline
         return self
@@ -331,7 +337,7 @@ def memory_scope(settings: Settings) -> dict[str, str]:
         "model": llm.model,
         "embedding_model": rag_utils.embedder_name(settings),
         "corpus": rag_utils.corpus_fingerprint(settings),
-        "answer_mode": settings.answer_mode,
+        "answer_mode": settings.agent.answer_mode,
     }
 
 

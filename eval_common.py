@@ -365,11 +365,9 @@ def settings_record(settings: Settings) -> dict[str, Any]:
     """Every setting except secrets (API keys) and the environment snapshot; URLs lose their
     credentials (``LLM_BASE_URL=http://user:password@host`` is recorded as ``http://***@host``)."""
     out = {}
-    for f in dataclasses.fields(settings):
-        if f.name == "environ" or _SECRET_FIELD.search(f.name):
-            continue
-        value = getattr(settings, f.name)
-        out[f.name] = redact_url(value) if isinstance(value, str) else value
+    for name, value in settings.flat().items():  # keyed by variable, as in earlier result files
+        if not _SECRET_FIELD.search(name):
+            out[name] = redact_url(value) if isinstance(value, str) else value
     return out
 
 
@@ -389,7 +387,7 @@ def llm_record(settings: Settings, roles: Sequence[str] = ("mc_select", "rewrite
 
 def retrieval_record(settings: Settings) -> dict[str, Any]:
     """Embedder name, reranker setting and passage count of the store used."""
-    rec: dict[str, Any] = {"reranker": settings.reranker}
+    rec: dict[str, Any] = {"reranker": settings.retrieval.reranker}
     try:
         rec["embedder"] = rag_utils.get_embedder(settings).name
         rec["corpus_count"] = rag_utils.corpus_count(settings)

@@ -184,7 +184,9 @@ def run_mc_item(
     if mode == "llm_only":
         fields = _mc_fields(mc.select_answer(client, question, choices, None))
     elif mode == "rag":
-        docs = rag_utils.retrieve_documents(question, k=settings.retrieval_k, settings=settings)
+        docs = rag_utils.retrieve_documents(
+            question, k=settings.agent.retrieval_k, settings=settings
+        )
         extra["evidence_ids"] = [d["id"] for d in docs]
         extra["gold_in_evidence"] = any(d["id"] in gold for d in docs)
         fields = _mc_fields(
@@ -1207,10 +1209,10 @@ def run(
         "query_variants": variants if args.phase != "pipeline" else [],
         "workers": args.workers,
         "llm": llm,
-        "embedding_model": settings.embedding_model,
-        "reranker": settings.reranker,
-        "retrieval_k": settings.retrieval_k,
-        "max_steps": settings.max_steps,
+        "embedding_model": settings.retrieval.embedding_model,
+        "reranker": settings.retrieval.reranker,
+        "retrieval_k": settings.agent.retrieval_k,
+        "max_steps": settings.agent.max_steps,
         "retrieval": ec.retrieval_record(settings),
         "settings": ec.settings_record(settings),
         "bootstrap": {"resamples": ec.BOOTSTRAP_RESAMPLES, "seed": ec.BOOTSTRAP_SEED},

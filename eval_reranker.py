@@ -162,8 +162,8 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         "n_items": len(items),
         "query": args.query,
         "k": K,
-        "embedding_model": settings.embedding_model,
-        "reranker_model": settings.reranker_model,
+        "embedding_model": settings.retrieval.embedding_model,
+        "reranker_model": settings.retrieval.reranker_model,
         "retrieval": ec.retrieval_record(settings),
         "settings": ec.settings_record(settings),
     }

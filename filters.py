@@ -147,11 +147,11 @@ class PassageFilter:
         """The filter of ``s`` (FILTER_* settings); bad values raise :class:`SettingsError`."""
         try:
             jurisdictions = frozenset(
-                normalize_jurisdiction(v) for v in _values(s.filter_jurisdiction)
+                normalize_jurisdiction(v) for v in _values(s.filters.jurisdiction)
             )
         except ValueError as exc:
             raise SettingsError(f"FILTER_JURISDICTION: {exc}") from None
-        kinds = frozenset(v.lower().replace("-", "_") for v in _values(s.filter_source_type))
+        kinds = frozenset(v.lower().replace("-", "_") for v in _values(s.filters.source_type))
         bad = sorted(kinds - set(AUTHORITY_TYPES))
         if bad:
             raise SettingsError(
@@ -159,14 +159,14 @@ class PassageFilter:
             )
         dates = {}
         for name, end in (("after", False), ("before", True)):
-            raw = getattr(s, f"filter_{name}").strip()
+            raw = getattr(s.filters, name).strip()
             try:
                 dates[name] = parse_date(raw, end=end) if raw else None
             except ValueError as exc:
                 raise SettingsError(f"FILTER_{name.upper()}: {exc}") from None
         return cls(
             jurisdictions=jurisdictions,
-            courts=frozenset(v.lower() for v in _values(s.filter_court)),
+            courts=frozenset(v.lower() for v in _values(s.filters.court)),
             source_types=kinds,
             **dates,
         )

@@ -857,9 +857,9 @@ def graph_path(settings: Settings) -> Path:
     (one graph per passage collection, like the BM25 index)."""
 
     folder = (
-        Path(settings.graph_dir).expanduser()
-        if settings.graph_dir
-        else Path(settings.chroma_dir).expanduser() / "graph"
+        Path(settings.graph.dir).expanduser()
+        if settings.graph.dir
+        else Path(settings.retrieval.chroma_dir).expanduser() / "graph"
     )
     return folder.resolve() / f"{rag_utils.collection_name(settings)}.{ENGINE}"
 
@@ -868,8 +868,8 @@ _graphs: dict[tuple, GraphBackend] = {}
 
 
 def _graph_key(s: Settings) -> tuple:
-    if s.neo4j_uri:
-        return ("neo4j", s.neo4j_uri, s.neo4j_user, s.neo4j_database)
+    if s.graph.neo4j_uri:
+        return ("neo4j", s.graph.neo4j_uri, s.graph.neo4j_user, s.graph.neo4j_database)
     return ("embedded", ENGINE, str(graph_path(s)))
 
 
@@ -904,10 +904,10 @@ def get_graph(settings: Settings, *, write: bool = False) -> GraphBackend:
             del _graphs[key]
         if key[0] == "neo4j":
             backend = Neo4jBackend(
-                settings.neo4j_uri or "",
-                settings.neo4j_user,
-                settings.neo4j_password,
-                settings.neo4j_database,
+                settings.graph.neo4j_uri or "",
+                settings.graph.neo4j_user,
+                settings.graph.neo4j_password,
+                settings.graph.neo4j_database,
             )
         else:
             backend = _open_embedded(settings, write)
@@ -1113,7 +1113,7 @@ def on_passages_loaded(passages: Sequence[dict[str, Any]], settings: Settings) -
     """The vector load's hook: add ``passages`` to the graph unless GRAPH_BUILD is off. A graph
     failure is logged, never raised: the vector load stays usable, and ``python load_corpus.py
     graph`` builds the graph later."""
-    if not settings.graph_build:
+    if not settings.graph.build:
         return 0
     try:
         return add_passages(passages, settings)
@@ -1130,7 +1130,7 @@ def rebuild(settings: Settings, *, progress: bool = True) -> dict[str, Any]:
     (passages, seconds, nodes and edges by type)."""
 
     start = time.perf_counter()
-    if settings.neo4j_uri:
+    if settings.graph.neo4j_uri:
         g = get_graph(settings, write=True)
         g.drop_all()
     else:
@@ -1164,10 +1164,10 @@ def graph_counts(backend: GraphBackend) -> dict[str, dict[str, int]]:
 def graph_status(settings: Settings) -> dict[str, Any]:
     """Engine, location and node/edge counts by type, for ``load_corpus.py status``. Never
     creates a graph: an absent embedded file reports zero counts."""
-    engine = "neo4j" if settings.neo4j_uri else ENGINE
+    engine = "neo4j" if settings.graph.neo4j_uri else ENGINE
     empty = {"nodes": dict.fromkeys(NODE_TYPES, 0), "edges": dict.fromkeys(EDGE_TYPES, 0)}
     if (
-        not settings.neo4j_uri
+        not settings.graph.neo4j_uri
         and not graph_path(settings).exists()
         and _graph_key(settings) not in _graphs
     ):

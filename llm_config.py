@@ -79,7 +79,7 @@ class JSONReplyError(ValueError):
 
 def deadline_after(seconds: float | None) -> float | None:
     """An absolute ``time.monotonic()`` deadline ``seconds`` from now; None for None or <= 0
-    (no deadline).  ``deadline_after(settings.run_timeout)`` is a run's deadline."""
+    (no deadline).  ``deadline_after(settings.agent.run_timeout)`` is a run's deadline."""
     if seconds is None or seconds <= 0:
         return None
     return time.monotonic() + float(seconds)
@@ -373,7 +373,7 @@ class LLMClient:
     ``llm_factory(role) -> BaseChatModel`` replaces ``providers.get_llm`` (tests inject fake
     models).
     ``deadline`` (an absolute ``time.monotonic()`` value, or None) bounds every call made through
-    this client — set it once per run (``client.deadline = deadline_after(settings.run_timeout)``)
+    this client — set it once per run (``client.deadline = deadline_after(settings.agent.run_timeout)``)
     and no node has to pass it.
     """
 
@@ -395,7 +395,7 @@ class LLMClient:
         """Default deadline of every call (time.monotonic() value); None = none."""
         self._records: list[CallRecord] = []
         self._lock = threading.Lock()
-        self._cache = ResponseCache(settings.llm_cache_path) if settings.llm_cache else None
+        self._cache = ResponseCache(settings.llm.cache_path) if settings.llm.cache else None
 
     @property
     def records(self) -> list[CallRecord]:
@@ -436,7 +436,7 @@ class LLMClient:
         With ``schema`` the reply is parsed into it: ``.parsed`` is the instance, or None with
         ``.parse_error`` saying why (no exception; an empty reply is a parse failure too).
         ``.empty`` tells an empty reply apart for free-text calls.  Transport failures that
-        persist after ``settings.llm_max_retries`` retries raise LLMCallError (a 200 response that
+        persist after ``settings.llm.max_retries`` retries raise LLMCallError (a 200 response that
         is not a chat completion counts as one); configuration problems raise LLMConfigError at
         once.  ``json_mode`` forces "schema" (provider JSON-schema mode) or "prompt" (instruction +
         parsing); None picks schema mode where the provider supports it.  ``timeout`` (seconds)
@@ -493,7 +493,7 @@ class LLMClient:
             prompt = json.dumps([[m.type, m.text] for m in msgs])
             request = {
                 "provider": cfg.provider, "base_url": cfg.display_url, "model": cfg.model,
-                "temperature": self.settings.llm_temperature, "max_tokens": max_tokens,
+                "temperature": self.settings.llm.temperature, "max_tokens": max_tokens,
                 "json_mode": json_mode,
                 "schema": schema.model_json_schema() if schema is not None else None,
             }  # fmt: skip
@@ -564,7 +564,7 @@ class LLMClient:
 
         llm = self._factory(role) if self._factory is not None else chat_model(cfg, self.settings)
         per_call = float(timeout) if timeout is not None else call_timeout(cfg, self.settings)
-        attempts = max(0, int(self.settings.llm_max_retries)) + 1
+        attempts = max(0, int(self.settings.llm.max_retries)) + 1
         limiter = rate_limiter(cfg)
         state = {"attempt": 0, "reason": "no attempt made"}
         prefix = f"LLM call for role {role!r} to {cfg.provider} ({cfg.model})"

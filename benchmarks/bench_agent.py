@@ -278,7 +278,7 @@ def demos(names: list[str]) -> dict[str, Any]:
             "node_latency_s": m["node_latency_s"],
         }
         print(f"{name}: {json.dumps(out[name])}", file=sys.stderr)
-    return {"provider": settings.llm_provider, "demos": out}
+    return {"provider": settings.llm.provider, "demos": out}
 
 
 GATE_ROWS = REPO / "benchmarks" / "results" / "lean_gate_rows.jsonl"
@@ -326,8 +326,8 @@ def gate(qa: str, start: int, n: int | None, rows_path: Path, fit_only: bool) ->
     return {
         "qa": Path(qa).name,
         "items": f"{start}..{start + len(items) - 1}",
-        "embedding_model": settings.embedding_model,
-        "llm": settings.llm_model or settings.llm_provider,
+        "embedding_model": settings.retrieval.embedding_model,
+        "llm": settings.llm.model or settings.llm.provider,
         **fit,
     }
 

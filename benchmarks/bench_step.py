@@ -133,7 +133,7 @@ def gate_check(steps: list[dict], ctx: AgentContext) -> dict[str, Any]:
     """The gate's numbers from the search's ``dense_score`` against ``passage_cosines``, and the
     steps whose side of LEAN_GATE differs between the two."""
     d_evidence, d_confidence, rows = [], [], []
-    k, gate = ctx.settings.retrieval_k, ctx.settings.lean_gate
+    k, gate = ctx.settings.agent.retrieval_k, ctx.settings.agent.lean_gate
     for step in steps:
         strategy = step["strategy"]
         asked = nodes.issue_question(nodes.issue_names(step["issue"])[0])

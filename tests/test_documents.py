@@ -265,7 +265,9 @@ def test_an_unknown_jurisdiction_is_refused():
 
 
 def _docs(settings, *argv: str) -> int:
-    return load_corpus.main(["docs", *argv, "--chroma-dir", settings.chroma_dir, "--no-progress"])
+    return load_corpus.main(
+        ["docs", *argv, "--chroma-dir", settings.retrieval.chroma_dir, "--no-progress"]
+    )
 
 
 def test_a_folder_loads_every_readable_file_and_names_the_one_it_cannot(

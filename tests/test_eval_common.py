@@ -151,7 +151,7 @@ def test_config_mismatch_on_resume_is_refused(tmp_path):
 
 def test_settings_record_never_contains_api_key():
     s = ec.eval_settings(env={"LLM_API_KEY": "sk-secret-123"}, llm_provider="groq")
-    assert s.llm_cache is True
+    assert s.llm.cache is True
     rec = ec.settings_record(s)
     assert "llm_api_key" not in rec
     assert "sk-secret-123" not in json.dumps(rec, default=str)
@@ -199,6 +199,6 @@ def test_plots_are_written(tmp_path):
 
 
 def test_eval_runs_have_no_run_deadline_unless_one_is_set():
-    assert ec.eval_settings(env={}).run_timeout == 0
-    assert ec.eval_settings(env={"RUN_TIMEOUT": "120"}).run_timeout == 120
-    assert ec.eval_settings(env={}).llm_cache is True
+    assert ec.eval_settings(env={}).agent.run_timeout == 0
+    assert ec.eval_settings(env={"RUN_TIMEOUT": "120"}).agent.run_timeout == 120
+    assert ec.eval_settings(env={}).llm.cache is True

@@ -453,7 +453,7 @@ def test_loading_flags_planted_passages_in_metadata_warns_once_and_status_counts
         {"idx": "bad1", "text": PLANTED[0], "source": "t"},
     ]
     passages.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    chroma = ["--chroma-dir", tmp_settings.chroma_dir, "--no-progress"]
+    chroma = ["--chroma-dir", tmp_settings.retrieval.chroma_dir, "--no-progress"]
     with caplog.at_level("WARNING", logger="load_corpus"):
         assert load_corpus.main(["--passages", str(passages), *chroma]) == 0
     warnings = [r.getMessage() for r in caplog.records if "prompt injection" in r.getMessage()]

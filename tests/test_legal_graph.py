@@ -388,10 +388,10 @@ def test_graph_search_returns_retrieval_dicts_with_texts_from_the_store(graph_se
 def test_load_status_and_rebuild_through_the_cli(
     graph_settings, fake, monkeypatch, capsys, tmp_path
 ):
-    monkeypatch.setenv("CHROMA_DIR", graph_settings.chroma_dir)
+    monkeypatch.setenv("CHROMA_DIR", graph_settings.retrieval.chroma_dir)
     path = tmp_path / "tiny.jsonl"
     path.write_text("".join(json.dumps(p) + "\n" for p in TINY))
-    chroma = ["--no-progress", "--chroma-dir", graph_settings.chroma_dir]
+    chroma = ["--no-progress", "--chroma-dir", graph_settings.retrieval.chroma_dir]
     assert load_corpus.main(["--passages", str(path), *chroma]) == 0
     capsys.readouterr()
     assert load_corpus.main(["status", "--json", *chroma]) == 0

@@ -568,7 +568,7 @@ def test_cache_rerun_makes_zero_provider_calls_and_holds_no_key(tmp_settings, se
     assert len(server.requests) == 2
     assert second.summary()["provider_calls"] == 0
     assert second.records[0].cached and second.records[0].json_mode == "prompt"
-    cache_file = tmp_settings.llm_cache_path
+    cache_file = tmp_settings.llm.cache_path
     assert SECRET.encode() not in Path(cache_file).read_bytes()
     rows = sqlite3.connect(cache_file).execute("SELECT * FROM responses").fetchall()
     assert len(rows) == 2 and SECRET not in repr(rows)
@@ -813,7 +813,7 @@ def test_the_deadline_also_bounds_the_rate_limit_wait(tmp_settings, server):
 def test_default_timeouts_long_on_this_machine_short_for_remote_apis(tmp_settings):
     env = {"GROQ_API_KEY": SECRET}
     auto = tmp_settings.replace(environ=env)
-    assert auto.llm_timeout == 0  # the default is "auto"
+    assert auto.llm.timeout == 0  # the default is "auto"
     local = resolve(None, auto)
     groq = resolve(None, auto.replace(llm_provider="groq"))
     ollama = resolve(None, auto.replace(llm_provider="ollama"))
@@ -833,9 +833,9 @@ def test_default_timeouts_long_on_this_machine_short_for_remote_apis(tmp_setting
 def test_run_timeout_setting(tmp_settings):
     from settings import Settings, SettingsError
 
-    assert Settings.from_env(env={}).run_timeout == 600
-    assert Settings.from_env(env={"RUN_TIMEOUT": "0"}).run_timeout == 0
-    assert Settings.from_env(env={"RUN_TIMEOUT": "90"}).run_timeout == 90
+    assert Settings.from_env(env={}).agent.run_timeout == 600
+    assert Settings.from_env(env={"RUN_TIMEOUT": "0"}).agent.run_timeout == 0
+    assert Settings.from_env(env={"RUN_TIMEOUT": "90"}).agent.run_timeout == 90
     with pytest.raises(SettingsError, match="RUN_TIMEOUT"):
         Settings.from_env(env={"RUN_TIMEOUT": "-5"})
     with pytest.raises(SettingsError, match="LLM_TIMEOUT"):

@@ -30,12 +30,14 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def cli(tmp_settings, fake, monkeypatch, capsys):
     """Run ``load_corpus.main`` in-process on the temporary store; returns (rc, stdout, stderr)."""
-    monkeypatch.setenv("CHROMA_DIR", tmp_settings.chroma_dir)
+    monkeypatch.setenv("CHROMA_DIR", tmp_settings.retrieval.chroma_dir)
     monkeypatch.delenv("CHROMA_HOST", raising=False)
     monkeypatch.delenv("EMBEDDING_MODEL", raising=False)
 
     def run(*argv: str) -> tuple[int, str, str]:
-        rc = load_corpus.main([*argv, "--no-progress", "--chroma-dir", tmp_settings.chroma_dir])
+        rc = load_corpus.main(
+            [*argv, "--no-progress", "--chroma-dir", tmp_settings.retrieval.chroma_dir]
+        )
         out = capsys.readouterr()
         return rc, out.out, out.err
 
@@ -226,7 +228,7 @@ def test_unknown_command_and_unloadable_model_are_one_line_errors(
     monkeypatch.undo()  # the real get_embedder, and a model that cannot exist
     rc = load_corpus.main(
         ["--passages", str(PASSAGES), "--embedding-model", "legalrag-tests/no-such-model",
-         "--chroma-dir", tmp_settings.chroma_dir, "--no-progress"]
+         "--chroma-dir", tmp_settings.retrieval.chroma_dir, "--no-progress"]
     )  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1
@@ -294,7 +296,7 @@ def test_curated_loads_every_gold_passage_plus_padding(cli, tmp_settings):
 
 
 def tmp_settings_path(settings) -> Path:
-    return Path(settings.chroma_dir).parent
+    return Path(settings.retrieval.chroma_dir).parent
 
 
 def test_ensure_starter_index_loads_once(tmp_settings, fake, monkeypatch, tmp_path):

@@ -59,7 +59,7 @@ def test_parts_are_assembled_in_order_and_verified(fake_model):
     timings = LocalTimings()
     path = ensure_model("fake", tmp_settings, timings)
     assert path.read_bytes() == content
-    assert path.parent == Path(tmp_settings.local_model_dir)
+    assert path.parent == Path(tmp_settings.llm.local_model_dir)
     assert (path.parent / "fake.gguf.verified.json").is_file()
     assert timings.assembled and timings.assembly_s > 0
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
@@ -94,8 +94,10 @@ def test_hash_mismatch_is_a_clear_error_and_leaves_no_file(fake_model, monkeypat
     )
     with pytest.raises(LocalModelError, match="sha256"):
         ensure_model("fake", tmp_settings)
-    assert list(Path(tmp_settings.local_model_dir).glob("*.gguf")) == []
-    assert not [p for p in Path(tmp_settings.local_model_dir).iterdir() if p.name.endswith(".tmp")]
+    assert list(Path(tmp_settings.llm.local_model_dir).glob("*.gguf")) == []
+    assert not [
+        p for p in Path(tmp_settings.llm.local_model_dir).iterdir() if p.name.endswith(".tmp")
+    ]
 
 
 def test_missing_packages_name_the_install_command(tmp_settings, tmp_path, monkeypatch):

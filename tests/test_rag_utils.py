@@ -241,7 +241,7 @@ def test_bm25_index_is_persisted_and_rebuilt_when_the_collection_changes(loaded,
     )
     rag_utils.retrieve_documents("negligence", reranker="hybrid", settings=settings)
     assert builds == [24]
-    folder = Path(settings.chroma_dir) / "bm25" / rag_utils.collection_name(settings)
+    folder = Path(settings.retrieval.chroma_dir) / "bm25" / rag_utils.collection_name(settings)
     assert (folder / "ids.json").exists()
     rag_utils.reset_caches()  # a new process: loads the saved index instead of rebuilding
     rag_utils.retrieve_documents("negligence", reranker="hybrid", settings=settings)
@@ -346,7 +346,9 @@ def test_cross_encoder_reranks_the_pool_with_a_real_model(loaded, tmp_path, capl
     _, qvecs = rag_utils.dense_query_vectors(queries, s)
     bm25 = rag_utils.get_bm25(s, store)  # it reranks the hybrid pool: dense and BM25 candidates
     pool = store.get(
-        rag_utils.candidate_pool(store, queries, qvecs, bm25, 5 * s.overretrieve_factor, set())
+        rag_utils.candidate_pool(
+            store, queries, qvecs, bm25, 5 * s.retrieval.overretrieve_factor, set()
+        )
     )
     ce = CrossEncoder(str(path), local_files_only=True)
     expected = dict(
@@ -567,7 +569,9 @@ def test_http_client_against_a_real_chroma_server(tmp_settings, fake, chroma_ser
     assert load_corpus.load_passages(passages, s, progress=False) == len(passages)
     assert load_corpus.load_passages(passages, s, progress=False) == 0  # idempotent over HTTP
     assert rag_utils.corpus_count(s) == len(passages)
-    assert not (Path(tmp_settings.chroma_dir) / "chroma.sqlite3").exists()  # nothing local
+    assert not (
+        Path(tmp_settings.retrieval.chroma_dir) / "chroma.sqlite3"
+    ).exists()  # nothing local
     docs = rag_utils.retrieve_documents_multi_query(
         ["burglary dwelling night", "miranda"], k=3, reranker="hybrid", settings=s
     )
@@ -651,7 +655,7 @@ def test_a_read_only_index_can_be_queried_and_writes_are_skipped(loaded, tmp_pat
         progress=False,
     )  # ... and now stale: a rebuild must not be saved
     rag_utils.reset_caches()
-    chroma = Path(settings.chroma_dir)
+    chroma = Path(settings.retrieval.chroma_dir)
     empty = tmp_path / "empty_chroma"
     empty.mkdir()
     command = [sys.executable, "-c", _READ_ONLY_SCRIPT, str(REPO), str(chroma), str(empty)]

@@ -346,7 +346,7 @@ def test_centroid_is_the_mean_vector_saved_beside_the_index_and_follows_the_coll
     emb = rag_utils.get_embedder(s)
     mean = emb.embed_documents([p["text"] for p in CENTRED_CORPUS]).mean(0)
     assert np.allclose(rag_utils.get_centroid(s), mean, atol=1e-5)
-    saved = Path(s.chroma_dir).expanduser() / "centroid"
+    saved = Path(s.retrieval.chroma_dir).expanduser() / "centroid"
     assert len(list(saved.glob("*.json"))) == 1
 
     # a new process reads it from disk instead of scanning the collection

@@ -11,19 +11,20 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_defaults_are_the_offline_default():
     s = Settings.from_env(env={})
-    assert s.llm_provider == "local"
-    assert s.embedding_model == "default"
-    assert s.reranker == "auto"
-    assert s.chroma_host is None
+    assert s.llm.provider == "local"
+    assert s.retrieval.embedding_model == "default"
+    assert s.retrieval.reranker == "auto"
+    assert s.retrieval.chroma_host is None
 
 
 def test_environment_overrides_defaults_and_flags_override_environment():
     env = {"LLM_PROVIDER": "groq", "RETRIEVAL_K": "7", "LLM_CACHE": "yes", "CHROMA_HOST": ""}
     s = Settings.from_env(env=env)
-    assert (s.llm_provider, s.retrieval_k, s.llm_cache, s.chroma_host) == ("groq", 7, True, None)
+    got = (s.llm.provider, s.agent.retrieval_k, s.llm.cache, s.retrieval.chroma_host)
+    assert got == ("groq", 7, True, None)
     s = Settings.from_env(env=env, llm_provider="openai", retrieval_k=None)
-    assert s.llm_provider == "openai"
-    assert s.retrieval_k == 7  # a flag left unset (None) does not override
+    assert s.llm.provider == "openai"
+    assert s.agent.retrieval_k == 7  # a flag left unset (None) does not override
 
 
 @pytest.mark.parametrize(
@@ -48,14 +49,33 @@ def test_secrets_are_read_by_name_and_never_shown_in_repr():
     assert "sk-secret-123" not in repr(s)
 
 
+def test_settings_are_named_by_their_variable_in_flags_replace_and_records():
+    """The groups are for reading; a user names a setting by its variable, in any case."""
+    s = Settings.from_env(env={"LLM_MAX_RETRIES": "2"}, retrieval_k=3, filter_court="ca9")
+    assert (s.llm.max_retries, s.agent.retrieval_k, s.filters.court) == (2, 3, "ca9")
+    changed = s.replace(llm_max_retries=0, graph_dir="/graphs")
+    assert (changed.llm.max_retries, changed.graph.dir, changed.agent.retrieval_k) == (
+        0,
+        "/graphs",
+        3,
+    )
+    assert s.llm.max_retries == 2
+    assert changed.flat()["llm_max_retries"] == 0 and changed.flat()["graph_dir"] == "/graphs"
+    with pytest.raises(TypeError, match="unknown settings"):
+        Settings.from_env(env={}, max_retries=1)  # a field's name inside its group is not a setting
+    with pytest.raises(TypeError, match="unknown settings"):
+        s.replace(provider="groq")
+
+
 def test_env_example_documents_every_setting():
-    import dataclasses
     import re
     from pathlib import Path
 
+    from settings import VARIABLES
+
     text = (Path(__file__).resolve().parent.parent / ".env.example").read_text()
     documented = set(re.findall(r"^#?\s*([A-Z][A-Z0-9_]+)=", text, re.MULTILINE))
-    names = {f.name.upper() for f in dataclasses.fields(Settings) if f.name != "environ"}
+    names = {name.upper() for name in VARIABLES}
     assert names - documented == set()
     assert documented - names - {n for n in documented if n.endswith("_API_KEY")} == set()
 
@@ -65,12 +85,12 @@ def test_runtime_data_defaults_to_the_user_cache_not_the_working_folder(tmp_path
     nothing is written below the project folder that `langgraph dev` watches."""
     s = Settings.from_env(env={"XDG_CACHE_HOME": str(tmp_path)})
     data = tmp_path / "legalragagent"
-    assert Path(s.chroma_dir) == data / "chroma_db"
-    assert Path(s.llm_cache_path) == data / "llm_cache.sqlite"
-    assert Path(s.local_model_dir) == data / "models"
+    assert Path(s.retrieval.chroma_dir) == data / "chroma_db"
+    assert Path(s.llm.cache_path) == data / "llm_cache.sqlite"
+    assert Path(s.llm.local_model_dir) == data / "models"
     default = Settings.from_env(env={})
-    for path in (default.chroma_dir, default.llm_cache_path, default.local_model_dir):
+    for path in (default.retrieval.chroma_dir, default.llm.cache_path, default.llm.local_model_dir):
         assert Path(path).is_absolute() and REPO not in Path(path).parents
     # An explicit folder still wins (CHROMA_DIR=chroma_db keeps the index in the project).
     s = Settings.from_env(env={"XDG_CACHE_HOME": str(tmp_path), "CHROMA_DIR": "chroma_db"})
-    assert s.chroma_dir == "chroma_db"
+    assert s.retrieval.chroma_dir == "chroma_db"
