@@ -144,7 +144,7 @@ class LLMSettings:
     provider: str = _var("LLM_PROVIDER", "local")
     """Name from the provider registry (python llm_config.py lists them)."""
     base_url: str | None = _var("LLM_BASE_URL", None)
-    api_key: str | None = _var("LLM_API_KEY", None)
+    api_key: str | None = _var("LLM_API_KEY", None, repr=False)
     model: str | None = _var("LLM_MODEL", None)
     provider_fast: str | None = _var("LLM_PROVIDER_FAST", None)
     """Provider for cheap calls (classify, rewrite); empty = same as LLM_PROVIDER."""

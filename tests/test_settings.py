@@ -43,10 +43,11 @@ def test_bad_values_name_the_variable(env, fragment):
 
 
 def test_secrets_are_read_by_name_and_never_shown_in_repr():
-    s = Settings.from_env(env={"GROQ_API_KEY": "sk-secret-123"})
+    s = Settings.from_env(env={"GROQ_API_KEY": "sk-secret-123", "LLM_API_KEY": "sk-own-456"})
     assert s.secret("GROQ_API_KEY") == "sk-secret-123"
     assert s.secret("MISSING_KEY") is None
-    assert "sk-secret-123" not in repr(s)
+    assert s.llm.api_key == "sk-own-456"
+    assert "sk-secret-123" not in repr(s) and "sk-own-456" not in repr(s)
 
 
 def test_settings_are_named_by_their_variable_in_flags_replace_and_records():
