@@ -3,10 +3,10 @@ says which endpoint a role talks to and builds its chat model.
 
 ``LLMClient`` is the one call helper, on LangChain's primitives: ``Runnable.with_retry``
 (exponential backoff with jitter), ``InMemoryRateLimiter`` per endpoint, a ``BaseCache`` over
-SQLite, ``usage_metadata`` for tokens.  It adds what they lack: the run deadline
-(``LLMDeadlineError``), the provider's Retry-After, JSON replies (provider JSON-schema mode, else
-prompt + :func:`parse_json_reply`) and per-call records.  A 200 response that is not a chat
-completion is retried like a 5xx.  API keys never reach the cache, logs or records.
+SQLite (:mod:`llm_cache`), ``usage_metadata`` for tokens.  It adds what they lack: the run
+deadline (``LLMDeadlineError``), the provider's Retry-After, JSON replies (provider JSON-schema
+mode, else prompt + :func:`parse_json_reply`) and per-call records.  A 200 response that is not
+a chat completion is retried like a 5xx.  API keys never reach the cache, logs or records.
 ``python llm_config.py`` lists the providers and the selection.
 """
 
@@ -14,25 +14,22 @@ from __future__ import annotations
 
 import argparse
 import ast
-import hashlib
 import json
 import logging
 import re
-import sqlite3
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
-from langchain_core.caches import BaseCache
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, convert_to_messages
+from langchain_core.messages import HumanMessage, SystemMessage, convert_to_messages
 from langchain_core.outputs import ChatGeneration
 from langchain_core.runnables import RunnableLambda
 from pydantic import BaseModel, ValidationError
 
+from llm_cache import ResponseCache
 from providers import (
     LLMConfigError,
     ResolvedLLM,
@@ -160,78 +157,6 @@ def parse_json_reply(text: str, schema: type[T]) -> T:
         raise JSONReplyError(f"JSON does not match {schema.__name__}: {errors}")
     snippet = text.strip().replace("\n", " ")[:80]
     raise JSONReplyError(f"no JSON object found in reply: {snippet!r}")
-
-
-# ------------------------------------------------------------------------------------------------
-# Response cache
-# ------------------------------------------------------------------------------------------------
-
-
-class ResponseCache(BaseCache):
-    """langchain-core's cache interface over our SQLite file: one row per reply, keyed by the
-    sha256 of the request (``prompt``: the messages; ``llm_string``: provider, display URL,
-    model and the parameters) as one sorted JSON object — the key of earlier versions, so
-    their cache files still hit.  Holds reply text and token usage only, never a key.  Not
-    LangChain's own SQLiteCache (langchain-community): that keys on the model's serialized
-    form, key and full URL included."""
-
-    def __init__(self, path: str | Path) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, timeout=30)
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, provider TEXT, "
-            "model TEXT, text TEXT, usage TEXT, created REAL)"
-        )
-        self._db.commit()
-
-    @staticmethod
-    def _key(prompt: str, llm_string: str) -> str:
-        payload = {**json.loads(llm_string), "messages": json.loads(prompt)}
-        blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()
-
-    def lookup(self, prompt: str, llm_string: str) -> list[Any] | None:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT text, usage FROM responses WHERE key = ?",
-                (self._key(prompt, llm_string),),
-            ).fetchone()
-        if row is None:
-            return None
-        usage = json.loads(row[1] or "{}")
-        tokens = usage.get("input_tokens"), usage.get("output_tokens")
-        message = AIMessage(
-            content=row[0],
-            usage_metadata=None if None in tokens else {
-                "input_tokens": tokens[0], "output_tokens": tokens[1],
-                "total_tokens": tokens[0] + tokens[1],
-            },
-            response_metadata={"finish_reason": usage.get("finish_reason")},
-        )  # fmt: skip
-        return [ChatGeneration(message=message)]
-
-    def update(self, prompt: str, llm_string: str, return_val: Sequence[Any]) -> None:
-        message = return_val[0].message
-        tokens = message.usage_metadata or {}
-        usage = {
-            "input_tokens": tokens.get("input_tokens"),
-            "output_tokens": tokens.get("output_tokens"),
-            "finish_reason": message.response_metadata.get("finish_reason"),
-        }
-        about = json.loads(llm_string)
-        row = (self._key(prompt, llm_string), about["provider"], about["model"], message.text)
-        with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)",
-                (*row, json.dumps(usage), time.time()),
-            )
-            self._db.commit()
-
-    def clear(self, **kwargs: Any) -> None:
-        with self._lock:
-            self._db.execute("DELETE FROM responses")
-            self._db.commit()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""The module graph: no import cycles among the project's modules, and nodes.py depends only on
-the run context, the state, the prompts, mc and the LLM layer's error types."""
+"""The module graph: no import cycles among the project's modules, nodes.py depends only on the
+run context, the state, the prompts, mc and the LLM layer's error types, and the response cache
+on no project module."""
 
 from __future__ import annotations
 
@@ -45,6 +46,11 @@ def test_nodes_depend_only_on_context_state_prompts_mc_answer_and_llm_errors():
     assert set(deps) <= {"context", "state", "prompts", "mc", "answer", "llm_config", "providers"}
     assert deps.get("llm_config", set()) <= {"LLMCallError", "LLMDeadlineError"}
     assert deps.get("providers", set()) <= {"LLMConfigError"}
+
+
+def test_the_response_cache_imports_no_project_module():
+    """llm_cache stores what LLMClient gives it; it needs neither the client nor the settings."""
+    assert imports_of("llm_cache") == {}
 
 
 ENTRY_POINTS = {("context", "default_context"), ("eval_common", "eval_settings")}

@@ -575,6 +575,33 @@ def test_cache_rerun_makes_zero_provider_calls_and_holds_no_key(tmp_settings, se
     assert SECRET not in caplog.text
 
 
+def test_a_cache_file_of_an_earlier_version_still_hits(tmp_settings):
+    """The key (sha256 of the request) and the row format are pinned: a reply an earlier version
+    stored is served again, with its token counts, and no model is asked."""
+    settings = tmp_settings.replace(
+        llm_provider="vllm", llm_base_url="http://127.0.0.1:9/v1", llm_model="fake-model",
+        llm_cache=True,
+    )  # fmt: skip
+    db = sqlite3.connect(settings.llm.cache_path)
+    db.execute(
+        "CREATE TABLE responses (key TEXT PRIMARY KEY, provider TEXT, "
+        "model TEXT, text TEXT, usage TEXT, created REAL)"
+    )
+    key = "59fb439490713c5c08265215719263d2138988a3c0d08e6634aa56e8567062e8"
+    usage = '{"input_tokens": 5, "output_tokens": 2, "finish_reason": "stop"}'
+    db.execute("INSERT INTO responses VALUES (?, ?, ?, ?, ?, ?)",
+               (key, "vllm", "fake-model", "an earlier answer", usage, 0.0))  # fmt: skip
+    db.commit()
+
+    def no_model(role):
+        raise AssertionError(f"cache miss for {role}")
+
+    res = LLMClient(settings, llm_factory=no_model).invoke(MSGS, role="synthesize", max_tokens=32)
+    assert (res.text, res.cached, res.input_tokens, res.output_tokens, res.finish_reason) == (
+        "an earlier answer", True, 5, 2, "stop",
+    )  # fmt: skip
+
+
 def test_cache_off_by_default(tmp_settings, server):
     client = make_client(tmp_settings, server)
     client.invoke(MSGS, role="synthesize")
