@@ -74,14 +74,6 @@ class JSONReplyError(ValueError):
 # ------------------------------------------------------------------------------------------------
 
 
-def deadline_after(seconds: float | None) -> float | None:
-    """An absolute ``time.monotonic()`` deadline ``seconds`` from now; None for None or <= 0
-    (no deadline).  ``deadline_after(settings.agent.run_timeout)`` is a run's deadline."""
-    if seconds is None or seconds <= 0:
-        return None
-    return time.monotonic() + float(seconds)
-
-
 def _acquire(limiter: Any, deadline: float | None) -> bool:
     """Take a slot of ``limiter``, or return False at once when the next slot comes only after
     ``deadline``.  Kept because the limiter's own blocking ``acquire`` knows no deadline (nor
@@ -298,8 +290,8 @@ class LLMClient:
     ``llm_factory(role) -> BaseChatModel`` replaces ``providers.get_llm`` (tests inject fake
     models).
     ``deadline`` (an absolute ``time.monotonic()`` value, or None) bounds every call made through
-    this client — set it once per run (``client.deadline = deadline_after(settings.agent.run_timeout)``)
-    and no node has to pass it.
+    this client; ``context.AgentContext.start_run`` sets it once per run from ``RUN_TIMEOUT``, so
+    no node has to pass it.
     """
 
     backoff_base_s: float = 1.0

@@ -631,6 +631,15 @@ def test_run_deadline_stops_research_early_and_still_picks_a_letter(tmp_settings
     assert "Comparative negligence (deadline" in result["answer"]["text"]
 
 
+def test_a_run_starts_its_deadline_and_run_timeout_0_means_none(tmp_settings):
+    settings = tmp_settings.replace(run_timeout=30)
+    ctx = fake_context(settings, client=LLMClient(settings)).start_run()
+    assert ctx.client.deadline == ctx.deadline and 29 < ctx.time_left() <= 30
+    settings = tmp_settings.replace(run_timeout=0)
+    ctx = fake_context(settings, client=LLMClient(settings)).start_run()
+    assert ctx.deadline is None and ctx.client.deadline is None and ctx.time_left() is None
+
+
 def test_a_run_out_of_time_says_so_not_llm_failure(tmp_settings):
     result, *_ = run(tmp_settings, {}, run_timeout=0.001)  # no call gets through
     assert result["error"].startswith("run deadline reached"), result["error"]

@@ -812,7 +812,7 @@ def test_a_call_started_past_the_deadline_sends_nothing(tmp_settings, server):
 def test_the_client_deadline_applies_to_every_call(tmp_settings, server):
     server.script = [{"body": completion("ok")}]
     client = make_client(tmp_settings, server)
-    client.deadline = llm_config.deadline_after(30)
+    client.deadline = time.monotonic() + 30
     assert client.invoke(MSGS, role="synthesize").text == "ok"
     client.deadline = time.monotonic() - 0.1
     with pytest.raises(LLMDeadlineError):
@@ -824,7 +824,6 @@ def test_the_client_deadline_applies_to_every_call(tmp_settings, server):
     with pytest.raises(LLMDeadlineError):
         built.invoke(MSGS, role="synthesize")
     assert len(server.requests) == 1
-    assert llm_config.deadline_after(0) is None and llm_config.deadline_after(None) is None
 
 
 def test_the_deadline_also_bounds_the_rate_limit_wait(tmp_settings, server):
