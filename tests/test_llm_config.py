@@ -353,9 +353,11 @@ def test_concurrent_calls_stay_within_the_requests_per_minute_limit(tmp_settings
     with ThreadPoolExecutor(4) as pool:
         replies = list(pool.map(lambda _: client.invoke(MSGS, role="synthesize").text, range(4)))
     assert replies == ["ok"] * 4
+    # Four calls at one per 0.2 s span at least 0.6 s (unlimited, they arrive within ~0.05 s).
+    # The span, not each gap: a busy machine delays a thread between its turn and its request,
+    # which shortens one gap and lengthens the next.
     starts = sorted(r["t"] for r in server.requests)
-    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
-    assert len(starts) == 4 and min(gaps) >= 0.18, gaps
+    assert len(starts) == 4 and starts[-1] - starts[0] >= 0.5, starts
 
 
 def test_registry_rate_limit_applies_unless_overridden(tmp_settings):
