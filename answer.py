@@ -225,10 +225,9 @@ def select_rule(
 ) -> list[tuple[Mapping[str, Any], str]]:
     """(passage, sentence) pairs that state the rule for ``query`` (the issue and its facts): the
     ``n`` sentences of the issue's passages closest to it, each verbatim, in passage order.  Every
-    passage competes, not only the search's first: the facts pick the rule that fits them (the
-    gold passage of a fact pattern is often the search's third or fourth; choosing among all of
-    them instead of the first two cited it for 15/16 tune patterns instead of 14, 11/16 report
-    instead of 8, and on the open rule questions for 26/34 either way)."""
+    passage competes, not only the search's first: the facts pick the rule that fits them, and
+    the passage stating it is often the search's third or fourth (docs/MEASUREMENTS.md, "Fact
+    patterns", stop 32)."""
     pool = [(d, s) for d in docs for s in candidate_sentences(d)]
     if not pool:
         return []
