@@ -58,6 +58,12 @@ FACT_SENTENCES = 3
 """Sentences of a fact pattern kept with an issue (the closest to it by cosine)."""
 MIN_FACT_WORDS = 15
 """A question with fewer words of facts before it asks is a rule question."""
+FACT_FIT = 0.30
+"""Cosine between an issue's quoted rule and the closest sentence of the facts below which the
+facts do not raise the issue (guard ``off_facts``).  The planner's first issue and the issue with
+the best fit are always applied: the cosine misses some central issues ("one blast hurled rock
+fragments" against the rule on abnormally dangerous activities scores 0.34).  Chosen on the tune
+half of the fact patterns (docs/MEASUREMENTS.md, "Fact patterns", stop 33)."""
 DOCTRINE_MATCH = 0.30
 """Cosine between an issue's name and a passage's title below which the passage is about another
 doctrine (``off_doctrine``): all-MiniLM-L6-v2 puts a doctrine and the title of its own passage at
@@ -218,6 +224,15 @@ def on_doctrine(issue: str, docs: Sequence[Mapping[str, Any]], embed: EmbedFn) -
         heads.append(f"{d.get('title') or ''}. {first}".strip(". "))
     rows = _rows(embed, [issue, *heads])
     return [bool(s >= DOCTRINE_MATCH) for s in rows[1:] @ rows[0]]
+
+
+def fact_fit(
+    rule: Sequence[tuple[Mapping[str, Any], str]], facts: np.ndarray, embed: EmbedFn
+) -> float:
+    """The cosine of a rule's closest sentence to the closest sentence of the facts (their rows)."""
+    if not rule or not len(facts):
+        return 1.0
+    return float((_rows(embed, [s for _, s in rule]) @ facts.T).max())
 
 
 def select_rule(
@@ -558,6 +573,7 @@ def build_record(
     facts, asked = split_question(question)
     guards: dict[str, int] = {
         "off_doctrine": 0,
+        "off_facts": 0,
         "not_raised": 0,
         "unparsed_application": 0,
         "unparsed_bottom_line": 0,
@@ -569,6 +585,8 @@ def build_record(
     quotes: list[dict] = []
     if decline:
         return AnswerRecord(kind, _abstain_text(decline), [], [], True, decline, guards=guards)
+    fact_rows = _rows(embed, facts) if kind == "fact_pattern" else _rows(embed, [])
+    ruled: list[tuple[IssueResearch, list[tuple[Mapping[str, Any], str]], float]] = []
     for item in research:
         if not item.researched:
             issues.append(IssueAnswer(item.issue, "not_researched", why=item.why))
@@ -599,15 +617,24 @@ def build_record(
                 continue
         else:
             rule = select_rule(query, docs, embed)
+        ruled.append((item, rule, fact_fit(rule, fact_rows, embed)))
+        issues.append(IssueAnswer(item.issue, "answered"))
+    best = max((fit for *_, fit in ruled), default=1.0)
+    slots = [n for n, i in enumerate(issues) if i.status == "answered"]
+    for n, (slot, (item, rule, fit)) in enumerate(zip(slots, ruled, strict=True)):
+        if n and fit < min(FACT_FIT, best):  # the planner's first issue is always applied
+            guards["off_facts"] += 1
+            why = f"its rule does not fit the stated facts (cosine {fit:.2f} < {FACT_FIT})"
+            issues[slot] = IssueAnswer(item.issue, "not_raised", why=why)
+            continue
         applied = None
         if kind != "rule_question" and facts:
             reqs, exceptions = rule_structure([s for _, s in rule])
             applied = apply_rule(client, item.issue, reqs, facts, exceptions)
             if applied is not None and not raised(applied):
                 guards["not_raised"] += 1
-                issues.append(
-                    IssueAnswer(item.issue, "not_raised", why="no stated fact bears on it")
-                )
+                why = "no stated fact bears on it"
+                issues[slot] = IssueAnswer(item.issue, "not_raised", why=why)
                 continue
         cites = [citations.cite(d, s) for d, s in rule]
         answer = IssueAnswer(item.issue, "answered")
@@ -619,7 +646,7 @@ def build_record(
         elif kind != "rule_question" and facts:
             guards["unparsed_application"] += 1
             answer.why = "the application could not be parsed"
-        issues.append(answer)
+        issues[slot] = answer
     answered = [i for i in issues if i.status == "answered"]
     if not answered:
         why = "no issue's research found a rule on its doctrine: " + "; ".join(

@@ -721,6 +721,11 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     return update, decision
 
 
+ROUTINE_GUARDS = frozenset({"off_doctrine", "off_facts"})
+"""Guards that sort the research (a passage or an issue set aside) rather than repair a reply:
+an answer where they fired may still be cached."""
+
+
 def cache_blockers(state: AgentState, ctx: AgentContext) -> list[str]:
     """Why this run's answer must not be cached (empty: it may be): a memory hit, an evidence
     answer, an abstention, an answer with an uncited sentence, a fired guard or an LLM call that
@@ -735,7 +740,9 @@ def cache_blockers(state: AgentState, ctx: AgentContext) -> list[str]:
         why.append("no answer")
     elif not record.get("grounded"):
         why.append("a sentence without a citation")
-    if fired := [k for k, v in (record.get("guards") or {}).items() if v and k != "off_doctrine"]:
+    if fired := [
+        k for k, v in (record.get("guards") or {}).items() if v and k not in ROUTINE_GUARDS
+    ]:
         why.append(f"guard fired: {fired[0]}")
     records = ctx.client.records[ctx.record_offset :]
     if n := sum(1 for r in records if r.parse_failed):

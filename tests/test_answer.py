@@ -249,6 +249,28 @@ def test_an_issue_no_stated_fact_bears_on_is_named_not_answered(tmp_settings):
     assert record.text.startswith("1. Search incident to arrest")
 
 
+def test_an_issue_whose_rule_does_not_fit_the_facts_is_named_not_applied(tmp_settings):
+    """Of two researched issues, the one whose quoted rule shares nothing with the facts (a design
+    defect, for a vehicle search) gets no application call and no rule in the answer (guard
+    ``off_facts``); the issue that fits them is answered.  The planner's first issue is always
+    applied."""
+    apply = json.dumps({"checks": [{"n": 2, "fact": 2, "met": "no"}]})
+    bottom = json.dumps({"answer": "yes", "reason": "the search was not incident to arrest"})
+    client, script = scripted_client(tmp_settings, {"apply": [apply], "bottom_line": [bottom]})
+    research = [
+        answer.IssueResearch("Search incident to arrest", [GANT]),
+        answer.IssueResearch("Products liability: design defects", [PRODUCTS]),
+    ]
+    record = answer.build_record(client, FACTS, None, research, EMBED)
+    assert record.guards["off_facts"] == 1 and script.roles().count("apply") == 1
+    assert [i.status for i in record.issues][:2] == ["answered", "not_raised"]
+    assert "reasonable alternative design" not in record.text
+    assert "Considered, but no stated fact raises it: Products liability" in record.text
+    client, _ = scripted_client(tmp_settings, {"apply": [apply, apply], "bottom_line": [bottom]})
+    first = answer.build_record(client, FACTS, None, research[::-1], EMBED)
+    assert first.guards["off_facts"] == 0  # the planner's first issue is always applied
+
+
 @pytest.mark.parametrize(
     "asked, yes_no",
     [

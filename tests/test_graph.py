@@ -553,7 +553,7 @@ def test_evidence_mode_quotes_only_rules_the_grounding_gate_verified(tmp_setting
     none_ok = J(verdicts=[{"n": n, "verdict": "other_doctrine"} for n in (1, 2, 3, 4)])
     replies = fact_replies(verify=[ok_first, none_ok], apply=[APPLY])
     result, script, memory, _ = run(tmp_settings, replies, answer_mode="evidence")
-    assert script.roles() == ["classify", "plan", "verify", "apply", "verify", "bottom_line"]
+    assert script.roles() == ["classify", "plan", "verify", "verify", "apply", "bottom_line"]
     assert nodes_run(result)[-4:] == ["answer", "mc_select", "memory_writeback", "observability"]
     record = result["answer"]
     status = {i["issue"]: i for i in record["issues"]}
