@@ -31,22 +31,23 @@ import load_corpus
 import rag_utils
 from llm_config import LLMClient
 from providers import resolve
+from rag_utils import Passage
 from settings import Settings, load_dotenv_file
 
 logger = logging.getLogger(__name__)
 
 
 class Retriever(Protocol):
-    def __call__(self, queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[dict]:
+    def __call__(self, queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[Passage]:
         """Passages for ``queries`` (the first is primary), best first, none of ``exclude_ids``:
-        dicts with id, text, title, source, metadata, dense_score (the plain cosine of the primary
-        query to the passage; None when the search embedded no query), rerank_score."""
+        id, text, title, source, metadata, dense_score (the plain cosine of the primary query to
+        the passage; None when the search embedded no query), rerank_score."""
         ...
 
 
-ConfidenceFn = Callable[[str, list[dict]], float]
+ConfidenceFn = Callable[[str, list[Passage]], float]
 """(question, passages the answer stands on) -> confidence in [0, 1]."""
-CosineFn = Callable[[str, list[dict]], Sequence[float]]
+CosineFn = Callable[[str, list[Passage]], Sequence[float]]
 """(question, passages) -> the cosine of the question to each passage."""
 EmbedFn = Callable[[list[str]], Any]
 """texts -> L2-normalised rows (np.ndarray or lists)."""
@@ -85,7 +86,7 @@ class AgentContext:
     """Index of the client's first call record that belongs to this run."""
     screen_passage: Callable[[str], list[str]] = field(default=injection.screen_passage)
     """Names of the injection patterns a passage's text matches (empty: clean)."""
-    source_type: Callable[[dict], str] = field(default=rag_utils.source_type)
+    source_type: Callable[[Passage], str] = field(default=rag_utils.source_type)
     """statute/rule, caselaw or study material of a passage (one classification for the working
     memory)."""
     link_issues: Callable[[str, list[str]], list[str]] | None = None
@@ -116,13 +117,13 @@ class AgentContext:
         client = client or LLMClient(settings)
         scope = _MemoryScope(settings)
 
-        def retrieve(queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[dict]:
+        def retrieve(queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[Passage]:
             return rag_utils.retrieve_documents_multi_query(
                 queries, k=k, exclude_ids=exclude_ids, settings=settings
             )
 
         def graph(mode: str) -> Retriever:
-            def search(queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[dict]:
+            def search(queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[Passage]:
                 try:
                     return legal_graph.graph_search(
                         queries[0], k=k, exclude_ids=exclude_ids, mode=mode, settings=settings
@@ -138,7 +139,7 @@ class AgentContext:
             return legal_graph.merge_agenda(issues, linked, max_items=4)
 
         def with_reranker(name: str, fuse_keyword: bool = False) -> Retriever:
-            def search(queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[dict]:
+            def search(queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[Passage]:
                 reranker = name
                 # A hybrid step ranks with the cross-encoder when RERANKER resolves to one (set
                 # explicitly, or auto with the model on disk): it reranks the same dense + BM25
@@ -159,7 +160,7 @@ class AgentContext:
 
             return search
 
-        def cosines(question: str, docs: list[dict]) -> Any:
+        def cosines(question: str, docs: list[Passage]) -> Any:
             return rag_utils.passage_cosines(question, docs, settings=settings)
 
         def embed(texts: list[str]) -> Any:
@@ -197,12 +198,12 @@ class AgentContext:
 
     def search(
         self, search_type: str, queries: list[str], k: int, exclude_ids: Sequence[str]
-    ) -> list[dict]:
+    ) -> list[Passage]:
         """Route one step's search on its strategy's ``search_type``."""
         return self.searchers.get(search_type, self.retrieve)(queries, k, exclude_ids)
 
     def passage_cosines(
-        self, question: str, docs: list[dict], queries: Sequence[str] = ()
+        self, question: str, docs: list[Passage], queries: Sequence[str] = ()
     ) -> list[float]:
         """The cosine of ``question`` to each of ``docs``, which the search of ``queries`` found.
 
@@ -221,7 +222,7 @@ class AgentContext:
         return [float(c) for c in rows[1:] @ rows[0]]
 
     def gate_scores(
-        self, question: str, docs: list[dict], queries: Sequence[str] = ()
+        self, question: str, docs: list[Passage], queries: Sequence[str] = ()
     ) -> GateScores:
         """The evidence score and the confidence of ``docs`` for ``question``, from one list of
         cosines (:meth:`passage_cosines`); a scripted number replaces its computed one."""
@@ -237,13 +238,15 @@ class AgentContext:
         )
         return GateScores(float(evidence), float(confidence))
 
-    def score_evidence(self, question: str, docs: list[dict], queries: Sequence[str] = ()) -> float:
+    def score_evidence(
+        self, question: str, docs: list[Passage], queries: Sequence[str] = ()
+    ) -> float:
         """The evidence gate's score of ``docs`` for ``question`` (0.0 for none)."""
         return self.gate_scores(question, docs, queries).evidence
 
     def keep_clean(
-        self, retrieved: list[dict], k: int, exclude: Sequence[str] = ()
-    ) -> tuple[list[dict], list[dict]]:
+        self, retrieved: list[Passage], k: int, exclude: Sequence[str] = ()
+    ) -> tuple[list[Passage], list[dict]]:
         """``(kept, flagged)``: ``injection.keep_clean`` with this run's passage screen."""
         return injection.keep_clean(retrieved, k, self.screen_passage, exclude)
 
@@ -279,7 +282,7 @@ class AgentContext:
 
     def lean_evidence(
         self, question: str, choices: dict[str, str]
-    ) -> tuple[list[dict], list[dict], float]:
+    ) -> tuple[list[Passage], list[dict], float]:
         """Lean mode's evidence (``lean.gather_evidence``): passages, flagged ones, the score."""
         return lean.gather_evidence(question, choices, **self._lean_sources())
 

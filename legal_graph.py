@@ -1606,11 +1606,11 @@ def graph_search(
     *,
     settings: Settings,
     reranker: str = "hybrid",
-) -> list[dict[str, Any]]:
-    """Graph retrieval for the agent: passages with the dict shape of
-    :func:`rag_utils.retrieve_documents_multi_query` (``id, text, source, title, metadata,
-    dense_score, rerank_score, rank``), texts fetched from the vector store; ``metadata`` adds
-    ``graph_mode`` and ``graph_path`` (how the graph reached the passage).
+) -> list[rag_utils.Passage]:
+    """Graph retrieval for the agent: passages (:class:`rag_utils.Passage`) as
+    :func:`rag_utils.retrieve_documents_multi_query` returns them (``id, text, source, title,
+    metadata, dense_score, rerank_score, rank``), texts fetched from the vector store;
+    ``metadata`` adds ``graph_mode`` and ``graph_path`` (how the graph reached the passage).
 
     ``mode="combined"`` fuses ``rag_utils`` retrieval (``reranker``: hybrid dense + BM25 by
     default) with the graph ranking by reciprocal rank fusion, the graph weighted
@@ -1642,7 +1642,7 @@ def graph_search(
         return []
     docs = {d["id"]: d for d in store.get([h.id for h in hits], with_embeddings=True)}
     q = embed_query(query, settings)
-    out: list[dict[str, Any]] = []
+    out: list[rag_utils.Passage] = []
     for h in hits:
         d = docs.get(h.id)
         if d is None:  # in the graph but not in the store (a graph built from another corpus)

@@ -27,7 +27,7 @@ from langgraph.types import Command
 import answer as answer_stage
 import mc
 import prompts
-from context import AgentContext, default_context
+from context import AgentContext, Passage, default_context
 from state import AgentState, Execution, PlanStep, merge_steps
 
 logger = logging.getLogger(__name__)
@@ -151,6 +151,8 @@ def _short(text: str, n: int = 80) -> str:
 
 
 def _passage_record(doc: dict) -> dict:
+    """A passage as the state keeps it (``AgentState.passages``): id, title, source and text of a
+    retrieved :class:`rag_utils.Passage` or of a cached answer's source, and its pin cite."""
     return {
         "id": doc["id"],
         "title": doc.get("title") or "",
@@ -627,7 +629,7 @@ the letter reads what lean reads, and the research's passages only when lean's r
 below the gate."""
 
 
-def mc_passages(state: AgentState, extra: list[dict]) -> list[dict]:
+def mc_passages(state: AgentState, extra: list[Passage]) -> list[dict]:
     """The passages the MC prompt reads, in order: ``extra`` (lean's retrieval for the question
     and its choices), then up to MC_RESEARCH_PASSAGES more that the answer cites, or that a cached
     answer cited (all of them when lean found nothing)."""
@@ -664,7 +666,7 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     choices = state.get("choices") or {}
     if not choices:
         return {}, "no choices: pass through"
-    extra: list[dict] = []
+    extra: list[Passage] = []
     lean: dict[str, Any] = {}
     try:
         docs, flagged, score = ctx.lean_evidence(state["question"], choices)

@@ -40,7 +40,7 @@ from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from settings import RERANKER_CHOICES, Settings
 
@@ -708,7 +708,44 @@ def passage_title(value: Any) -> str:
     return "" if title.lower() in PROVENANCE_TITLES else title
 
 
-def _record(pid: str, text: str | None, meta: dict[str, Any] | None) -> dict[str, Any]:
+class _PassageFields(TypedDict):
+    """The fields every :class:`Passage` has: :func:`_record` sets each of them."""
+
+    id: str
+    """The passage's id in the store (the loader's ``idx``)."""
+    text: str
+    """The passage's text ("" when the store holds none)."""
+    source: str
+    """Its metadata ``source`` (the corpus or file it came from; "" when there is none)."""
+    title: str
+    """Its title as readers see it (:func:`passage_title`: blank for a provenance label)."""
+    metadata: dict[str, Any]
+    """The stored metadata (flat values: source, title, authority_type, citation, pin, ...); a
+    search adds ``reranker`` (the ranking it used), ``legal_graph.graph_search`` also
+    ``graph_mode`` and ``graph_path``."""
+
+
+class Passage(_PassageFields, total=False):
+    """One passage as the store gives it (:meth:`PassageStore.get`, :meth:`PassageStore.iter_all`)
+    and a search returns it (:func:`retrieve_documents_multi_query`, ``legal_graph.graph_search``):
+    the stored fields, and the scores and rank a search sets."""
+
+    dense_score: float | None
+    """The plain cosine of the search's primary query to the passage (None when the search
+    embedded no query: a BM25 search)."""
+    rerank_score: float
+    """The score the search ranked by, higher is better (cross-encoder, hybrid fusion, BM25,
+    centred cosine, or the graph's score)."""
+    rrf_score: float
+    """The reciprocal rank fusion score of a fused search (:func:`rrf_merge`)."""
+    rank: int
+    """The 1-based position in the search's results."""
+    embedding: Any
+    """The stored vector: only from ``PassageStore.get(..., with_embeddings=True)``, and a search
+    removes it before it returns the passage."""
+
+
+def _record(pid: str, text: str | None, meta: dict[str, Any] | None) -> Passage:
     meta = dict(meta or {})
     return {
         "id": pid,
@@ -797,13 +834,13 @@ class PassageStore:
             found.update(got["ids"])
         return found
 
-    def get(self, ids: Sequence[str], with_embeddings: bool = False) -> list[dict[str, Any]]:
+    def get(self, ids: Sequence[str], with_embeddings: bool = False) -> list[Passage]:
         """Passages by id, in the order asked (missing ids are left out)."""
         ids = [str(i) for i in dict.fromkeys(ids)]
         if not ids:
             return []
         include = ["documents", "metadatas"] + (["embeddings"] if with_embeddings else [])
-        by_id: dict[str, dict[str, Any]] = {}
+        by_id: dict[str, Passage] = {}
         step = self.max_batch()
         for i in range(0, len(ids), step):
             got = self.collection.get(ids=ids[i : i + step], include=include)
@@ -815,7 +852,7 @@ class PassageStore:
                 by_id[pid] = rec
         return [by_id[i] for i in ids if i in by_id]
 
-    def iter_all(self, page: int = 5000, include_text: bool = True) -> Iterator[dict[str, Any]]:
+    def iter_all(self, page: int = 5000, include_text: bool = True) -> Iterator[Passage]:
         """Every passage (id, text, source, title, metadata), page by page."""
         include = ["metadatas"] + (["documents"] if include_text else [])
         offset = 0
@@ -1249,11 +1286,11 @@ def resolve_reranker(name: str | None, settings: Settings) -> str:
 # ------------------------------------------------------------------------------------------------
 
 
-def is_caselaw(doc: dict[str, Any]) -> bool:
+def is_caselaw(doc: Passage) -> bool:
     return source_type(doc) == "caselaw"
 
 
-def interleave_sources(docs: Sequence[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+def interleave_sources(docs: Sequence[Passage], k: int) -> list[Passage]:
     """Top ``k`` of ranked ``docs`` as study material and caselaw interleaved, 3:2 (k=5 gives
     S C S C S); a pool that runs short is filled from the other one."""
     study = [d for d in docs if not is_caselaw(d)]
@@ -1262,7 +1299,7 @@ def interleave_sources(docs: Sequence[dict[str, Any]], k: int) -> list[dict[str,
     want_case = min(len(case), k - want_study)
     want_study = min(len(study), k - want_case)
     picked_s, picked_c = study[:want_study], case[:want_case]
-    out: list[dict[str, Any]] = []
+    out: list[Passage] = []
     si = ci = 0
     total = len(picked_s) + len(picked_c)
     for i in range(total):
@@ -1368,7 +1405,7 @@ def retrieve_documents_multi_query(
     reranker: str | None = None,
     settings: Settings,
     fuse_keyword: bool = False,
-) -> list[dict[str, Any]]:
+) -> list[Passage]:
     """Top ``k`` passages for ``queries`` (the first is primary).
 
     ``fuse_keyword``: the ranking is merged (:func:`rrf_merge`) with the BM25 ranking of the same
@@ -1379,9 +1416,10 @@ def retrieve_documents_multi_query(
     with hybrid, bm25 and cross-encoder); the pool is deduplicated by id, ``exclude_ids`` are
     dropped, and the pool is reranked against the primary query (dense candidates and the dense
     ranking use the queries centred on the collection's mean vector when DENSE_CENTERING is on).
-    Each result: ``id, text, source, title, metadata, dense_score`` (cosine to the primary query),
-    ``rerank_score`` (the final ranking score, higher is better) and ``rank`` (1-based);
-    ``metadata['reranker']`` names the reranker used."""
+    Each result is a :class:`Passage`: ``id, text, source, title, metadata, dense_score`` (cosine
+    to the primary query), ``rerank_score`` (the final ranking score, higher is better) and
+    ``rank`` (1-based), and ``rrf_score`` when fused; ``metadata['reranker']`` names the reranker
+    used."""
     import numpy as np
 
     s = settings
@@ -1451,10 +1489,10 @@ def retrieve_documents_multi_query(
     return rrf_merge([top, [docs[i] for i in order[:k]]], k)
 
 
-def rrf_merge(rankings: Sequence[Sequence[dict[str, Any]]], k: int) -> list[dict[str, Any]]:
+def rrf_merge(rankings: Sequence[Sequence[Passage]], k: int) -> list[Passage]:
     """The best ``k`` of ranked passage lists by :func:`rrf_scores` (ties: first seen first), each
     with ``rrf_score`` and ``rank``."""
-    first: dict[str, dict[str, Any]] = {}
+    first: dict[str, Passage] = {}
     for ranking in rankings:
         for doc in ranking:
             first.setdefault(doc["id"], doc)
@@ -1465,12 +1503,12 @@ def rrf_merge(rankings: Sequence[Sequence[dict[str, Any]]], k: int) -> list[dict
 
 def retrieve_documents(
     query: str, k: int = 5, exclude_ids: Iterable[str] = (), **kw: Any
-) -> list[dict[str, Any]]:
+) -> list[Passage]:
     """Single-query :func:`retrieve_documents_multi_query`."""
     return retrieve_documents_multi_query([query], k=k, exclude_ids=exclude_ids, **kw)
 
 
-def passage_cosines(query: str, docs: Sequence[dict[str, Any]], settings: Settings) -> Any:
+def passage_cosines(query: str, docs: Sequence[Passage], settings: Settings) -> Any:
     """Cosine of ``query`` to each of ``docs`` (an array; empty for no docs).
 
     Passage embeddings come from the store by id; docs not in the store are embedded from text."""
@@ -1493,7 +1531,7 @@ def passage_cosines(query: str, docs: Sequence[dict[str, Any]], settings: Settin
 
 
 def searched_cosines(
-    question: str, docs: Sequence[dict[str, Any]], queries: Sequence[str]
+    question: str, docs: Sequence[Passage], queries: Sequence[str]
 ) -> list[float] | None:
     """The cosine of ``question`` to each of ``docs`` as the search of ``queries`` that found
     them computed it, or None when it did not.
@@ -1666,7 +1704,7 @@ SOURCE_TYPES = {
 """The working memory's three kinds of source, by authority type."""
 
 
-def source_type(passage: Mapping[str, Any]) -> str:
+def source_type(passage: Passage) -> str:
     """statute/rule, caselaw or study material, from the passage's authority type (stored by
     ``load_corpus.py docs``, else derived from its id and source: :mod:`filters`)."""
     import filters

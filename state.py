@@ -102,7 +102,8 @@ class AgentState(TypedDict, total=False):
     sources: list[dict[str, Any]]
     """The passages the answer cites: id, title, support (the cited sentence), ref ("[N]")."""
     passages: dict[str, dict[str, Any]]
-    """Every passage retrieved in this run by id (id, title, source, text)."""
+    """Every passage retrieved in this run (or cited by a cached answer) by id: the id, title,
+    source and text of its ``rag_utils.Passage``, and its pin cite ``pin``."""
     flagged_passages: Annotated[list[dict[str, Any]], operator.add]
     """Retrieved passages dropped because their text carries instructions (injection screen):
     {"id", "patterns"}."""

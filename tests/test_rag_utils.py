@@ -181,6 +181,24 @@ def test_results_have_the_documented_fields_and_order(loaded, reranker):
         assert docs[0]["rerank_score"] <= 2 / (rag_utils.RRF_K + 1) + 1e-12
 
 
+@pytest.mark.parametrize(
+    ("reranker", "fuse"), [("none", False), ("hybrid", False), ("bm25", False), ("hybrid", True)]
+)
+def test_a_retrieved_passage_has_only_the_keys_passage_declares(loaded, reranker, fuse):
+    """rag_utils.Passage names every key a search returns: its stored fields always, its scores
+    as the search sets them, never the stored vector."""
+    settings, _ = loaded
+    docs = rag_utils.retrieve_documents_multi_query(
+        ["negligence duty breach"], k=3, reranker=reranker, settings=settings, fuse_keyword=fuse
+    )
+    declared = rag_utils.Passage.__required_keys__ | rag_utils.Passage.__optional_keys__
+    assert rag_utils.Passage.__required_keys__ == {"id", "text", "source", "title", "metadata"}
+    assert docs
+    for d in docs:
+        assert rag_utils.Passage.__required_keys__ <= set(d) <= declared - {"embedding"}
+        assert ("rrf_score" in d) == (fuse and reranker != "bm25")
+
+
 def test_pool_covers_every_query_without_duplicates(loaded):
     settings, _ = loaded
     store = rag_utils.get_store(settings)
