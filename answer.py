@@ -63,7 +63,8 @@ FACT_FIT = 0.30
 facts do not raise the issue (guard ``off_facts``).  The planner's first issue and the issue with
 the best fit are always applied: the cosine misses some central issues ("one blast hurled rock
 fragments" against the rule on abnormally dangerous activities scores 0.34).  Chosen on the tune
-half of the fact patterns (docs/MEASUREMENTS.md, "Fact patterns", stop 33)."""
+half of the fact patterns, and below the multi_hop demo's Free Exercise Clause (0.33)
+(docs/MEASUREMENTS.md, "Fact patterns", stop 33)."""
 DOCTRINE_MATCH = 0.30
 """Cosine between an issue's name and a passage's title below which the passage is about another
 doctrine (``off_doctrine``): all-MiniLM-L6-v2 puts a doctrine and the title of its own passage at
