@@ -6,7 +6,8 @@ stage writes the answer a user reads, in the shape of a bar essay:
 - **Rule** — for each issue, the sentences of its passages that state the rule for these facts,
   quoted verbatim (chosen by embedding cosine to the issue and its facts, so no paraphrase can put
   words in a source's mouth), each cited to its passage.  A passage about another doctrine than
-  the issue (``off_doctrine``) is never used as its rule.
+  the issue (``off_doctrine``) is never used as its rule, and an issue whose rule is far from
+  every stated fact (``off_facts``, :data:`FACT_FIT`) is named, not applied.
 - **Application** — one narrow call per issue (``skills/apply_rule.md``): the rule's requirements,
   and for each the stated fact that meets or fails it.  Each application sentence cites the rule
   it applies and names its fact.
