@@ -587,8 +587,8 @@ def build_record(
     quotes: list[dict] = []
     if decline:
         return AnswerRecord(kind, _abstain_text(decline), [], [], True, decline, guards=guards)
-    fact_rows = _rows(embed, facts) if kind == "fact_pattern" else _rows(embed, [])
-    ruled: list[tuple[IssueResearch, list[tuple[Mapping[str, Any], str]], float]] = []
+    fact_rows = _rows(embed, list(facts) if kind == "fact_pattern" else [])
+    ruled: list[tuple[int, IssueResearch, list[tuple[Mapping[str, Any], str]], float]] = []
     for item in research:
         if not item.researched:
             issues.append(IssueAnswer(item.issue, "not_researched", why=item.why))
@@ -619,11 +619,10 @@ def build_record(
                 continue
         else:
             rule = select_rule(query, docs, embed)
-        ruled.append((item, rule, fact_fit(rule, fact_rows, embed)))
-        issues.append(IssueAnswer(item.issue, "answered"))
+        ruled.append((len(issues), item, rule, fact_fit(rule, fact_rows, embed)))
+        issues.append(IssueAnswer(item.issue, "answered"))  # its place, filled in below
     best = max((fit for *_, fit in ruled), default=1.0)
-    slots = [n for n, i in enumerate(issues) if i.status == "answered"]
-    for n, (slot, (item, rule, fit)) in enumerate(zip(slots, ruled, strict=True)):
+    for n, (slot, item, rule, fit) in enumerate(ruled):
         if n and fit < min(FACT_FIT, best):  # the planner's first issue is always applied
             guards["off_facts"] += 1
             why = f"its rule does not fit the stated facts (cosine {fit:.2f} < {FACT_FIT})"
