@@ -195,7 +195,8 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     question = state["question"]
     result = prompts.call(ctx.client, "classify", question=question)
     if result.parsed is not None:
-        return {"query_type": result.parsed.query_type}, result.parsed.query_type
+        kind, legal = result.parsed.query_type, result.parsed.legal
+        return {"query_type": kind, "legal_question": legal}, kind if legal else f"{kind}, not law"
     fallback = "multi_hop" if state.get("choices") or len(question.split()) > 60 else "simple"
     return (
         {"query_type": fallback, "fallbacks": ["classifier: unparseable reply"]},
@@ -241,21 +242,29 @@ def candidate_doctrines(ctx: AgentContext, question: str) -> list[str]:
     return out
 
 
-def off_topic(ctx: AgentContext, question: str) -> str:
+def off_topic(ctx: AgentContext, question: str, legal: bool = True) -> str:
     """Why an open question is off topic as asked ("" when it is not), checked before any
     research (which searches the doctrines the model names, and can turn gibberish into a legal
     topic): a rule question that uses words no passage of the corpus uses ("copyright", "ERISA":
     the sources cannot state its rule), or a question whose every sentence's closest passages
-    score below LEAN_GATE."""
-    rule_question = answer_stage.question_kind(question, None) == "rule_question"
-    unknown = ctx.unknown_terms(question) if ctx.unknown_terms and rule_question else []
+    score below LEAN_GATE.  A fact pattern is held to that score only when the classifier reads
+    no question of law in it ("Dana invited Eli to dinner. What wine should she serve?"): told
+    in everyday words ("her porch step was rotten"), a legal one sits as far from passages that
+    state its rule in legal words ("a licensee must be warned of known concealed dangers").  The
+    classifier alone never declines: it misreads a bare "Hearsay?", which a passage scores
+    close to."""
+    kind = answer_stage.question_kind(question, None)
+    if legal and kind == "fact_pattern":
+        return ""
+    unknown = ctx.unknown_terms(question) if ctx.unknown_terms and kind == "rule_question" else []
     if unknown:
         return f"{OFF_TOPIC}: no source uses the words {', '.join(unknown[:5])}"
     score = ctx.off_topic_score(question)
     if score is not None:
         return (
-            f"{OFF_TOPIC}: the passages closest to the question as asked score {score:.2f}, "
-            f"below LEAN_GATE {ctx.settings.agent.lean_gate:.2f}"
+            f"{OFF_TOPIC}: {'' if legal else 'it asks no question of law, and '}the passages "
+            f"closest to the question as asked score {score:.2f}, below LEAN_GATE "
+            f"{ctx.settings.agent.lean_gate:.2f}"
         )
     return ""
 
@@ -301,7 +310,8 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
             },
             f"memory hit (similarity {hit.get('similarity', 0):.3f})",
         )
-    decline = "" if state.get("choices") else off_topic(ctx, question)
+    legal = state.get("legal_question", True)
+    decline = "" if state.get("choices") else off_topic(ctx, question, legal)
     if decline:  # nothing to research: the answer stage declines and says why
         update = {"memory_hit": False, "decline": decline, "stop_reason": decline}
         return update, f"declined: {decline}"

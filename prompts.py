@@ -215,6 +215,10 @@ class InjectionVerdict(BaseModel):
 
 
 class Classification(BaseModel):
+    topic: str
+    """What the question asks for, in a few words (named first, so that ``legal`` follows it)."""
+    legal: bool
+    """Whether it asks about the law at all."""
     query_type: Literal["simple", "multi_hop"]
 
 
@@ -320,7 +324,7 @@ class Call:
 
 CALLS: dict[Role, Call] = {
     "injection": Call("detect_prompt_injection", InjectionVerdict, 60),
-    "classify": Call("classify_and_route", Classification, 20),
+    "classify": Call("classify_and_route", Classification, 40),
     "plan": Call("plan_synthesis", Plan, 80),
     "rewrite": Call("query_rewrite", Rewrite, 110),
     "apply": Call("apply_rule", Application, 160),

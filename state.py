@@ -88,6 +88,8 @@ class AgentState(TypedDict, total=False):
     """The issues given a step (at most MAX_STEPS; the rest are reported as not answered)."""
     planning_table: Annotated[list[PlanStep], merge_steps]
     query_type: QueryType
+    legal_question: bool
+    """The classifier's reading: does the question ask about the law at all (absent: yes)."""
     final_cited_answer: str
     research_answer: str
     """The answer's text without the MC selection (what memory stores; "" when it abstained)."""

@@ -217,7 +217,7 @@ def run(
 
 def fact_replies(**over: list[Any]) -> dict[str, list[Any]]:
     replies = {
-        "classify": [J(query_type="simple")],
+        "classify": [J(topic="law", legal=True, query_type="simple")],
         "plan": [J(issues=["Negligence", "Comparative negligence"])],
         "apply": [APPLY, COMPARE],
         "bottom_line": [BOTTOM],
@@ -269,7 +269,10 @@ def test_a_fact_pattern_gets_rule_application_conclusion_and_bottom_line(tmp_set
 
 
 def test_a_rule_question_states_the_rule_without_an_application(tmp_settings):
-    replies = {"classify": [J(query_type="simple")], "plan": [J(issues=["Comparative negligence"])]}
+    replies = {
+        "classify": [J(topic="law", legal=True, query_type="simple")],
+        "plan": [J(issues=["Comparative negligence"])],
+    }
     result, script, *_ = run(tmp_settings, replies, question="What is comparative negligence?")
     assert script.roles() == ["classify", "plan"]
     record = result["answer"]
@@ -335,7 +338,10 @@ def test_one_issue_without_evidence_does_not_decline_the_question(tmp_settings):
 
 
 def test_no_issue_with_evidence_declines_plainly_and_is_not_cached(tmp_settings):
-    replies = {"classify": [J(query_type="simple")], "plan": [J(issues=["Negligence"])]}
+    replies = {
+        "classify": [J(topic="law", legal=True, query_type="simple")],
+        "plan": [J(issues=["Negligence"])],
+    }
     result, script, memory, _ = run(  # the question as asked is on topic; both angles miss
         tmp_settings,
         replies,
@@ -354,7 +360,7 @@ def test_no_issue_with_evidence_declines_plainly_and_is_not_cached(tmp_settings)
 def test_a_question_off_topic_as_asked_is_declined_however_the_issues_were_named(tmp_settings):
     """The model could name a legal issue for gibberish; the question as asked decides, before
     any research."""
-    replies = {"classify": [J(query_type="simple")]}
+    replies = {"classify": [J(topic="law", legal=True, query_type="simple")]}
     result, script, memory, _ = run(
         tmp_settings,
         replies,
@@ -369,10 +375,51 @@ def test_a_question_off_topic_as_asked_is_declined_however_the_issues_were_named
     assert result["planning_table"] == []
 
 
+def test_a_question_that_asks_no_question_of_law_is_declined_before_research(tmp_settings):
+    """Facts and a question in everyday words, about dinner and not the law, that no passage
+    scores close to: declined.  The classifier's reading alone declines nothing: a bare
+    "Hearsay?" it misreads is researched, because a passage is close to it."""
+    wine = (
+        "Dana invited her friend Eli over for dinner and is grilling salmon. Eli does not drink "
+        "red wine. What wine should Dana serve?"
+    )
+    for question, score, declined in [(wine, 0.1, True), ("Hearsay?", 0.9, False)]:
+        replies = {"classify": [J(topic="wine", legal=False, query_type="simple")]}
+        if not declined:
+            replies["plan"] = [J(issues=["Hearsay"])]
+        result, script, memory, _ = run(
+            tmp_settings,
+            replies,
+            question=question,
+            evidence_score=lambda q, docs, s=score: 0.9 if "rule and elements" in q else s,
+            lean_gate=0.5,
+        )
+        assert bool(result.get("decline")) is declined, question
+        if declined:
+            assert result["answer"]["abstained"] is True
+            assert result["answer"]["why"].startswith("off topic: it asks no question of law")
+            assert script.roles() == ["classify"] and memory.writes == []
+        else:
+            assert "plan" in script.roles()
+
+
+def test_a_fact_pattern_in_everyday_words_is_researched_though_no_passage_is_close(tmp_settings):
+    """ "Is the store liable?" told without legal words sits far from every passage as asked; the
+    research asks for the doctrines, and answers."""
+    result, script, *_ = run(
+        tmp_settings,
+        fact_replies(),
+        evidence_score=lambda q, docs: 0.9 if "rule and elements" in q else 0.1,
+        lean_gate=0.5,
+    )
+    assert result["answer"]["abstained"] is False
+    assert "plan" in script.roles() and "apply" in script.roles()
+
+
 def test_a_rule_question_in_words_no_source_uses_is_declined_before_research(tmp_settings):
     """ "What are the four fair use factors in copyright law?" against a corpus that never says
     "copyright": the sources cannot state its rule, however close its generic words score."""
-    replies = {"classify": [J(query_type="simple")]}
+    replies = {"classify": [J(topic="law", legal=True, query_type="simple")]}
     settings = tmp_settings.replace(llm_max_retries=0, skip_injection_check=True)
     script = Script(replies)
     client = LLMClient(settings, llm_factory=lambda role: ScriptedChat(role=role, script=script))
@@ -401,7 +448,10 @@ def test_a_rule_question_in_words_no_source_uses_is_declined_before_research(tmp
 def test_a_passage_about_another_doctrine_is_never_an_issues_rule(tmp_settings):
     """The wrong law: retrieval for a slip-and-fall found only a products-liability passage."""
     wrong = [{"id": "prod", "title": "Products liability", "text": "Products liability. A seller of a defective product is strictly liable."}]  # fmt: skip
-    replies = {"classify": [J(query_type="simple")], "plan": [J(issues=["Premises invitee duty"])]}
+    replies = {
+        "classify": [J(topic="law", legal=True, query_type="simple")],
+        "plan": [J(issues=["Premises invitee duty"])],
+    }
     result, script, *_ = run(tmp_settings, replies, retriever=FakeRetriever(wrong))
     record = result["answer"]
     assert record["abstained"] is True and record["citations"] == []
@@ -437,7 +487,7 @@ MC_QUESTION = (
     "A public university suspended a student for her speech without a hearing. Was it lawful?"
 )
 MC_REPLIES = {
-    "classify": [J(query_type="multi_hop")],
+    "classify": [J(topic="law", legal=True, query_type="multi_hop")],
     "plan": [J(issues=["Free speech at public universities"])],
     "apply": [J(checks=[{"n": 1, "fact": "suspended for her speech", "met": "yes"}])],
     "mc_select": ["**Answer: (C)**"],
@@ -485,7 +535,10 @@ def test_when_leans_retrieval_falls_below_the_gate_the_letter_reads_the_research
 def test_memory_hit_skips_the_research_and_a_letter_is_still_picked(tmp_settings):
     cached = {"id": "neg", "title": "Negligence elements", "text": LAW[0]["text"], "ref": "[1]"}
     memory = Memory({"question": "q", "answer": "Cached answer [1].", "confidence": 0.7, "similarity": 0.99, "sources": [cached]})  # fmt: skip
-    replies = {"classify": [J(query_type="simple")], "mc_select": ["**Answer: (B)**"]}
+    replies = {
+        "classify": [J(topic="law", legal=True, query_type="simple")],
+        "mc_select": ["**Answer: (B)**"],
+    }
     result, script, memory, _ = run(
         tmp_settings, replies, memory=memory, choices=CHOICES, answer_mode="research"
     )
@@ -583,7 +636,7 @@ def test_evidence_mode_abstains_when_the_gate_reply_is_unusable(tmp_settings):
 
 def test_every_step_failing_stops_at_the_iteration_cap(tmp_settings):
     replies = {
-        "classify": [J(query_type="multi_hop")],
+        "classify": [J(topic="law", legal=True, query_type="multi_hop")],
         "plan": [J(issues=["Negligence", "Comparative negligence", "Free speech"])],
     }
     result, *_ = run(
