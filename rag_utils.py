@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -424,13 +425,10 @@ class EmbeddingsAdapter:
     def __init__(self, embeddings: Any, name: str) -> None:
         self.embeddings = embeddings
         self.name = name
-        self._dimension: int | None = None
 
-    @property
+    @functools.cached_property
     def dimension(self) -> int:
-        if self._dimension is None:
-            self._dimension = int(len(self.embeddings.embed_query("dimension probe")))
-        return self._dimension
+        return int(len(self.embeddings.embed_query("dimension probe")))
 
     def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
         import numpy as np
@@ -438,7 +436,7 @@ class EmbeddingsAdapter:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         vecs = np.asarray(self.embeddings.embed_documents(list(texts)), dtype=np.float32)
-        self._dimension = int(vecs.shape[1])
+        self.dimension = int(vecs.shape[1])
         return vecs / np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)
 
     def embed_query(self, text: str) -> np.ndarray:
@@ -759,7 +757,6 @@ class PassageStore:
         self.name = name
         self.model_name = model_name
         self.bm25_dir = bm25_dir
-        self._collection: Any = None
         self._matrix: tuple[int, list[str], Any] | None = None
         """(passage count, ids, unit vectors) for exact search, reread when the count changes."""
         self._allowed: dict[tuple[Any, int], frozenset[str]] = {}
@@ -767,11 +764,9 @@ class PassageStore:
         self._masks: dict[frozenset[str], Any] = {}
         """Admitted ids -> which rows of the exact-search matrix they are (:func:`membership`)."""
 
-    @property
+    @functools.cached_property
     def collection(self) -> Any:
-        if self._collection is None:
-            self._collection = _open_collection(self.client, self.name, self.model_name)
-        return self._collection
+        return _open_collection(self.client, self.name, self.model_name)
 
     def count(self) -> int:
         return int(self.collection.count())
