@@ -742,6 +742,10 @@ def doc_overrides(args: argparse.Namespace) -> dict[str, str]:
     return {k: v for k, v in values.items() if v}
 
 
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.items())
+
+
 def _print_status(info: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(info, indent=2))
@@ -752,7 +756,7 @@ def _print_status(info: dict[str, Any], as_json: bool) -> None:
     print(f"passages:        {info['count']}")
     print(f"BM25 index:      {info['bm25_index']}")
     print(f"QA memory:       {info['qa_memory_entries']} cached answer(s) (main.py --clear-memory)")
-    flags = ", ".join(f"{k} {v}" for k, v in info["injection_flags"].items())
+    flags = _counts(info["injection_flags"])
     print(
         f"injection flags: {info['injection_flagged']} passages flagged"
         + (f" ({flags})" if flags else "")
@@ -764,16 +768,11 @@ def _print_status(info: dict[str, Any], as_json: bool) -> None:
     )
     for key, label in (("authority_types", "by type"), ("jurisdictions", "by jurisdiction")):
         if info.get(key):
-            print(f"{label + ':':<17}" + ", ".join(f"{k} {v}" for k, v in info[key].items()))
+            print(f"{label + ':':<17}{_counts(info[key])}")
     docs = info.get("documents") or {}
     if docs.get("count"):
-        print(
-            f"documents:       {docs['count']} ("
-            + ", ".join(f"{k} {v}" for k, v in docs["by_type"].items())
-            + "; "
-            + ", ".join(f"{k} {v}" for k, v in docs["by_jurisdiction"].items())
-            + ")"
-        )
+        by = f"{_counts(docs['by_type'])}; {_counts(docs['by_jurisdiction'])}"
+        print(f"documents:       {docs['count']} ({by})")
     if info["sources"]:
         print("sources:")
         for name, n in info["sources"].items():
@@ -782,8 +781,7 @@ def _print_status(info: dict[str, Any], as_json: bool) -> None:
     if graph:
         print(f"graph:           {graph.get('engine')} ({graph.get('state')})")
         for kind in ("nodes", "edges"):
-            counts = ", ".join(f"{k} {v}" for k, v in graph.get(kind, {}).items())
-            print(f"  {kind + ':':<7} {counts}")
+            print(f"  {kind + ':':<7} {_counts(graph.get(kind, {}))}")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -796,10 +794,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         if args.json:
             print(json.dumps(built, indent=2))
         else:
-            nodes = ", ".join(f"{k} {v}" for k, v in built["nodes"].items())
-            edges = ", ".join(f"{k} {v}" for k, v in built["edges"].items())
             print(f"graph rebuilt from {built['passages']} passages in {built['seconds']} s")
-            print(f"  nodes: {nodes}\n  edges: {edges}")
+            print(f"  nodes: {_counts(built['nodes'])}\n  edges: {_counts(built['edges'])}")
         return 0
 
     if command == "docs":
