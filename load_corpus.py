@@ -228,74 +228,64 @@ def _text(value: Any) -> str:
     return "" if _is_blank(value) else str(value).strip()
 
 
+def _read_items(
+    path: Path, limit: int | None, what: str, item: str, *fields: str
+) -> list[tuple[str, dict[str, Any]]]:
+    """``(id, record)`` of each record of a file: every record has an ``idx`` (or ``id``) and one
+    of ``fields``, no id twice, and there is one at least; else :class:`CorpusError` names the
+    file and the first bad row."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    seen: dict[str, int] = {}
+    for row, rec in iter_rows(path, limit=limit):
+        rid = _text(rec.get("idx", rec.get("id")))
+        if not rid:
+            raise CorpusError(f"{path}: row {row}: no {what} id (field 'idx')")
+        if not any(_text(rec.get(f)) for f in fields):
+            raise CorpusError(
+                f"{path}: row {row}: {item} {rid!r} has no {fields[0]} (field '{fields[0]}')"
+            )
+        if rid in seen:
+            raise CorpusError(
+                f"{path}: row {row}: duplicate {what} id {rid!r} (first at row {seen[rid]})"
+            )
+        seen[rid] = row
+        out.append((rid, rec))
+    if not out:
+        raise CorpusError(f"{path}: row 1: no {what}s (the file is empty)")
+    return out
+
+
 def read_passages(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
-    """Passages of a file, validated: each has a non-empty ``idx`` (or ``id``) and ``text``; ids
-    are unique. Returns dicts ``idx, text, source, title`` plus the other fields (metadata).
-    Raises :class:`CorpusError` naming the file and the first bad row."""
+    """Passages of a file, validated (each with an ``idx`` and a ``text``, ids unique), as dicts
+    ``idx, text, source, title`` plus the other fields (metadata)."""
     p = Path(path)
     out: list[dict[str, Any]] = []
-    seen: dict[str, int] = {}
-    for row, rec in iter_rows(p, limit=limit):
-        pid = _text(rec.get("idx", rec.get("id")))
-        if not pid:
-            raise CorpusError(f"{p}: row {row}: no passage id (field 'idx')")
-        text = _text(rec.get("text"))
-        if not text:
-            raise CorpusError(f"{p}: row {row}: passage {pid!r} has no text (field 'text')")
-        if pid in seen:
-            raise CorpusError(
-                f"{p}: row {row}: duplicate passage id {pid!r} (first at row {seen[pid]})"
-            )
-        seen[pid] = row
-        extra = {
-            k: v
-            for k, v in rec.items()
-            if k not in ("idx", "id", "text", "source", "title") and not _is_blank(v)
-        }
+    for pid, rec in _read_items(p, limit, "passage", "passage", "text"):
+        skip = ("idx", "id", "text", "source", "title")
+        extra = {k: v for k, v in rec.items() if k not in skip and not _is_blank(v)}
         title = _text(rec.get("title"))
         if title and not rag_utils.passage_title(title):  # a benchmark label, not a title
             extra.setdefault("provenance", title)
             title = ""
+        source = _text(rec.get("source")) or p.stem
         out.append(
-            {
-                "idx": pid,
-                "text": text,
-                "source": _text(rec.get("source")) or p.stem,
-                "title": title,
-                **extra,
-            }
+            {"idx": pid, "text": _text(rec["text"]), "source": source, "title": title, **extra}
         )
-    if not out:
-        raise CorpusError(f"{p}: row 1: no passages (the file is empty)")
     return out
 
 
 def read_qa(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
     """QA items of a file with the Bar Exam QA field names (``idx, prompt, question, choice_a..
-    choice_d, answer, gold_idx``); every item needs an ``idx`` and a ``question``; ids are unique.
-    Missing optional fields become empty strings."""
-    p = Path(path)
+    choice_d, answer, gold_idx``); every item needs an ``idx`` and a ``question`` (or a
+    ``prompt``); ids are unique. Missing optional fields become empty strings."""
     out: list[dict[str, Any]] = []
-    seen: dict[str, int] = {}
-    for row, rec in iter_rows(p, limit=limit):
-        qid = _text(rec.get("idx", rec.get("id")))
-        if not qid:
-            raise CorpusError(f"{p}: row {row}: no question id (field 'idx')")
-        if not _text(rec.get("question")) and not _text(rec.get("prompt")):
-            raise CorpusError(f"{p}: row {row}: item {qid!r} has no question (field 'question')")
-        if qid in seen:
-            raise CorpusError(
-                f"{p}: row {row}: duplicate question id {qid!r} (first at row {seen[qid]})"
-            )
-        seen[qid] = row
+    for qid, rec in _read_items(Path(path), limit, "question", "item", "question", "prompt"):
         item = {k: (None if _is_blank(v) else v) for k, v in rec.items()}
         item["idx"] = qid
         for f in ("prompt", "gold_idx", *QA_FIELDS):
             item[f] = _text(item.get(f))
         item["answer"] = item["answer"].upper()
         out.append(item)
-    if not out:
-        raise CorpusError(f"{p}: row 1: no questions (the file is empty)")
     return out
 
 
