@@ -757,12 +757,10 @@ class PassageStore:
         self.name = name
         self.model_name = model_name
         self.bm25_dir = bm25_dir
+        # (passage count, ids, unit vectors) for exact search, reread when the count changes
         self._matrix: tuple[int, list[str], Any] | None = None
-        """(passage count, ids, unit vectors) for exact search, reread when the count changes."""
-        self._allowed: dict[tuple[Any, int], frozenset[str]] = {}
-        """(filter, passage count) -> the ids the filter admits."""
-        self._masks: dict[frozenset[str], Any] = {}
-        """Admitted ids -> which rows of the exact-search matrix they are (:func:`membership`)."""
+        self._allowed: dict[tuple[Any, int], frozenset[str]] = {}  # (filter, count) -> ids
+        self._masks: dict[frozenset[str], Any] = {}  # admitted ids -> :func:`membership` rows
 
     @functools.cached_property
     def collection(self) -> Any:
@@ -822,26 +820,26 @@ class PassageStore:
                 by_id[pid] = rec
         return [by_id[i] for i in ids if i in by_id]
 
-    def _pages(self, include: list[str], page: int = 5000) -> Iterator[dict[str, Any]]:
-        """Chroma ``get`` results covering the whole collection, ``page`` passages each."""
+    def _pages(self, include: list[str]) -> Iterator[dict[str, Any]]:
+        """Chroma ``get`` results covering the whole collection, 5000 passages each."""
         offset = 0
-        while (got := self.collection.get(include=include, limit=page, offset=offset))["ids"]:
+        while (got := self.collection.get(include=include, limit=5000, offset=offset))["ids"]:
             yield got
             offset += len(got["ids"])
 
-    def iter_all(self, page: int = 5000, include_text: bool = True) -> Iterator[Passage]:
+    def iter_all(self, include_text: bool = True) -> Iterator[Passage]:
         """Every passage (id, text, source, title, metadata), page by page."""
-        for got in self._pages(["metadatas"] + (["documents"] if include_text else []), page):
+        for got in self._pages(["metadatas"] + (["documents"] if include_text else [])):
             docs = got.get("documents") or [None] * len(got["ids"])
             for pid, text, meta in zip(got["ids"], docs, got["metadatas"], strict=True):
                 yield _record(pid, text, meta)
 
-    def mean_embedding(self, page: int = 5000) -> Any:
+    def mean_embedding(self) -> Any:
         """The mean of every stored passage vector (float32; empty for an empty collection)."""
         import numpy as np
 
         total, n = 0.0, 0
-        for got in self._pages(["embeddings"], page):
+        for got in self._pages(["embeddings"]):
             total += np.asarray(got["embeddings"], dtype=np.float64).sum(0)
             n += len(got["ids"])
         return (total / n).astype(np.float32) if n else np.zeros(0, dtype=np.float32)
