@@ -604,10 +604,7 @@ def scan_metadata(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     as injections (per pattern name) or were loaded before screening (no flag field)."""
     from collections import Counter
 
-    sources: Counter[str] = Counter()
-    flags: Counter[str] = Counter()
-    kinds: Counter[str] = Counter()
-    places: Counter[str] = Counter()
+    sources, flags, kinds, places = Counter(), Counter(), Counter(), Counter()
     docs: dict[str, tuple[str, str]] = {}
     flagged = unscreened = 0
     for p in records:

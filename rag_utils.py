@@ -123,15 +123,14 @@ def embedder_name(settings: Settings) -> str:
     return DEFAULT_MODEL_NAME if model.lower() == "default" else model
 
 
+@dataclass(eq=False)
 class Embedder:
     """A sentence-transformers bi-encoder (the torch backend): L2-normalised float32 embeddings."""
 
     backend = "torch"
-
-    def __init__(self, model: Any, name: str, batch_size: int = 16) -> None:
-        self.model = model
-        self.name = name
-        self.batch_size = batch_size
+    model: Any
+    name: str
+    batch_size: int = 16
 
     @property
     def dimension(self) -> int:
@@ -1004,8 +1003,7 @@ class Bm25Index:
     def scores_of(self, scores: Any, ids: Sequence[str]) -> list[float]:
         """Entries of one row of :meth:`scores_many` for the passages ``ids`` (0.0 when not
         indexed)."""
-        rows = [self.row(pid) for pid in ids]
-        return [0.0 if r is None else float(scores[r]) for r in rows]
+        return [0.0 if (r := self.row(pid)) is None else float(scores[r]) for pid in ids]
 
     @classmethod
     def build(cls, ids: Sequence[str], texts: Sequence[str]) -> Bm25Index:
