@@ -743,15 +743,11 @@ def _print_status(info: dict[str, Any], as_json: bool) -> None:
     print(f"passages:        {info['count']}")
     print(f"BM25 index:      {info['bm25_index']}")
     print(f"QA memory:       {info['qa_memory_entries']} cached answer(s) (main.py --clear-memory)")
-    flags = _counts(info["injection_flags"])
+    flags, unscreened = _counts(info["injection_flags"]), info["injection_unscreened"]
     print(
         f"injection flags: {info['injection_flagged']} passages flagged"
         + (f" ({flags})" if flags else "")
-        + (
-            f"; {info['injection_unscreened']} loaded before screening"
-            if info["injection_unscreened"]
-            else ""
-        )
+        + (f"; {unscreened} loaded before screening" if unscreened else "")
     )
     for key, label in (("authority_types", "by type"), ("jurisdictions", "by jurisdiction")):
         if info.get(key):
