@@ -1,34 +1,21 @@
 """The user's own legal documents: PDF, HTML, DOCX, Markdown and text files read into passages that
-keep their pin cites (``load_corpus.py docs``).
+keep their pin cites (``load_corpus.py docs``).  Reading and chunking meet in :class:`Document`.
 
-Reading and chunking are two steps joined by one record, :class:`Document`:
-
-* A reader per format turns a file into :class:`Block` s (paragraphs and headings, each with its
-  page and the path of headings above it) and a title: pypdf for PDF, lxml for HTML, python-docx
-  for DOCX, ``#`` lines for Markdown.  PDF and text files have no markup, so their lines are
-  joined into paragraphs by layout (a vertical gap, an indent, a short last line, a structural
-  line such as ``§ 1441.`` or ``(b)``), and running heads and page numbers are dropped.
-* Documents are untrusted.  Text a reader of the file does not see (HTML comments, scripts,
-  ``hidden``/``aria-hidden``/``display:none`` elements, ``<meta>``; PDF text drawn white, in render
-  mode 3, under 1 pt or off the page, PDF metadata and annotations; hidden or white DOCX runs,
-  comments and properties) never becomes passage text.  It is kept as ``Document.hidden_text``
-  and screened with :func:`injection.screen_passage`; every chunk of a document whose hidden text
-  reads as instructions carries the flags in ``hidden_injection`` and the loader quarantines it.
-  Visible text is screened by the loader, like every passage.
-* The layout (``kind``) decides the cut: ``statute`` (codes, rules, regulations, constitutions)
-  by section and subsection, the pin being the deepest subsection at the chunk's start
-  (``§ 1441(b)(2)``, ``Rule 803(2)``); ``opinion`` by paragraph, with its part (syllabus,
-  majority, concurrence, dissent) and page, a star-paging marker (``*123``) moving the pin from
-  there on; ``brief`` (briefs, outlines, notes) by heading.  A heading is never a passage alone:
-  it opens the passage after it.
-* Chunks fit the embedder: ``count_tokens`` (the loader passes the embedder's tokenizer) measures
-  them; a long paragraph is cut at sentence boundaries (nupunkt) with an overlap; a small unit or
-  a lead-in ending in ``:`` or ``—`` is merged with the next in its section.  Ids are
-  ``<doc_id>#<n>`` with ``doc_id`` a slug of the file name, so a changed file replaces its chunks
-  (its ``sha256`` tells the loader it changed).
-* Authority metadata (citation, court, jurisdiction, date, authority type) comes from the text
-  (eyecite, courts-db); a ``<file>.meta.json`` sidecar overrides it and ``overrides`` (the CLI
-  flags) override both.
+* A reader per format (pypdf, lxml, python-docx, ``#`` lines for Markdown) gives :class:`Block` s:
+  paragraphs and headings with their page and heading path.  PDF and text lines are joined into
+  paragraphs by layout; running heads and page numbers are dropped.
+* Documents are untrusted: text a reader does not see (HTML comments and hidden elements, white,
+  tiny or off-page PDF text, hidden DOCX runs, metadata) never becomes passage text.  It is
+  screened (:func:`injection.screen_passage`), and a document whose hidden text reads as
+  instructions has every chunk flagged in ``hidden_injection``, which the loader quarantines.
+* The layout (``kind``) decides the cut and the pin: ``statute`` by section and subsection
+  (``§ 1441(b)(2)``), ``opinion`` by paragraph with its part and page or star page (``*123``),
+  ``brief`` by heading.  A heading opens the passage after it, never stands alone.
+* Chunks fit the embedder (``count_tokens``): a long paragraph is cut at sentence boundaries
+  (nupunkt) with an overlap; a small unit or a lead-in is merged with the next.  Ids are
+  ``<doc_id>#<n>``, so a changed file replaces its chunks.
+* Authority metadata comes from the text (eyecite, courts-db); a ``<file>.meta.json`` sidecar
+  overrides it and ``overrides`` (the CLI flags) override both.
 
 Every failure is a :class:`DocumentError` whose one-line message names the file and the reason.
 """

@@ -20,6 +20,7 @@ interruption embeds only what is missing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -115,9 +116,6 @@ def _not_text(p: Path, row: int, exc: BaseException) -> CorpusError:
     return CorpusError(f"{p}: row {row}: {why}")
 
 
-DECOMPRESS_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError)
-
-
 def _plain_tsv_shape(p: Path) -> bool:
     """True when every non-blank line of ``p`` has the header's number of tab-separated fields,
     as a TSV without quoting must (a quoted field holding a newline breaks that)."""
@@ -184,14 +182,14 @@ def iter_rows(path: str | Path, limit: int | None = None) -> Iterator[tuple[int,
                         return
         except UnicodeDecodeError as exc:
             raise _not_text(p, lineno, exc) from None
-        except DECOMPRESS_ERRORS as exc:
+        except (OSError, EOFError) as exc:
             raise _not_text(p, lineno + 1, exc) from None
         return
     if fmt == "json":
         try:
             with _open_binary(p) as fh:
                 data = json.loads(fh.read().decode("utf-8"))
-        except (UnicodeDecodeError, *DECOMPRESS_ERRORS) as exc:
+        except (UnicodeDecodeError, OSError, EOFError) as exc:
             raise _not_text(p, 1, exc) from None
         except json.JSONDecodeError as exc:
             raise CorpusError(f"{p}: row 1: invalid JSON ({exc})") from None
@@ -230,74 +228,64 @@ def _text(value: Any) -> str:
     return "" if _is_blank(value) else str(value).strip()
 
 
+def _read_items(
+    path: Path, limit: int | None, what: str, item: str, *fields: str
+) -> list[tuple[str, dict[str, Any]]]:
+    """``(id, record)`` of each record of a file: every record has an ``idx`` (or ``id``) and one
+    of ``fields``, no id twice, and there is one at least; else :class:`CorpusError` names the
+    file and the first bad row."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    seen: dict[str, int] = {}
+    for row, rec in iter_rows(path, limit=limit):
+        rid = _text(rec.get("idx", rec.get("id")))
+        if not rid:
+            raise CorpusError(f"{path}: row {row}: no {what} id (field 'idx')")
+        if not any(_text(rec.get(f)) for f in fields):
+            raise CorpusError(
+                f"{path}: row {row}: {item} {rid!r} has no {fields[0]} (field '{fields[0]}')"
+            )
+        if rid in seen:
+            raise CorpusError(
+                f"{path}: row {row}: duplicate {what} id {rid!r} (first at row {seen[rid]})"
+            )
+        seen[rid] = row
+        out.append((rid, rec))
+    if not out:
+        raise CorpusError(f"{path}: row 1: no {what}s (the file is empty)")
+    return out
+
+
 def read_passages(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
-    """Passages of a file, validated: each has a non-empty ``idx`` (or ``id``) and ``text``; ids
-    are unique. Returns dicts ``idx, text, source, title`` plus the other fields (metadata).
-    Raises :class:`CorpusError` naming the file and the first bad row."""
+    """Passages of a file, validated (each with an ``idx`` and a ``text``, ids unique), as dicts
+    ``idx, text, source, title`` plus the other fields (metadata)."""
     p = Path(path)
     out: list[dict[str, Any]] = []
-    seen: dict[str, int] = {}
-    for row, rec in iter_rows(p, limit=limit):
-        pid = _text(rec.get("idx", rec.get("id")))
-        if not pid:
-            raise CorpusError(f"{p}: row {row}: no passage id (field 'idx')")
-        text = _text(rec.get("text"))
-        if not text:
-            raise CorpusError(f"{p}: row {row}: passage {pid!r} has no text (field 'text')")
-        if pid in seen:
-            raise CorpusError(
-                f"{p}: row {row}: duplicate passage id {pid!r} (first at row {seen[pid]})"
-            )
-        seen[pid] = row
-        extra = {
-            k: v
-            for k, v in rec.items()
-            if k not in ("idx", "id", "text", "source", "title") and not _is_blank(v)
-        }
+    for pid, rec in _read_items(p, limit, "passage", "passage", "text"):
+        skip = ("idx", "id", "text", "source", "title")
+        extra = {k: v for k, v in rec.items() if k not in skip and not _is_blank(v)}
         title = _text(rec.get("title"))
         if title and not rag_utils.passage_title(title):  # a benchmark label, not a title
             extra.setdefault("provenance", title)
             title = ""
+        source = _text(rec.get("source")) or p.stem
         out.append(
-            {
-                "idx": pid,
-                "text": text,
-                "source": _text(rec.get("source")) or p.stem,
-                "title": title,
-                **extra,
-            }
+            {"idx": pid, "text": _text(rec["text"]), "source": source, "title": title, **extra}
         )
-    if not out:
-        raise CorpusError(f"{p}: row 1: no passages (the file is empty)")
     return out
 
 
 def read_qa(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
     """QA items of a file with the Bar Exam QA field names (``idx, prompt, question, choice_a..
-    choice_d, answer, gold_idx``); every item needs an ``idx`` and a ``question``; ids are unique.
-    Missing optional fields become empty strings."""
-    p = Path(path)
+    choice_d, answer, gold_idx``); every item needs an ``idx`` and a ``question`` (or a
+    ``prompt``); ids are unique. Missing optional fields become empty strings."""
     out: list[dict[str, Any]] = []
-    seen: dict[str, int] = {}
-    for row, rec in iter_rows(p, limit=limit):
-        qid = _text(rec.get("idx", rec.get("id")))
-        if not qid:
-            raise CorpusError(f"{p}: row {row}: no question id (field 'idx')")
-        if not _text(rec.get("question")) and not _text(rec.get("prompt")):
-            raise CorpusError(f"{p}: row {row}: item {qid!r} has no question (field 'question')")
-        if qid in seen:
-            raise CorpusError(
-                f"{p}: row {row}: duplicate question id {qid!r} (first at row {seen[qid]})"
-            )
-        seen[qid] = row
+    for qid, rec in _read_items(Path(path), limit, "question", "item", "question", "prompt"):
         item = {k: (None if _is_blank(v) else v) for k, v in rec.items()}
         item["idx"] = qid
         for f in ("prompt", "gold_idx", *QA_FIELDS):
             item[f] = _text(item.get(f))
         item["answer"] = item["answer"].upper()
         out.append(item)
-    if not out:
-        raise CorpusError(f"{p}: row 1: no questions (the file is empty)")
     return out
 
 
@@ -416,7 +404,6 @@ clean; absent on passages loaded before screening existed)."""
 
 def _metadata(p: dict[str, Any]) -> dict[str, Any]:
     """Stored metadata of a passage, with its injection screen result (:data:`INJECTION_FLAGS`)."""
-
     meta = {k: v for k, v in p.items() if k not in ("idx", "text", INJECTION_FLAGS)}
     flags = injection.screen_passage(p["text"])
     hidden = str(p.get("hidden_injection") or "")
@@ -437,7 +424,6 @@ def load_passages(
     rerun skips what is already stored. Every passage is screened for planted instructions
     (:func:`injection.screen_passage`) and the result stored in its metadata; one warning per load
     gives the count of flagged passages."""
-
     store = rag_utils.get_store(settings)
     ids = [str(p["idx"]) for p in passages]
     if len(set(ids)) != len(ids):
@@ -467,14 +453,14 @@ def load_passages(
     added = 0
     flagged: list[str] = []
 
-    def commit(batch: list[dict[str, Any]], vecs: Any) -> None:
+    def commit(batch: list[dict[str, Any]], vecs: Any) -> int:
         """Screen and upsert one embedded batch (on the worker thread, while the next embeds)."""
-        texts = [p["text"] for p in batch]
         metas = [_metadata(p) for p in batch]
-        store.upsert([str(p["idx"]) for p in batch], texts, metas, vecs)
+        store.upsert([str(p["idx"]) for p in batch], [p["text"] for p in batch], metas, vecs)
         flagged.extend(
             str(p["idx"]) for p, m in zip(batch, metas, strict=True) if m[INJECTION_FLAGS]
         )
+        return len(batch)
 
     # The knowledge graph needs only the texts and Chroma's upsert only the vectors, so both run
     # beside the embedder (onnxruntime releases the GIL): one batch is committed while the next
@@ -482,28 +468,22 @@ def load_passages(
     # it is sent, and an interrupted load waits for the batch in flight.
     pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="load_corpus")
     graph_job = pool.submit(_update_graph, passages, settings)
-    in_flight: tuple[Future, int] | None = None
+    in_flight: Future | None = None
     try:
         for i in range(0, len(todo), batch_size):
             batch = todo[i : i + batch_size]
             vecs = rag_utils.embed_passages([p["text"] for p in batch], settings)
             if in_flight is not None:
-                in_flight[0].result()
-                added += in_flight[1]
-                bar.update(in_flight[1])
-            in_flight = (pool.submit(commit, batch, vecs), len(batch))
-        if in_flight is not None:
-            job, n, in_flight = *in_flight, None
-            job.result()
-            added += n
-            bar.update(n)
+                bar.update(n := in_flight.result())
+                added += n
+            in_flight = pool.submit(commit, batch, vecs)
+        job, in_flight = in_flight, None
+        bar.update(n := job.result())
+        added += n
     finally:
         if in_flight is not None:  # interrupted: the batch in flight lands or fails, then stop
-            try:
-                in_flight[0].result()
-                added += in_flight[1]
-            except Exception:  # already failing: the first error is the one raised
-                pass
+            with contextlib.suppress(Exception):  # already failing: the first error is raised
+                added += in_flight.result()
         pool.shutdown(wait=True)
         bar.close()
         if flagged:
@@ -587,7 +567,6 @@ def load_documents(
 def _update_graph(passages: Sequence[dict[str, Any]], settings: Settings) -> None:
     """Add the passages to the knowledge graph (legal_graph.py); those already in it are skipped,
     so the graph catches up with the vector store on every load."""
-
     added = legal_graph.on_passages_loaded(passages, settings)
     if added:
         logger.info("knowledge graph: %d passages added", added)
@@ -596,7 +575,6 @@ def _update_graph(passages: Sequence[dict[str, Any]], settings: Settings) -> Non
 def ensure_starter_index(settings: Settings) -> int:
     """Index the bundled starter corpus when the passage collection is empty; returns passages
     added (0 when the collection already has passages)."""
-
     if rag_utils.corpus_count(settings) > 0:
         return 0
     if rag_utils.is_read_only(settings):
@@ -626,10 +604,7 @@ def scan_metadata(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     as injections (per pattern name) or were loaded before screening (no flag field)."""
     from collections import Counter
 
-    sources: Counter[str] = Counter()
-    flags: Counter[str] = Counter()
-    kinds: Counter[str] = Counter()
-    places: Counter[str] = Counter()
+    sources, flags, kinds, places = Counter(), Counter(), Counter(), Counter()
     docs: dict[str, tuple[str, str]] = {}
     flagged = unscreened = 0
     for p in records:
@@ -663,57 +638,34 @@ def scan_metadata(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
 def status(settings: Settings) -> dict[str, Any]:
     """What the store of ``settings`` holds, for ``load_corpus.py status``: passages by source,
     type and jurisdiction, BM25 index freshness, memory entries and the graph. Creates nothing."""
+    r = settings.retrieval
     where = (
-        f"{settings.retrieval.chroma_host}:{settings.retrieval.chroma_port}"
-        if settings.retrieval.chroma_host
-        else str(Path(settings.retrieval.chroma_dir).resolve())
+        f"{r.chroma_host}:{r.chroma_port}" if r.chroma_host else str(Path(r.chroma_dir).resolve())
     )
     existing = rag_utils.existing_collections(settings)
     name = rag_utils.collection_name(settings)
     if name not in existing:  # a look creates nothing (a typo'd model or folder stays a typo)
-        return {
-            "store": where
-            + ("" if existing or settings.retrieval.chroma_host else " (no store here)"),
-            "collection": f"{name} (absent)",
-            "embedding_model": rag_utils.embedder_name(settings),
-            "count": 0,
-            **scan_metadata([]),
-            "bm25_index": "absent",
-            "reranker": settings.retrieval.reranker,
-            "qa_memory_entries": (
-                rag_utils.memory_count(settings)
-                if rag_utils.collection_name(settings, prefix=rag_utils.MEMORY_PREFIX) in existing
-                else 0
-            ),
-            "graph": _graph_status(settings),
-        }
-    store = rag_utils.get_store(settings)
-    bm25_meta = store.bm25_dir / store.name / "ids.json"
-    count = store.count()
-    bm25_count = None
-    if bm25_meta.exists():
-        try:
-            bm25_count = int(json.loads(bm25_meta.read_text())["count"])
-        except (ValueError, KeyError, OSError):
-            bm25_count = None
+        where += "" if existing or r.chroma_host else " (no store here)"
+        collection, count, records, bm25 = f"{name} (absent)", 0, [], "absent"
+        memory = rag_utils.collection_name(settings, prefix=rag_utils.MEMORY_PREFIX) in existing
+    else:
+        store = rag_utils.get_store(settings)
+        collection, count, bm25, memory = store.name, store.count(), "absent", True
+        records = store.iter_all(include_text=False) if count else []
+        with contextlib.suppress(ValueError, KeyError, OSError):
+            saved = json.loads((store.bm25_dir / store.name / "ids.json").read_text())
+            bm25 = "fresh" if int(saved["count"]) == count else "stale"
     return {
         "store": where,
-        "collection": store.name,
+        "collection": collection,
         "embedding_model": rag_utils.embedder_name(settings),
         "count": count,
-        **scan_metadata(store.iter_all(include_text=False) if count else []),
-        "bm25_index": "absent"
-        if bm25_count is None
-        else ("fresh" if bm25_count == count else "stale"),
-        "reranker": settings.retrieval.reranker,
-        "qa_memory_entries": rag_utils.memory_count(settings),
-        "graph": _graph_status(settings),
+        **scan_metadata(records),
+        "bm25_index": bm25,
+        "reranker": r.reranker,
+        "qa_memory_entries": rag_utils.memory_count(settings) if memory else 0,
+        "graph": legal_graph.graph_status(settings),
     }
-
-
-def _graph_status(settings: Settings) -> dict[str, Any]:
-
-    return legal_graph.graph_status(settings)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -777,6 +729,10 @@ def doc_overrides(args: argparse.Namespace) -> dict[str, str]:
     return {k: v for k, v in values.items() if v}
 
 
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.items())
+
+
 def _print_status(info: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(info, indent=2))
@@ -787,28 +743,19 @@ def _print_status(info: dict[str, Any], as_json: bool) -> None:
     print(f"passages:        {info['count']}")
     print(f"BM25 index:      {info['bm25_index']}")
     print(f"QA memory:       {info['qa_memory_entries']} cached answer(s) (main.py --clear-memory)")
-    flags = ", ".join(f"{k} {v}" for k, v in info["injection_flags"].items())
+    flags, unscreened = _counts(info["injection_flags"]), info["injection_unscreened"]
     print(
         f"injection flags: {info['injection_flagged']} passages flagged"
         + (f" ({flags})" if flags else "")
-        + (
-            f"; {info['injection_unscreened']} loaded before screening"
-            if info["injection_unscreened"]
-            else ""
-        )
+        + (f"; {unscreened} loaded before screening" if unscreened else "")
     )
     for key, label in (("authority_types", "by type"), ("jurisdictions", "by jurisdiction")):
         if info.get(key):
-            print(f"{label + ':':<17}" + ", ".join(f"{k} {v}" for k, v in info[key].items()))
+            print(f"{label + ':':<17}{_counts(info[key])}")
     docs = info.get("documents") or {}
     if docs.get("count"):
-        print(
-            f"documents:       {docs['count']} ("
-            + ", ".join(f"{k} {v}" for k, v in docs["by_type"].items())
-            + "; "
-            + ", ".join(f"{k} {v}" for k, v in docs["by_jurisdiction"].items())
-            + ")"
-        )
+        by = f"{_counts(docs['by_type'])}; {_counts(docs['by_jurisdiction'])}"
+        print(f"documents:       {docs['count']} ({by})")
     if info["sources"]:
         print("sources:")
         for name, n in info["sources"].items():
@@ -817,12 +764,10 @@ def _print_status(info: dict[str, Any], as_json: bool) -> None:
     if graph:
         print(f"graph:           {graph.get('engine')} ({graph.get('state')})")
         for kind in ("nodes", "edges"):
-            counts = ", ".join(f"{k} {v}" for k, v in graph.get(kind, {}).items())
-            print(f"  {kind + ':':<7} {counts}")
+            print(f"  {kind + ':':<7} {_counts(graph.get(kind, {}))}")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-
     command = (args.command or "").strip().lower()
     if command == "status":
         _print_status(status(settings), args.json)
@@ -832,10 +777,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         if args.json:
             print(json.dumps(built, indent=2))
         else:
-            nodes = ", ".join(f"{k} {v}" for k, v in built["nodes"].items())
-            edges = ", ".join(f"{k} {v}" for k, v in built["edges"].items())
             print(f"graph rebuilt from {built['passages']} passages in {built['seconds']} s")
-            print(f"  nodes: {nodes}\n  edges: {edges}")
+            print(f"  nodes: {_counts(built['nodes'])}\n  edges: {_counts(built['edges'])}")
         return 0
 
     if command == "docs":
@@ -844,28 +787,20 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         raise CorpusError(
             "--title, --citation, --court, --jurisdiction, --date and --source-type are for 'docs'"
         )
-    n = _padding(args.rest) if command == "curated" else None
+    padding = _padding(args.rest) if command == "curated" else DEFAULT_PADDING
     if args.rest and command != "curated":
         raise CorpusError(f"unexpected extra argument {args.rest[0]!r}")
-    limit: int | None = None
-    padding = DEFAULT_PADDING
-    if command in ("", "all"):
-        pass
-    elif command.isdigit():
-        limit = int(command)
-    elif command == "curated":
-        padding = DEFAULT_PADDING if n is None else n
-    elif command != "starter":
+    if command not in ("", "all", "curated", "starter") and not command.isdigit():
         raise CorpusError(
             f"unknown command {args.command!r}: use N, status, curated, starter, graph or docs"
         )
+    limit = int(command) if command.isdigit() else None
 
     # read and validate everything first: nothing is written when an input is bad
     if command == "starter":
         passage_files, qa_files = starter_files()
     elif args.passages:
-        passage_files = [Path(args.passages)]
-        qa_files = []
+        passage_files, qa_files = [Path(args.passages)], []
     else:
         passage_files, qa_files = default_source(settings)
     if args.qa:
@@ -912,9 +847,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _padding(rest: list[str]) -> int | None:
+def _padding(rest: list[str]) -> int:
     if not rest:
-        return None
+        return DEFAULT_PADDING
     if len(rest) > 1 or not rest[0].isdigit():
         raise CorpusError(f"curated takes one number of padding passages, not {' '.join(rest)!r}")
     return int(rest[0])
@@ -952,26 +887,18 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
-
     try:
         load_dotenv_file()
         settings = Settings.from_env(
             chroma_dir=args.chroma_dir, embedding_model=args.embedding_model
         )
         return run(args, settings)
-    except (SettingsError, FileNotFoundError) as exc:
+    except (SettingsError, FileNotFoundError, CorpusError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except CorpusError as exc:
+    except (rag_utils.ModelLoadError, rag_utils.StoreError, legal_graph.GraphError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:
-        if isinstance(
-            exc, rag_utils.ModelLoadError | rag_utils.StoreError | legal_graph.GraphError
-        ):
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-        raise
+        return 1
     except KeyboardInterrupt:
         print("interrupted: rerun the same command to resume", file=sys.stderr)
         return 130

