@@ -81,42 +81,26 @@ def summarize(rows: Sequence[dict], rerankers: Sequence[str]) -> dict[str, dict]
 
 
 def render(summary: dict[str, Any], table: Any = ec.markdown_table) -> str:
-    rows = []
-    for name, m in summary["rerankers"].items():
-        vs = m.get("vs_" + BASELINE)
-        rows.append(
-            [
-                name,
-                *(m[k] for k in ("n", "recall@1", "recall@5", "recall@10", "mrr", "ndcg@10")),
-                m["latency_mean_s"] * 1000,
-                m["latency_p95_s"] * 1000,
-                f"{vs['wins']}/{vs['losses']}/{vs['ties']}" if vs else "–",
-                ec.fmt_num(vs["sign_test_p"]) if vs else "–",
-                ec.fmt_num(vs["wilcoxon_p"]) if vs else "–",
-            ]
-        )
-    out = [
-        table(
-            [
-                "reranker",
-                "n",
-                "R@1",
-                "R@5",
-                "R@10",
-                "MRR",
-                "nDCG@10",
-                "ms/query",
-                "p95 ms",
-                f"RR vs {BASELINE} W/L/T",
-                "sign p",
-                "Wilcoxon p",
-            ],
-            rows,
-        )
+    rows = [
+        {
+            "reranker": name,
+            "n": m["n"],
+            **{f"R@{k}": m[f"recall@{k}"] for k in (1, 5, 10)},
+            "MRR": m["mrr"],
+            "nDCG@10": m["ndcg@10"],
+            "ms/query": m["latency_mean_s"] * 1000,
+            "p95 ms": m["latency_p95_s"] * 1000,
+            f"RR vs {BASELINE} W/L/T": f"{vs['wins']}/{vs['losses']}/{vs['ties']}" if vs else "–",
+            "sign p": ec.fmt_num(vs["sign_test_p"]) if vs else "–",
+            "Wilcoxon p": ec.fmt_num(vs["wilcoxon_p"]) if vs else "–",
+        }
+        for name, m in summary["rerankers"].items()
+        for vs in [m.get("vs_" + BASELINE)]
     ]
-    for name, reason in summary["unavailable"].items():
-        out.append(f"\n{name}: unavailable ({reason})")
-    return "\n".join(out)
+    unavailable = summary["unavailable"].items()
+    return "\n".join(
+        [table(rows), *(f"\n{name}: unavailable ({why})" for name, why in unavailable)]
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
