@@ -20,7 +20,6 @@ import math
 import os
 import re
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -57,11 +56,8 @@ _SECRET_FIELD = re.compile(r"(api_key|secret|token|password)", re.IGNORECASE)
 
 
 def default_qa_path() -> Path:
-    """The bundled starter question set (``datasets/starter/qa.jsonl`` next to this file)."""
-    starter = Path(load_corpus.STARTER_DIR)
-    if not starter.is_absolute():
-        starter = Path(__file__).resolve().parent / starter
-    return starter / "qa.jsonl"
+    """The bundled starter question set (``datasets/starter/qa.jsonl``)."""
+    return load_corpus.starter_dir() / "qa.jsonl"
 
 
 def load_qa(path: str | os.PathLike[str] | None = None) -> list[dict]:
@@ -247,9 +243,7 @@ def summarize_rankings(rows: Sequence[dict], max_k: int = 10) -> dict[str, Any]:
     rr = [r["rr"] for r in rows]
     return {
         "n": len(rows),
-        "recall@1": mean(r["recall@1"] for r in rows),
-        "recall@5": mean(r["recall@5"] for r in rows),
-        "recall@10": mean(r["recall@10"] for r in rows),
+        **{f"recall@{k}": mean(r[f"recall@{k}"] for r in rows) for k in (1, 5, 10)},
         "mrr": mean(rr),
         "mrr_ci": list(bootstrap_ci(rr)),
         "ndcg@10": mean(r["ndcg@10"] for r in rows),
@@ -519,7 +513,8 @@ class RunDir:
     """``<root>/<run_id>/`` with an append-only ``results.jsonl`` keyed by (item, mode).
 
     Opening an existing run resumes it: rows already written are kept (a half-written last line
-    from an interrupted run is cut off) and ``done`` tells which (item, mode) pairs to skip."""
+    from an interrupted run is cut off) and ``done`` tells which (item, mode) pairs to skip.
+    Rows are written by the main thread only (:func:`run_tasks` yields there), so no lock."""
 
     def __init__(self, run_id: str, root: str | os.PathLike[str] = DEFAULT_RESULTS_DIR) -> None:
         if not run_id or "/" in run_id or run_id.startswith("."):
@@ -529,15 +524,13 @@ class RunDir:
         self.results_path = self.path / "results.jsonl"
         self.resumed = self.results_path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        self._rows: list[dict] = self._read_rows()
+        self.rows: list[dict] = self._read_rows()
 
     def _read_rows(self) -> list[dict]:
         if not self.resumed:
             return []
         raw = self.results_path.read_bytes()
-        rows = []
-        good = 0
+        rows, good = [], 0
         for line in raw.splitlines(keepends=True):
             if not line.endswith(b"\n"):
                 break
@@ -552,24 +545,16 @@ class RunDir:
                 fh.truncate(good)
         return rows
 
-    @property
-    def rows(self) -> list[dict]:
-        with self._lock:
-            return list(self._rows)
-
     def done(self) -> set[tuple[str, str]]:
-        with self._lock:
-            return {(str(r["item"]), str(r["mode"])) for r in self._rows}
+        return {(str(r["item"]), str(r["mode"])) for r in self.rows}
 
     def append(self, row: dict) -> None:
         """Write one row and flush it to disk before returning."""
-        line = json.dumps(row, ensure_ascii=False, default=_json_default) + "\n"
-        with self._lock:
-            with open(self.results_path, "a", encoding="utf-8") as fh:
-                fh.write(line)
-                fh.flush()
-                os.fsync(fh.fileno())
-            self._rows.append(row)
+        with open(self.results_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row, ensure_ascii=False, default=_json_default) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.rows.append(row)
 
     def run(
         self,
@@ -591,7 +576,7 @@ class RunDir:
             item, mode = key(task)
             logger.warning("%s / %s failed: %s", item, mode, err)
             error = {"item": item, "mode": mode, "error": f"{err.__class__.__name__}: {err}"}
-            with self._lock, open(self.path / "errors.jsonl", "a", encoding="utf-8") as fh:
+            with open(self.path / "errors.jsonl", "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(error, ensure_ascii=False, default=_json_default) + "\n")
 
     def check_config(self, config: dict[str, Any], keys: Sequence[str]) -> None:
