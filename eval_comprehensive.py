@@ -790,13 +790,11 @@ def record_sentences(state: Mapping[str, Any]) -> list[dict]:
 def same_doctrine_fn(settings: Settings) -> Callable[[str, Sequence[str]], bool]:
     """``(passage id, gold ids) -> bool``: the passage is about the same doctrine as one of the
     gold passages (embedding cosine >= ``eval_answers.SAME_DOCTRINE_COSINE``)."""
-    vectors: dict[str, Any] = {}
 
+    @functools.cache
     def vector(pid: str) -> Any:
-        if pid not in vectors:
-            text = (ec.fetch_passages([pid], settings).get(pid) or {}).get("text") or ""
-            vectors[pid] = rag_utils.get_embedder(settings).embed_documents([text])[0]
-        return vectors[pid]
+        text = (ec.fetch_passages([pid], settings).get(pid) or {}).get("text") or ""
+        return rag_utils.get_embedder(settings).embed_documents([text])[0]
 
     def same(pid: str, gold: Sequence[str]) -> bool:
         return any(

@@ -5,18 +5,12 @@
     python eval_trace.py --query "question" one free-text question (an empty one is refused)
     python eval_trace.py [N] --qa FILE [--passages FILE]   N items of a QA file (default 3)
 
-The built-in set, like the original project's: 6 bar-style multiple-choice questions over the
-starter corpus's subjects (choices, answer and the deciding starter passage), 1 multi-hop open
-question whose answer needs several passages, and 1 question the corpus cannot answer (patent law),
-which shows how the agent behaves without evidence.
-
-Per query: the raw retrieval of the question (no rewrite; the gold passage marked ★), the agent's
-rewrite (primary + alternatives, from its own rewrite node), the multi-query retrieval of the
-rewritten queries (gold marked), the node-by-node trace of ``main.run_agent`` (its ``on_event``
-callback; the QA memory is not consulted, so a rerun traces the research again), and — for QA
-items — whether the MC answer is correct.  Then a summary table: steps
-completed / failed, confidence, unique documents, time, LLM calls.  ``--save`` writes one
-case-study JSON per query to ``case_studies/``.
+The built-in set: 6 bar-style multiple-choice questions, one per starter subject, 1 multi-hop open
+question and 1 the corpus cannot answer (patent law).  Per query: the raw retrieval of the question
+and the retrieval of its rewrites (gold passages marked ★), the node-by-node trace of
+``main.run_agent`` (the QA memory is not consulted, so a rerun traces the research again) and, for
+QA items, whether the MC answer is right; then a summary table.  ``--save`` writes one case-study
+JSON per query to ``case_studies/``.
 """
 
 from __future__ import annotations
@@ -128,7 +122,7 @@ def trace_query(
     }
     if item:
         case["subject"] = ec.item_subject(item)
-    if item and choices:
+    if choices:
         case["choices"] = choices
         case["answer"] = ec.item_answer(item)
 
@@ -207,7 +201,7 @@ def trace_query(
             "run_metrics": ec.to_jsonable(state.get("run_metrics") or {}),
         }
     )
-    if item and choices:
+    if choices:
         letter = (state["mc_answer"] or {}).get("letter")
         case["mc"] = {
             "predicted": letter,
