@@ -12,6 +12,7 @@ is reported as unavailable, not silently replaced.  Results go to ``eval_results
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import statistics
 import sys
@@ -69,7 +70,7 @@ def summarize(rows: Sequence[dict], rerankers: Sequence[str]) -> dict[str, dict]
             **ec.summarize_rankings(rs, K),
             "latency_mean_s": ec.mean(secs),
             "latency_median_s": statistics.median(secs),
-            "latency_p95_s": secs[min(len(secs) - 1, int(round(0.95 * (len(secs) - 1))))],
+            "latency_p95_s": secs[round(0.95 * (len(secs) - 1))],
         }
         if name != BASELINE and base:
             common = sorted(set(by[name]) & set(base))
@@ -161,13 +162,8 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
             unavailable[name] = reason
             continue
         tasks = [it for it in items if (ec.item_id(it), name) not in done]
-        for _, row, err in ec.run_tasks(
-            lambda it, name=name: run_item(it, name, settings=settings, query=args.query),
-            tasks,
-            desc=name,
-        ):
-            if err is not None:
-                raise err
+        one = functools.partial(run_item, reranker=name, settings=settings, query=args.query)
+        for _, row, _ in ec.run_tasks(one, tasks, desc=name, fatal=(Exception,)):
             run_dir.append(row)
     available = [n for n in names if n not in unavailable]
     summary = {
