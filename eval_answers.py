@@ -119,8 +119,7 @@ def quote_validity(
     """(verified quotes whose text occurs verbatim in their passage, verified quotes)."""
     verified = [q for q in quotes if q.get("verdict") == "ok"]
     ok = sum(
-        str(q.get("text") or "") in str(passages.get(q.get("passage_id"), ""))
-        and bool(q.get("text"))
+        bool(q.get("text")) and str(q["text"]) in str(passages.get(q.get("passage_id"), ""))
         for q in verified
     )
     return ok, len(verified)
@@ -134,11 +133,8 @@ def score_answer(
     abstained = bool(result.get("abstained"))
     sentences = [] if abstained else list(result.get("sentences") or [])
     counts = citation_counts(sentences, result.get("passages") or {})
-    hits = (
-        key_point_hits(answer, item.get("key_points") or [])
-        if not abstained
-        else [False] * len(item.get("key_points") or [])
-    )
+    points = item.get("key_points") or []
+    hits = [False] * len(points) if abstained else key_point_hits(answer, points)
     q_ok, q_n = quote_validity(result.get("quotes") or [], result.get("passages") or {})
     return {
         "id": item["id"],
@@ -282,14 +278,14 @@ def run_answers(
     *,
     on_row: Callable[[dict], None] | None = None,
     skip: Iterable[tuple[str, str]] = (),
-    score: Callable[..., dict] | None = None,
+    score: Callable[..., dict] = score_answer,
 ) -> list[dict]:
     """Every item through every mode (``answer_fns[mode](question) -> answer dict``), the modes of
     one item one after another (a run cut short stays paired), and scored; ``on_row`` sees each
     row as it is finished (write it to results.jsonl there); ``(item id, mode)`` pairs in ``skip``
     are not run.  Grading is a separate pass over the rows (``grade_answer``; the
-    ``answers --grade`` phase).  ``score(item, mode, result, seconds)`` makes a row (default
-    :func:`score_answer`).  Returns the rows."""
+    ``answers --grade`` phase).  ``score(item, mode, result, seconds)`` makes a row.  Returns the
+    rows."""
     from tqdm.auto import tqdm
 
     rows: list[dict] = []
@@ -301,14 +297,13 @@ def run_answers(
         if (str(item["id"]), mode) not in skipped
     ]
     for item, mode in tqdm(pairs, desc="answers", unit="answer", disable=None, leave=False):
-        fn = answer_fns[mode]
         t0 = time.perf_counter()
         try:
-            result = dict(fn(str(item["question"])))
+            result = dict(answer_fns[mode](str(item["question"])))
         except Exception as exc:  # one failing item must not end a long eval run
             logger.warning("answers: %s/%s failed: %s", item["id"], mode, exc)
             result = {"answer": "", "abstained": False, "error": str(exc)}
-        row = (score or score_answer)(item, mode, result, time.perf_counter() - t0)
+        row = score(item, mode, result, time.perf_counter() - t0)
         if result.get("error"):
             row["error"] = result["error"]
         rows.append(row)

@@ -512,11 +512,10 @@ def build_injection_parser() -> argparse.ArgumentParser:
 
 
 def read_injection_set(path: Path, split: str | None = None) -> list[dict]:
-    """Rows of a labelled injection file; a bad row is a ValueError naming the file and row."""
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: file not found")
+    """Rows of a labelled injection file; a missing file or bad row is a ValueError naming the
+    file (and row)."""
     rows, seen = [], set()
-    for n, rec in load_corpus.iter_rows(path):  # JSON errors name the row (a ValueError)
+    for n, rec in load_corpus.iter_rows(path):
         if not str(rec.get("text") or "").strip():
             raise ValueError(f"{path}: row {n}: needs a non-empty 'text'")
         if rec.get("label") not in INJECTION_LABELS:
@@ -901,7 +900,7 @@ def run_answers_phase(
         cleared = rag_utils.clear_memory(settings)
         logger.info("cleared the QA memory before research-mode answers (%s entries)", cleared)
     fns = {m: agent_answer_fn(settings, m, llm_factory) for m in modes if m != "ceiling"}
-    score = None
+    score = eval_answers.score_answer
     if args.facts:
         score = functools.partial(
             eval_answers.score_fact_pattern, same_doctrine=same_doctrine_fn(settings)
@@ -1202,9 +1201,7 @@ def run(
                 if (ec.item_id(it), RETRIEVAL_PREFIX + v) not in done
             ]
             run_dir.run(
-                lambda t: run_retrieval_item(
-                    t[0], t[1], settings=settings, llm_factory=llm_factory
-                ),
+                lambda t: run_retrieval_item(*t, settings=settings, llm_factory=llm_factory),
                 tasks,
                 key=lambda t: (ec.item_id(t[0]), RETRIEVAL_PREFIX + t[1]),
                 workers=args.workers if llm_variants else 1,
@@ -1230,7 +1227,7 @@ def run(
                 logger.info("cleared the QA memory before pipeline runs (%s entries)", cleared)
             run_dir.run(
                 lambda t: run_mc_item(
-                    t[0], t[1], settings=settings, llm_factory=llm_factory, gold_texts=gold_texts
+                    *t, settings=settings, llm_factory=llm_factory, gold_texts=gold_texts
                 ),
                 tasks,
                 key=lambda t: (ec.item_id(t[0]), t[1]),
