@@ -151,13 +151,15 @@ def run_retrieval_item(
 # ------------------------------------------------------------------------------------------------
 
 
-def _mc_fields(result: Any) -> dict:
+def _mc_fields(answer: Mapping[str, Any], reply: str | None) -> dict:
+    """A row's answer fields from an ``mc.MCResult.to_dict()`` ({} when the agent ended before
+    mc_select) and the reply to show."""
     return {
-        "predicted": result.letter,
-        "strategy": result.strategy,
-        "parse_failed": bool(result.parse_failed),
-        "retried": bool(result.retried),
-        "reply": ec.preview(result.text, 300),
+        "predicted": answer.get("letter"),
+        "strategy": answer.get("strategy", "none"),
+        "parse_failed": bool(answer.get("parse_failed", True)),
+        "retried": bool(answer.get("retried", False)),
+        "reply": ec.preview(reply, 300),
     }
 
 
@@ -178,7 +180,8 @@ def run_mc_item(
     extra: dict[str, Any] = {}
     start = time.perf_counter()
     if mode == "llm_only":
-        fields = _mc_fields(mc.select_answer(client, question, choices, None))
+        answered = mc.select_answer(client, question, choices, None)
+        fields = _mc_fields(answered.to_dict(), answered.text)
     elif mode in ("rag", "gold_passage"):
         if mode == "rag":
             k = settings.agent.retrieval_k
@@ -191,10 +194,11 @@ def run_mc_item(
         if mode == "rag":
             extra["gold_in_evidence"] = any(d["id"] in gold for d in docs)
         evidence = prompts.format_evidence(docs)
-        fields = _mc_fields(mc.select_answer(client, question, choices, evidence))
+        answered = mc.select_answer(client, question, choices, evidence)
+        fields = _mc_fields(answered.to_dict(), answered.text)
     elif mode == "lean":
         result = AgentContext.from_settings(settings, client=client).lean_answer(question, choices)
-        fields = _mc_fields(result.mc)
+        fields = _mc_fields(result.mc.to_dict(), result.mc.text)
         shown = result.docs if result.route == "rag" else []
         extra = {
             "route": result.route,
@@ -234,17 +238,9 @@ def run_mc_item(
 
 
 def _pipeline_fields(state: dict, gold: Sequence[str]) -> tuple[dict, dict]:
-    """MC fields and extras from ``run_agent``'s final state (``mc_answer`` is
-    ``mc.MCResult.to_dict()``, or None when the run ended before mc_select)."""
+    """MC fields and extras from ``run_agent``'s final state."""
     mc_answer = state["mc_answer"] or {}
-    letter = mc_answer.get("letter")
-    fields = {
-        "predicted": letter,
-        "strategy": mc_answer.get("strategy", "none"),
-        "parse_failed": bool(mc_answer.get("parse_failed", True)),
-        "retried": bool(mc_answer.get("retried", False)),
-        "reply": ec.preview(state.get("final_cited_answer"), 300),
-    }
+    fields = _mc_fields(mc_answer, state.get("final_cited_answer"))
     sources = list(mc_answer.get("evidence_ids") or [])  # what the letter read
     table = state.get("planning_table") or []
     extra = {
