@@ -1,19 +1,12 @@
 """Phase 3: how good are the answers to open questions, per answer mode (research vs evidence).
 
-Pure metric functions over answers, the A–F grader (``skills/grade_answer.md``; for a question
-whose right answer declines, ``skills/grade_abstention.md``) and :func:`run_answers`, which scores
-any set of modes given as callables ``answer_fn(question) -> dict`` — so it depends on no agent
-internals. An answer dict carries ``answer`` (text), ``abstained`` (bool), ``sentences`` (each
-legal sentence as ``{"text", "passage_ids"}``, the passages it cites), ``passages`` ({id: text} of
-the passages the run saw), and may carry ``quotes`` (the evidence policy's judged sentences:
-``{"passage_id", "text", "verdict"}``), ``verdict``, ``llm_calls`` and ``seconds``.
-
-Metrics per mode, each with a 95% interval (Wilson for shares of items or sentences, bootstrap for
-means): abstention recall on the questions that should be declined (out of corpus, non-legal);
-false-abstention rate on the answerable ones (in corpus, multi-hop, answerable edge cases);
-key-point coverage (deterministic content-word check); share of legal sentences that cite a
-passage the run saw, and the count of uncited ones; quote validity (verified quotes that occur
-verbatim in their passage); and the A+B rate of the grader.
+Pure metrics over answer dicts, the A–F grader (``skills/grade_answer.md``, or
+``skills/grade_abstention.md`` for a question whose right answer declines) and :func:`run_answers`,
+which takes each mode as a callable ``answer_fn(question) -> dict``, so it depends on no agent
+internals.  An answer dict carries ``answer`` (text), ``abstained``, ``sentences`` (each legal
+sentence as ``{"text", "passage_ids"}``), ``passages`` ({id: text} the run saw), and may carry
+``quotes`` (``{"passage_id", "text", "verdict"}``), ``verdict``, ``llm_calls`` and ``seconds``.
+Shares get Wilson 95% intervals, means bootstrap ones (:func:`summarize_mode` lists the metrics).
 """
 
 from __future__ import annotations
@@ -21,8 +14,9 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any, Literal
 
@@ -76,13 +70,10 @@ def load_open_questions(path: str | Path | None = None) -> list[dict]:
 def interleave_categories(items: Sequence[Mapping[str, Any]]) -> list[dict]:
     """Round-robin over the categories (file order within each), so the first ``n`` questions, or
     a run cut short, cover every category instead of the file's first one."""
-    groups: dict[str, list[dict]] = {}
+    groups: dict[str, list[dict]] = defaultdict(list)
     for item in items:
-        groups.setdefault(str(item["category"]), []).append(dict(item))
-    out: list[dict] = []
-    for i in range(max((len(g) for g in groups.values()), default=0)):
-        out.extend(g[i] for g in groups.values() if i < len(g))
-    return out
+        groups[str(item["category"])].append(dict(item))
+    return [it for turn in zip_longest(*groups.values()) for it in turn if it is not None]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -118,11 +109,8 @@ def _stems(text: str) -> set[str]:
 def key_point_hits(answer: str, key_points: Sequence[str]) -> list[bool]:
     """Per key point: at least ``KEY_POINT_COVERAGE`` of its content words occur in the answer."""
     words = _stems(_REFS.sub(" ", answer or ""))
-    hits = []
-    for point in key_points:
-        need = _stems(point)
-        hits.append(bool(need) and len(need & words) / len(need) >= KEY_POINT_COVERAGE)
-    return hits
+    needs = map(_stems, key_points)
+    return [bool(need) and len(need & words) / len(need) >= KEY_POINT_COVERAGE for need in needs]
 
 
 def quote_validity(
@@ -131,8 +119,7 @@ def quote_validity(
     """(verified quotes whose text occurs verbatim in their passage, verified quotes)."""
     verified = [q for q in quotes if q.get("verdict") == "ok"]
     ok = sum(
-        str(q.get("text") or "") in str(passages.get(q.get("passage_id"), ""))
-        and bool(q.get("text"))
+        bool(q.get("text")) and str(q["text"]) in str(passages.get(q.get("passage_id"), ""))
         for q in verified
     )
     return ok, len(verified)
@@ -146,11 +133,8 @@ def score_answer(
     abstained = bool(result.get("abstained"))
     sentences = [] if abstained else list(result.get("sentences") or [])
     counts = citation_counts(sentences, result.get("passages") or {})
-    hits = (
-        key_point_hits(answer, item.get("key_points") or [])
-        if not abstained
-        else [False] * len(item.get("key_points") or [])
-    )
+    points = item.get("key_points") or []
+    hits = [False] * len(points) if abstained else key_point_hits(answer, points)
     q_ok, q_n = quote_validity(result.get("quotes") or [], result.get("passages") or {})
     return {
         "id": item["id"],
@@ -227,7 +211,26 @@ def _mean(values: Sequence[float]) -> dict[str, Any]:
     }
 
 
+def _per_mode(
+    rows: Sequence[Mapping[str, Any]], summarize: Callable[[list], dict]
+) -> dict[str, dict[str, Any]]:
+    """``summarize`` of each mode's rows, the modes in the order they first occur."""
+    modes = dict.fromkeys(r["mode"] for r in rows)
+    return {mode: summarize([r for r in rows if r["mode"] == mode]) for mode in modes}
+
+
+def _cost(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    calls = [float(r["llm_calls"]) for r in rows if r.get("llm_calls") is not None]
+    return {
+        "llm_calls_per_question": _mean(calls),
+        "seconds_per_question": _mean([float(r["seconds"]) for r in rows]),
+    }
+
+
 def summarize_mode(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Abstention recall (questions to decline), false abstention (answerable ones), key-point
+    coverage, legal sentences citing a passage the run saw, quote validity (verified quotes
+    verbatim in their passage) and the grader's A+B rate."""
     decline = [r for r in rows if r["should_abstain"]]
     answerable = [r for r in rows if not r["should_abstain"]]
     answered = [r for r in rows if not r["abstained"]]
@@ -236,7 +239,6 @@ def summarize_mode(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         r["valid_cited_sentences"] / r["sentences"] for r in answered if r["sentences"]
     ]
     graded = [r for r in rows if r.get("grade")]
-    calls = [float(r["llm_calls"]) for r in rows if r.get("llm_calls") is not None]
     return {
         "items": len(rows),
         "abstention_recall": _share(sum(r["abstained"] for r in decline), len(decline)),
@@ -257,17 +259,12 @@ def summarize_mode(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "a_or_b": _share(sum(r["grade"] in ("A", "B") for r in graded), len(graded)),
         "grades": dict(sorted(Counter(r["grade"] for r in graded).items())),
         "ungraded": sum(1 for r in rows if "grade" in r and not r["grade"]),
-        "llm_calls_per_question": _mean(calls),
-        "seconds_per_question": _mean([float(r["seconds"]) for r in rows]),
+        **_cost(rows),
     }
 
 
 def summarize_answers(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Metrics per mode (see the module docstring)."""
-    return {
-        mode: summarize_mode([r for r in rows if r["mode"] == mode])
-        for mode in dict.fromkeys(r["mode"] for r in rows)
-    }
+    return _per_mode(rows, summarize_mode)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -281,14 +278,14 @@ def run_answers(
     *,
     on_row: Callable[[dict], None] | None = None,
     skip: Iterable[tuple[str, str]] = (),
-    score: Callable[..., dict] | None = None,
+    score: Callable[..., dict] = score_answer,
 ) -> list[dict]:
     """Every item through every mode (``answer_fns[mode](question) -> answer dict``), the modes of
     one item one after another (a run cut short stays paired), and scored; ``on_row`` sees each
     row as it is finished (write it to results.jsonl there); ``(item id, mode)`` pairs in ``skip``
     are not run.  Grading is a separate pass over the rows (``grade_answer``; the
-    ``answers --grade`` phase).  ``score(item, mode, result, seconds)`` makes a row (default
-    :func:`score_answer`).  Returns the rows."""
+    ``answers --grade`` phase).  ``score(item, mode, result, seconds)`` makes a row.  Returns the
+    rows."""
     from tqdm.auto import tqdm
 
     rows: list[dict] = []
@@ -300,14 +297,13 @@ def run_answers(
         if (str(item["id"]), mode) not in skipped
     ]
     for item, mode in tqdm(pairs, desc="answers", unit="answer", disable=None, leave=False):
-        fn = answer_fns[mode]
         t0 = time.perf_counter()
         try:
-            result = dict(fn(str(item["question"])))
+            result = dict(answer_fns[mode](str(item["question"])))
         except Exception as exc:  # one failing item must not end a long eval run
             logger.warning("answers: %s/%s failed: %s", item["id"], mode, exc)
             result = {"answer": "", "abstained": False, "error": str(exc)}
-        row = (score or score_answer)(item, mode, result, time.perf_counter() - t0)
+        row = score(item, mode, result, time.perf_counter() - t0)
         if result.get("error"):
             row["error"] = result["error"]
         rows.append(row)
@@ -402,34 +398,29 @@ def score_fact_pattern(
 
 
 def summarize_facts(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per mode: right doctrine found (a gold passage cited), issue recall, conclusion correct
-    (verdict and key phrases), verdict correct, declined, uncited and misgrounded sentences, and
-    the judge's A/B rate when graded; shares with Wilson 95% intervals."""
-    out = {}
-    for mode in dict.fromkeys(r["mode"] for r in rows):
-        rs = [r for r in rows if r["mode"] == mode]
-        graded = [r for r in rs if r.get("grade")]
-        out[mode] = {
-            "items": len(rs),
-            "gold_cited": _share(sum(r["gold_cited"] for r in rs), len(rs)),
-            "issue_recall": _share(
-                sum(r["issues_found"] for r in rs), sum(r["issues"] for r in rs)
-            ),
-            "conclusion_correct": _share(sum(r["conclusion_correct"] for r in rs), len(rs)),
-            "verdict_correct": _share(sum(r["verdict_correct"] for r in rs), len(rs)),
-            "declined": _share(sum(r["abstained"] for r in rs), len(rs)),
-            "uncited_sentences": sum(r["uncited_sentences"] for r in rs),
-            "misgrounded_sentences": _share(
-                sum(r["misgrounded_sentences"] for r in rs), sum(r["sentences"] for r in rs)
-            ),
-            "misgrounded_off_agenda": sum(r.get("misgrounded_off_agenda", 0) for r in rs),
-            "judge_a_or_b": _share(sum(r["grade"] in ("A", "B") for r in graded), len(graded)),
-            "llm_calls_per_question": _mean(
-                [float(r["llm_calls"]) for r in rs if r.get("llm_calls") is not None]
-            ),
-            "seconds_per_question": _mean([float(r["seconds"]) for r in rs]),
-        }
-    return out
+    return _per_mode(rows, summarize_fact_mode)
+
+
+def summarize_fact_mode(rs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Right doctrine found (a gold passage cited), issue recall, conclusion correct (verdict and
+    key phrases), verdict correct, declined, uncited and misgrounded sentences, and the judge's
+    A/B rate when graded."""
+    graded = [r for r in rs if r.get("grade")]
+    return {
+        "items": len(rs),
+        "gold_cited": _share(sum(r["gold_cited"] for r in rs), len(rs)),
+        "issue_recall": _share(sum(r["issues_found"] for r in rs), sum(r["issues"] for r in rs)),
+        "conclusion_correct": _share(sum(r["conclusion_correct"] for r in rs), len(rs)),
+        "verdict_correct": _share(sum(r["verdict_correct"] for r in rs), len(rs)),
+        "declined": _share(sum(r["abstained"] for r in rs), len(rs)),
+        "uncited_sentences": sum(r["uncited_sentences"] for r in rs),
+        "misgrounded_sentences": _share(
+            sum(r["misgrounded_sentences"] for r in rs), sum(r["sentences"] for r in rs)
+        ),
+        "misgrounded_off_agenda": sum(r.get("misgrounded_off_agenda", 0) for r in rs),
+        "judge_a_or_b": _share(sum(r["grade"] in ("A", "B") for r in graded), len(graded)),
+        **_cost(rs),
+    }
 
 
 def ceiling_answer(client: Any, item: Mapping[str, Any], gold: Sequence[Mapping[str, Any]]) -> dict:

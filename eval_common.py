@@ -20,10 +20,9 @@ import math
 import os
 import re
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +45,8 @@ BOOTSTRAP_RESAMPLES = 2000
 Z_95 = 1.959963984540054
 """The standard normal quantile of 0.975 (``scipy.stats.norm.ppf(0.975)``)."""
 DEFAULT_RESULTS_DIR = "eval_results"
+_NOISY = ("httpx", "httpx2", "httpcore", "urllib3", "chromadb", "sentence_transformers", "openai")
+"""Loggers the CLI keeps at WARNING."""
 _SECRET_FIELD = re.compile(r"(api_key|secret|token|password)", re.IGNORECASE)
 
 
@@ -55,11 +56,8 @@ _SECRET_FIELD = re.compile(r"(api_key|secret|token|password)", re.IGNORECASE)
 
 
 def default_qa_path() -> Path:
-    """The bundled starter question set (``datasets/starter/qa.jsonl`` next to this file)."""
-    starter = Path(load_corpus.STARTER_DIR)
-    if not starter.is_absolute():
-        starter = Path(__file__).resolve().parent / starter
-    return starter / "qa.jsonl"
+    """The bundled starter question set (``datasets/starter/qa.jsonl``)."""
+    return load_corpus.starter_dir() / "qa.jsonl"
 
 
 def load_qa(path: str | os.PathLike[str] | None = None) -> list[dict]:
@@ -188,10 +186,7 @@ def preview(text: str | None, n: int = 160) -> str:
 def gold_rank(ranked_ids: Sequence[str], gold: Iterable[str]) -> int | None:
     """1-based rank of the first gold passage, or None when none was retrieved."""
     gold = set(gold)
-    for i, doc_id in enumerate(ranked_ids, 1):
-        if doc_id in gold:
-            return i
-    return None
+    return next((i for i, doc_id in enumerate(ranked_ids, 1) if doc_id in gold), None)
 
 
 def recall_at_k(ranked_ids: Sequence[str], gold: Iterable[str], k: int) -> float:
@@ -248,9 +243,7 @@ def summarize_rankings(rows: Sequence[dict], max_k: int = 10) -> dict[str, Any]:
     rr = [r["rr"] for r in rows]
     return {
         "n": len(rows),
-        "recall@1": mean(r["recall@1"] for r in rows),
-        "recall@5": mean(r["recall@5"] for r in rows),
-        "recall@10": mean(r["recall@10"] for r in rows),
+        **{f"recall@{k}": mean(r[f"recall@{k}"] for r in rows) for k in (1, 5, 10)},
         "mrr": mean(rr),
         "mrr_ci": list(bootstrap_ci(rr)),
         "ndcg@10": mean(r["ndcg@10"] for r in rows),
@@ -285,8 +278,7 @@ def bootstrap_ci(values: Sequence[float]) -> tuple[float, float]:
         return (float("nan"), float("nan"))
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     means = arr[rng.integers(0, arr.size, size=(BOOTSTRAP_RESAMPLES, arr.size))].mean(axis=1)
-    tail = (1.0 - 0.95) / 2.0
-    lo, hi = np.quantile(means, [tail, 1.0 - tail])
+    lo, hi = np.quantile(means, [0.025, 0.975])
     return (float(lo), float(hi))
 
 
@@ -364,11 +356,11 @@ def eval_settings(env: dict[str, str] | None = None, **overrides: Any) -> Settin
 def settings_record(settings: Settings) -> dict[str, Any]:
     """Every setting except secrets (API keys) and the environment snapshot; URLs lose their
     credentials (``LLM_BASE_URL=http://user:password@host`` is recorded as ``http://***@host``)."""
-    out = {}
-    for name, value in settings.flat().items():  # keyed by variable, as in earlier result files
-        if not _SECRET_FIELD.search(name):
-            out[name] = redact_url(value) if isinstance(value, str) else value
-    return out
+    return {  # keyed by variable, as in earlier result files
+        name: redact_url(value) if isinstance(value, str) else value
+        for name, value in settings.flat().items()
+        if not _SECRET_FIELD.search(name)
+    }
 
 
 def llm_record(settings: Settings, roles: Sequence[str] = ("mc_select", "rewrite")) -> dict:
@@ -404,9 +396,7 @@ def make_client(settings: Settings, llm_factory: Callable[[str], Any] | None = N
 def usage_of(client: Any) -> dict[str, Any]:
     """``llm_config.usage`` of everything ``client`` recorded, without the per-role breakdown
     (one flat row per eval item)."""
-    out = dict(client.summary())
-    out.pop("by_role", None)
-    return out
+    return {k: v for k, v in client.summary().items() if k != "by_role"}
 
 
 def require_llm(settings: Settings, llm_factory: Callable[[str], Any] | None = None) -> None:
@@ -509,16 +499,7 @@ def configure_logging(verbose: bool = False) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    noisy = (
-        "httpx",
-        "httpx2",
-        "httpcore",
-        "urllib3",
-        "chromadb",
-        "sentence_transformers",
-        "openai",
-    )
-    for name in noisy:
+    for name in _NOISY:
         logging.getLogger(name).setLevel(logging.WARNING)
     install_log_redaction()
 
@@ -532,7 +513,8 @@ class RunDir:
     """``<root>/<run_id>/`` with an append-only ``results.jsonl`` keyed by (item, mode).
 
     Opening an existing run resumes it: rows already written are kept (a half-written last line
-    from an interrupted run is cut off) and ``done`` tells which (item, mode) pairs to skip."""
+    from an interrupted run is cut off) and ``done`` tells which (item, mode) pairs to skip.
+    Rows are written by the main thread only (:func:`run_tasks` yields there), so no lock."""
 
     def __init__(self, run_id: str, root: str | os.PathLike[str] = DEFAULT_RESULTS_DIR) -> None:
         if not run_id or "/" in run_id or run_id.startswith("."):
@@ -542,15 +524,13 @@ class RunDir:
         self.results_path = self.path / "results.jsonl"
         self.resumed = self.results_path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        self._rows: list[dict] = self._read_rows()
+        self.rows: list[dict] = self._read_rows()
 
     def _read_rows(self) -> list[dict]:
         if not self.resumed:
             return []
         raw = self.results_path.read_bytes()
-        rows = []
-        good = 0
+        rows, good = [], 0
         for line in raw.splitlines(keepends=True):
             if not line.endswith(b"\n"):
                 break
@@ -565,29 +545,16 @@ class RunDir:
                 fh.truncate(good)
         return rows
 
-    @property
-    def rows(self) -> list[dict]:
-        with self._lock:
-            return list(self._rows)
-
     def done(self) -> set[tuple[str, str]]:
-        with self._lock:
-            return {(str(r["item"]), str(r["mode"])) for r in self._rows}
+        return {(str(r["item"]), str(r["mode"])) for r in self.rows}
 
     def append(self, row: dict) -> None:
         """Write one row and flush it to disk before returning."""
-        line = json.dumps(row, ensure_ascii=False, default=_json_default) + "\n"
-        with self._lock:
-            with open(self.results_path, "a", encoding="utf-8") as fh:
-                fh.write(line)
-                fh.flush()
-                os.fsync(fh.fileno())
-            self._rows.append(row)
-
-    def log_error(self, row: dict) -> None:
-        """Failed (item, mode) pairs go to errors.jsonl; they are retried on resume."""
-        with self._lock, open(self.path / "errors.jsonl", "a", encoding="utf-8") as fh:
+        with open(self.results_path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(row, ensure_ascii=False, default=_json_default) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.rows.append(row)
 
     def run(
         self,
@@ -600,16 +567,17 @@ class RunDir:
         fatal: tuple[type[BaseException], ...] = (),
     ) -> None:
         """``fn`` over ``tasks`` (:func:`run_tasks`), each row appended as it ends; a task that
-        fails is logged and written to errors.jsonl under ``key(task)`` = (item id, mode)."""
+        fails is logged and written to errors.jsonl under ``key(task)`` = (item id, mode), and
+        retried on resume."""
         for task, row, err in run_tasks(fn, tasks, workers=workers, desc=desc, fatal=fatal):
             if err is None:
                 self.append(row)
                 continue
             item, mode = key(task)
             logger.warning("%s / %s failed: %s", item, mode, err)
-            self.log_error(
-                {"item": item, "mode": mode, "error": f"{err.__class__.__name__}: {err}"}
-            )
+            error = {"item": item, "mode": mode, "error": f"{err.__class__.__name__}: {err}"}
+            with open(self.path / "errors.jsonl", "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(error, ensure_ascii=False, default=_json_default) + "\n")
 
     def check_config(self, config: dict[str, Any], keys: Sequence[str]) -> None:
         """Save ``config``; on resume refuse to mix rows made under a different one (``keys``)."""
@@ -702,24 +670,13 @@ def run_tasks(
             return
         pool = ThreadPoolExecutor(max_workers=workers)
         try:
-            pending: dict[Future, Any] = {}
-            queue = iter(tasks)
-            for task in queue:
-                pending[pool.submit(fn, task)] = task
-                if len(pending) >= workers * 2:
-                    break
-            while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    task = pending.pop(fut)
-                    err = fut.exception()
-                    if err is not None and isinstance(err, fatal):
-                        raise err
-                    bar.update()
-                    yield task, (None if err else fut.result()), err
-                    nxt = next(queue, None)
-                    if nxt is not None:
-                        pending[pool.submit(fn, nxt)] = nxt
+            futures = {pool.submit(fn, task): task for task in tasks}
+            for fut in as_completed(futures):
+                err = fut.exception()
+                if isinstance(err, fatal):
+                    raise err
+                bar.update()
+                yield futures[fut], (None if err else fut.result()), err
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
     finally:
@@ -737,19 +694,28 @@ def fmt_num(value: Any, digits: int = 3) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
-def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(fmt_num(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
+def _cells(records: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """The header (the first record's keys), then one row of formatted values per record."""
+    return [list(records[0]), *([fmt_num(v) for v in r.values()] for r in records)]
 
 
-def text_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """A plain aligned table for the terminal."""
-    cells = [list(headers)] + [[fmt_num(v) for v in row] for row in rows]
-    widths = [max(len(str(r[i])) for r in cells) for i in range(len(headers))]
+def markdown_table(records: Sequence[Mapping[str, Any]]) -> str:
+    """A markdown table with one row per record ("" for none)."""
+    if not records:
+        return ""
+    header, *rows = _cells(records)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def text_table(records: Sequence[Mapping[str, Any]]) -> str:
+    """A plain aligned table for the terminal, one row per record ("" for none)."""
+    if not records:
+        return ""
+    cells = _cells(records)
+    widths = [max(map(len, column)) for column in zip(*cells, strict=True)]
     lines = [
-        "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-        for row in cells
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -4,18 +4,12 @@
     python eval_comprehensive.py answers [N] [--facts] [--split tune|report|all] ...
     python eval_comprehensive.py injection [--prescreen-only] ...
 
-``--help`` lists every phase with its own flags (``PHASES``); ``answers --help`` and
-``injection --help`` give the full options of those two.  The phase-2 modes, the phase-1 query
-variants and retriever columns are described where they are defined (``MODES``,
-``EXTRA_VARIANTS``, ``RETRIEVER_COLUMNS``).  Every mode answers with the same MC prompt and letter
-extraction (``mc.select_answer``); phase 2 reports each per subject with 95% bootstrap CIs,
-McNemar's exact test against ``llm_only``, LLM calls, tokens and seconds per question, and the
-parse-failure rate.
-
-Each run writes ``eval_results/<run-id>/``: ``results.jsonl`` (one row per (item, mode), flushed
-as it finishes), ``config.json``, ``summary.json``, ``summary.md``, ``accuracy.png``,
-``recall_at_k.png``.  Rerunning with the same ``--run-id`` (or ``--resume <run-id>``) skips the rows
-already written; the LLM response cache is on, so repeating a finished run costs no LLM calls.
+``--help`` lists every phase with its flags (``PHASES``); modes, query variants and retriever
+columns are described where they are defined.  Every phase-2 mode answers with the same MC prompt
+and letter extraction (``mc.select_answer``).  A run writes ``eval_results/<run-id>/``:
+``results.jsonl`` (one row per (item, mode), flushed as it finishes), ``config.json``,
+``summary.json``, ``summary.md`` and plots.  The same ``--run-id`` (or ``--resume <run-id>``) skips
+the rows already written, and the LLM response cache makes repeating a finished run free.
 """
 
 from __future__ import annotations
@@ -76,6 +70,8 @@ RETRIEVER_COLUMNS = {
 }
 """Phase-1 columns on request (``--columns``): the question alone through one retriever each."""
 RETRIEVAL_K = 10
+PER_Q = ("llm_calls", "provider_calls", "input_tokens", "output_tokens", "seconds", "llm_seconds")
+"""Row fields phase 2 reports as a mean per question (``<field>_per_q``)."""
 RETRIEVAL_PREFIX = "retrieval:"
 RESUME_KEYS = (
     "phase",
@@ -155,13 +151,15 @@ def run_retrieval_item(
 # ------------------------------------------------------------------------------------------------
 
 
-def _mc_fields(result: Any) -> dict:
+def _mc_fields(answer: Mapping[str, Any], reply: str | None) -> dict:
+    """A row's answer fields from an ``mc.MCResult.to_dict()`` ({} when the agent ended before
+    mc_select) and the reply to show."""
     return {
-        "predicted": result.letter,
-        "strategy": result.strategy,
-        "parse_failed": bool(result.parse_failed),
-        "retried": bool(result.retried),
-        "reply": ec.preview(result.text, 300),
+        "predicted": answer.get("letter"),
+        "strategy": answer.get("strategy", "none"),
+        "parse_failed": bool(answer.get("parse_failed", True)),
+        "retried": bool(answer.get("retried", False)),
+        "reply": ec.preview(reply, 300),
     }
 
 
@@ -182,19 +180,25 @@ def run_mc_item(
     extra: dict[str, Any] = {}
     start = time.perf_counter()
     if mode == "llm_only":
-        fields = _mc_fields(mc.select_answer(client, question, choices, None))
-    elif mode == "rag":
-        docs = rag_utils.retrieve_documents(
-            question, k=settings.agent.retrieval_k, settings=settings
-        )
+        answered = mc.select_answer(client, question, choices, None)
+        fields = _mc_fields(answered.to_dict(), answered.text)
+    elif mode in ("rag", "gold_passage"):
+        if mode == "rag":
+            k = settings.agent.retrieval_k
+            docs = rag_utils.retrieve_documents(question, k=k, settings=settings)
+        else:
+            docs = [gold_texts[g] for g in gold if gold_texts and g in gold_texts]
+            if not docs:
+                raise LookupError(f"item {ec.item_id(item)}: gold passage not in the store")
         extra["evidence_ids"] = [d["id"] for d in docs]
-        extra["gold_in_evidence"] = any(d["id"] in gold for d in docs)
-        fields = _mc_fields(
-            mc.select_answer(client, question, choices, prompts.format_evidence(docs))
-        )
+        if mode == "rag":
+            extra["gold_in_evidence"] = any(d["id"] in gold for d in docs)
+        evidence = prompts.format_evidence(docs)
+        answered = mc.select_answer(client, question, choices, evidence)
+        fields = _mc_fields(answered.to_dict(), answered.text)
     elif mode == "lean":
         result = AgentContext.from_settings(settings, client=client).lean_answer(question, choices)
-        fields = _mc_fields(result.mc)
+        fields = _mc_fields(result.mc.to_dict(), result.mc.text)
         shown = result.docs if result.route == "rag" else []
         extra = {
             "route": result.route,
@@ -204,14 +208,6 @@ def run_mc_item(
             "gold_in_evidence": any(d["id"] in gold for d in shown),
             "gold_retrieved": any(d["id"] in gold for d in result.docs),
         }
-    elif mode == "gold_passage":
-        docs = [gold_texts[g] for g in gold if gold_texts and g in gold_texts]
-        if not docs:
-            raise LookupError(f"item {ec.item_id(item)}: gold passage not in the store")
-        extra["evidence_ids"] = [d["id"] for d in docs]
-        fields = _mc_fields(
-            mc.select_answer(client, question, choices, prompts.format_evidence(docs))
-        )
     elif mode in ("pipeline", "evidence"):
         answer_mode = "evidence" if mode == "evidence" else "research"
         context = AgentContext.from_settings(
@@ -242,17 +238,9 @@ def run_mc_item(
 
 
 def _pipeline_fields(state: dict, gold: Sequence[str]) -> tuple[dict, dict]:
-    """MC fields and extras from ``run_agent``'s final state (``mc_answer`` is
-    ``mc.MCResult.to_dict()``, or None when the run ended before mc_select)."""
+    """MC fields and extras from ``run_agent``'s final state."""
     mc_answer = state["mc_answer"] or {}
-    letter = mc_answer.get("letter")
-    fields = {
-        "predicted": letter,
-        "strategy": mc_answer.get("strategy", "none"),
-        "parse_failed": bool(mc_answer.get("parse_failed", True)),
-        "retried": bool(mc_answer.get("retried", False)),
-        "reply": ec.preview(state.get("final_cited_answer"), 300),
-    }
+    fields = _mc_fields(mc_answer, state.get("final_cited_answer"))
     sources = list(mc_answer.get("evidence_ids") or [])  # what the letter read
     table = state.get("planning_table") or []
     extra = {
@@ -315,35 +303,25 @@ def summarize_mc(rows: Sequence[dict]) -> dict[str, dict]:
             ),
             "parse_failure_rate": ec.mean(float(r["parse_failed"]) for r in rs),
             "strategies": dict(Counter(r.get("strategy") or "none" for r in rs)),
-            "llm_calls_per_q": ec.mean(r.get("llm_calls", 0) for r in rs),
-            "provider_calls_per_q": ec.mean(r.get("provider_calls", 0) for r in rs),
-            "input_tokens_per_q": ec.mean(r.get("input_tokens", 0) or 0 for r in rs),
-            "output_tokens_per_q": ec.mean(r.get("output_tokens", 0) or 0 for r in rs),
-            "seconds_per_q": ec.mean(r["seconds"] for r in rs),
-            "llm_seconds_per_q": ec.mean(r.get("llm_seconds", 0) for r in rs),
+            **{f"{k}_per_q": ec.mean(r.get(k) or 0 for r in rs) for k in PER_Q},
             "per_subject": {
                 s: {"n": len(v), "accuracy": ec.accuracy(v)} for s, v in sorted(subjects.items())
             },
         }
         if mode == "lean":
-            entry["rag_share"] = ec.mean(float(r.get("route") == "rag") for r in rs)
+            entry["rag_share"] = ec.accuracy(r.get("route") == "rag" for r in rs)
             entry["gate"] = rs[0].get("gate")
-        if mode == "pipeline":
-            # The agent picks closed-book when its research found nothing to stand on.
-            read = [bool(r["correct"]) for r in rs if not r.get("closed_book")]
-            entry["closed_book_share"] = ec.mean(float(bool(r.get("closed_book"))) for r in rs)
+        if mode == "pipeline":  # closed-book when its research found nothing to stand on
+            read = [r["correct"] for r in rs if not r.get("closed_book")]
+            entry["closed_book_share"] = ec.accuracy(r.get("closed_book") for r in rs)
             entry["accuracy_with_evidence"] = ec.accuracy(read) if read else None
         if mode == "evidence":
-            grounded = [r for r in rs if r.get("grounded")]
-            entry["coverage"] = ec.mean(float(bool(r.get("grounded"))) for r in rs)
+            grounded = [r["correct"] for r in rs if r.get("grounded")]
+            entry["coverage"] = ec.accuracy(r.get("grounded") for r in rs)
             entry["grounded_n"] = len(grounded)
-            entry["accuracy_grounded"] = (
-                ec.accuracy([bool(r["correct"]) for r in grounded]) if grounded else None
-            )
+            entry["accuracy_grounded"] = ec.accuracy(grounded) if grounded else None
         if any("gold_in_evidence" in r for r in rs):
-            entry["gold_in_evidence_rate"] = ec.mean(
-                float(bool(r.get("gold_in_evidence"))) for r in rs
-            )
+            entry["gold_in_evidence_rate"] = ec.accuracy(r.get("gold_in_evidence") for r in rs)
         if mode != "llm_only" and base:
             common = sorted(set(by_mode[mode]) & set(base))
             if common:
@@ -391,7 +369,7 @@ def build_summary(run: ec.RunDir, config: dict[str, Any], started: float) -> dic
 
 
 def render_markdown(summary: dict[str, Any]) -> str:
-    cfg = summary["config"]
+    cfg, mcs = summary["config"], summary["mc"]
     llm = cfg.get("llm", {}).get("mc_select", {})
     lines = [
         f"# Evaluation run `{summary['run_id']}`",
@@ -404,99 +382,81 @@ def render_markdown(summary: dict[str, Any]) -> str:
         "",
     ]
     if summary["retrieval"]:
-        lines += ["## Retrieval (phase 1)", ""]
-        lines.append(
-            ec.markdown_table(
-                ["query", "n", "R@1", "R@5", "R@10", "MRR", "MRR 95% CI", "nDCG@10", "s/query"],
-                [
-                    [v, *(m[k] for k in ("n", "recall@1", "recall@5", "recall@10", "mrr"))]
-                    + [f"{m['mrr_ci'][0]:.3f}–{m['mrr_ci'][1]:.3f}", m["ndcg@10"]]
-                    + [m["seconds_per_query"]]
-                    for v, m in summary["retrieval"].items()
-                ],
-            )
-        )
-        lines.append("")
-    if summary["mc"]:
-        lines += ["## Multiple-choice accuracy (phase 2)", ""]
-        rows = []
-        for mode, m in summary["mc"].items():
-            vs = m.get("vs_llm_only")
-            rows.append(
-                [
-                    mode,
-                    m["n"],
-                    m["accuracy"],
-                    f"{m['ci_low']:.3f}–{m['ci_high']:.3f}",
-                    (f"{vs['accuracy_diff']:+.3f} (p={vs['p_value']:.3g})" if vs else "–"),
-                    m["parse_failure_rate"],
-                    m["llm_calls_per_q"],
-                    m["provider_calls_per_q"],
-                    m["input_tokens_per_q"] + m["output_tokens_per_q"],
-                    m["seconds_per_q"],
-                    ", ".join(f"{k}:{v}" for k, v in sorted(m["strategies"].items())),
-                ]
-            )
-        lines.append(
-            ec.markdown_table(
-                [
-                    "mode",
-                    "n",
-                    "accuracy",
-                    "95% CI",
-                    "vs llm_only (McNemar p)",
-                    "parse fail",
-                    "calls/q",
-                    "uncached calls/q",
-                    "tokens/q",
-                    "s/q",
-                    "extraction",
-                ],
-                rows,
-            )
-        )
+        table = [
+            {
+                "query": v,
+                "n": m["n"],
+                **{f"R@{k}": m[f"recall@{k}"] for k in (1, 5, 10)},
+                "MRR": m["mrr"],
+                "MRR 95% CI": f"{m['mrr_ci'][0]:.3f}–{m['mrr_ci'][1]:.3f}",
+                "nDCG@10": m["ndcg@10"],
+                "s/query": m["seconds_per_query"],
+            }
+            for v, m in summary["retrieval"].items()
+        ]
+        lines += ["## Retrieval (phase 1)", "", ec.markdown_table(table), ""]
+    if mcs:
+        table = [
+            {
+                "mode": mode,
+                "n": m["n"],
+                "accuracy": m["accuracy"],
+                "95% CI": f"{m['ci_low']:.3f}–{m['ci_high']:.3f}",
+                "vs llm_only (McNemar p)": (
+                    f"{vs['accuracy_diff']:+.3f} (p={vs['p_value']:.3g})" if vs else "–"
+                ),
+                "parse fail": m["parse_failure_rate"],
+                "calls/q": m["llm_calls_per_q"],
+                "uncached calls/q": m["provider_calls_per_q"],
+                "tokens/q": m["input_tokens_per_q"] + m["output_tokens_per_q"],
+                "s/q": m["seconds_per_q"],
+                "extraction": ", ".join(f"{k}:{v}" for k, v in sorted(m["strategies"].items())),
+            }
+            for mode, m in mcs.items()
+            for vs in [m.get("vs_llm_only")]
+        ]
         lines += [
+            "## Multiple-choice accuracy (phase 2)",
+            "",
+            ec.markdown_table(table),
             "",
             f"Correct letters of these items: {summary['answer_letters']}; always answering the "
             f"most common one scores {summary['constant_letter_baseline']:.3f}. Predicted letters: "
-            + "; ".join(f"{m}: {v['predicted_letters']}" for m, v in summary["mc"].items()),
+            + "; ".join(f"{m}: {v['predicted_letters']}" for m, v in mcs.items()),
         ]
-        if ev := summary["mc"].get("evidence"):
-            grounded_acc = ev["accuracy_grounded"]
+        if ev := mcs.get("evidence"):
             lines += [
                 "",
                 f"Evidence mode: grounded on {ev['grounded_n']} of {ev['n']} items (coverage "
                 f"{ev['coverage']:.3f}); accuracy on the grounded items "
-                + (f"{grounded_acc:.3f}" if grounded_acc is not None else "n/a")
-                + f" vs {ev['accuracy']:.3f} overall.",
+                f"{_or_na(ev['accuracy_grounded'])} vs {ev['accuracy']:.3f} overall.",
             ]
-        if ln := summary["mc"].get("lean"):
+        if ln := mcs.get("lean"):
             lines += [
                 "",
                 f"Lean mode: evidence used on {ln['rag_share']:.0%} of items (LEAN_GATE "
                 f"{ln['gate']}), closed-book on the rest.",
             ]
-        if (pl := summary["mc"].get("pipeline")) and pl.get("closed_book_share") is not None:
-            read_acc = pl["accuracy_with_evidence"]
+        if (pl := mcs.get("pipeline")) and pl.get("closed_book_share") is not None:
             lines += [
                 "",
                 f"Pipeline: closed-book on {pl['closed_book_share']:.0%} of items (its research "
-                "found nothing to stand on); accuracy on the others "
-                + (f"{read_acc:.3f}" if read_acc is not None else "n/a")
-                + ".",
+                f"found nothing to stand on); accuracy on the others "
+                f"{_or_na(pl['accuracy_with_evidence'])}.",
             ]
-        subjects = sorted({s for m in summary["mc"].values() for s in m["per_subject"]})
-        lines += ["", "### Accuracy per subject", ""]
-        modes = list(summary["mc"])
-        sub_rows = []
-        for s in subjects:
-            row: list[Any] = [s]
-            for mode in modes:
-                ps = summary["mc"][mode]["per_subject"].get(s)
-                row.append(f"{ps['accuracy']:.2f} ({ps['n']})" if ps else "–")
-            sub_rows.append(row)
-        lines.append(ec.markdown_table(["subject", *modes], sub_rows))
-        lines.append("")
+        subjects = sorted({s for m in mcs.values() for s in m["per_subject"]})
+        table = [
+            {
+                "subject": s,
+                **{
+                    mode: f"{ps['accuracy']:.2f} ({ps['n']})" if ps else "–"
+                    for mode, m in mcs.items()
+                    for ps in [m["per_subject"].get(s)]
+                },
+            }
+            for s in subjects
+        ]
+        lines += ["", "### Accuracy per subject", "", ec.markdown_table(table), ""]
     if summary["unresolved_errors"]:
         lines += [
             f"**{summary['unresolved_errors']} (item, mode) pairs failed** (see errors.jsonl); "
@@ -504,6 +464,10 @@ def render_markdown(summary: dict[str, Any]) -> str:
             "",
         ]
     return "\n".join(lines)
+
+
+def _or_na(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def write_outputs(run: ec.RunDir, summary: dict[str, Any]) -> None:
@@ -544,11 +508,10 @@ def build_injection_parser() -> argparse.ArgumentParser:
 
 
 def read_injection_set(path: Path, split: str | None = None) -> list[dict]:
-    """Rows of a labelled injection file; a bad row is a ValueError naming the file and row."""
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: file not found")
+    """Rows of a labelled injection file; a missing file or bad row is a ValueError naming the
+    file (and row)."""
     rows, seen = [], set()
-    for n, rec in load_corpus.iter_rows(path):  # JSON errors name the row (a ValueError)
+    for n, rec in load_corpus.iter_rows(path):
         if not str(rec.get("text") or "").strip():
             raise ValueError(f"{path}: row {n}: needs a non-empty 'text'")
         if rec.get("label") not in INJECTION_LABELS:
@@ -571,8 +534,6 @@ def summarize_injection(rows: Sequence[dict]) -> dict[str, Any]:
     safe = [r for r in rows if r["label"] == "safe"]
     tp = sum(r["flagged"] for r in attacks)
     fp = sum(r["flagged"] for r in safe)
-    pre_tp = sum(bool(r["prescreen"]) for r in attacks)
-    pre_fp = sum(bool(r["prescreen"]) for r in safe)
     by_style: dict[str, dict[str, Any]] = {}
     for r in rows:
         s = by_style.setdefault(
@@ -582,23 +543,22 @@ def summarize_injection(rows: Sequence[dict]) -> dict[str, Any]:
         s["flagged"] += int(r["flagged"])
         if r["flagged"] != (r["label"] == "injection"):
             s["wrong"].append(r["item"])
-    checks = Counter(r["injection_check"] for r in rows)
     return {
         "n": len(rows),
         "attacks": len(attacks),
         "safe": len(safe),
-        "recall": tp / len(attacks) if attacks else float("nan"),
+        "recall": ec.accuracy(r["flagged"] for r in attacks),
         "recall_ci": list(ec.wilson_ci(tp, len(attacks))),
-        "fpr": fp / len(safe) if safe else float("nan"),
+        "fpr": ec.accuracy(r["flagged"] for r in safe),
         "fpr_ci": list(ec.wilson_ci(fp, len(safe))),
         "tp": tp,
         "fn": len(attacks) - tp,
         "fp": fp,
         "tn": len(safe) - fp,
-        "prescreen_recall": pre_tp / len(attacks) if attacks else float("nan"),
-        "prescreen_fpr": pre_fp / len(safe) if safe else float("nan"),
+        "prescreen_recall": ec.accuracy(r["prescreen"] for r in attacks),
+        "prescreen_fpr": ec.accuracy(r["prescreen"] for r in safe),
         "model_verdict_used": sum(r["llm_verdict"] in ("safe", "injection") for r in rows),
-        "prescreen_only": checks.get("prescreen_only", 0),
+        "prescreen_only": sum(r["injection_check"] == "prescreen_only" for r in rows),
         "llm_verdicts": dict(Counter(r["llm_verdict"] for r in rows)),
         "overruled": sum(r["llm_verdict"] == "injection" and not r["flagged"] for r in rows),
         "misses": {
@@ -610,13 +570,14 @@ def summarize_injection(rows: Sequence[dict]) -> dict[str, Any]:
         "per_style": {
             k: {kk: v[kk] for kk in ("label", "n", "flagged")} for k, v in by_style.items()
         },
-        "seconds_per_item": ec.mean(r["seconds"] for r in rows) if rows else float("nan"),
+        "seconds_per_item": ec.mean(r["seconds"] for r in rows),
     }
 
 
 def render_injection_markdown(summary: dict[str, Any]) -> str:
     inj, cfg = summary["injection"], summary["config"]
     ci = lambda c: f"{ec.fmt_num(c[0])}–{ec.fmt_num(c[1])}"  # noqa: E731
+    wrong = inj["misses"] | inj["false_positives"]
     lines = [
         f"# Injection detection — {summary['run_id']}",
         "",
@@ -625,25 +586,22 @@ def render_injection_markdown(summary: dict[str, Any]) -> str:
         f"(pre-screen only: {inj['prescreen_only']}, overruled: {inj['overruled']})",
         "",
         ec.markdown_table(
-            ["metric", "value", "95% CI (Wilson)", "pre-screen alone"],
             [
-                ["recall", inj["recall"], ci(inj["recall_ci"]), inj["prescreen_recall"]],
-                ["false-positive rate", inj["fpr"], ci(inj["fpr_ci"]), inj["prescreen_fpr"]],
-            ],
+                {
+                    "metric": name,
+                    "value": inj[key],
+                    "95% CI (Wilson)": ci(inj[f"{key}_ci"]),
+                    "pre-screen alone": inj[f"prescreen_{key}"],
+                }
+                for name, key in (("recall", "recall"), ("false-positive rate", "fpr"))
+            ]
         ),
         "",
         ec.markdown_table(
-            ["style", "label", "n", "flagged", "wrong"],
             [
-                [
-                    k,
-                    v["label"],
-                    v["n"],
-                    v["flagged"],
-                    ", ".join((inj["misses"] | inj["false_positives"]).get(k, [])) or "–",
-                ]
+                {"style": k, **v, "wrong": ", ".join(wrong.get(k, [])) or "–"}
                 for k, v in sorted(inj["per_style"].items(), key=lambda kv: (kv[1]["label"], kv[0]))
-            ],
+            ]
         ),
     ]
     return "\n".join(lines) + "\n"
@@ -827,13 +785,11 @@ def record_sentences(state: Mapping[str, Any]) -> list[dict]:
 def same_doctrine_fn(settings: Settings) -> Callable[[str, Sequence[str]], bool]:
     """``(passage id, gold ids) -> bool``: the passage is about the same doctrine as one of the
     gold passages (embedding cosine >= ``eval_answers.SAME_DOCTRINE_COSINE``)."""
-    vectors: dict[str, Any] = {}
 
+    @functools.cache
     def vector(pid: str) -> Any:
-        if pid not in vectors:
-            text = (ec.fetch_passages([pid], settings).get(pid) or {}).get("text") or ""
-            vectors[pid] = rag_utils.get_embedder(settings).embed_documents([text])[0]
-        return vectors[pid]
+        text = (ec.fetch_passages([pid], settings).get(pid) or {}).get("text") or ""
+        return rag_utils.get_embedder(settings).embed_documents([text])[0]
 
     def same(pid: str, gold: Sequence[str]) -> bool:
         return any(
@@ -940,7 +896,7 @@ def run_answers_phase(
         cleared = rag_utils.clear_memory(settings)
         logger.info("cleared the QA memory before research-mode answers (%s entries)", cleared)
     fns = {m: agent_answer_fn(settings, m, llm_factory) for m in modes if m != "ceiling"}
-    score = None
+    score = eval_answers.score_answer
     if args.facts:
         score = functools.partial(
             eval_answers.score_fact_pattern, same_doctrine=same_doctrine_fn(settings)
@@ -1241,9 +1197,7 @@ def run(
                 if (ec.item_id(it), RETRIEVAL_PREFIX + v) not in done
             ]
             run_dir.run(
-                lambda t: run_retrieval_item(
-                    t[0], t[1], settings=settings, llm_factory=llm_factory
-                ),
+                lambda t: run_retrieval_item(*t, settings=settings, llm_factory=llm_factory),
                 tasks,
                 key=lambda t: (ec.item_id(t[0]), RETRIEVAL_PREFIX + t[1]),
                 workers=args.workers if llm_variants else 1,
@@ -1269,7 +1223,7 @@ def run(
                 logger.info("cleared the QA memory before pipeline runs (%s entries)", cleared)
             run_dir.run(
                 lambda t: run_mc_item(
-                    t[0], t[1], settings=settings, llm_factory=llm_factory, gold_texts=gold_texts
+                    *t, settings=settings, llm_factory=llm_factory, gold_texts=gold_texts
                 ),
                 tasks,
                 key=lambda t: (ec.item_id(t[0]), t[1]),
@@ -1293,12 +1247,10 @@ def run(
 def _without(tokens: Sequence[str], option: str) -> list[str]:
     """``tokens`` without ``option VALUE`` / ``option=VALUE``."""
     out: list[str] = []
-    skip = False
-    for tok in tokens:
-        if skip:
-            skip = False
-        elif tok == option:
-            skip = True
+    rest = iter(tokens)
+    for tok in rest:
+        if tok == option:
+            next(rest, None)  # its value
         elif not tok.startswith(option + "="):
             out.append(tok)
     return out

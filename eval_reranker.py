@@ -12,6 +12,7 @@ is reported as unavailable, not silently replaced.  Results go to ``eval_results
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import statistics
 import sys
@@ -69,7 +70,7 @@ def summarize(rows: Sequence[dict], rerankers: Sequence[str]) -> dict[str, dict]
             **ec.summarize_rankings(rs, K),
             "latency_mean_s": ec.mean(secs),
             "latency_median_s": statistics.median(secs),
-            "latency_p95_s": secs[min(len(secs) - 1, int(round(0.95 * (len(secs) - 1))))],
+            "latency_p95_s": secs[round(0.95 * (len(secs) - 1))],
         }
         if name != BASELINE and base:
             common = sorted(set(by[name]) & set(base))
@@ -81,42 +82,26 @@ def summarize(rows: Sequence[dict], rerankers: Sequence[str]) -> dict[str, dict]
 
 
 def render(summary: dict[str, Any], table: Any = ec.markdown_table) -> str:
-    rows = []
-    for name, m in summary["rerankers"].items():
-        vs = m.get("vs_" + BASELINE)
-        rows.append(
-            [
-                name,
-                *(m[k] for k in ("n", "recall@1", "recall@5", "recall@10", "mrr", "ndcg@10")),
-                m["latency_mean_s"] * 1000,
-                m["latency_p95_s"] * 1000,
-                f"{vs['wins']}/{vs['losses']}/{vs['ties']}" if vs else "–",
-                ec.fmt_num(vs["sign_test_p"]) if vs else "–",
-                ec.fmt_num(vs["wilcoxon_p"]) if vs else "–",
-            ]
-        )
-    out = [
-        table(
-            [
-                "reranker",
-                "n",
-                "R@1",
-                "R@5",
-                "R@10",
-                "MRR",
-                "nDCG@10",
-                "ms/query",
-                "p95 ms",
-                f"RR vs {BASELINE} W/L/T",
-                "sign p",
-                "Wilcoxon p",
-            ],
-            rows,
-        )
+    rows = [
+        {
+            "reranker": name,
+            "n": m["n"],
+            **{f"R@{k}": m[f"recall@{k}"] for k in (1, 5, 10)},
+            "MRR": m["mrr"],
+            "nDCG@10": m["ndcg@10"],
+            "ms/query": m["latency_mean_s"] * 1000,
+            "p95 ms": m["latency_p95_s"] * 1000,
+            f"RR vs {BASELINE} W/L/T": f"{vs['wins']}/{vs['losses']}/{vs['ties']}" if vs else "–",
+            "sign p": ec.fmt_num(vs["sign_test_p"]) if vs else "–",
+            "Wilcoxon p": ec.fmt_num(vs["wilcoxon_p"]) if vs else "–",
+        }
+        for name, m in summary["rerankers"].items()
+        for vs in [m.get("vs_" + BASELINE)]
     ]
-    for name, reason in summary["unavailable"].items():
-        out.append(f"\n{name}: unavailable ({reason})")
-    return "\n".join(out)
+    unavailable = summary["unavailable"].items()
+    return "\n".join(
+        [table(rows), *(f"\n{name}: unavailable ({why})" for name, why in unavailable)]
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -177,13 +162,8 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
             unavailable[name] = reason
             continue
         tasks = [it for it in items if (ec.item_id(it), name) not in done]
-        for _, row, err in ec.run_tasks(
-            lambda it, name=name: run_item(it, name, settings=settings, query=args.query),
-            tasks,
-            desc=name,
-        ):
-            if err is not None:
-                raise err
+        one = functools.partial(run_item, reranker=name, settings=settings, query=args.query)
+        for _, row, _ in ec.run_tasks(one, tasks, desc=name, fatal=(Exception,)):
             run_dir.append(row)
     available = [n for n in names if n not in unavailable]
     summary = {

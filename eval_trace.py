@@ -5,18 +5,12 @@
     python eval_trace.py --query "question" one free-text question (an empty one is refused)
     python eval_trace.py [N] --qa FILE [--passages FILE]   N items of a QA file (default 3)
 
-The built-in set, like the original project's: 6 bar-style multiple-choice questions over the
-starter corpus's subjects (choices, answer and the deciding starter passage), 1 multi-hop open
-question whose answer needs several passages, and 1 question the corpus cannot answer (patent law),
-which shows how the agent behaves without evidence.
-
-Per query: the raw retrieval of the question (no rewrite; the gold passage marked ★), the agent's
-rewrite (primary + alternatives, from its own rewrite node), the multi-query retrieval of the
-rewritten queries (gold marked), the node-by-node trace of ``main.run_agent`` (its ``on_event``
-callback; the QA memory is not consulted, so a rerun traces the research again), and — for QA
-items — whether the MC answer is correct.  Then a summary table: steps
-completed / failed, confidence, unique documents, time, LLM calls.  ``--save`` writes one
-case-study JSON per query to ``case_studies/``.
+The built-in set: 6 bar-style multiple-choice questions, one per starter subject, 1 multi-hop open
+question and 1 the corpus cannot answer (patent law).  Per query: the raw retrieval of the question
+and the retrieval of its rewrites (gold passages marked ★), the node-by-node trace of
+``main.run_agent`` (the QA memory is not consulted, so a rerun traces the research again) and, for
+QA items, whether the MC answer is right; then a summary table.  ``--save`` writes one case-study
+JSON per query to ``case_studies/``.
 """
 
 from __future__ import annotations
@@ -94,21 +88,16 @@ def _step_rows(state: dict) -> list[dict]:
     """The planning table (``state.PlanStep``) as plain rows."""
     rows = []
     for step in state.get("planning_table") or []:
-        execution = step["execution"] or {}
+        ex = step["execution"] or {}
         rows.append(
             {
-                "step_id": step["step_id"],
-                "phase": step["phase"],
-                "question": step["question"],
-                "status": step["status"],
-                "confidence": execution.get("confidence"),
-                "optimized_query": execution.get("optimized_query"),
-                "alternatives": execution.get("alternatives"),
-                "retrieved_doc_ids": execution.get("retrieved_doc_ids"),
-                "flagged_passages": execution.get("flagged_passages", []),
+                **{k: step[k] for k in ("step_id", "phase", "question", "status")},
+                **{k: ex.get(k) for k in ("confidence", "optimized_query", "alternatives")},
+                "retrieved_doc_ids": ex.get("retrieved_doc_ids"),
+                "flagged_passages": ex.get("flagged_passages", []),
                 "strategy": step.get("strategy"),
                 "issue": step.get("issue"),
-                "evidence_score": execution.get("evidence_score"),
+                "evidence_score": ex.get("evidence_score"),
             }
         )
     return rows
@@ -133,7 +122,7 @@ def trace_query(
     }
     if item:
         case["subject"] = ec.item_subject(item)
-    if item and choices:
+    if choices:
         case["choices"] = choices
         case["answer"] = ec.item_answer(item)
 
@@ -176,7 +165,7 @@ def trace_query(
     # The QA memory is not consulted: a rerun traces the research again, not a cache hit (the
     # first run's answer is written back, as in any run).
     context = dataclasses.replace(
-        AgentContext.from_settings(settings, client=client), check_memory=_no_memory
+        AgentContext.from_settings(settings, client=client), check_memory=lambda question: None
     )
     state = agent.run_agent(query, choices, context=context, on_event=on_event)
     agent_s = time.perf_counter() - t0
@@ -212,7 +201,7 @@ def trace_query(
             "run_metrics": ec.to_jsonable(state.get("run_metrics") or {}),
         }
     )
-    if item and choices:
+    if choices:
         letter = (state["mc_answer"] or {}).get("letter")
         case["mc"] = {
             "predicted": letter,
@@ -251,43 +240,28 @@ def _print_docs(out: Callable[[str], None], title: str, rows: Sequence[dict]) ->
         )
 
 
-def summary_rows(cases: Sequence[dict]) -> list[list[Any]]:
-    rows = []
-    for c in cases:
-        mc = c.get("mc") or {}
-        rows.append(
-            [
-                c.get("item") or ec.preview(c["query"], 30),
-                c.get("kind"),
-                c.get("query_type"),
-                c["steps_completed"],
-                c["steps_failed"],
-                c["confidence"],
-                c["unique_docs"],
-                "yes" if mc.get("gold_in_raw") else ("no" if mc else "–"),
-                "yes" if mc.get("gold_in_sources") else ("no" if mc else "–"),
-                c["agent_s"],
-                c["llm"]["llm_calls"],
-                ("✓" if mc.get("correct") else "✗") if mc else "–",
-            ]
-        )
-    return rows
+def summary_rows(cases: Sequence[dict]) -> list[dict[str, Any]]:
+    def yes_no(key: str, mc: dict) -> str:
+        return ("yes" if mc.get(key) else "no") if mc else "–"
 
-
-SUMMARY_HEADERS = [
-    "query",
-    "kind",
-    "type",
-    "done",
-    "failed",
-    "confidence",
-    "docs",
-    "gold raw",
-    "gold used",
-    "seconds",
-    "LLM calls",
-    "MC",
-]
+    return [
+        {
+            "query": c.get("item") or ec.preview(c["query"], 30),
+            "kind": c.get("kind"),
+            "type": c.get("query_type"),
+            "done": c["steps_completed"],
+            "failed": c["steps_failed"],
+            "confidence": c["confidence"],
+            "docs": c["unique_docs"],
+            "gold raw": yes_no("gold_in_raw", mc),
+            "gold used": yes_no("gold_in_sources", mc),
+            "seconds": c["agent_s"],
+            "LLM calls": c["llm"]["llm_calls"],
+            "MC": ("✓" if mc.get("correct") else "✗") if mc else "–",
+        }
+        for c in cases
+        for mc in [c.get("mc") or {}]
+    ]
 
 
 def save_case(case: dict, directory: str | Path) -> Path:
@@ -335,10 +309,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _no_memory(question: str) -> None:
-    return None
-
-
 def run(
     args: argparse.Namespace,
     settings: Settings,
@@ -372,7 +342,7 @@ def run(
             case["saved_to"] = str(save_case(case, args.case_dir))
         cases.append(case)
     out("=" * 100)
-    out(ec.text_table(SUMMARY_HEADERS, summary_rows(cases)))
+    out(ec.text_table(summary_rows(cases)))
     mc_cases = [c for c in cases if c.get("mc")]
     if mc_cases:
         out(f"MC accuracy: {sum(c['mc']['correct'] for c in mc_cases)}/{len(mc_cases)}")
