@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import rag_utils
 from settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -163,14 +164,6 @@ def _write_marker(model_path: Path, sha: str) -> None:
     os.replace(tmp, _marker_path(model_path))
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(_CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _remove(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
@@ -196,7 +189,7 @@ def ensure_model(name: str, settings: Settings, timings: LocalTimings | None = N
             return model_path  # another process finished it while we waited
         if model_path.is_file():
             t0 = time.perf_counter()
-            actual = _sha256_file(model_path)
+            actual = rag_utils.sha256_file(model_path)
             timings.verify_s = time.perf_counter() - t0
             if actual == spec.sha256:
                 _write_marker(model_path, actual)
