@@ -54,6 +54,29 @@ def test_the_rule_is_the_passages_own_sentences_closest_to_the_issue_and_its_fac
     )  # heading
 
 
+def test_a_heading_that_restates_the_title_is_never_a_rule():
+    """A seven-word heading ("Consequential damages and the Hadley v. Baxendale rule.") matched a
+    query about damages and was shown, and applied, as a rule; a first sentence that states one
+    ("There is one form of action—the civil action.") stays."""
+    hadley = {
+        "id": "hadley",
+        "title": "Consequential damages: Hadley v. Baxendale foreseeability",
+        "text": "Consequential damages and the Hadley v. Baxendale rule. Damages for breach are "
+        "limited to losses that were reasonably foreseeable when the contract was made.",
+    }
+    rule2 = {
+        "id": "frcp_2",
+        "title": "Rule 2. One Form of Action",
+        "text": "There is one form of action—the civil action.",
+    }
+    rule = answer.select_rule("consequential damages Hadley Baxendale rule", [hadley], EMBED)
+    assert [s for _, s in rule] == [
+        "Damages for breach are limited to losses that were reasonably foreseeable when the "
+        "contract was made."
+    ]
+    assert answer.candidate_sentences(rule2) == ["There is one form of action—the civil action."]
+
+
 def test_the_rule_comes_from_the_passage_that_fits_the_facts_not_only_the_first_found():
     """The search ranked the joint-tenancy severance passage third; the facts (a conveyance by
     one joint tenant) pick its sentence over the first passages' general ones."""
