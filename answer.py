@@ -628,7 +628,10 @@ def build_record(
             )
             issues.append(IssueAnswer(item.issue, "no_evidence", why=why))
             continue
-        near = [] if kind == "rule_question" else item.facts
+        # The rule is what the issue's passages say closest to the issue and its facts, or, for
+        # a rule question, to what it asks: "Landowner duties: trespassers, licensees, invitees"
+        # alone picks "Trespass to land is..." for "What duty does a landowner owe to an invitee?"
+        near = [question] if kind == "rule_question" else item.facts
         if near is None:
             near = issue_facts(item.issue, facts, embed)
         query = " ".join([item.issue, *near])

@@ -180,6 +180,30 @@ def test_a_record_applies_the_rule_and_answers_the_question(tmp_settings):
     assert lines[0].startswith('[1] Search incident to arrest (sia): "')
 
 
+def test_a_rule_questions_rule_is_what_the_question_asks_not_the_nearest_to_the_issue_name(
+    tmp_settings,
+):
+    """The issue's name alone ("...: trespassers, licensees, invitees") is closest to a sentence
+    about trespassers; the question asks about invitees and licensees."""
+    land = {
+        "id": "land",
+        "title": "Landowner duties: trespassers, licensees, invitees",
+        "text": "Landowner duties. Undiscovered trespassers are owed only freedom from willful "
+        "harm. A licensee must be warned of known concealed dangers. An invitee is owed "
+        "reasonable care, including a duty to inspect.",
+    }
+    client, script = scripted_client(tmp_settings, {})
+    research = [answer.IssueResearch("Landowner duties: trespassers, licensees, invitees", [land])]
+    question = "What duty does a landowner owe to an invitee compared with a licensee?"
+    record = answer.build_record(client, question, None, research, EMBED)
+    rules = [s.text for s in record.issues[0].sentences if s.role == "rule"]
+    assert rules == [
+        "A licensee must be warned of known concealed dangers.",
+        "An invitee is owed reasonable care, including a duty to inspect.",
+    ]
+    assert script.calls == []  # a rule question: no application, no bottom line
+
+
 def test_a_record_with_nothing_to_stand_on_abstains_and_says_why(tmp_settings):
     client, script = scripted_client(tmp_settings, {})
     research = [answer.IssueResearch("Premises liability", [PRODUCTS])]
