@@ -39,6 +39,7 @@ from typing import Any, Literal
 import numpy as np
 from nupunkt import sent_tokenize
 
+import mc
 import prompts
 from prompts import Application, BottomLine, Check, Finding, Met
 
@@ -208,7 +209,6 @@ def issue_facts(
     return [facts[i] for i in keep]
 
 
-_WORD = re.compile(r"[a-z0-9]+")
 _AUXILIARY = re.compile(
     r"\b(?:is|are|was|were|be|been|may|must|can|cannot|shall|should|will|would|has|have|had|does|do)\b",
     re.IGNORECASE,
@@ -227,8 +227,8 @@ def is_heading(sentence: str, title: str) -> bool:
         return True
     if n > TITLED_HEADING_WORDS or _AUXILIARY.search(sentence):
         return False
-    words = [w for w in _WORD.findall(sentence.lower()) if len(w) > 2]
-    title_words = set(_WORD.findall(title.lower()))
+    words = [w for w in mc.WORD.findall(sentence.lower()) if len(w) > 2]
+    title_words = set(mc.WORD.findall(title.lower()))
     return sum(w in title_words for w in words) > len(words) / 2
 
 
