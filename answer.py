@@ -41,7 +41,7 @@ from nupunkt import sent_tokenize
 
 import mc
 import prompts
-from prompts import Application, BottomLine, Check, Finding, Met
+from prompts import Application, Check, Finding, Met
 
 logger = logging.getLogger(__name__)
 
@@ -569,17 +569,47 @@ def verify_rule(
     return [p for n, p in enumerate(pairs, 1) if verdicts.get(n) == "ok"], quotes
 
 
-def _finding(issue: IssueAnswer) -> str:
-    """One line of the bottom line's input: the issue's conclusion and the rule it applied (the
-    rule says what follows: "...is strictly liable", "...is admissible")."""
+def _conclusion_of(issue: IssueAnswer) -> Sentence:
+    return next(s for s in issue.sentences if s.role == "conclusion")
+
+
+def _finding(n: int, issue: IssueAnswer) -> str:
+    """One numbered line of the bottom line's input: the issue's conclusion and the rule it
+    applied (the rule says what follows: "...is strictly liable", "...is admissible")."""
     rule = " ".join(s.text for s in issue.sentences if s.role == "rule")
-    conclusion = next(s.text for s in issue.sentences if s.role == "conclusion")
-    return f"- {conclusion} (Rule: {rule[:400]})"
+    return f"{n}. {_conclusion_of(issue).text} (Rule: {rule[:400]})"
 
 
-def bottom_line(client: Any, asked: str, findings: str) -> BottomLine | None:
-    result = prompts.call(client, "bottom_line", question=asked, findings=findings)
-    return result.parsed
+def bottom_line(
+    client: Any, asked: str, applied: Sequence[IssueAnswer], guards: dict[str, int]
+) -> tuple[Met, Sentence] | None:
+    """The answer to the yes-or-no question ``asked`` (None: unparseable reply).  Only an issue
+    the stated facts decide (its rule applies, or does not) can decide it: with none, the answer
+    is unclear without a call.  Else the model answers yes / no / unclear and names the number
+    of the deciding conclusion; the sentence is that conclusion, with its issue's citations.  A
+    yes or no that names none is said as the model's, citing every decided issue (guard
+    ``unnamed_bottom_line``)."""
+    decided = [i for i in applied if i.outcome in ("yes", "no")]
+    every = sorted({n for i in applied for s in i.sentences for n in s.cites})
+    if not decided:
+        return "unclear", Sentence(
+            "Unclear: the stated facts decide none of the issues above.", "bottom_line", every
+        )
+    findings = "\n".join(_finding(n, i) for n, i in enumerate(decided, 1))
+    line = prompts.call(client, "bottom_line", question=asked, findings=findings).parsed
+    if line is None:
+        return None
+    head = {"yes": "Yes", "no": "No", "unclear": "Unclear"}[line.answer]
+    every = sorted({n for i in decided for s in i.sentences for n in s.cites})
+    if line.answer == "unclear":
+        text = f"{head}: no conclusion above decides it."
+        return line.answer, Sentence(text, "bottom_line", every)
+    if not 1 <= line.conclusion <= len(decided):
+        guards["unnamed_bottom_line"] += 1
+        return line.answer, Sentence(f"{head}, on the conclusions above.", "bottom_line", every)
+    decisive = _conclusion_of(decided[line.conclusion - 1])
+    text = f"{head}, because {decisive.text}"
+    return line.answer, Sentence(text, "bottom_line", list(decisive.cites))
 
 
 def build_record(
@@ -605,6 +635,7 @@ def build_record(
         "not_raised": 0,
         "unparsed_application": 0,
         "unparsed_bottom_line": 0,
+        "unnamed_bottom_line": 0,
     }
     if policy == "evidence":
         guards["unparsed_verdicts"] = 0
@@ -691,15 +722,12 @@ def build_record(
     # A yes/no question gets a bottom line; the answer to "Which rights were violated, and what
     # must she show?" is the issues themselves, each with its rule and conclusion.
     if kind == "fact_pattern" and applied_issues and asks_yes_or_no(asked):
-        findings = "\n".join(_finding(i) for i in applied_issues)
-        line = bottom_line(client, asked, findings)
-        all_cites = sorted({n for i in applied_issues for s in i.sentences for n in s.cites})
-        if line is None:
+        decided = bottom_line(client, asked, applied_issues, guards)
+        if decided is None:
             guards["unparsed_bottom_line"] += 1
         else:
-            verdict = line.answer
-            head = {"yes": "Yes", "no": "No", "unclear": "Unclear"}[line.answer]
-            tail.append(Sentence(f"{head}. {_clean(line.reason)}.", "bottom_line", all_cites))
+            verdict, line = decided
+            tail.append(line)
     record = AnswerRecord(
         kind, "", issues, citations.items, False, verdict=verdict, quotes=quotes, guards=guards
     )

@@ -260,10 +260,11 @@ class Application(BaseModel):
 
 
 class BottomLine(BaseModel):
-    """The answer to the question as asked (``skills/bottom_line.md``)."""
+    """The answer to the question as asked (``skills/bottom_line.md``): yes / no / unclear and
+    the number of the issue conclusion that decides it (0: none)."""
 
     answer: Met
-    reason: str = Field(min_length=1, max_length=240)
+    conclusion: int = Field(ge=0, le=20)
 
 
 class QuoteVerdict(BaseModel):
@@ -328,7 +329,7 @@ CALLS: dict[Role, Call] = {
     "plan": Call("plan_synthesis", Plan, 80),
     "rewrite": Call("query_rewrite", Rewrite, 110),
     "apply": Call("apply_rule", Application, 160),
-    "bottom_line": Call("bottom_line", BottomLine, 90),
+    "bottom_line": Call("bottom_line", BottomLine, 30),
     "verify": Call("verify_quotes", GateVerdicts, 90),
     "irac": Call("irac_ceiling", Irac, 400),
     "mc_select": Call("mc_select", None, 200, max_tokens_api=500),

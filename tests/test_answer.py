@@ -159,7 +159,7 @@ def test_an_application_cut_off_mid_check_keeps_the_complete_ones():
 
 def test_a_record_applies_the_rule_and_answers_the_question(tmp_settings):
     apply = json.dumps({"checks": [{"n": 2, "fact": "he was handcuffed in the patrol car", "met": "no"}]})  # fmt: skip
-    bottom = json.dumps({"answer": "yes", "reason": "the search was not incident to arrest"})
+    bottom = json.dumps({"answer": "yes", "conclusion": 1})
     client, script = scripted_client(tmp_settings, {"apply": [apply], "bottom_line": [bottom]})
     research = [
         answer.IssueResearch("Search incident to arrest", [GANT]),
@@ -171,7 +171,13 @@ def test_a_record_applies_the_rule_and_answers_the_question(tmp_settings):
     assert record.verdict == "yes" and not record.abstained and record.grounded
     assert "is inside — not met: he was handcuffed in the patrol car." in record.text
     assert "rule does not apply, because For vehicles, police may search" in record.text
-    assert "Bottom line: Yes. the search was not incident to arrest." in record.text
+    # the bottom line is the conclusion the model named, with that issue's citations
+    assert (
+        "Bottom line: Yes, because Search incident to arrest: the rule does not apply, because "
+        in record.text
+    )
+    conclusion = next(s for s in record.issues[0].sentences if s.role == "conclusion")
+    assert record.issues[-1].sentences[0].cites == conclusion.cites
     assert record.text.endswith("Not answered: Automobile exception (MAX_STEPS 1 reached).")
     # the facts and the rule reach the application call; the conclusions reach the bottom line
     assert "locked him in the patrol car" in script.prompts("apply")[0]
@@ -279,7 +285,7 @@ def test_an_issue_no_stated_fact_bears_on_is_named_not_answered(tmp_settings):
     facts, so its rule is not given as part of the answer (guard ``not_raised``)."""
     unrelated = json.dumps({"checks": [{"n": 1, "fact": "not stated", "met": "unclear"}]})  # fmt: skip
     related = json.dumps({"checks": [{"n": 1, "fact": "handcuffed in the patrol car", "met": "no"}]})  # fmt: skip
-    bottom = json.dumps({"answer": "yes", "reason": "the search was not incident to arrest"})
+    bottom = json.dumps({"answer": "yes", "conclusion": 1})
     replies = {"apply": [unrelated, related], "bottom_line": [bottom]}
     client, _ = scripted_client(tmp_settings, replies)
     research = [
@@ -302,7 +308,7 @@ def test_an_issue_whose_rule_does_not_fit_the_facts_is_named_not_applied(tmp_set
     ``off_facts``); the issue that fits them is answered.  The planner's first issue is always
     applied."""
     apply = json.dumps({"checks": [{"n": 2, "fact": 2, "met": "no"}]})
-    bottom = json.dumps({"answer": "yes", "reason": "the search was not incident to arrest"})
+    bottom = json.dumps({"answer": "yes", "conclusion": 1})
     client, script = scripted_client(tmp_settings, {"apply": [apply], "bottom_line": [bottom]})
     research = [
         answer.IssueResearch("Search incident to arrest", [GANT]),
@@ -391,7 +397,7 @@ def test_an_exception_the_facts_show_decides_the_issue_and_the_bottom_line_reads
         "Will the contractor prevail?"
     )
     applied = json.dumps({"checks": [{"n": 1, "fact": 1, "met": "yes"}, {"n": 2, "fact": 1, "met": "yes"}]})  # fmt: skip
-    bottom = json.dumps({"answer": "no", "reason": "the state sells as a market participant"})
+    bottom = json.dumps({"answer": "no", "conclusion": 1})
     client, script = scripted_client(tmp_settings, {"apply": [applied], "bottom_line": [bottom]})
     research = [answer.IssueResearch("Dormant Commerce Clause", [plant])]
     record = answer.build_record(client, facts, None, research, EMBED)

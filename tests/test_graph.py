@@ -177,7 +177,7 @@ APPLY = J(
     ]
 )  # fmt: skip
 COMPARE = J(checks=[{"n": 1, "fact": "she was reading her phone", "met": "yes"}])  # fmt: skip
-BOTTOM = J(answer="yes", reason="the store breached its duty to an invitee")
+BOTTOM = J(answer="yes", conclusion=1)
 
 
 def run(
@@ -246,7 +246,7 @@ def test_a_fact_pattern_gets_rule_application_conclusion_and_bottom_line(tmp_set
     assert record["kind"] == "fact_pattern" and record["abstained"] is False
     assert record["verdict"] == "yes" and record["grounded"] is True
     text = result["final_cited_answer"]
-    assert "Bottom line: Yes. the store breached its duty to an invitee" in text
+    assert "Bottom line: Yes, because Negligence: every requirement is met on these facts" in text
     assert "met: Store employees had seen the puddle two hours earlier and left it there." in text
     assert "F2. Store employees had seen the puddle" in script.prompts("apply")[0]
     # Every legal sentence cites; a rule is quoted verbatim from its passage.
