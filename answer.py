@@ -175,21 +175,25 @@ def question_kind(question: str, choices: Mapping[str, str] | None) -> Kind:
     )
 
 
+_AUX = r"(?:is|are|was|were|can|could|does|do|did|will|would|should|may|might|must|has|have|had)"
 _YES_NO = re.compile(
-    r"^(?:is|are|was|were|can|could|does|do|did|will|would|should|may|might|must|has|have|had)\b",
-    re.IGNORECASE,
+    rf"^{_AUX}\b|^(?!(?:which|what|who|whom|whose|when|where|why|how)\b)[^?]*,\s+{_AUX}\b", re.I
 )
-
-
+"""A question that opens with an auxiliary verb, or does so after an opening phrase ("At trial,
+can the officer repeat it?"); a wh-question never ("Which rights, if any, were violated?")."""
 _EITHER_OR = re.compile(r"\bor\b(?!\s+not\b)[^,;?]*\?\s*$", re.IGNORECASE)
+_SENTENCE_END = re.compile(r"(?<=[.!])\s+(?=[A-Z])")
 
 
 def asks_yes_or_no(asked: str) -> bool:
     """Whether the question as asked takes a yes or a no ("Can he get the evidence suppressed?";
     not "Which rights were violated?", nor "Is it embezzlement or larceny?", whose answer is one
-    of its alternatives): its last sentence opens with an auxiliary verb and does not end by
-    offering alternatives."""
+    of its alternatives): its last sentence asks with an auxiliary verb (:data:`_YES_NO`) and
+    does not end by offering alternatives.  The sentence splitter can leave a fact in front of
+    the question ("...under the will. Does Fay now hold Eli's share?"), so the last sentence is
+    cut again at any sentence end."""
     last = (split_sentences(asked)[-1] if asked.strip() else "").strip()
+    last = _SENTENCE_END.split(last)[-1]
     return bool(_YES_NO.match(last)) and not _EITHER_OR.search(last)
 
 

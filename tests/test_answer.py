@@ -336,6 +336,10 @@ def test_an_issue_whose_rule_does_not_fit_the_facts_is_named_not_applied(tmp_set
         ("What must she show?", False),
         ("Is Dan guilty of embezzlement or larceny by trick?", False),  # one of two, not yes
         ("Is the statement admissible or not?", True),
+        ("At the trial against the driver, can an officer who heard the scream repeat it?", True),
+        ("Hank claims Eli's share under the will. Does Fay now hold Eli's share?", True),
+        ("Which rights, if any, were violated?", False),
+        ("If the court finds a duty, what damages may she recover?", False),
     ],
 )
 def test_only_a_yes_or_no_question_gets_a_yes_or_no_bottom_line(asked, yes_no):
