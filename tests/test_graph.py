@@ -441,8 +441,13 @@ def test_a_rule_question_in_words_no_source_uses_is_declined_before_research(tmp
     )
     assert script.roles() == ["classify"]
     # A fact pattern's names and objects are not the subject: the same check never declines one.
+    script = Script(fact_replies())
+    ctx.client = LLMClient(
+        settings, llm_factory=lambda role: ScriptedChat(role=role, script=script)
+    )
     result = main.run_agent(FACTS, None, context=ctx)
-    assert not (result.get("decline") or "")
+    assert not result.get("decline") and result["answer"]["abstained"] is False
+    assert "apply" in script.roles()
 
 
 def test_a_passage_about_another_doctrine_is_never_an_issues_rule(tmp_settings):
