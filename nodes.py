@@ -234,8 +234,9 @@ def candidate_doctrines(ctx: AgentContext, question: str) -> list[str]:
         logger.warning("candidate retrieval failed: %s", exc)
     seen: set[str] = set()
     out = []
-    for name in names:
-        key = " ".join(name.lower().split())
+    for name in names:  # one candidate per doctrine: "Stop and frisk (Terry stops)", a passage
+        # title, is the doctrine "Stop and frisk" linked before it, not a second issue
+        key = " ".join(name.split(" (")[0].lower().split())
         if key and key not in seen:
             seen.add(key)
             out.append(" ".join(name.split()))

@@ -765,3 +765,18 @@ def test_the_plan_picks_candidates_by_number_and_keeps_the_names_they_carry():
     assert nodes.picked_issues(["offer", "Consideration"], candidates) == [
         "Offer (Firm offer (UCC 2-205))", "Consideration",
     ]  # fmt: skip
+
+
+def test_a_doctrine_is_one_candidate_however_many_times_it_is_named(tmp_settings):
+    """A passage titled "Stop and frisk (Terry stops)" is the linked doctrine "Stop and frisk":
+    listed twice, the plan researched one and reported the other as not answered."""
+    titled = [{"id": "t", "title": "Stop and frisk (Terry stops)", "text": "x"},
+              {"id": "p", "title": "Plain view", "text": "y"}]  # fmt: skip
+    ctx = fake_context(
+        tmp_settings,
+        retrieve=FakeRetriever(titled),
+        link_issues=lambda question, issues: ["Stop and frisk", "Arrest (Stop and frisk)"],
+    )
+    assert nodes.candidate_doctrines(ctx, "A pat-down. Can he suppress it?") == [
+        "Stop and frisk", "Arrest (Stop and frisk)", "Plain view",
+    ]  # fmt: skip
