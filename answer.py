@@ -175,7 +175,8 @@ def question_kind(question: str, choices: Mapping[str, str] | None) -> Kind:
     )
 
 
-_AUX = r"(?:is|are|was|were|can|could|does|do|did|will|would|should|may|might|must|has|have|had)"
+_AUX = r"(?:is|are|was|were|be|been|can|cannot|could|does|do|did|will|would|shall|should|may|might|must|has|have|had)"
+"""Auxiliary verbs: a yes/no question opens with one; a heading has none (:func:`is_heading`)."""
 _YES_NO = re.compile(
     rf"^{_AUX}\b|^(?!(?:which|what|who|whom|whose|when|where|why|how)\b)[^?]*,\s+{_AUX}\b", re.I
 )
@@ -213,10 +214,7 @@ def issue_facts(
     return [facts[i] for i in keep]
 
 
-_AUXILIARY = re.compile(
-    r"\b(?:is|are|was|were|be|been|may|must|can|cannot|shall|should|will|would|has|have|had|does|do)\b",
-    re.IGNORECASE,
-)
+_AUXILIARY = re.compile(rf"\b{_AUX}\b", re.IGNORECASE)
 
 
 def is_heading(sentence: str, title: str) -> bool:
