@@ -262,6 +262,29 @@ def test_requirements_are_the_rules_own_clauses():
     ]  # fmt: skip
 
 
+def test_what_is_no_defense_is_neither_a_requirement_nor_an_exception():
+    """ "Factual impossibility is no defense: a defendant who picks an empty pocket ... is guilty
+    of attempt" was asked about as an exception: had the facts shown it (the safe was empty), the
+    attempt rule would have been read as not applying, the opposite of what it says."""
+    reqs, exceptions = answer.rule_structure(
+        [
+            "The MPC requires a substantial step strongly corroborative of criminal purpose.",
+            "Factual impossibility is no defense: a defendant who picks an empty pocket is guilty "
+            "of attempt because the crime would have been completed had the facts been as he "
+            "believed.",
+            "Renunciation is no defense at common law, but under the MPC a solicitor who prevents "
+            "the crime with a complete and voluntary renunciation has a defense.",
+        ]
+    )
+    assert reqs == [
+        "The MPC requires a substantial step strongly corroborative of criminal purpose"
+    ]
+    assert exceptions == [
+        "under the MPC a solicitor who prevents the crime with a complete and voluntary "
+        "renunciation has a defense"
+    ]
+
+
 def test_examples_defenses_and_exceptions_are_not_requirements_to_meet():
     """A rule's examples, defenses and exceptions stay in its quoted text, but the facts are not
     asked to meet them (the blasting answer had "met" on "crop dusting is a classic example")."""
