@@ -191,11 +191,11 @@ def asks_yes_or_no(asked: str) -> bool:
     not "Which rights were violated?", nor "Is it embezzlement or larceny?", whose answer is one
     of its alternatives): its last sentence asks with an auxiliary verb (:data:`_YES_NO`) and
     does not end by offering alternatives.  The sentence splitter can leave a fact in front of
-    the question ("...under the will. Does Fay now hold Eli's share?"), so the last sentence is
-    cut again at any sentence end."""
+    the question ("...under the will. Does Fay now hold Eli's share?"), so the part after its last
+    sentence end is read too (but not alone: "Is Mr. Jones liable?" ends a sentence at "Mr.")."""
     last = (split_sentences(asked)[-1] if asked.strip() else "").strip()
-    last = _SENTENCE_END.split(last)[-1]
-    return bool(_YES_NO.match(last)) and not _EITHER_OR.search(last)
+    asks = _YES_NO.match(last) or _YES_NO.match(_SENTENCE_END.split(last)[-1])
+    return bool(asks) and not _EITHER_OR.search(last)
 
 
 def _rows(embed: EmbedFn, texts: list[str]) -> np.ndarray:
@@ -580,6 +580,10 @@ def verify_rule(
     return [p for n, p in enumerate(pairs, 1) if verdicts.get(n) == "ok"], quotes
 
 
+def _all_cites(issues: Sequence[IssueAnswer]) -> list[int]:
+    return sorted({n for i in issues for s in i.sentences for n in s.cites})
+
+
 def _conclusion_of(issue: IssueAnswer) -> Sentence:
     return next(s for s in issue.sentences if s.role == "conclusion")
 
@@ -601,17 +605,14 @@ def bottom_line(
     yes or no that names none is said as the model's, citing every decided issue (guard
     ``unnamed_bottom_line``)."""
     decided = [i for i in applied if i.outcome in ("yes", "no")]
-    every = sorted({n for i in applied for s in i.sentences for n in s.cites})
     if not decided:
-        return "unclear", Sentence(
-            "Unclear: the stated facts decide none of the issues above.", "bottom_line", every
-        )
+        text = "Unclear: the stated facts decide none of the issues above."
+        return "unclear", Sentence(text, "bottom_line", _all_cites(applied))
     findings = "\n".join(_finding(n, i) for n, i in enumerate(decided, 1))
     line = prompts.call(client, "bottom_line", question=asked, findings=findings).parsed
     if line is None:
         return None
-    head = {"yes": "Yes", "no": "No", "unclear": "Unclear"}[line.answer]
-    every = sorted({n for i in decided for s in i.sentences for n in s.cites})
+    head, every = line.answer.capitalize(), _all_cites(decided)
     if line.answer == "unclear":
         text = f"{head}: no conclusion above decides it."
         return line.answer, Sentence(text, "bottom_line", every)
@@ -716,7 +717,7 @@ def build_record(
             answer.outcome = _outcome(applied)
             answer.sentences += _application_sentences(applied, cites)
             answer.sentences.append(_conclusion(item.issue, answer.outcome, applied, cites))
-        elif kind != "rule_question" and facts and (reqs or exceptions):
+        elif reqs or exceptions:  # (only a fact pattern's rule is cut into them)
             guards["unparsed_application"] += 1
             answer.why = "the application could not be parsed"
         issues[slot] = answer

@@ -220,6 +220,13 @@ CANDIDATE_PASSAGES = 8
 """Passages retrieved for the question as asked whose titles the planner sees as candidates."""
 
 
+def doctrine_key(name: str) -> str:
+    """The doctrine a candidate name stands for: its words before " (", lowercased.  A passage
+    title "Stop and frisk (Terry stops)" is the linked doctrine "Stop and frisk", and a merged
+    agenda item "Offer (Firm offer (UCC 2-205))" the doctrine "Offer"; "FRE 404(b)" stays whole."""
+    return " ".join(name.split(" (")[0].lower().split())
+
+
 def candidate_doctrines(ctx: AgentContext, question: str) -> list[str]:
     """Doctrine names the planner may pick from: the doctrines the question links to in the legal
     taxonomy (alias matches and the question's cosine to each doctrine's description), then the
@@ -234,9 +241,8 @@ def candidate_doctrines(ctx: AgentContext, question: str) -> list[str]:
         logger.warning("candidate retrieval failed: %s", exc)
     seen: set[str] = set()
     out = []
-    for name in names:  # one candidate per doctrine: "Stop and frisk (Terry stops)", a passage
-        # title, is the doctrine "Stop and frisk" linked before it, not a second issue
-        key = " ".join(name.split(" (")[0].lower().split())
+    for name in names:  # one candidate per doctrine (doctrine_key)
+        key = doctrine_key(name)
         if key and key not in seen:
             seen.add(key)
             out.append(" ".join(name.split()))
@@ -274,7 +280,7 @@ def picked_issues(picks: list[int | str], candidates: list[str]) -> list[str]:
     """The agenda the plan call picked: a number is that candidate (with the other names it
     carries in parentheses, which become its queries); a name is kept as written, or as the
     candidate it names ("Offer" for "Offer (Firm offer (UCC 2-205))")."""
-    by_name = {c.split("(")[0].strip().lower(): c for c in candidates}
+    by_name = {doctrine_key(c): c for c in candidates}
     out = []
     for pick in picks:
         text = " ".join(str(pick).split())

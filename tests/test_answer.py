@@ -361,6 +361,8 @@ def test_an_issue_whose_rule_does_not_fit_the_facts_is_named_not_applied(tmp_set
         ("Is the statement admissible or not?", True),
         ("At the trial against the driver, can an officer who heard the scream repeat it?", True),
         ("Hank claims Eli's share under the will. Does Fay now hold Eli's share?", True),
+        ("Is Mr. Jones liable to Dr. Smith?", True),  # "Mr." ends no question
+        ("Which rights did Dr. Smith violate?", False),
         ("Which rights, if any, were violated?", False),
         ("If the court finds a duty, what damages may she recover?", False),
     ],
