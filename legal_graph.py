@@ -28,6 +28,7 @@ with the fact pattern, and a multi-issue question should be split into the doctr
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -919,7 +920,8 @@ def get_graph(settings: Settings, *, write: bool = False) -> GraphBackend:
 
 
 def close_graphs() -> None:
-    """Close every open graph handle (tests; a process that rebuilds a graph file)."""
+    """Close every open graph handle and forget the in-memory caches (tests; a process that
+    rebuilds a graph file)."""
     with _lock:
         for backend in _graphs.values():
             try:
@@ -927,9 +929,7 @@ def close_graphs() -> None:
             except Exception as exc:  # closing is best effort
                 logger.debug("closing graph %s: %s", backend.where, exc)
         _graphs.clear()
-        _cache.clear()
-        _query_vectors.clear()
-        _passage_cache.clear()
+    reset_caches()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1337,33 +1337,24 @@ def doctrine_vectors(settings: Settings) -> tuple[list[str], np.ndarray]:
     return ids, vecs
 
 
-_query_vectors: dict[tuple[int, str, str], Any] = {}
-
-
 def reset_caches() -> None:
     """Forget every in-memory cache (passage counts, doctrine, query and passage vectors)."""
     with _lock:
         _cache.clear()
         _doctrine_vectors.clear()
-        _query_vectors.clear()
+        _embed_query.cache_clear()
         _passage_cache.clear()
 
 
 def embed_query(query: str, settings: Settings) -> np.ndarray:
     """The query's embedding, remembered for the last 64 queries (graph_search, its graph
     modes and link_doctrines embed the same question)."""
+    return _embed_query(rag_utils.get_embedder(settings), query)
 
-    embedder = rag_utils.get_embedder(settings)
-    key = (id(embedder), getattr(embedder, "name", ""), query)
-    with _lock:
-        if key in _query_vectors:
-            return _query_vectors[key]
-    vec = embedder.embed_query(query)
-    with _lock:
-        if len(_query_vectors) >= 64:
-            _query_vectors.pop(next(iter(_query_vectors)))
-        _query_vectors[key] = vec
-    return vec
+
+@functools.lru_cache(maxsize=64)
+def _embed_query(embedder: Any, query: str) -> np.ndarray:
+    return embedder.embed_query(query)
 
 
 def _expand(
