@@ -1109,20 +1109,23 @@ def add_passages(
     return len(todo)
 
 
-def on_passages_loaded(passages: Sequence[dict[str, Any]], settings: Settings) -> int:
-    """The vector load's hook: add ``passages`` to the graph unless GRAPH_BUILD is off. A graph
-    failure is logged, never raised: the vector load stays usable, and ``python load_corpus.py
-    graph`` builds the graph later."""
+def on_passages_loaded(passages: Sequence[dict[str, Any]], settings: Settings) -> None:
+    """The vector load's hook: add ``passages`` to the graph unless GRAPH_BUILD is off (those
+    already in it are skipped, so the graph catches up with the vector store on every load). A
+    graph failure is logged, never raised: the vector load stays usable, and ``python
+    load_corpus.py graph`` builds the graph later."""
     if not settings.graph.build:
-        return 0
+        return
     try:
-        return add_passages(passages, settings)
+        added = add_passages(passages, settings)
     except Exception as exc:
         logger.warning(
             "the knowledge graph was not updated (%s); run `python load_corpus.py graph` to build it",
             short_error(exc),
         )
-        return 0
+        return
+    if added:
+        logger.info("knowledge graph: %d passages added", added)
 
 
 def rebuild(settings: Settings, *, progress: bool = True) -> dict[str, Any]:

@@ -436,7 +436,7 @@ def load_passages(
             "%d of %d passages already stored; loading %d", len(present), len(ids), len(todo)
         )
     if not todo:
-        _update_graph(passages, settings)
+        legal_graph.on_passages_loaded(passages, settings)
         return 0
     rag_utils.require_writable(settings, f"add {len(todo)} passages")
     rag_utils.get_embedder(settings)  # load (or export) the model before the progress bar starts
@@ -467,7 +467,7 @@ def load_passages(
     # is embedded, and the graph is built meanwhile.  A batch is committed before the one after
     # it is sent, and an interrupted load waits for the batch in flight.
     pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="load_corpus")
-    graph_job = pool.submit(_update_graph, passages, settings)
+    graph_job = pool.submit(legal_graph.on_passages_loaded, passages, settings)
     in_flight: Future | None = None
     try:
         for i in range(0, len(todo), batch_size):
@@ -562,14 +562,6 @@ def load_documents(
         report["chunks_added"] += load_passages(chunks, settings, progress=False)
         report["replaced" if stored else "loaded"].append(str(path))
     return report
-
-
-def _update_graph(passages: Sequence[dict[str, Any]], settings: Settings) -> None:
-    """Add the passages to the knowledge graph (legal_graph.py); those already in it are skipped,
-    so the graph catches up with the vector store on every load."""
-    added = legal_graph.on_passages_loaded(passages, settings)
-    if added:
-        logger.info("knowledge graph: %d passages added", added)
 
 
 def ensure_starter_index(settings: Settings) -> int:
