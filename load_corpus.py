@@ -318,10 +318,15 @@ def _tabular_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in FORMATS)
 
 
-def _preferred(files: list[Path], whole_name: str) -> list[Path]:
-    """The single whole-set file (``passages.tsv`` / ``qa.csv``) when present, else all splits."""
-    whole = [p for p in files if p.stem.lower() == whole_name]
-    return whole[:1] if whole else files
+def _split_files(names: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(passage files, QA files) among a dataset's file names (relative paths): a name holding
+    "passage" is passages, else one holding "qa" is QA; of each, the single whole-set file
+    (``passages.tsv`` / ``qa.csv``) when present, else all splits."""
+    passages = [n for n in names if "passage" in n.lower()]
+    qa = [n for n in names if n not in passages and "qa" in n.lower()]
+    whole_p = [n for n in passages if Path(n).stem.lower() == "passages"]
+    whole_q = [n for n in qa if Path(n).stem.lower() == "qa"]
+    return whole_p[:1] or passages, whole_q[:1] or qa
 
 
 def barexam_dir(settings: Settings) -> Path:
@@ -332,12 +337,11 @@ def barexam_dir(settings: Settings) -> Path:
 def local_barexam(settings: Settings) -> tuple[list[Path], list[Path]] | None:
     """(passage files, QA files) of ``datasets/barexam_qa/`` when it holds passages."""
     root = barexam_dir(settings)
-    files = _tabular_files(root)
-    passages = [p for p in files if "passage" in str(p.relative_to(root)).lower()]
-    qa = [p for p in files if p not in passages and "qa" in str(p.relative_to(root)).lower()]
+    files = {str(p.relative_to(root)): p for p in _tabular_files(root)}
+    passages, qa = _split_files(list(files))
     if not passages:
         return None
-    return _preferred(passages, "passages"), _preferred(qa, "qa")
+    return [files[n] for n in passages], [files[n] for n in qa]
 
 
 def download_barexam(settings: Settings) -> tuple[list[Path], list[Path]]:
@@ -348,14 +352,10 @@ def download_barexam(settings: Settings) -> tuple[list[Path], list[Path]]:
     repo = settings.data.hf_dataset
     root = barexam_dir(settings)
     files = HfApi().list_repo_files(repo, repo_type="dataset")
-    tabular = [f for f in files if Path(f).suffix.lower() in FORMATS]
-    passages = [f for f in tabular if "passage" in f.lower()]
-    qa = [f for f in tabular if f not in passages and "qa" in f.lower()]
+    passages, qa = _split_files([f for f in files if Path(f).suffix.lower() in FORMATS])
     if not passages:
         raise FileNotFoundError(f"{repo} has no passage files (files: {', '.join(files[:10])})")
-    whole_p = [f for f in passages if Path(f).stem.lower() == "passages"]
-    whole_q = [f for f in qa if Path(f).stem.lower() == "qa"]
-    wanted = (whole_p or passages) + (whole_q or qa)
+    wanted = passages + qa
     print(f"downloading {len(wanted)} files of {repo} into {root} ...", file=sys.stderr)
     for f in wanted:
         hf_hub_download(repo, f, repo_type="dataset", local_dir=str(root))
