@@ -66,8 +66,8 @@ citation extraction (or without the TEXT_OF edges) is re-linked by ``load_corpus
 RELATIONS = {"element_of": "ELEMENT_OF", "exception_to": "EXCEPTION_TO", "related_to": "RELATED_TO"}
 MODES = ("keyword", "principles", "semantic", "graph", "combined")
 EMBEDDED_ENGINES = ("ladybug", "kuzu", "ryugraph")
-"""Python packages of the Kùzu lineage with the same API (``Database``, ``Connection``); the
-product uses :data:`ENGINE`, ``benchmarks/bench_graph.py engines`` compares the others."""
+"""Python packages of the Kùzu lineage with the same API (``Database``, ``Connection``), for
+``benchmarks/bench_graph.py engines`` only: the product opens :data:`ENGINE`."""
 ENGINE = "ladybug"
 """The embedded graph database (Kùzu is archived; the GRAPH_ENGINE setting was removed)."""
 EMBEDDED_THREADS = 1
@@ -753,16 +753,15 @@ NEO4J_SCHEMA = tuple(
 
 
 class EmbeddedBackend(GraphBackend):
-    """An embedded Kùzu-lineage database in one file (``ladybug``, ``kuzu`` or ``ryugraph``).
+    """The embedded database (:data:`ENGINE`) in one file.
 
     One read-write ``Database`` per file per process (the engine locks the file); calls are
     serialised by a lock because a connection is not meant for concurrent queries."""
 
     schema = EMBEDDED_SCHEMA
 
-    def __init__(self, path: Path, engine: str = ENGINE, read_only: bool = False) -> None:
-        if engine not in EMBEDDED_ENGINES:
-            raise GraphError(f"graph engine {engine!r}: use one of {', '.join(EMBEDDED_ENGINES)}")
+    def __init__(self, path: Path, read_only: bool = False) -> None:
+        engine = ENGINE
         try:
             self._mod = importlib.import_module(engine)
         except ImportError as exc:
@@ -879,15 +878,15 @@ def _open_embedded(s: Settings, write: bool) -> EmbeddedBackend:
     another version (its schema and taxonomy are then brought up to date)."""
     path = graph_path(s)
     try:
-        backend = EmbeddedBackend(path, ENGINE, read_only=not write and path.exists())
+        backend = EmbeddedBackend(path, read_only=not write and path.exists())
     except GraphError:
         if write or not path.exists():
             raise
         # a read-only open fails on a file left with a write-ahead log to replay
-        return EmbeddedBackend(path, ENGINE, read_only=False)
+        return EmbeddedBackend(path, read_only=False)
     if backend.read_only and _built_version(backend) != _version(load_taxonomy()):
         backend.close()
-        backend = EmbeddedBackend(path, ENGINE, read_only=False)
+        backend = EmbeddedBackend(path, read_only=False)
     return backend
 
 
