@@ -43,7 +43,6 @@ from llm_config import LLMCallError
 
 logger = logging.getLogger(__name__)
 
-SKILL = "detect_prompt_injection"
 ENCODED = "encoded_payload"
 """Name reported when a decoded payload (base64, hex, ROT13, …) matches a user-input pattern."""
 
@@ -570,10 +569,6 @@ def _passage_matches(text: str) -> list[str]:
                 hits.append(name)
                 break
     return hits
-
-
-prescreen_injection = screen_user_input
-"""The name the agent used before this module existed."""
 
 
 def screen_passage(text: str) -> list[str]:
