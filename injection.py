@@ -19,7 +19,7 @@ therefore fire only at the start of a clause or after a request cue ("please", "
 safety rules" stay clean.
 
 :func:`detect` is the agent's policy: a pre-screen hit rejects without an LLM call; otherwise the
-model's verdict (``skills/detect_prompt_injection.md``, schema :class:`InjectionVerdict`) decides,
+model's verdict (``skills/detect_prompt_injection.md``, schema ``prompts.InjectionVerdict``) decides,
 except that an 'injection' verdict on text that never addresses the assistant is overruled (the
 small local model flags plain fact patterns).  When the model's verdict is unavailable (skipped,
 call failed, reply unparsed) the input passes on the pre-screen alone and the result says so:
@@ -48,10 +48,6 @@ ENCODED = "encoded_payload"
 
 _I = re.IGNORECASE
 _M = re.MULTILINE
-
-
-InjectionVerdict = prompts.InjectionVerdict
-"""The model's half of the check (its schema, skill and budget are the call table's "injection")."""
 
 
 LLMVerdict = Literal["safe", "injection", "error", "unparsed", "skipped", "not_needed"]
