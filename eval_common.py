@@ -33,13 +33,13 @@ import load_corpus
 import prompts
 import rag_utils
 from llm_config import LLMClient
-from mc import format_choices
+from mc import MC_LETTERS, format_choices
 from providers import LLMConfigError, check_config, install_log_redaction, redact_url, resolve
 from settings import Settings, SettingsError, load_dotenv_file
 
 logger = logging.getLogger(__name__)
 
-MC_KEYS = ("A", "B", "C", "D")
+MC_KEYS = tuple(MC_LETTERS)  # a tuple: "" and "AB" are not answer letters
 BOOTSTRAP_SEED = 20240607
 BOOTSTRAP_RESAMPLES = 2000
 DEFAULT_RESULTS_DIR = "eval_results"
