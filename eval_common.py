@@ -33,17 +33,15 @@ import load_corpus
 import prompts
 import rag_utils
 from llm_config import LLMClient
-from mc import format_choices
+from mc import MC_LETTERS, format_choices
 from providers import LLMConfigError, check_config, install_log_redaction, redact_url, resolve
 from settings import Settings, SettingsError, load_dotenv_file
 
 logger = logging.getLogger(__name__)
 
-MC_KEYS = ("A", "B", "C", "D")
+MC_KEYS = tuple(MC_LETTERS)  # a tuple: "" and "AB" are not answer letters
 BOOTSTRAP_SEED = 20240607
 BOOTSTRAP_RESAMPLES = 2000
-Z_95 = 1.959963984540054
-"""The standard normal quantile of 0.975 (``scipy.stats.norm.ppf(0.975)``)."""
 DEFAULT_RESULTS_DIR = "eval_results"
 _NOISY = ("httpx", "httpx2", "httpcore", "urllib3", "chromadb", "sentence_transformers", "openai")
 """Loggers the CLI keeps at WARNING."""
@@ -287,10 +285,10 @@ def wilson_ci(successes: int, n: int) -> tuple[float, float]:
     or n."""
     if n == 0:
         return (float("nan"), float("nan"))
-    z, p = Z_95, successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    from scipy.stats import binomtest
+
+    ci = binomtest(successes, n).proportion_ci(0.95, method="wilson")
+    return (float(ci.low), float(ci.high))
 
 
 def mcnemar_exact(a_correct: Sequence[bool], b_correct: Sequence[bool]) -> dict[str, Any]:
@@ -632,11 +630,6 @@ def _json_default(obj: Any) -> Any:
     if hasattr(obj, "model_dump"):
         return obj.model_dump()
     return str(obj)
-
-
-def to_jsonable(obj: Any) -> Any:
-    """A JSON round-trip of ``obj`` (numpy, dataclasses, pydantic models become plain data)."""
-    return json.loads(json.dumps(obj, default=_json_default))
 
 
 def run_tasks(

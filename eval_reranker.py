@@ -36,12 +36,9 @@ K = 10
 def check_reranker(name: str, settings: Settings) -> str | None:
     """None when ``name`` works here (one warm-up query, loads its model), else the reason."""
     try:
-        docs = rag_utils.retrieve_documents("warm-up query", k=K, reranker=name, settings=settings)
+        rag_utils.retrieve_documents("warm-up query", k=K, reranker=name, settings=settings)
     except Exception as exc:  # reported as unavailable
         return f"{exc.__class__.__name__}: {exc}"
-    used = {str((d.get("metadata") or {}).get("reranker")) for d in docs} - {"None"}
-    if used and name not in used:
-        return f"rag_utils fell back to {', '.join(sorted(used))}"
     return None
 
 

@@ -198,7 +198,7 @@ def trace_query(
             "llm": usage,
             "rewrite_llm": rewrite_usage,
             "chain_of_thought": state.get("chain_of_thought") or [],
-            "run_metrics": ec.to_jsonable(state.get("run_metrics") or {}),
+            "run_metrics": state.get("run_metrics") or {},
         }
     )
     if choices:

@@ -19,7 +19,7 @@ therefore fire only at the start of a clause or after a request cue ("please", "
 safety rules" stay clean.
 
 :func:`detect` is the agent's policy: a pre-screen hit rejects without an LLM call; otherwise the
-model's verdict (``skills/detect_prompt_injection.md``, schema :class:`InjectionVerdict`) decides,
+model's verdict (``skills/detect_prompt_injection.md``, schema ``prompts.InjectionVerdict``) decides,
 except that an 'injection' verdict on text that never addresses the assistant is overruled (the
 small local model flags plain fact patterns).  When the model's verdict is unavailable (skipped,
 call failed, reply unparsed) the input passes on the pre-screen alone and the result says so:
@@ -43,16 +43,11 @@ from llm_config import LLMCallError
 
 logger = logging.getLogger(__name__)
 
-SKILL = "detect_prompt_injection"
 ENCODED = "encoded_payload"
 """Name reported when a decoded payload (base64, hex, ROT13, …) matches a user-input pattern."""
 
 _I = re.IGNORECASE
 _M = re.MULTILINE
-
-
-InjectionVerdict = prompts.InjectionVerdict
-"""The model's half of the check (its schema, skill and budget are the call table's "injection")."""
 
 
 LLMVerdict = Literal["safe", "injection", "error", "unparsed", "skipped", "not_needed"]
@@ -570,10 +565,6 @@ def _passage_matches(text: str) -> list[str]:
                 hits.append(name)
                 break
     return hits
-
-
-prescreen_injection = screen_user_input
-"""The name the agent used before this module existed."""
 
 
 def screen_passage(text: str) -> list[str]:

@@ -191,12 +191,8 @@ class OnnxEmbedder:
         from tokenizers import Tokenizer
 
         config = json.loads((source / "config.json").read_text())
-        st_config = source / "sentence_bert_config.json"
-        max_len = (
-            json.loads(st_config.read_text()).get("max_seq_length", 256)
-            if st_config.exists()
-            else 256
-        )
+        st_config = json.loads((source / "sentence_bert_config.json").read_text())
+        max_len = st_config.get("max_seq_length", 256)
         tokenizer = Tokenizer.from_file(str(source / "tokenizer.json"))
         # the tokenizer file pads and truncates to 128; sentence-transformers uses max_seq_length
         tokenizer.enable_truncation(max_length=int(max_len))
