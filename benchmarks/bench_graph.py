@@ -38,7 +38,7 @@ from common import ms, save, saved
 import eval_common as ec
 import legal_graph as lg
 import load_corpus
-from settings import Settings, set_settings
+from settings import Settings
 
 SHARED = REPO.parent / "shared" / "data"
 
@@ -65,7 +65,6 @@ def cmd_build(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         lg.ENGINE = args.engine  # this process measures one engine
         s = Settings.from_env(env={}, chroma_dir=tmp)
-        set_settings(s)
         start = time.perf_counter()
         g = lg.get_graph(s, write=True)
         opened = time.perf_counter() - start
@@ -161,7 +160,6 @@ def _ranked(mode: str, query: str, s: Settings, k: int) -> list[str]:
 
 def cmd_retrieval(args: argparse.Namespace) -> dict[str, Any]:
     s = Settings.from_env()
-    set_settings(s)
     items, _ = ec.split_by_gold_in_store(ec.load_qa(args.qa), s)
     for mode in args.modes:  # warm up models, indexes and caches outside the timings
         _ranked(mode, ec.item_question(items[0]), s, 10)
@@ -186,7 +184,6 @@ def cmd_latency(args: argparse.Namespace) -> dict[str, Any]:
     """Per graph mode, the search's own time: the query is embedded first (outside the timing),
     so this is Cypher + reading candidate embeddings (store or cache) + ordering."""
     s = Settings.from_env()
-    set_settings(s)
     questions = [ec.item_question(q) for q in ec.load_qa(args.qa)]
     lg.search_graph(questions[0], 10, mode="graph", settings=s)  # warm caches
     out: dict[str, Any] = {"queries": len(questions)}
