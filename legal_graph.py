@@ -65,9 +65,6 @@ EXTRACTOR_VERSION = "eyecite-1"
 citation extraction (or without the TEXT_OF edges) is re-linked by ``load_corpus.py graph``."""
 RELATIONS = {"element_of": "ELEMENT_OF", "exception_to": "EXCEPTION_TO", "related_to": "RELATED_TO"}
 MODES = ("keyword", "principles", "semantic", "graph", "combined")
-EMBEDDED_ENGINES = ("ladybug", "kuzu", "ryugraph")
-"""Python packages of the Kùzu lineage with the same API (``Database``, ``Connection``), for
-``benchmarks/bench_graph.py engines`` only: the product opens :data:`ENGINE`."""
 ENGINE = "ladybug"
 """The embedded graph database (Kùzu is archived; the GRAPH_ENGINE setting was removed)."""
 EMBEDDED_THREADS = 1

@@ -42,7 +42,7 @@ from providers import (
     rate_limiter,
     resolve,
 )
-from settings import Settings, load_dotenv_file, set_settings
+from settings import Settings, load_dotenv_file
 
 logger = logging.getLogger(__name__)
 
@@ -571,7 +571,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     load_dotenv_file()
     settings = Settings.from_env()
-    set_settings(settings)
     ping = None
     if args.ping:
         client = LLMClient(settings.replace(llm_cache=False))

@@ -381,23 +381,6 @@ def _parse(var: str, raw: str, hint: Any) -> Any:
         raise SettingsError(f"{var}={raw!r} is not a valid {base.__name__}: {exc}") from None
 
 
-_current: Settings | None = None
-
-
-def get_settings() -> Settings:
-    """The process-wide settings: those set by the entry point, else built from the environment."""
-    global _current
-    if _current is None:
-        _current = Settings.from_env()
-    return _current
-
-
-def set_settings(settings: Settings | None) -> None:
-    """Entry points (and tests) install the settings they built."""
-    global _current
-    _current = settings
-
-
 def load_dotenv_file(path: str | os.PathLike[str] = ".env") -> None:
     """Read ``.env`` into the environment without overriding what is already set (entry points only)."""
     from dotenv import load_dotenv

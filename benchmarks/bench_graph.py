@@ -38,9 +38,12 @@ from common import ms, save, saved
 import eval_common as ec
 import legal_graph as lg
 import load_corpus
-from settings import Settings, set_settings
+from settings import Settings
 
 SHARED = REPO.parent / "shared" / "data"
+EMBEDDED_ENGINES = ("ladybug", "kuzu", "ryugraph")
+"""Python packages of the Kùzu lineage with the same API (``Database``, ``Connection``), compared
+by ``engines``; the product opens ``legal_graph.ENGINE`` only."""
 
 
 def default_passages() -> Path:
@@ -65,7 +68,6 @@ def cmd_build(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         lg.ENGINE = args.engine  # this process measures one engine
         s = Settings.from_env(env={}, chroma_dir=tmp)
-        set_settings(s)
         start = time.perf_counter()
         g = lg.get_graph(s, write=True)
         opened = time.perf_counter() - start
@@ -105,7 +107,7 @@ def cmd_build(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_engines(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
-    for engine in lg.EMBEDDED_ENGINES:
+    for engine in EMBEDDED_ENGINES:
         if importlib.util.find_spec(engine) is None:
             print(f"{engine}: not installed, skipped", file=sys.stderr)
             continue
@@ -161,7 +163,6 @@ def _ranked(mode: str, query: str, s: Settings, k: int) -> list[str]:
 
 def cmd_retrieval(args: argparse.Namespace) -> dict[str, Any]:
     s = Settings.from_env()
-    set_settings(s)
     items, _ = ec.split_by_gold_in_store(ec.load_qa(args.qa), s)
     for mode in args.modes:  # warm up models, indexes and caches outside the timings
         _ranked(mode, ec.item_question(items[0]), s, 10)
@@ -186,7 +187,6 @@ def cmd_latency(args: argparse.Namespace) -> dict[str, Any]:
     """Per graph mode, the search's own time: the query is embedded first (outside the timing),
     so this is Cypher + reading candidate embeddings (store or cache) + ordering."""
     s = Settings.from_env()
-    set_settings(s)
     questions = [ec.item_question(q) for q in ec.load_qa(args.qa)]
     lg.search_graph(questions[0], 10, mode="graph", settings=s)  # warm caches
     out: dict[str, Any] = {"queries": len(questions)}
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("command", choices=["build", "engines", "coverage", "retrieval", "latency"])
     p.add_argument("--passages", type=Path, default=default_passages())
     p.add_argument("--passages-list", type=Path, nargs="*", help="files for 'coverage'")
-    p.add_argument("--engine", default="ladybug", choices=lg.EMBEDDED_ENGINES)
+    p.add_argument("--engine", default="ladybug", choices=EMBEDDED_ENGINES)
     p.add_argument("--qa", type=Path, default=default_qa())
     p.add_argument(
         "--modes",

@@ -37,7 +37,7 @@ import local_llm
 import mc
 import prompts
 from eval_common import preview
-from settings import Settings, load_dotenv_file, set_settings
+from settings import Settings, load_dotenv_file
 
 NODES = (
     "detect_prompt_injection",
@@ -695,7 +695,6 @@ def main(argv: list[str] | None = None) -> int:
 
     load_dotenv_file()
     settings = Settings.from_env(llm_provider=args.provider, llm_cache=False)
-    set_settings(settings)
     result: dict = {"provider": args.provider, "calls_per_node": args.calls_per_node}
     if not args.skip_assembly:
         result["assembly"] = measure_assembly(args.provider, settings)

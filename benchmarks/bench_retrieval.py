@@ -53,7 +53,7 @@ from common import ms, peak_rss_mb, printer, save
 import eval_common as ec
 import load_corpus
 import rag_utils
-from settings import Settings, set_settings
+from settings import Settings
 
 METHODS = {"dense": "none", "bm25": "bm25", "hybrid": "hybrid"}
 
@@ -397,7 +397,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.index_only:  # the child process of bench_backends: index, print one JSON line
         s = Settings.from_env(env={}, chroma_dir=args.chroma_dir, embedding_backend=args.index_only)
-        set_settings(s)
         print(json.dumps(bench_indexing(s, passages_path)))
         return 0
     qa = load_corpus.read_qa(qa_path)
@@ -413,7 +412,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.skip_backends:
             shared = default.replace(chroma_dir=str(Path(tmp) / "shared"))
-            set_settings(shared)
             results["indexing"] = {"default": bench_indexing(shared, passages_path)}
         else:
             say(f"indexing {passages_path} with each backend, each in its own process ...")
@@ -428,7 +426,6 @@ def main(argv: list[str] | None = None) -> int:
             shared = default.replace(
                 chroma_dir=str(Path(tmp) / f"index-{rag_utils.resolve_embedding_backend(default)}")
             )
-            set_settings(shared)
         for b, idx in results["indexing"].items():
             say(
                 f"  {b}: {idx['passages']} passages, {idx['passages_per_s_end_to_end']} passages/s "
@@ -466,7 +463,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"synthetic corpus of {args.synthetic} passages (random unit-vector embeddings) ..."
             )
             syn = Settings.from_env(env={}, chroma_dir=str(Path(tmp) / "synthetic"))
-            set_settings(syn)
             passages = load_corpus.read_passages(passages_path)
             results["synthetic"] = s = bench_synthetic(
                 syn, passages, args.synthetic, qt, args.repeats

@@ -44,7 +44,7 @@ import load_corpus
 import nodes
 import rag_utils
 from context import AgentContext
-from settings import Settings, load_dotenv_file, set_settings
+from settings import Settings, load_dotenv_file
 
 FACT_PATTERNS = REPO / "datasets" / "fact_patterns.jsonl"
 
@@ -178,7 +178,6 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def run(args: argparse.Namespace, say: Any) -> dict[str, Any]:
     load_dotenv_file()
     settings = Settings.from_env()
-    set_settings(settings)
     added = load_corpus.ensure_starter_index(settings)
     if added:
         say(f"indexed the starter corpus: {added} passages")

@@ -38,10 +38,8 @@ def tmp_settings(tmp_path: Path) -> settings_mod.Settings:
         # wherever it is cached, as in CI) on every hybrid search; the reranker tests set it.
         reranker="hybrid",
     )
-    settings_mod.set_settings(s)
     legal_graph.reset_caches()
     yield s
-    settings_mod.set_settings(None)
     legal_graph.close_graphs()  # an open embedded graph holds its buffer pool until closed
     legal_graph.reset_caches()
 

@@ -73,7 +73,7 @@ def settings_calls(module: str) -> list[tuple[str, str, int]]:
                 name = (
                     callee.attr if isinstance(callee, ast.Attribute) else getattr(callee, "id", "")
                 )
-                if name in ("from_env", "get_settings", "settings_or_current"):
+                if name in ("from_env", "settings_or_current"):
                     found.append((function, name, child.lineno))
             visit(child, function)
 

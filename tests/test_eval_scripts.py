@@ -128,9 +128,6 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("LLM_CACHE_PATH", str(tmp_path / "llm_cache.sqlite"))
     monkeypatch.setenv("LLM_API_KEY", SECRET)
     yield tmp_path
-    import settings
-
-    settings.set_settings(None)
 
 
 def comprehensive(args: list[str], factory: Any, tmp: Path) -> int:

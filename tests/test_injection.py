@@ -377,9 +377,6 @@ def eval_env(tmp_path, monkeypatch):
     monkeypatch.setenv("LLM_CACHE_PATH", str(tmp_path / "llm_cache.sqlite"))
     monkeypatch.setenv("LLM_API_KEY", "sk-test")
     yield tmp_path
-    import settings
-
-    settings.set_settings(None)
 
 
 def _tiny_set(path: Path) -> Path:

@@ -641,22 +641,17 @@ def test_cli_lists_the_original_provider_names(monkeypatch, capsys, tmp_path, tm
     monkeypatch.setenv("LLM_PROVIDER", "gemma")
     monkeypatch.setenv("GOOGLE_API_KEY", SECRET)
     monkeypatch.delenv("GEMINI_API_KEY", raising=False)
-    try:
-        assert llm_config.main(["--json"]) == 0
-        data = json.loads(capsys.readouterr().out)
-        assert data["aliases"]["or-llama70b"] == "openrouter-llama-free"
-        rows = {r["name"]: r for r in data["providers"]}
-        assert rows["google-gemma"]["aliases"] == ["gemma"]
-        assert rows["google-gemma"]["key"] == "set"
-        assert data["selected"]["main"]["provider"] == "google-gemma"
-        assert llm_config.main([]) == 0
-        table = capsys.readouterr().out
-        assert "google-gemma (gemma)" in table and "groq-llama70b = groq" in table
-        assert "GEMINI_API_KEY/GOOGLE_API_KEY: set" in table and SECRET not in table
-    finally:
-        import settings as settings_mod
-
-        settings_mod.set_settings(None)
+    assert llm_config.main(["--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["aliases"]["or-llama70b"] == "openrouter-llama-free"
+    rows = {r["name"]: r for r in data["providers"]}
+    assert rows["google-gemma"]["aliases"] == ["gemma"]
+    assert rows["google-gemma"]["key"] == "set"
+    assert data["selected"]["main"]["provider"] == "google-gemma"
+    assert llm_config.main([]) == 0
+    table = capsys.readouterr().out
+    assert "google-gemma (gemma)" in table and "groq-llama70b = groq" in table
+    assert "GEMINI_API_KEY/GOOGLE_API_KEY: set" in table and SECRET not in table
 
 
 def test_cli_ping_goes_through_the_selected_provider(monkeypatch, capsys, tmp_path, server):
@@ -665,16 +660,11 @@ def test_cli_ping_goes_through_the_selected_provider(monkeypatch, capsys, tmp_pa
     monkeypatch.setenv("LLM_BASE_URL", server.url)
     monkeypatch.setenv("LLM_MODEL", "fake-model")
     server.script = [{"body": completion("ready")}]
-    try:
-        assert llm_config.main(["--ping", "--json"]) == 0
-        assert json.loads(capsys.readouterr().out)["ping"]["reply"] == "ready"
-        server.script = [{"status": 404, "body": {"error": {"message": "no such model"}}}]
-        assert llm_config.main(["--ping"]) == 1
-        assert "404" in capsys.readouterr().out
-    finally:
-        import settings as settings_mod
-
-        settings_mod.set_settings(None)
+    assert llm_config.main(["--ping", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ping"]["reply"] == "ready"
+    server.script = [{"status": 404, "body": {"error": {"message": "no such model"}}}]
+    assert llm_config.main(["--ping"]) == 1
+    assert "404" in capsys.readouterr().out
 
 
 def test_local_provider_without_its_packages_is_a_config_error(tmp_settings, tmp_path, monkeypatch):
