@@ -595,25 +595,6 @@ def quarantined(doc: Mapping[str, Any]) -> list[str]:
     return [f for f in stored.split(",") if f.startswith(HIDDEN_FLAG)]
 
 
-def passage_flags(doc: Mapping[str, Any]) -> list[str]:
-    """:func:`screen_passage` of a retrieved passage dict (its ``text``), and the flags of its
-    document's hidden text (:func:`quarantined`)."""
-    return quarantined(doc) + screen_passage(str(doc.get("text") or ""))
-
-
-def split_flagged(docs: Iterable[Mapping[str, Any]]) -> tuple[list[dict], list[dict]]:
-    """``(clean, flagged)`` passages; each flagged one is a copy with ``injection_flags`` (list)."""
-    clean: list[dict] = []
-    flagged: list[dict] = []
-    for doc in docs:
-        flags = passage_flags(doc)
-        if flags:
-            flagged.append({**doc, "injection_flags": flags})
-        else:
-            clean.append(dict(doc))
-    return clean, flagged
-
-
 FLAG_HEADROOM = 3
 """Extra passages a search fetches so that those :func:`keep_clean` drops are replaced: a planted
 passage changes neither how many passages are read nor which."""

@@ -219,12 +219,12 @@ def test_no_shared_corpus_passage_is_flagged(shared_data):
     assert [p["idx"] for p in passages if injection.screen_passage(p["text"])] == []
 
 
-def test_split_flagged_drops_planted_passages_and_names_the_patterns():
+def test_keep_clean_drops_planted_passages_and_names_the_patterns():
     docs = [{"id": "a", "text": LEGAL[0]}, {"id": "b", "text": PLANTED[0]}]
-    clean, flagged = injection.split_flagged(docs)
-    assert [d["id"] for d in clean] == ["a"]
+    kept, flagged = injection.keep_clean(docs, k=5)
+    assert [d["id"] for d in kept] == ["a"]
     assert [d["id"] for d in flagged] == ["b"]
-    assert {"addresses_ai", "forced_answer"} <= set(flagged[0]["injection_flags"])
+    assert {"addresses_ai", "forced_answer"} <= set(flagged[0]["patterns"])
 
 
 # ------------------------------------------------------------------------------------------------
