@@ -285,6 +285,30 @@ def test_what_is_no_defense_is_neither_a_requirement_nor_an_exception():
     ]
 
 
+def test_what_follows_except_is_a_list_of_exceptions_not_requirements():
+    """A user's tractor offer was asked whether "a UCC firm offer, a signed writing by a merchant"
+    and "offers the offeree has reasonably relied on" were met, as if they were requirements of
+    the revocability rule, which they are the exceptions to."""
+    reqs, exceptions = answer.rule_structure(
+        [
+            "Offers are generally revocable even if they promise to stay open, except an option "
+            "contract supported by consideration; a UCC firm offer, a signed writing by a "
+            "merchant; and offers the offeree has reasonably relied on.",
+            "An expert may testify to an ultimate issue, except that in a criminal case the "
+            "expert may not state the defendant's mental state.",  # qualifies, lists nothing
+        ]
+    )
+    assert reqs == [
+        "Offers are generally revocable even if they promise to stay open",
+        "An expert may testify to an ultimate issue, except that in a criminal case the expert "
+        "may not state the defendant's mental state",
+    ]
+    assert exceptions == [
+        "except an option contract supported by consideration",
+        "except a UCC firm offer, a signed writing by a merchant",
+    ]  # at most MAX_EXCEPTIONS
+
+
 def test_examples_defenses_and_exceptions_are_not_requirements_to_meet():
     """A rule's examples, defenses and exceptions stay in its quoted text, but the facts are not
     asked to meet them (the blasting answer had "met" on "crop dusting is a classic example")."""
@@ -323,6 +347,22 @@ def test_an_issue_no_stated_fact_bears_on_is_named_not_answered(tmp_settings):
         in record.text
     )
     assert record.text.startswith("1. Search incident to arrest")
+
+
+def test_a_fact_pattern_is_not_declined_because_no_stated_fact_seemed_to_bear_on_its_rule(
+    tmp_settings,
+):
+    """The merchant's signed plywood offer was declined ("no issue's research found a rule on its
+    doctrine") after the model tied no fact to the firm-offer rule its research had found.  The
+    only issue with a rule is answered after all: its rule, and facts that do not settle it."""
+    unrelated = json.dumps({"checks": [{"n": 1, "fact": 0, "met": "unclear"}]})
+    client, script = scripted_client(tmp_settings, {"apply": [unrelated]})
+    research = [answer.IssueResearch("Search incident to arrest", [GANT])]
+    record = answer.build_record(client, FACTS, None, research, EMBED)
+    assert not record.abstained and record.guards["not_raised"] == 0
+    assert record.text.startswith("1. Search incident to arrest")
+    assert "do not settle whether the rule applies" in record.text
+    assert "Bottom line: Unclear" in record.text and script.roles() == ["apply"]
 
 
 def test_an_issue_whose_rule_does_not_fit_the_facts_is_named_not_applied(tmp_settings):
