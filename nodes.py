@@ -243,8 +243,6 @@ def candidate_doctrines(ctx: AgentContext, question: str) -> list[str]:
     out = []
     for name in names:  # one candidate per doctrine (doctrine_key)
         key = doctrine_key(name)
-        if key.partition(":")[0].strip() in seen:
-            continue  # "Attempt: intent and substantial step" after "Attempt": the same doctrine
         if key and key not in seen:
             seen.add(key)
             out.append(" ".join(name.split()))
