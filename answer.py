@@ -69,6 +69,13 @@ the best fit are always applied: the cosine misses some central issues ("one bla
 fragments" against the rule on abnormally dangerous activities scores 0.34).  Chosen on the tune
 half of the fact patterns, and below the multi_hop demo's Free Exercise Clause (0.33)
 (docs/MEASUREMENTS.md, "Fact patterns", stop 33)."""
+FACT_RELEVANCE = 0.10
+"""Cosine between a requirement and the fact sentence a check names below which that fact cannot
+decide it (guard ``unrelated_fact``): the check is undecided.  The 1.5B marks most requirements
+met by some fact, often one that says nothing about them ("proximate cause ... — not met: The
+hotel objects."; "Nominal damages are not available — met: Maria went to Greenway Market to buy
+groceries.").  An issue whose every check is then undecided is not raised (guard ``not_raised``).
+Chosen on the tune half of the fact patterns (docs/MEASUREMENTS.md, stop 36)."""
 DOCTRINE_MATCH = 0.30
 """Cosine between an issue's name and a passage's title below which the passage is about another
 doctrine (``off_doctrine``): all-MiniLM-L6-v2 puts a doctrine and the title of its own passage at
@@ -538,6 +545,24 @@ def apply_rule(
     return [checks[n] for n in sorted(checks)] or None
 
 
+def related_checks(checks: Sequence[Check], embed: EmbedFn) -> tuple[list[Check], int]:
+    """``checks`` with every decided one whose fact is unrelated to its requirement (cosine below
+    :data:`FACT_RELEVANCE`) made undecided, and how many were."""
+    decided = [
+        i
+        for i, c in enumerate(checks)
+        if c.met != "unclear" and _clean(c.fact).lower() not in NOT_STATED
+    ]
+    out = list(checks)
+    if not decided:
+        return out, 0
+    rows = _rows(embed, [t for i in decided for t in (checks[i].requirement, checks[i].fact)])
+    unrelated = [i for n, i in enumerate(decided) if rows[2 * n] @ rows[2 * n + 1] < FACT_RELEVANCE]
+    for i in unrelated:
+        out[i] = checks[i].model_copy(update={"fact": NOT_STATED_FACT, "met": "unclear"})
+    return out, len(unrelated)
+
+
 def _fact_text(ref: int | str, facts: Sequence[str]) -> str:
     """The fact a check names: the numbered fact sentence ("F2", 2), the model's own words, or
     :data:`NOT_STATED_FACT` (0, out of range, or empty)."""
@@ -660,6 +685,7 @@ def build_record(
         "off_doctrine": 0,
         "off_facts": 0,
         "not_raised": 0,
+        "unrelated_fact": 0,
         "unparsed_application": 0,
         "unparsed_bottom_line": 0,
         "unnamed_bottom_line": 0,
@@ -735,6 +761,9 @@ def build_record(
             reqs, exceptions = rule_structure([s for _, s in rule])
             if reqs or exceptions:  # else the rule is quoted, with nothing to apply
                 applied = apply_rule(client, item.issue, reqs, facts, exceptions)
+            if applied is not None:
+                applied, unrelated = related_checks(applied, embed)
+                guards["unrelated_fact"] += unrelated
             if applied is not None and not raised(applied):
                 guards["not_raised"] += 1
                 issues[slot] = IssueAnswer(

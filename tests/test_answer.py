@@ -365,6 +365,26 @@ def test_a_fact_pattern_is_not_declined_because_no_stated_fact_seemed_to_bear_on
     assert "Bottom line: Unclear" in record.text and script.roles() == ["apply"]
 
 
+def test_a_fact_unrelated_to_a_requirement_does_not_decide_it(tmp_settings):
+    """The model marked "proximate cause ... — not met: The hotel objects." and "Nominal damages
+    are not available — met: Maria went to Greenway Market": a check whose fact says nothing about
+    its requirement is undecided (guard ``unrelated_fact``), and the conclusion follows from the
+    checks that stand."""
+    facts = "It was a rainy Tuesday in May. " + FACTS
+    checks = json.dumps(
+        {"checks": [{"n": 1, "fact": 3, "met": "yes"}, {"n": 2, "fact": 1, "met": "no"}]}
+    )
+    client, script = scripted_client(tmp_settings, {"apply": [checks]})
+    research = [answer.IssueResearch("Search incident to arrest", [GANT])]
+    record = answer.build_record(client, facts, None, research, EMBED)
+    assert record.guards["unrelated_fact"] == 1
+    application = " ".join(s.text for s in record.sentences if s.role == "application")
+    assert "— met: They handcuffed him and locked him in the patrol car" in application
+    assert "— not met: It was a rainy Tuesday" not in application
+    assert "the facts stated do not settle whether the rule applies" in record.text
+    assert script.roles() == ["apply"]  # no conclusion decided: "Unclear" without a call
+
+
 def test_an_issue_whose_rule_does_not_fit_the_facts_is_named_not_applied(tmp_settings):
     """Of two researched issues, the one whose quoted rule shares nothing with the facts (a design
     defect, for a vehicle search) gets no application call and no rule in the answer (guard

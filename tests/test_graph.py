@@ -53,6 +53,16 @@ STOPWORDS = frozenset(
 )
 
 
+@pytest.fixture(autouse=True)
+def _facts_relate_to_synthetic_rules(monkeypatch):
+    """The corpus here is synthetic ("Rule text number 3 about doctrine 3."): no stated fact shares
+    a word with its rules, so the ``unrelated_fact`` guard (tests/test_answer.py) would leave every
+    scripted application undecided.  It is off in these tests of the graph's routes."""
+    import answer
+
+    monkeypatch.setattr(answer, "FACT_RELEVANCE", -1.0)
+
+
 def fake_embed(texts: list[str]) -> list[list[float]]:
     """Content words hashed into 64 dims, L2-normalised: equal texts -> cosine 1."""
     rows = []
