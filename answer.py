@@ -10,7 +10,8 @@ stage writes the answer a user reads, in the shape of a bar essay:
   every stated fact (``off_facts``, :data:`FACT_FIT`) is named, not applied.
 - **Application** — one narrow call per issue (``skills/apply_rule.md``): the rule's requirements,
   and for each the stated fact that meets or fails it.  Each application sentence cites the rule
-  it applies and names its fact.
+  it applies and names its fact; a fact unrelated to its requirement decides nothing
+  (``unrelated_fact``, :data:`FACT_RELEVANCE`).
 - **Conclusion** — per issue, from the requirements: every requirement met, the rule applies; one
   failed, it does not; otherwise it turns on facts the question does not state.
 - **Bottom line** — for a yes/no question, one call (``skills/bottom_line.md``) that answers it as
