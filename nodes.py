@@ -669,6 +669,9 @@ def mc_evidence(docs: list[dict], lean_count: int) -> str:
     return prompts.format_evidence(docs, max_chars=prompts.EVIDENCE_CHARS // lean_count * len(docs))
 
 
+LEAN_REASONING = "The model's reasoning, in its own words (not checked against the passages):"
+"""The heading of a lean answer's reply: it cites no passage, so no sentence of it is offered as a
+rule a reader can check (a user's trial showed an invented "Rule:" line)."""
 CLOSED_BOOK_NOTE = (
     "[Closed-book: no passage supports this letter; it is the model's own answer, "
     "not grounded in the sources.]"
@@ -706,14 +709,16 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         line = f"{line}\n{CLOSED_BOOK_NOTE}"
     body = "" if record.get("abstained") else (record.get("text") or "")
     if answer_mode(state, ctx) == "lean" and lean:
+        read = "; ".join(f"[{n}] {d.get('title') or d['id']}" for n, d in enumerate(extra, 1))
         how = (
             f"evidence score {lean['evidence_score']:.3f} ≥ LEAN_GATE {lean['gate']}: answered "
-            f"with {len(extra)} passages"
+            f"with {len(extra)} passages: {read}"
             if extra
             else f"evidence score {lean['evidence_score']:.3f} < LEAN_GATE {lean['gate']}: "
             "answered closed-book (the passages were not shown)"
         )
-        body = f"{result.text.strip()}\n\n[lean mode: {how}]"
+        # The reply's reasoning cites nothing: it is shown as the model's, not as the law.
+        body = f"{LEAN_REASONING}\n{result.text.strip()}\n\n[lean mode: {how}]"
     final = f"{body}\n\n{line}".strip()
     record.update(letter=result.letter, text=final)
     decision = f"({result.letter}) via {result.strategy}" + (

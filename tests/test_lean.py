@@ -8,6 +8,7 @@ from fakes import scripted_client
 import injection
 import lean
 import main
+import nodes
 
 CHOICES = {
     "A": "Yes, because the statement was an excited utterance.",
@@ -156,7 +157,11 @@ def test_lean_mode_is_a_route_through_the_graph_with_zero_research_steps(tmp_set
     assert (m["llm_calls"], m["mc_letter"], m["has_answer"]) == (2, "A", True)
     assert result["lean"]["route"] == "rag" and result["lean"]["evidence_ids"] == ["p1", "p2"]
     assert [s["ref"] for s in result["sources"]] == ["[1]", "[2]"]
-    assert "evidence score 0.700" in result["final_cited_answer"]
+    text = result["final_cited_answer"]
+    assert "evidence score 0.700" in text
+    # the letter's passages are named, and the reply is shown as the model's words, not the law
+    assert "answered with 2 passages: [1] " in text
+    assert text.startswith(nodes.LEAN_REASONING + "\n**Answer: (A)**")
     assert [e["node"] for e in events] == [
         "detect_injection", "answer", "mc_select", "memory_writeback", "observability",
     ]  # fmt: skip
