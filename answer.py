@@ -357,11 +357,16 @@ NOT_STATED_FACT = "not stated"
 NOT_STATED = frozenset({NOT_STATED_FACT, "none stated", "not mentioned", "n/a", "none", "unknown"})
 
 
+def fact_decides(check: Check) -> bool:
+    """Whether a stated fact decides the check (met or not)."""
+    return check.met != "unclear" and _clean(check.fact).lower() not in NOT_STATED
+
+
 def raised(checks: Sequence[Check]) -> bool:
     """Whether the facts raise the issue at all: some requirement is decided (met or not) by a
     stated fact.  An issue whose every requirement is undecided or rests on no stated fact is not
     an issue of these facts (guard ``not_raised``: it is named, not answered)."""
-    return any(c.met != "unclear" and _clean(c.fact).lower() not in NOT_STATED for c in checks)
+    return any(map(fact_decides, checks))
 
 
 def _outcome(checks: Sequence[Check]) -> Met:
@@ -549,16 +554,12 @@ def apply_rule(
 def related_checks(checks: Sequence[Check], embed: EmbedFn) -> tuple[list[Check], int]:
     """``checks`` with every decided one whose fact is unrelated to its requirement (cosine below
     :data:`FACT_RELEVANCE`) made undecided, and how many were."""
-    decided = [
-        i
-        for i, c in enumerate(checks)
-        if c.met != "unclear" and _clean(c.fact).lower() not in NOT_STATED
-    ]
+    judged = [i for i, c in enumerate(checks) if fact_decides(c)]
     out = list(checks)
-    if not decided:
+    if not judged:
         return out, 0
-    rows = _rows(embed, [t for i in decided for t in (checks[i].requirement, checks[i].fact)])
-    unrelated = [i for n, i in enumerate(decided) if rows[2 * n] @ rows[2 * n + 1] < FACT_RELEVANCE]
+    rows = _rows(embed, [t for i in judged for t in (checks[i].requirement, checks[i].fact)])
+    unrelated = [i for n, i in enumerate(judged) if rows[2 * n] @ rows[2 * n + 1] < FACT_RELEVANCE]
     for i in unrelated:
         out[i] = checks[i].model_copy(update={"fact": NOT_STATED_FACT, "met": "unclear"})
     return out, len(unrelated)
