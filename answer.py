@@ -7,7 +7,8 @@ stage writes the answer a user reads, in the shape of a bar essay:
   quoted verbatim (chosen by embedding cosine to the issue and its facts, so no paraphrase can put
   words in a source's mouth), each cited to its passage.  A passage about another doctrine than
   the issue (``off_doctrine``) is never used as its rule, and an issue whose rule is far from
-  every stated fact (``off_facts``, :data:`FACT_FIT`) is named, not applied.
+  every stated fact (``off_facts``, :data:`FACT_FIT`) is named, not applied; an answer none of
+  whose rules is near the question (``off_question``, :data:`QUESTION_FIT`) is declined.
 - **Application** — one narrow call per issue (``skills/apply_rule.md``): the rule's requirements,
   and for each the stated fact that meets or fails it.  Each application sentence cites the rule
   it applies and names its fact; a fact unrelated to its requirement decides nothing
@@ -77,6 +78,13 @@ met by some fact, often one that says nothing about them ("proximate cause ... �
 hotel objects."; "Nominal damages are not available — met: Maria went to Greenway Market to buy
 groceries.").  An issue whose every check is then undecided is not raised (guard ``not_raised``).
 Chosen on the tune half of the fact patterns (docs/MEASUREMENTS.md, stop 36)."""
+QUESTION_FIT = 0.20
+"""Cosine between an open question and the closest rule sentence of the issues its answer would
+apply below which those rules are about other matters: the answer is declined (guard
+``off_question``) rather than apply the wrong law.  A singer's video got an issue on commercial
+speech (0.13) and a parent's move with her child one on offers (0.18); of the fact patterns the
+corpus answers, the lowest with the right law found scores 0.22 (fixtures, for a chandelier).
+Chosen on the tune half of the fact patterns (docs/MEASUREMENTS.md, stop 37)."""
 DOCTRINE_MATCH = 0.30
 """Cosine between an issue's name and a passage's title below which the passage is about another
 doctrine (``off_doctrine``): all-MiniLM-L6-v2 puts a doctrine and the title of its own passage at
@@ -686,6 +694,7 @@ def build_record(
     guards: dict[str, int] = {
         "off_doctrine": 0,
         "off_facts": 0,
+        "off_question": 0,
         "not_raised": 0,
         "unrelated_fact": 0,
         "unparsed_application": 0,
@@ -787,6 +796,24 @@ def build_record(
         return AnswerRecord(
             kind, _abstain_text(why), issues, [], True, why, quotes=quotes, guards=guards
         )
+    rules = [s.text for i in answered for s in i.sentences if s.role == "rule"]
+    if rules and not choices:
+        rows = _rows(embed, [question, *rules])
+        closest = float((rows[1:] @ rows[0]).max())
+        if closest < QUESTION_FIT:
+            guards["off_question"] += 1
+            why = (
+                "the rules its research found are about other matters: "
+                + "; ".join(i.issue for i in answered)
+                + f" (closest cosine to the question {closest:.3f} < {QUESTION_FIT:.2f})"
+            )
+            issues = [
+                IssueAnswer(i.issue, "no_evidence", why="its rule is about another matter")
+                if i.status == "answered"
+                else i
+                for i in issues
+            ]
+            return AnswerRecord(kind, _abstain_text(why), issues, [], True, why, guards=guards)
     verdict = None
     tail: list[Sentence] = []
     applied_issues = [i for i in answered if i.outcome is not None]
@@ -817,7 +844,7 @@ NO_ANSWER = "No answer"
 
 
 def _abstain_text(why: str) -> str:
-    return f"{NO_ANSWER}: the sources hold nothing that answers this question ({why})."
+    return f"{NO_ANSWER}: the research found nothing in the sources that answers this question ({why})."
 
 
 def _refs(cites: Sequence[int]) -> str:

@@ -407,6 +407,29 @@ def test_an_issue_whose_rule_does_not_fit_the_facts_is_named_not_applied(tmp_set
     assert first.guards["off_facts"] == 0  # the planner's first issue is always applied
 
 
+def test_an_answer_whose_rules_are_about_other_matters_is_declined(tmp_settings):
+    """A tenant's song video got the rule on commercial speech, a parent's move with her child
+    an offer: when no rule the answer would rest on is near the question (cosine below
+    ``QUESTION_FIT``), it says "No answer", names what the research found, and asks for no bottom
+    line (guard ``off_question``).  A multiple-choice question still gets its letter."""
+    song = (
+        "Tess filmed her cat dancing to a pop song and posted the clip online. The record label "
+        "sent her a takedown letter. Does she have to remove it?"
+    )
+    apply = json.dumps({"checks": [{"n": 1, "fact": 1, "met": "yes"}]})
+    client, script = scripted_client(tmp_settings, {"apply": [apply]})
+    research = [answer.IssueResearch("Products liability: design defects", [PRODUCTS])]
+    record = answer.build_record(client, song, None, research, EMBED)
+    assert record.abstained and record.guards["off_question"] == 1
+    assert record.text.startswith("No answer")
+    assert "about other matters: Products liability: design defects" in record.why
+    assert not record.sentences and not record.citations
+    assert script.roles() == ["apply"]
+    client, _ = scripted_client(tmp_settings, {"apply": [apply]})
+    record = answer.build_record(client, song, {"A": "Yes.", "B": "No."}, research, EMBED)
+    assert not record.abstained and record.guards["off_question"] == 0
+
+
 @pytest.mark.parametrize(
     "asked, yes_no",
     [

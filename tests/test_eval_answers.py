@@ -8,7 +8,9 @@ from pathlib import Path
 
 import eval_answers as ea
 
-ABSTAIN_TEXT = "No answer: the sources hold nothing that answers this question (off topic)."
+ABSTAIN_TEXT = (
+    "No answer: the research found nothing in the sources that answers this question (off topic)."
+)
 
 REPO = Path(__file__).resolve().parent.parent
 STARTER = {

@@ -57,10 +57,12 @@ STOPWORDS = frozenset(
 def _facts_relate_to_synthetic_rules(monkeypatch):
     """The corpus here is synthetic ("Rule text number 3 about doctrine 3."): no stated fact shares
     a word with its rules, so the ``unrelated_fact`` guard (tests/test_answer.py) would leave every
-    scripted application undecided.  It is off in these tests of the graph's routes."""
+    scripted application undecided, and ``off_question`` would decline every question.  Both are
+    off in these tests of the graph's routes."""
     import answer
 
     monkeypatch.setattr(answer, "FACT_RELEVANCE", -1.0)
+    monkeypatch.setattr(answer, "QUESTION_FIT", -1.0)
 
 
 def fake_embed(texts: list[str]) -> list[list[float]]:
@@ -361,7 +363,9 @@ def test_no_issue_with_evidence_declines_plainly_and_is_not_cached(tmp_settings)
     record = result["answer"]
     assert record["abstained"] is True
     assert record["why"].startswith("no issue's research found a rule on its doctrine")
-    assert result["final_cited_answer"].startswith("No answer: the sources hold nothing")
+    assert result["final_cited_answer"].startswith(
+        "No answer: the research found nothing in the sources"
+    )
     assert result["run_metrics"]["has_answer"] is False
     assert memory.writes == [] and "apply" not in script.roles()
     assert main.main is not None  # exit status 3 is decided from has_answer (test_main_cli)
