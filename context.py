@@ -135,9 +135,7 @@ class AgentContext:
             return search
 
         def link_issues(question: str, issues: list[str]) -> list[str]:
-            # The fact cues are everyday facts: they link a question that states some.
-            facts = answer_stage.question_kind(question, None) == "fact_pattern"
-            linked = legal_graph.link_doctrines(question, settings, cues=facts)
+            linked = legal_graph.link_doctrines(question, settings)
             return legal_graph.merge_agenda(issues, linked, max_items=4)
 
         def with_reranker(name: str, fuse_keyword: bool = False) -> Retriever:

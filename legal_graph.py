@@ -56,10 +56,6 @@ logger = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
 TAXONOMY_PATH = HERE / "datasets" / "legal_taxonomy.jsonl"
-FACT_CUES_PATH = HERE / "datasets" / "fact_cues.jsonl"
-"""Per doctrine, sentences of everyday facts that raise it ("A shopper slipped on juice that had
-been on the store floor for an hour."): a question told in such words sits far from the
-doctrine's description in legal words, and near these."""
 NODE_TYPES = ("Passage", "Doctrine", "Authority", "Subject")
 EDGE_TYPES = (
     "MENTIONS", "CITES", "TEXT_OF", "PART_OF", "ELEMENT_OF", "EXCEPTION_TO", "RELATED_TO",
@@ -1304,63 +1300,32 @@ def _authority_neighbours(g: GraphBackend, seeds: dict[str, _Seed]) -> dict[str,
     return out
 
 
-def load_fact_cues(path: str | Path | None = None) -> dict[str, tuple[str, ...]]:
-    """The fact cues of each doctrine (``{"id", "fact_cues"}`` per line; a missing file: none),
-    validated against the taxonomy's ids."""
-    p = Path(path) if path is not None else FACT_CUES_PATH
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return {}
-    except OSError as exc:
-        raise GraphError(f"cannot read the fact cues {p}: {exc.strerror}") from None
-    known = set(load_taxonomy().doctrines)
-    cues: dict[str, tuple[str, ...]] = {}
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-            did, texts = str(rec["id"]), tuple(str(t) for t in rec["fact_cues"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise GraphError(f"{p}: line {lineno}: not a fact-cue record ({exc})") from None
-        if did not in known:
-            raise GraphError(f"{p}: line {lineno}: unknown doctrine {did!r}")
-        cues[did] = texts
-    return cues
-
-
 _doctrine_vectors: dict[tuple, tuple[list[str], Any]] = {}
 
 
 def doctrine_vectors(settings: Settings) -> tuple[list[str], np.ndarray]:
-    """Embeddings of every doctrine's name and description, then of each of its fact cues, with
-    the doctrine id of each row; computed once per embedder, taxonomy and cue file and cached on
-    disk beside the graph (``doctrines-<model>-<version>.npy``)."""
+    """Embeddings of every doctrine's name and description, computed once per embedder and
+    taxonomy version and cached on disk beside the graph (``doctrines-<model>-<version>.npy``)."""
     import numpy as np
 
     tax = load_taxonomy()
-    cues = load_fact_cues()
     model = rag_utils.embedder_name(settings)
     folder = graph_path(settings).parent
-    texts = [tax[i].text_for_embedding() for i in tax.doctrines]
-    ids = list(tax.doctrines)
-    for did, sentences in cues.items():
-        texts += sentences
-        ids += [did] * len(sentences)
-    version = hashlib.sha1("\n".join(texts).encode()).hexdigest()[:12]
-    key = (model, version, str(folder))
+    key = (model, tax.fingerprint, str(folder))
     with _lock:
         if key in _doctrine_vectors:
             return _doctrine_vectors[key]
-    cache = folder / f"doctrines-{rag_utils.sanitize_model_name(model)}-{version}.npy"
+    ids = list(tax.doctrines)
+    cache = folder / f"doctrines-{rag_utils.sanitize_model_name(model)}-{tax.fingerprint}.npy"
     try:
         vecs = np.load(cache)
     except (OSError, ValueError):
         vecs = None
     if vecs is None or vecs.shape[0] != len(ids):
         embedder = rag_utils.get_embedder(settings)
-        vecs = np.asarray(embedder.embed_documents(texts), dtype=np.float32)
+        vecs = np.asarray(
+            embedder.embed_documents([tax[i].text_for_embedding() for i in ids]), dtype=np.float32
+        )
         try:
             folder.mkdir(parents=True, exist_ok=True)
             np.save(cache, vecs)
@@ -1369,22 +1334,6 @@ def doctrine_vectors(settings: Settings) -> tuple[list[str], np.ndarray]:
     with _lock:
         _doctrine_vectors[key] = (ids, vecs)
     return ids, vecs
-
-
-def doctrine_similarities(
-    qvec: np.ndarray, settings: Settings, cues: bool = False
-) -> dict[str, float]:
-    """Per doctrine, the cosine of ``qvec`` to its description, or with ``cues`` to its
-    description or its closest fact cue."""
-    ids, vecs = doctrine_vectors(settings)
-    if not cues:  # the descriptions' rows come first
-        n = len(load_taxonomy())
-        ids, vecs = ids[:n], vecs[:n]
-    best: dict[str, float] = {}
-    for did, sim in zip(ids, (vecs @ qvec).tolist(), strict=True):
-        if sim > best.get(did, -1.0):
-            best[did] = sim
-    return best
 
 
 def reset_caches() -> None:
@@ -1528,9 +1477,12 @@ def _semantic(
 ) -> dict[str, GraphHit]:
     """Passages of the doctrine(s) whose description is closest to the query."""
     tax = load_taxonomy()
-    sims = doctrine_similarities(qvec, settings)
-    top = sorted(sims, key=lambda d: -sims[d])[:SEMANTIC_TOP]
-    seeds = {d: _Seed(sims[d], f"semantic {sims[d]:.2f} '{tax[d].name}'") for d in top}
+    ids, vecs = doctrine_vectors(settings)
+    sims = vecs @ qvec
+    seeds = {
+        ids[i]: _Seed(float(sims[i]), f"semantic {float(sims[i]):.2f} '{tax[ids[i]].name}'")
+        for i in sims.argsort()[::-1][:SEMANTIC_TOP]
+    }
     return _expand(g, seeds, exclude)
 
 
@@ -1715,12 +1667,10 @@ def link_doctrines(
     k: int = 6,
     *,
     use_embeddings: bool = True,
-    cues: bool = False,
 ) -> list[Doctrine]:
     """The doctrines a question raises, best first: alias matches in the question (longest
     match; an alias shared by n doctrines counts 1/n) plus the embedding cosine of the question
-    to each doctrine's description (with ``cues``, for a question that states facts: or to the
-    closest of its fact cues, :data:`FACT_CUES_PATH`). At most ``MAX_PER_CLAIM`` doctrines of one claim, so that
+    to each doctrine's description. At most ``MAX_PER_CLAIM`` doctrines of one claim, so that
     one issue cannot crowd out the others. Needs no graph database."""
     tax = load_taxonomy()
     scores: dict[str, float] = defaultdict(float)
@@ -1731,12 +1681,13 @@ def link_doctrines(
             if f"alias '{m.alias}'" not in why[did]:
                 why[did].append(f"alias '{m.alias}'")
     if use_embeddings:
-        sims = doctrine_similarities(embed_query(question, settings), settings, cues)
-        for did, sim in sims.items():
+        ids, vecs = doctrine_vectors(settings)
+        sims = vecs @ embed_query(question, settings)
+        for did, sim in zip(ids, sims.tolist(), strict=True):
             if sim > 0:
                 scores[did] += sim
-        for did in sorted(sims, key=lambda d: -sims[d])[:k]:
-            why[did].append(f"semantic {sims[did]:.2f}")
+        for i in sims.argsort()[::-1][:k]:
+            why[ids[i]].append(f"semantic {float(sims[i]):.2f}")
     ranked = sorted(scores, key=lambda d: (-scores[d], d))
     out: list[Doctrine] = []
     per_root: Counter[str] = Counter()

@@ -134,21 +134,6 @@ def test_a_broken_taxonomy_is_a_one_line_error_naming_the_file(tmp_path):
         lg.load_taxonomy(bad)
 
 
-def test_every_doctrine_has_fact_cues_told_in_everyday_sentences():
-    cues = lg.load_fact_cues()
-    assert set(cues) == set(lg.load_taxonomy().doctrines)
-    for did, sentences in cues.items():
-        assert len(sentences) >= 2 and all(8 <= len(s.split()) <= 40 for s in sentences), did
-
-
-def test_a_broken_fact_cue_file_is_a_one_line_error_naming_the_file(tmp_path):
-    bad = tmp_path / "cues.jsonl"
-    bad.write_text(json.dumps({"id": "torts.nope", "fact_cues": ["A man fell."]}) + "\n")
-    with pytest.raises(lg.GraphError, match=r"cues.jsonl: line 1: unknown doctrine 'torts.nope'"):
-        lg.load_fact_cues(bad)
-    assert lg.load_fact_cues(tmp_path / "missing.jsonl") == {}
-
-
 # ------------------------------------------------------------------------------------------------
 # extraction
 # ------------------------------------------------------------------------------------------------
@@ -598,27 +583,6 @@ def test_merge_agenda_collapses_issues_of_one_doctrine_and_keeps_unknown_ones():
         "Hearsay (Excited utterance; Present sense impression)",
         "Tax consequences of the gift",
     ]
-
-
-@pytest.mark.slow
-def test_facts_told_in_everyday_words_link_to_their_doctrine_through_its_fact_cues(
-    tmp_settings, tmp_path, monkeypatch
-):
-    """A guest's fall through a rotten deck board sits far from "Landowners owe ... licensees
-    ..." in legal words; the doctrine's fact cues bring it among the linked doctrines (a question
-    that states facts links through them; a rule question does not)."""
-    question = (
-        "At a backyard barbecue, Omar stepped onto his neighbor's deck and a rotten board gave "
-        "way under him. The neighbor had noticed the soft board weeks earlier and said nothing. "
-        "Can Omar recover for his broken ankle?"
-    )
-    linked = [d.id for d in lg.link_doctrines(question, tmp_settings, k=6, cues=True)]
-    assert "torts.landowner_duties" in linked
-    without = [d.id for d in lg.link_doctrines(question, tmp_settings, k=6)]
-    assert "torts.landowner_duties" not in without
-    monkeypatch.setattr(lg, "FACT_CUES_PATH", tmp_path / "no_cues.jsonl")
-    lg.reset_caches()
-    assert [d.id for d in lg.link_doctrines(question, tmp_settings, k=6, cues=True)] == without
 
 
 @pytest.mark.slow
