@@ -802,10 +802,15 @@ def build_record(
         closest = float((rows[1:] @ rows[0]).max())
         if closest < QUESTION_FIT:
             guards["off_question"] += 1
+            titles = {c.n: c.title or c.passage_id for c in citations.items}
+            found = "; ".join(
+                f"{', '.join(dict.fromkeys(titles[n] for s in i.sentences for n in s.cites))}"
+                f" (for {i.issue})"
+                for i in answered
+            )
             why = (
-                "the rules its research found are about other matters: "
-                + "; ".join(i.issue for i in answered)
-                + f" (closest cosine to the question {closest:.3f} < {QUESTION_FIT:.2f})"
+                f"the rules its research found are about other matters: {found}; closest "
+                f"cosine to the question {closest:.3f} < {QUESTION_FIT:.2f}"
             )
             issues = [
                 IssueAnswer(i.issue, "no_evidence", why="its rule is about another matter")

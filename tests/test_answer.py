@@ -422,7 +422,10 @@ def test_an_answer_whose_rules_are_about_other_matters_is_declined(tmp_settings)
     record = answer.build_record(client, song, None, research, EMBED)
     assert record.abstained and record.guards["off_question"] == 1
     assert record.text.startswith("No answer")
-    assert "about other matters: Products liability: design defects" in record.why
+    assert (
+        "about other matters: Products liability: design defects (for Products liability"
+        in record.why
+    )
     assert not record.sentences and not record.citations
     assert script.roles() == ["apply"]
     client, _ = scripted_client(tmp_settings, {"apply": [apply]})
