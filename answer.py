@@ -818,7 +818,9 @@ def build_record(
                 else i
                 for i in issues
             ]
-            return AnswerRecord(kind, _abstain_text(why), issues, [], True, why, guards=guards)
+            return AnswerRecord(
+                kind, _abstain_text(why), issues, [], True, why, quotes=quotes, guards=guards
+            )
     verdict = None
     tail: list[Sentence] = []
     applied_issues = [i for i in answered if i.outcome is not None]
