@@ -173,20 +173,17 @@ class OnnxEmbedder:
 
     backend = "onnx"
 
-    def __init__(
-        self, session: Any, tokenizer: Any, name: str, dimension: int, batch_size: int = 16
-    ) -> None:
+    def __init__(self, session: Any, tokenizer: Any, name: str, dimension: int) -> None:
         self.session = session
         self.tokenizer = tokenizer
         self.name = name
         self.dimension = dimension
-        self.batch_size = batch_size
         self._inputs = {i.name for i in session.get_inputs()}
         trunc = tokenizer.truncation or {}
         self.max_tokens = int(trunc.get("max_length") or 256)
 
     @classmethod
-    def load(cls, model_file: Path, source: Path, name: str, batch_size: int) -> OnnxEmbedder:
+    def load(cls, model_file: Path, source: Path, name: str) -> OnnxEmbedder:
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
@@ -196,7 +193,7 @@ class OnnxEmbedder:
         tokenizer = Tokenizer.from_file(str(source / "tokenizer.json"))
         # the tokenizer file pads and truncates to 128; sentence-transformers uses max_seq_length
         tokenizer.enable_truncation(max_length=int(max_len))
-        tokenizer.enable_padding(pad_id=int(config.get("pad_token_id") or 0), pad_token="[PAD]")
+        tokenizer.no_padding()
         options = ort.SessionOptions()
         options.log_severity_level = 3
         # no busy-waiting between operators: beside other busy processes (the local LLM, eval
@@ -204,27 +201,24 @@ class OnnxEmbedder:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
         session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
-        return cls(session, tokenizer, name, int(config["hidden_size"]), batch_size)
+        return cls(session, tokenizer, name, int(config["hidden_size"]))
 
     def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
+        """One text per run. The int8 export quantizes activations with one scale per run, so in
+        a batch a text's vector depended on the texts beside it (cosine down to 0.978 against
+        itself alone); one at a time, a text always gets the same vector, at the same speed
+        (docs/MEASUREMENTS.md, "Embeddings that do not depend on the batch")."""
         import numpy as np
 
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
-        # longest first, so each batch pads to texts of similar length (as sentence-transformers)
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        for start in range(0, len(order), self.batch_size):
-            rows = order[start : start + self.batch_size]
-            enc = self.tokenizer.encode_batch([str(texts[i]) for i in rows])
-            ids = np.asarray([e.ids for e in enc], dtype=np.int64)
-            mask = np.asarray([e.attention_mask for e in enc], dtype=np.int64)
-            feed = {"input_ids": ids, "attention_mask": mask}
+        for row, text in enumerate(texts):
+            enc = self.tokenizer.encode(str(text))
+            ids = np.asarray([enc.ids], dtype=np.int64)
+            feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
             if "token_type_ids" in self._inputs:
                 feed["token_type_ids"] = np.zeros_like(ids)
-            hidden = self.session.run(None, feed)[0]
-            m = mask[..., None].astype(np.float32)
-            pooled = (hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
-            norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
-            out[rows] = pooled / norms
+            pooled = self.session.run(None, feed)[0][0].mean(axis=0)
+            out[row] = pooled / max(float(np.linalg.norm(pooled)), 1e-12)
         return out
 
     def embed_query(self, text: str) -> np.ndarray:
@@ -527,7 +521,7 @@ def get_embedder(
             if backend == "onnx":
                 try:
                     onnx_file = ensure_onnx_model(path, onnx_cache_dir(s), DEFAULT_MODEL_SHA256)
-                    emb = OnnxEmbedder.load(onnx_file, path, name, s.retrieval.embedding_batch_size)
+                    emb = OnnxEmbedder.load(onnx_file, path, name)
                 except ModelLoadError as exc:
                     if asked == "onnx":
                         raise

@@ -88,8 +88,9 @@ class RetrievalSettings:
     embedding_device: str | None = _var("EMBEDDING_DEVICE", None)
     """cpu, cuda, mps; empty = let sentence-transformers choose."""
     embedding_batch_size: int = _var("EMBEDDING_BATCH_SIZE", 16)
-    """Texts per forward pass. Small batches pad less: 16 embeds ~15% faster than 64 on 2 CPU
-    cores (bench: 30.8 vs 26.2 passages/s on the shared corpus); raise it on a GPU."""
+    """Texts per forward pass of the torch backend. Small batches pad less: 16 embeds ~15% faster
+    than 64 on 2 CPU cores (bench: 30.8 vs 26.2 passages/s on the shared corpus); raise it on a
+    GPU. The ONNX default embeds one text per pass (its vectors must not depend on the batch)."""
     embedding_backend: str = _var("EMBEDDING_BACKEND", "auto")
     """auto | onnx | torch. onnx runs the default model from an int8 export (made once in
     LOCAL_MODEL_DIR); auto = onnx for the default model on the CPU, torch otherwise."""

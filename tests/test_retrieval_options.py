@@ -242,6 +242,9 @@ def test_onnx_export_matches_torch_and_a_corrupted_cache_is_rebuilt(tmp_settings
     assert (got * ref).sum(axis=1).min() > 0.98  # int8 weights: close to, not equal to, fp32
     q = onnx_emb.embed_query("unwanted touching of another person")
     assert float(got[0] @ q) > float(got[1] @ q)
+    # a text gets the same vector alone as beside a longer text: cosine thresholds read stable numbers
+    assert onnx_emb.embed_documents(texts[:1])[0] == pytest.approx(got[0], abs=1e-6)
+    assert onnx_emb.embed_documents(texts[::-1])[::-1] == pytest.approx(got, abs=1e-6)
     # a corrupted export is detected by its checksum and exported again
     with open(cache / rag_utils.ONNX_FILE, "r+b") as fh:
         fh.seek(1000)
