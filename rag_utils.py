@@ -1459,8 +1459,8 @@ def searched_cosines(
     """The cosine of ``question`` to each of ``docs`` as the search of ``queries`` that found
     them computed it (``dense_score``, the cosine to the first non-blank query), or None when
     that query is not ``question`` or a passage has no dense score (a keyword search).  Saves
-    :func:`passage_cosines` embedding the question and reading the vectors again (equal up to
-    the int8 ONNX embedder quantizing a batch of queries together: ``benchmarks/bench_step.py``)."""
+    :func:`passage_cosines` embedding the question and reading the vectors again (the same
+    numbers: an embedder gives a text the same vector in any batch)."""
     primary = next((q.strip() for q in map(str, queries) if q.strip()), None)
     if primary is None or primary != question.strip():
         return None
