@@ -249,7 +249,6 @@ class Taxonomy:
             cur = self.doctrines[nxt]
 
 
-_taxonomies: dict[tuple[str, int], Taxonomy] = {}
 _lock = threading.RLock()
 
 
@@ -258,14 +257,14 @@ def load_taxonomy(path: str | Path | None = None) -> Taxonomy:
     subject and relations that name existing ids. Cached per file and modification time."""
     p = Path(path) if path is not None else TAXONOMY_PATH
     try:
-        raw = p.read_bytes()
-        mtime = p.stat().st_mtime_ns
+        return _read_taxonomy(p, p.stat().st_mtime_ns)
     except OSError as exc:
         raise GraphError(f"cannot read the doctrine taxonomy {p}: {exc.strerror}") from None
-    key = (str(p.resolve()), mtime)
-    with _lock:
-        if key in _taxonomies:
-            return _taxonomies[key]
+
+
+@functools.lru_cache(maxsize=16)
+def _read_taxonomy(p: Path, mtime_ns: int) -> Taxonomy:
+    raw = p.read_bytes()
     doctrines: list[Doctrine] = []
     for lineno, line in enumerate(raw.decode("utf-8").splitlines(), start=1):
         if not line.strip():
@@ -296,10 +295,7 @@ def load_taxonomy(path: str | Path | None = None) -> Taxonomy:
             for other in getattr(d, field_name):
                 if other not in known:
                     raise GraphError(f"{p}: {d.id}.{field_name} names unknown doctrine {other!r}")
-    tax = Taxonomy(doctrines, fingerprint=hashlib.sha1(raw).hexdigest()[:12])
-    with _lock:
-        _taxonomies[key] = tax
-    return tax
+    return Taxonomy(doctrines, fingerprint=hashlib.sha1(raw).hexdigest()[:12])
 
 
 # ------------------------------------------------------------------------------------------------
