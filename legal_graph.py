@@ -754,14 +754,13 @@ class EmbeddedBackend(GraphBackend):
     schema = EMBEDDED_SCHEMA
 
     def __init__(self, path: Path, read_only: bool = False) -> None:
-        engine = ENGINE
         try:
-            self._mod = importlib.import_module(engine)
+            self._mod = importlib.import_module(ENGINE)
         except ImportError as exc:
             raise GraphError(
-                f"the graph engine package {engine!r} is not installed: pip install {engine}"
+                f"the graph engine package {ENGINE!r} is not installed: pip install {ENGINE}"
             ) from exc
-        self.name = engine
+        self.name = ENGINE
         self.path = Path(path)
         self.where = str(self.path)
         self.read_only = read_only
@@ -785,20 +784,13 @@ class EmbeddedBackend(GraphBackend):
             ) from None
 
     def run(self, cypher: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        with self._lock:
-            result = self._conn.execute(cypher, params or {})
-            if isinstance(result, list):  # several statements: the last one's rows
-                result = result[-1]
-            cols = result.get_column_names()
-            rows = [dict(zip(cols, row, strict=True)) for row in result.get_all()]
-            result.close()
-            return rows
+        with self._lock, self._conn.execute(cypher, params or {}) as result:
+            return result.rows_as_dict().get_all()
 
     def close(self) -> None:
         with self._lock:
-            for obj in (getattr(self, "_conn", None), getattr(self, "_db", None)):
-                if obj is not None and hasattr(obj, "close"):
-                    obj.close()
+            self._conn.close()
+            self._db.close()
 
 
 class Neo4jBackend(GraphBackend):
