@@ -1409,13 +1409,26 @@ def _fuse(
 
 
 def _keyword(
-    g: GraphBackend, query: str, exclude: list[str], seeds: dict[str, _Seed] | None = None
+    g: GraphBackend,
+    query: str,
+    exclude: list[str],
+    seeds: dict[str, _Seed] | None = None,
+    *,
+    hop: bool = False,
 ) -> dict[str, GraphHit]:
     """Passages mentioning a doctrine the query names, citing an authority it cites or names,
-    or part of that authority (a document whose own citation it is)."""
+    or part of that authority (a document whose own citation it is).
+
+    ``hop`` (the principles mode) adds the doctrines' elements, exceptions and related doctrines
+    and the authorities one citation away (what the cited document cites, the documents that
+    cite it): one hop, weight x PRINCIPLE_DECAY."""
     seeds = alias_doctrines(g, query) if seeds is None else seeds
-    hits = _expand(g, seeds, exclude)
-    return _merge(hits, _expand(g, query_authorities(g, query), exclude, kind="authority"))
+    cited = query_authorities(g, query)
+    if hop and seeds:
+        seeds = _doctrine_neighbours(g, seeds)
+    if hop and cited:
+        cited = {**_authority_neighbours(g, cited), **cited}
+    return _merge(_expand(g, seeds, exclude), _expand(g, cited, exclude, kind="authority"))
 
 
 def _merge(hits: dict[str, GraphHit], more: dict[str, GraphHit]) -> dict[str, GraphHit]:
@@ -1428,21 +1441,6 @@ def _merge(hits: dict[str, GraphHit], more: dict[str, GraphHit]) -> dict[str, Gr
         if h.score > cur.score:
             cur.path = h.path
         cur.score += h.score
-    return hits
-
-
-def _principles(
-    g: GraphBackend, query: str, exclude: list[str], seeds: dict[str, _Seed] | None = None
-) -> dict[str, GraphHit]:
-    """Passages of the doctrines the query names and of their elements, exceptions and related
-    doctrines, and of the authorities it cites or names and those one citation away (what the
-    cited document cites, the documents that cite it): one hop, weight x PRINCIPLE_DECAY."""
-    seeds = alias_doctrines(g, query) if seeds is None else seeds
-    hits = _expand(g, _doctrine_neighbours(g, seeds), exclude) if seeds else {}
-    cited = query_authorities(g, query)
-    if cited:
-        reached = {**_authority_neighbours(g, cited), **cited}
-        _merge(hits, _expand(g, reached, exclude, kind="authority"))
     return hits
 
 
@@ -1557,7 +1555,7 @@ def search_graph(
     seeds = alias_doctrines(g, query) if mode != "semantic" else {}
     search = {
         "keyword": lambda: _keyword(g, query, exclude, seeds),
-        "principles": lambda: _principles(g, query, exclude, seeds),
+        "principles": lambda: _keyword(g, query, exclude, seeds, hop=True),
         "semantic": lambda: _semantic(g, query, exclude, qvec, settings),
     }
     ordered = _order_by_text([search[m]() for m in modes], qvec, settings)
