@@ -36,7 +36,6 @@ import json
 import logging
 import math
 import re
-import shutil
 import threading
 import time
 from collections import Counter, OrderedDict, defaultdict
@@ -1124,10 +1123,7 @@ def rebuild(settings: Settings, *, progress: bool = True) -> dict[str, Any]:
         close_graphs()
         path = graph_path(settings)
         for p in (path, path.with_name(path.name + ".wal")):
-            if p.is_dir():
-                shutil.rmtree(p)
-            elif p.exists():
-                p.unlink()
+            p.unlink(missing_ok=True)
         g = get_graph(settings, write=True)
     sync_taxonomy(g)
     passages = list(rag_utils.get_store(settings).iter_all())
