@@ -53,8 +53,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-HERE = Path(__file__).resolve().parent
-TAXONOMY_PATH = HERE / "datasets" / "legal_taxonomy.jsonl"
+TAXONOMY_PATH = Path(__file__).resolve().parent / "datasets" / "legal_taxonomy.jsonl"
 NODE_TYPES = ("Passage", "Doctrine", "Authority", "Subject")
 EDGE_TYPES = (
     "MENTIONS", "CITES", "TEXT_OF", "PART_OF", "ELEMENT_OF", "EXCEPTION_TO", "RELATED_TO",
@@ -177,15 +176,13 @@ class AliasIndex:
         out: list[Match] = []
         i, n = 0, len(toks)
         while i < n:
-            if toks[i] in self._first:
-                for length in range(min(self._max_len, n - i), 0, -1):
-                    ids = self._index.get(tuple(toks[i : i + length]))
-                    if ids:
-                        out.append(Match(ids, " ".join(toks[i : i + length]), i, i + length))
-                        i += length
-                        break
-                else:
-                    i += 1
+            longest = min(self._max_len, n - i) if toks[i] in self._first else 0
+            for length in range(longest, 0, -1):
+                ids = self._index.get(tuple(toks[i : i + length]))
+                if ids:
+                    out.append(Match(ids, " ".join(toks[i : i + length]), i, i + length))
+                    i += length
+                    break
             else:
                 i += 1
         return out
@@ -973,12 +970,12 @@ def _built_version(backend: GraphBackend) -> str | None:
     return got[0]["value"] if got else None
 
 
-def sync_taxonomy(backend: GraphBackend, taxonomy: Taxonomy | None = None) -> bool:
+def sync_taxonomy(backend: GraphBackend) -> bool:
     """Write the taxonomy's subjects, doctrines and relations unless the graph already has this
     version of them and of the citation extraction (recorded in a Meta node). Returns True when
     it wrote. A change leaves old MENTIONS and CITES edges in place: ``python load_corpus.py
     graph`` rebuilds them."""
-    tax = taxonomy or load_taxonomy()
+    tax = load_taxonomy()
     built = _built_version(backend)
     if built == _version(tax):
         return False
@@ -1080,14 +1077,13 @@ def add_passages(
         return 0
     from tqdm import tqdm
 
-    bar = tqdm(total=len(todo), unit="passage", desc="graph", disable=not progress, leave=False)
-    try:
+    with tqdm(
+        total=len(todo), unit="passage", desc="graph", disable=not progress, leave=False
+    ) as bar:
         for i in range(0, len(todo), BATCH):
             batch = todo[i : i + BATCH]
             write_facts(g, [extract(p, tax) for p in batch])
             bar.update(len(batch))
-    finally:
-        bar.close()
     _cache.clear()
     return len(todo)
 
