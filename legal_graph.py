@@ -237,8 +237,7 @@ class Taxonomy:
         seen = {doctrine_id}
         cur = self.doctrines[doctrine_id]
         while True:
-            parents = [p for p in (*cur.element_of, *cur.exception_to) if p in self.doctrines]
-            nxt = next((p for p in parents if p not in seen), None)
+            nxt = next((p for p in (*cur.element_of, *cur.exception_to) if p not in seen), None)
             if nxt is None:
                 return cur.id
             seen.add(nxt)
@@ -469,7 +468,7 @@ def _family_of(raw: str) -> str:
         return "frcrp"
     if low.startswith(("frap", "app")):
         return "frap"
-    if low.startswith(("fre", "evid")) or "evid" in low:
+    if low.startswith("fre") or "evid" in low:
         return "fre"
     return "frcp"
 
@@ -1344,14 +1343,12 @@ def _expand(
     if not seeds:
         return {}
     ids = list(seeds)
-    q_pass, q_df = (
-        (Q_DOCTRINE_PASSAGES, Q_DOCTRINE_DF)
-        if kind == "doctrine"
-        else (Q_AUTHORITY_PASSAGES, Q_AUTHORITY_DF)
-    )
+    if kind == "doctrine":
+        q_pass, q_df, edge = Q_DOCTRINE_PASSAGES, Q_DOCTRINE_DF, "MENTIONS"
+    else:
+        q_pass, q_df, edge = Q_AUTHORITY_PASSAGES, Q_AUTHORITY_DF, "CITES"
     df = {str(r["id"]): int(r["df"]) for r in g.run(q_df, {"ids": ids})}
     total = max(1, _passage_count(g))
-    edge = "MENTIONS" if kind == "doctrine" else "CITES"
     rows = [{**r, "edge": edge} for r in g.run(q_pass, {"ids": ids, "exclude": exclude})]
     if kind == "authority":  # the passages of the seed documents themselves
         rows += [
