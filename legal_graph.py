@@ -666,19 +666,14 @@ def extract(passage: dict[str, Any], taxonomy: Taxonomy | None = None) -> Passag
     source = str(passage.get("source") or meta.get("source") or "")
     title = str(passage.get("title") or meta.get("title") or "")
     body = f"{title}\n{passage.get('text') or ''}" if title else str(passage.get("text") or "")
-    facts = PassageFacts(passage_id(passage), source, title, extract_doctrines(body, tax))
-    facts.document = document_authority(
-        str(passage.get("citation") or meta.get("citation") or ""), title
+    doc = document_authority(str(passage.get("citation") or meta.get("citation") or ""), title)
+    facts = PassageFacts(
+        passage_id(passage), source, title, extract_doctrines(body, tax), document=doc
     )
-    doc = facts.document
     own = {doc.id, "case:" + " ".join(tokens(doc.name))} if doc else set()  # its cite, its name
     for auth, cite in extract_authorities(body, context=f"{source} {title}"):
-        if auth.id in own:
-            continue
-        if auth.id in facts.authorities:
-            facts.authorities[auth.id][1].append(cite)
-        else:
-            facts.authorities[auth.id] = (auth, [cite])
+        if auth.id not in own:
+            facts.authorities.setdefault(auth.id, (auth, []))[1].append(cite)
     return facts
 
 
