@@ -125,7 +125,7 @@ def normalize(text: str) -> str:
 
 @dataclass(frozen=True)
 class Doctrine:
-    """One doctrine of the taxonomy; ``score`` and ``via`` are set when it is linked to a text."""
+    """One doctrine of the taxonomy."""
 
     id: str
     name: str
@@ -135,9 +135,6 @@ class Doctrine:
     element_of: tuple[str, ...] = ()
     exception_to: tuple[str, ...] = ()
     related_to: tuple[str, ...] = ()
-    score: float = 0.0
-    via: str = ""
-    """How it was linked: ``alias 'notice or a hearing'``, ``semantic 0.41`` or both."""
 
     def text_for_embedding(self) -> str:
         """Name, description and the first aliases: the aliases carry the words fact patterns use."""
@@ -1644,31 +1641,27 @@ def link_doctrines(
     one issue cannot crowd out the others. Needs no graph database."""
     tax = load_taxonomy()
     scores: dict[str, float] = defaultdict(float)
-    why: dict[str, list[str]] = defaultdict(list)
+    picked: set[str] = set()  # an alias hit or among the top k by similarity
     for m in tax.find(question):
         for did in m.doctrine_ids:
             scores[did] += ALIAS_WEIGHT / len(m.doctrine_ids)
-            if f"alias '{m.alias}'" not in why[did]:
-                why[did].append(f"alias '{m.alias}'")
+            picked.add(did)
     if use_embeddings:
         ids, vecs = doctrine_vectors(settings)
         sims = vecs @ embed_query(question, settings)
         for did, sim in zip(ids, sims.tolist(), strict=True):
             if sim > 0:
                 scores[did] += sim
-        for i in sims.argsort()[::-1][:k]:
-            why[ids[i]].append(f"semantic {float(sims[i]):.2f}")
+        picked.update(ids[i] for i in sims.argsort()[::-1][:k])
     ranked = sorted(scores, key=lambda d: (-scores[d], d))
     out: list[Doctrine] = []
     per_root: Counter[str] = Counter()
     for did in ranked:
-        if not why.get(did):
-            continue  # neither an alias hit nor among the top by similarity
         root = tax.root(did)
-        if per_root[root] >= MAX_PER_CLAIM:
+        if did not in picked or per_root[root] >= MAX_PER_CLAIM:
             continue
         per_root[root] += 1
-        out.append(replace(tax[did], score=round(scores[did], 4), via="; ".join(why[did])))
+        out.append(tax[did])
         if len(out) >= k:
             break
     return out
