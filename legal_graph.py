@@ -961,15 +961,14 @@ def _built_version(backend: GraphBackend) -> str | None:
     return got[0]["value"] if got else None
 
 
-def sync_taxonomy(backend: GraphBackend) -> bool:
+def sync_taxonomy(backend: GraphBackend) -> None:
     """Write the taxonomy's subjects, doctrines and relations unless the graph already has this
-    version of them and of the citation extraction (recorded in a Meta node). Returns True when
-    it wrote. A change leaves old MENTIONS and CITES edges in place: ``python load_corpus.py
-    graph`` rebuilds them."""
+    version of them and of the citation extraction (recorded in a Meta node). A change leaves old
+    MENTIONS and CITES edges in place: ``python load_corpus.py graph`` rebuilds them."""
     tax = load_taxonomy()
     built = _built_version(backend)
     if built == _version(tax):
-        return False
+        return
     if built is not None:
         logger.warning(
             "the doctrine taxonomy or the citation extraction changed since the graph was built: "
@@ -1000,7 +999,6 @@ def sync_taxonomy(backend: GraphBackend) -> bool:
         if pairs:
             backend.run(Q_RELATION.replace("{rel}", rel), {"rows": pairs})
     backend.run(Q_META_SET, {"key": "taxonomy", "value": _version(tax)})
-    return True
 
 
 def done_ids(backend: GraphBackend, ids: Sequence[str]) -> set[str]:
