@@ -244,11 +244,9 @@ class AgentContext:
         """The evidence gate's score of ``docs`` for ``question`` (0.0 for none)."""
         return self.gate_scores(question, docs, queries).evidence
 
-    def keep_clean(
-        self, retrieved: list[Passage], k: int, exclude: Sequence[str] = ()
-    ) -> tuple[list[Passage], list[dict]]:
+    def keep_clean(self, retrieved: list[Passage], k: int) -> tuple[list[Passage], list[dict]]:
         """``(kept, flagged)``: ``injection.keep_clean`` with this run's passage screen."""
-        return injection.keep_clean(retrieved, k, self.screen_passage, exclude)
+        return injection.keep_clean(retrieved, k, self.screen_passage)
 
     def rejection_message(self, check: injection.InjectionCheck) -> str:
         """What the user reads when the input is rejected (``injection.rejection_message``); here so

@@ -604,17 +604,12 @@ def keep_clean(
     docs: Iterable[Mapping[str, Any]],
     k: int,
     screen: Callable[[str], list[str]] = screen_passage,
-    exclude: Iterable[str] = (),
 ) -> tuple[list[dict], list[dict]]:
     """``(kept, flagged)``: the first ``k`` passages of ``docs`` (best first) whose text ``screen``
-    finds no instruction in, skipping ids in ``exclude``; and every screened-out one as
-    ``{"id", "patterns"}``."""
-    skip = set(exclude)
+    finds no instruction in; and every screened-out one as ``{"id", "patterns"}``."""
     kept: list[dict] = []
     flagged: list[dict] = []
     for doc in docs:
-        if doc["id"] in skip:
-            continue
         hits = quarantined(doc) + screen(doc.get("text") or "")
         if hits:
             flagged.append({"id": doc["id"], "patterns": hits})
