@@ -717,49 +717,37 @@ def detect(
     ``client`` is an ``llm_config.LLMClient`` (unused when ``skip_llm``)."""
     hits = screen_user_input(text)
     if hits:
-        return InjectionCheck(
-            is_safe=False,
-            verdict="injection",
-            prescreen=hits,
-            llm_verdict="not_needed",
-            reason=f"pre-screen: {', '.join(hits)}",
-            injection_check="full",
-        )
+        return _check(False, "not_needed", f"pre-screen: {', '.join(hits)}", prescreen=hits)
     if skip_llm:
-        return _prescreen_only("skipped", "LLM check skipped; pre-screen clean")
+        return _check(True, "skipped", "LLM check skipped; pre-screen clean", full=False)
     try:
         result = prompts.call(client, "injection", user_input=prompts.quote("user_input", text))
     except LLMCallError as exc:
         logger.warning("injection check: the LLM call failed; passing on the pre-screen: %s", exc)
-        return _prescreen_only("error", f"LLM call failed; pre-screen clean ({exc})"[:200])
+        reason = f"LLM call failed; pre-screen clean ({exc})"[:200]
+        return _check(True, "error", reason, full=False)
     parsed = result.parsed
     if parsed is None:
-        return _prescreen_only("unparsed", "LLM verdict unparsed; pre-screen clean")
+        return _check(True, "unparsed", "LLM verdict unparsed; pre-screen clean", full=False)
     if parsed.verdict == "injection" and not addresses_the_assistant(text):
-        return InjectionCheck(
-            is_safe=True,
-            verdict="safe",
-            prescreen=[],
-            llm_verdict="injection",
-            reason=f"LLM verdict overruled: no instruction to the assistant ({parsed.reason})",
-            injection_check="full",
-        )
-    return InjectionCheck(
-        is_safe=parsed.verdict == "safe",
-        verdict=parsed.verdict,
-        prescreen=[],
-        llm_verdict=parsed.verdict,
-        reason=parsed.reason,
-        injection_check="full",
-    )
+        reason = f"LLM verdict overruled: no instruction to the assistant ({parsed.reason})"
+        return _check(True, "injection", reason)
+    return _check(parsed.verdict == "safe", parsed.verdict, parsed.reason)
 
 
-def _prescreen_only(llm_verdict: LLMVerdict, reason: str) -> InjectionCheck:
+def _check(
+    is_safe: bool,
+    llm_verdict: LLMVerdict,
+    reason: str,
+    *,
+    prescreen: Iterable[str] = (),
+    full: bool = True,
+) -> InjectionCheck:
     return InjectionCheck(
-        is_safe=True,
-        verdict="safe",
-        prescreen=[],
+        is_safe=is_safe,
+        verdict="safe" if is_safe else "injection",
+        prescreen=list(prescreen),
         llm_verdict=llm_verdict,
         reason=reason,
-        injection_check="prescreen_only",
+        injection_check="full" if full else "prescreen_only",
     )
