@@ -18,12 +18,8 @@ therefore fire only at the start of a clause or after a request cue ("please", "
 "Can a court ignore the difference …" and "the supervisor told the crew to ignore all previous
 safety rules" stay clean.
 
-:func:`detect` is the agent's policy: a pre-screen hit rejects without an LLM call; otherwise the
-model's verdict (``skills/detect_prompt_injection.md``, schema ``prompts.InjectionVerdict``) decides,
-except that an 'injection' verdict on text that never addresses the assistant is overruled (the
-small local model flags plain fact patterns).  When the model's verdict is unavailable (skipped,
-call failed, reply unparsed) the input passes on the pre-screen alone and the result says so:
-``injection_check == "prescreen_only"``.
+:func:`detect` is the agent's policy: the user-input pre-screen, then the model's verdict
+(``skills/detect_prompt_injection.md``, schema ``prompts.InjectionVerdict``).
 """
 
 from __future__ import annotations
@@ -83,6 +79,9 @@ _START = (
     r"|\b(?:can|could|would|will)\s+you\s+(?:please\s+)?|\bgo\s+ahead\s+and\s+|\bhelp\s+me\s+)"
 )
 """Where an imperative aimed at the assistant starts: a clause start or a request cue."""
+
+_TEMPLATE_TOKENS = r"<\|[a-z_]{2,32}\|>|<<\s*/?\s*SYS\s*>>|\[\s*/?\s*INST\s*\]"
+"""Chat-template tokens: <|im_start|>, <<SYS>>, [INST]."""
 
 _RULES = (
     r"(?:instructions?|prompts?|directives?|guidelines|guardrails|rules|restrictions|filters?|"
@@ -146,8 +145,8 @@ _SECRET = (
 )
 
 
-def _compile(patterns: Mapping[str, str], flags: int = _I | _M) -> dict[str, re.Pattern[str]]:
-    return {name: re.compile(p, flags) for name, p in patterns.items()}
+def _compile(patterns: Mapping[str, str]) -> dict[str, re.Pattern[str]]:
+    return {name: re.compile(p, _I | _M) for name, p in patterns.items()}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -202,9 +201,8 @@ USER_PATTERNS: dict[str, re.Pattern[str]] = _compile(
             r"|\{\s*[\"']role[\"']\s*:\s*[\"'](?:system|assistant|developer)[\"']"
         ),
         "chat_template_tokens": (
-            r"<\|[a-z_]{2,32}\|>|<<\s*/?\s*SYS\s*>>|\[\s*/?\s*INST\s*\]"
-            r"|</?\s*(?:system|assistant|developer|user_input|im_start|im_end|passage|evidence)"
-            r"\s*>|<\s*/?\s*(?:start|end)_of_turn\s*>"
+            rf"{_TEMPLATE_TOKENS}|</?\s*(?:system|assistant|developer|user_input|im_start|im_end|"
+            r"passage|evidence)\s*>|<\s*/?\s*(?:start|end)_of_turn\s*>"
         ),
         "persona_reset": (
             r"(?-i:\bDAN\b)(?=[^.\n]{0,40}\b(?:mode|do\s+anything|stands\s+for|prompt|jailbr))"
@@ -405,8 +403,8 @@ PASSAGE_PATTERNS: dict[str, re.Pattern[str]] = _compile(
             r"hidden\s+instructions|developer\s+message|environment\s+variables|os\.environ)"
         ),
         "chat_template_tokens": (
-            r"<\|[a-z_]{2,32}\|>|<<\s*/?\s*SYS\s*>>|\[\s*/?\s*INST\s*\]"
-            r"|</?\s*(?:system|assistant|user_input|im_start|im_end|passage|evidence)\s*>"
+            rf"{_TEMPLATE_TOKENS}|</?\s*(?:system|assistant|user_input|im_start|im_end|passage|"
+            r"evidence)\s*>"
             r"|(?:^|\n)[ \t]*(?:#{1,6}[ \t]*)?(?:assistant|(?:system|assistant)[ \t]*(?:message|"
             r"prompt|note|override))[ \t]*:|(?:^|\n)[ \t]*#{1,6}[ \t]*system\b"
         ),
@@ -482,26 +480,23 @@ def decoded_payloads(text: str) -> list[str]:
             if got:
                 out.append(got)
                 break
-    for pattern in (_HEX_RUN, _HEX_SPACED):
-        for m in pattern.finditer(text):
-            digits = re.sub(r"0x|[\s,:]", "", m.group(0), flags=_I)
-            try:
-                got = _printable_text(bytes.fromhex(digits))
-            except ValueError:
-                continue
-            if got:
-                out.append(got)
-    for m in _HEX_ESCAPED.finditer(text):
-        got = _printable_text(bytes.fromhex(m.group(0).replace("\\x", "")))
-        if got:
-            out.append(got)
-    for m in _UNICODE_ESC.finditer(text):
-        out.append("".join(chr(int(h, 16)) for h in re.findall(r"\\u([0-9a-fA-F]{4})", m.group(0))))
-    for m in _PERCENT.finditer(text):
-        got = _printable_text(urllib.parse.unquote_to_bytes(m.group(0).strip()))
-        if got:
-            out.append(got)
+    for pattern, decode in _DECODERS:
+        out += [got for m in pattern.finditer(text) if (got := decode(m.group(0)))]
     return out
+
+
+def _hex_text(blob: str) -> str | None:
+    """A hex run, spaced pairs (``0x`` prefixes allowed) or ``\\x`` escapes, as text."""
+    return _printable_text(bytes.fromhex(re.sub(r"0x|\\x|[\s,:]", "", blob, flags=_I)))
+
+
+_DECODERS: tuple[tuple[re.Pattern[str], Callable[[str], str | None]], ...] = (
+    (_HEX_RUN, _hex_text),
+    (_HEX_SPACED, _hex_text),
+    (_HEX_ESCAPED, _hex_text),
+    (_UNICODE_ESC, lambda blob: blob.encode().decode("unicode_escape")),
+    (_PERCENT, lambda blob: _printable_text(urllib.parse.unquote_to_bytes(blob.strip()))),
+)
 
 
 def _obfuscation_variants(text: str) -> list[str]:
@@ -677,7 +672,8 @@ def addresses_the_assistant(text: str) -> bool:
     ('the officer said, "Listen, you …"', a letter quoted in a contract problem), and "U." is an
     abbreviation, so neither counts; an imperative or an AI addressee counts inside quotes too."""
     norm = normalize(text)
-    cues = _U_ABBREVIATION.sub("x", _QUOTED.sub(_third_person, norm))
+    quoted_to_third_person = _QUOTED.sub(lambda q: _SECOND_PERSON.sub("they", q.group(0)), norm)
+    cues = _U_ABBREVIATION.sub("x", quoted_to_third_person)
     return bool(
         _CONTROL_CUES.search(cues)
         or _FABRICATION_CUES.search(norm)
@@ -687,17 +683,9 @@ def addresses_the_assistant(text: str) -> bool:
     )
 
 
-def _third_person(quote: re.Match[str]) -> str:
-    return _SECOND_PERSON.sub("they", quote.group(0))
-
-
 def _looks_encoded(token: str) -> bool:
     """A long token mixing digits, lower and upper case letters (a base64 blob, not a word)."""
-    return (
-        any(c.isdigit() for c in token)
-        and any(c.islower() for c in token)
-        and any(c.isupper() for c in token)
-    )
+    return all(any(map(kind, token)) for kind in (str.isdigit, str.islower, str.isupper))
 
 
 def detect(
