@@ -130,18 +130,3 @@ class AgentState(TypedDict, total=False):
     stop_reason: str
     run_metrics: dict[str, Any]
     trace: Annotated[list[TraceEvent], operator.add]
-
-
-# Node names (the routers' return types name them, so the graph's shape is visible in the types).
-Node = Literal[
-    "detect_injection",
-    "classifier",
-    "planner",
-    "executor",
-    "evaluator",
-    "replanner",
-    "answer",
-    "mc_select",
-    "memory_writeback",
-    "observability",
-]
