@@ -1,7 +1,8 @@
 """Types of the agent graph: its state and plan steps (the run's dependencies are in context.py).
 
 Lists that grow during a run have reducers: ``planning_table`` merges steps by ``step_id`` (a node
-returns only the steps it added or changed), ``accumulated_context`` and ``trace`` append.
+returns only the steps it added or changed), ``flagged_passages``, ``fallbacks`` and ``trace``
+append.
 """
 
 from __future__ import annotations
@@ -96,7 +97,6 @@ class AgentState(TypedDict, total=False):
     abstained: bool
     """The answer record's ``abstained``: off topic as asked, or no issue's research found a rule
     (under the evidence policy: a rule the grounding gate verified)."""
-    accumulated_context: Annotated[list[str], operator.add]
     iteration_count: int
     injection_check: dict[str, Any]
     memory_hit: bool
