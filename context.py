@@ -13,6 +13,7 @@ dependency themselves.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -115,7 +116,8 @@ class AgentContext:
     def from_settings(cls, settings: Settings, *, client: LLMClient | None = None) -> AgentContext:
         """The real dependencies for ``settings`` (nothing heavy happens until first use)."""
         client = client or LLMClient(settings)
-        scope = _MemoryScope(settings)
+        # The QA memory's scope, computed on first use (it counts the collection), then kept.
+        scope = functools.cache(lambda: memory_scope(settings))
 
         def retrieve(queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[Passage]:
             return rag_utils.retrieve_documents_multi_query(
@@ -160,27 +162,24 @@ class AgentContext:
 
             return search
 
-        def cosines(question: str, docs: list[Passage]) -> Any:
-            return rag_utils.passage_cosines(question, docs, settings=settings)
-
         def embed(texts: list[str]) -> Any:
             return rag_utils.get_embedder(settings).embed_documents(texts)
 
         def check_memory(question: str) -> dict | None:
-            return rag_utils.check_memory(question, settings=settings, scope=scope.get())
+            return rag_utils.check_memory(question, settings=settings, scope=scope())
 
         def write_memory(
             question: str, answer: str, confidence: float, sources: Sequence[dict] = ()
         ) -> None:
             rag_utils.write_to_memory(
-                question, answer, confidence, settings=settings, sources=sources, scope=scope.get()
+                question, answer, confidence, settings=settings, sources=sources, scope=scope()
             )
 
         return cls(
             settings=settings,
             client=client,
             retrieve=retrieve,
-            cosines=cosines,
+            cosines=functools.partial(rag_utils.passage_cosines, settings=settings),
             unknown_terms=lambda text: rag_utils.get_bm25(settings).unknown_terms(text),
             embed=embed,
             check_memory=check_memory,
@@ -311,21 +310,6 @@ class AgentContext:
     def time_left(self) -> float | None:
         """Seconds before the run's deadline (None: no deadline)."""
         return None if self.deadline is None else self.deadline - time.monotonic()
-
-
-class _MemoryScope:
-    """What a QA-memory entry is valid under: the LLM provider and model that wrote it, the
-    embedding model, and the corpus it was researched in (collection name and passage count).
-    Computed on first use (it counts the collection) and then kept for the run."""
-
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
-        self._value: dict[str, str] | None = None
-
-    def get(self) -> dict[str, str]:
-        if self._value is None:
-            self._value = memory_scope(self._settings)
-        return self._value
 
 
 def memory_scope(settings: Settings) -> dict[str, str]:
