@@ -563,11 +563,9 @@ def _passage_matches(text: str) -> list[str]:
 
 
 def screen_passage(text: str) -> list[str]:
-    """Names of the document patterns ``text`` matches (empty = clean).
-
-    Written for legal text: a passage is flagged only when it speaks to an AI, commands it to
-    ignore its instructions, declares an answer letter, asks for the prompt or keys, or carries
-    chat-template tokens.  Base64 blobs in a passage are decoded and screened the same way."""
+    """Names of the document patterns ``text`` matches (empty = clean; what they catch is in the
+    module docstring).  An encoded blob (:func:`decoded_payloads`) whose text matches a passage or
+    user-input pattern reports :data:`ENCODED`."""
     norm = normalize(text)
     hits = _passage_matches(norm) if _PASSAGE_TRIGGER.search(norm) else []
     for decoded in decoded_payloads(norm):
