@@ -119,11 +119,6 @@ class AgentContext:
         # The QA memory's scope, computed on first use (it counts the collection), then kept.
         scope = functools.cache(lambda: memory_scope(settings))
 
-        def retrieve(queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[Passage]:
-            return rag_utils.retrieve_documents_multi_query(
-                queries, k=k, exclude_ids=exclude_ids, settings=settings
-            )
-
         def graph(mode: str) -> Retriever:
             def search(queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[Passage]:
                 try:
@@ -178,7 +173,7 @@ class AgentContext:
         return cls(
             settings=settings,
             client=client,
-            retrieve=retrieve,
+            retrieve=functools.partial(rag_utils.retrieve_documents_multi_query, settings=settings),
             cosines=functools.partial(rag_utils.passage_cosines, settings=settings),
             unknown_terms=lambda text: rag_utils.get_bm25(settings).unknown_terms(text),
             embed=embed,
