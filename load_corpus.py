@@ -511,10 +511,9 @@ def load_documents(
     settings: Settings,
     overrides: dict[str, str] | None = None,
     progress: bool = True,
-    err: Any = None,
 ) -> dict[str, Any]:
     """Read, chunk and load the user's documents (``documents.py``): files, or folders searched
-    recursively.  A file that cannot be read costs one line on ``err`` (stderr) and the others
+    recursively.  A file that cannot be read costs one line on stderr and the others
     still load.  Idempotent and resumable: a document whose stored chunks have the same text and
     metadata is skipped (a new sidecar or flag counts as a change); a changed or partly loaded one
     has its chunks replaced.  A document that hides text which reads as instructions to the model
@@ -522,7 +521,6 @@ def load_documents(
     quarantined: every chunk carries the flag, so no search hands it to a prompt."""
     import documents
 
-    err = err or sys.stderr
     files = documents.find_files(paths)
     if not files:
         raise CorpusError(f"no readable documents under {', '.join(map(str, paths))}")
@@ -542,7 +540,7 @@ def load_documents(
                 count_tokens=count_tokens,
             )
         except documents.DocumentError as exc:
-            print(f"skipped: {exc}", file=err)
+            print(f"skipped: {exc}", file=sys.stderr)
             report["failed"].append({"file": str(path), "error": str(exc)})
             continue
         for c in chunks:  # text and metadata: a new sidecar or flag changes it too
@@ -558,7 +556,10 @@ def load_documents(
         hidden = chunks[0].get("hidden_injection")
         if hidden:
             report["quarantined"].append({"file": str(path), "flags": hidden})
-            print(f"quarantined: {path}: hidden text reads as instructions ({hidden})", file=err)
+            print(
+                f"quarantined: {path}: hidden text reads as instructions ({hidden})",
+                file=sys.stderr,
+            )
         report["chunks_added"] += load_passages(chunks, settings, progress=False)
         report["replaced" if stored else "loaded"].append(str(path))
     return report
