@@ -20,10 +20,13 @@ interruption embeds only what is missing.
 from __future__ import annotations
 
 import argparse
+import bz2
 import contextlib
+import gzip
 import hashlib
 import json
 import logging
+import lzma
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -92,7 +95,7 @@ def _is_blank(value: Any) -> bool:
     return isinstance(value, str) and not value.strip()
 
 
-COMPRESSED = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}
+COMPRESSED = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 """Compressions read for every format (pandas reads .zst for CSV/TSV/Parquet too)."""
 
 
@@ -101,11 +104,7 @@ def _open_binary(p: Path) -> Any:
     suffix = p.suffix.lower()
     if suffix == ".zst":
         raise CorpusError(f"{p}: .zst is read for CSV, TSV and Parquet only; use .gz for JSON")
-    if suffix in COMPRESSED:
-        import importlib
-
-        return importlib.import_module(COMPRESSED[suffix]).open(p, "rb")
-    return p.open("rb")
+    return COMPRESSED.get(suffix, open)(p, "rb")
 
 
 def _not_text(p: Path, row: int, exc: BaseException) -> CorpusError:
