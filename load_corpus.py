@@ -43,9 +43,6 @@ from settings import Settings, SettingsError, load_dotenv_file
 logger = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
-STARTER_DIR = "datasets/starter"
-"""The bundled starter corpus, relative to the repository root."""
-BAREXAM_DIRNAME = "barexam_qa"
 FORMATS = {
     ".csv": "csv",
     ".tsv": "tsv",
@@ -66,7 +63,8 @@ class CorpusError(ValueError):
 
 
 def starter_dir() -> Path:
-    return HERE / STARTER_DIR
+    """The bundled starter corpus."""
+    return HERE / "datasets" / "starter"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -311,12 +309,6 @@ def read_many(paths: Sequence[Path], reader: Any, limit: int | None = None) -> l
 # ------------------------------------------------------------------------------------------------
 
 
-def _tabular_files(folder: Path) -> list[Path]:
-    if not folder.is_dir():
-        return []
-    return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in FORMATS)
-
-
 def _split_files(names: Sequence[str]) -> tuple[list[str], list[str]]:
     """(passage files, QA files) among a dataset's file names (relative paths): a name holding
     "passage" is passages, else one holding "qa" is QA; of each, the single whole-set file
@@ -330,13 +322,14 @@ def _split_files(names: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def barexam_dir(settings: Settings) -> Path:
     base = Path(settings.data.datasets_dir).expanduser()
-    return (base if base.is_absolute() else HERE / base) / BAREXAM_DIRNAME
+    return (base if base.is_absolute() else HERE / base) / "barexam_qa"
 
 
 def local_barexam(settings: Settings) -> tuple[list[Path], list[Path]] | None:
     """(passage files, QA files) of ``datasets/barexam_qa/`` when it holds passages."""
     root = barexam_dir(settings)
-    files = {str(p.relative_to(root)): p for p in _tabular_files(root)}
+    found = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in FORMATS)
+    files = {str(p.relative_to(root)): p for p in found}
     passages, qa = _split_files(list(files))
     if not passages:
         return None
