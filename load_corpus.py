@@ -197,7 +197,7 @@ def iter_rows(path: str | Path, limit: int | None = None) -> Iterator[tuple[int,
                 f"{p}: expected a JSON array of objects (or an object with 'data' or 'rows'), "
                 f"found {type(data).__name__}"
             )
-        for i, rec in enumerate(data[:limit] if limit is not None else data, start=1):
+        for i, rec in enumerate(data[:limit], start=1):
             if not isinstance(rec, dict):
                 raise CorpusError(f"{p}: row {i}: expected a JSON object")
             yield i, rec
@@ -206,9 +206,7 @@ def iter_rows(path: str | Path, limit: int | None = None) -> Iterator[tuple[int,
 
     try:
         if fmt == "parquet":
-            df = pd.read_parquet(p)
-            if limit is not None:
-                df = df.head(limit)
+            df = pd.read_parquet(p).iloc[:limit]
         elif fmt == "tsv":
             df = _read_tsv(p, limit)
         else:
