@@ -706,10 +706,8 @@ DOC_FLAGS = {
 
 
 def doc_overrides(args: argparse.Namespace) -> dict[str, str]:
-    """The metadata the ``docs`` flags set (``--source-type`` is ``authority_type``)."""
-    names = {"source-type": "authority_type"}
-    values = {names.get(f, f): getattr(args, f.replace("-", "_")) for f in DOC_FLAGS}
-    return {k: v for k, v in values.items() if v}
+    """The metadata the ``docs`` flags set (documents reads ``source-type`` as ``authority_type``)."""
+    return {f: v for f in DOC_FLAGS if (v := getattr(args, f.replace("-", "_")))}
 
 
 def _counts(counts: dict[str, int]) -> str:
