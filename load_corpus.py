@@ -443,19 +443,21 @@ def load_passages(
     added = 0
     flagged: list[str] = []
 
-    def commit(batch: list[dict[str, Any]], vecs: Any) -> int:
+    def commit(batch: list[dict[str, Any]], vecs: Any) -> None:
         """Screen and upsert one embedded batch (on the worker thread, while the next embeds)."""
+        nonlocal added
         metas = [_metadata(p) for p in batch]
         store.upsert([str(p["idx"]) for p in batch], [p["text"] for p in batch], metas, vecs)
         flagged.extend(
             str(p["idx"]) for p, m in zip(batch, metas, strict=True) if m[INJECTION_FLAGS]
         )
-        return len(batch)
+        added += len(batch)
+        bar.update(len(batch))
 
     # The knowledge graph needs only the texts and Chroma's upsert only the vectors, so both run
     # beside the embedder (onnxruntime releases the GIL): one batch is committed while the next
     # is embedded, and the graph is built meanwhile.  A batch is committed before the one after
-    # it is sent, and an interrupted load waits for the batch in flight.
+    # it is sent, and an interrupted load waits for the batch in flight (pool.shutdown).
     pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="load_corpus")
     graph_job = pool.submit(legal_graph.on_passages_loaded, passages, settings)
     in_flight: Future | None = None
@@ -464,16 +466,10 @@ def load_passages(
             batch = todo[i : i + batch_size]
             vecs = rag_utils.embed_passages([p["text"] for p in batch], settings)
             if in_flight is not None:
-                bar.update(n := in_flight.result())
-                added += n
+                in_flight.result()
             in_flight = pool.submit(commit, batch, vecs)
-        job, in_flight = in_flight, None
-        bar.update(n := job.result())
-        added += n
+        in_flight.result()
     finally:
-        if in_flight is not None:  # interrupted: the batch in flight lands or fails, then stop
-            with contextlib.suppress(Exception):  # already failing: the first error is raised
-                added += in_flight.result()
         pool.shutdown(wait=True)
         bar.close()
         if flagged:
