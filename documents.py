@@ -71,7 +71,6 @@ SUFFIXES = {
     ".markdown": "markdown",
     ".txt": "text",
 }
-KINDS = ("statute", "opinion", "brief")
 OVERRIDE_KEYS = ("title", "citation", "court", "jurisdiction", "date", "authority_type", "source")
 
 
@@ -101,7 +100,7 @@ class Document:
     sha256: str
     title: str
     kind: str
-    """Layout, one of :data:`KINDS`."""
+    """Layout: statute, opinion or brief (:func:`_guess_kind`)."""
     blocks: list[Block]
     meta: dict[str, str] = field(default_factory=dict)
     """citation, court, jurisdiction, date, authority_type, source (those known)."""
@@ -613,7 +612,7 @@ def _html_events(el: Any, hidden: list[str], background: bool = False) -> Iterat
             yield "t", child.tail
 
 
-def _blocks_from_events(events: Iterable[tuple[str, str]], page: int | None = None) -> list[Block]:
+def _blocks_from_events(events: Iterable[tuple[str, str]]) -> list[Block]:
     blocks: list[Block] = []
     heading: list[tuple[int, str]] = []
     buf: list[str] = []
@@ -622,11 +621,11 @@ def _blocks_from_events(events: Iterable[tuple[str, str]], page: int | None = No
             buf.append(text)
             continue
         if para := " ".join("".join(buf).split()):
-            blocks.append(Block(para, page, tuple(h for _, h in heading)))
+            blocks.append(Block(para, heading=tuple(h for _, h in heading)))
         buf.clear()
         if kind != "br" and text:
             heading = [h for h in heading if h[0] < int(kind[1:])] + [(int(kind[1:]), text)]
-            blocks.append(Block(text, page, tuple(h for _, h in heading), True))
+            blocks.append(Block(text, heading=tuple(h for _, h in heading), is_heading=True))
     return blocks
 
 
