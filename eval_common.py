@@ -32,7 +32,6 @@ import filters
 import load_corpus
 import prompts
 import rag_utils
-from llm_config import LLMClient
 from mc import MC_LETTERS, format_choices
 from providers import LLMConfigError, check_config, install_log_redaction, redact_url, resolve
 from settings import Settings, SettingsError, load_dotenv_file
@@ -384,11 +383,6 @@ def retrieval_record(settings: Settings) -> dict[str, Any]:
     except Exception as exc:  # recorded, the run reports it
         rec["error"] = f"{exc.__class__.__name__}: {exc}"
     return rec
-
-
-def make_client(settings: Settings, llm_factory: Callable[[str], Any] | None = None) -> Any:
-    """A fresh ``LLMClient`` (one per task, so its records are that task's calls)."""
-    return LLMClient(settings, llm_factory=llm_factory)
 
 
 def usage_of(client: Any) -> dict[str, Any]:

@@ -34,6 +34,7 @@ import mc
 import prompts
 import rag_utils
 from context import AgentContext
+from llm_config import LLMClient
 from providers import LLMConfigError, check_config, resolve
 from settings import RERANKER_CHOICES, Settings
 
@@ -119,7 +120,7 @@ def run_retrieval_item(
     llm_factory: Callable[[str], Any] | None = None,
 ) -> dict:
     """Retrieve the top 10 for one (item, variant) and score it against the gold passages."""
-    client = ec.make_client(settings, llm_factory) if variant in LLM_VARIANTS else None
+    client = LLMClient(settings, llm_factory=llm_factory) if variant in LLM_VARIANTS else None
     start = time.perf_counter()
     queries = retrieval_queries(item, variant, client)
     if variant in ("hyde+question", "per_choice"):  # one ranking per query, RRF-fused
@@ -173,7 +174,7 @@ def run_mc_item(
 ) -> dict:
     """Answer one item in one mode; the row holds the letter, correctness, usage and timing."""
 
-    client = ec.make_client(settings, llm_factory)
+    client = LLMClient(settings, llm_factory=llm_factory)
     question = ec.item_question(item)
     choices = ec.item_choices(item)
     gold = ec.gold_ids(item)
@@ -639,7 +640,7 @@ def run_injection(
     done = run_dir.done()
 
     def one(item: dict) -> dict:
-        client = None if args.prescreen_only else ec.make_client(settings, llm_factory)
+        client = None if args.prescreen_only else LLMClient(settings, llm_factory=llm_factory)
         start = time.perf_counter()
         result = injection.detect(item["text"], client, skip_llm=args.prescreen_only)
         row = {
@@ -748,7 +749,7 @@ def agent_answer_fn(
     """``question -> answer dict`` (eval_answers' shape) running the whole agent in ``mode``."""
 
     def answer(question: str) -> dict:
-        client = ec.make_client(settings, llm_factory)
+        client = LLMClient(settings, llm_factory=llm_factory)
         context = AgentContext.from_settings(settings.replace(answer_mode=mode), client=client)
         state = agent.run_agent(question, None, context=context)
         passages = {pid: p["text"] for pid, p in (state.get("passages") or {}).items()}
@@ -903,7 +904,7 @@ def run_answers_phase(
         )
     if "ceiling" in modes:
         by_question = {str(it["question"]): it for it in items}
-        client = ec.make_client(settings, llm_factory)
+        client = LLMClient(settings, llm_factory=llm_factory)
 
         def ceiling(question: str) -> dict:
             item = by_question[question]
@@ -922,7 +923,7 @@ def run_answers_phase(
             score=score,
         )
         if args.grade:
-            judge = ec.make_client(settings, llm_factory)
+            judge = LLMClient(settings, llm_factory=llm_factory)
             grade_answer_rows(run_dir, items, modes, judge, config["judge"])
     except KeyboardInterrupt:
         interrupted = True

@@ -32,6 +32,7 @@ import main as agent
 import nodes
 import rag_utils
 from context import AgentContext
+from llm_config import LLMClient
 from settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ def trace_query(
     case["raw_retrieval_s"] = round(time.perf_counter() - t, 3)
     _print_docs(out, "raw retrieval (question only, no rewrite)", case["raw_retrieval"])
 
-    client = ec.make_client(settings, llm_factory)
+    client = LLMClient(settings, llm_factory=llm_factory)
     t = time.perf_counter()
     primary, alternatives = ec.agent_rewrite(client, query)
     case["rewrite"] = {"primary": primary, "alternatives": alternatives}
@@ -153,7 +154,7 @@ def trace_query(
     _print_docs(out, "multi-query retrieval (rewritten queries)", case["multi_query_retrieval"])
     rewrite_usage = ec.usage_of(client)
 
-    client = ec.make_client(settings, llm_factory)
+    client = LLMClient(settings, llm_factory=llm_factory)
     events: list[dict] = []
     t0 = time.perf_counter()
 
