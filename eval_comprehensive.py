@@ -1150,8 +1150,7 @@ def run(
     run_dir = ec.open_run(args.phase, args.run_id, args.resume, args.results_dir)
     has_gold = n_with_gold > 0
     modes = [m for m in args.mode_list if m != "gold_passage" or has_gold]
-    variants = [*QUERY_VARIANTS, *args.variant_list] if has_gold else []
-    variants += [c for c in args.column_list if c not in variants] if has_gold else []
+    variants = [*QUERY_VARIANTS, *args.variant_list, *args.column_list] if has_gold else []
     llm = ec.llm_record(settings)
     config = {
         "script": "eval_comprehensive.py",
