@@ -77,14 +77,6 @@ def _doc_rows(docs: Sequence[dict], gold: Sequence[str]) -> list[dict]:
     ]
 
 
-def _event_line(event: dict) -> str:
-    """One trace event of ``run_agent``'s ``on_event`` ({node, decision, seconds, t_s})."""
-    return (
-        f"  [{event['t_s']:7.2f}s] {event['node']}: {ec.preview(event['decision'], 150)} "
-        f"({event['seconds']:.1f}s)"
-    )
-
-
 def _step_rows(state: dict) -> list[dict]:
     """The planning table (``state.PlanStep``) as plain rows."""
     rows = []
@@ -158,9 +150,10 @@ def trace_query(
     events: list[dict] = []
     t0 = time.perf_counter()
 
-    def on_event(event: dict) -> None:
+    def on_event(event: dict) -> None:  # {node, decision, seconds, t_s}
         events.append(event)
-        out(_event_line(event))
+        decision = ec.preview(event["decision"], 150)
+        out(f"  [{event['t_s']:7.2f}s] {event['node']}: {decision} ({event['seconds']:.1f}s)")
 
     out("agent trace:")
     # The QA memory is not consulted: a rerun traces the research again, not a cache hit (the
