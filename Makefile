@@ -37,4 +37,4 @@ lock: setup
 
 # Deletes the local Chroma folder (CHROMA_DIR, by default ~/.cache/legalragagent/chroma_db).
 clean-index: setup
-	rm -rf "$$($(BIN)/python -c 'import settings as s; s.load_dotenv_file(); print(s.Settings.from_env().chroma_dir)')"
+	rm -rf "$$($(BIN)/python -c 'import settings as s; s.load_dotenv_file(); print(s.Settings.from_env().retrieval.chroma_dir)')"

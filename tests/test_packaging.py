@@ -3,6 +3,7 @@ constraints.txt).  Both must install the embedded model and the same package ver
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -112,3 +113,22 @@ def test_lock_pins_the_versions_make_setup_installs() -> None:
     }
     assert not differ, f"constraints.txt vs uv.lock (run `make lock`): {differ}"
     assert {"torch", "xllamacpp", "langgraph", "chromadb"} <= locked.keys()
+
+
+def test_make_clean_index_names_the_configured_index(tmp_path: Path) -> None:
+    """`make clean-index` deletes the directory its Python one-liner prints: CHROMA_DIR, not an
+    error (an AttributeError there once made the recipe run `rm -rf ""`)."""
+    recipe = re.search(r"^clean-index:.*\n\t(.*)$", (REPO / "Makefile").read_text(), re.M)
+    assert recipe, "the Makefile has a clean-index recipe"
+    snippet = re.search(r"-c '([^']*)'", recipe.group(1))
+    assert snippet, recipe.group(1)
+    env = {**os.environ, "CHROMA_DIR": str(tmp_path / "index")}
+    out = subprocess.run(
+        [sys.executable, "-c", snippet.group(1)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert Path(out.stdout.strip()).resolve() == (tmp_path / "index").resolve()
