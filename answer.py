@@ -400,11 +400,13 @@ def _application_sentences(checks: Sequence[Check], cites: list[int]) -> list[Se
         if requirement.lower() in seen:
             continue
         seen.add(requirement.lower())
+        fact = _clean(c.fact)
+        fact += "" if fact.endswith("…") else "."
         if c.exception:
-            text = f"Exception: {requirement} — {_EXCEPTION_VERDICT[c.met]}: {_clean(c.fact)}."
+            text = f"Exception: {requirement} — {_EXCEPTION_VERDICT[c.met]}: {fact}"
         else:
             said = f"{requirement[:1].upper()}{requirement[1:]}"
-            text = f"{said} — {_ELEMENT_VERDICT[c.met]}: {_clean(c.fact)}."
+            text = f"{said} — {_ELEMENT_VERDICT[c.met]}: {fact}"
         out.append(Sentence(text, "application", list(cites)))
     return out
 
@@ -561,7 +563,8 @@ def apply_rule(
 
 def related_checks(checks: Sequence[Check], embed: EmbedFn) -> tuple[list[Check], int]:
     """``checks`` with every decided one whose fact is unrelated to its requirement (cosine below
-    :data:`FACT_RELEVANCE`) made undecided, and how many were."""
+    :data:`FACT_RELEVANCE`) made undecided, and how many were; each other decided check names the
+    part of its fact sentence that bears on the requirement (:func:`fact_part`)."""
     judged = [i for i, c in enumerate(checks) if fact_decides(c)]
     out = list(checks)
     if not judged:
@@ -570,7 +573,41 @@ def related_checks(checks: Sequence[Check], embed: EmbedFn) -> tuple[list[Check]
     unrelated = [i for n, i in enumerate(judged) if rows[2 * n] @ rows[2 * n + 1] < FACT_RELEVANCE]
     for i in unrelated:
         out[i] = checks[i].model_copy(update={"fact": NOT_STATED_FACT, "met": "unclear"})
+    for n, i in enumerate(judged):
+        if i not in unrelated:
+            part = fact_part(checks[i].fact, rows[2 * n], embed)
+            out[i] = checks[i].model_copy(update={"fact": part})
     return out, len(unrelated)
+
+
+FACT_PART_WORDS = 14
+"""A fact sentence this long or shorter is quoted whole in an application sentence."""
+_FACT_CLAUSE = re.compile(
+    r"[,;:]\s+|\s+(?=(?:and|but|without|because|after|before|while|when|until|so that)\s)"
+)
+
+
+def fact_part(fact: str, requirement: np.ndarray, embed: EmbedFn) -> str:
+    """The clause of a fact sentence closest to a requirement (its embedding row), marked as cut
+    with "…": one sentence of the multi_hop demo states every fact ("A public university suspended
+    a student for a speech at a campus rally ..., without giving her notice or a hearing"), and
+    each application sentence quoted all of it, so which fact met which element went unsaid."""
+    words = fact.split()
+    if len(words) <= FACT_PART_WORDS:
+        return fact
+    pieces: list[str] = []
+    for piece in _FACT_CLAUSE.split(fact):
+        if pieces and len(piece.split()) < 3:  # "and he" is part of the clause before it
+            pieces[-1] = f"{pieces[-1]} {piece}"
+        elif piece.strip():
+            pieces.append(piece.strip())
+    if len(pieces) < 2:
+        return fact
+    best = pieces[int(np.argmax(_rows(embed, pieces) @ requirement))].strip(" ,;.")
+    best = re.sub(r"^(?:and|but)\s+", "", best)
+    head = "" if fact.startswith(best) else "…"
+    tail = "" if fact.rstrip(" .").endswith(best) else "…"
+    return f"{head}{best}{tail}"
 
 
 def _fact_text(ref: int | str, facts: Sequence[str]) -> str:

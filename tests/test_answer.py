@@ -524,8 +524,22 @@ def test_an_exception_the_facts_show_decides_the_issue_and_the_bottom_line_reads
     assert issue.outcome == "no"
     assert (
         "Exception: the market-participant exception when the state buys or sells as a market "
-        "actor — applies: State Y owns a cement plant" in record.text
+        "actor — applies: …" in record.text  # the part of the fact closest to it (fact_part)
     )
     assert "the rule does not apply, because an exception applies" in record.text
     assert "because an exception applies" in script.prompts("bottom_line")[0]
     assert record.verdict == "no"
+
+
+def test_an_application_quotes_the_part_of_a_long_fact_that_bears_on_the_requirement():
+    """The multi_hop demo states all its facts in one sentence, and each application sentence
+    quoted all of it: which fact met which element went unsaid."""
+    fact = (
+        "A public university suspended a student for a speech at a campus rally in which she "
+        "criticized the government, without giving her notice or a hearing."
+    )
+    notice = "the school must give notice of the charges and a hearing"
+    part = answer.fact_part(fact, EMBED([notice])[0], EMBED)
+    assert part == "…without giving her notice or a hearing"
+    short = "Tom slipped on the wet floor."
+    assert answer.fact_part(short, EMBED([notice])[0], EMBED) == short
