@@ -573,10 +573,11 @@ def related_checks(checks: Sequence[Check], embed: EmbedFn) -> tuple[list[Check]
     unrelated = [i for n, i in enumerate(judged) if rows[2 * n] @ rows[2 * n + 1] < FACT_RELEVANCE]
     for i in unrelated:
         out[i] = checks[i].model_copy(update={"fact": NOT_STATED_FACT, "met": "unclear"})
-    for n, i in enumerate(judged):
-        if i not in unrelated:
-            part = fact_part(checks[i].fact, rows[2 * n], embed)
-            out[i] = checks[i].model_copy(update={"fact": part})
+    kept = [(n, i) for n, i in enumerate(judged) if i not in unrelated]
+    for n, i in kept:
+        others = np.stack([rows[2 * m] for m, j in kept if j != i] or [np.zeros_like(rows[0])])
+        part = fact_part(checks[i].fact, rows[2 * n], embed, others if len(kept) > 1 else None)
+        out[i] = checks[i].model_copy(update={"fact": part})
     return out, len(unrelated)
 
 
@@ -587,11 +588,16 @@ _FACT_CLAUSE = re.compile(
 )
 
 
-def fact_part(fact: str, requirement: np.ndarray, embed: EmbedFn) -> str:
+def fact_part(
+    fact: str, requirement: np.ndarray, embed: EmbedFn, others: np.ndarray | None = None
+) -> str:
     """The clause of a fact sentence closest to a requirement (its embedding row), marked as cut
     with "…": one sentence of the multi_hop demo states every fact ("A public university suspended
     a student for a speech at a campus rally ..., without giving her notice or a hearing"), and
-    each application sentence quoted all of it, so which fact met which element went unsaid."""
+    each application sentence quoted all of it, so which fact met which element went unsaid.
+    With the rows of the rule's ``others`` requirements, a clause scores its cosine to this one
+    less its mean cosine to those: the clause that names the university and the suspension is
+    closest to every requirement of a school-discipline rule, notice included."""
     words = fact.split()
     if len(words) <= FACT_PART_WORDS:
         return fact
@@ -603,7 +609,11 @@ def fact_part(fact: str, requirement: np.ndarray, embed: EmbedFn) -> str:
             pieces.append(piece.strip())
     if len(pieces) < 2:
         return fact
-    best = pieces[int(np.argmax(_rows(embed, pieces) @ requirement))].strip(" ,;.")
+    rows = _rows(embed, pieces)
+    score = rows @ requirement
+    if others is not None:
+        score = score - (rows @ others.T).mean(axis=1)
+    best = pieces[int(np.argmax(score))].strip(" ,;.")
     best = re.sub(r"^(?:and|but)\s+", "", best)
     head = "" if fact.startswith(best) else "…"
     tail = "" if fact.rstrip(" .").endswith(best) else "…"

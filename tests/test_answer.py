@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from conftest import BagOfWordsEmbedder
 from fakes import CutOff, scripted_client
@@ -543,3 +544,24 @@ def test_an_application_quotes_the_part_of_a_long_fact_that_bears_on_the_require
     assert part == "…without giving her notice or a hearing"
     short = "Tom slipped on the wet floor."
     assert answer.fact_part(short, EMBED([notice])[0], EMBED) == short
+
+
+def test_the_quoted_part_of_a_fact_is_the_one_that_sets_its_requirement_apart():
+    """In the multi_hop demo the clause naming the university and the suspension is closest to
+    every requirement, the notice requirement included, so its application quoted that clause
+    instead of "without giving her notice or a hearing"."""
+    fact = (
+        "A public university suspended a student for a speech at a campus rally in which she "
+        "spoke, without giving her notice or a hearing."
+    )
+    notice, speech = EMBED(
+        [
+            "a public university that suspended a student must give notice and a hearing",
+            "a public university student keeps free speech rights at a campus rally",
+        ]
+    )
+    assert answer.fact_part(fact, notice, EMBED).startswith("A public university suspended")
+    others = np.stack([speech])
+    assert (
+        answer.fact_part(fact, notice, EMBED, others) == "…without giving her notice or a hearing"
+    )
