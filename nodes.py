@@ -216,8 +216,13 @@ def agenda(ctx: AgentContext, question: str, issues: list[str]) -> list[str]:
         return issues
 
 
-CANDIDATE_PASSAGES = 8
-"""Passages retrieved for the question as asked whose titles the planner sees as candidates."""
+CANDIDATE_PASSAGES = 4
+"""Passages retrieved for the question as asked whose titles the planner sees as candidates.
+With 8 the list ran to 12 names, and the 1.5B picked from its end (the blasting pattern: the
+last three, "Negligence damages", "Negligence: the elements", "Eggshell plaintiff rule", past
+"Abnormally dangerous activities" at 1).  With 4, tune half: gold cited 14 -> 16 of 20, issues
+21 -> 23 of 40, misgrounded sentences 65 -> 53; report half: gold and issues unchanged,
+conclusions 1 -> 2 (docs/MEASUREMENTS.md, stop 39)."""
 
 
 def doctrine_key(name: str) -> str:
