@@ -575,8 +575,8 @@ def related_checks(checks: Sequence[Check], embed: EmbedFn) -> tuple[list[Check]
         out[i] = checks[i].model_copy(update={"fact": NOT_STATED_FACT, "met": "unclear"})
     kept = [(n, i) for n, i in enumerate(judged) if i not in unrelated]
     for n, i in kept:
-        others = np.stack([rows[2 * m] for m, j in kept if j != i] or [np.zeros_like(rows[0])])
-        part = fact_part(checks[i].fact, rows[2 * n], embed, others if len(kept) > 1 else None)
+        others = [rows[2 * m] for m, j in kept if j != i]
+        part = fact_part(checks[i].fact, rows[2 * n], embed, np.stack(others) if others else None)
         out[i] = checks[i].model_copy(update={"fact": part})
     return out, len(unrelated)
 
@@ -595,11 +595,10 @@ def fact_part(
     with "…": one sentence of the multi_hop demo states every fact ("A public university suspended
     a student for a speech at a campus rally ..., without giving her notice or a hearing"), and
     each application sentence quoted all of it, so which fact met which element went unsaid.
-    With the rows of the rule's ``others`` requirements, a clause scores its cosine to this one
-    less its mean cosine to those: the clause that names the university and the suspension is
+    Given the rows of ``others`` (the rule's other requirements a fact decides), a clause scores
+    its cosine to this one less its mean cosine to those: the clause that names the university and the suspension is
     closest to every requirement of a school-discipline rule, notice included."""
-    words = fact.split()
-    if len(words) <= FACT_PART_WORDS:
+    if len(fact.split()) <= FACT_PART_WORDS:
         return fact
     pieces: list[str] = []
     for piece in _FACT_CLAUSE.split(fact):
