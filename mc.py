@@ -114,6 +114,13 @@ def answer_line(letter: str | None, choices: Mapping[str, str]) -> str:
     return "**Answer: none** (no letter could be parsed from the model's reply)"
 
 
+def reasoning(reply: str) -> str:
+    """The reply without its lines that only name the letter ("**Answer: (A)**"): what the model
+    said besides the letter, which :func:`answer_line` states (empty: nothing)."""
+    lines = reply.strip().splitlines()
+    return "\n".join(ln for ln in lines if _MARKER.sub("", ln).strip(" *:-.")).strip()
+
+
 def _norm(text: str) -> str:
     return " ".join(WORD.findall(text.lower()))
 

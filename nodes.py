@@ -723,7 +723,9 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
             "answered closed-book (the passages were not shown)"
         )
         # The reply's reasoning cites nothing: it is shown as the model's, not as the law.
-        body = f"{LEAN_REASONING}\n{result.text.strip()}\n\n[lean mode: {how}]"
+        said = mc.reasoning(result.text)
+        body = f"{LEAN_REASONING}\n{said}\n\n" if said else ""
+        body += f"[lean mode: {how}]"
     final = f"{body}\n\n{line}".strip()
     record.update(letter=result.letter, text=final)
     decision = f"({result.letter}) via {result.strategy}" + (

@@ -144,11 +144,14 @@ def _context(tmp_settings, replies, **changes):
     return ctx, script
 
 
+REPLY = "**Answer: (A)**\nRule: An excited utterance is admissible.\n**Answer: (A)**"
+
+
 @pytest.mark.parametrize("mode", ["lean", "auto"])
 def test_lean_mode_is_a_route_through_the_graph_with_zero_research_steps(tmp_settings, mode):
     """Lean, and the default (auto) for a multiple-choice question: zero research steps."""
     ctx, script = _context(
-        tmp_settings, ['{"verdict": "safe", "reason": "a legal question"}', "**Answer: (A)**"],
+        tmp_settings, ['{"verdict": "safe", "reason": "a legal question"}', REPLY],
         lean_gate=0.6, skip_injection_check=False, retrieval_k=2, answer_mode=mode,
     )  # fmt: skip
     events: list[dict] = []
@@ -161,7 +164,9 @@ def test_lean_mode_is_a_route_through_the_graph_with_zero_research_steps(tmp_set
     assert "evidence score 0.700" in text
     # the letter's passages are named, and the reply is shown as the model's words, not the law
     assert "answered with 2 passages: [1] " in text
-    assert text.startswith(nodes.LEAN_REASONING + "\n**Answer: (A)**")
+    # ... without the lines that only name the letter, which the answer line states
+    assert text.startswith(nodes.LEAN_REASONING + "\nRule: An excited utterance is admissible.\n")
+    assert text.count("**Answer: (A)**") == 1
     assert [e["node"] for e in events] == [
         "detect_injection", "answer", "mc_select", "memory_writeback", "observability",
     ]  # fmt: skip

@@ -97,3 +97,13 @@ def test_select_answer_strict_retry_recovers(tmp_settings):
     result = mc.select_answer(client, "Q?", CHOICES, None)
     assert result.letter == "A" and result.retried and not result.parse_failed
     assert result.to_dict()["letter"] == "A"
+
+
+def test_a_reply_that_only_names_the_letter_has_no_reasoning_to_show():
+    """A closed-book painter question printed "The model's reasoning, in its own words:" over a
+    reply that was only "**Answer: (A)**", the letter the answer line states again below it."""
+    assert mc.reasoning("**Answer: (A)**\n\n") == ""
+    reply = "**Answer: (C)** Rule: a promise needs new consideration.\nWhy: nothing changed.\n**Answer: (C)**"  # fmt: skip
+    assert mc.reasoning(reply) == (
+        "**Answer: (C)** Rule: a promise needs new consideration.\nWhy: nothing changed."
+    )
