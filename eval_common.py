@@ -95,6 +95,12 @@ def index_corpus(settings: Settings, passages: list[dict] | None, source: str | 
         return
     added = load_corpus.load_passages(passages, settings=settings)
     logger.info("indexed %s: %d passages (%d new)", source, len(passages), added)
+    if added:  # the user's own index, unless CHROMA_DIR names another for this corpus
+        logger.warning(
+            "%d passages of %s are now in the index at CHROMA_DIR %s, which main.py answers "
+            "from too; `make clean-index` removes them",
+            added, source, settings.retrieval.chroma_host or settings.retrieval.chroma_dir,
+        )  # fmt: skip
 
 
 def item_id(item: dict) -> str:

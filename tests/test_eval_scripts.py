@@ -364,6 +364,20 @@ def test_resume_with_another_model_is_refused(env, monkeypatch, capsys):
 
 
 @pytest.mark.slow
+def test_indexing_passages_for_an_evaluation_says_that_main_py_answers_from_them_too(env, caplog):
+    """An evaluation over the shared corpus, run without a CHROMA_DIR of its own, put 2,476 bar
+    passages into the starter index that the demos answer from, and said nothing about it."""
+    factory, _ = reader()
+    assert comprehensive(["retrieval", "2", "--run-id", "a"], factory, env) == 0
+    assert (
+        "are now in the index at CHROMA_DIR" in caplog.text and str(env / "chroma") in caplog.text
+    )
+    caplog.clear()
+    assert comprehensive(["retrieval", "2", "--run-id", "b"], factory, env) == 0
+    assert "are now in the index" not in caplog.text  # nothing new was added
+
+
+@pytest.mark.slow
 def test_a_run_is_not_continued_on_another_corpus_or_phase(env, capsys):
     """Rows measured on one store are not mixed with rows measured after passages were added,
     nor a pipeline run's rows with a retrieval run's under the same --run-id."""
