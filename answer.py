@@ -596,8 +596,9 @@ def fact_part(
     a student for a speech at a campus rally ..., without giving her notice or a hearing"), and
     each application sentence quoted all of it, so which fact met which element went unsaid.
     Given the rows of ``others`` (the rule's other requirements a fact decides), a clause scores
-    its cosine to this one less its mean cosine to those: the clause that names the university and the suspension is
-    closest to every requirement of a school-discipline rule, notice included."""
+    its cosine to this one less its mean cosine to those: the clause that names the university
+    and the suspension is closest to every requirement of a school-discipline rule, notice
+    included."""
     if len(fact.split()) <= FACT_PART_WORDS:
         return fact
     pieces: list[str] = []
