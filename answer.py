@@ -584,8 +584,10 @@ def related_checks(checks: Sequence[Check], embed: EmbedFn) -> tuple[list[Check]
 FACT_PART_WORDS = 14
 """A fact sentence this long or shorter is quoted whole in an application sentence."""
 _FACT_CLAUSE = re.compile(
-    r"[,;:]\s+|\s+(?=(?:and|but|without|because|after|before|while|when|until|so that)\s)"
+    r"([,;:]\s+|\s+(?=(?:and|but|without|because|after|before|while|when|until|so that)\s))"
 )
+"""Where a fact sentence is cut into clauses; the group keeps the separator, which a clause too
+short to stand alone is joined back with ("Lena, a trespasser, climbed ...")."""
 
 
 def fact_part(
@@ -601,12 +603,13 @@ def fact_part(
     included."""
     if len(fact.split()) <= FACT_PART_WORDS:
         return fact
+    parts = _FACT_CLAUSE.split(fact)  # clause, separator, clause, ...
     pieces: list[str] = []
-    for piece in _FACT_CLAUSE.split(fact):
-        if pieces and len(piece.split()) < 3:  # "and he" is part of the clause before it
-            pieces[-1] = f"{pieces[-1]} {piece}"
-        elif piece.strip():
-            pieces.append(piece.strip())
+    for k in range(0, len(parts), 2):
+        if pieces and len(parts[k].split()) < 3:  # "and he" is part of the clause before it
+            pieces[-1] += parts[k - 1] + parts[k]
+        elif parts[k].strip():
+            pieces.append(parts[k].strip())
     if len(pieces) < 2:
         return fact
     rows = _rows(embed, pieces)

@@ -565,3 +565,11 @@ def test_the_quoted_part_of_a_fact_is_the_one_that_sets_its_requirement_apart():
     assert (
         answer.fact_part(fact, notice, EMBED, others) == "…without giving her notice or a hearing"
     )
+
+
+def test_a_short_clause_is_joined_back_to_its_neighbour_with_its_own_punctuation():
+    """A user's trial quoted "…Lena a trespasser…" for "Lena, a trespasser, climbed a locked
+    fence at night into a construction site": the comma was lost when the pieces were joined."""
+    fact = "Lena, a trespasser, climbed a locked fence at night into a construction site to take photos."  # fmt: skip
+    part = answer.fact_part(fact, EMBED(["Lena is a trespasser"])[0], EMBED)
+    assert part == "Lena, a trespasser…"
