@@ -109,8 +109,8 @@ class AgentContext:
     flag_headroom: ClassVar[int] = injection.FLAG_HEADROOM
     """Extra passages a search fetches to replace those the injection screen drops."""
     searchers: dict[str, Retriever] = field(default_factory=dict)
-    """A retriever per search type (dense, keyword, hybrid, graph, combined); a type without one
-    uses ``retrieve``."""
+    """A retriever per search type (dense, keyword, hybrid); a type without one uses
+    ``retrieve``."""
 
     @classmethod
     def from_settings(cls, settings: Settings, *, client: LLMClient | None = None) -> AgentContext:
@@ -118,18 +118,6 @@ class AgentContext:
         client = client or LLMClient(settings)
         # The QA memory's scope, computed on first use (it counts the collection), then kept.
         scope = functools.cache(lambda: memory_scope(settings))
-
-        def graph(mode: str) -> Retriever:
-            def search(queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[Passage]:
-                try:
-                    return legal_graph.graph_search(
-                        queries[0], k=k, exclude_ids=exclude_ids, mode=mode, settings=settings
-                    )
-                except legal_graph.GraphError as exc:  # no graph yet: a dead end, not a crash
-                    logger.warning("graph search unavailable (%s): no results", exc)
-                    return []
-
-            return search
 
         def link_issues(question: str, issues: list[str]) -> list[str]:
             linked = legal_graph.link_doctrines(question, settings)
@@ -184,8 +172,6 @@ class AgentContext:
                 "keyword": with_reranker("bm25"),
                 "hybrid": with_reranker("hybrid"),
                 "hybrid+keyword": with_reranker("hybrid", fuse_keyword=True),
-                "graph": graph("graph"),
-                "combined": graph("combined"),
             },
             link_issues=link_issues,
         )

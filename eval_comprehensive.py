@@ -27,7 +27,6 @@ from typing import Any
 
 import eval_answers
 import eval_common as ec
-import legal_graph
 import load_corpus
 import main as agent
 import mc
@@ -66,8 +65,6 @@ RETRIEVER_COLUMNS = {
     "dense": "the vector store without reranking",
     "bm25": "BM25",
     "hybrid": "their fusion",
-    "graph": "the legal knowledge graph built at load time",
-    "combined": "graph + hybrid",
 }
 """Phase-1 columns on request (``--columns``): the question alone through one retriever each."""
 RETRIEVAL_K = 10
@@ -128,8 +125,6 @@ def run_retrieval_item(
             rag_utils.retrieve_documents(q, k=2 * RETRIEVAL_K, settings=settings) for q in queries
         ]
         docs = rag_utils.rrf_merge(rankings, RETRIEVAL_K)
-    elif variant in ("graph", "combined"):
-        docs = legal_graph.graph_search(queries[0], RETRIEVAL_K, (), variant, settings=settings)
     else:
         reranker = {"dense": "none", "bm25": "bm25", "hybrid": "hybrid"}.get(variant)
         docs = rag_utils.retrieve_documents_multi_query(

@@ -36,7 +36,6 @@ from typing import Any
 
 import filters
 import injection
-import legal_graph
 import rag_utils
 from settings import Settings, SettingsError, load_dotenv_file
 
@@ -426,7 +425,6 @@ def load_passages(
             "%d of %d passages already stored; loading %d", len(present), len(ids), len(todo)
         )
     if not todo:
-        legal_graph.on_passages_loaded(passages, settings)
         return 0
     rag_utils.require_writable(settings, f"add {len(todo)} passages")
     rag_utils.get_embedder(settings)  # load (or export) the model before the progress bar starts
@@ -454,12 +452,10 @@ def load_passages(
         added += len(batch)
         bar.update(len(batch))
 
-    # The knowledge graph needs only the texts and Chroma's upsert only the vectors, so both run
-    # beside the embedder (onnxruntime releases the GIL): one batch is committed while the next
-    # is embedded, and the graph is built meanwhile.  A batch is committed before the one after
-    # it is sent, and an interrupted load waits for the batch in flight (pool.shutdown).
-    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="load_corpus")
-    graph_job = pool.submit(legal_graph.on_passages_loaded, passages, settings)
+    # Chroma's upsert runs beside the embedder (onnxruntime releases the GIL): one batch is
+    # committed while the next is embedded.  A batch is committed before the one after it is
+    # sent, and an interrupted load waits for the batch in flight (pool.shutdown).
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="load_corpus")
     in_flight: Future | None = None
     try:
         for i in range(0, len(todo), batch_size):
@@ -480,7 +476,6 @@ def load_passages(
                 INJECTION_FLAGS,
                 ", ".join(flagged[:5]),
             )
-    graph_job.result()
     return added
 
 
@@ -616,7 +611,7 @@ def scan_metadata(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 def status(settings: Settings) -> dict[str, Any]:
     """What the store of ``settings`` holds, for ``load_corpus.py status``: passages by source,
-    type and jurisdiction, BM25 index freshness, memory entries and the graph. Creates nothing."""
+    type and jurisdiction, BM25 index freshness and memory entries. Creates nothing."""
     r = settings.retrieval
     where = (
         f"{r.chroma_host}:{r.chroma_port}" if r.chroma_host else str(Path(r.chroma_dir).resolve())
@@ -643,7 +638,6 @@ def status(settings: Settings) -> dict[str, Any]:
         "bm25_index": bm25,
         "reranker": r.reranker,
         "qa_memory_entries": rag_utils.memory_count(settings) if memory else 0,
-        "graph": legal_graph.graph_status(settings),
     }
 
 
@@ -663,7 +657,6 @@ def build_parser() -> argparse.ArgumentParser:
             "  status            collection size, embedding model and sources (--json)\n"
             "  curated [N]       every gold passage of the QA set + N padding passages (default 500)\n"
             "  starter           (re)load the bundled starter corpus\n"
-            "  graph             rebuild the knowledge graph from the vector store's passages\n"
             "  docs PATH...      your own documents: PDF, HTML, DOCX, Markdown, text files or\n"
             "                    folders of them, chunked by section, paragraph or heading with\n"
             "                    pin cites; metadata from the text, a <file>.meta.json sidecar or\n"
@@ -672,7 +665,7 @@ def build_parser() -> argparse.ArgumentParser:
             "(reglab/barexam_qa) when online, else the starter corpus."
         ),
     )
-    p.add_argument("command", nargs="?", help="N | status | curated | starter | graph | docs")
+    p.add_argument("command", nargs="?", help="N | status | curated | starter | docs")
     p.add_argument(
         "rest", nargs="*", metavar="ARG", help="'curated': padding passages; 'docs': paths"
     )
@@ -737,11 +730,6 @@ def _print_status(info: dict[str, Any], as_json: bool) -> None:
         print("sources:")
         for name, n in info["sources"].items():
             print(f"  {n:>8}  {name}")
-    graph = info.get("graph")
-    if graph:
-        print(f"graph:           {graph.get('engine')} ({graph.get('state')})")
-        for kind in ("nodes", "edges"):
-            print(f"  {kind + ':':<7} {_counts(graph.get(kind, {}))}")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -749,15 +737,6 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if command == "status":
         _print_status(status(settings), args.json)
         return 0
-    if command == "graph":
-        built = legal_graph.rebuild(settings, progress=not args.no_progress)
-        if args.json:
-            print(json.dumps(built, indent=2))
-        else:
-            print(f"graph rebuilt from {built['passages']} passages in {built['seconds']} s")
-            print(f"  nodes: {_counts(built['nodes'])}\n  edges: {_counts(built['edges'])}")
-        return 0
-
     if command == "docs":
         return _run_docs(args, settings)
     if doc_overrides(args):
@@ -769,7 +748,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         raise CorpusError(f"unexpected extra argument {args.rest[0]!r}")
     if command not in ("", "all", "curated", "starter") and not command.isdigit():
         raise CorpusError(
-            f"unknown command {args.command!r}: use N, status, curated, starter, graph or docs"
+            f"unknown command {args.command!r}: use N, status, curated, starter or docs"
         )
     limit = int(command) if command.isdigit() else None
 
@@ -873,7 +852,7 @@ def main(argv: list[str] | None = None) -> int:
     except (SettingsError, FileNotFoundError, CorpusError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (rag_utils.ModelLoadError, rag_utils.StoreError, legal_graph.GraphError) as exc:
+    except (rag_utils.ModelLoadError, rag_utils.StoreError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -344,7 +344,7 @@ settings (environment variables or .env; a flag above wins over its variable):
   MAX_ITERATIONS (6)      executor runs per question (hard cap)
   SKIP_INJECTION_CHECK    1 = skip the LLM injection check (the regex pre-screen still runs)
   ANSWER_MODE (auto)      auto | research | evidence | lean (--mode); auto = lean with choices
-  SEARCH_STRATEGY (auto)  auto | dense | keyword | hybrid | graph | combined (--strategy)
+  SEARCH_STRATEGY (auto)  auto | dense | keyword | hybrid (--strategy)
   RETRIEVAL_K (5)         passages per research step
   MEMORY_THRESHOLD (0.92) cosine at which a cached answer (QA memory) is reused
   CHROMA_DIR, CHROMA_HOST, CHROMA_PORT   vector store; EMBEDDING_MODEL (default all-MiniLM-L6-v2)

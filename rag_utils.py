@@ -687,14 +687,13 @@ class _PassageFields(TypedDict):
     title: str  # as readers see it (:func:`passage_title`)
     metadata: dict[str, Any]
     """The stored metadata (flat values: source, title, authority_type, citation, pin, ...); a
-    search adds ``reranker`` (the ranking it used), ``legal_graph.graph_search`` also
-    ``graph_mode`` and ``graph_path``."""
+    search adds ``reranker`` (the ranking it used)."""
 
 
 class Passage(_PassageFields, total=False):
     """One passage as the store gives it (:meth:`PassageStore.get`, :meth:`PassageStore.iter_all`)
-    and a search returns it (:func:`retrieve_documents_multi_query`, ``legal_graph.graph_search``):
-    the stored fields, and the scores and rank a search sets."""
+    and a search returns it (:func:`retrieve_documents_multi_query`): the stored fields, and the
+    scores and rank a search sets."""
 
     dense_score: float | None
     """The plain cosine of the search's primary query to the passage (None when the search

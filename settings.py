@@ -5,7 +5,7 @@ Every entry point (``main.py``, ``load_corpus.py``, the eval scripts, the benchm
 ``os.environ`` themselves; they receive a ``Settings`` from their caller.
 
 Settings come in groups, read as ``settings.llm.provider`` or ``settings.agent.max_steps``
-(retrieval, filters, llm, agent, graph, data).  Each field records its environment variable
+(retrieval, filters, llm, agent, data).  Each field records its environment variable
 (``LLM_PROVIDER``), whose name does not depend on the group; ``.env.example`` documents every one.
 Overrides and :meth:`Settings.replace` name a setting by that variable in lower case
 (``llm_provider``).
@@ -26,7 +26,7 @@ _TRUE = {"1", "true", "yes", "on", "y"}
 _FALSE = {"0", "false", "no", "off", "n", ""}
 
 
-SEARCH_TYPES = ("dense", "keyword", "hybrid", "graph", "combined")
+SEARCH_TYPES = ("dense", "keyword", "hybrid")
 """The search types a research step can use (SEARCH_STRATEGY forces one; "auto" lets the step
 choose)."""
 RERANKER_CHOICES = ("auto", "cross-encoder", "hybrid", "none")
@@ -194,27 +194,11 @@ class AgentSettings:
     the facts and a conclusion; evidence = the same, each rule sentence first verified by the
     grounding gate; lean = multiple choice from one retrieval, no research (answer.py)."""
     search_strategy: str = _var("SEARCH_STRATEGY", "auto")
-    """auto = each step searches as its plan says; dense | keyword | hybrid | graph | combined
-    forces one search type for every step (for evaluation)."""
+    """auto = each step searches as its plan says; dense | keyword | hybrid forces one search type
+    for every step (for evaluation)."""
     max_steps: int = _var("MAX_STEPS", 3)
     max_iterations: int = _var("MAX_ITERATIONS", 6)
     retrieval_k: int = _var("RETRIEVAL_K", 5)
-
-
-@dataclass(frozen=True)
-class GraphSettings:
-    """The knowledge graph (``settings.graph``; legal_graph.py)."""
-
-    build: bool = _var("GRAPH_BUILD", True)
-    """Build the knowledge graph when passages load (python load_corpus.py graph rebuilds it)."""
-    dir: str | None = _var("GRAPH_DIR", None)
-    """Folder of the embedded graph; empty = CHROMA_DIR/graph."""
-    neo4j_uri: str | None = _var("NEO4J_URI", None)
-    """bolt://host:7687 or neo4j://...: use Neo4j (official driver) instead of the embedded graph."""
-    neo4j_user: str = _var("NEO4J_USER", "neo4j")
-    neo4j_password: str | None = _var("NEO4J_PASSWORD", None, repr=False)
-    neo4j_database: str | None = _var("NEO4J_DATABASE", None)
-    """Neo4j database name; empty = the server's default."""
 
 
 @dataclass(frozen=True)
@@ -238,7 +222,6 @@ class Settings:
     filters: FilterSettings = field(default_factory=FilterSettings)
     llm: LLMSettings = field(default_factory=LLMSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
-    graph: GraphSettings = field(default_factory=GraphSettings)
     data: DataSettings = field(default_factory=DataSettings)
 
     # Snapshot of the environment, used only to look up provider API keys by variable name.
@@ -294,8 +277,7 @@ class Settings:
             )
         if agent.search_strategy not in ("auto", *SEARCH_TYPES):
             raise SettingsError(
-                f"SEARCH_STRATEGY={agent.search_strategy!r}: use auto, dense, keyword, hybrid, "
-                "graph or combined"
+                f"SEARCH_STRATEGY={agent.search_strategy!r}: use auto, dense, keyword or hybrid"
             )
         for var, value in (
             ("MEMORY_THRESHOLD", r.memory_threshold),

@@ -40,7 +40,6 @@ def tmp_settings(tmp_path: Path) -> settings_mod.Settings:
     )
     legal_graph.reset_caches()
     yield s
-    legal_graph.close_graphs()  # an open embedded graph holds its buffer pool until closed
     legal_graph.reset_caches()
 
 
@@ -78,7 +77,6 @@ def fresh_rag_caches():
     legal_graph.reset_caches()
     yield
     rag_utils.reset_caches()
-    legal_graph.close_graphs()
     legal_graph.reset_caches()
 
 

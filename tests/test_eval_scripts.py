@@ -756,16 +756,16 @@ def test_phase_3_answers_scores_both_answer_modes_on_the_open_questions(env, cap
 
 
 @pytest.mark.slow
-def test_phase_1_columns_score_each_retriever_including_the_graph(env, capsys):
-    """--columns adds the question alone through dense, BM25, hybrid, the knowledge graph and
-    graph + hybrid, each scored against the gold passages like the other variants."""
+def test_phase_1_columns_score_each_retriever(env, capsys):
+    """--columns adds the question alone through dense, BM25 and hybrid, each scored against the
+    gold passages like the other variants."""
     factory, calls = reader()
-    args = ["retrieval", "--columns", "dense,bm25,graph,combined", "--run-id", "cols", "--json"]
+    args = ["retrieval", "--columns", "dense,bm25,hybrid", "--run-id", "cols", "--json"]
     assert comprehensive(args, factory, env) == 0
     retrieval = json.loads(capsys.readouterr().out)["retrieval"]
-    assert {"dense", "bm25", "graph", "combined"} <= set(retrieval)
+    assert {"dense", "bm25", "hybrid"} <= set(retrieval)
     n = len(INDEXED_ITEMS)
-    for name in ("dense", "bm25", "graph", "combined"):
+    for name in ("dense", "bm25", "hybrid"):
         assert retrieval[name]["n"] == n
         assert 0.0 <= retrieval[name]["recall@1"] <= retrieval[name]["recall@10"] <= 1.0
     assert calls == []  # no LLM in phase 1 without --rewrite

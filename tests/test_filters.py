@@ -49,7 +49,7 @@ PASSAGES = [
     *[_passage(f"mbe_{n}", n, source="barexam_qa:mbe") for n in range(4)],  # secondary, no place
 ]
 BY_ID = {p["idx"]: p for p in PASSAGES}
-SEARCHES = ("dense", "keyword", "hybrid", "hybrid+keyword", "graph", "combined")
+SEARCHES = ("dense", "keyword", "hybrid", "hybrid+keyword")
 
 
 @pytest.fixture
@@ -91,8 +91,7 @@ def test_a_filtered_search_returns_only_what_the_filter_admits(
     assert set(got) <= inside, (
         f"{search_type} returned {set(got) - inside} outside {flt.describe()}"
     )
-    if search_type != "graph":  # the graph reaches passages by doctrine, not every passage
-        assert len(got) == min(5, len(inside))  # the filter is applied first: k is still filled
+    assert len(got) == min(5, len(inside))  # the filter is applied first: k is still filled
 
 
 def test_unfiltered_search_returns_passages_of_every_kind(store):
@@ -152,11 +151,3 @@ def test_main_and_the_eval_scripts_take_the_filter_flags():
         args, _ = parser.parse_known_args(argv)
         assert filters.overrides(args)["filter_jurisdiction"] == "TX"
         assert filters.overrides(args)["filter_after"] == "2000"
-
-
-@pytest.mark.parametrize("search_type", ["graph", "combined"])
-def test_the_graph_searches_reach_every_kind_unfiltered_so_their_filter_test_means_something(
-    store, search_type
-):
-    got = {d["id"].split("_")[0] for d in _search(store, search_type, k=len(PASSAGES))}
-    assert {"tx", "ca9", "mbe"} <= got

@@ -54,14 +54,14 @@ def test_settings_are_named_by_their_variable_in_flags_replace_and_records():
     """The groups are for reading; a user names a setting by its variable, in any case."""
     s = Settings.from_env(env={"LLM_MAX_RETRIES": "2"}, retrieval_k=3, filter_court="ca9")
     assert (s.llm.max_retries, s.agent.retrieval_k, s.filters.court) == (2, 3, "ca9")
-    changed = s.replace(llm_max_retries=0, graph_dir="/graphs")
-    assert (changed.llm.max_retries, changed.graph.dir, changed.agent.retrieval_k) == (
+    changed = s.replace(llm_max_retries=0, datasets_dir="/sets")
+    assert (changed.llm.max_retries, changed.data.datasets_dir, changed.agent.retrieval_k) == (
         0,
-        "/graphs",
+        "/sets",
         3,
     )
     assert s.llm.max_retries == 2
-    assert changed.flat()["llm_max_retries"] == 0 and changed.flat()["graph_dir"] == "/graphs"
+    assert changed.flat()["llm_max_retries"] == 0 and changed.flat()["datasets_dir"] == "/sets"
     with pytest.raises(TypeError, match="unknown settings"):
         Settings.from_env(env={}, max_retries=1)  # a field's name inside its group is not a setting
     with pytest.raises(TypeError, match="unknown settings"):
