@@ -141,19 +141,6 @@ def neutralize(text: str) -> str:
     return _TAGS.sub("", text or "")
 
 
-def quote_passages(docs: Sequence[Mapping[str, Any]], max_chars: int = 900) -> str:
-    """Passages numbered ``[Source N]`` (1-based), each wrapped in <passage> tags as quoted data."""
-    blocks = []
-    for i, doc in enumerate(docs, 1):
-        title = neutralize(str(doc.get("title") or "")).strip()
-        text = neutralize(" ".join(str(doc.get("text") or "").split()))
-        if len(text) > max_chars:
-            text = text[: max_chars - 1].rstrip() + "…"
-        head = f"[Source {i}] {title}".rstrip()
-        blocks.append(f'<passage n="{i}">\n{head}\n{text}\n</passage>')
-    return "\n".join(blocks) if blocks else "(no passages were found)"
-
-
 def quote(tag: str, text: str) -> str:
     """``text`` wrapped as ``<tag>…</tag>`` data, with our tags removed from inside it."""
     return f"<{tag}>\n{neutralize(text).strip()}\n</{tag}>"
