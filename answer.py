@@ -32,6 +32,7 @@ and the evals need is a field of :class:`AnswerRecord`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -574,9 +575,16 @@ def related_checks(checks: Sequence[Check], embed: EmbedFn) -> tuple[list[Check]
     for i in unrelated:
         out[i] = checks[i].model_copy(update={"fact": NOT_STATED_FACT, "met": "unclear"})
     kept = [(n, i) for n, i in enumerate(judged) if i not in unrelated]
+    # Checks often name the same fact sentence: its clauses are embedded once, not per check.
+    clause_rows = functools.cache(lambda clauses: _rows(embed, list(clauses)))
     for n, i in kept:
         others = [rows[2 * m] for m, j in kept if j != i]
-        part = fact_part(checks[i].fact, rows[2 * n], embed, np.stack(others) if others else None)
+        part = fact_part(
+            checks[i].fact,
+            rows[2 * n],
+            lambda texts: clause_rows(tuple(texts)),
+            np.stack(others) if others else None,
+        )
         out[i] = checks[i].model_copy(update={"fact": part})
     return out, len(unrelated)
 
