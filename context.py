@@ -109,8 +109,8 @@ class AgentContext:
     flag_headroom: ClassVar[int] = injection.FLAG_HEADROOM
     """Extra passages a search fetches to replace those the injection screen drops."""
     searchers: dict[str, Retriever] = field(default_factory=dict)
-    """A retriever per search type (dense, keyword, hybrid); a type without one uses
-    ``retrieve``."""
+    """A retriever per search type (dense, keyword, hybrid, and hybrid+keyword, a step's first
+    angle); a type without one uses ``retrieve``."""
 
     @classmethod
     def from_settings(cls, settings: Settings, *, client: LLMClient | None = None) -> AgentContext:
