@@ -280,12 +280,9 @@ def run_answers(
     skip: Iterable[tuple[str, str]] = (),
     score: Callable[..., dict] = score_answer,
 ) -> list[dict]:
-    """Every item through every mode (``answer_fns[mode](question) -> answer dict``), the modes of
-    one item one after another (a run cut short stays paired), and scored; ``on_row`` sees each
-    row as it is finished (write it to results.jsonl there); ``(item id, mode)`` pairs in ``skip``
-    are not run.  Grading is a separate pass over the rows (``grade_answer``; the
-    ``answers --grade`` phase).  ``score(item, mode, result, seconds)`` makes a row.  Returns the
-    rows."""
+    """The rows ``score(item, mode, result, seconds)`` of every item through every mode
+    (``answer_fns[mode](question)``), one item's modes in a row so a cut run stays paired;
+    ``on_row`` sees each finished row; ``(item id, mode)`` pairs in ``skip`` are not run."""
     from tqdm.auto import tqdm
 
     rows: list[dict] = []
@@ -318,10 +315,7 @@ def run_answers(
 
 FACT_PATTERNS = Path(__file__).resolve().parent / "datasets" / "fact_patterns.jsonl"
 SAME_DOCTRINE_COSINE = 0.5
-"""A cited passage whose embedding cosine to one of the item's gold passages is at least this is
-about the same doctrine (all-MiniLM-L6-v2: comparative against contributory negligence 0.6-0.7,
-passages of unrelated doctrines 0.1-0.4).  A sentence whose every cited passage is neither gold
-nor this close to a gold passage is misgrounded: a real source cited for another doctrine."""
+"""Cosine to a gold passage from which a cited passage counts as the same doctrine."""
 _BOTTOM_LINE = re.compile(r"^\s*(?:\*\*)?bottom line:?(?:\*\*)?\s*(yes|no|unclear)\b", re.I | re.M)
 
 

@@ -1,14 +1,5 @@
-"""Helpers shared by the eval scripts (``eval_comprehensive.py``, ``eval_trace.py``,
-``eval_reranker.py``) and the benchmarks.
-
-* QA items: loading (any file ``load_corpus.read_qa`` reads; the starter set by default), field
-  access, indexing the passages a run needs, "is the gold passage in the store".
-* Metrics: Recall@k, reciprocal rank, nDCG@k (binary relevance), accuracy, a seeded bootstrap
-  interval, Wilson intervals, McNemar's exact test and a paired rank comparison.
-* Runs: ``eval_results/<run-id>/`` with ``results.jsonl`` (one row per (item, mode), flushed as
-  each finishes, so an interrupted run resumes where it stopped), ``config.json``, summaries and
-  plots; the CLI scaffolding every eval command shares.
-"""
+"""Helpers shared by the eval scripts and the benchmarks: QA items, metrics, run directories,
+the CLI scaffolding, tables and plots."""
 
 from __future__ import annotations
 
@@ -52,15 +43,10 @@ _SECRET_FIELD = re.compile(r"(api_key|secret|token|password)", re.IGNORECASE)
 # ------------------------------------------------------------------------------------------------
 
 
-def default_qa_path() -> Path:
-    """The bundled starter question set (``datasets/starter/qa.jsonl``)."""
-    return load_corpus.starter_dir() / "qa.jsonl"
-
-
 def load_qa(path: str | os.PathLike[str] | None = None) -> list[dict]:
     """The multiple-choice items of ``path`` (default: the starter set); items without four
     choices or an answer letter are dropped with a warning."""
-    path = Path(path) if path is not None else default_qa_path()
+    path = Path(path) if path is not None else load_corpus.starter_dir() / "qa.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"QA file not found: {path}")
     rows = load_corpus.read_qa(path)  # ids are unique
@@ -82,7 +68,7 @@ def read_inputs(qa: str | None, passages: str | None) -> tuple[Path, list[dict],
     """The QA file's path and items (``--qa``, default the starter set) and the ``--passages`` to
     index, read and validated before any model loads or index is built: a missing or broken file
     stops the run here, in one line."""
-    qa_path = Path(qa) if qa else default_qa_path()
+    qa_path = Path(qa) if qa else load_corpus.starter_dir() / "qa.jsonl"
     items = load_qa(qa_path)
     return qa_path, items, load_corpus.read_passages(passages) if passages else None
 
@@ -200,11 +186,6 @@ def recall_at_k(ranked_ids: Sequence[str], gold: Iterable[str], k: int) -> float
     return len(gold & set(ranked_ids[:k])) / len(gold)
 
 
-def reciprocal_rank(ranked_ids: Sequence[str], gold: Iterable[str]) -> float:
-    rank = gold_rank(ranked_ids, gold)
-    return 0.0 if rank is None else 1.0 / rank
-
-
 def ndcg_at_k(ranked_ids: Sequence[str], gold: Iterable[str], k: int = 10) -> float:
     """nDCG@k with binary relevance: sum 1/log2(rank+1) over gold hits, over the ideal value."""
     gold = set(gold)
@@ -219,7 +200,8 @@ def retrieval_metrics(ranked_ids: Sequence[str], gold: Iterable[str]) -> dict[st
     """``recall@1``, ``recall@5``, ``recall@10``, ``rr`` and ``ndcg@10`` of one ranked list."""
     gold = list(gold)
     out = {f"recall@{k}": recall_at_k(ranked_ids, gold, k) for k in (1, 5, 10)}
-    out["rr"] = reciprocal_rank(ranked_ids, gold)
+    rank = gold_rank(ranked_ids, gold)
+    out["rr"] = 0.0 if rank is None else 1.0 / rank
     out["ndcg@10"] = ndcg_at_k(ranked_ids, gold, 10)
     return out
 
@@ -300,8 +282,6 @@ def mcnemar_exact(a_correct: Sequence[bool], b_correct: Sequence[bool]) -> dict[
     """McNemar's exact test on paired outcomes: two-sided binomial test on the discordant pairs.
 
     ``only_a`` = items A got right and B wrong, ``only_b`` the reverse; p = 1.0 with no discordance."""
-    if len(a_correct) != len(b_correct):
-        raise ValueError("McNemar needs paired outcomes of equal length")
     only_a = sum(1 for a, b in zip(a_correct, b_correct, strict=True) if a and not b)
     only_b = sum(1 for a, b in zip(a_correct, b_correct, strict=True) if b and not a)
     n = only_a + only_b
@@ -319,8 +299,6 @@ def paired_comparison(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
 
     ``wins`` = items where B scores higher.  Sign test on wins vs losses (ties dropped) and the
     Wilcoxon signed-rank test on the non-zero differences (None when all are ties)."""
-    if len(a) != len(b):
-        raise ValueError("paired comparison needs equal-length score lists")
     diffs = [y - x for x, y in zip(a, b, strict=True)]
     wins = sum(d > 0 for d in diffs)
     losses = sum(d < 0 for d in diffs)
@@ -392,15 +370,13 @@ def retrieval_record(settings: Settings) -> dict[str, Any]:
 
 
 def usage_of(client: Any) -> dict[str, Any]:
-    """``llm_config.usage`` of everything ``client`` recorded, without the per-role breakdown
+    """``client.summary()`` of everything it recorded, without the per-role breakdown
     (one flat row per eval item)."""
     return {k: v for k, v in client.summary().items() if k != "by_role"}
 
 
 def require_llm(settings: Settings, llm_factory: Callable[[str], Any] | None = None) -> None:
-    """Raise LLMConfigError (a missing API key, an unknown provider, the embedded model's packages
-    missing) for any role before any work is done; nothing to check when a test injects its own
-    chat models."""
+    """Raise LLMConfigError for any role's bad configuration (unless a test injects chat models)."""
     if llm_factory is None:
         check_config(settings)
 
@@ -422,9 +398,7 @@ USER_ERRORS = (
     SettingsError,
     rag_utils.ModelLoadError,
 )
-"""Errors an eval command reports as one line and exit status 2 (bad input, settings or provider
-configuration, a model that does not load, a resumed run with another configuration), never a
-traceback; inside a run they stop it rather than fail every item."""
+"""Errors an eval command reports as one line and exit status 2, never a traceback."""
 
 
 def add_cli_arguments(
@@ -456,7 +430,14 @@ def cli_run(
     """An eval command's body: logging, ``.env``, the eval settings (``overrides`` and the
     provider, model and filter flags of ``args``), then ``(0, fn(settings))`` — or ``(2, None)``
     after printing a user error in one line to stderr."""
-    configure_logging(args.verbose)
+    logging.basicConfig(  # CLI logging to stderr
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    for name in _NOISY:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    install_log_redaction()
     overrides.setdefault("llm_provider", getattr(args, "provider", None))
     overrides.setdefault("llm_model", getattr(args, "model", None))
     if hasattr(args, "jurisdiction"):
@@ -488,18 +469,6 @@ def comma_list(value: str, allowed: Iterable[str], what: str) -> list[str]:
     if bad:
         raise ValueError(f"unknown {what}(s) {bad}; choose from {', '.join(allowed)}")
     return items
-
-
-def configure_logging(verbose: bool = False) -> None:
-    """CLI logging to stderr."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
-    for name in _NOISY:
-        logging.getLogger(name).setLevel(logging.WARNING)
-    install_log_redaction()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,15 +1,8 @@
 """Retrieval metrics, multiple-choice accuracy and open answers of the agent against its baselines.
 
-    python eval_comprehensive.py [retrieval|pipeline|both] [N] [--qa FILE] [--passages FILE] ...
-    python eval_comprehensive.py answers [N] [--facts] [--split tune|report|all] ...
-    python eval_comprehensive.py injection [--prescreen-only] ...
-
-``--help`` lists every phase with its flags (``PHASES``); modes, query variants and retriever
-columns are described where they are defined.  Every phase-2 mode answers with the same MC prompt
-and letter extraction (``mc.select_answer``).  A run writes ``eval_results/<run-id>/``:
-``results.jsonl`` (one row per (item, mode), flushed as it finishes), ``config.json``,
-``summary.json``, ``summary.md`` and plots.  The same ``--run-id`` (or ``--resume <run-id>``) skips
-the rows already written, and the LLM response cache makes repeating a finished run free.
+python eval_comprehensive.py [retrieval|pipeline|both] [N] [--qa FILE] [--passages FILE] ...
+python eval_comprehensive.py answers [N] [--facts] [--split tune|report|all] ...
+python eval_comprehensive.py injection [--prescreen-only] ...
 """
 
 from __future__ import annotations
@@ -210,7 +203,21 @@ def run_mc_item(
             settings.replace(answer_mode=answer_mode), client=client
         )
         state = agent.run_agent(question, choices, context=context)
-        fields, extra = _pipeline_fields(state, gold)
+        mc_answer = state["mc_answer"] or {}
+        fields = _mc_fields(mc_answer, state.get("final_cited_answer"))
+        sources = list(mc_answer.get("evidence_ids") or [])  # what the letter read
+        table = state.get("planning_table") or []
+        extra = {
+            "evidence_ids": sources,
+            "gold_in_evidence": any(s in gold for s in sources),
+            "closed_book": bool(mc_answer.get("closed_book")),
+            "query_type": state.get("query_type"),
+            "memory_hit": bool(state.get("memory_hit")),
+            "steps": len(table),
+            "steps_failed": sum(1 for s in table if s["status"] == "failed"),
+            "run_metrics": state.get("run_metrics") or {},
+            "error": state.get("error"),
+        }
         if mode == "evidence":
             record = state.get("answer") or {}
             extra["abstained"] = bool(record.get("abstained"))
@@ -231,26 +238,6 @@ def run_mc_item(
         **ec.usage_of(client),
         "seconds": round(seconds, 3),
     }
-
-
-def _pipeline_fields(state: dict, gold: Sequence[str]) -> tuple[dict, dict]:
-    """MC fields and extras from ``run_agent``'s final state."""
-    mc_answer = state["mc_answer"] or {}
-    fields = _mc_fields(mc_answer, state.get("final_cited_answer"))
-    sources = list(mc_answer.get("evidence_ids") or [])  # what the letter read
-    table = state.get("planning_table") or []
-    extra = {
-        "evidence_ids": sources,
-        "gold_in_evidence": any(s in gold for s in sources),
-        "closed_book": bool(mc_answer.get("closed_book")),
-        "query_type": state.get("query_type"),
-        "memory_hit": bool(state.get("memory_hit")),
-        "steps": len(table),
-        "steps_failed": sum(1 for s in table if s["status"] == "failed"),
-        "run_metrics": state.get("run_metrics") or {},
-        "error": state.get("error"),
-    }
-    return fields, extra
 
 
 # ------------------------------------------------------------------------------------------------

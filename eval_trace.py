@@ -1,17 +1,4 @@
-"""Trace the agent on a few questions, step by step, to see where it helps and where it fails.
-
-    python eval_trace.py                    the 8 built-in questions (datasets/trace_questions.jsonl)
-    python eval_trace.py [N] [--save]       the first N of them; --save writes case studies
-    python eval_trace.py --query "question" one free-text question (an empty one is refused)
-    python eval_trace.py [N] --qa FILE [--passages FILE]   N items of a QA file (default 3)
-
-The built-in set: 6 bar-style multiple-choice questions, one per starter subject, 1 multi-hop open
-question and 1 the corpus cannot answer (patent law).  Per query: the raw retrieval of the question
-and the retrieval of its rewrites (gold passages marked ★), the node-by-node trace of
-``main.run_agent`` (the QA memory is not consulted, so a rerun traces the research again) and, for
-QA items, whether the MC answer is right; then a summary table.  ``--save`` writes one case-study
-JSON per query to ``case_studies/``.
-"""
+"""Trace the agent on a few questions, step by step, to see where it helps and where it fails."""
 
 from __future__ import annotations
 

@@ -21,9 +21,9 @@ def test_recall_at_k_counts_share_of_gold_in_top_k():
 
 
 def test_reciprocal_rank_uses_first_gold_hit():
-    assert ec.reciprocal_rank(RANKED, ["g2"]) == pytest.approx(1 / 4)
-    assert ec.reciprocal_rank(RANKED, ["g2", "g1"]) == pytest.approx(1 / 2)
-    assert ec.reciprocal_rank(RANKED, ["zz"]) == 0.0
+    assert ec.retrieval_metrics(RANKED, ["g2"])["rr"] == pytest.approx(1 / 4)
+    assert ec.retrieval_metrics(RANKED, ["g2", "g1"])["rr"] == pytest.approx(1 / 2)
+    assert ec.retrieval_metrics(RANKED, ["zz"])["rr"] == 0.0
     assert ec.gold_rank(RANKED, ["p3"]) == 1
 
 
