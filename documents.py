@@ -1,21 +1,5 @@
-"""The user's own legal documents: PDF, HTML, DOCX, Markdown and text files read into passages that
-keep their pin cites (``load_corpus.py docs``).  Reading and chunking meet in :class:`Document`.
-
-* A reader per format (pypdf, lxml, python-docx, ``#`` lines for Markdown) gives :class:`Block` s:
-  paragraphs and headings with their page and heading path.  PDF and text lines are joined into
-  paragraphs by layout; running heads and page numbers are dropped.
-* Documents are untrusted: text a reader does not see (HTML comments and hidden elements, white,
-  tiny or off-page PDF text, hidden DOCX runs, metadata) never becomes passage text.  It is
-  screened (:func:`injection.screen_passage`), and a document whose hidden text reads as
-  instructions has every chunk flagged in ``hidden_injection``, which the loader quarantines.
-* The layout (``kind``) decides the cut and the pin: ``statute`` by section and subsection
-  (``§ 1441(b)(2)``), ``opinion`` by paragraph with its part and page or star page (``*123``),
-  ``brief`` by heading.  A heading opens the passage after it, never stands alone.
-* Chunks fit the embedder (``count_tokens``): a long paragraph is cut at sentence boundaries
-  (nupunkt) with an overlap; a small unit or a lead-in is merged with the next.  Ids are
-  ``<doc_id>#<n>``, so a changed file replaces its chunks.
-* Authority metadata comes from the text (eyecite, courts-db); a ``<file>.meta.json`` sidecar
-  overrides it and ``overrides`` (the CLI flags) override both.
+"""The user's own legal documents (PDF, HTML, DOCX, Markdown, text) read into passages that keep
+their pin cites (``load_corpus.py docs``); see docs/ARCHITECTURE.md, "Your own documents".
 
 Every failure is a :class:`DocumentError` whose one-line message names the file and the reason.
 """
@@ -63,14 +47,9 @@ HEAD_CHARS = 3000
 """Characters from a document's start searched for its caption, court, citation and dates."""
 CITATION_CHARS = 2000
 SUFFIXES = {
-    ".pdf": "pdf",
-    ".html": "html",
-    ".htm": "html",
-    ".docx": "docx",
-    ".md": "markdown",
-    ".markdown": "markdown",
-    ".txt": "text",
-}
+    ".pdf": "pdf", ".html": "html", ".htm": "html", ".docx": "docx", ".md": "markdown",
+    ".markdown": "markdown", ".txt": "text",
+}  # fmt: skip
 OVERRIDE_KEYS = ("title", "citation", "court", "jurisdiction", "date", "authority_type", "source")
 
 
@@ -194,12 +173,7 @@ def read_and_chunk(
     count_tokens: Callable[[str], int] | None = None,
 ) -> list[dict[str, Any]]:
     """The passages of one file (:func:`read_document`, then :func:`chunk_document`); never empty."""
-    chunks = chunk_document(
-        read_document(path, overrides), max_tokens, overlap_tokens, count_tokens
-    )
-    if not chunks:
-        raise _fail(Path(path), "no text")
-    return chunks
+    return chunk_document(read_document(path, overrides), max_tokens, overlap_tokens, count_tokens)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -267,24 +241,23 @@ def _line_heading_level(line: str) -> int | None:
     return None if m is None else 1 if m[1] else 2 if m[2] else 3
 
 
-def _opens_with_label(text: str) -> bool:
+def _labels(text: str) -> list[str]:
+    """The subsection labels ``text`` opens with ("(b)(2)" -> b, 2); a list's "1." is (1)."""
     lead = _LIST_LABEL.match(text)
-    return bool(lead and (lead.group(1) or _LABEL.match(text, lead.end())))
+    if lead and lead.group(1):
+        return [lead.group(1)]
+    labels: list[str] = []
+    pos = lead.end() if lead else 0
+    while m := _LABEL.match(text, pos):
+        labels.append(m.group(1))
+        pos = m.end()
+    return labels
 
 
 def _push_labels(text: str, stack: dict[int, str]) -> None:
     """Move the subsection ``stack`` (depth -> label) to the labels ``text`` opens with: (a) is
-    depth 1, (1) 2, (A) 3, (i) 4, (I) 5, as in the US Code; a list's "1." is (1)."""
-    lead = _LIST_LABEL.match(text)
-    labels: list[str] = []
-    if lead and lead.group(1):
-        labels.append(lead.group(1))
-    else:
-        pos = lead.end() if lead else 0
-        while m := _LABEL.match(text, pos):
-            labels.append(m.group(1))
-            pos = m.end()
-    for label in labels:
+    depth 1, (1) 2, (A) 3, (i) 4, (I) 5, as in the US Code."""
+    for label in _labels(text):
         if label.isdigit():
             level = 2
         elif label.isupper():
@@ -324,7 +297,7 @@ def _guess_kind(blocks: Sequence[Block]) -> str:
         return "opinion"
     headings = [b.text for b in blocks if b.is_heading]
     sections = sum(bool(_STRUCTURE.match(h)) for h in headings)  # "§ 1441.", "Rule 803."
-    labelled = sum(_opens_with_label(b.text) for b in blocks if not b.is_heading)
+    labelled = sum(bool(_labels(b.text)) for b in blocks if not b.is_heading)
     body = len(blocks) - len(headings)
     if sections >= 2 and 2 * sections >= len(headings) or sections and labelled >= max(2, body / 3):
         return "statute"
@@ -401,7 +374,7 @@ def _blocks_from_lines(lines: list[_Line]) -> list[Block]:
             return True
         if len(p) < 100 and _part_marker(p):
             return True
-        if _opens_with_label(t) and p.endswith((".", ";", ":", "—", "–", " or", " and")):
+        if _labels(t) and p.endswith((".", ";", ":", "—", "–", " or", " and")):
             return True
         if gap and prev.y is not None and line.y is not None and prev.page == line.page:
             if prev.y - line.y > 1.5 * gap:

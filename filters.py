@@ -1,20 +1,6 @@
-"""Passage filters: jurisdiction, court, authority type and date, the first filters legal
-researchers ask for.
-
-One :class:`PassageFilter` is built from the settings (``FILTER_JURISDICTION``, ``FILTER_COURT``,
-``FILTER_SOURCE_TYPE``, ``FILTER_AFTER``, ``FILTER_BEFORE``; ``--jurisdiction`` … on the entry
-points) and applied where passages are found, not to what was found: dense search ranks only the
-passages it admits, BM25 scores only them, and graph hits outside it are dropped before the
-passages are read.  A filtered search therefore never returns a passage outside the filter, and
-still returns ``k`` passages when the filter admits that many.
-
-A passage's attributes are its stored metadata (``load_corpus.py docs`` writes ``jurisdiction``,
-``court``, ``authority_type`` and ``date_int``; a sidecar file or flags override them).  Passages
-loaded from passage tables carry none of these; their authority type and, for the federal rules,
-statutes and Constitution, their jurisdiction are derived from the id and source as
-:func:`rag_utils.source_type` does.  A passage whose attribute is unknown is outside every filter
-on that attribute: a date filter admits only dated passages.
-"""
+"""Passage filters (jurisdiction, court, authority type, date), applied inside dense and BM25
+search so a filtered search never returns a passage outside the filter; see docs/ARCHITECTURE.md,
+"Passage filters" and "Your own documents"."""
 
 from __future__ import annotations
 
@@ -32,8 +18,6 @@ AUTHORITY_TYPES = ("constitution", "statute", "regulation", "court_rule", "case"
 """The kinds of authority a passage can be (metadata ``authority_type``)."""
 
 _DATE = re.compile(r"^(\d{4})(?:-(\d{1,2}))?(?:-(\d{1,2}))?$")
-FEDERAL_SOURCES = ("federal rules", "u.s.c", "constitution")
-"""Source names of passage-table rows that are federal law (jurisdiction US)."""
 
 
 def parse_date(value: str, *, end: bool = False) -> int:
@@ -115,7 +99,8 @@ def attributes(pid: str, source: str, meta: Mapping[str, Any]) -> dict[str, Any]
     unknown)."""
     kind = str(meta.get("authority_type") or "") or legacy_authority_type(pid, source)
     jurisdiction = str(meta.get("jurisdiction") or "").upper() or None
-    if jurisdiction is None and any(s in source.lower() for s in FEDERAL_SOURCES):
+    federal = ("federal rules", "u.s.c", "constitution")  # passage-table sources of federal law
+    if jurisdiction is None and any(s in source.lower() for s in federal):
         jurisdiction = "US"
     date = meta.get("date_int")
     return {
@@ -172,9 +157,7 @@ class PassageFilter:
         )
 
     def __bool__(self) -> bool:
-        return bool(
-            self.jurisdictions or self.courts or self.source_types or self.after or self.before
-        )
+        return any((self.jurisdictions, self.courts, self.source_types, self.after, self.before))
 
     def admits(self, pid: str, source: str, meta: Mapping[str, Any]) -> bool:
         """Whether the passage ``pid`` (its source and stored metadata) is inside the filter."""
@@ -229,10 +212,5 @@ def add_arguments(parser: Any) -> None:
 
 def overrides(args: Any) -> dict[str, str | None]:
     """The settings the filter flags of ``args`` set (None: not given)."""
-    return {
-        "filter_jurisdiction": args.jurisdiction,
-        "filter_court": args.court,
-        "filter_source_type": args.source_type,
-        "filter_after": args.after,
-        "filter_before": args.before,
-    }
+    names = ("jurisdiction", "court", "source_type", "after", "before")
+    return {f"filter_{n}": getattr(args, n) for n in names}

@@ -5,16 +5,9 @@
     python load_corpus.py curated [500]    # every gold passage of the QA set + 500 padding passages
     python load_corpus.py starter          # the bundled starter corpus (datasets/starter)
     python load_corpus.py --passages my.parquet [N]
+    python load_corpus.py docs PATH...     # your own documents (documents.py)
 
-Default source when ``--passages`` is not given: ``datasets/barexam_qa/`` when present; else the
-Hugging Face dataset ``reglab/barexam_qa`` (HF_DATASET) downloaded there when the network allows;
-else the bundled starter corpus.
-
-Files may be CSV, TSV, JSONL (or JSON list) or Parquet with the Bar Exam QA field names: passages
-``idx, text, source`` (``title`` and any other column optional, kept as metadata); QA ``idx, prompt,
-question, choice_a..choice_d, answer, gold_idx``. A whole file is validated before anything is
-written. Loading upserts by passage id in batches and skips ids already stored, so a rerun after an
-interruption embeds only what is missing.
+Sources, file formats and resuming: docs/ARCHITECTURE.md, "Loading".
 """
 
 from __future__ import annotations
@@ -43,15 +36,9 @@ logger = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
 FORMATS = {
-    ".csv": "csv",
-    ".tsv": "tsv",
-    ".tab": "tsv",
-    ".jsonl": "jsonl",
-    ".ndjson": "jsonl",
-    ".json": "json",
-    ".parquet": "parquet",
-    ".pq": "parquet",
-}
+    ".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
+    ".json": "json", ".parquet": "parquet", ".pq": "parquet",
+}  # fmt: skip
 QA_FIELDS = ("question", "choice_a", "choice_b", "choice_c", "choice_d", "answer")
 DEFAULT_BATCH = 256
 DEFAULT_PADDING = 500
@@ -124,12 +111,9 @@ def _plain_tsv_shape(p: Path) -> bool:
 
 
 def _read_tsv(p: Path, limit: int | None) -> Any:
-    """A TSV file as a DataFrame of strings. Plain TSV (no quoting: a text may start with a
-    quotation mark) and quoted TSV (pandas' and the csv module's default when writing: every
-    field holding a quote, tab or newline is quoted, inner quotes doubled) are both common, and
-    reading one as the other silently merges rows or drops quote marks. The file is read as plain
-    TSV unless its lines do not all have the header's number of fields, or every field holding a
-    quote mark is wholly quoted, as the quoted style requires."""
+    """A TSV file as a DataFrame of strings, read as plain TSV (no quoting) unless its lines do not
+    all have the header's number of fields or every field holding a quote mark is wholly quoted
+    (quoted TSV, as pandas and the csv module write it)."""
     import csv
 
     import pandas as pd
@@ -407,12 +391,9 @@ def load_passages(
     batch_size: int = DEFAULT_BATCH,
     progress: bool = True,
 ) -> int:
-    """Embed and upsert the passages not yet stored (by id), ``batch_size`` at a time.
-
-    Returns how many were added. Safe to interrupt: each batch is committed before the next, and a
-    rerun skips what is already stored. Every passage is screened for planted instructions
-    (:func:`injection.screen_passage`) and the result stored in its metadata; one warning per load
-    gives the count of flagged passages."""
+    """Embed and upsert the passages not yet stored (by id), ``batch_size`` at a time, each batch
+    committed before the next; returns how many were added. Each passage's injection screen
+    (:func:`injection.screen_passage`) is stored in its metadata."""
     store = rag_utils.get_store(settings)
     ids = [str(p["idx"]) for p in passages]
     if len(set(ids)) != len(ids):
@@ -493,13 +474,9 @@ def load_documents(
     overrides: dict[str, str] | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Read, chunk and load the user's documents (``documents.py``): files, or folders searched
-    recursively.  A file that cannot be read costs one line on stderr and the others
-    still load.  Idempotent and resumable: a document whose stored chunks have the same text and
-    metadata is skipped (a new sidecar or flag counts as a change); a changed or partly loaded one
-    has its chunks replaced.  A document that hides text which reads as instructions to the model
-    (white or invisible PDF text, HTML comments or hidden elements, metadata) is loaded
-    quarantined: every chunk carries the flag, so no search hands it to a prompt."""
+    """Read, chunk and load the user's documents (files or folders; ``documents.py``): an
+    unreadable file costs one line on stderr, an unchanged one is skipped, a changed one has its
+    chunks replaced, and one with hidden instructions is loaded quarantined."""
     import documents
 
     files = documents.find_files(paths)
@@ -554,8 +531,7 @@ def ensure_starter_index(settings: Settings) -> int:
     if rag_utils.is_read_only(settings):
         logger.warning("the store is empty and read-only: the starter corpus is not indexed")
         return 0
-    passage_files, _ = starter_files()
-    passages = read_many(passage_files, read_passages)
+    passages = read_passages(starter_files()[0][0])
     logger.info("indexing the starter corpus (%d passages)", len(passages))
     return load_passages(passages, settings, progress=False)
 
@@ -567,9 +543,8 @@ def curated_selection(
     not found among ``passages``."""
     gold = {str(q["gold_idx"]) for q in qa if q.get("gold_idx")}
     chosen = [p for p in passages if p["idx"] in gold]
-    found = {p["idx"] for p in chosen}
     pad = [p for p in passages if p["idx"] not in gold][: max(0, padding)]
-    return chosen + pad, sorted(gold - found)
+    return chosen + pad, sorted(gold - {p["idx"] for p in chosen})
 
 
 def scan_metadata(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -843,18 +818,16 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    store_errors = (rag_utils.ModelLoadError, rag_utils.StoreError)  # exit 1; bad input exits 2
     try:
         load_dotenv_file()
         settings = Settings.from_env(
             chroma_dir=args.chroma_dir, embedding_model=args.embedding_model
         )
         return run(args, settings)
-    except (SettingsError, FileNotFoundError, CorpusError) as exc:
+    except (SettingsError, FileNotFoundError, CorpusError, *store_errors) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except (rag_utils.ModelLoadError, rag_utils.StoreError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 1 if isinstance(exc, store_errors) else 2
     except KeyboardInterrupt:
         print("interrupted: rerun the same command to resume", file=sys.stderr)
         return 130
