@@ -1,25 +1,12 @@
-"""Prompt-injection screens for user input and corpus passages, and the detection policy.
-
-Two deterministic screens, each a dict of named regular expressions:
-
-* :func:`screen_user_input` — attacks typed at the assistant: override/ignore instructions, fake
-  system or assistant turns and chat-template tokens, role-play and persona resets, asides to the
-  AI inside a fact pattern, forced multiple-choice answers, requests for keys / the prompt / the
-  environment, requests to fabricate authorities, and encoded payloads (base64, hex, percent
-  escapes, ROT13, reversed, leetspeak or spaced-out text) that decode to any of these.
-* :func:`screen_passage` — instructions planted in documents: a passage that addresses an AI, tells
-  it to ignore its instructions, declares "the correct answer is (X)", asks for the prompt, or
-  carries chat-template tokens.  Real legal text says "the jury was instructed to disregard …" and
-  "the court must disregard all errors"; those never match (checked against both bundled corpora).
+"""Prompt-injection screens for user input (:func:`screen_user_input`) and corpus passages
+(:func:`screen_passage`), each a dict of named regular expressions, and the detection policy
+(:func:`detect`).
 
 Both screens look for *commands aimed at the assistant*, never for legal subject matter: questions
 about murder, hacking law (CFAA), fraud, drugs or fake IDs are research.  The imperative patterns
 therefore fire only at the start of a clause or after a request cue ("please", "you must"), so
 "Can a court ignore the difference …" and "the supervisor told the crew to ignore all previous
 safety rules" stay clean.
-
-:func:`detect` is the agent's policy: the user-input pre-screen, then the model's verdict
-(``skills/detect_prompt_injection.md``, schema ``prompts.InjectionVerdict``).
 """
 
 from __future__ import annotations
@@ -522,7 +509,10 @@ def _matches(patterns: Mapping[str, re.Pattern[str]], text: str) -> list[str]:
 
 
 def screen_user_input(text: str) -> list[str]:
-    """Names of the user-input patterns ``text`` matches (empty = looks safe).
+    """Names of the user-input patterns ``text`` matches (empty = looks safe): override/ignore
+    instructions, fake system or assistant turns and chat-template tokens, role-play and persona
+    resets, asides to the AI inside a fact pattern, forced multiple-choice answers, requests for
+    keys / the prompt / the environment, requests to fabricate authorities.
 
     The text is normalised first; disguised readings of it (base64/hex/percent blobs, ROT13,
     reversed, leetspeak, spaced letters) are screened too and report :data:`ENCODED`."""
@@ -563,8 +553,11 @@ def _passage_matches(text: str) -> list[str]:
 
 
 def screen_passage(text: str) -> list[str]:
-    """Names of the document patterns ``text`` matches (empty = clean; what they catch is in the
-    module docstring).  An encoded blob (:func:`decoded_payloads`) whose text matches a passage or
+    """Names of the document patterns ``text`` matches (empty = clean): a passage that addresses
+    an AI, tells it to ignore its instructions, declares "the correct answer is (X)", asks for the
+    prompt, or carries chat-template tokens.  Real legal text ("the jury was instructed to
+    disregard …", "the court must disregard all errors") never matches (checked against both
+    bundled corpora).  An encoded blob (:func:`decoded_payloads`) whose text matches a passage or
     user-input pattern reports :data:`ENCODED`."""
     norm = normalize(text)
     hits = _passage_matches(norm) if _PASSAGE_TRIGGER.search(norm) else []
@@ -660,15 +653,10 @@ _U_ABBREVIATION = re.compile(r"\b(?:u|ur)\b(?=\s*\.)", _I)
 
 
 def addresses_the_assistant(text: str) -> bool:
-    """True when ``text`` could hold an instruction to the assistant: words a command would use,
-    an encoded payload, or a request involving fabricated authorities.
-
-    An LLM 'injection' verdict on text without any of these (a plain fact pattern: "Dana swung her
-    handbag …") is overruled, because the small local model flags such fact patterns.  Encoded
-    blobs and fabrication requests are never cleared this way: they may carry no second-person
-    words at all.  The second person inside quotation marks is one character speaking to another
-    ('the officer said, "Listen, you …"', a letter quoted in a contract problem), and "U." is an
-    abbreviation, so neither counts; an imperative or an AI addressee counts inside quotes too."""
+    """True when ``text`` could hold an instruction to the assistant: words a command would use
+    (not the second person inside quotes, nor "U."), an encoded payload, or a request involving
+    fabricated authorities.  An LLM 'injection' verdict on any other text is overruled: the small
+    local model flags plain fact patterns (docs/MEASUREMENTS.md, "Injection check")."""
     norm = normalize(text)
     quoted_to_third_person = _QUOTED.sub(lambda q: _SECOND_PERSON.sub("they", q.group(0)), norm)
     cues = _U_ABBREVIATION.sub("x", quoted_to_third_person)
@@ -692,7 +680,8 @@ def detect(
     *,
     skip_llm: bool,
 ) -> InjectionCheck:
-    """The injection check of one user input: pre-screen, then the model's verdict.
+    """The injection check of one user input: pre-screen, then the model's verdict
+    (``skills/detect_prompt_injection.md``).
 
     * a :func:`screen_user_input` hit rejects (no LLM call; ``llm_verdict='not_needed'``);
     * ``skip_llm``, a failed call (``LLMCallError``) or an unparsed reply: the input passes on the

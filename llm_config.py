@@ -1,13 +1,6 @@
-"""Every LLM call of the agent and the eval scripts goes through this module; :mod:`providers`
-says which endpoint a role talks to and builds its chat model.
-
-``LLMClient`` is the one call helper, on LangChain's primitives: ``Runnable.with_retry``
-(exponential backoff with jitter), ``InMemoryRateLimiter`` per endpoint, a ``BaseCache`` over
-SQLite (:mod:`llm_cache`), ``usage_metadata`` for tokens.  It adds what they lack: the run
-deadline (``LLMDeadlineError``), the provider's Retry-After, JSON replies (provider JSON-schema
-mode, else prompt + :func:`parse_json_reply`) and per-call records.  A 200 response that is not
-a chat completion is retried like a 5xx.  API keys never reach the cache, logs or records.
-``python llm_config.py`` lists the providers and the selection.
+"""Every LLM call of the agent and the eval scripts goes through :class:`LLMClient`;
+:mod:`providers` says which endpoint a role talks to and builds its chat model.  API keys never
+reach the cache, logs or records.  ``python llm_config.py`` lists the providers and the selection.
 """
 
 from __future__ import annotations
@@ -21,7 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from langchain_core.messages import HumanMessage, SystemMessage, convert_to_messages
@@ -214,37 +207,6 @@ class CallRecord:
     """The reply had no text (see LLMResult.empty)."""
     error: str | None = None
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def usage(records: Sequence[CallRecord]) -> dict[str, Any]:
-    """The one usage summary of a list of call records (a run's, an eval task's, a benchmark's):
-    calls (from the provider and from the cache), errors, retries, parse failures, tokens,
-    characters and LLM seconds, in total and per role."""
-
-    def totals(rs: Sequence[CallRecord]) -> dict[str, Any]:
-        return {
-            "llm_calls": len(rs),
-            "provider_calls": sum(not r.cached for r in rs),
-            "cached_calls": sum(r.cached for r in rs),
-            "llm_errors": sum(r.error is not None for r in rs),
-            "retries": sum(r.retries or 0 for r in rs),
-            "parse_failures": sum(bool(r.parse_failed) for r in rs),
-            "empty_replies": sum(bool(r.empty) for r in rs),
-            "input_tokens": sum(r.input_tokens or 0 for r in rs),
-            "output_tokens": sum(r.output_tokens or 0 for r in rs),
-            "cached_prompt_tokens": sum(r.cached_prompt_tokens or 0 for r in rs),
-            "in_chars": sum(r.in_chars for r in rs),
-            "out_chars": sum(r.out_chars for r in rs),
-            "llm_seconds": round(sum(r.latency_s for r in rs), 3),
-        }
-
-    out = totals(records)
-    roles = dict.fromkeys(r.role for r in records)
-    out["by_role"] = {role: totals([r for r in records if r.role == role]) for role in roles}
-    return out
-
 
 class _Retry(Exception):
     """An attempt failed in a way worth another (the only exception ``with_retry`` retries)."""
@@ -285,13 +247,14 @@ def _add_instruction(msgs: list[Any], suffix: str, *, prefer_system: bool) -> li
 
 
 class LLMClient:
-    """The call helper every node and eval script uses.
+    """The call helper every node and eval script uses, on LangChain's primitives:
+    ``Runnable.with_retry`` (exponential backoff with jitter), ``InMemoryRateLimiter`` per
+    endpoint, a ``BaseCache`` over SQLite (:mod:`llm_cache`), ``usage_metadata`` for tokens.  It
+    adds what they lack: the run deadline, the provider's Retry-After, JSON replies and per-call
+    records.
 
-    ``llm_factory(role) -> BaseChatModel`` replaces ``providers.get_llm`` (tests inject fake
+    ``llm_factory(role) -> BaseChatModel`` replaces ``providers.chat_model`` (tests inject fake
     models).
-    ``deadline`` (an absolute ``time.monotonic()`` value, or None) bounds every call made through
-    this client; ``context.AgentContext.start_run`` sets it once per run from ``RUN_TIMEOUT``, so
-    no node has to pass it.
     """
 
     backoff_base_s: float = 1.0
@@ -299,17 +262,12 @@ class LLMClient:
     max_retry_after_s: float = 120.0
     """A provider asking us to wait longer than this (a daily quota) fails at once."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        llm_factory: Callable[[str], Any] | None = None,
-        *,
-        deadline: float | None = None,
-    ) -> None:
+    def __init__(self, settings: Settings, llm_factory: Callable[[str], Any] | None = None) -> None:
         self.settings = settings
         self._factory = llm_factory
-        self.deadline: float | None = deadline
-        """Default deadline of every call (time.monotonic() value); None = none."""
+        self.deadline: float | None = None
+        """Bounds every call (a ``time.monotonic()`` value; None = none):
+        ``context.AgentContext.start_run`` sets it once per run from ``RUN_TIMEOUT``."""
         self._records: list[CallRecord] = []
         self._lock = threading.Lock()
         self._cache = ResponseCache(settings.llm.cache_path) if settings.llm.cache else None
@@ -319,23 +277,37 @@ class LLMClient:
         with self._lock:
             return list(self._records)
 
-    def reset(self) -> None:
-        with self._lock:
-            self._records.clear()
-
     def summary(self, since: int = 0) -> dict:
-        """:func:`usage` of the records since the last reset, from record ``since`` on (a run's
-        first record: its context's ``record_offset``)."""
-        return usage(self.records[since:])
+        """The one usage summary of the records from record ``since`` on (a run's first record:
+        its context's ``record_offset``): calls (from the provider and from the cache), errors,
+        retries, parse failures, tokens, characters and LLM seconds, in total and per role."""
+        records = self.records[since:]
+
+        def totals(rs: Sequence[CallRecord]) -> dict[str, Any]:
+            return {
+                "llm_calls": len(rs),
+                "provider_calls": sum(not r.cached for r in rs),
+                "cached_calls": sum(r.cached for r in rs),
+                "llm_errors": sum(r.error is not None for r in rs),
+                "retries": sum(r.retries or 0 for r in rs),
+                "parse_failures": sum(bool(r.parse_failed) for r in rs),
+                "empty_replies": sum(bool(r.empty) for r in rs),
+                "input_tokens": sum(r.input_tokens or 0 for r in rs),
+                "output_tokens": sum(r.output_tokens or 0 for r in rs),
+                "cached_prompt_tokens": sum(r.cached_prompt_tokens or 0 for r in rs),
+                "in_chars": sum(r.in_chars for r in rs),
+                "out_chars": sum(r.out_chars for r in rs),
+                "llm_seconds": round(sum(r.latency_s for r in rs), 3),
+            }
+
+        out = totals(records)
+        roles = dict.fromkeys(r.role for r in records)
+        out["by_role"] = {role: totals([r for r in records if r.role == role]) for role in roles}
+        return out
 
     def is_local(self, role: str) -> bool:
         """True when ``role`` talks to the embedded local model (short reply budgets)."""
         return resolve(role, self.settings).local
-
-    def effective_deadline(self, deadline: float | None = None) -> float | None:
-        """The earlier of ``deadline`` and the client's own (a call never outlives the run)."""
-        found = [d for d in (deadline, self.deadline) if d is not None]
-        return min(found) if found else None
 
     def invoke(
         self,
@@ -344,9 +316,7 @@ class LLMClient:
         role: str,
         schema: type[BaseModel] | None = None,
         max_tokens: int | None = None,
-        timeout: float | None = None,
         json_mode: str | None = None,
-        deadline: float | None = None,
     ) -> LLMResult:
         """Send ``messages`` (LangChain messages or (role, content) tuples) for ``role``.
 
@@ -356,18 +326,16 @@ class LLMClient:
         persist after ``settings.llm.max_retries`` retries raise LLMCallError (a 200 response that
         is not a chat completion counts as one); configuration problems raise LLMConfigError at
         once.  ``json_mode`` forces "schema" (provider JSON-schema mode) or "prompt" (instruction +
-        parsing); None picks schema mode where the provider supports it.  ``timeout`` (seconds)
-        overrides the per-attempt timeout (:func:`call_timeout`) for this call.
+        parsing); None picks schema mode where the provider supports it.
 
-        ``deadline`` (absolute ``time.monotonic()``; the earlier of it and ``self.deadline``
-        applies): each attempt's timeout is capped by the time left, no attempt, rate-limit wait
-        or backoff sleep starts past it, and LLMDeadlineError is raised when it passes — at once
-        when the call starts after it.
+        ``self.deadline``: each attempt's timeout (:func:`call_timeout`) is capped by the time
+        left, no attempt, rate-limit wait or backoff sleep starts past it, and LLMDeadlineError is
+        raised when it passes — at once when the call starts after it.
         """
         if json_mode not in (None, "schema", "prompt"):
             raise ValueError(f"json_mode must be 'schema', 'prompt' or None, not {json_mode!r}")
         cfg = resolve(role, self.settings)
-        deadline = self.effective_deadline(deadline)
+        deadline = self.deadline
         if deadline is not None and time.monotonic() >= deadline:
             raise LLMDeadlineError(
                 f"LLM call for role {role!r} not started: the run deadline has passed "
@@ -384,11 +352,9 @@ class LLMClient:
             json_mode = None
         else:
             json_mode = json_mode or ("schema" if cfg.supports_json_schema else "prompt")
-            # The model sees the schema in both modes (field names, enums).  In schema mode the
-            # server enforces it, and the instruction goes at the end of the system message so
-            # the prefix shared by every call of a node stays stable for the prompt cache.  In
-            # prompt mode it must sit right after the question: the local 1.5B echoed the schema
-            # itself when it was in the system message (bench_llm: 25% vs 100% valid).
+            # The model sees the schema in both modes.  Schema mode: at the end of the system
+            # message (a stable prefix for the prompt cache).  Prompt mode: right after the
+            # question, or the local 1.5B echoes the schema (bench_llm: 25% vs 100% valid).
             schema_mode = json_mode == "schema"
             msgs = _add_instruction(
                 msgs, json_schema_instruction(schema), prefer_system=schema_mode
@@ -421,7 +387,7 @@ class LLMClient:
             message, retries = hit[0].message, 0
         else:
             try:
-                message, retries = self._call(msgs, kwargs, cfg, role, timeout, deadline)
+                message, retries = self._call(msgs, kwargs, cfg, role, deadline)
             except _Stop as stop:
                 latency = round(time.perf_counter() - start, 4)
                 failed = CallRecord(**record, latency_s=latency, out_chars=0, error=stop.reason)
@@ -470,7 +436,6 @@ class LLMClient:
         kwargs: dict[str, Any],
         cfg: ResolvedLLM,
         role: str,
-        timeout: float | None,
         deadline: float | None,
     ) -> tuple[Any, int]:
         """The reply message and the number of retries it took.  ``with_retry`` runs the attempts
@@ -480,7 +445,7 @@ class LLMClient:
         from langchain_openai.chat_models.base import BaseChatOpenAI
 
         llm = self._factory(role) if self._factory is not None else chat_model(cfg, self.settings)
-        per_call = float(timeout) if timeout is not None else call_timeout(cfg, self.settings)
+        per_call = call_timeout(cfg, self.settings)
         attempts = max(0, int(self.settings.llm.max_retries)) + 1
         limiter = rate_limiter(cfg)
         state = {"attempt": 0, "reason": "no attempt made"}

@@ -15,7 +15,6 @@ The server is started lazily, reused by every call of the process and released a
 from __future__ import annotations
 
 import atexit
-import contextlib
 import fcntl
 import hashlib
 import importlib
@@ -83,7 +82,6 @@ class LocalTimings:
     """What starting the embedded model cost (seconds; 0.0 when the step was not needed)."""
 
     assembly_s: float = 0.0
-    verify_s: float = 0.0
     server_start_s: float = 0.0
     assembled: bool = False
 
@@ -163,11 +161,6 @@ def _write_marker(model_path: Path, sha: str) -> None:
     os.replace(tmp, _marker_path(model_path))
 
 
-def _remove(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-
-
 def ensure_model(name: str, settings: Settings, timings: LocalTimings | None = None) -> Path:
     """Return the path of the verified GGUF for ``name``, assembling it on first use.
 
@@ -187,15 +180,13 @@ def ensure_model(name: str, settings: Settings, timings: LocalTimings | None = N
         if model_path.is_file() and _marker_matches(model_path, spec.sha256):
             return model_path  # another process finished it while we waited
         if model_path.is_file():
-            t0 = time.perf_counter()
             actual = rag_utils.sha256_file(model_path)
-            timings.verify_s = time.perf_counter() - t0
             if actual == spec.sha256:
                 _write_marker(model_path, actual)
                 return model_path
             logger.warning("%s has the wrong sha256 (%s); reassembling it", model_path, actual)
-            _remove(model_path)
-            _remove(_marker_path(model_path))
+            model_path.unlink(missing_ok=True)
+            _marker_path(model_path).unlink(missing_ok=True)
 
         parts = part_paths(spec)
         logger.info("assembling %s from %d parts into %s", spec.alias, len(parts), model_dir)
@@ -220,7 +211,7 @@ def ensure_model(name: str, settings: Settings, timings: LocalTimings | None = N
                 )
             os.replace(tmp, model_path)
         finally:
-            _remove(tmp)
+            tmp.unlink(missing_ok=True)
         _write_marker(model_path, actual)
         timings.assembly_s = time.perf_counter() - t0
         timings.assembled = True
@@ -243,9 +234,7 @@ def _thread_count(settings: Settings) -> int:
 class LocalServer:
     """A running embedded model server; ``base_url`` ends in ``/v1`` (what ChatOpenAI wants)."""
 
-    name: str
     model: str
-    model_path: Path
     base_url: str
     threads: int
     ctx_size: int
@@ -318,9 +307,7 @@ def _start(name: str, settings: Settings) -> LocalServer:
         timings.server_start_s,
     )
     return LocalServer(
-        name=name,
         model=spec.alias,
-        model_path=model_path,
         base_url=root + "/v1",
         threads=threads,
         ctx_size=ctx,
@@ -337,10 +324,6 @@ def get_local_server(name: str, settings: Settings) -> LocalServer:
             server = _start(name, settings)
             _servers[name] = server
         return server
-
-
-def is_running(name: str = "local") -> bool:
-    return name in _servers
 
 
 def stop_local_servers() -> None:

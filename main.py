@@ -83,19 +83,20 @@ def build_graph(
         destinations=("executor", "replanner", "answer"),
     )
     g.add_node("replanner", nodes.replanner)
-    g.add_node("answer", nodes.answer_node)
-    g.add_node("mc_select", nodes.mc_select)
-    g.add_node("memory_writeback", nodes.memory_writeback)
-    g.add_node("observability", nodes.observability)
+    g.add_sequence(
+        [
+            ("answer", nodes.answer_node),
+            ("mc_select", nodes.mc_select),
+            ("memory_writeback", nodes.memory_writeback),
+            ("observability", nodes.observability),
+        ]
+    )
     g.add_edge(START, "detect_injection")
     g.add_conditional_edges("detect_injection", nodes.route_after_injection)
     g.add_edge("classifier", "planner")
     g.add_conditional_edges("planner", nodes.route_after_planner)
     g.add_edge("executor", "evaluator")
     g.add_edge("replanner", "executor")
-    g.add_edge("answer", "mc_select")
-    g.add_edge("mc_select", "memory_writeback")
-    g.add_edge("memory_writeback", "observability")
     g.add_edge("observability", END)
     return g.compile()
 
@@ -225,7 +226,7 @@ def parse_question(text: str) -> tuple[str, dict[str, str] | None]:
         return question, None
     letters = "".join(choices)
     expected = MC_LETTERS[: len(letters)]
-    if len(letters) > len(MC_LETTERS) or letters != expected:
+    if letters != expected:
         raise InputError(
             f"answer choices must be ({') ('.join(MC_LETTERS[:2])}) ... in order without gaps, "
             f"at most {len(MC_LETTERS)}; got ({') ('.join(letters)})"

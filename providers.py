@@ -1,17 +1,7 @@
-"""The provider side of the LLM layer: which endpoint each role talks to, and the chat model that
-talks to it.  :mod:`llm_config` makes the calls; nothing here sends a request.
-
-* ``PROVIDERS`` — OpenAI-compatible endpoints as data (base URL, model, the env variable holding the
-  key, published free-tier limits).  ``python llm_config.py`` prints them.
-* :func:`resolve` — the endpoint of a role.  ``LLM_PROVIDER`` picks the entry; ``LLM_BASE_URL`` /
-  ``LLM_API_KEY`` / ``LLM_MODEL`` override it; the cheap roles (``FAST_ROLES``) use
-  ``LLM_PROVIDER_FAST`` / ``LLM_MODEL_FAST`` and the grader ``JUDGE_PROVIDER`` / ``JUDGE_MODEL``
-  when set.  The default ``local`` provider is the embedded model of :mod:`local_llm`.
-* :func:`get_llm` — a cached LangChain chat model of that endpoint, and :func:`rate_limiter` its
-  process-wide ``InMemoryRateLimiter``.
-* :func:`classify_failure` — what a failed call's exception says: worth another attempt, why,
-  and the wait the provider asks for.
-* :func:`redact_url` strips credentials from any URL before it is shown, logged or saved.
+"""The provider side of the LLM layer: the registry of OpenAI-compatible endpoints
+(``PROVIDERS``), which one each role talks to (:func:`resolve`), its chat model and rate limiter,
+what a failed call says (:func:`classify_failure`), and URLs without credentials
+(:func:`redact_url`).  :mod:`llm_config` makes the calls; nothing here sends a request.
 """
 
 from __future__ import annotations
@@ -30,7 +20,6 @@ from typing import Any
 
 from langchain_core.messages import HumanMessage, SystemMessage, convert_to_messages
 from langchain_core.rate_limiters import InMemoryRateLimiter
-from langchain_core.runnables import RunnableLambda
 
 import local_llm
 from settings import Settings
@@ -106,10 +95,10 @@ class RedactingFilter(logging.Filter):
         return True
 
 
-def install_log_redaction(logger_: logging.Logger | None = None) -> None:
-    """Add :class:`RedactingFilter` to every handler of ``logger_`` (default: the root logger);
-    call it after ``logging.basicConfig`` in a CLI.  Idempotent."""
-    for handler in (logger_ or logging.getLogger()).handlers:
+def install_log_redaction() -> None:
+    """Add :class:`RedactingFilter` to every handler of the root logger; call it after
+    ``logging.basicConfig`` in a CLI.  Idempotent."""
+    for handler in logging.getLogger().handlers:
         if not any(isinstance(f, RedactingFilter) for f in handler.filters):
             handler.addFilter(RedactingFilter())
 
@@ -136,10 +125,13 @@ class Provider:
     requests_per_minute: int | None = None
     supports_system_messages: bool = True
     supports_json_schema: bool = False
-    key_required: bool = True
     local: bool = False
     notes: str = ""
     api_key_env_aliases: tuple[str, ...] = ()
+
+    @property
+    def key_required(self) -> bool:
+        return self.api_key_env is not None
 
     def api_key(self, settings: Settings) -> str | None:
         """The key from ``api_key_env``, else from the first of its aliases that is set."""
@@ -155,10 +147,10 @@ class Provider:
 
 _PROVIDER_LIST = [
     Provider("local", None, "qwen2.5-coder-1.5b-instruct", None, supports_json_schema=True,
-             key_required=False, local=True,
+             local=True,
              notes="default; embedded Qwen2.5-Coder-1.5B Q4_K_M via xllamacpp, offline ('local' extra)"),
     Provider("local-small", None, "qwen2.5-coder-0.5b-instruct", None, supports_json_schema=True,
-             key_required=False, local=True,
+             local=True,
              notes="embedded Qwen2.5-Coder-0.5B Q4_K_M, faster, weaker ('local-small' extra)"),
     Provider("google-gemma", "https://generativelanguage.googleapis.com/v1beta/openai/",
              "gemma-3-27b-it", "GEMINI_API_KEY", 14_400, None, supports_system_messages=False,
@@ -188,7 +180,7 @@ _PROVIDER_LIST = [
     Provider("cerebras", "https://api.cerebras.ai/v1", "llama-3.3-70b", "CEREBRAS_API_KEY",
              14_400, 1_000_000, requests_per_minute=30, notes="Cerebras free tier (30 req/min, 60k tokens/min)"),
     Provider("ollama", "http://localhost:11434/v1", "qwen2.5:7b-instruct", None,
-             supports_json_schema=True, key_required=False,
+             supports_json_schema=True,
              notes="local Ollama server; `ollama pull` the model first; LLM_MODEL picks another"),
     Provider("deepseek", "https://api.deepseek.com/v1", "deepseek-chat", "DEEPSEEK_API_KEY",
              None, None, notes="paid, no fixed daily limit"),
@@ -199,10 +191,9 @@ _PROVIDER_LIST = [
     Provider("mistral", "https://api.mistral.ai/v1", "mistral-small-latest", "MISTRAL_API_KEY",
              None, None, requests_per_minute=60, notes="free 'Experiment' plan: 1 req/s, 500k tokens/min, 1B tokens/month"),
     Provider("vllm", "http://localhost:8000/v1", "", None, supports_json_schema=True,
-             key_required=False,
              notes="your vLLM server; set LLM_MODEL (and LLM_BASE_URL if not localhost:8000)"),
     Provider("llamacpp-server", "http://localhost:8080/v1", "local-model", None,
-             supports_json_schema=True, key_required=False,
+             supports_json_schema=True,
              notes="a separate llama.cpp llama-server; LLM_BASE_URL if not localhost:8080"),
 ]  # fmt: skip
 
@@ -217,17 +208,13 @@ PROVIDER_ALIASES: dict[str, str] = {
 and ``ollama`` are registry names as they are)."""
 
 
-def provider_name(name: str | None) -> str | None:
+def provider_name(name: str) -> str:
     """The registry name of ``name`` (an alias is translated; unknown names come back unchanged)."""
-    if name is None:
-        return None
     key = name.strip().lower()
     return PROVIDER_ALIASES.get(key, key)
 
 
-FAST_ROLES = frozenset(
-    {"classify", "classifier", "rewrite", "query_rewrite", "injection", "injection_check"}
-)
+FAST_ROLES = frozenset({"classify", "rewrite", "injection"})
 """Roles that use LLM_PROVIDER_FAST / LLM_MODEL_FAST when set (cheap, short calls)."""
 JUDGE_ROLES = frozenset({"judge"})
 """Roles that use JUDGE_PROVIDER / JUDGE_MODEL when set (the answer grader of the eval)."""
@@ -273,16 +260,16 @@ class ResolvedLLM:
 
 
 LOCAL_TIMEOUT_S = 300.0
-"""Default seconds per call for the embedded model and servers on this machine (LLM_TIMEOUT=0):
-the 1.5B model on 2 CPU cores needs up to ~60 s for the longest node prompt, a slow laptop more."""
+"""Default seconds per call on this machine (LLM_TIMEOUT=0): slow CPU inference
+(docs/MEASUREMENTS.md)."""
 REMOTE_TIMEOUT_S = 60.0
-"""Default seconds per call for remote APIs (LLM_TIMEOUT=0): a hosted 70B answers our prompts
-(at most ~1,000 output tokens) in seconds; 60 s without a byte means the endpoint hangs."""
+"""Default seconds per call for remote APIs (LLM_TIMEOUT=0): longer without a byte means the
+endpoint hangs."""
 
 
 def call_timeout(cfg: ResolvedLLM, settings: Settings) -> float:
-    """Seconds one attempt may take: LLM_TIMEOUT when set (> 0), else 300 on this machine and
-    60 for remote providers."""
+    """Seconds one attempt may take: LLM_TIMEOUT when set (> 0), else :data:`LOCAL_TIMEOUT_S` on
+    this machine and :data:`REMOTE_TIMEOUT_S` for remote providers."""
     if settings.llm.timeout and settings.llm.timeout > 0:
         return float(settings.llm.timeout)
     return LOCAL_TIMEOUT_S if cfg.on_this_machine else REMOTE_TIMEOUT_S
@@ -302,7 +289,7 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
     elif fast and settings.llm.provider_fast:
         given, var = settings.llm.provider_fast, "LLM_PROVIDER_FAST"
     main = var == "LLM_PROVIDER"
-    provider = PROVIDERS.get(provider_name(given) or "")
+    provider = PROVIDERS.get(provider_name(given))
     if provider is None:
         raise LLMConfigError(
             f"{var}={given!r} is not a known provider; choose one of: {', '.join(PROVIDERS)} "
@@ -504,21 +491,6 @@ def chat_model(cfg: ResolvedLLM, settings: Settings) -> Any:
                 ),
             )
         return _models[key]
-
-
-def get_llm(role: str | None, settings: Settings) -> Any:
-    """A cached chat model for ``role``; for providers that reject the system role, a
-    ``fold_system_messages | model`` chain."""
-    cfg = resolve(role, settings)
-    llm = chat_model(cfg, settings)
-    return llm if cfg.supports_system_messages else RunnableLambda(fold_system_messages) | llm
-
-
-def clear_llm_cache() -> None:
-    """Forget the cached chat models and rate limiters (tests; after changing settings)."""
-    with _models_lock:
-        _models.clear()
-        _limiters.clear()
 
 
 # ------------------------------------------------------------------------------------------------

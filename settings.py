@@ -4,11 +4,10 @@ Every entry point (``main.py``, ``load_corpus.py``, the eval scripts, the benchm
 :class:`Settings` once: CLI flag > environment (and ``.env``) > default.  Library modules never read
 ``os.environ`` themselves; they receive a ``Settings`` from their caller.
 
-Settings come in groups, read as ``settings.llm.provider`` or ``settings.agent.max_steps``
-(retrieval, filters, llm, agent, data).  Each field records its environment variable
-(``LLM_PROVIDER``), whose name does not depend on the group; ``.env.example`` documents every one.
-Overrides and :meth:`Settings.replace` name a setting by that variable in lower case
-(``llm_provider``).
+Settings come in groups, read as ``settings.llm.provider`` or ``settings.agent.max_steps``.  Each
+field records its environment variable (``LLM_PROVIDER``), whose name does not depend on the group;
+``.env.example`` documents every one.  Overrides and :meth:`Settings.replace` name a setting by
+that variable in lower case (``llm_provider``).
 """
 
 from __future__ import annotations
@@ -88,9 +87,9 @@ class RetrievalSettings:
     embedding_device: str | None = _var("EMBEDDING_DEVICE", None)
     """cpu, cuda, mps; empty = let sentence-transformers choose."""
     embedding_batch_size: int = _var("EMBEDDING_BATCH_SIZE", 16)
-    """Texts per forward pass of the torch backend. Small batches pad less: 16 embeds ~15% faster
-    than 64 on 2 CPU cores (bench: 30.8 vs 26.2 passages/s on the shared corpus); raise it on a
-    GPU. The ONNX default embeds one text per pass (its vectors must not depend on the batch)."""
+    """Texts per forward pass of the torch backend; small batches pad less (2 CPU cores: 16 beat
+    64, 30.8 vs 26.2 passages/s); raise it on a GPU. The ONNX default embeds one text per pass
+    (its vectors must not depend on the batch)."""
     embedding_backend: str = _var("EMBEDDING_BACKEND", "auto")
     """auto | onnx | torch. onnx runs the default model from an int8 export (made once in
     LOCAL_MODEL_DIR); auto = onnx for the default model on the CPU, torch otherwise."""
@@ -104,13 +103,10 @@ class RetrievalSettings:
     overretrieve_factor: int = _var("OVERRETRIEVE_FACTOR", 4)
     """Candidates pooled per query = factor x k."""
     dense_centering: bool = _var("DENSE_CENTERING", True)
-    """Rank dense candidates by the cosine of the query minus the collection's mean passage vector
-    (the corpus centroid) to each passage.  All MiniLM vectors share a large common direction
-    (the centroid's norm is 0.5 on the shared corpus), which swamps what a long fact pattern and a
-    short rule statement have in common; removing it from the query ranks by what is specific.
-    Measured on barexam_dev (question alone, dense top 10): 0.126 -> 0.216 Recall@10, 9 items
-    gained and none lost.  Only the ranking changes: ``dense_score`` stays the plain cosine the
-    evidence gates were calibrated on."""
+    """Rank dense candidates by the cosine of the query minus the corpus's mean passage vector to
+    each passage: the direction all MiniLM vectors share swamps what is specific
+    (docs/MEASUREMENTS.md, "Centring on the corpus mean").  Only the ranking changes:
+    ``dense_score`` stays the plain cosine the evidence gates were calibrated on."""
     fusion_dense_weight: float = _var("FUSION_DENSE_WEIGHT", 0.8)
     """Hybrid reranking: weight of the dense ranking in the reciprocal rank fusion (BM25 gets
     1 - weight); chosen with DENSE_CENTERING on the even half of barexam_dev, reported on the odd
@@ -269,45 +265,36 @@ class Settings:
 
     def validate(self) -> None:
         r, llm, agent = self.retrieval, self.llm, self.agent
-        if r.reranker not in RERANKER_CHOICES:
-            raise SettingsError(f"RERANKER={r.reranker!r}: use auto, cross-encoder, hybrid or none")
-        if agent.answer_mode not in {"auto", "research", "evidence", "lean"}:
-            raise SettingsError(
-                f"ANSWER_MODE={agent.answer_mode!r}: use auto, research, evidence or lean"
-            )
-        if agent.search_strategy not in ("auto", *SEARCH_TYPES):
-            raise SettingsError(
-                f"SEARCH_STRATEGY={agent.search_strategy!r}: use auto, dense, keyword or hybrid"
-            )
-        for var, value in (
-            ("MEMORY_THRESHOLD", r.memory_threshold),
-            ("LEAN_GATE", agent.lean_gate),
-        ):
-            if not -1.0 <= value <= 1.0:
-                raise SettingsError(f"{var}={value}: must be between -1 and 1")
-        for var, value in (
-            ("LLM_TIMEOUT", llm.timeout),
-            ("RUN_TIMEOUT", agent.run_timeout),
-            ("LLM_MAX_RETRIES", llm.max_retries),
-        ):
-            if value < 0:
-                raise SettingsError(f"{var}={value}: must be 0 or more")
-        if r.embedding_backend.strip().lower() not in {"auto", "onnx", "torch"}:
-            raise SettingsError(
-                f"EMBEDDING_BACKEND={r.embedding_backend!r}: use auto, onnx or torch"
-            )
-        if not 0.0 <= r.fusion_dense_weight <= 1.0:
-            raise SettingsError(
-                f"FUSION_DENSE_WEIGHT={r.fusion_dense_weight}: must be between 0 and 1"
-            )
-        for var, value in (
-            ("MAX_STEPS", agent.max_steps),
-            ("MAX_ITERATIONS", agent.max_iterations),
-            ("RETRIEVAL_K", agent.retrieval_k),
-            ("OVERRETRIEVE_FACTOR", r.overretrieve_factor),
-        ):
-            if value < 1:
-                raise SettingsError(f"{var} must be at least 1")
+        checks = (  # (variable, value, choices or (low, high)), in the order they are checked
+            ("RERANKER", r.reranker, RERANKER_CHOICES),
+            ("ANSWER_MODE", agent.answer_mode, ("auto", "research", "evidence", "lean")),
+            ("SEARCH_STRATEGY", agent.search_strategy, ("auto", *SEARCH_TYPES)),
+            ("MEMORY_THRESHOLD", r.memory_threshold, (-1, 1)),
+            ("LEAN_GATE", agent.lean_gate, (-1, 1)),
+            ("LLM_TIMEOUT", llm.timeout, (0, None)),
+            ("RUN_TIMEOUT", agent.run_timeout, (0, None)),
+            ("LLM_MAX_RETRIES", llm.max_retries, (0, None)),
+            ("EMBEDDING_BACKEND", r.embedding_backend, ("auto", "onnx", "torch")),
+            ("FUSION_DENSE_WEIGHT", r.fusion_dense_weight, (0, 1)),
+            ("MAX_STEPS", agent.max_steps, (1, None)),
+            ("MAX_ITERATIONS", agent.max_iterations, (1, None)),
+            ("RETRIEVAL_K", agent.retrieval_k, (1, None)),
+            ("OVERRETRIEVE_FACTOR", r.overretrieve_factor, (1, None)),
+        )
+        for var, value, rule in checks:
+            if isinstance(rule[0], str):
+                given = value.strip().lower() if var == "EMBEDDING_BACKEND" else value
+                if given not in rule:
+                    choices = f"{', '.join(rule[:-1])} or {rule[-1]}"
+                    raise SettingsError(f"{var}={value!r}: use {choices}")
+                continue
+            low, high = rule
+            if high is not None and not low <= value <= high:
+                raise SettingsError(f"{var}={value}: must be between {low} and {high}")
+            if high is None and value < low:
+                raise SettingsError(
+                    f"{var} must be at least 1" if low else f"{var}={value}: must be 0 or more"
+                )
 
     def secret(self, env_var: str | None) -> str | None:
         """The value of an environment variable holding a secret (API key), or None."""

@@ -3,6 +3,7 @@ loopback (real HTTP through ChatOpenAI), JSON parsing, metrics, the response cac
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sqlite3
@@ -23,9 +24,9 @@ from llm_config import JSONReplyError, LLMCallError, LLMClient, LLMDeadlineError
 from providers import (
     PROVIDERS,
     LLMConfigError,
+    chat_model,
     check_config,
     fold_system_messages,
-    get_llm,
     resolve,
 )
 from settings import Settings
@@ -135,10 +136,9 @@ def server():
 
 
 @pytest.fixture(autouse=True)
-def _fresh_llm_cache():
-    providers.clear_llm_cache()
-    yield
-    providers.clear_llm_cache()
+def _fresh_llm_cache(monkeypatch):
+    monkeypatch.setattr(providers, "_models", {})
+    monkeypatch.setattr(providers, "_limiters", {})
 
 
 def make_client(tmp_settings, server: FakeServer, provider: str = "vllm", **changes) -> LLMClient:
@@ -296,10 +296,10 @@ def test_raw_overrides_replace_the_registry_entry(tmp_settings):
     assert resolve(None, tmp_settings.replace(llm_base_url="http://h:1/v1")).local is False
 
 
-def test_get_llm_is_cached_and_never_retries_by_itself(tmp_settings, server):
+def test_chat_model_is_cached_and_never_retries_by_itself(tmp_settings, server):
     s = tmp_settings.replace(llm_provider="vllm", llm_model="fake-model", llm_base_url=server.url)
-    llm = get_llm("synthesize", s)
-    assert llm is get_llm("classify", s)
+    llm = chat_model(resolve("synthesize", s), s)
+    assert llm is chat_model(resolve("classify", s), s)
     assert llm.max_retries == 0
     assert llm.invoke("hello").content == "ok"
 
@@ -312,10 +312,6 @@ def test_system_messages_are_folded_for_gemma(tmp_settings, server):
     assert [m["role"] for m in sent] == ["user"]
     assert sent[0]["content"].startswith("You screen questions.")
     assert "adverse possession" in sent[0]["content"]
-    # and through get_llm directly
-    llm = get_llm(None, client.settings)
-    llm.invoke([SystemMessage("sys"), HumanMessage("hi")])
-    assert [m["role"] for m in server.requests[1]["body"]["messages"]] == ["user"]
 
 
 def test_fold_system_messages_without_a_human_turn():
@@ -398,10 +394,10 @@ def test_timeout_is_retried_then_reported(tmp_settings, server):
     assert len(server.requests) == 2
 
 
-def test_per_call_timeout_overrides_the_setting(tmp_settings, server):
+def test_a_timed_out_attempt_is_retried(tmp_settings, server):
     server.script = [{"delay": 1.0, "body": completion("late")}, {"body": completion("quick")}]
-    client = make_client(tmp_settings, server, llm_timeout=30.0)
-    res = client.invoke(MSGS, role="synthesize", timeout=0.3)
+    client = make_client(tmp_settings, server, llm_timeout=0.3)
+    res = client.invoke(MSGS, role="synthesize")
     assert res.text == "quick" and res.retries == 1
 
 
@@ -416,7 +412,7 @@ def test_auth_error_is_not_retried_and_key_is_not_leaked(tmp_settings, server, c
     assert server.requests[0]["headers"]["authorization"] == f"Bearer {SECRET}"
     assert SECRET not in str(info.value)
     assert SECRET not in caplog.text
-    assert SECRET not in json.dumps([r.to_dict() for r in client.records])
+    assert SECRET not in json.dumps([dataclasses.asdict(r) for r in client.records])
 
 
 def test_quota_style_retry_after_fails_at_once(tmp_settings, server):
@@ -548,8 +544,6 @@ def test_fake_chat_model_through_the_factory(tmp_settings):
     assert summary["by_role"]["synthesize"]["llm_calls"] == 1
     rec = client.records[1]
     assert (rec.role, rec.provider, rec.in_chars, rec.out_chars) == ("synthesize", "local", 1, 9)
-    client.reset()
-    assert client.records == [] and client.summary()["llm_calls"] == 0
 
 
 def test_cache_rerun_makes_zero_provider_calls_and_holds_no_key(tmp_settings, server, caplog):
@@ -767,8 +761,9 @@ def test_slow_server_call_ends_at_the_deadline_not_after_retries(tmp_settings, s
     server.script = [{"delay": 3.0, "body": completion("too late")}]
     client = make_client(tmp_settings, server, llm_timeout=5.0, llm_max_retries=3)
     t0 = time.monotonic()
+    client.deadline = t0 + 0.8
     with pytest.raises(LLMDeadlineError, match="deadline") as info:
-        client.invoke(MSGS, role="synthesize", deadline=t0 + 0.8)
+        client.invoke(MSGS, role="synthesize")
     elapsed = time.monotonic() - t0
     assert 0.7 <= elapsed < 1.6, elapsed
     assert (info.value.role, info.value.provider, info.value.attempts) == ("synthesize", "vllm", 1)
@@ -781,8 +776,9 @@ def test_no_backoff_sleep_starts_past_the_deadline(tmp_settings, server):
     client = make_client(tmp_settings, server, llm_max_retries=4)
     client.backoff_base_s = 20.0  # the first backoff alone would pass the deadline
     t0 = time.monotonic()
+    client.deadline = t0 + 5.0
     with pytest.raises(LLMDeadlineError, match=r"after 1 attempt.*HTTP 503"):
-        client.invoke(MSGS, role="synthesize", deadline=t0 + 5.0)
+        client.invoke(MSGS, role="synthesize")
     assert time.monotonic() - t0 < 4.5  # failed at once, did not sleep into the deadline
     assert len(server.requests) == 1
 
@@ -790,14 +786,16 @@ def test_no_backoff_sleep_starts_past_the_deadline(tmp_settings, server):
 def test_retries_continue_while_the_deadline_allows(tmp_settings, server):
     server.script = [{"status": 500}, {"status": 500}, {"body": completion("third")}]
     client = make_client(tmp_settings, server)
-    res = client.invoke(MSGS, role="synthesize", deadline=time.monotonic() + 30)
+    client.deadline = time.monotonic() + 30
+    res = client.invoke(MSGS, role="synthesize")
     assert res.text == "third" and res.retries == 2
 
 
 def test_a_call_started_past_the_deadline_sends_nothing(tmp_settings, server):
     client = make_client(tmp_settings, server)
+    client.deadline = time.monotonic() - 1
     with pytest.raises(LLMDeadlineError, match="not started") as info:
-        client.invoke(MSGS, role="synthesize", deadline=time.monotonic() - 1)
+        client.invoke(MSGS, role="synthesize")
     assert info.value.attempts == 0 and server.requests == []
 
 
@@ -809,12 +807,6 @@ def test_the_client_deadline_applies_to_every_call(tmp_settings, server):
     client.deadline = time.monotonic() - 0.1
     with pytest.raises(LLMDeadlineError):
         client.invoke(MSGS, role="classify")
-    # A later per-call deadline cannot extend the client's; an earlier one wins.
-    with pytest.raises(LLMDeadlineError):
-        client.invoke(MSGS, role="synthesize", deadline=time.monotonic() + 60)
-    built = LLMClient(client.settings, deadline=time.monotonic() - 1)
-    with pytest.raises(LLMDeadlineError):
-        built.invoke(MSGS, role="synthesize")
     assert len(server.requests) == 1
 
 
@@ -823,8 +815,9 @@ def test_the_deadline_also_bounds_the_rate_limit_wait(tmp_settings, server):
     client = make_client(tmp_settings, server, llm_requests_per_minute=6)  # one per 10 s
     client.invoke(MSGS, role="synthesize")
     t0 = time.monotonic()
+    client.deadline = t0 + 1.0
     with pytest.raises(LLMDeadlineError, match="rate-limit slot"):
-        client.invoke(MSGS, role="synthesize", deadline=t0 + 1.0)
+        client.invoke(MSGS, role="synthesize")
     assert time.monotonic() - t0 < 0.5 and len(server.requests) == 1
 
 
@@ -845,7 +838,7 @@ def test_default_timeouts_long_on_this_machine_short_for_remote_apis(tmp_setting
     assert providers.call_timeout(vllm_remote, auto) == 60
     fixed = auto.replace(llm_timeout=12.5)
     assert providers.call_timeout(groq, fixed) == providers.call_timeout(local, fixed) == 12.5
-    assert get_llm(None, auto.replace(llm_provider="groq")).request_timeout == 60
+    assert chat_model(groq, auto).request_timeout == 60
 
 
 def test_run_timeout_setting(tmp_settings):
@@ -926,7 +919,7 @@ def test_credentials_in_the_base_url_reach_no_record_log_or_error(tmp_settings, 
     for secret in (password, token):
         assert secret not in logged
         assert secret not in str(info.value)
-        assert secret not in json.dumps([r.to_dict() for r in client.records])
+        assert secret not in json.dumps([dataclasses.asdict(r) for r in client.records])
 
 
 def test_check_config_covers_every_role_before_any_work(tmp_settings, monkeypatch, server):

@@ -153,7 +153,7 @@ def test_embedded_model_answers_schema_valid_json():
     assert res.output_tokens and res.input_tokens
     server = local_llm.get_local_server("local", settings)
     assert server.base_url.startswith("http://127.0.0.1:")
-    assert local_llm.is_running("local")
+    assert local_llm._servers["local"] is server
     # The server is reused: a second call does not start another one.
     res2 = client.invoke(messages, role="classify", schema=Classification, max_tokens=64)
     assert local_llm.get_local_server("local", settings) is server
