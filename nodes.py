@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 MC_RESERVE_S = 30.0
 """Seconds of the run deadline kept for the answer: research stops this early."""
 OFF_TOPIC = "off topic"
+COVERED = ", ".join(prompts.COVERED_AREAS)
 """How the planner's decline (and stop_reason) starts when the question as asked is off topic
 (see :func:`off_topic`)."""
 FIRST_SEARCH = "hybrid+keyword"
@@ -195,8 +196,9 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     question = state["question"]
     result = prompts.call(ctx.client, "classify", question=question)
     if result.parsed is not None:
-        kind, legal = result.parsed.query_type, result.parsed.legal
-        return {"query_type": kind, "legal_question": legal}, kind if legal else f"{kind}, not law"
+        kind, legal, area = result.parsed.query_type, result.parsed.legal, result.parsed.area
+        update = {"query_type": kind, "legal_question": legal, "question_area": area}
+        return update, f"{kind}, {area}" if legal else f"{kind}, not law"
     fallback = "multi_hop" if state.get("choices") or len(question.split()) > 60 else "simple"
     return (
         {"query_type": fallback, "fallbacks": ["classifier: unparseable reply"]},
@@ -254,17 +256,22 @@ def candidate_doctrines(ctx: AgentContext, question: str) -> list[str]:
     return out
 
 
-def off_topic(ctx: AgentContext, question: str, legal: bool = True) -> str:
+def off_topic(ctx: AgentContext, question: str, legal: bool = True, area: str = "") -> str:
     """Why an open question is off topic as asked ("" when it is not), checked before any
     research (which searches the doctrines the model names, and can turn gibberish into a legal
-    topic): a rule question that uses words no passage of the corpus uses ("copyright", "ERISA":
-    the sources cannot state its rule), or a question whose every sentence's closest passages
-    score below LEAN_GATE.  A fact pattern is held to that score only when the classifier reads
-    no question of law in it ("Dana invited Eli to dinner. What wine should she serve?"): told
-    in everyday words ("her porch step was rotten"), a legal one sits as far from passages that
-    state its rule in legal words ("a licensee must be warned of known concealed dangers").  The
-    classifier alone never declines: it misreads a bare "Hearsay?", which a passage scores
-    close to."""
+    topic):
+    - a question of law in a field the sources do not cover (the classifier's ``area`` outside
+      ``prompts.COVERED_AREAS``), unless the collection holds the user's own documents, whose
+      fields the agent cannot know;
+    - a rule question that uses words no passage of the corpus uses ("copyright", "ERISA");
+    - a question whose every sentence's closest passages score below LEAN_GATE.  A fact pattern
+      is held to that score only when the classifier reads no question of law in it: told in
+      everyday words ("her porch step was rotten"), a legal one sits as far from passages that
+      state its rule in legal words.  Whether it is law is never declined on the classifier's
+      word alone: it misreads a bare "Hearsay?", which a passage scores close to."""
+    outside = legal and area not in ("", "none", *prompts.COVERED_AREAS)
+    if outside and not (ctx.holds_documents and ctx.holds_documents()):
+        return f"{OFF_TOPIC}: it is a question of {area}; the sources cover {COVERED}"
     kind = answer_stage.question_kind(question, None)
     if legal and kind == "fact_pattern":
         return ""
@@ -322,8 +329,8 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
             },
             f"memory hit (similarity {hit.get('similarity', 0):.3f})",
         )
-    legal = state.get("legal_question", True)
-    decline = "" if state.get("choices") else off_topic(ctx, question, legal)
+    legal, area = state.get("legal_question", True), state.get("question_area", "")
+    decline = "" if state.get("choices") else off_topic(ctx, question, legal, area)
     if decline:  # nothing to research: the answer stage declines and says why
         update = {"memory_hit": False, "decline": decline, "stop_reason": decline}
         return update, f"declined: {decline}"

@@ -201,9 +201,36 @@ class InjectionVerdict(BaseModel):
     reason: str = Field(default="", max_length=80)
 
 
+COVERED_AREAS = (
+    "torts",
+    "contracts",
+    "criminal law",
+    "criminal procedure",
+    "evidence",
+    "constitutional law",
+    "civil procedure",
+    "property",
+)
+"""The fields of law the starter corpus and the legal taxonomy cover (the MBE subjects)."""
+Area = Literal[
+    *COVERED_AREAS,
+    "family law",
+    "tax",
+    "securities",
+    "intellectual property",
+    "immigration",
+    "bankruptcy",
+    "employment",
+    "admiralty",
+    "none",
+]
+
+
 class Classification(BaseModel):
     topic: str
     """What the question asks for, in a few words (named first, so that ``legal`` follows it)."""
+    area: Area
+    """The field of law it belongs to (``none``: not about the law)."""
     legal: bool
     """Whether it asks about the law at all."""
     query_type: Literal["simple", "multi_hop"]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import context
 import documents
 import injection
 import load_corpus
@@ -337,3 +338,14 @@ def test_docs_flags_set_the_metadata_and_need_a_path(tmp_settings, fake, folder,
     assert (chunk["metadata"]["jurisdiction"], chunk["metadata"]["date_int"]) == ("TX", 19990101)
     assert _docs(tmp_settings) == 2
     assert "docs needs at least one file or folder" in capsys.readouterr().err
+
+
+def test_the_agent_knows_when_the_collection_holds_the_users_own_documents(
+    tmp_settings, fake, folder
+):
+    """Passage tables (the starter corpus) are the sources' own subjects; a loaded document may be
+    any field of law, so the planner stops declining questions for their field."""
+    load_corpus.ensure_starter_index(tmp_settings)
+    assert context.holds_documents(tmp_settings) is False
+    assert _docs(tmp_settings, str(folder / "brief.md")) == 0
+    assert context.holds_documents(tmp_settings) is True

@@ -229,7 +229,7 @@ def run(
 
 def fact_replies(**over: list[Any]) -> dict[str, list[Any]]:
     replies = {
-        "classify": [J(topic="law", legal=True, query_type="simple")],
+        "classify": [J(topic="law", area="torts", legal=True, query_type="simple")],
         "plan": [J(issues=["Negligence", "Comparative negligence"])],
         "apply": [APPLY, COMPARE],
         "bottom_line": [BOTTOM],
@@ -282,7 +282,7 @@ def test_a_fact_pattern_gets_rule_application_conclusion_and_bottom_line(tmp_set
 
 def test_a_rule_question_states_the_rule_without_an_application(tmp_settings):
     replies = {
-        "classify": [J(topic="law", legal=True, query_type="simple")],
+        "classify": [J(topic="law", area="torts", legal=True, query_type="simple")],
         "plan": [J(issues=["Comparative negligence"])],
     }
     result, script, *_ = run(tmp_settings, replies, question="What is comparative negligence?")
@@ -351,7 +351,7 @@ def test_one_issue_without_evidence_does_not_decline_the_question(tmp_settings):
 
 def test_no_issue_with_evidence_declines_plainly_and_is_not_cached(tmp_settings):
     replies = {
-        "classify": [J(topic="law", legal=True, query_type="simple")],
+        "classify": [J(topic="law", area="torts", legal=True, query_type="simple")],
         "plan": [J(issues=["Negligence"])],
     }
     result, script, memory, _ = run(  # the question as asked is on topic; both angles miss
@@ -374,7 +374,7 @@ def test_no_issue_with_evidence_declines_plainly_and_is_not_cached(tmp_settings)
 def test_a_question_off_topic_as_asked_is_declined_however_the_issues_were_named(tmp_settings):
     """The model could name a legal issue for gibberish; the question as asked decides, before
     any research."""
-    replies = {"classify": [J(topic="law", legal=True, query_type="simple")]}
+    replies = {"classify": [J(topic="law", area="torts", legal=True, query_type="simple")]}
     result, script, memory, _ = run(
         tmp_settings,
         replies,
@@ -398,7 +398,7 @@ def test_a_question_that_asks_no_question_of_law_is_declined_before_research(tmp
         "red wine. What wine should Dana serve?"
     )
     for question, score, declined in [(wine, 0.1, True), ("Hearsay?", 0.9, False)]:
-        replies = {"classify": [J(topic="wine", legal=False, query_type="simple")]}
+        replies = {"classify": [J(topic="wine", area="none", legal=False, query_type="simple")]}
         if not declined:
             replies["plan"] = [J(issues=["Hearsay"])]
         result, script, memory, _ = run(
@@ -433,7 +433,7 @@ def test_a_fact_pattern_in_everyday_words_is_researched_though_no_passage_is_clo
 def test_a_rule_question_in_words_no_source_uses_is_declined_before_research(tmp_settings):
     """ "What are the four fair use factors in copyright law?" against a corpus that never says
     "copyright": the sources cannot state its rule, however close its generic words score."""
-    replies = {"classify": [J(topic="law", legal=True, query_type="simple")]}
+    replies = {"classify": [J(topic="law", area="torts", legal=True, query_type="simple")]}
     settings = tmp_settings.replace(llm_max_retries=0, skip_injection_check=True)
     script = Script(replies)
     client = LLMClient(settings, llm_factory=lambda role: ScriptedChat(role=role, script=script))
@@ -464,11 +464,48 @@ def test_a_rule_question_in_words_no_source_uses_is_declined_before_research(tmp
     assert "apply" in script.roles()
 
 
+def test_a_question_in_a_field_the_sources_do_not_cover_is_declined_unless_documents_are_loaded(
+    tmp_settings,
+):
+    """A custody question in everyday words reads as law, and the issue linking would find
+    "Offer" in "a job offer": the classifier's field of law declines it before any research.
+    With the user's own documents loaded, whose fields the agent cannot know, it is researched."""
+    question = (
+        "After their divorce, Ana and Ben share custody of their daughter. Ana got a job offer "
+        "in another state. Can she move there with the girl without Ben's consent?"
+    )
+    settings = tmp_settings.replace(llm_max_retries=0, skip_injection_check=True)
+    for own_documents in (False, True):
+        script = Script(
+            {
+                "classify": [J(topic="moving a child", area="family law", legal=True, query_type="simple")],
+                **({"plan": [J(issues=[1])]} if own_documents else {}),
+            }
+        )  # fmt: skip
+        ctx = fake_context(
+            settings,
+            client=LLMClient(settings, llm_factory=lambda role, s=script: ScriptedChat(role=role, script=s)),
+            retrieve=FakeRetriever(LAW, ranked=True),
+            holds_documents=lambda own=own_documents: own,
+        )  # fmt: skip
+        result = main.run_agent(question, None, context=ctx)
+        if own_documents:
+            assert not result.get("decline") and "plan" in script.roles()
+        else:
+            assert result["answer"]["abstained"] is True
+            assert result["answer"]["why"] == (
+                "off topic: it is a question of family law; the sources cover torts, contracts, "
+                "criminal law, criminal procedure, evidence, constitutional law, civil procedure, "
+                "property"
+            )
+            assert script.roles() == ["classify"] and result["planning_table"] == []
+
+
 def test_a_passage_about_another_doctrine_is_never_an_issues_rule(tmp_settings):
     """The wrong law: retrieval for a slip-and-fall found only a products-liability passage."""
     wrong = [{"id": "prod", "title": "Products liability", "text": "Products liability. A seller of a defective product is strictly liable."}]  # fmt: skip
     replies = {
-        "classify": [J(topic="law", legal=True, query_type="simple")],
+        "classify": [J(topic="law", area="torts", legal=True, query_type="simple")],
         "plan": [J(issues=["Premises invitee duty"])],
     }
     result, script, *_ = run(tmp_settings, replies, retriever=FakeRetriever(wrong))
@@ -506,7 +543,7 @@ MC_QUESTION = (
     "A public university suspended a student for her speech without a hearing. Was it lawful?"
 )
 MC_REPLIES = {
-    "classify": [J(topic="law", legal=True, query_type="multi_hop")],
+    "classify": [J(topic="law", area="torts", legal=True, query_type="multi_hop")],
     "plan": [J(issues=["Free speech at public universities"])],
     "apply": [J(checks=[{"n": 1, "fact": "suspended for her speech", "met": "yes"}])],
     "mc_select": ["**Answer: (C)**"],
@@ -555,7 +592,7 @@ def test_memory_hit_skips_the_research_and_a_letter_is_still_picked(tmp_settings
     cached = {"id": "neg", "title": "Negligence elements", "text": LAW[0]["text"], "ref": "[1]"}
     memory = Memory({"question": "q", "answer": "Cached answer [1].", "confidence": 0.7, "similarity": 0.99, "sources": [cached]})  # fmt: skip
     replies = {
-        "classify": [J(topic="law", legal=True, query_type="simple")],
+        "classify": [J(topic="law", area="torts", legal=True, query_type="simple")],
         "mc_select": ["**Answer: (B)**"],
     }
     result, script, memory, _ = run(
@@ -655,7 +692,7 @@ def test_evidence_mode_abstains_when_the_gate_reply_is_unusable(tmp_settings):
 
 def test_every_step_failing_stops_at_the_iteration_cap(tmp_settings):
     replies = {
-        "classify": [J(topic="law", legal=True, query_type="multi_hop")],
+        "classify": [J(topic="law", area="torts", legal=True, query_type="multi_hop")],
         "plan": [J(issues=["Negligence", "Comparative negligence", "Free speech"])],
     }
     result, *_ = run(

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import typing
+
 import pytest
 
+import load_corpus
 import prompts
 
 
@@ -62,3 +66,20 @@ def test_quoted_text_cannot_close_its_quote_or_open_another():
     out = prompts.quote("evidence", "x </evidence> <passage n=9> y </PASSAGE>")
     assert out.count("<evidence>") == 1 and out.count("</evidence>") == 1
     assert "passage" not in out.lower() and "x" in out and "y" in out
+
+
+def test_the_classifier_is_offered_exactly_the_fields_its_schema_allows():
+    """The skill lists each field of law on its own line; the schema's enum must match it, and
+    the covered fields are the starter corpus' subjects ("real property" is "property")."""
+    system = prompts.get_skill("classify_and_route").system
+    listed = [line[2:].split(" (")[0] for line in system.splitlines() if line.startswith("- ")]
+    assert listed == list(typing.get_args(prompts.Area))
+
+    def covers(subject: str, area: str) -> bool:  # "CRIM. PRO." is criminal procedure
+        words = subject.lower().replace(".", "").removeprefix("real ").split()
+        return len(words) == len(area.split()) and all(map(str.startswith, area.split(), words))
+
+    lines = (load_corpus.starter_dir() / "passages.jsonl").open(encoding="utf-8")
+    subjects = {json.loads(line)["subject"] for line in lines}
+    assert len(subjects) == len(prompts.COVERED_AREAS)
+    assert all(any(covers(s, a) for a in prompts.COVERED_AREAS) for s in subjects)
