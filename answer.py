@@ -63,8 +63,11 @@ TITLED_HEADING_WORDS = 10
 """A first sentence of at most this many words, most of them its title's, is its heading too."""
 FACT_SENTENCES = 3
 """Sentences of a fact pattern kept with an issue (the closest to it by cosine)."""
-MIN_FACT_WORDS = 15
-"""A question with fewer words of facts before it asks is a rule question."""
+MIN_FACT_WORDS = 8
+"""A question with fewer words of facts before it asks is a rule question.  One short sentence of
+what happened is facts ("Jake punched a stranger in a bar for no reason."): at 15 such questions
+were rule questions, and the words no passage uses ("jake") declined them (docs/MEASUREMENTS.md,
+stop 41)."""
 FACT_FIT = 0.30
 """Cosine between an issue's quoted rule and the closest sentence of the facts below which the
 facts do not raise the issue (guard ``off_facts``).  The planner's first issue and the issue with

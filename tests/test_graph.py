@@ -462,6 +462,14 @@ def test_a_rule_question_in_words_no_source_uses_is_declined_before_research(tmp
     result = main.run_agent(FACTS, None, context=ctx)
     assert not result.get("decline") and result["answer"]["abstained"] is False
     assert "apply" in script.roles()
+    # Nor one short sentence of what happened ("jake" is a word no source uses).
+    script = Script(fact_replies())
+    ctx.client = LLMClient(
+        settings, llm_factory=lambda role: ScriptedChat(role=role, script=script)
+    )
+    short = "Jake punched a stranger in a bar for no reason. What tort did Jake commit?"
+    result = main.run_agent(short, None, context=ctx)
+    assert not result.get("decline") and "plan" in script.roles()
 
 
 def test_a_question_in_a_field_the_sources_do_not_cover_is_declined_unless_documents_are_loaded(
