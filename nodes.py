@@ -196,9 +196,17 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     question = state["question"]
     result = prompts.call(ctx.client, "classify", question=question)
     if result.parsed is not None:
-        kind, legal, area = result.parsed.query_type, result.parsed.legal, result.parsed.area
-        update = {"query_type": kind, "legal_question": legal, "question_area": area}
-        return update, f"{kind}, {area}" if legal else f"{kind}, not law"
+        got = result.parsed
+        update = {
+            "query_type": got.query_type,
+            "legal_question": got.legal,
+            "question_area": got.area,
+            "question_topic": got.topic,
+        }
+        return (
+            update,
+            f"{got.query_type}, {got.area}" if got.legal else f"{got.query_type}, not law",
+        )
     fallback = "multi_hop" if state.get("choices") or len(question.split()) > 60 else "simple"
     return (
         {"query_type": fallback, "fallbacks": ["classifier: unparseable reply"]},
@@ -256,14 +264,19 @@ def candidate_doctrines(ctx: AgentContext, question: str) -> list[str]:
     return out
 
 
-def off_topic(ctx: AgentContext, question: str, legal: bool = True, area: str = "") -> str:
+def off_topic(
+    ctx: AgentContext, question: str, legal: bool = True, area: str = "", topic: str = ""
+) -> str:
     """Why an open question is off topic as asked ("" when it is not), checked before any
     research (which searches the doctrines the model names, and can turn gibberish into a legal
     topic):
     - a question of law in a field the sources do not cover (the classifier's ``area`` outside
       ``prompts.COVERED_AREAS``), unless the collection holds the user's own documents, whose
       fields the agent cannot know;
-    - a rule question that uses words no passage of the corpus uses ("copyright", "ERISA");
+    - a rule question whose subject uses words no passage of the corpus uses ("ERISA"): the
+      question's unknown words that the classifier's ``topic`` (what it asks for) also uses, so
+      that the everyday words of a lay question ("a mail carrier slips on an icy step") are not
+      its subject (all of its unknown words when there is no topic);
     - a question whose every sentence's closest passages score below LEAN_GATE.  A fact pattern
       is held to that score only when the classifier reads no question of law in it: told in
       everyday words ("her porch step was rotten"), a legal one sits as far from passages that
@@ -276,6 +289,9 @@ def off_topic(ctx: AgentContext, question: str, legal: bool = True, area: str = 
     if legal and kind == "fact_pattern":
         return ""
     unknown = ctx.unknown_terms(question) if ctx.unknown_terms and kind == "rule_question" else []
+    if unknown and topic:
+        asked = {_stem(w) for w in ctx.unknown_terms(topic)}
+        unknown = [w for w in unknown if _stem(w) in asked]
     if unknown:
         return f"{OFF_TOPIC}: no source uses the words {', '.join(unknown[:5])}"
     score = ctx.off_topic_score(question)
@@ -286,6 +302,12 @@ def off_topic(ctx: AgentContext, question: str, legal: bool = True, area: str = 
             f"{ctx.settings.agent.lean_gate:.2f}"
         )
     return ""
+
+
+def _stem(word: str) -> str:
+    import snowballstemmer
+
+    return snowballstemmer.stemmer("english").stemWord(word)
 
 
 def picked_issues(picks: list[int | str], candidates: list[str]) -> list[str]:
@@ -330,7 +352,8 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
             f"memory hit (similarity {hit.get('similarity', 0):.3f})",
         )
     legal, area = state.get("legal_question", True), state.get("question_area", "")
-    decline = "" if state.get("choices") else off_topic(ctx, question, legal, area)
+    topic = state.get("question_topic", "")
+    decline = "" if state.get("choices") else off_topic(ctx, question, legal, area, topic)
     if decline:  # nothing to research: the answer stage declines and says why
         update = {"memory_hit": False, "decline": decline, "stop_reason": decline}
         return update, f"declined: {decline}"

@@ -93,6 +93,8 @@ class AgentState(TypedDict, total=False):
     """The classifier's reading: does the question ask about the law at all (absent: yes)."""
     question_area: str
     """The classifier's field of law for the question (``prompts.Area``; absent: not read)."""
+    question_topic: str
+    """The classifier's words for what the question asks for (absent: not read)."""
     final_cited_answer: str
     research_answer: str
     """The answer's text without the MC selection (what memory stores; "" when it abstained)."""

@@ -432,8 +432,10 @@ def test_a_fact_pattern_in_everyday_words_is_researched_though_no_passage_is_clo
 
 def test_a_rule_question_in_words_no_source_uses_is_declined_before_research(tmp_settings):
     """ "What are the four fair use factors in copyright law?" against a corpus that never says
-    "copyright": the sources cannot state its rule, however close its generic words score."""
-    replies = {"classify": [J(topic="law", area="torts", legal=True, query_type="simple")]}
+    "copyright": the sources cannot state its rule, however close its generic words score.  The
+    words that count are those of what it asks for (the classifier's topic)."""
+    topic = "fair use in copyright law"
+    replies = {"classify": [J(topic=topic, area="torts", legal=True, query_type="simple")]}
     settings = tmp_settings.replace(llm_max_retries=0, skip_injection_check=True)
     script = Script(replies)
     client = LLMClient(settings, llm_factory=lambda role: ScriptedChat(role=role, script=script))
@@ -470,6 +472,17 @@ def test_a_rule_question_in_words_no_source_uses_is_declined_before_research(tmp
     short = "Jake punched a stranger in a bar for no reason. What tort did Jake commit?"
     result = main.run_agent(short, None, context=ctx)
     assert not result.get("decline") and "plan" in script.roles()
+    # Nor a one-sentence question in everyday words whose subject the sources hold.
+    lay = "Can a homeowner be sued when a mail carrier slips on an icy front step?"
+    for topic, declined in [("liability for a fall", False), ("icy steps", True)]:
+        classify = J(topic=topic, area="torts", legal=True, query_type="simple")
+        script = Script({"classify": [classify], "plan": [J(issues=[1])]})
+        ctx.client = LLMClient(
+            settings, llm_factory=lambda role, s=script: ScriptedChat(role=role, script=s)
+        )
+        result = main.run_agent(lay, None, context=ctx)
+        assert bool(result.get("decline")) is declined, topic
+        assert ("icy" in result["answer"]["why"]) is declined
 
 
 def test_a_question_in_a_field_the_sources_do_not_cover_is_declined_unless_documents_are_loaded(
