@@ -768,7 +768,8 @@ def build_record(
     issues: list[IssueAnswer] = []
     quotes: list[dict] = []
     if decline:
-        return AnswerRecord(kind, _abstain_text(decline), [], [], True, decline, guards=guards)
+        text = f"{NO_ANSWER}: the sources do not cover this question as asked ({decline})."
+        return AnswerRecord(kind, text, [], [], True, decline, guards=guards)
     fact_rows = _rows(embed, list(facts) if kind == "fact_pattern" else [])
     ruled: list[tuple[int, IssueResearch, list[tuple[Mapping[str, Any], str]], float]] = []
     for item in research:

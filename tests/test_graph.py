@@ -520,6 +520,10 @@ def test_a_question_in_a_field_the_sources_do_not_cover_is_declined_unless_docum
                 "property"
             )
             assert script.roles() == ["classify"] and result["planning_table"] == []
+            assert result["final_cited_answer"].startswith(
+                "No answer: the sources do not cover this question as asked (off topic: it is a "
+                "question of family law;"
+            )
 
 
 def test_a_passage_about_another_doctrine_is_never_an_issues_rule(tmp_settings):
