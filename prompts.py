@@ -24,9 +24,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 if TYPE_CHECKING:
     from llm_config import LLMClient, LLMResult
@@ -234,6 +234,14 @@ class Classification(BaseModel):
     legal: bool
     """Whether it asks about the law at all."""
     query_type: Literal["simple", "multi_hop"]
+
+    @field_validator("area", mode="before")
+    @classmethod
+    def _known_area(cls, value: Any) -> str:
+        """A field written another way ("Family Law") is that field; one off the list is "none",
+        which declines nothing (a provider without JSON-schema mode is not held to the enum)."""
+        area = " ".join(str(value).lower().split())
+        return area if area in get_args(Area) else "none"
 
 
 class Plan(BaseModel):

@@ -83,3 +83,14 @@ def test_the_classifier_is_offered_exactly_the_fields_its_schema_allows():
     subjects = {json.loads(line)["subject"] for line in lines}
     assert len(subjects) == len(prompts.COVERED_AREAS)
     assert all(any(covers(s, a) for a in prompts.COVERED_AREAS) for s in subjects)
+
+
+def test_a_field_written_another_way_is_read_and_one_off_the_list_declines_nothing():
+    """A provider in prompt-JSON mode is not held to the schema's enum."""
+
+    def area(value: str) -> str:
+        reply = {"topic": "t", "area": value, "legal": True, "query_type": "simple"}
+        return prompts.Classification.model_validate(reply).area
+
+    assert area(" Family  Law") == "family law"
+    assert area("maritime law") == "none"
