@@ -23,6 +23,7 @@ import filters
 import load_corpus
 import prompts
 import rag_utils
+from context import AgentContext
 from mc import MC_LETTERS, format_choices
 from providers import LLMConfigError, check_config, install_log_redaction, redact_url, resolve
 from settings import Settings, SettingsError, load_dotenv_file
@@ -367,6 +368,15 @@ def retrieval_record(settings: Settings) -> dict[str, Any]:
     except Exception as exc:  # recorded, the run reports it
         rec["error"] = f"{exc.__class__.__name__}: {exc}"
     return rec
+
+
+def agent_context(settings: Settings, client: Any) -> Any:
+    """The agent's context for an evaluation: the QA memory is neither read (an earlier answer
+    would stand in for the research being measured) nor written (it is the user's)."""
+    context = AgentContext.from_settings(settings, client=client)
+    return dataclasses.replace(
+        context, check_memory=lambda question: None, write_memory=lambda *a, **k: None
+    )
 
 
 def usage_of(client: Any) -> dict[str, Any]:

@@ -199,9 +199,7 @@ def run_mc_item(
         }
     elif mode in ("pipeline", "evidence"):
         answer_mode = "evidence" if mode == "evidence" else "research"
-        context = AgentContext.from_settings(
-            settings.replace(answer_mode=answer_mode), client=client
-        )
+        context = ec.agent_context(settings.replace(answer_mode=answer_mode), client)
         state = agent.run_agent(question, choices, context=context)
         mc_answer = state["mc_answer"] or {}
         fields = _mc_fields(mc_answer, state.get("final_cited_answer"))
@@ -732,7 +730,7 @@ def agent_answer_fn(
 
     def answer(question: str) -> dict:
         client = LLMClient(settings, llm_factory=llm_factory)
-        context = AgentContext.from_settings(settings.replace(answer_mode=mode), client=client)
+        context = ec.agent_context(settings.replace(answer_mode=mode), client)
         state = agent.run_agent(question, None, context=context)
         passages = {pid: p["text"] for pid, p in (state.get("passages") or {}).items()}
         record = state.get("answer") or {}
@@ -874,10 +872,6 @@ def run_answers_phase(
     }
     run_dir.check_config(config, ("qa", "llm", "facts", "split"))
     done = {(str(r["item"]), str(r["mode"])) for r in run_dir.rows if r.get("phase") == "answers"}
-    if "research" in modes and any((str(it["id"]), "research") not in done for it in items):
-        # A cached answer from an earlier run would stand in for the research being measured.
-        cleared = rag_utils.clear_memory(settings)
-        logger.info("cleared the QA memory before research-mode answers (%s entries)", cleared)
     fns = {m: agent_answer_fn(settings, m, llm_factory) for m in modes if m != "ceiling"}
     score = eval_answers.score_answer
     if args.facts:
@@ -1200,9 +1194,6 @@ def run(
                 if (m not in ("pipeline", "evidence") or i < pipe_n)
                 and (ec.item_id(it), m) not in done
             ]
-            if any(m == "pipeline" for _, m in tasks):
-                cleared = rag_utils.clear_memory(settings)
-                logger.info("cleared the QA memory before pipeline runs (%s entries)", cleared)
             run_dir.run(
                 lambda t: run_mc_item(
                     *t, settings=settings, llm_factory=llm_factory, gold_texts=gold_texts

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import re
@@ -18,7 +17,6 @@ import load_corpus
 import main as agent
 import nodes
 import rag_utils
-from context import AgentContext
 from llm_config import LLMClient
 from settings import Settings
 
@@ -143,11 +141,9 @@ def trace_query(
         out(f"  [{event['t_s']:7.2f}s] {event['node']}: {decision} ({event['seconds']:.1f}s)")
 
     out("agent trace:")
-    # The QA memory is not consulted: a rerun traces the research again, not a cache hit (the
-    # first run's answer is written back, as in any run).
-    context = dataclasses.replace(
-        AgentContext.from_settings(settings, client=client), check_memory=lambda question: None
-    )
+    # The QA memory is not consulted (a rerun traces the research again, not a cache hit) and
+    # not written: it is the user's.
+    context = ec.agent_context(settings, client)
     state = agent.run_agent(query, choices, context=context, on_event=on_event)
     agent_s = time.perf_counter() - t0
     usage = ec.usage_of(client)

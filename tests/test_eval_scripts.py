@@ -22,6 +22,7 @@ import eval_reranker
 import eval_trace
 import load_corpus
 import rag_utils
+from settings import Settings
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 QA = FIXTURES / "eval_qa.jsonl"
@@ -396,12 +397,18 @@ def test_a_run_is_not_continued_on_another_corpus_or_phase(env, capsys):
 
 
 @pytest.mark.slow
-def test_pipeline_mode_runs_the_agent_and_clears_memory(env, capsys):
+def test_pipeline_mode_runs_the_agent_and_leaves_the_users_qa_memory_alone(env, capsys):
+    """The memory is the user's: an evaluation neither reads it (a cached answer would stand in
+    for the research) nor clears it nor writes to it."""
+    settings = Settings.from_env()
+    rag_utils.write_to_memory("What is my own question?", "My own answer.", 0.9, settings)
     factory, calls = reader()
     rc = comprehensive(
         ["pipeline", "2", "--modes", "llm_only,pipeline", "--run-id", "p", "--json"], factory, env
     )
     assert rc == 0
+    assert rag_utils.check_memory("What is my own question?", settings=settings) is not None
+    assert rag_utils._memory_collection(settings).count() == 1
     summary = json.loads(capsys.readouterr().out)
     pipe = summary["mc"]["pipeline"]
     assert pipe["n"] == 2
