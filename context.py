@@ -93,9 +93,9 @@ class AgentContext:
     link_issues: Callable[[str, list[str]], list[str]] | None = None
     """(question, the model's issues) -> the research agenda: the issues merged with the doctrines
     the question links to in the legal taxonomy, one item per claim (None: the model's issues)."""
-    unknown_terms: Callable[[str], list[str]] | None = None
-    """text -> its words that no passage of the corpus uses (``Bm25Index.unknown_terms``); None:
-    no check (every word counts as known)."""
+    unknown_terms: Callable[[str, str | None], list[str]] | None = None
+    """(text, subject) -> its words that no passage of the corpus uses, with a subject only those
+    the subject also uses (``Bm25Index.unknown_terms``); None: no check (every word is known)."""
     holds_documents: Callable[[], bool] | None = None
     """Whether the collection holds the user's own documents (``load_corpus.py docs``), whose
     fields of law the agent cannot know (None: it holds none)."""
@@ -166,8 +166,12 @@ class AgentContext:
             client=client,
             retrieve=functools.partial(rag_utils.retrieve_documents_multi_query, settings=settings),
             cosines=functools.partial(rag_utils.passage_cosines, settings=settings),
-            unknown_terms=lambda text: rag_utils.get_bm25(settings).unknown_terms(text),
-            holds_documents=functools.cache(lambda: holds_documents(settings)),
+            unknown_terms=lambda text, subject: rag_utils.get_bm25(settings).unknown_terms(
+                text, subject
+            ),
+            holds_documents=functools.cache(
+                lambda: rag_utils.get_store(settings).holds_documents()
+            ),
             embed=embed,
             check_memory=check_memory,
             write_memory=write_memory,
@@ -295,17 +299,6 @@ class AgentContext:
     def time_left(self) -> float | None:
         """Seconds before the run's deadline (None: no deadline)."""
         return None if self.deadline is None else self.deadline - time.monotonic()
-
-
-DOCUMENT_KINDS = ("opinion", "statute", "brief")
-"""The layouts ``documents.py`` gives a document it reads: a passage with one is the user's."""
-
-
-def holds_documents(settings: Settings) -> bool:
-    """Whether the collection holds a passage of the user's own documents."""
-    where = {"kind": {"$in": list(DOCUMENT_KINDS)}}
-    found = rag_utils.get_store(settings).collection.get(where=where, limit=1, include=[])
-    return bool(found["ids"])
 
 
 def memory_scope(settings: Settings) -> dict[str, str]:

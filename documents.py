@@ -79,7 +79,7 @@ class Document:
     sha256: str
     title: str
     kind: str
-    """Layout: statute, opinion or brief (:func:`_guess_kind`)."""
+    """Layout, one of ``filters.DOCUMENT_KINDS`` (:func:`_guess_kind`)."""
     blocks: list[Block]
     meta: dict[str, str] = field(default_factory=dict)
     """citation, court, jurisdiction, date, authority_type, source (those known)."""

@@ -16,6 +16,9 @@ from settings import Settings, SettingsError
 
 AUTHORITY_TYPES = ("constitution", "statute", "regulation", "court_rule", "case", "secondary")
 """The kinds of authority a passage can be (metadata ``authority_type``)."""
+DOCUMENT_KINDS = ("statute", "opinion", "brief")
+"""The layouts of the user's documents (metadata ``kind``, ``documents._guess_kind``): each
+decides how a document is cut and pinned; passage tables have none."""
 
 _DATE = re.compile(r"^(\d{4})(?:-(\d{1,2}))?(?:-(\d{1,2}))?$")
 

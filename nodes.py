@@ -288,10 +288,8 @@ def off_topic(
     kind = answer_stage.question_kind(question, None)
     if legal and kind == "fact_pattern":
         return ""
-    unknown = ctx.unknown_terms(question) if ctx.unknown_terms and kind == "rule_question" else []
-    if unknown and topic:
-        asked = {_stem(w) for w in ctx.unknown_terms(topic)}
-        unknown = [w for w in unknown if _stem(w) in asked]
+    rule_question = ctx.unknown_terms and kind == "rule_question"
+    unknown = ctx.unknown_terms(question, topic or None) if rule_question else []
     if unknown:
         return f"{OFF_TOPIC}: no source uses the words {', '.join(unknown[:5])}"
     score = ctx.off_topic_score(question)
@@ -302,12 +300,6 @@ def off_topic(
             f"{ctx.settings.agent.lean_gate:.2f}"
         )
     return ""
-
-
-def _stem(word: str) -> str:
-    import snowballstemmer
-
-    return snowballstemmer.stemmer("english").stemWord(word)
 
 
 def picked_issues(picks: list[int | str], candidates: list[str]) -> list[str]:

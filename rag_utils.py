@@ -861,6 +861,13 @@ class PassageStore:
             out.append([ids[j] for j in top])
         return out
 
+    def holds_documents(self) -> bool:
+        """Whether the collection holds a passage of the user's own documents (one with a
+        ``filters.DOCUMENT_KINDS`` layout)."""
+        where = {"kind": {"$in": list(filters.DOCUMENT_KINDS)}}
+        found = self.collection.get(where=where, limit=1, include=[])
+        return bool(found["ids"])
+
     def document_chunks(self, doc_id: str) -> dict[str, str]:
         """The stored passages of one document (metadata ``doc_id``): id -> its ``chunk_hash``
         (the loader's fingerprint of the chunk's text and metadata)."""
@@ -1006,10 +1013,16 @@ class Bm25Index:
                 out[i] = self.retriever.get_scores(known)
         return out
 
-    def unknown_terms(self, text: str) -> list[str]:
+    def admitted(self, scores: Any, allowed: frozenset[str] | None) -> Any:
+        """``scores`` (rows of :meth:`scores_many`) with every passage outside ``allowed`` at 0,
+        so that :meth:`top_of` never returns it (``scores`` itself when ``allowed`` is None)."""
+        return scores if allowed is None else scores * membership(self.ids, allowed, self._masks)
+
+    def unknown_terms(self, text: str, subject: str | None = None) -> list[str]:
         """The words of ``text`` (bm25s's ``en_plus`` stop words and bare numbers left out) whose
-        Snowball stem (its first :data:`TERM_PREFIX` letters) starts no indexed word's stem; empty
-        below :data:`MIN_VOCABULARY_PASSAGES` passages."""
+        Snowball stem (its first :data:`TERM_PREFIX` letters) starts no indexed word's stem; with
+        ``subject``, only those whose stem a word of ``subject`` also has.  Empty below
+        :data:`MIN_VOCABULARY_PASSAGES` passages."""
         if self.count < MIN_VOCABULARY_PASSAGES:
             return []
         import snowballstemmer
@@ -1020,11 +1033,18 @@ class Bm25Index:
             self._prefixes = frozenset(
                 w[:k] for w in stems for k in range(min(len(w), 3), min(len(w), TERM_PREFIX) + 1)
             )
-        words = _bm25s().tokenize(
-            [text], stopwords="en_plus", return_ids=False, show_progress=False
-        )
-        tokens = [t for t in words[0] if not t.isdigit()]
-        return list(dict.fromkeys(t for t in tokens if stem(t)[:TERM_PREFIX] not in self._prefixes))
+
+        def words(of: str) -> list[str]:
+            got = _bm25s().tokenize(
+                [of], stopwords="en_plus", return_ids=False, show_progress=False
+            )
+            return [t for t in got[0] if not t.isdigit()]
+
+        unknown = [t for t in words(text) if stem(t)[:TERM_PREFIX] not in self._prefixes]
+        if subject is not None:
+            said = {stem(t) for t in words(subject)}
+            unknown = [t for t in unknown if stem(t) in said]
+        return list(dict.fromkeys(unknown))
 
     def top_of(self, sc: Any, n: int) -> list[tuple[str, float]]:
         """The ``n`` best (id, score) of one row of :meth:`scores_many` (positive scores only)."""
@@ -1254,8 +1274,7 @@ def candidate_pool(
     )
     if bm25 is not None:
         bm25_scores = bm25.scores_many(queries) if bm25_scores is None else bm25_scores
-        if allowed is not None:  # passages outside the filter at 0: top_of never returns them
-            bm25_scores = bm25_scores * membership(bm25.ids, allowed, bm25._masks)
+        bm25_scores = bm25.admitted(bm25_scores, allowed)
     for qi in range(len(queries)):
         for pid in dense_ids[qi]:
             pool.setdefault(pid, None)

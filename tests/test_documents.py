@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-import context
 import documents
 import injection
 import load_corpus
@@ -346,6 +345,6 @@ def test_the_agent_knows_when_the_collection_holds_the_users_own_documents(
     """Passage tables (the starter corpus) are the sources' own subjects; a loaded document may be
     any field of law, so the planner stops declining questions for their field."""
     load_corpus.ensure_starter_index(tmp_settings)
-    assert context.holds_documents(tmp_settings) is False
+    assert rag_utils.get_store(tmp_settings).holds_documents() is False
     assert _docs(tmp_settings, str(folder / "brief.md")) == 0
-    assert context.holds_documents(tmp_settings) is True
+    assert rag_utils.get_store(tmp_settings).holds_documents() is True

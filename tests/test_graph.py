@@ -444,7 +444,11 @@ def test_a_rule_question_in_words_no_source_uses_is_declined_before_research(tmp
         settings,
         client=client,
         retrieve=FakeRetriever(LAW, ranked=True),
-        unknown_terms=lambda text: [w for w in _words(text) if w not in vocabulary | STOPWORDS],
+        unknown_terms=lambda text, subject: [
+            w
+            for w in _words(text)
+            if w not in vocabulary | STOPWORDS and (subject is None or w in _words(subject))
+        ],
         evidence_score=lambda q, docs: 0.9,
     )
     result = main.run_agent(

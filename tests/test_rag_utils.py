@@ -759,6 +759,9 @@ def test_unknown_terms_are_the_words_no_passage_uses_matched_by_stem(monkeypatch
     assert index.unknown_terms("What is copyright?") == []  # two passages say nothing of a topic
     monkeypatch.setattr(rag_utils, "MIN_VOCABULARY_PASSAGES", 2)
     assert index.unknown_terms("What duty does a landowner owe to invitees?") == ["duty"]
+    # with a subject, only the unknown words it uses too (by stem: "duties" is "duty")
+    assert index.unknown_terms("What duty does a landowner owe to invitees?", "duties") == ["duty"]
+    assert index.unknown_terms("What duty does a landowner owe to invitees?", "care") == []
     assert index.unknown_terms("Is an acceptance mailed effective?") == []
     assert index.unknown_terms("What are the fair use factors in copyright law, under 17 USC 107?") == [
         "fair", "use", "factors", "copyright", "law", "usc",
