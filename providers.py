@@ -260,11 +260,11 @@ class ResolvedLLM:
 
 
 LOCAL_TIMEOUT_S = 300.0
-"""Default seconds per call on this machine (LLM_TIMEOUT=0): slow CPU inference
-(docs/MEASUREMENTS.md)."""
+"""Default seconds per call for the embedded model and servers on this machine (LLM_TIMEOUT=0):
+the 1.5B model on 2 CPU cores needs up to ~60 s for the longest node prompt, a slow laptop more."""
 REMOTE_TIMEOUT_S = 60.0
-"""Default seconds per call for remote APIs (LLM_TIMEOUT=0): longer without a byte means the
-endpoint hangs."""
+"""Default seconds per call for remote APIs (LLM_TIMEOUT=0): a hosted 70B answers our prompts
+(at most ~1,000 output tokens) in seconds; 60 s without a byte means the endpoint hangs."""
 
 
 def call_timeout(cfg: ResolvedLLM, settings: Settings) -> float:
