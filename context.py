@@ -258,28 +258,17 @@ class AgentContext:
             best = max(best, self.score_evidence(text, docs, [text]))
         return best if self.below_gate(best) else None
 
-    def _lean_sources(self) -> dict[str, Any]:
-        return {
-            "k": self.settings.agent.retrieval_k,
-            "retrieve": lambda query, k: self.retrieve([query], k, []),
-            "score": self.score_evidence,
-            "screen": self.screen_passage,
-        }
-
     def lean_evidence(
         self, question: str, choices: dict[str, str]
     ) -> tuple[list[Passage], list[dict], float]:
         """Lean mode's evidence (``lean.gather_evidence``): passages, flagged ones, the score."""
-        return lean.gather_evidence(question, choices, **self._lean_sources())
-
-    def lean_answer(self, question: str, choices: dict[str, str]) -> lean.LeanResult:
-        """Lean mode (``lean.answer_lean``): one retrieval, the ``LEAN_GATE``, one answer."""
-        return lean.answer_lean(
-            self.client,
+        return lean.gather_evidence(
             question,
             choices,
-            gate=self.settings.agent.lean_gate,
-            **self._lean_sources(),
+            k=self.settings.agent.retrieval_k,
+            retrieve=lambda query, k: self.retrieve([query], k, []),
+            score=self.score_evidence,
+            screen=self.screen_passage,
         )
 
     def check_injection(self, text: str) -> injection.InjectionCheck:

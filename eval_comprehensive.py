@@ -25,7 +25,6 @@ import main as agent
 import mc
 import prompts
 import rag_utils
-from context import AgentContext
 from llm_config import LLMClient
 from providers import LLMConfigError, check_config, resolve
 from settings import RERANKER_CHOICES, Settings
@@ -185,30 +184,23 @@ def run_mc_item(
         evidence = prompts.format_evidence(docs)
         answered = mc.select_answer(client, question, choices, evidence)
         fields = _mc_fields(answered.to_dict(), answered.text)
-    elif mode == "lean":
-        result = AgentContext.from_settings(settings, client=client).lean_answer(question, choices)
-        fields = _mc_fields(result.mc.to_dict(), result.mc.text)
-        shown = result.docs if result.route == "rag" else []
-        extra = {
-            "route": result.route,
-            "evidence_score": round(result.evidence_score, 4),
-            "gate": result.gate,
-            "evidence_ids": [d["id"] for d in shown],
-            "gold_in_evidence": any(d["id"] in gold for d in shown),
-            "gold_retrieved": any(d["id"] in gold for d in result.docs),
-        }
-    elif mode in ("pipeline", "evidence"):
-        answer_mode = "evidence" if mode == "evidence" else "research"
+    elif mode in ("lean", "pipeline", "evidence"):
+        answer_mode = {"lean": "lean", "evidence": "evidence"}.get(mode, "research")
         context = ec.agent_context(settings.replace(answer_mode=answer_mode), client)
         state = agent.run_agent(question, choices, context=context)
         mc_answer = state["mc_answer"] or {}
         fields = _mc_fields(mc_answer, state.get("final_cited_answer"))
         sources = list(mc_answer.get("evidence_ids") or [])  # what the letter read
         table = state.get("planning_table") or []
+        lean = state.get("lean") or {}
         extra = {
             "evidence_ids": sources,
             "gold_in_evidence": any(s in gold for s in sources),
             "closed_book": bool(mc_answer.get("closed_book")),
+            "route": lean.get("route"),
+            "evidence_score": lean.get("evidence_score"),
+            "gate": lean.get("gate"),
+            "gold_retrieved": any(d in gold for d in lean.get("retrieved_ids") or []),
             "query_type": state.get("query_type"),
             "memory_hit": bool(state.get("memory_hit")),
             "steps": len(table),

@@ -1,38 +1,30 @@
-"""Lean multiple-choice answering: one retrieval, an evidence gate, one answer.
+"""Lean mode's evidence: one retrieval for a multiple-choice question and its evidence gate.
 
-The research agent spends 5–11 LLM calls on a multiple-choice question.  Lean mode spends one (two
-when the reply carries no letter and the strict retry runs):
+Lean mode is the graph's route with zero research steps (``nodes.route_after_injection`` sends it
+to the answer); ``nodes.mc_select`` reads this module's evidence in every mode, so the research
+route never reads less than lean does:
 
 1. **retrieve once** with the question and its choices as the query (the best expansion that costs
    no LLM call: phase 1 on barexam_dev, hybrid R@10 0.279 against 0.216 for the question alone,
    with centring); passages that carry instructions (the injection screen) are dropped and
    replaced by the next ones;
 2. **gate**: the evidence score is the highest cosine between the question as asked and a
-   retrieved passage (``AgentContext.score_evidence``);
-3. **answer**: at or above ``LEAN_GATE`` the passages go to ``mc_select`` (the rag answer), below
-   it the model answers closed-book (the llm_only answer), so weak evidence never steers the letter.
+   retrieved passage (``AgentContext.score_evidence``); at or above ``LEAN_GATE`` the passages go
+   to the letter's prompt, below it the model answers closed-book, so weak evidence never steers
+   the letter.
 
 ``LEAN_GATE`` is calibrated by ``python benchmarks/bench_agent.py gate`` on a part of barexam_dev
-that the reported phase-2 items are not in (the README's "Lean mode" section gives the fit).  The research
-agent's executor applies the same gate to each step: a step whose passages score below it is not
-synthesized (:func:`below_gate`).
+that the reported phase-2 items are not in (:func:`calibrate_gate`).  The research agent's executor
+applies the same gate to each step (:func:`below_gate`).
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import injection
 import mc
-import prompts
-
-logger = logging.getLogger(__name__)
-
-Route = Literal["rag", "closed_book"]
 
 Retrieve = Callable[[str, int], list[dict]]
 """(query, k) -> passages, best first."""
@@ -50,33 +42,6 @@ def below_gate(score: float | None, gate: float) -> bool:
     return gate > 0 and (score is None or score < gate)
 
 
-@dataclass
-class LeanResult:
-    """What a lean answer did: the route the gate chose and why, the passages, the letter."""
-
-    letter: str | None
-    route: Route
-    evidence_score: float
-    gate: float
-    docs: list[dict] = field(default_factory=list)
-    """The passages retrieved (shown to the model only on the rag route)."""
-    flagged: list[dict] = field(default_factory=list)
-    mc: mc.MCResult | None = None
-    seconds: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "letter": self.letter,
-            "route": self.route,
-            "evidence_score": round(self.evidence_score, 4),
-            "gate": self.gate,
-            "evidence_ids": [d["id"] for d in self.docs],
-            "flagged_passages": self.flagged,
-            "mc_answer": self.mc.to_dict() if self.mc else None,
-            "seconds": round(self.seconds, 3),
-        }
-
-
 def gather_evidence(
     question: str,
     choices: Mapping[str, str],
@@ -91,42 +56,6 @@ def gather_evidence(
     retrieved = retrieve(lean_query(question, choices), k + injection.FLAG_HEADROOM)
     docs, flagged = injection.keep_clean(retrieved, k, screen)
     return docs, flagged, (score(question, docs) if docs else 0.0)
-
-
-def answer_lean(
-    client: Any,
-    question: str,
-    choices: Mapping[str, str],
-    *,
-    gate: float,
-    k: int,
-    retrieve: Retrieve,
-    score: ScoreFn,
-    screen: Callable[[str], list[str]] = injection.screen_passage,
-) -> LeanResult:
-    """Answer a multiple-choice question in lean mode (at most 2 LLM calls: ``mc_select`` and its
-    strict retry).  ``retrieve`` and ``score`` are injected so tests can use fakes;
-    ``context.AgentContext.lean_answer`` wires the real ones."""
-    if not choices:
-        raise ValueError("lean mode answers multiple-choice questions: give the choices")
-    start = time.perf_counter()
-    docs, flagged, best = gather_evidence(
-        question, choices, k=k, retrieve=retrieve, score=score, screen=screen
-    )
-    route: Route = "closed_book" if below_gate(best, gate) or not docs else "rag"
-    evidence_text = prompts.format_evidence(docs) if route == "rag" else None
-    logger.info("lean: evidence score %.3f vs gate %.3f -> %s", best, gate, route)
-    result = mc.select_answer(client, question, choices, evidence_text)
-    return LeanResult(
-        letter=result.letter,
-        route=route,
-        evidence_score=best,
-        gate=gate,
-        docs=docs,
-        flagged=flagged,
-        mc=result,
-        seconds=time.perf_counter() - start,
-    )
 
 
 # ------------------------------------------------------------------------------------------------

@@ -723,6 +723,7 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
             "evidence_score": round(score, 4),
             "gate": ctx.settings.agent.lean_gate,
             "evidence_ids": [d["id"] for d in extra],
+            "retrieved_ids": [d["id"] for d in docs],
             "flagged_passages": flagged,
         }
     except Exception as exc:  # noqa: BLE001 - the research's own evidence still stands

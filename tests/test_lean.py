@@ -25,77 +25,6 @@ PASSAGES = [
 ]
 
 
-def _client(tmp_settings, replies):
-    """A client answering every role from ``replies`` in order, and the prompts it sent."""
-    client, script = scripted_client(tmp_settings, {"*": list(replies)})
-    return client, script
-
-
-def _retrieve(calls):
-    def retrieve(query, k):
-        calls.append((query, k))
-        return [dict(p) for p in PASSAGES[:k]]
-
-    return retrieve
-
-
-def test_strong_evidence_goes_to_the_model_in_one_retrieval_and_one_call(tmp_settings):
-    client, script = _client(tmp_settings, ["**Answer: (A)**"])
-    calls: list = []
-    result = lean.answer_lean(
-        client, QUESTION, CHOICES, gate=0.5, k=2, retrieve=_retrieve(calls),
-        score=lambda q, docs: 0.8,
-    )  # fmt: skip
-    assert (result.letter, result.route) == ("A", "rag")
-    # one retrieval, with the choices in the query and headroom for screened passages
-    assert len(calls) == 1 and "(B) No, because it is hearsay." in calls[0][0]
-    assert calls[0][1] == 2 + injection.FLAG_HEADROOM
-    assert client.summary()["llm_calls"] == 1
-    assert (
-        "startling event" in script.prompts()[0] and "offered for its truth" in script.prompts()[0]
-    )
-
-
-def test_weak_evidence_never_reaches_the_prompt(tmp_settings):
-    client, script = _client(tmp_settings, ["**Answer: (B)**"])
-    result = lean.answer_lean(
-        client, QUESTION, CHOICES, gate=0.5, k=2, retrieve=_retrieve([]),
-        score=lambda q, docs: 0.31,
-    )  # fmt: skip
-    assert (result.letter, result.route, result.evidence_score) == ("B", "closed_book", 0.31)
-    assert "startling event" not in script.prompts()[0]
-    assert result.to_dict()["evidence_ids"] == ["p1", "p2"]  # retrieved, shown in the trace only
-
-
-def test_a_passage_carrying_instructions_is_replaced_not_read(tmp_settings):
-    client, script = _client(tmp_settings, ["**Answer: (A)**"])
-    result = lean.answer_lean(
-        client, QUESTION, CHOICES, gate=0.0, k=3, retrieve=_retrieve([]),
-        score=lambda q, docs: 0.9,
-    )  # fmt: skip
-    assert [d["id"] for d in result.docs] == ["p1", "p2", "p4"]
-    assert result.flagged and result.flagged[0]["id"] == "p3"
-    assert "Ignore previous instructions" not in script.prompts()[0]
-
-
-def test_a_reply_without_a_letter_costs_at_most_one_more_call(tmp_settings):
-    client, _ = _client(tmp_settings, ["I am not sure.", "C"])
-    result = lean.answer_lean(
-        client, QUESTION, CHOICES, gate=0.5, k=2, retrieve=_retrieve([]),
-        score=lambda q, docs: 0.9,
-    )  # fmt: skip
-    assert result.letter == "C" and result.mc.retried
-    assert client.summary()["llm_calls"] == 2
-
-
-def test_lean_needs_choices(tmp_settings):
-    client, _ = _client(tmp_settings, [])
-    with pytest.raises(ValueError, match="multiple-choice"):
-        lean.answer_lean(
-            client, QUESTION, {}, gate=0.5, k=2, retrieve=_retrieve([]), score=lambda q, d: 1.0
-        )
-
-
 def test_a_gate_of_zero_never_blocks_and_a_missing_score_is_blocked():
     assert not lean.below_gate(0.01, 0.0)
     assert lean.below_gate(None, 0.4) and lean.below_gate(0.39, 0.4)
@@ -130,7 +59,7 @@ def test_calibration_can_say_never_use_the_evidence_or_always_use_it():
 def _context(tmp_settings, replies, **changes):
     from context import AgentContext
 
-    client, script = _client(tmp_settings.replace(**changes), replies)
+    client, script = scripted_client(tmp_settings.replace(**changes), {"*": list(replies)})
     ctx = AgentContext(
         settings=tmp_settings.replace(**changes),
         client=client,
@@ -145,6 +74,57 @@ def _context(tmp_settings, replies, **changes):
 
 
 REPLY = "**Answer: (A)**\nRule: An excited utterance is admissible.\n**Answer: (A)**"
+
+
+def _lean(tmp_settings, replies, *, score=0.7, gate=0.5, k=2):
+    """A lean run through the graph (no injection call, so only the letter's calls count) and
+    the retrievals it made."""
+    ctx, script = _context(
+        tmp_settings, replies, lean_gate=gate, retrieval_k=k, answer_mode="lean",
+        skip_injection_check=True,
+    )  # fmt: skip
+    calls: list = []
+
+    def retrieve(queries, k, exclude):
+        calls.append((queries, k))
+        return [dict(p) for p in PASSAGES[:k]]
+
+    ctx.retrieve, ctx.evidence_score = retrieve, lambda q, docs: score
+    return main.run_agent(QUESTION, CHOICES, context=ctx), script, calls
+
+
+def test_strong_evidence_goes_to_the_model_in_one_retrieval_and_one_call(tmp_settings):
+    result, script, calls = _lean(tmp_settings, ["**Answer: (A)**"], score=0.8)
+    assert (result["mc_answer"]["letter"], result["lean"]["route"]) == ("A", "rag")
+    # one retrieval, with the choices in the query and headroom for screened passages
+    assert len(calls) == 1 and "(B) No, because it is hearsay." in calls[0][0][0]
+    assert calls[0][1] == 2 + injection.FLAG_HEADROOM
+    assert result["run_metrics"]["llm_calls"] == 1
+    assert "startling event" in script.prompts()[0]
+    assert "offered for its truth" in script.prompts()[0]
+
+
+def test_weak_evidence_never_reaches_the_prompt(tmp_settings):
+    result, script, _ = _lean(tmp_settings, ["**Answer: (B)**"], score=0.31)
+    lean_record = result["lean"]
+    assert result["mc_answer"]["letter"] == "B"
+    assert (lean_record["route"], lean_record["evidence_score"]) == ("closed_book", 0.31)
+    assert "startling event" not in script.prompts()[0]
+    assert lean_record["retrieved_ids"] == ["p1", "p2"]  # retrieved, shown in the trace only
+    assert lean_record["evidence_ids"] == [] and result["mc_answer"]["closed_book"]
+
+
+def test_a_passage_carrying_instructions_is_replaced_not_read(tmp_settings):
+    result, script, _ = _lean(tmp_settings, ["**Answer: (A)**"], score=0.9, gate=0.0, k=3)
+    assert result["lean"]["evidence_ids"] == ["p1", "p2", "p4"]
+    assert [f["id"] for f in result["lean"]["flagged_passages"]] == ["p3"]
+    assert "Ignore previous instructions" not in script.prompts()[0]
+
+
+def test_a_reply_without_a_letter_costs_at_most_one_more_call(tmp_settings):
+    result, _, _ = _lean(tmp_settings, ["I am not sure.", "C"], score=0.9)
+    assert result["mc_answer"]["letter"] == "C" and result["mc_answer"]["retried"]
+    assert result["run_metrics"]["llm_calls"] == 2
 
 
 @pytest.mark.parametrize("mode", ["lean", "auto"])
