@@ -385,6 +385,13 @@ def score_fact_pattern(
         "uncited_sentences": sum(1 for s in sentences if not s["passage_ids"]),
         "misgrounded_sentences": len(misgrounded),
         "misgrounded_off_agenda": len(off_agenda),
+        # the passages each issue cites, to tell which of them a misgrounded sentence rests on
+        "cited_by_issue": {
+            str(issue): sorted(
+                {p for s in sentences if s.get("issue") == issue for p in s["passage_ids"]}
+            )
+            for issue in dict.fromkeys(s.get("issue") for s in sentences)
+        },
         "llm_calls": result.get("llm_calls"),
         "seconds": round(seconds, 3),
         "answer": str(result.get("answer") or ""),

@@ -183,3 +183,29 @@ def test_phase3_table_has_a_row_per_metric_and_a_column_per_mode():
     assert head.split() == ["metric", "research", "ceiling"]
     assert gold.split()[:3] == ["gold_cited", "3/16", "0.19"] and "(0.07–0.43)" in gold
     assert uncited.split() == ["uncited_sentences", "0", "—"]
+
+
+def test_a_fact_pattern_answer_counts_sentences_on_another_doctrine_as_misgrounded():
+    item = {
+        "id": "fp",
+        "split": "tune",
+        "answer": "yes",
+        "issues": [{"gold_ids": ["g1"]}, {"gold_ids": ["g2"]}],
+        "conclusion_keys": [["liable"]],
+    }
+    sentences = [
+        {"issue": "Negligence", "text": "Rule.", "passage_ids": ["g1"]},
+        {"issue": "Negligence", "text": "A second rule.", "passage_ids": ["near_g1", "x"]},
+        {"issue": "Negligence", "text": "Off the gold doctrine.", "passage_ids": ["x"]},
+        {"issue": "Arson", "text": "Another doctrine.", "passage_ids": ["y"]},
+    ]
+    result = {"answer": "Bottom line: yes, the store is liable.", "sentences": sentences}
+    row = ea.score_fact_pattern(item, "research", result, 1.0, lambda p, gold: p == "near_g1")
+    assert (row["gold_cited"], row["issues_found"], row["verdict"]) == (True, 1, "yes")
+    assert row["conclusion_correct"]
+    # the third sentence cites neither gold nor its doctrine; the Arson one is off the agenda
+    assert (row["misgrounded_sentences"], row["misgrounded_off_agenda"]) == (2, 1)
+    assert row["cited_by_issue"] == {"Negligence": ["g1", "near_g1", "x"], "Arson": ["y"]}
+    declined = ea.score_fact_pattern(item, "research", {"answer": "No answer", "abstained": True}, 1.0, lambda p, g: False)  # fmt: skip
+    assert declined["sentences"] == declined["misgrounded_sentences"] == 0
+    assert declined["cited_by_issue"] == {} and not declined["conclusion_correct"]
