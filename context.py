@@ -261,15 +261,13 @@ class AgentContext:
     def lean_evidence(
         self, question: str, choices: dict[str, str]
     ) -> tuple[list[Passage], list[dict], float]:
-        """Lean mode's evidence (``lean.gather_evidence``): passages, flagged ones, the score."""
-        return lean.gather_evidence(
-            question,
-            choices,
-            k=self.settings.agent.retrieval_k,
-            retrieve=lambda query, k: self.retrieve([query], k, []),
-            score=self.score_evidence,
-            screen=self.screen_passage,
-        )
+        """Lean mode's evidence: passages, flagged ones, the score.  One retrieval with
+        ``lean.lean_query`` (the question and its choices), passages that carry instructions
+        dropped and replaced by the next ones, at most RETRIEVAL_K kept."""
+        k = self.settings.agent.retrieval_k
+        query = lean.lean_query(question, choices)
+        docs, flagged = self.keep_clean(self.retrieve([query], k + injection.FLAG_HEADROOM, []), k)
+        return docs, flagged, (self.score_evidence(question, docs) if docs else 0.0)
 
     def check_injection(self, text: str) -> injection.InjectionCheck:
         """The injection verdict on the user's input (``injection.detect``)."""

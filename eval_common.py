@@ -370,7 +370,7 @@ def retrieval_record(settings: Settings) -> dict[str, Any]:
     return rec
 
 
-def agent_context(settings: Settings, client: Any) -> Any:
+def agent_context(settings: Settings, client: Any) -> AgentContext:
     """The agent's context for an evaluation: the QA memory is neither read (an earlier answer
     would stand in for the research being measured) nor written (it is the user's)."""
     context = AgentContext.from_settings(settings, client=client)

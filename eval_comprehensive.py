@@ -185,7 +185,7 @@ def run_mc_item(
         answered = mc.select_answer(client, question, choices, evidence)
         fields = _mc_fields(answered.to_dict(), answered.text)
     elif mode in ("lean", "pipeline", "evidence"):
-        answer_mode = {"lean": "lean", "evidence": "evidence"}.get(mode, "research")
+        answer_mode = "research" if mode == "pipeline" else mode
         context = ec.agent_context(settings.replace(answer_mode=answer_mode), client)
         state = agent.run_agent(question, choices, context=context)
         mc_answer = state["mc_answer"] or {}

@@ -1,8 +1,8 @@
 """Lean mode's evidence: one retrieval for a multiple-choice question and its evidence gate.
 
 Lean mode is the graph's route with zero research steps (``nodes.route_after_injection`` sends it
-to the answer); ``nodes.mc_select`` reads this module's evidence in every mode, so the research
-route never reads less than lean does:
+to the answer); ``nodes.mc_select`` reads lean's evidence (``AgentContext.lean_evidence``) in
+every mode, so the research route never reads less than lean does:
 
 1. **retrieve once** with the question and its choices as the query (the best expansion that costs
    no LLM call: phase 1 on barexam_dev, hybrid R@10 0.279 against 0.216 for the question alone,
@@ -20,16 +20,10 @@ applies the same gate to each step (:func:`below_gate`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import injection
 import mc
-
-Retrieve = Callable[[str, int], list[dict]]
-"""(query, k) -> passages, best first."""
-ScoreFn = Callable[[str, list[dict]], float]
-"""(question, passages) -> evidence score."""
 
 
 def lean_query(question: str, choices: Mapping[str, str]) -> str:
@@ -40,22 +34,6 @@ def lean_query(question: str, choices: Mapping[str, str]) -> str:
 def below_gate(score: float | None, gate: float) -> bool:
     """True when evidence scoring ``score`` should not be used (a gate of 0 never blocks)."""
     return gate > 0 and (score is None or score < gate)
-
-
-def gather_evidence(
-    question: str,
-    choices: Mapping[str, str],
-    *,
-    k: int,
-    retrieve: Retrieve,
-    score: ScoreFn,
-    screen: Callable[[str], list[str]] = injection.screen_passage,
-) -> tuple[list[dict], list[dict], float]:
-    """(passages, flagged passages, evidence score) for one question: one retrieval with
-    :func:`lean_query`, flagged passages dropped, at most ``k`` kept."""
-    retrieved = retrieve(lean_query(question, choices), k + injection.FLAG_HEADROOM)
-    docs, flagged = injection.keep_clean(retrieved, k, screen)
-    return docs, flagged, (score(question, docs) if docs else 0.0)
 
 
 # ------------------------------------------------------------------------------------------------
