@@ -6,7 +6,8 @@ stage writes the answer a user reads, in the shape of a bar essay:
 - **Rule** — for each issue, the sentences of its passages that state the rule for these facts,
   quoted verbatim (chosen by embedding cosine to the issue and its facts, so no paraphrase can put
   words in a source's mouth), each cited to its passage.  A passage about another doctrine than
-  the issue (``off_doctrine``) is never used as its rule, and an issue whose rule is far from
+  the issue (``off_doctrine``) is never used as its rule, an issue whose rule is the one quoted
+  for an earlier issue is not answered twice (``same_rule``), and an issue whose rule is far from
   every stated fact (``off_facts``, :data:`FACT_FIT`) is named, not applied; an answer none of
   whose rules is near the question (``off_question``, :data:`QUESTION_FIT`) is declined.
 - **Application** — one narrow call per issue (``skills/apply_rule.md``): the rule's requirements,
@@ -757,6 +758,7 @@ def build_record(
         "off_doctrine": 0,
         "off_facts": 0,
         "off_question": 0,
+        "same_rule": 0,
         "not_raised": 0,
         "unrelated_fact": 0,
         "unparsed_application": 0,
@@ -773,6 +775,7 @@ def build_record(
         return AnswerRecord(kind, text, [], [], True, decline, guards=guards)
     fact_rows = _rows(embed, list(facts) if kind == "fact_pattern" else [])
     ruled: list[tuple[int, IssueResearch, list[tuple[Mapping[str, Any], str]], float]] = []
+    taken: dict[tuple[str, str], str] = {}  # (passage id, sentence) -> the issue it is a rule of
     for item in research:
         if not item.researched:
             issues.append(IssueAnswer(item.issue, "not_researched", why=item.why))
@@ -806,6 +809,14 @@ def build_record(
                 continue
         else:
             rule = select_rule(query, docs, embed)
+        # The same law as earlier issues is said once, under them (guard ``same_rule``).
+        if rule and all((d["id"], s) in taken for d, s in rule):
+            guards["same_rule"] += 1
+            owners = ", ".join(dict.fromkeys(taken[(d["id"], s)] for d, s in rule))
+            why = f"its rule is the one already quoted for {owners}"
+            issues.append(IssueAnswer(item.issue, "no_evidence", why=why))
+            continue
+        taken.update({(d["id"], s): item.issue for d, s in rule})
         ruled.append((len(issues), item, rule, fact_fit(rule, fact_rows, embed)))
         issues.append(IssueAnswer(item.issue, "answered"))  # its place, filled in below
 

@@ -336,8 +336,14 @@ def test_an_issue_no_stated_fact_bears_on_is_named_not_answered(tmp_settings):
     bottom = json.dumps({"answer": "yes", "conclusion": 1})
     replies = {"apply": [unrelated, related], "bottom_line": [bottom]}
     client, _ = scripted_client(tmp_settings, replies)
+    riley = {
+        "id": "riley",
+        "title": "Search incident to arrest: cell phones",
+        "text": "Cell phones seized incident to arrest. Police generally need a warrant before "
+        "they search the digital contents of a cell phone seized from an arrestee.",
+    }
     research = [
-        answer.IssueResearch("Search incident to arrest: cell phones", [GANT]),
+        answer.IssueResearch("Search incident to arrest: cell phones", [riley]),
         answer.IssueResearch("Search incident to arrest", [GANT]),
     ]
     record = answer.build_record(client, FACTS, None, research, EMBED)
@@ -348,6 +354,24 @@ def test_an_issue_no_stated_fact_bears_on_is_named_not_answered(tmp_settings):
         in record.text
     )
     assert record.text.startswith("1. Search incident to arrest")
+
+
+def test_an_issue_whose_research_found_an_earlier_issues_rule_is_not_answered_twice(tmp_settings):
+    """An issue whose rule is the one quoted for an earlier issue is not answered again, and
+    says whose rule it is (guard ``same_rule``).  The cement plant's
+    "Commerce power" repeated the Dormant Commerce Clause's rule and its "met" requirements."""
+    checks = json.dumps({"checks": [{"n": 1, "fact": 2, "met": "no"}]})
+    bottom = json.dumps({"answer": "yes", "conclusion": 1})
+    client, script = scripted_client(tmp_settings, {"apply": [checks], "bottom_line": [bottom]})
+    research = [
+        answer.IssueResearch("Search incident to arrest", [GANT]),
+        answer.IssueResearch("Search incident to arrest of a vehicle", [GANT]),
+    ]
+    record = answer.build_record(client, FACTS, None, research, EMBED)
+    assert [i.status for i in record.issues][:2] == ["answered", "no_evidence"]
+    assert record.guards["same_rule"] == 1
+    assert "the one already quoted for Search incident to arrest" in record.issues[1].why
+    assert script.roles().count("apply") == 1
 
 
 def test_a_fact_pattern_is_not_declined_because_no_stated_fact_seemed_to_bear_on_its_rule(

@@ -57,11 +57,13 @@ STOPWORDS = frozenset(
 def _facts_relate_to_synthetic_rules(monkeypatch):
     """The corpus here is synthetic ("Rule text number 3 about doctrine 3."): no stated fact shares
     a word with its rules, so the ``unrelated_fact`` guard (tests/test_answer.py) would leave every
-    scripted application undecided, and ``off_question`` would decline every question.  Both are
+    scripted application undecided, ``off_question`` would decline every question, and
+    ``off_facts`` would name every issue after the first instead of applying it.  All three are
     off in these tests of the graph's routes."""
     import answer
 
     monkeypatch.setattr(answer, "FACT_RELEVANCE", -1.0)
+    monkeypatch.setattr(answer, "FACT_FIT", -1.0)
     monkeypatch.setattr(answer, "QUESTION_FIT", -1.0)
 
 
@@ -99,7 +101,8 @@ LAW = [
         "id": "comp",
         "title": "Comparative negligence",
         "text": "Comparative negligence. Under comparative negligence a plaintiff's own fault "
-        "reduces the damages in proportion to that fault.",
+        "reduces the damages in proportion to that fault. A comparative fault reduction "
+        "applies to a careless plaintiff.",
     },
     {
         "id": "speech",
