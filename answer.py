@@ -438,9 +438,19 @@ HEADING_PREFIX_WORDS = 10
 """A passage's opening "Doctrine name: ..." of at most this many words is its heading, not part of
 a requirement."""
 _TRAILING_CONJUNCTION = re.compile(r"[;,]?\s*\b(?:and|or)\s*$")
+_DEFENSE = (
+    r"\b(?:is|are|as|has|have)\s+(?:not\s+)?(?:a\s+|an\s+|no\s+)?(?:\w+\s+)?defen[cs]es?\b"
+    r"|\bdefen[cs]es?\s*:|\bdefen[cs]es?\s+(?:to|against|include)\b"
+    r"|\bdefen[cs]es?\b[^.;]{0,120}\bbar\b|\bnot\s+a\s+(?:\w+\s+)?defen[cs]e\b"
+)
+"""A clause that names a defense ("... is a defense", "Defenses: ...", "a defense to felony
+murder", "equitable defenses (laches, ...) can bar relief"), not one that only uses the word
+("relevant to any party's claim or defense"; "whether or not the defense asks"; self-defense as
+the privilege a rule states), nor a doctrine named for it ("Defense of others: ...")."""
 NOT_AN_ELEMENT = re.compile(
-    r"\b(?:examples?|defen[cs]es?|exceptions?|unless|need not|"
+    r"\b(?:examples?|exceptions?|unless|need not|"
     r"does not (?:apply|require)|is not (?:required|enough|sufficient|necessary)|not enough)\b"
+    rf"|{_DEFENSE}"
     r"|\b(?:is|are) not$",  # "... is a defense, but intent to repay money is not"
     re.I,
 )
@@ -459,14 +469,15 @@ consideration; a UCC firm offer ...; and offers the offeree has reasonably relie
 the list was cut at its semicolons into requirements the facts had to meet.  ", except that ..."
 qualifies the rule instead; 11 sentences of the starter corpus use "except"."""
 EXCEPTION = re.compile(
-    r"\b(?:exceptions?|defen[cs]es?|unless|privileged|does not apply|not liable|"
-    r"(?:no|neither)\b[^.;]{0,40}\bappl(?:y|ies))\b",
+    r"\b(?:exceptions?|unless|privileged|does not apply|not liable|"
+    r"(?:no|neither)\b[^.;]{0,40}\bappl(?:y|ies))\b"
+    rf"|{_DEFENSE}",
     re.I,
 )
 """A clause that states an exception or defense: when the facts show it, the rule does not apply
 ("the market-participant exception when the state buys or sells as a market actor"; "neither
 privilege applies when one spouse is charged with a crime against the other")."""
-NO_DEFENSE = re.compile(r"\bno defen[cs]es?\b|\bnot a defen[cs]e\b", re.I)
+NO_DEFENSE = re.compile(r"\bno defen[cs]es?\b|\bnot a (?:\w+ )?defen[cs]e\b", re.I)
 """A clause that says an argument is *not* a defense ("Factual impossibility is no defense: a
 defendant who picks an empty pocket ... is guilty of attempt"): neither a requirement nor an
 exception.  Read as an exception, the facts that show it (an empty safe) defeated the rule it

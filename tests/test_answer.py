@@ -286,6 +286,35 @@ def test_what_is_no_defense_is_neither_a_requirement_nor_an_exception():
     ]
 
 
+def test_a_clause_that_only_uses_the_word_defense_is_not_a_defense():
+    """The discovery rule's "relevant to any party's claim or defense" was asked about as an
+    exception that applied ("Exception: Under Rule 26(b)(1), parties may discover ... —
+    applies"), and so were the self-defense privilege's own rules.  A clause that names a
+    defense still is one."""
+    reqs, exceptions = answer.rule_structure(
+        [
+            "Under Rule 26(b)(1), parties may discover any nonprivileged matter relevant to any "
+            "party's claim or defense and proportional to the needs of the case.",
+            "Defense of others: A person may use reasonable force to defend a third person who "
+            "could lawfully use that force in self-defense.",
+            "Specific performance requires an inadequate legal remedy, and equitable defenses "
+            "(laches, unclean hands, unconscionability, or sale to a bona fide purchaser) can "
+            "bar relief.",
+        ]
+    )
+    assert reqs == [
+        "Under Rule 26(b)(1), parties may discover any nonprivileged matter relevant to any "
+        "party's claim or defense and proportional to the needs of the case",
+        "A person may use reasonable force to defend a third person who could lawfully use that "
+        "force in self-defense",
+        "Specific performance requires an inadequate legal remedy",
+    ]
+    assert exceptions == [
+        "equitable defenses (laches, unclean hands, unconscionability, or sale to a bona fide "
+        "purchaser) can bar relief"
+    ]
+
+
 def test_what_follows_except_is_a_list_of_exceptions_not_requirements():
     """A user's tractor offer was asked whether "a UCC firm offer, a signed writing by a merchant"
     and "offers the offeree has reasonably relied on" were met, as if they were requirements of
