@@ -12,10 +12,6 @@ researched as one blurred topic, and each doctrine should be searched under its 
 * **Issue spotting**: :func:`link_doctrines` links a question to doctrines (alias matches plus the
   cosine of the question to each doctrine's description); :func:`merge_agenda` merges them with
   the model's issue list, one item per claim (a doctrine, its elements and its exceptions).
-
-A passage database built from the taxonomy and the citations the passages make (with graph search
-modes over it) was removed at stop 40: no search mode over it beat dense retrieval of the question
-(docs/MEASUREMENTS.md, "The knowledge graph").
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ import logging
 import re
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -89,49 +85,23 @@ class Match:
     end: int
 
 
-class AliasIndex:
-    """Alias token sequences -> the doctrine ids they name, matched greedily left to right."""
-
-    def __init__(self, pairs: Iterable[tuple[Sequence[str], str]]) -> None:
-        """``pairs``: (an alias's tokens, an id it names); an id is kept once per alias, in the
-        order given."""
-        index: dict[tuple[str, ...], list[str]] = defaultdict(list)
-        for words, target in pairs:
-            if words and target not in index[tuple(words)]:
-                index[tuple(words)].append(target)
-        self._index = {k: tuple(v) for k, v in index.items()}
-        self._max_len = max((len(k) for k in index), default=0)
-        self._first = {k[0] for k in index}
-
-    def find(self, text: str | Sequence[str]) -> list[Match]:
-        """Alias matches in ``text`` (or its tokens): at each position the longest alias wins and
-        matches never overlap, so "procedural due process" is not also "due process"."""
-        toks = tokens(text) if isinstance(text, str) else list(text)
-        out: list[Match] = []
-        i, n = 0, len(toks)
-        while i < n:
-            longest = min(self._max_len, n - i) if toks[i] in self._first else 0
-            for length in range(longest, 0, -1):
-                ids = self._index.get(tuple(toks[i : i + length]))
-                if ids:
-                    out.append(Match(ids, " ".join(toks[i : i + length]), i, i + length))
-                    i += length
-                    break
-            else:
-                i += 1
-        return out
-
-
 class Taxonomy:
-    """The doctrines with an alias index for longest-match linking."""
+    """The doctrines with an alias index for longest-match linking: alias token sequences -> the
+    doctrine ids they name (an id kept once per alias, in file order)."""
 
-    def __init__(self, doctrines: Sequence[Doctrine], fingerprint: str = "") -> None:
+    def __init__(self, doctrines: Sequence[Doctrine], fingerprint: str) -> None:
         self.doctrines: dict[str, Doctrine] = {d.id: d for d in doctrines}
         self.fingerprint = fingerprint
         self.subjects: list[str] = sorted({d.subject for d in doctrines})
-        self._aliases = AliasIndex(
-            (tokens(alias), d.id) for d in doctrines for alias in (d.name, *d.aliases)
-        )
+        index: dict[tuple[str, ...], list[str]] = defaultdict(list)
+        for d in doctrines:
+            for alias in (d.name, *d.aliases):
+                words = tuple(tokens(alias))
+                if words and d.id not in index[words]:
+                    index[words].append(d.id)
+        self._aliases = {k: tuple(v) for k, v in index.items()}
+        self._max_len = max((len(k) for k in index), default=0)
+        self._first = {k[0] for k in index}
 
     def __len__(self) -> int:
         return len(self.doctrines)
@@ -139,9 +109,23 @@ class Taxonomy:
     def __getitem__(self, doctrine_id: str) -> Doctrine:
         return self.doctrines[doctrine_id]
 
-    def find(self, text: str | Sequence[str]) -> list[Match]:
-        """Alias matches in ``text`` (or its tokens), longest match first (see AliasIndex)."""
-        return self._aliases.find(text)
+    def find(self, text: str) -> list[Match]:
+        """Alias matches in ``text``: at each position the longest alias wins and matches never
+        overlap, so "procedural due process" is not also "due process"."""
+        toks = tokens(text)
+        out: list[Match] = []
+        i, n = 0, len(toks)
+        while i < n:
+            longest = min(self._max_len, n - i) if toks[i] in self._first else 0
+            for length in range(longest, 0, -1):
+                ids = self._aliases.get(tuple(toks[i : i + length]))
+                if ids:
+                    out.append(Match(ids, " ".join(toks[i : i + length]), i, i + length))
+                    i += length
+                    break
+            else:
+                i += 1
+        return out
 
     def root(self, doctrine_id: str) -> str:
         """The claim a doctrine belongs to: follow ``element_of`` / ``exception_to`` upward
@@ -185,9 +169,7 @@ def _read_taxonomy(p: Path, mtime_ns: int) -> Taxonomy:
                     subject=str(rec["subject"]),
                     description=str(rec.get("description", "")),
                     aliases=tuple(str(a) for a in rec.get("aliases", ())),
-                    element_of=tuple(rec.get("element_of", ())),
-                    exception_to=tuple(rec.get("exception_to", ())),
-                    related_to=tuple(rec.get("related_to", ())),
+                    **{r: tuple(rec.get(r, ())) for r in RELATIONS},
                 )
             )
         except (ValueError, KeyError, TypeError) as exc:
@@ -315,9 +297,8 @@ def link_doctrines(
     return out
 
 
-def issue_doctrine(issue: str, taxonomy: Taxonomy | None = None) -> str | None:
+def issue_doctrine(issue: str, tax: Taxonomy) -> str | None:
     """The doctrine an issue label names (its first, longest alias match), or None."""
-    tax = taxonomy or load_taxonomy()
     matches = tax.find(issue)
     if not matches:
         return None
