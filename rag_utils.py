@@ -464,9 +464,7 @@ def resolve_embedding_backend(settings: Settings) -> str:
     return backend
 
 
-def get_embedder(
-    settings: Settings,
-) -> Embedder | OnnxEmbedder | EmbeddingsAdapter:
+def get_embedder(settings: Settings) -> Embedder | OnnxEmbedder | EmbeddingsAdapter:
     """The configured embedder, built once per (model, backend, device, trust_remote_code, batch
     size): a LangChain ``Embeddings`` registered under EMBEDDING_MODEL
     (:func:`register_embeddings`), else the default model through ONNX or torch, else a
@@ -939,9 +937,10 @@ def _bm25s() -> Any:
     return bm25s
 
 
-def bm25_tokenize(texts: Sequence[str]) -> list[list[str]]:
-    bm25s = _bm25s()
-    return bm25s.tokenize(list(texts), stopwords="en", return_ids=False, show_progress=False)
+def bm25_tokenize(texts: Sequence[str], stopwords: str = "en") -> list[list[str]]:
+    return _bm25s().tokenize(
+        list(texts), stopwords=stopwords, return_ids=False, show_progress=False
+    )
 
 
 MIN_VOCABULARY_PASSAGES = 100
@@ -1035,10 +1034,7 @@ class Bm25Index:
             )
 
         def words(of: str) -> list[str]:
-            got = _bm25s().tokenize(
-                [of], stopwords="en_plus", return_ids=False, show_progress=False
-            )
-            return [t for t in got[0] if not t.isdigit()]
+            return [t for t in bm25_tokenize([of], "en_plus")[0] if not t.isdigit()]
 
         unknown = [t for t in words(text) if stem(t)[:TERM_PREFIX] not in self._prefixes]
         if subject is not None:
@@ -1299,7 +1295,7 @@ def rrf_scores(
 
 
 def fuse_rankings(
-    dense: Sequence[float], lexical: Sequence[float], dense_weight: float = 0.5
+    dense: Sequence[float], lexical: Sequence[float], dense_weight: float
 ) -> list[float]:
     """The hybrid score of each candidate: :func:`rrf_scores` of its dense and its BM25 rank,
     weighted ``w`` and ``1 - w`` (FUSION_DENSE_WEIGHT, chosen in docs/MEASUREMENTS.md); equal
