@@ -590,7 +590,7 @@ def is_read_only(settings: Settings) -> bool:
     return _client_key(settings) in _read_only
 
 
-def require_writable(settings: Settings, what: str = "write to the index") -> None:
+def require_writable(settings: Settings, what: str) -> None:
     """Raise StoreError when the store is read-only (an explicit write the user asked for)."""
     if is_read_only(settings):
         raise StoreError(f"cannot {what}: CHROMA_DIR {settings.retrieval.chroma_dir} is read-only")
@@ -1480,7 +1480,7 @@ def existing_collections(settings: Settings) -> set[str]:
     r = settings.retrieval
     if not r.chroma_host and not Path(r.chroma_dir).expanduser().exists():
         return set()
-    return {str(getattr(c, "name", c)) for c in get_client(settings).list_collections()}
+    return {c.name for c in get_client(settings).list_collections()}
 
 
 def corpus_fingerprint(settings: Settings) -> str:
