@@ -37,6 +37,8 @@ DEFAULT_RESULTS_DIR = "eval_results"
 _NOISY = ("httpx", "httpx2", "httpcore", "urllib3", "chromadb", "sentence_transformers", "openai")
 """Loggers the CLI keeps at WARNING."""
 _SECRET_FIELD = re.compile(r"(api_key|secret|token|password)", re.IGNORECASE)
+LLMFactory = Callable[[str], Any] | None
+"""``LLMClient``'s ``llm_factory``: a test's chat models by role; None for the configured ones."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -44,10 +46,10 @@ _SECRET_FIELD = re.compile(r"(api_key|secret|token|password)", re.IGNORECASE)
 # ------------------------------------------------------------------------------------------------
 
 
-def load_qa(path: str | os.PathLike[str] | None = None) -> list[dict]:
-    """The multiple-choice items of ``path`` (default: the starter set); items without four
-    choices or an answer letter are dropped with a warning."""
-    path = Path(path) if path is not None else load_corpus.starter_dir() / "qa.jsonl"
+def load_qa(path: str | os.PathLike[str]) -> list[dict]:
+    """The multiple-choice items of ``path``; items without four choices or an answer letter are
+    dropped with a warning."""
+    path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"QA file not found: {path}")
     rows = load_corpus.read_qa(path)  # ids are unique
@@ -70,8 +72,7 @@ def read_inputs(qa: str | None, passages: str | None) -> tuple[Path, list[dict],
     index, read and validated before any model loads or index is built: a missing or broken file
     stops the run here, in one line."""
     qa_path = Path(qa) if qa else load_corpus.starter_dir() / "qa.jsonl"
-    items = load_qa(qa_path)
-    return qa_path, items, load_corpus.read_passages(passages) if passages else None
+    return qa_path, load_qa(qa_path), load_corpus.read_passages(passages) if passages else None
 
 
 def index_corpus(settings: Settings, passages: list[dict] | None, source: str | None) -> None:
@@ -385,7 +386,7 @@ def usage_of(client: Any) -> dict[str, Any]:
     return {k: v for k, v in client.summary().items() if k != "by_role"}
 
 
-def require_llm(settings: Settings, llm_factory: Callable[[str], Any] | None = None) -> None:
+def require_llm(settings: Settings, llm_factory: LLMFactory = None) -> None:
     """Raise LLMConfigError for any role's bad configuration (unless a test injects chat models)."""
     if llm_factory is None:
         check_config(settings)
@@ -543,9 +544,11 @@ class RunDir:
         desc: str = "",
         fatal: tuple[type[BaseException], ...] = (),
     ) -> None:
-        """``fn`` over ``tasks`` (:func:`run_tasks`), each row appended as it ends; a task that
-        fails is logged and written to errors.jsonl under ``key(task)`` = (item id, mode), and
-        retried on resume."""
+        """``fn`` over the ``tasks`` whose ``key(task)`` = (item id, mode) has no row yet
+        (:func:`run_tasks`), each row appended as it ends; a task that fails is logged and written
+        to errors.jsonl under its key, and retried on resume."""
+        done = self.done()
+        tasks = [task for task in tasks if key(task) not in done]
         for task, row, err in run_tasks(fn, tasks, workers=workers, desc=desc, fatal=fatal):
             if err is None:
                 self.append(row)

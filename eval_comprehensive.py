@@ -102,11 +102,7 @@ def retrieval_queries(item: dict, variant: str, client: Any = None) -> list[str]
 
 
 def run_retrieval_item(
-    item: dict,
-    variant: str,
-    *,
-    settings: Settings,
-    llm_factory: Callable[[str], Any] | None = None,
+    item: dict, variant: str, *, settings: Settings, llm_factory: ec.LLMFactory = None
 ) -> dict:
     """Retrieve the top 10 for one (item, variant) and score it against the gold passages."""
     client = LLMClient(settings, llm_factory=llm_factory) if variant in LLM_VARIANTS else None
@@ -156,7 +152,7 @@ def run_mc_item(
     mode: str,
     *,
     settings: Settings,
-    llm_factory: Callable[[str], Any] | None = None,
+    llm_factory: ec.LLMFactory = None,
     gold_texts: dict[str, dict] | None = None,
 ) -> dict:
     """Answer one item in one mode; the row holds the letter, correctness, usage and timing."""
@@ -581,10 +577,7 @@ def render_injection_markdown(summary: dict[str, Any]) -> str:
 
 
 def run_injection(
-    args: argparse.Namespace,
-    settings: Settings,
-    *,
-    llm_factory: Callable[[str], Any] | None = None,
+    args: argparse.Namespace, settings: Settings, *, llm_factory: ec.LLMFactory = None
 ) -> dict[str, Any]:
     """Run injection.detect over the labelled set; one row per prompt, then the summary."""
     import injection
@@ -609,7 +602,6 @@ def run_injection(
         "command": list(getattr(args, "argv", None) or sys.argv[1:]),
     }
     run_dir.check_config(config, ("qa", "split", "check", "llm"))
-    done = run_dir.done()
 
     def one(item: dict) -> dict:
         client = None if args.prescreen_only else LLMClient(settings, llm_factory=llm_factory)
@@ -636,7 +628,7 @@ def run_injection(
     try:
         run_dir.run(
             one,
-            [it for it in items if (it["id"], mode) not in done],
+            items,
             key=lambda it: (it["id"], mode),
             desc="injection",
             fatal=ec.USER_ERRORS,
@@ -657,14 +649,6 @@ def run_injection(
     run_dir.write_json("summary.json", summary)
     run_dir.write_text("summary.md", render_injection_markdown(summary))
     return summary
-
-
-def injection_main(argv: Sequence[str], *, llm_factory: Callable[[str], Any] | None = None) -> int:
-    """``eval_comprehensive.py injection ...``"""
-    args = build_injection_parser().parse_args(argv)
-    args.argv = ["injection", *argv]
-    rc, summary = ec.cli_run(args, lambda s: run_injection(args, s, llm_factory=llm_factory))
-    return rc or ec.print_summary(args, summary, render_injection_markdown)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -716,7 +700,7 @@ def build_answers_parser() -> argparse.ArgumentParser:
 
 
 def agent_answer_fn(
-    settings: Settings, mode: str, llm_factory: Any = None
+    settings: Settings, mode: str, llm_factory: ec.LLMFactory = None
 ) -> Callable[[str], dict]:
     """``question -> answer dict`` (eval_answers' shape) running the whole agent in ``mode``."""
 
@@ -791,7 +775,7 @@ def grade_answer_rows(
     items: Sequence[Mapping[str, Any]],
     modes: Sequence[str],
     judge: Any,
-    judge_record: Mapping[str, Any] | None = None,
+    judge_record: Mapping[str, Any] | None,
 ) -> None:
     """Grade every answer row of the run that has no grade yet (answered now or by an earlier,
     ungraded run), one ``answers_grade`` row each, so grading resumes too."""
@@ -837,7 +821,7 @@ def read_answer_items(args: argparse.Namespace) -> list[dict]:
 
 
 def run_answers_phase(
-    args: argparse.Namespace, settings: Settings, *, llm_factory: Any = None
+    args: argparse.Namespace, settings: Settings, *, llm_factory: ec.LLMFactory = None
 ) -> dict[str, Any]:
     modes = ec.comma_list(args.modes, FACT_MODES if args.facts else ANSWER_MODES, "answer mode")
     items = read_answer_items(args)  # bad input: no model, no index, no run folder
@@ -863,7 +847,6 @@ def run_answers_phase(
         "settings": ec.settings_record(settings),
     }
     run_dir.check_config(config, ("qa", "llm", "facts", "split"))
-    done = {(str(r["item"]), str(r["mode"])) for r in run_dir.rows if r.get("phase") == "answers"}
     fns = {m: agent_answer_fn(settings, m, llm_factory) for m in modes if m != "ceiling"}
     score = eval_answers.score_answer
     if args.facts:
@@ -887,7 +870,7 @@ def run_answers_phase(
             items,
             {mode: fns[mode] for mode in modes},
             on_row=lambda row: run_dir.append({**row, "item": row["id"], "phase": "answers"}),
-            skip=done,
+            skip=run_dir.done(),  # its grade rows share the keys of its answer rows
             score=score,
         )
         if args.grade:
@@ -909,13 +892,6 @@ def run_answers_phase(
     }
     run_dir.write_json("summary.json", summary)
     return summary
-
-
-def answers_main(argv: Sequence[str], *, llm_factory: Callable[[str], Any] | None = None) -> int:
-    """``eval_comprehensive.py answers ...``"""
-    args = build_answers_parser().parse_args(argv)
-    rc, summary = ec.cli_run(args, lambda s: run_answers_phase(args, s, llm_factory=llm_factory))
-    return rc or ec.print_summary(args, summary, lambda s: answers_table(s["answers"]))
 
 
 def answers_table(by_mode: Mapping[str, Mapping[str, Any]]) -> str:
@@ -949,8 +925,12 @@ def answers_table(by_mode: Mapping[str, Mapping[str, Any]]) -> str:
 
 MC_PHASES = ("retrieval", "pipeline", "both")
 """The phases of the main parser (the first of them, or N alone, runs ``both``)."""
-SUBCOMMANDS = ("answers", "injection")
-"""The phases with their own parser; each is the first argument."""
+SUBCOMMANDS = {
+    "answers": (build_answers_parser, run_answers_phase, lambda s: answers_table(s["answers"])),
+    "injection": (build_injection_parser, run_injection, render_injection_markdown),
+}
+"""The phases with their own parser (each is the first argument): the parser, the run, the
+summary as printed."""
 PHASES = {
     "retrieval": (
         "[N] [--variants V,...] [--columns C,...] [--reranker R]",
@@ -1101,10 +1081,7 @@ def prepare_items(
 
 
 def run(
-    args: argparse.Namespace,
-    settings: Settings,
-    *,
-    llm_factory: Callable[[str], Any] | None = None,
+    args: argparse.Namespace, settings: Settings, *, llm_factory: ec.LLMFactory = None
 ) -> dict[str, Any]:
     """Run the phases of ``args`` and return the summary (also written to the run directory)."""
     started = time.time()
@@ -1154,19 +1131,12 @@ def run(
         mc_llm.get("model", mc_llm.get("error", "?")),
         run_dir.path,
     )
-    done = run_dir.done()
     interrupted = False
     try:
         if args.phase in ("retrieval", "both") and variants:
-            tasks = [
-                (it, v)
-                for v in variants
-                for it in items
-                if (ec.item_id(it), RETRIEVAL_PREFIX + v) not in done
-            ]
             run_dir.run(
                 lambda t: run_retrieval_item(*t, settings=settings, llm_factory=llm_factory),
-                tasks,
+                [(it, v) for v in variants for it in items],
                 key=lambda t: (ec.item_id(t[0]), RETRIEVAL_PREFIX + t[1]),
                 workers=args.workers if llm_variants else 1,
                 desc="retrieval",
@@ -1183,8 +1153,7 @@ def run(
                 (it, m)
                 for i, it in enumerate(items)
                 for m in modes
-                if (m not in ("pipeline", "evidence") or i < pipe_n)
-                and (ec.item_id(it), m) not in done
+                if m not in ("pipeline", "evidence") or i < pipe_n
             ]
             run_dir.run(
                 lambda t: run_mc_item(
@@ -1246,9 +1215,7 @@ def resume_command(given: Sequence[str]) -> list[str]:
     return [*saved, *given]
 
 
-def main(
-    argv: Sequence[str] | None = None, *, llm_factory: Callable[[str], Any] | None = None
-) -> int:
+def main(argv: Sequence[str] | None = None, *, llm_factory: ec.LLMFactory = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
     command = resume_command(given)
     if command != given:
@@ -1256,16 +1223,18 @@ def main(
             f"eval_comprehensive.py: resuming with the run's command: {' '.join(command)}",
             file=sys.stderr,
         )
-    if command[:1] == ["injection"]:
-        return injection_main(command[1:], llm_factory=llm_factory)
-    if command[:1] == ["answers"]:
-        return answers_main(command[1:], llm_factory=llm_factory)
-    args = parse_args(command)
+    if command[:1] and command[0] in SUBCOMMANDS:
+        build_phase_parser, run_phase, render = SUBCOMMANDS[command[0]]
+        args = build_phase_parser().parse_args(command[1:])
+    else:
+        args, run_phase, render = parse_args(command), run, render_markdown
     args.argv = command
     rc, summary = ec.cli_run(
-        args, lambda s: run(args, s, llm_factory=llm_factory), reranker=args.reranker
+        args,
+        lambda s: run_phase(args, s, llm_factory=llm_factory),
+        reranker=getattr(args, "reranker", None),
     )
-    return rc or ec.print_summary(args, summary, render_markdown)
+    return rc or ec.print_summary(args, summary, render)
 
 
 if __name__ == "__main__":

@@ -64,21 +64,19 @@ def _doc_rows(docs: Sequence[dict], gold: Sequence[str]) -> list[dict]:
 
 def _step_rows(state: dict) -> list[dict]:
     """The planning table (``state.PlanStep``) as plain rows."""
-    rows = []
-    for step in state.get("planning_table") or []:
-        ex = step["execution"] or {}
-        rows.append(
-            {
-                **{k: step[k] for k in ("step_id", "phase", "question", "status")},
-                **{k: ex.get(k) for k in ("confidence", "optimized_query", "alternatives")},
-                "retrieved_doc_ids": ex.get("retrieved_doc_ids"),
-                "flagged_passages": ex.get("flagged_passages", []),
-                "strategy": step.get("strategy"),
-                "issue": step.get("issue"),
-                "evidence_score": ex.get("evidence_score"),
-            }
-        )
-    return rows
+    return [
+        {
+            **{k: step[k] for k in ("step_id", "phase", "question", "status")},
+            **{k: ex.get(k) for k in ("confidence", "optimized_query", "alternatives")},
+            "retrieved_doc_ids": ex.get("retrieved_doc_ids"),
+            "flagged_passages": ex.get("flagged_passages", []),
+            "strategy": step.get("strategy"),
+            "issue": step.get("issue"),
+            "evidence_score": ex.get("evidence_score"),
+        }
+        for step in state.get("planning_table") or []
+        for ex in [step["execution"] or {}]
+    ]
 
 
 def trace_query(
@@ -86,7 +84,7 @@ def trace_query(
     *,
     item: dict | None = None,
     settings: Settings,
-    llm_factory: Callable[[str], Any] | None = None,
+    llm_factory: ec.LLMFactory = None,
     out: Callable[[str], None] = print,
 ) -> dict:
     """Trace one query (a QA item when ``item`` is given); print as it goes; return the case study."""
@@ -141,8 +139,6 @@ def trace_query(
         out(f"  [{event['t_s']:7.2f}s] {event['node']}: {decision} ({event['seconds']:.1f}s)")
 
     out("agent trace:")
-    # The QA memory is not consulted (a rerun traces the research again, not a cache hit) and
-    # not written: it is the user's.
     context = ec.agent_context(settings, client)
     state = agent.run_agent(query, choices, context=context, on_event=on_event)
     agent_s = time.perf_counter() - t0
@@ -290,9 +286,13 @@ def run(
     args: argparse.Namespace,
     settings: Settings,
     *,
-    llm_factory: Callable[[str], Any] | None = None,
+    llm_factory: ec.LLMFactory = None,
     out: Callable[[str], None] = print,
 ) -> list[dict]:
+    if args.query is not None and not args.query.strip():
+        raise ValueError("--query is empty: give a question, or leave --query out")
+    if args.n is not None and args.n < 1:
+        raise ValueError("N must be at least 1")
     # the input files first: a missing or broken one stops here, before any model or index
     qa_items = ec.load_qa(args.qa) if args.qa and args.query is None else None
     passages = load_corpus.read_passages(args.passages) if args.passages else None
@@ -328,16 +328,8 @@ def run(
     return cases
 
 
-def main(
-    argv: Sequence[str] | None = None, *, llm_factory: Callable[[str], Any] | None = None
-) -> int:
+def main(argv: Sequence[str] | None = None, *, llm_factory: ec.LLMFactory = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.query is not None and not args.query.strip():
-        print("error: --query is empty: give a question, or leave --query out", file=sys.stderr)
-        return 2
-    if args.n is not None and args.n < 1:
-        print("error: N must be at least 1", file=sys.stderr)
-        return 2
     out = (lambda _line: None) if args.json else print
     rc, cases = ec.cli_run(
         args,
