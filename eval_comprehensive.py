@@ -708,14 +708,13 @@ def agent_answer_fn(
         client = LLMClient(settings, llm_factory=llm_factory)
         context = ec.agent_context(settings.replace(answer_mode=mode), client)
         state = agent.run_agent(question, None, context=context)
-        passages = {pid: p["text"] for pid, p in (state.get("passages") or {}).items()}
         record = state.get("answer") or {}
         return {
             "answer": state.get("final_cited_answer") or "",
             "abstained": bool(state.get("abstained")),
             "verdict": record.get("verdict"),
-            "sentences": record_sentences(state),
-            "passages": passages,
+            "sentences": record_sentences(record),
+            "passages": {pid: p["text"] for pid, p in (state.get("passages") or {}).items()},
             "quotes": record.get("quotes") or [],
             "llm_calls": client.summary()["llm_calls"],
         }
@@ -723,10 +722,9 @@ def agent_answer_fn(
     return answer
 
 
-def record_sentences(state: Mapping[str, Any]) -> list[dict]:
+def record_sentences(record: Mapping[str, Any]) -> list[dict]:
     """The answer record's legal sentences with the issue each answers and the passage ids it
     cites."""
-    record = state.get("answer") or {}
     ids = {c["n"]: c["passage_id"] for c in record.get("citations") or []}
     return [
         {

@@ -175,16 +175,15 @@ def trace_query(
         }
     )
     if choices:
-        letter = (state["mc_answer"] or {}).get("letter")
+        mc_answer = state["mc_answer"] or {}
+        letter = mc_answer.get("letter")
         case["mc"] = {
             "predicted": letter,
             "answer": case["answer"],
             "correct": letter == case["answer"],
             "gold_in_raw": any(r["gold"] for r in case["raw_retrieval"]),
             "gold_in_multi": any(r["gold"] for r in case["multi_query_retrieval"]),
-            "gold_in_sources": any(
-                i in gold for i in (state.get("mc_answer") or {}).get("evidence_ids") or []
-            ),
+            "gold_in_sources": any(i in gold for i in mc_answer.get("evidence_ids") or []),
         }
         verdict = "CORRECT" if case["mc"]["correct"] else "WRONG"
         out(f"MC: predicted {letter} / answer {case['answer']} -> {verdict}")
