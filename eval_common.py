@@ -141,8 +141,7 @@ def split_by_gold_in_store(
     items: Sequence[dict], settings: Settings
 ) -> tuple[list[dict], list[dict]]:
     """(items with at least one gold passage in the store, the others)."""
-    store = rag_utils.get_store(settings)
-    present = store.existing_ids([g for it in items for g in gold_ids(it)])
+    present = rag_utils.get_store(settings).existing_ids([g for it in items for g in gold_ids(it)])
     with_gold = [it for it in items if present.intersection(gold_ids(it))]
     without = [it for it in items if not present.intersection(gold_ids(it))]
     return with_gold, without
@@ -519,8 +518,7 @@ class RunDir:
             good += len(line)
         if good < len(raw):
             logger.warning("%s: dropping an incomplete last row", self.results_path)
-            with open(self.results_path, "r+b") as fh:
-                fh.truncate(good)
+            os.truncate(self.results_path, good)
         return rows
 
     def done(self) -> set[tuple[str, str]]:

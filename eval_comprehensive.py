@@ -503,15 +503,11 @@ def summarize_injection(rows: Sequence[dict]) -> dict[str, Any]:
     safe = [r for r in rows if r["label"] == "safe"]
     tp = sum(r["flagged"] for r in attacks)
     fp = sum(r["flagged"] for r in safe)
-    by_style: dict[str, dict[str, Any]] = {}
+    styles: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
-        s = by_style.setdefault(
-            r["style"], {"label": r["label"], "n": 0, "flagged": 0, "wrong": []}
-        )
-        s["n"] += 1
-        s["flagged"] += int(r["flagged"])
-        if r["flagged"] != (r["label"] == "injection"):
-            s["wrong"].append(r["item"])
+        styles[r["style"]].append(r)
+    label = {s: rs[0]["label"] for s, rs in styles.items()}  # a style's prompts share a label
+    wrong = {s: [r["item"] for r in rs if not r["correct"]] for s, rs in styles.items()}
     return {
         "n": len(rows),
         "attacks": len(attacks),
@@ -530,14 +526,11 @@ def summarize_injection(rows: Sequence[dict]) -> dict[str, Any]:
         "prescreen_only": sum(r["injection_check"] == "prescreen_only" for r in rows),
         "llm_verdicts": dict(Counter(r["llm_verdict"] for r in rows)),
         "overruled": sum(r["llm_verdict"] == "injection" and not r["flagged"] for r in rows),
-        "misses": {
-            k: v["wrong"] for k, v in by_style.items() if v["label"] == "injection" and v["wrong"]
-        },
-        "false_positives": {
-            k: v["wrong"] for k, v in by_style.items() if v["label"] == "safe" and v["wrong"]
-        },
+        "misses": {s: w for s, w in wrong.items() if w and label[s] == "injection"},
+        "false_positives": {s: w for s, w in wrong.items() if w and label[s] == "safe"},
         "per_style": {
-            k: {kk: v[kk] for kk in ("label", "n", "flagged")} for k, v in by_style.items()
+            s: {"label": label[s], "n": len(rs), "flagged": sum(int(r["flagged"]) for r in rs)}
+            for s, rs in styles.items()
         },
         "seconds_per_item": ec.mean(r["seconds"] for r in rows),
     }
@@ -599,7 +592,7 @@ def run_injection(
         "n_items": len(items),
         "llm": ec.llm_record(settings, ("injection",)) if not args.prescreen_only else {},
         "settings": ec.settings_record(settings),
-        "command": list(getattr(args, "argv", None) or sys.argv[1:]),
+        "command": list(args.argv),
     }
     run_dir.check_config(config, ("qa", "split", "check", "llm"))
 
@@ -1115,7 +1108,7 @@ def run(
         "retrieval": ec.retrieval_record(settings),
         "settings": ec.settings_record(settings),
         "bootstrap": {"resamples": ec.BOOTSTRAP_RESAMPLES, "seed": ec.BOOTSTRAP_SEED},
-        "command": list(getattr(args, "argv", None) or sys.argv[1:]),
+        "command": list(args.argv),
     }
     config["corpus_count"] = config["retrieval"].get("corpus_count")
     run_dir.check_config(config, RESUME_KEYS)

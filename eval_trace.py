@@ -254,7 +254,6 @@ def build_parser() -> argparse.ArgumentParser:
         "n",
         nargs="?",
         type=int,
-        default=None,
         help="questions to trace (default: all 8 built-in questions; with --qa, "
         f"{DEFAULT_N} items)",
     )
