@@ -291,17 +291,16 @@ def summarize_mc(rows: Sequence[dict]) -> dict[str, dict]:
             entry["accuracy_grounded"] = ec.accuracy(grounded) if grounded else None
         if any("gold_in_evidence" in r for r in rs):
             entry["gold_in_evidence_rate"] = ec.accuracy(r.get("gold_in_evidence") for r in rs)
-        if mode != "llm_only" and base:
-            common = sorted(set(by_mode[mode]) & set(base))
-            if common:
-                a = [bool(base[i]["correct"]) for i in common]
-                b = [bool(by_mode[mode][i]["correct"]) for i in common]
-                diff = [float(y) - float(x) for x, y in zip(a, b, strict=True)]
-                entry["vs_llm_only"] = {
-                    **ec.mcnemar_exact(a, b),
-                    "accuracy_diff": ec.mean(diff),
-                    "diff_ci": list(ec.bootstrap_ci(diff)),
-                }
+        common = sorted(set(by_mode[mode]) & set(base)) if mode != "llm_only" else []
+        if common:
+            a = [bool(base[i]["correct"]) for i in common]
+            b = [bool(by_mode[mode][i]["correct"]) for i in common]
+            diff = [float(y) - float(x) for x, y in zip(a, b, strict=True)]
+            entry["vs_llm_only"] = {
+                **ec.mcnemar_exact(a, b),
+                "accuracy_diff": ec.mean(diff),
+                "diff_ci": list(ec.bootstrap_ci(diff)),
+            }
         out[mode] = entry
     return out
 
