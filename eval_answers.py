@@ -319,11 +319,11 @@ SAME_DOCTRINE_COSINE = 0.5
 _BOTTOM_LINE = re.compile(r"^\s*(?:\*\*)?bottom line:?(?:\*\*)?\s*(yes|no|unclear)\b", re.I | re.M)
 
 
-def load_fact_patterns(path: str | Path | None = None, split: str | None = None) -> list[dict]:
-    """The fact patterns (``datasets/fact_patterns.jsonl``), optionally one split (tune/report)."""
-    path = Path(path) if path else FACT_PATTERNS
+def load_fact_patterns(path: str | Path, split: str) -> list[dict]:
+    """The fact patterns of ``path`` in ``split`` (tune, report or all)."""
+    path = Path(path)
     items = _read_items(path, {"id", "question", "answer", "issues", "conclusion_keys", "split"})
-    return [it for it in items if split in (None, "all", it["split"])]
+    return [it for it in items if split in ("all", it["split"])]
 
 
 def verdict_of(result: Mapping[str, Any]) -> str | None:

@@ -661,10 +661,10 @@ def run_tasks(
 # ------------------------------------------------------------------------------------------------
 
 
-def fmt_num(value: Any, digits: int = 3) -> str:
+def fmt_num(value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
-    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
 def _cells(records: Sequence[Mapping[str, Any]]) -> list[list[str]]:

@@ -152,8 +152,8 @@ def run_mc_item(
     mode: str,
     *,
     settings: Settings,
+    gold_texts: dict[str, dict],
     llm_factory: ec.LLMFactory = None,
-    gold_texts: dict[str, dict] | None = None,
 ) -> dict:
     """Answer one item in one mode; the row holds the letter, correctness, usage and timing."""
 
@@ -171,7 +171,7 @@ def run_mc_item(
             k = settings.agent.retrieval_k
             docs = rag_utils.retrieve_documents(question, k=k, settings=settings)
         else:
-            docs = [gold_texts[g] for g in gold if gold_texts and g in gold_texts]
+            docs = [gold_texts[g] for g in gold if g in gold_texts]
             if not docs:
                 raise LookupError(f"item {ec.item_id(item)}: gold passage not in the store")
         extra["evidence_ids"] = [d["id"] for d in docs]
