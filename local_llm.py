@@ -225,11 +225,6 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _thread_count(settings: Settings) -> int:
-    threads = int(settings.llm.local_threads or 0)
-    return threads if threads > 0 else (os.cpu_count() or 1)
-
-
 @dataclass
 class LocalServer:
     """A running embedded model server; ``base_url`` ends in ``/v1`` (what ChatOpenAI wants)."""
@@ -278,7 +273,8 @@ def _start(name: str, settings: Settings) -> LocalServer:
             f"LLM_PROVIDER={name} needs xllamacpp; install it with: {_install_hint(spec)}"
         ) from None
 
-    threads = _thread_count(settings)
+    threads = int(settings.llm.local_threads or 0)
+    threads = threads if threads > 0 else (os.cpu_count() or 1)
     ctx = int(settings.llm.local_ctx_size)
     params = xllamacpp.CommonParams()
     params.model.path = str(model_path)

@@ -146,31 +146,19 @@ def quote(tag: str, text: str) -> str:
     return f"<{tag}>\n{neutralize(text).strip()}\n</{tag}>"
 
 
-def format_evidence(
-    docs: Sequence[Mapping[str, Any]],
-    *,
-    research: str | None = None,
-    max_chars: int | None = None,
-) -> str:
+def format_evidence(docs: Sequence[Mapping[str, Any]], *, max_chars: int | None = None) -> str:
     """The evidence block of an answering prompt, the same for every mode (the agent's mc_select,
-    and the eval modes rag, gold_passage and lean): the agent's cited research first when there
-    is any, then numbered passages ``[N] title`` with their text.  The whole block stays within
-    ``max_chars`` (default :data:`EVIDENCE_CHARS`): the research gets at most a quarter of it, and
-    the passages share the rest equally, each cut at a word boundary."""
+    and the eval modes rag, gold_passage and lean): numbered passages ``[N] title`` with their
+    text.  The whole block stays within ``max_chars`` (default :data:`EVIDENCE_CHARS`): the
+    passages share it equally, each cut at a word boundary."""
     budget = EVIDENCE_CHARS if max_chars is None else max_chars
+    share = max(MIN_PASSAGE_CHARS, budget // max(1, len(docs)))
     parts: list[str] = []
-    research = " ".join((research or "").split()) if research else ""
-    if research:
-        head = "Research notes (the agent's cited findings):\n"
-        parts.append(head + _cut(research, budget // 4))
-        budget -= len(parts[0])
-    if docs:
-        share = max(MIN_PASSAGE_CHARS, budget // len(docs))
-        for i, doc in enumerate(docs, 1):
-            title = neutralize(str(doc.get("title") or "")).strip()
-            text = neutralize(" ".join(str(doc.get("text") or "").split()))
-            head = f"[{i}] {title}" if title else f"[{i}]"
-            parts.append(f"{head}\n{_cut(text, max(0, share - len(head) - 1))}")
+    for i, doc in enumerate(docs, 1):
+        title = neutralize(str(doc.get("title") or "")).strip()
+        text = neutralize(" ".join(str(doc.get("text") or "").split()))
+        head = f"[{i}] {title}" if title else f"[{i}]"
+        parts.append(f"{head}\n{_cut(text, max(0, share - len(head) - 1))}")
     return "\n\n".join(parts)
 
 

@@ -207,12 +207,8 @@ class DataSettings:
 
 @dataclass(frozen=True)
 class Settings:
-    """All settings, in groups: ``settings.llm.provider``, ``settings.agent.max_steps``.
-
-    Each setting records its environment variable (``LLM_PROVIDER``); that variable's name in lower
-    case (``llm_provider``) is also how :meth:`from_env` overrides, :meth:`replace` and the eval
-    records name it.
-    """
+    """All settings, in groups: ``settings.llm.provider``, ``settings.agent.max_steps``; a
+    setting is named by its variable in lower case (``llm_provider``; see the module docstring)."""
 
     retrieval: RetrievalSettings = field(default_factory=RetrievalSettings)
     filters: FilterSettings = field(default_factory=FilterSettings)
@@ -298,10 +294,7 @@ class Settings:
 
     def secret(self, env_var: str | None) -> str | None:
         """The value of an environment variable holding a secret (API key), or None."""
-        if not env_var:
-            return None
-        value = self.environ.get(env_var, "").strip()
-        return value or None
+        return (self.environ.get(env_var, "").strip() or None) if env_var else None
 
 
 _GROUPS: dict[str, type] = {
@@ -335,18 +328,9 @@ def _parse(var: str, raw: str, hint: Any) -> Any:
             return None
         base = next(a for a in typing.get_args(hint) if a is not type(None))
     try:
-        if base is bool:
-            low = raw.lower()
-            if low in _TRUE:
-                return True
-            if low in _FALSE:
-                return False
+        if base is bool and raw.lower() not in _TRUE | _FALSE:
             raise ValueError("expected 1/0, true/false, yes/no")
-        if base is int:
-            return int(raw)
-        if base is float:
-            return float(raw)
-        return raw
+        return raw.lower() in _TRUE if base is bool else base(raw)  # str, int or float
     except ValueError as exc:
         raise SettingsError(f"{var}={raw!r} is not a valid {base.__name__}: {exc}") from None
 
