@@ -16,6 +16,7 @@ import logging
 import math
 import re
 import zipfile
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import date
@@ -335,10 +336,7 @@ def _drop_furniture(pages: list[list[_Line]]) -> list[_Line]:
     def key(line: _Line) -> str:
         return re.sub(r"\d+", "#", " ".join(line.text.lower().split()))
 
-    seen: dict[str, int] = {}
-    for lines in pages:
-        for k in {key(ln) for ln in lines[:2] + lines[-2:]}:
-            seen[k] = seen.get(k, 0) + 1
+    seen = Counter(k for lines in pages for k in {key(ln) for ln in lines[:2] + lines[-2:]})
     repeated = {k for k, n in seen.items() if n >= max(3, len(pages) / 2)}
     out = []
     for lines in pages:
