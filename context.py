@@ -99,6 +99,10 @@ class AgentContext:
     holds_documents: Callable[[], bool] | None = None
     """Whether the collection holds the user's own documents (``load_corpus.py docs``), whose
     fields of law the agent cannot know (None: it holds none)."""
+    missing_state_law: Callable[[str], str | None] | None = None
+    """(what a question asks) -> the state whose law it asks for ("How many days does Ohio law
+    give him?": Ohio) when no passage of the collection is that state's law
+    (:func:`missing_state_law`); None: no check."""
     cosines: CosineFn | None = None
     """(question, passages) -> the cosine of the question to each passage, from one embedding of
     the question and one read of the passage vectors (``rag_utils.passage_cosines``); None:
@@ -172,6 +176,7 @@ class AgentContext:
             holds_documents=functools.cache(
                 lambda: rag_utils.get_store(settings).holds_documents()
             ),
+            missing_state_law=functools.partial(missing_state_law, settings=settings),
             embed=embed,
             check_memory=check_memory,
             write_memory=write_memory,
@@ -286,6 +291,15 @@ class AgentContext:
     def time_left(self) -> float | None:
         """Seconds before the run's deadline (None: no deadline)."""
         return None if self.deadline is None else self.deadline - time.monotonic()
+
+
+def missing_state_law(asked: str, settings: Settings) -> str | None:
+    """The state whose law ``asked`` asks for (``filters.jurisdiction_asked``) when no passage of
+    the collection is that state's law (metadata ``jurisdiction``), else None."""
+    state = filters.jurisdiction_asked(asked)
+    if state and not rag_utils.get_store(settings).holds_jurisdiction(state[1]):
+        return state[0]
+    return None
 
 
 def memory_scope(settings: Settings) -> dict[str, str]:

@@ -68,6 +68,34 @@ def jurisdiction_of(value: str) -> str | None:
     return _jurisdictions().get(_key(value or ""))
 
 
+@functools.cache
+def _state_names() -> re.Pattern[str]:
+    """A state's full name as a proper noun ("Ohio", "New York"), longest names first."""
+    import courts_db
+
+    states = json.loads((Path(courts_db.__file__).parent / "data" / "states.json").read_text())
+    names = sorted({n.title() for c, n in states.items() if len(c) == 2}, key=len, reverse=True)
+    return re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
+
+
+_LAW_WORDS = r"(?:law|laws|statutes?|code|legislature)"
+
+
+def jurisdiction_asked(asked: str) -> tuple[str, str] | None:
+    """(name, USPS code) of the state whose law a question asks about, from what it asks: a
+    state's full name before a word for its law ("Ohio law", "New York statute") or after
+    "in"/"under" ("under California law", "In Texas, can ..."); None otherwise.  A state named
+    only in the facts ("a company based in Texas sued ...") is where something happened, not
+    the law asked for; bar questions' "State X" names none."""
+    for m in _state_names().finditer(asked):
+        before = asked[: m.start()].rstrip().lower()
+        after = asked[m.end() :].lstrip().lower()
+        if re.match(rf"{_LAW_WORDS}\b", after) or re.search(r"\b(?:in|under)$", before):
+            name = m.group(1)
+            return name, _jurisdictions()[_key(name)]
+    return None
+
+
 def normalize_jurisdiction(value: str) -> str:
     """:func:`jurisdiction_of`, raising ValueError for a value that names none."""
     code = jurisdiction_of(value)

@@ -273,6 +273,9 @@ def off_topic(
     - a question of law in a field the sources do not cover (the classifier's ``area`` outside
       ``prompts.COVERED_AREAS``), unless the collection holds the user's own documents, whose
       fields the agent cannot know;
+    - a question that asks what a state's law provides ("How many days does Ohio law give him
+      ...?", ``filters.jurisdiction_asked``) when no passage is that state's law: the general
+      rule is not the state's statute it asks for;
     - a rule question whose subject uses words no passage of the corpus uses ("ERISA"): the
       question's unknown words that the classifier's ``topic`` (what it asks for) also uses, so
       that the everyday words of a lay question ("a mail carrier slips on an icy step") are not
@@ -285,6 +288,14 @@ def off_topic(
     outside = legal and area not in ("", "none", *prompts.COVERED_AREAS)
     if outside and not (ctx.holds_documents and ctx.holds_documents()):
         return f"{OFF_TOPIC}: it is a question of {area}; the sources cover {COVERED}"
+    state = ctx.missing_state_law and ctx.missing_state_law(
+        answer_stage.split_question(question)[1]
+    )
+    if state:
+        return (
+            f"{OFF_TOPIC}: it asks what {state} law provides, and no source is {state} law (the "
+            "sources state the general rules of US law)"
+        )
     kind = answer_stage.question_kind(question, None)
     if legal and kind == "fact_pattern":
         return ""

@@ -866,6 +866,12 @@ class PassageStore:
         found = self.collection.get(where=where, limit=1, include=[])
         return bool(found["ids"])
 
+    def holds_jurisdiction(self, code: str) -> bool:
+        """Whether some passage is the law of ``code`` (a state's USPS code; metadata
+        ``jurisdiction``, as the user's documents and passage tables record it)."""
+        found = self.collection.get(where={"jurisdiction": code}, limit=1, include=[])
+        return bool(found["ids"])
+
     def document_chunks(self, doc_id: str) -> dict[str, str]:
         """The stored passages of one document (metadata ``doc_id``): id -> its ``chunk_hash``
         (the loader's fingerprint of the chunk's text and metadata)."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import context
 import documents
 import injection
 import load_corpus
@@ -348,3 +349,16 @@ def test_the_agent_knows_when_the_collection_holds_the_users_own_documents(
     assert rag_utils.get_store(tmp_settings).holds_documents() is False
     assert _docs(tmp_settings, str(folder / "brief.md")) == 0
     assert rag_utils.get_store(tmp_settings).holds_documents() is True
+
+
+def test_the_agent_knows_which_states_law_the_collection_holds(tmp_settings, fake, folder):
+    """The starter corpus states general US law; a document loaded as Texas law makes Texas a
+    state whose law the sources hold."""
+    load_corpus.ensure_starter_index(tmp_settings)
+    store = rag_utils.get_store(tmp_settings)
+    assert not store.holds_jurisdiction("TX") and not store.holds_jurisdiction("OH")
+    asked = "In Texas, can my landlord keep the whole deposit?"
+    assert context.missing_state_law(asked, tmp_settings) == "Texas"
+    assert _docs(tmp_settings, str(folder / "outline.txt"), "--jurisdiction", "TX") == 0
+    assert store.holds_jurisdiction("TX") and not store.holds_jurisdiction("OH")
+    assert context.missing_state_law(asked, tmp_settings) is None

@@ -151,3 +151,22 @@ def test_main_and_the_eval_scripts_take_the_filter_flags():
         args, _ = parser.parse_known_args(argv)
         assert filters.overrides(args)["filter_jurisdiction"] == "TX"
         assert filters.overrides(args)["filter_after"] == "2000"
+
+
+@pytest.mark.parametrize(
+    ("asked", "state"),
+    [
+        ("How many days does Ohio law give him to return it with an itemized list?", "OH"),
+        ("How much notice does New York law require before a rent increase?", "NY"),
+        ("Under California law, can she sue the seller?", "CA"),
+        ("In Texas, can my landlord keep the whole deposit?", "TX"),
+        ("Does the California court have personal jurisdiction over Nadia?", None),
+        ("Can Georgia recover from the store?", None),
+        ("Is the State X statute constitutional?", None),
+    ],
+)
+def test_the_state_whose_law_a_question_asks_about(asked, state):
+    """A state's law is asked for when its name qualifies a word for law or follows "in" or
+    "under"; a state's court, a person named for a state and a bar question's "State X" are not."""
+    found = filters.jurisdiction_asked(asked)
+    assert (found[1] if found else None) == state

@@ -533,6 +533,44 @@ def test_a_question_in_a_field_the_sources_do_not_cover_is_declined_unless_docum
             )
 
 
+def test_a_question_about_a_states_law_is_declined_unless_the_sources_hold_that_law(
+    tmp_settings,
+):
+    """ "How many days does Ohio law give him?" was answered with the general rules of landlord
+    and tenant, none of which is Ohio's statute: with no Ohio law among the sources it is
+    declined before any research, and with it (a user's Ohio documents) it is researched."""
+    question = (
+        "My landlord in Ohio kept my whole security deposit when I moved out, saying the carpet "
+        "was worn. How many days does Ohio law give him to return it with an itemized list?"
+    )
+    settings = tmp_settings.replace(llm_max_retries=0, skip_injection_check=True)
+    for ohio in (False, True):
+        script = Script(
+            {
+                "classify": [J(topic="security deposit", area="property", legal=True, query_type="simple")],
+                **({"plan": [J(issues=[1])]} if ohio else {}),
+            }
+        )  # fmt: skip
+        asked: list[str] = []
+        ctx = fake_context(
+            settings,
+            client=LLMClient(settings, llm_factory=lambda role, s=script: ScriptedChat(role=role, script=s)),
+            retrieve=FakeRetriever(LAW, ranked=True),
+            missing_state_law=lambda text, ohio=ohio, asked=asked: asked.append(text) or (None if ohio else "Ohio"),
+        )  # fmt: skip
+        result = main.run_agent(question, None, context=ctx)
+        assert asked == ["How many days does Ohio law give him to return it with an itemized list?"]
+        if ohio:
+            assert not result.get("decline") and "plan" in script.roles()
+        else:
+            assert result["answer"]["abstained"] is True
+            assert result["answer"]["why"] == (
+                "off topic: it asks what Ohio law provides, and no source is Ohio law (the "
+                "sources state the general rules of US law)"
+            )
+            assert script.roles() == ["classify"] and result["planning_table"] == []
+
+
 def test_a_passage_about_another_doctrine_is_never_an_issues_rule(tmp_settings):
     """The wrong law: retrieval for a slip-and-fall found only a products-liability passage."""
     wrong = [{"id": "prod", "title": "Products liability", "text": "Products liability. A seller of a defective product is strictly liable."}]  # fmt: skip
