@@ -492,6 +492,29 @@ def test_a_rule_question_in_words_no_source_uses_is_declined_before_research(tmp
         assert ("icy" in result["answer"]["why"]) is declined
 
 
+def declined_before_research(
+    settings: Any, question: str, classify: str, declined: bool, **fields: Any
+) -> dict:
+    """Run ``question`` with the classifier's reply ``classify`` and ``fields`` of the context, and
+    check that it is declined before any research (the classify call alone, no plan, no step) or
+    researched (``declined`` False); the result."""
+    settings = settings.replace(llm_max_retries=0, skip_injection_check=True)
+    script = Script({"classify": [classify], **({} if declined else {"plan": [J(issues=[1])]})})
+    ctx = fake_context(
+        settings,
+        client=LLMClient(settings, llm_factory=lambda role: ScriptedChat(role=role, script=script)),
+        retrieve=FakeRetriever(LAW, ranked=True),
+        **fields,
+    )
+    result = main.run_agent(question, None, context=ctx)
+    if declined:
+        assert result["answer"]["abstained"] is True
+        assert script.roles() == ["classify"] and result["planning_table"] == []
+    else:
+        assert not result.get("decline") and "plan" in script.roles()
+    return result
+
+
 def test_a_question_in_a_field_the_sources_do_not_cover_is_declined_unless_documents_are_loaded(
     tmp_settings,
 ):
@@ -502,35 +525,24 @@ def test_a_question_in_a_field_the_sources_do_not_cover_is_declined_unless_docum
         "After their divorce, Ana and Ben share custody of their daughter. Ana got a job offer "
         "in another state. Can she move there with the girl without Ben's consent?"
     )
-    settings = tmp_settings.replace(llm_max_retries=0, skip_injection_check=True)
-    for own_documents in (False, True):
-        script = Script(
-            {
-                "classify": [J(topic="moving a child", area="family law", legal=True, query_type="simple")],
-                **({"plan": [J(issues=[1])]} if own_documents else {}),
-            }
-        )  # fmt: skip
-        ctx = fake_context(
-            settings,
-            client=LLMClient(settings, llm_factory=lambda role, s=script: ScriptedChat(role=role, script=s)),
-            retrieve=FakeRetriever(LAW, ranked=True),
+    classify = J(topic="moving a child", area="family law", legal=True, query_type="simple")
+    for own_documents in (True, False):
+        result = declined_before_research(
+            tmp_settings,
+            question,
+            classify,
+            declined=not own_documents,
             holds_documents=lambda own=own_documents: own,
-        )  # fmt: skip
-        result = main.run_agent(question, None, context=ctx)
-        if own_documents:
-            assert not result.get("decline") and "plan" in script.roles()
-        else:
-            assert result["answer"]["abstained"] is True
-            assert result["answer"]["why"] == (
-                "off topic: it is a question of family law; the sources cover torts, contracts, "
-                "criminal law, criminal procedure, evidence, constitutional law, civil procedure, "
-                "property"
-            )
-            assert script.roles() == ["classify"] and result["planning_table"] == []
-            assert result["final_cited_answer"].startswith(
-                "No answer: the sources do not cover this question as asked (off topic: it is a "
-                "question of family law;"
-            )
+        )
+    assert result["answer"]["why"] == (
+        "off topic: it is a question of family law; the sources cover torts, contracts, "
+        "criminal law, criminal procedure, evidence, constitutional law, civil procedure, "
+        "property"
+    )
+    assert result["final_cited_answer"].startswith(
+        "No answer: the sources do not cover this question as asked (off topic: it is a "
+        "question of family law;"
+    )
 
 
 def test_a_question_about_a_states_law_is_declined_unless_the_sources_hold_that_law(
@@ -543,32 +555,23 @@ def test_a_question_about_a_states_law_is_declined_unless_the_sources_hold_that_
         "My landlord in Ohio kept my whole security deposit when I moved out, saying the carpet "
         "was worn. How many days does Ohio law give him to return it with an itemized list?"
     )
-    settings = tmp_settings.replace(llm_max_retries=0, skip_injection_check=True)
-    for ohio in (False, True):
-        script = Script(
-            {
-                "classify": [J(topic="security deposit", area="property", legal=True, query_type="simple")],
-                **({"plan": [J(issues=[1])]} if ohio else {}),
-            }
-        )  # fmt: skip
+    classify = J(topic="security deposit", area="property", legal=True, query_type="simple")
+    for ohio in (True, False):
         asked: list[str] = []
-        ctx = fake_context(
-            settings,
-            client=LLMClient(settings, llm_factory=lambda role, s=script: ScriptedChat(role=role, script=s)),
-            retrieve=FakeRetriever(LAW, ranked=True),
-            missing_state_law=lambda text, ohio=ohio, asked=asked: asked.append(text) or (None if ohio else "Ohio"),
-        )  # fmt: skip
-        result = main.run_agent(question, None, context=ctx)
+        result = declined_before_research(
+            tmp_settings,
+            question,
+            classify,
+            declined=not ohio,
+            missing_state_law=lambda text, ohio=ohio, asked=asked: (
+                asked.append(text) or (None if ohio else "Ohio")
+            ),
+        )
         assert asked == ["How many days does Ohio law give him to return it with an itemized list?"]
-        if ohio:
-            assert not result.get("decline") and "plan" in script.roles()
-        else:
-            assert result["answer"]["abstained"] is True
-            assert result["answer"]["why"] == (
-                "off topic: it asks what Ohio law provides, and no source is Ohio law (the "
-                "sources state the general rules of US law)"
-            )
-            assert script.roles() == ["classify"] and result["planning_table"] == []
+    assert result["answer"]["why"] == (
+        "off topic: it asks what Ohio law provides, and no source is Ohio law (the sources state "
+        "the general rules of US law)"
+    )
 
 
 def test_a_passage_about_another_doctrine_is_never_an_issues_rule(tmp_settings):
