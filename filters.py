@@ -45,17 +45,23 @@ def _key(value: str) -> str:
 
 
 @functools.cache
-def _jurisdictions() -> dict[str, str]:
-    """Name, USPS code or reporter abbreviation (letters only, lower case) -> USPS code or US."""
+def _states() -> dict[str, str]:
+    """USPS code -> name of each state and territory (courts-db's list)."""
     import courts_db
-    import reporters_db
 
     states = json.loads((Path(courts_db.__file__).parent / "data" / "states.json").read_text())
+    return {code: name for code, name in states.items() if len(code) == 2}
+
+
+@functools.cache
+def _jurisdictions() -> dict[str, str]:
+    """Name, USPS code or reporter abbreviation (letters only, lower case) -> USPS code or US."""
+    import reporters_db
+
     table = dict.fromkeys(_FEDERAL_NAMES, "US")
     by_name = {}
-    for code, name in states.items():
-        if len(code) == 2:
-            table[_key(code)] = table[_key(name)] = by_name[name.lower()] = code
+    for code, name in _states().items():
+        table[_key(code)] = table[_key(name)] = by_name[name.lower()] = code
     for abbr, name in reporters_db.STATE_ABBREVIATIONS.items():
         if name.lower() in by_name:
             table.setdefault(_key(abbr), by_name[name.lower()])
@@ -71,10 +77,7 @@ def jurisdiction_of(value: str) -> str | None:
 @functools.cache
 def _state_names() -> re.Pattern[str]:
     """A state's full name as a proper noun ("Ohio", "New York"), longest names first."""
-    import courts_db
-
-    states = json.loads((Path(courts_db.__file__).parent / "data" / "states.json").read_text())
-    names = sorted({n.title() for c, n in states.items() if len(c) == 2}, key=len, reverse=True)
+    names = sorted({n.title() for n in _states().values()}, key=len, reverse=True)
     return re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
 
 
