@@ -257,8 +257,15 @@ def is_heading(sentence: str, title: str) -> bool:
 
 
 def candidate_sentences(doc: Mapping[str, Any]) -> list[str]:
-    """A passage's sentences that can state a rule: its heading (:func:`is_heading`) left out."""
-    sentences = split_sentences(str(doc.get("text") or ""))
+    """A passage's sentences that can state a rule: its heading (:func:`is_heading`) left out,
+    and the lines above its text that are its title, a heading of its ``heading`` path (a loaded
+    document's chunk: "Ohio Revised Code 5321.16 > Return of the deposit") or a Markdown
+    heading, which would otherwise open its first sentence."""
+    heads = {str(doc.get("title") or "").strip(), *str(doc.get("heading") or "").split(" > ")}
+    lines = str(doc.get("text") or "").split("\n")
+    while len(lines) > 1 and (lines[0].strip() in heads or lines[0].lstrip().startswith("#")):
+        lines.pop(0)
+    sentences = split_sentences("\n".join(lines))
     if sentences and is_heading(sentences[0], str(doc.get("title") or "")):
         sentences = sentences[1:]
     return [s for s in sentences if len(s.split()) >= 5]

@@ -99,10 +99,14 @@ class AgentContext:
     holds_documents: Callable[[], bool] | None = None
     """Whether the collection holds the user's own documents (``load_corpus.py docs``), whose
     fields of law the agent cannot know (None: it holds none)."""
-    missing_state_law: Callable[[str], str | None] | None = None
+    state_law: Callable[[str], StateLaw | None] | None = None
     """(what a question asks) -> the state whose law it asks for ("How many days does Ohio law
-    give him?": Ohio) when no passage of the collection is that state's law
-    (:func:`missing_state_law`); None: no check."""
+    give him?": Ohio) and whether some passage of the collection is that state's law
+    (:func:`state_law`); None: no check."""
+    scoped: Callable[[str], dict[str, Retriever]] | None = None
+    """A state's USPS code -> the searchers of :attr:`searchers` restricted to that state's law,
+    for a question that asks what it provides; None when the user set FILTER_JURISDICTION,
+    whose choice governs every search."""
     cosines: CosineFn | None = None
     """(question, passages) -> the cosine of the question to each passage, from one embedding of
     the question and one read of the passage vectors (``rag_utils.passage_cosines``); None:
@@ -130,28 +134,6 @@ class AgentContext:
             linked = legal_graph.link_doctrines(question, settings)
             return legal_graph.merge_agenda(issues, linked, max_items=4)
 
-        def with_reranker(name: str, fuse_keyword: bool = False) -> Retriever:
-            def search(queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[Passage]:
-                reranker = name
-                # A hybrid step ranks with the cross-encoder when RERANKER resolves to one (set
-                # explicitly, or auto with the model on disk): it reranks the same dense + BM25
-                # pool. Without this the agent, whose steps are nearly all hybrid, ignored it.
-                if (
-                    name == "hybrid"
-                    and rag_utils.resolve_reranker(None, settings) == "cross-encoder"
-                ):
-                    reranker = "cross-encoder"
-                return rag_utils.retrieve_documents_multi_query(
-                    queries,
-                    k=k,
-                    exclude_ids=exclude_ids,
-                    reranker=reranker,
-                    settings=settings,
-                    fuse_keyword=fuse_keyword,
-                )
-
-            return search
-
         def embed(texts: list[str]) -> Any:
             return rag_utils.get_embedder(settings).embed_documents(texts)
 
@@ -176,23 +158,31 @@ class AgentContext:
             holds_documents=functools.cache(
                 lambda: rag_utils.get_store(settings).holds_documents()
             ),
-            missing_state_law=functools.partial(missing_state_law, settings=settings),
+            state_law=functools.partial(state_law, settings=settings),
+            scoped=None
+            if settings.filters.jurisdiction
+            else functools.cache(
+                lambda code: searchers(settings.replace(filter_jurisdiction=code))
+            ),
             embed=embed,
             check_memory=check_memory,
             write_memory=write_memory,
-            searchers={
-                "dense": with_reranker("none"),
-                "keyword": with_reranker("bm25"),
-                "hybrid": with_reranker("hybrid"),
-                "hybrid+keyword": with_reranker("hybrid", fuse_keyword=True),
-            },
+            searchers=searchers(settings),
             link_issues=link_issues,
         )
 
     def search(
-        self, search_type: str, queries: list[str], k: int, exclude_ids: Sequence[str]
+        self,
+        search_type: str,
+        queries: list[str],
+        k: int,
+        exclude_ids: Sequence[str],
+        jurisdiction: str = "",
     ) -> list[Passage]:
-        """Route one step's search on its strategy's ``search_type``."""
+        """Route one step's search on its strategy's ``search_type``, within ``jurisdiction``'s
+        law when given (a state's USPS code; :attr:`scoped`)."""
+        if jurisdiction and self.scoped:
+            return self.scoped(jurisdiction)[search_type](queries, k, exclude_ids)
         return self.searchers.get(search_type, self.retrieve)(queries, k, exclude_ids)
 
     def passage_cosines(
@@ -293,13 +283,55 @@ class AgentContext:
         return None if self.deadline is None else self.deadline - time.monotonic()
 
 
-def missing_state_law(asked: str, settings: Settings) -> str | None:
-    """The state whose law ``asked`` asks for (``filters.jurisdiction_asked``) when no passage of
-    the collection is that state's law (metadata ``jurisdiction``), else None."""
+@dataclass(frozen=True)
+class StateLaw:
+    """The state whose law a question asks for."""
+
+    name: str
+    code: str
+    """Its USPS code (passage metadata ``jurisdiction``)."""
+    held: bool
+    """Whether some passage of the collection is that state's law."""
+
+
+def state_law(asked: str, settings: Settings) -> StateLaw | None:
+    """The state whose law ``asked`` asks for (``filters.jurisdiction_asked``), and whether the
+    collection holds any of it; None when it asks for no state's law."""
     state = filters.jurisdiction_asked(asked)
-    if state and not rag_utils.get_store(settings).holds_jurisdiction(state[1]):
-        return state[0]
-    return None
+    if state is None:
+        return None
+    return StateLaw(*state, rag_utils.get_store(settings).holds_jurisdiction(state[1]))
+
+
+def searchers(settings: Settings) -> dict[str, Retriever]:
+    """A retriever per search type: dense, keyword, hybrid, and hybrid+keyword (a step's first
+    angle), each searching what ``settings``' passage filter admits."""
+
+    def with_reranker(name: str, fuse_keyword: bool = False) -> Retriever:
+        def search(queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[Passage]:
+            reranker = name
+            # A hybrid step ranks with the cross-encoder when RERANKER resolves to one (set
+            # explicitly, or auto with the model on disk): it reranks the same dense + BM25
+            # pool. Without this the agent, whose steps are nearly all hybrid, ignored it.
+            if name == "hybrid" and rag_utils.resolve_reranker(None, settings) == "cross-encoder":
+                reranker = "cross-encoder"
+            return rag_utils.retrieve_documents_multi_query(
+                queries,
+                k=k,
+                exclude_ids=exclude_ids,
+                reranker=reranker,
+                settings=settings,
+                fuse_keyword=fuse_keyword,
+            )
+
+        return search
+
+    return {
+        "dense": with_reranker("none"),
+        "keyword": with_reranker("bm25"),
+        "hybrid": with_reranker("hybrid"),
+        "hybrid+keyword": with_reranker("hybrid", fuse_keyword=True),
+    }
 
 
 def memory_scope(settings: Settings) -> dict[str, str]:

@@ -82,18 +82,44 @@ def _state_names() -> re.Pattern[str]:
 
 
 _LAW_WORDS = r"(?:law|laws|statutes?|code|legislature)"
+_OWNED = re.compile(r"['’]s?\s+(?!(?:[\w-]+\s+){0,2}courts?\b)")
+"""A state's possessive before anything but its courts: "Arizona's adverse possession
+statute", "Georgia's deadline for filing", "Illinois' lemon law" (not "Ohio's courts")."""
+_HAS_LAW = re.compile(rf"\s+(?:have|has)\s+(?:[\w-]+\s+){{0,3}}{_LAW_WORDS}\b")
+"""A state that has a law: "Does Pennsylvania have a law that ...", "Texas has a statute ..."."""
+_RULES = re.compile(r"\b(?:does|do)$")
+_RULE_VERBS = re.compile(r"\s+(?:let|allow|permit|require|forbid)\b")
+"""What a state's law does, asked with "does": "Does Washington let landlords ...", "Does
+Virginia require sellers ..." ("Can Texas require ...?" asks what a state may do: a party)."""
+_FORUM = re.compile(r"\b(?:sue|sued|suing)\s+(?:[\w-]+\s+){0,2}in$")
+"""Where to sue ("Can I sue him in New York?"): a forum, whose jurisdiction is general law."""
+_FEDERAL_TEST = re.compile(r"\b(?:violates?|unconstitutional|constitutional|preempt\w*)\b", re.I)
+"""A state's law tested against federal law ("Does Alabama's photo ID law violate the Voting
+Rights Act?"): a question of federal law."""
 
 
 def jurisdiction_asked(asked: str) -> tuple[str, str] | None:
     """(name, USPS code) of the state whose law a question asks about, from what it asks: a
-    state's full name before a word for its law ("Ohio law", "New York statute") or after
-    "in"/"under" ("under California law", "In Texas, can ..."); None otherwise.  A state named
-    only in the facts ("a company based in Texas sued ...") is where something happened, not
-    the law asked for; bar questions' "State X" names none."""
+    state's full name before a word for its law ("Ohio law", "New York statute"), owning
+    something other than its courts (``_OWNED``), having a law (``_HAS_LAW``), doing what a law
+    does after "does" (``_RULE_VERBS``), or after "in"/"under" ("under California law", "In
+    Texas, can ...", but not a forum: ``_FORUM``); None otherwise.  A state named only in the
+    facts ("a company based in Texas sued ...") is where something happened, not the law asked
+    for; a state that acts ("May Texas enact a law ...?") is a party; bar questions' "State X"
+    names none, and a state's law tested against federal law (``_FEDERAL_TEST``) asks federal
+    law."""
+    if _FEDERAL_TEST.search(asked):
+        return None
     for m in _state_names().finditer(asked):
         before = asked[: m.start()].rstrip().lower()
-        after = asked[m.end() :].lstrip().lower()
-        if re.match(rf"{_LAW_WORDS}\b", after) or re.search(r"\b(?:in|under)$", before):
+        after = asked[m.end() :].lower()
+        if (
+            re.match(rf"\s*{_LAW_WORDS}\b", after)
+            or _OWNED.match(after)
+            or _HAS_LAW.match(after)
+            or (_RULES.search(before) and _RULE_VERBS.match(after))
+            or (re.search(r"\b(?:in|under)$", before) and not _FORUM.search(before))
+        ):
             name = m.group(1)
             return name, _jurisdictions()[_key(name)]
     return None

@@ -466,6 +466,8 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
     for letter, text in (result.get("choices") or {}).items():
         out(f"  ({letter}) {text}")
     out("=" * 78)
+    if result.get("jurisdiction"):
+        out(f"(Searched {result['jurisdiction']} law only: the question asks what it provides.)")
     out(result.get("final_cited_answer") or "(no answer)")
     record = result.get("answer") or {}
     if record.get("citations"):

@@ -152,13 +152,15 @@ def _short(text: str, n: int = 80) -> str:
 
 
 def _passage_record(doc: dict) -> dict:
-    """A passage as the state keeps it (``AgentState.passages``): id, title, source and text of a
-    retrieved :class:`rag_utils.Passage` or of a cached answer's source, and its pin cite."""
+    """A passage as the state keeps it (``AgentState.passages``): id, title, source, text and
+    heading path of a retrieved :class:`rag_utils.Passage` or of a cached answer's source, and
+    its pin cite."""
     return {
         "id": doc["id"],
         "title": doc.get("title") or "",
         "source": doc.get("source") or (doc.get("metadata") or {}).get("source", ""),
         "text": doc.get("text") or "",
+        "heading": (doc.get("metadata") or {}).get("heading") or "",
         "pin": answer_stage.pin_cite(doc),
     }
 
@@ -288,13 +290,11 @@ def off_topic(
     outside = legal and area not in ("", "none", *prompts.COVERED_AREAS)
     if outside and not (ctx.holds_documents and ctx.holds_documents()):
         return f"{OFF_TOPIC}: it is a question of {area}; the sources cover {COVERED}"
-    state = ctx.missing_state_law and ctx.missing_state_law(
-        answer_stage.split_question(question)[1]
-    )
-    if state:
+    state = ctx.state_law and ctx.state_law(answer_stage.split_question(question)[1])
+    if state and not state.held:
         return (
-            f"{OFF_TOPIC}: it asks what {state} law provides, and no source is {state} law (the "
-            "sources state the general rules of US law)"
+            f"{OFF_TOPIC}: it asks what {state.name} law provides, and no source is {state.name} "
+            "law (the sources state the general rules of US law)"
         )
     kind = answer_stage.question_kind(question, None)
     if legal and kind == "fact_pattern":
@@ -371,7 +371,7 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     if not issues:
         fallbacks.append("planner: no issues named or linked (the question itself is researched)")
         issues = [question]
-    facts, _ = answer_stage.split_question(question)
+    facts, asked = answer_stage.split_question(question)
     steps = [
         step_for(n, issue, answer_stage.issue_facts(issue, facts, ctx.embed) if facts else [])
         for n, issue in enumerate(issues[: ctx.settings.agent.max_steps], 1)
@@ -386,6 +386,11 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         "issues": issues,
         "researched_issues": issues[: len(steps)],
     }
+    # A question that asks what a state's law provides, which the sources hold, is researched in
+    # that state's law alone: the general rules beside it are not what it asks for.
+    state = ctx.state_law and ctx.scoped and ctx.state_law(asked)
+    if state and state.held:
+        update["jurisdiction"] = state.code
     if fallbacks:
         update["fallbacks"] = fallbacks
     return update, f"{len(steps)} step(s): {'; '.join(issues)}"
@@ -412,7 +417,8 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     k = ctx.settings.agent.retrieval_k
     # A few extra candidates replace passages the injection screen drops, so a planted passage
     # changes neither how many passages the step reads nor which.
-    retrieved = ctx.search(search_type, queries, k + ctx.flag_headroom, [])
+    within = state.get("jurisdiction") or ""
+    retrieved = ctx.search(search_type, queries, k + ctx.flag_headroom, [], within)
     docs, flagged = ctx.keep_clean(retrieved, k)
     asked = issue_question(issue_names(step.get("issue") or step["question"])[0])
     scores = ctx.gate_scores(asked, docs, queries)  # the search's cosines when it searched asked

@@ -131,6 +131,9 @@ class AgentState(TypedDict, total=False):
     decline: str
     """Why the planner declined an open question as off topic before any research ("" or absent:
     it did not)."""
+    jurisdiction: str
+    """The state (USPS code) whose law alone the research searches: the question asks what that
+    state's law provides, and the sources hold some ("" or absent: every passage)."""
     stop_reason: str
     run_metrics: dict[str, Any]
     trace: Annotated[list[TraceEvent], operator.add]

@@ -78,6 +78,26 @@ def test_a_heading_that_restates_the_title_is_never_a_rule():
     assert answer.candidate_sentences(rule2) == ["There is one form of action—the civil action."]
 
 
+def test_a_document_chunks_heading_lines_never_open_its_first_rule():
+    """A loaded document's chunk opens with its title and section heading on lines of their own;
+    joined to the first paragraph they made the rule read "Ohio Revised Code 5321.16 — Security
+    deposits Return of the deposit Any deduction ..."."""
+    chunk = {
+        "id": "ohio#2",
+        "title": "Ohio Revised Code 5321.16 — Security deposits",
+        "heading": "Ohio Revised Code 5321.16 — Security deposits > Return of the deposit",
+        "text": "Ohio Revised Code 5321.16 — Security deposits\nReturn of the deposit\nAny "
+        "deduction from the security deposit shall be itemized in a written notice. The notice "
+        "is due within thirty days after termination of the rental agreement.",
+    }
+    assert answer.candidate_sentences(chunk) == [
+        "Any deduction from the security deposit shall be itemized in a written notice.",
+        "The notice is due within thirty days after termination of the rental agreement.",
+    ]
+    notes = {"id": "n", "title": "Amendment", "text": "Party may amend once without consent of the court\n- Only allowed one time."}  # fmt: skip
+    assert answer.candidate_sentences(notes)[0].startswith("Party may amend once")
+
+
 def test_the_rule_comes_from_the_passage_that_fits_the_facts_not_only_the_first_found():
     """The search ranked the joint-tenancy severance passage third; the facts (a conveyance by
     one joint tenant) pick its sentence over the first passages' general ones."""

@@ -358,7 +358,25 @@ def test_the_agent_knows_which_states_law_the_collection_holds(tmp_settings, fak
     store = rag_utils.get_store(tmp_settings)
     assert not store.holds_jurisdiction("TX") and not store.holds_jurisdiction("OH")
     asked = "In Texas, can my landlord keep the whole deposit?"
-    assert context.missing_state_law(asked, tmp_settings) == "Texas"
+    assert context.state_law(asked, tmp_settings) == context.StateLaw("Texas", "TX", held=False)
     assert _docs(tmp_settings, str(folder / "outline.txt"), "--jurisdiction", "TX") == 0
     assert store.holds_jurisdiction("TX") and not store.holds_jurisdiction("OH")
-    assert context.missing_state_law(asked, tmp_settings) is None
+    assert context.state_law(asked, tmp_settings) == context.StateLaw("Texas", "TX", held=True)
+    assert context.state_law("Can my landlord keep the whole deposit?", tmp_settings) is None
+
+
+def test_a_question_about_a_states_law_searches_that_states_law_alone(tmp_settings, fake, folder):
+    """With a document loaded as Texas law beside the starter corpus (general US law), a search
+    within Texas law returns only the Texas document, whatever the starter corpus says closer to
+    the query; the user's own FILTER_JURISDICTION turns the narrowing off."""
+    load_corpus.ensure_starter_index(tmp_settings)
+    assert _docs(tmp_settings, str(folder / "outline.txt"), "--jurisdiction", "TX") == 0
+    ctx = context.AgentContext.from_settings(tmp_settings)
+    query = ["How long must a possessor hold land for adverse possession?"]
+    for search_type in ("dense", "keyword", "hybrid", "hybrid+keyword"):
+        everywhere = ctx.search(search_type, query, 5, [])
+        assert any(d["metadata"].get("jurisdiction") != "TX" for d in everywhere)
+        texas = ctx.search(search_type, query, 5, [], "TX")
+        assert texas and {d["metadata"].get("jurisdiction") for d in texas} == {"TX"}
+    chosen = context.AgentContext.from_settings(tmp_settings.replace(filter_jurisdiction="US"))
+    assert chosen.scoped is None

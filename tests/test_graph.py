@@ -15,7 +15,7 @@ from fakes import CutOff, Script, ScriptedChat
 
 import main
 import nodes
-from context import AgentContext
+from context import AgentContext, StateLaw
 from llm_config import LLMClient
 
 # ------------------------------------------------------------------------------------------------
@@ -550,24 +550,40 @@ def test_a_question_about_a_states_law_is_declined_unless_the_sources_hold_that_
 ):
     """ "How many days does Ohio law give him?" was answered with the general rules of landlord
     and tenant, none of which is Ohio's statute: with no Ohio law among the sources it is
-    declined before any research, and with it (a user's Ohio documents) it is researched."""
+    declined before any research, and with it (a user's Ohio documents) every research step
+    searches Ohio law alone."""
     question = (
         "My landlord in Ohio kept my whole security deposit when I moved out, saying the carpet "
         "was worn. How many days does Ohio law give him to return it with an itemized list?"
     )
     classify = J(topic="security deposit", area="property", legal=True, query_type="simple")
+    ohio_law = FakeRetriever(LAW, ranked=True)
     for ohio in (True, False):
         asked: list[str] = []
+        scopes: list[str] = []
         result = declined_before_research(
             tmp_settings,
             question,
             classify,
             declined=not ohio,
-            missing_state_law=lambda text, ohio=ohio, asked=asked: (
-                asked.append(text) or (None if ohio else "Ohio")
+            state_law=lambda text, ohio=ohio, asked=asked: (
+                asked.append(text) or StateLaw("Ohio", "OH", held=ohio)
+            ),
+            scoped=lambda code, scopes=scopes: (
+                scopes.append(code)
+                or dict.fromkeys(("dense", "keyword", "hybrid", "hybrid+keyword"), ohio_law)
             ),
         )
-        assert asked == ["How many days does Ohio law give him to return it with an itemized list?"]
+        assert set(asked) == {
+            "How many days does Ohio law give him to return it with an itemized list?"
+        }
+        if ohio:
+            assert result["jurisdiction"] == "OH" and ohio_law.calls
+            assert set(scopes) == {"OH"} and len(scopes) == len(ohio_law.calls)
+            lines: list[str] = []
+            main._print_result(result, lines.append)
+            assert "(Searched OH law only: the question asks what it provides.)" in lines
+    assert "jurisdiction" not in result and scopes == []
     assert result["answer"]["why"] == (
         "off topic: it asks what Ohio law provides, and no source is Ohio law (the sources state "
         "the general rules of US law)"
