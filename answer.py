@@ -55,6 +55,9 @@ EmbedFn = Callable[[list[str]], Any]
 
 RULE_SENTENCES = 2
 """Sentences quoted as an issue's rule (the best by cosine to the issue and its facts)."""
+RULE_QUESTION_SENTENCES = 3
+"""Sentences quoted as a rule question's rule: the first of the issue's own passage
+(:func:`lead_rule`)."""
 VERIFY_CANDIDATES = 4
 """Under the evidence policy, the candidate rule sentences per issue the grounding gate judges (the
 best :data:`RULE_SENTENCES` verified ones are quoted)."""
@@ -271,10 +274,10 @@ def candidate_sentences(doc: Mapping[str, Any]) -> list[str]:
     return [s for s in sentences if len(s.split()) >= 5]
 
 
-def on_doctrine(issue: str, docs: Sequence[Mapping[str, Any]], embed: EmbedFn) -> list[bool]:
-    """Per passage: is it about ``issue``'s doctrine (cosine of the issue's name to the passage's
-    title and first sentence at least :data:`DOCTRINE_MATCH`)?  A passage without a title counts
-    by its first sentence alone."""
+def doctrine_scores(issue: str, docs: Sequence[Mapping[str, Any]], embed: EmbedFn) -> list[float]:
+    """Per passage: how closely it is about ``issue``'s doctrine, the cosine of the issue's name to
+    the passage's title and first sentence (the first sentence alone without a title); at least
+    :data:`DOCTRINE_MATCH` for a passage on that doctrine."""
     if not docs:
         return []
     heads = []
@@ -282,7 +285,23 @@ def on_doctrine(issue: str, docs: Sequence[Mapping[str, Any]], embed: EmbedFn) -
         first = (split_sentences(str(d.get("text") or "")) or [""])[0]
         heads.append(f"{d.get('title') or ''}. {first}".strip(". "))
     rows = _rows(embed, [issue, *heads])
-    return [bool(s >= DOCTRINE_MATCH) for s in rows[1:] @ rows[0]]
+    return [float(s) for s in rows[1:] @ rows[0]]
+
+
+def lead_rule(
+    doc: Mapping[str, Any], question: str, embed: EmbedFn, n: int = RULE_QUESTION_SENTENCES
+) -> list[tuple[Mapping[str, Any], str]]:
+    """The rule as its source states it: a passage's first ``n`` sentences (its heading left out,
+    :func:`candidate_sentences`), and, when the sentence closest to ``question`` comes later,
+    that one too ("What duty does a landowner owe to an invitee?" of a passage that opens on
+    trespassers), in the passage's order."""
+    sentences = candidate_sentences(doc)
+    keep = list(range(min(n, len(sentences))))
+    if len(sentences) > n:
+        rows = _rows(embed, [question, *sentences])
+        closest = int(np.argmax(rows[1:] @ rows[0]))
+        keep += [closest] if closest >= n else []
+    return [(doc, sentences[i]) for i in keep]
 
 
 def fact_fit(
@@ -798,8 +817,8 @@ def build_record(
         if not item.researched:
             issues.append(IssueAnswer(item.issue, "not_researched", why=item.why))
             continue
-        fit = on_doctrine(item.issue, item.docs, embed)
-        docs = [d for d, ok in zip(item.docs, fit, strict=True) if ok]
+        scores = doctrine_scores(item.issue, item.docs, embed)
+        docs = [d for d, s in zip(item.docs, scores, strict=True) if s >= DOCTRINE_MATCH]
         guards["off_doctrine"] += len(item.docs) - len(docs)
         if not docs:
             why = item.why or (
@@ -826,7 +845,12 @@ def build_record(
                 issues.append(IssueAnswer(item.issue, "no_evidence", why=why))
                 continue
         else:
-            rule = select_rule(query, docs, embed)
+            # A rule question is answered by the rule as the issue's own passage states it (the
+            # one most about its doctrine); the sentences closest to the question, drawn from
+            # several passages, left out the mailbox rule's "effective when dispatched".
+            own = item.docs[int(np.argmax(scores))]
+            rule = lead_rule(own, question, embed) if kind == "rule_question" else []
+            rule = rule or select_rule(query, docs, embed)
         # The same law as earlier issues is said once, under them (guard ``same_rule``).
         if rule and all((d["id"], s) in taken for d, s in rule):
             guards["same_rule"] += 1
