@@ -8,8 +8,9 @@ stage writes the answer a user reads, in the shape of a bar essay:
   words in a source's mouth), each cited to its passage.  A passage about another doctrine than
   the issue (``off_doctrine``) is never used as its rule, an issue whose rule is the one quoted
   for an earlier issue is not answered twice (``same_rule``), and an issue whose rule is far from
-  every stated fact (``off_facts``, :data:`FACT_FIT`) is named, not applied; an answer none of
-  whose rules is near the question (``off_question``, :data:`QUESTION_FIT`) is declined.
+  every stated fact (``off_facts``, :data:`FACT_FIT`), or from what a rule question asks
+  (``not_asked``, :data:`ASKED_FIT`), is named, not applied; an answer none of whose rules is
+  near the question (``off_question``, :data:`QUESTION_FIT`) is declined.
 - **Application** — one narrow call per issue (``skills/apply_rule.md``): the rule's requirements,
   and for each the stated fact that meets or fails it.  Each application sentence cites the rule
   it applies and names its fact; a fact unrelated to its requirement decides nothing
@@ -25,7 +26,8 @@ grounding gate (``skills/verify_quotes.md``): one call per issue asks, for each 
 whether it states the law of that issue; a sentence about another doctrine, or one that cannot be
 understood alone, is never a rule, and an issue with no verified sentence has no evidence.
 
-A rule question ("What is the mailbox rule?") states the rules and stops there.  With nothing to
+A rule question ("What is the mailbox rule?") states the rule as its source states it
+(:func:`lead_rule`) and stops there.  With nothing to
 stand on (no issue's research found a passage) the record abstains and says why; nothing
 downstream reads the text back to learn that.  Everything the CLI, the exit code, the QA memory
 and the evals need is a field of :class:`AnswerRecord`.
@@ -87,6 +89,13 @@ met by some fact, often one that says nothing about them ("proximate cause ... �
 hotel objects."; "Nominal damages are not available — met: Maria went to Greenway Market to buy
 groceries.").  An issue whose every check is then undecided is not raised (guard ``not_raised``).
 Chosen on the tune half of the fact patterns (docs/MEASUREMENTS.md, stop 36)."""
+ASKED_FIT = 0.45
+"""Cosine between an issue's quoted rule and a rule question below which the question does not
+ask about it (guard ``not_asked``): the issue is named, not answered, unless it is the planner's
+first or the best fit.  The planner's later picks for a rule question are mostly noise ("What
+are the requirements for adverse possession?": personal jurisdiction at 0.44); a second doctrine
+the question does ask about sits at 0.5-0.7 (the amount in controversy beside diversity of
+citizenship).  Chosen on one half of the rule questions (docs/MEASUREMENTS.md, stop 44)."""
 QUESTION_FIT = 0.20
 """Cosine between an open question and the closest rule sentence of the issues its answer would
 apply below which those rules are about other matters: the answer is declined (guard
@@ -794,6 +803,7 @@ def build_record(
     guards: dict[str, int] = {
         "off_doctrine": 0,
         "off_facts": 0,
+        "not_asked": 0,
         "off_question": 0,
         "same_rule": 0,
         "not_raised": 0,
@@ -810,7 +820,11 @@ def build_record(
     if decline:
         text = f"{NO_ANSWER}: the sources do not cover this question as asked ({decline})."
         return AnswerRecord(kind, text, [], [], True, decline, guards=guards)
-    fact_rows = _rows(embed, list(facts) if kind == "fact_pattern" else [])
+    # What an issue's rule must fit to be answered: a fact pattern's facts (guard ``off_facts``),
+    # a rule question's question (guard ``not_asked``).
+    fit_to = {"fact_pattern": list(facts), "rule_question": [question]}.get(kind, [])
+    fact_rows = _rows(embed, fit_to)
+    floor, guard = (ASKED_FIT, "not_asked") if kind == "rule_question" else (FACT_FIT, "off_facts")
     ruled: list[tuple[int, IssueResearch, list[tuple[Mapping[str, Any], str]], float]] = []
     taken: dict[tuple[str, str], str] = {}  # (passage id, sentence) -> the issue it is a rule of
     for item in research:
@@ -826,31 +840,28 @@ def build_record(
             )
             issues.append(IssueAnswer(item.issue, "no_evidence", why=why))
             continue
-        # The rule is what the issue's passages say closest to the issue and its facts, or, for
-        # a rule question, to what it asks: "Landowner duties: trespassers, licensees, invitees"
-        # alone picks "Trespass to land is..." for "What duty does a landowner owe to an invitee?"
+        # A rule question is answered by the rule as the issue's own passage states it (the one
+        # most about its doctrine): the sentences closest to the question, drawn from several
+        # passages, left out the mailbox rule's "effective when dispatched".  A fact pattern's
+        # rule is what the issue's passages say closest to the issue and its facts.
+        own = item.docs[int(np.argmax(scores))]
+        lead = lead_rule(own, question, embed) if kind == "rule_question" else []
         near = [question] if kind == "rule_question" else item.facts
         if near is None:
             near = issue_facts(item.issue, facts, embed)
         query = " ".join([item.issue, *near])
         if policy == "evidence":
-            rule, judged = verify_rule(
-                client, item.issue, select_rule(query, docs, embed, VERIFY_CANDIDATES)
-            )
+            candidates = lead or select_rule(query, docs, embed, VERIFY_CANDIDATES)
+            rule, judged = verify_rule(client, item.issue, candidates)
             guards["unparsed_verdicts"] += judged is None
             quotes += judged or []
-            rule = rule[:RULE_SENTENCES]
+            rule = rule[: len(lead) or RULE_SENTENCES]
             if not rule:
                 why = "no sentence of its passages passed the grounding gate"
                 issues.append(IssueAnswer(item.issue, "no_evidence", why=why))
                 continue
         else:
-            # A rule question is answered by the rule as the issue's own passage states it (the
-            # one most about its doctrine); the sentences closest to the question, drawn from
-            # several passages, left out the mailbox rule's "effective when dispatched".
-            own = item.docs[int(np.argmax(scores))]
-            rule = lead_rule(own, question, embed) if kind == "rule_question" else []
-            rule = rule or select_rule(query, docs, embed)
+            rule = lead or select_rule(query, docs, embed)
         # The same law as earlier issues is said once, under them (guard ``same_rule``).
         if rule and all((d["id"], s) in taken for d, s in rule):
             guards["same_rule"] += 1
@@ -878,9 +889,10 @@ def build_record(
     best = max((fit for *_, fit in ruled), default=1.0)
     held = None  # the first issue not raised, answered after all if no other issue is
     for n, (slot, item, rule, fit) in enumerate(ruled):
-        if n and fit < min(FACT_FIT, best):  # the planner's first issue is always applied
-            guards["off_facts"] += 1
-            why = f"its rule does not fit the stated facts (cosine {fit:.2f} < {FACT_FIT})"
+        if n and fit < min(floor, best):  # the planner's first issue is always applied
+            guards[guard] += 1
+            what = "what the question asks" if guard == "not_asked" else "the stated facts"
+            why = f"its rule does not fit {what} (cosine {fit:.2f} < {floor})"
             issues[slot] = IssueAnswer(item.issue, "not_raised", why=why)
             continue
         applied, reqs, exceptions = None, [], []
@@ -990,7 +1002,12 @@ def render(record: AnswerRecord, tail: Sequence[Sentence] = ()) -> str:
         lines.append(f"\nBottom line: {s.text} {_refs(s.cites)}".rstrip())
     unraised = [i.issue for i in record.issues if i.status == "not_raised"]
     if unraised:
-        lines.append(f"\nConsidered, but no stated fact raises it: {'; '.join(unraised)}.")
+        why = (
+            "not what the question asks"
+            if record.kind == "rule_question"
+            else ("no stated fact raises it")
+        )
+        lines.append(f"\nConsidered, but {why}: {'; '.join(unraised)}.")
     missing = [i for i in record.issues if i.status not in ("answered", "not_raised")]
     if missing:
         lines.append(

@@ -126,13 +126,28 @@ def quote_validity(
 
 
 def score_answer(
-    item: Mapping[str, Any], mode: str, result: Mapping[str, Any], seconds: float
+    item: Mapping[str, Any],
+    mode: str,
+    result: Mapping[str, Any],
+    seconds: float,
+    same_doctrine: Callable[[str, Sequence[str]], bool] | None = None,
 ) -> dict:
-    """One result row: what the metrics need, per item and mode."""
+    """One result row: what the metrics need, per item and mode.  With ``same_doctrine`` and an
+    answerable item's ``gold_ids``, its misgrounded sentences: those citing only passages that
+    are neither gold nor about a gold passage's doctrine (as for the fact patterns)."""
     answer = str(result.get("answer") or "")
     abstained = bool(result.get("abstained"))
     sentences = [] if abstained else list(result.get("sentences") or [])
     counts = citation_counts(sentences, result.get("passages") or {})
+    gold = list(item.get("gold_ids") or [])
+    misgrounded = None
+    if same_doctrine is not None and gold and not item["should_abstain"]:
+        misgrounded = sum(
+            1
+            for s in sentences
+            if s.get("passage_ids")
+            and not any(p in gold or same_doctrine(p, gold) for p in s["passage_ids"])
+        )
     points = item.get("key_points") or []
     hits = [False] * len(points) if abstained else key_point_hits(answer, points)
     q_ok, q_n = quote_validity(result.get("quotes") or [], result.get("passages") or {})
@@ -148,6 +163,7 @@ def score_answer(
         "valid_cited_sentences": counts["valid"],
         "key_points": len(hits),
         "key_points_covered": sum(hits),
+        "misgrounded_sentences": misgrounded,
         "quotes_valid": q_ok,
         "quotes_verified": q_n,
         "llm_calls": result.get("llm_calls"),
@@ -229,8 +245,9 @@ def _cost(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def summarize_mode(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Abstention recall (questions to decline), false abstention (answerable ones), key-point
-    coverage, legal sentences citing a passage the run saw, quote validity (verified quotes
-    verbatim in their passage) and the grader's A+B rate."""
+    coverage, legal sentences citing a passage the run saw, misgrounded sentences (of answers to
+    questions with gold passages), quote validity (verified quotes verbatim in their passage)
+    and the grader's A+B rate."""
     decline = [r for r in rows if r["should_abstain"]]
     answerable = [r for r in rows if not r["should_abstain"]]
     answered = [r for r in rows if not r["abstained"]]
@@ -239,6 +256,7 @@ def summarize_mode(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         r["valid_cited_sentences"] / r["sentences"] for r in answered if r["sentences"]
     ]
     graded = [r for r in rows if r.get("grade")]
+    grounded = [r for r in answered if r.get("misgrounded_sentences") is not None]
     return {
         "items": len(rows),
         "abstention_recall": _share(sum(r["abstained"] for r in decline), len(decline)),
@@ -253,6 +271,11 @@ def summarize_mode(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         ),
         "cited_share_per_answer": _mean(per_answer_cited),
         "uncited_sentences": sum(r["sentences"] - r["cited_sentences"] for r in answered),
+        # answered questions with gold passages: sentences citing another doctrine's passages
+        "misgrounded_sentences": _share(
+            sum(r["misgrounded_sentences"] for r in grounded),
+            sum(r["sentences"] for r in grounded),
+        ),
         "quote_validity": _share(
             sum(r["quotes_valid"] for r in rows), sum(r["quotes_verified"] for r in rows)
         ),

@@ -838,11 +838,8 @@ def run_answers_phase(
     }
     run_dir.check_config(config, ("qa", "llm", "facts", "split"))
     fns = {m: agent_answer_fn(settings, m, llm_factory) for m in modes if m != "ceiling"}
-    score = eval_answers.score_answer
-    if args.facts:
-        score = functools.partial(
-            eval_answers.score_fact_pattern, same_doctrine=same_doctrine_fn(settings)
-        )
+    scorer = eval_answers.score_fact_pattern if args.facts else eval_answers.score_answer
+    score = functools.partial(scorer, same_doctrine=same_doctrine_fn(settings))
     if "ceiling" in modes:
         by_question = {str(it["question"]): it for it in items}
         client = LLMClient(settings, llm_factory=llm_factory)

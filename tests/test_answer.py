@@ -238,6 +238,54 @@ def test_a_rule_questions_rule_is_its_passages_rule_with_what_the_question_asks(
     assert script.calls == []  # a rule question: no application, no bottom line
 
 
+def test_a_rule_questions_later_issue_far_from_what_it_asks_is_named_not_answered(tmp_settings):
+    """Asked for the requirements of adverse possession, the planner's later picks were personal
+    jurisdiction and attractive nuisance: an issue after the first whose rule is far from the
+    question is named under "Considered, but not what the question asks" (guard not_asked)."""
+    possession = {"id": "ap", "title": "Adverse possession", "text": "Adverse possession. A possessor acquires title by possession that is actual, open, exclusive, hostile and continuous for the statutory period."}  # fmt: skip
+    forum = {"id": "pj", "title": "Personal jurisdiction", "text": "Personal jurisdiction. A court may hear a claim against a defendant with minimum contacts with the forum state."}  # fmt: skip
+    client, script = scripted_client(tmp_settings, {})
+    research = [
+        answer.IssueResearch("Adverse possession", [possession]),
+        answer.IssueResearch("Personal jurisdiction", [forum]),
+    ]
+    question = "What are the requirements for adverse possession of land?"
+    record = answer.build_record(client, question, None, research, EMBED)
+    status = {i.issue: i for i in record.issues}
+    assert status["Adverse possession"].status == "answered"
+    assert status["Personal jurisdiction"].status == "not_raised"
+    assert status["Personal jurisdiction"].why.startswith("its rule does not fit what the question")
+    assert record.guards["not_asked"] == 1 and record.guards["off_facts"] == 0
+    assert "Considered, but not what the question asks: Personal jurisdiction." in record.text
+    assert [c.passage_id for c in record.citations] == ["ap"] and script.calls == []
+
+
+def test_the_evidence_policy_verifies_the_rule_questions_lead_sentences(tmp_settings):
+    """Under the evidence policy a rule question's candidates are the same lead sentences, each
+    judged by the grounding gate; the ones it verifies are quoted, in the passage's order."""
+    mailbox = {
+        "id": "mailbox",
+        "title": "Mailbox rule",
+        "text": "The mailbox rule. An acceptance sent by reasonable means is effective when "
+        "dispatched. Revocations and rejections are effective only on receipt. The rule does "
+        "not apply to option contracts.",
+    }
+    verdicts = [{"n": 1, "verdict": "ok"}, {"n": 2, "verdict": "other_doctrine"}, {"n": 3, "verdict": "ok"}]  # fmt: skip
+    client, script = scripted_client(tmp_settings, {"verify": [json.dumps({"verdicts": verdicts})]})
+    research = [answer.IssueResearch("Mailbox rule", [mailbox])]
+    record = answer.build_record(
+        client, "What is the mailbox rule?", None, research, EMBED, policy="evidence"
+    )
+    assert (
+        '1. "An acceptance sent by reasonable means is effective when dispatched."'
+        in (script.calls[0][1])
+    )
+    assert [s.text for s in record.issues[0].sentences] == [
+        "An acceptance sent by reasonable means is effective when dispatched.",
+        "The rule does not apply to option contracts.",
+    ]
+
+
 def test_a_record_with_nothing_to_stand_on_abstains_and_says_why(tmp_settings):
     client, script = scripted_client(tmp_settings, {})
     research = [answer.IssueResearch("Premises liability", [PRODUCTS])]

@@ -209,3 +209,22 @@ def test_a_fact_pattern_answer_counts_sentences_on_another_doctrine_as_misground
     declined = ea.score_fact_pattern(item, "research", {"answer": "No answer", "abstained": True}, 1.0, lambda p, g: False)  # fmt: skip
     assert declined["sentences"] == declined["misgrounded_sentences"] == 0
     assert declined["cited_by_issue"] == {} and not declined["conclusion_correct"]
+
+
+def test_an_open_answer_counts_sentences_on_another_doctrine_as_misgrounded():
+    """An answerable open question with gold passages gets the fact patterns' misgrounding count;
+    a question to decline, or one without gold passages, has none (and the summary skips it)."""
+    item = {"id": "q", "category": "in_corpus", "should_abstain": False, "gold_ids": ["g"]}
+    sentences = [
+        {"text": "The rule.", "passage_ids": ["g"]},
+        {"text": "Its sibling passage.", "passage_ids": ["near_g"]},
+        {"text": "Another doctrine.", "passage_ids": ["x"]},
+    ]
+    result = {"answer": "The rule.", "abstained": False, "sentences": sentences}
+    same = lambda p, gold: p == "near_g"  # noqa: E731
+    row = ea.score_answer(item, "research", result, 1.0, same)
+    assert row["misgrounded_sentences"] == 1
+    no_gold = ea.score_answer({**item, "gold_ids": []}, "research", result, 1.0, same)
+    assert no_gold["misgrounded_sentences"] is None
+    summary = ea.summarize_mode([row, no_gold])
+    assert (summary["misgrounded_sentences"]["k"], summary["misgrounded_sentences"]["n"]) == (1, 3)
