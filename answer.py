@@ -27,9 +27,8 @@ whether it states the law of that issue; a sentence about another doctrine, or o
 understood alone, is never a rule, and an issue with no verified sentence has no evidence.
 
 A rule question ("What is the mailbox rule?") states the rule as its source states it
-(:func:`lead_rule`) and stops there.  With nothing to
-stand on (no issue's research found a passage) the record abstains and says why; nothing
-downstream reads the text back to learn that.  Everything the CLI, the exit code, the QA memory
+(:func:`lead_rule`) and stops there.  With nothing to stand on (no issue's research found a
+passage) the record abstains and says why; nothing downstream reads the text back to learn that.  Everything the CLI, the exit code, the QA memory
 and the evals need is a field of :class:`AnswerRecord`.
 """
 
@@ -58,8 +57,8 @@ EmbedFn = Callable[[list[str]], Any]
 RULE_SENTENCES = 2
 """Sentences quoted as an issue's rule (the best by cosine to the issue and its facts)."""
 RULE_QUESTION_SENTENCES = 3
-"""Sentences quoted as a rule question's rule: the first of the issue's own passage
-(:func:`lead_rule`)."""
+"""Sentences quoted as a rule question's rule: the first of the issue's own passage, and the one
+closest to the question when it comes later (:func:`lead_rule`)."""
 VERIFY_CANDIDATES = 4
 """Under the evidence policy, the candidate rule sentences per issue the grounding gate judges (the
 best :data:`RULE_SENTENCES` verified ones are quoted)."""
@@ -823,7 +822,7 @@ def build_record(
     # What an issue's rule must fit to be answered: a fact pattern's facts (guard ``off_facts``),
     # a rule question's question (guard ``not_asked``).
     fit_to = {"fact_pattern": list(facts), "rule_question": [question]}.get(kind, [])
-    fact_rows = _rows(embed, fit_to)
+    fit_rows = _rows(embed, fit_to)
     floor, guard = (ASKED_FIT, "not_asked") if kind == "rule_question" else (FACT_FIT, "off_facts")
     ruled: list[tuple[int, IssueResearch, list[tuple[Mapping[str, Any], str]], float]] = []
     taken: dict[tuple[str, str], str] = {}  # (passage id, sentence) -> the issue it is a rule of
@@ -870,7 +869,7 @@ def build_record(
             issues.append(IssueAnswer(item.issue, "no_evidence", why=why))
             continue
         taken.update({(d["id"], s): item.issue for d, s in rule})
-        ruled.append((len(issues), item, rule, fact_fit(rule, fact_rows, embed)))
+        ruled.append((len(issues), item, rule, fact_fit(rule, fit_rows, embed)))
         issues.append(IssueAnswer(item.issue, "answered"))  # its place, filled in below
 
     def fill(slot: int, issue: str, rule: list, applied: list[Check] | None, cut: bool) -> None:
@@ -1002,11 +1001,8 @@ def render(record: AnswerRecord, tail: Sequence[Sentence] = ()) -> str:
         lines.append(f"\nBottom line: {s.text} {_refs(s.cites)}".rstrip())
     unraised = [i.issue for i in record.issues if i.status == "not_raised"]
     if unraised:
-        why = (
-            "not what the question asks"
-            if record.kind == "rule_question"
-            else ("no stated fact raises it")
-        )
+        rule_question = record.kind == "rule_question"
+        why = "not what the question asks" if rule_question else "no stated fact raises it"
         lines.append(f"\nConsidered, but {why}: {'; '.join(unraised)}.")
     missing = [i for i in record.issues if i.status not in ("answered", "not_raised")]
     if missing:

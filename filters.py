@@ -82,9 +82,13 @@ def _state_names() -> re.Pattern[str]:
 
 
 _LAW_WORDS = r"(?:law|laws|statutes?|code|legislature)"
-_OWNED = re.compile(r"['’]s?\s+(?!(?:[\w-]+\s+){0,2}courts?\b)")
-"""A state's possessive before anything but its courts: "Arizona's adverse possession
-statute", "Georgia's deadline for filing", "Illinois' lemon law" (not "Ohio's courts")."""
+_OWNED = re.compile(
+    rf"['’]s?\s+(?:[\w-]+\s+){{0,3}}(?:{_LAW_WORDS}|acts?|rules?|regulations?|requirements?"
+    r"|deadlines?|limits?|standards?)\b"
+)
+"""A state's own law in the possessive: "Arizona's adverse possession statute", "Georgia's
+deadline for filing", "Illinois' lemon law"; not its courts, and not a person named for a state
+("Can Georgia's landlord keep the deposit?")."""
 _HAS_LAW = re.compile(rf"\s+(?:have|has)\s+(?:[\w-]+\s+){{0,3}}{_LAW_WORDS}\b")
 """A state that has a law: "Does Pennsylvania have a law that ...", "Texas has a statute ..."."""
 _RULES = re.compile(r"\b(?:does|do)$")
@@ -100,8 +104,8 @@ Rights Act?"): a question of federal law."""
 
 def jurisdiction_asked(asked: str) -> tuple[str, str] | None:
     """(name, USPS code) of the state whose law a question asks about, from what it asks: a
-    state's full name before a word for its law ("Ohio law", "New York statute"), owning
-    something other than its courts (``_OWNED``), having a law (``_HAS_LAW``), doing what a law
+    state's full name before a word for its law ("Ohio law", "New York statute"), owning a law
+    or a rule (``_OWNED``), having a law (``_HAS_LAW``), doing what a law
     does after "does" (``_RULE_VERBS``), or after "in"/"under" ("under California law", "In
     Texas, can ...", but not a forum: ``_FORUM``); None otherwise.  A state named only in the
     facts ("a company based in Texas sued ...") is where something happened, not the law asked

@@ -290,10 +290,10 @@ def off_topic(
     outside = legal and area not in ("", "none", *prompts.COVERED_AREAS)
     if outside and not (ctx.holds_documents and ctx.holds_documents()):
         return f"{OFF_TOPIC}: it is a question of {area}; the sources cover {COVERED}"
-    state = ctx.state_law and ctx.state_law(answer_stage.split_question(question)[1])
-    if state and not state.held:
+    law = ctx.state_law and ctx.state_law(answer_stage.split_question(question)[1])
+    if law and not law.held:
         return (
-            f"{OFF_TOPIC}: it asks what {state.name} law provides, and no source is {state.name} "
+            f"{OFF_TOPIC}: it asks what {law.name} law provides, and no source is {law.name} "
             "law (the sources state the general rules of US law)"
         )
     kind = answer_stage.question_kind(question, None)
@@ -388,9 +388,9 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     }
     # A question that asks what a state's law provides, which the sources hold, is researched in
     # that state's law alone: the general rules beside it are not what it asks for.
-    state = ctx.state_law and ctx.scoped and ctx.state_law(asked)
-    if state and state.held:
-        update["jurisdiction"] = state.code
+    law = ctx.state_law and ctx.scoped and ctx.state_law(asked)
+    if law and law.held:
+        update["jurisdiction"] = law.code
     if fallbacks:
         update["fallbacks"] = fallbacks
     return update, f"{len(steps)} step(s): {'; '.join(issues)}"
