@@ -244,18 +244,26 @@ def doctrine_key(name: str) -> str:
     return " ".join(name.split(" (")[0].lower().split())
 
 
-def candidate_doctrines(ctx: AgentContext, question: str) -> list[str]:
+def candidate_doctrines(ctx: AgentContext, question: str, within: str = "") -> list[str]:
     """Doctrine names the planner may pick from: the doctrines the question links to in the legal
     taxonomy (alias matches and the question's cosine to each doctrine's description), then the
     titles of the passages retrieved for the question as asked.  The embedded model picks the
     first candidates far more often than not, so the order matters: researched as the first three
     issues, the linked doctrines reach a gold passage for 13 of the 16 fact patterns of the tune
-    half, the passage titles for 10."""
-    names = [i for i in agenda(ctx, question, []) if i]
+    half, the passage titles for 10.  A question researched in one state's law (``within``, a
+    USPS code) lists the titles of that state's passages first: the taxonomy names general law."""
+    linked = [i for i in agenda(ctx, question, []) if i]
+    titles: list[str] = []
     try:
-        names += [d.get("title") or "" for d in ctx.retrieve([question], CANDIDATE_PASSAGES, [])]
+        found = (
+            ctx.search("hybrid", [question], CANDIDATE_PASSAGES, [], within)
+            if within
+            else ctx.retrieve([question], CANDIDATE_PASSAGES, [])
+        )
+        titles = [d.get("title") or "" for d in found]
     except Exception as exc:  # noqa: BLE001 - candidates are an aid; the plan still runs
         logger.warning("candidate retrieval failed: %s", exc)
+    names = titles + linked if within else linked + titles
     seen: set[str] = set()
     out = []
     for name in names:  # one candidate per doctrine (doctrine_key)
@@ -360,7 +368,12 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     if decline:  # nothing to research: the answer stage declines and says why
         update = {"memory_hit": False, "decline": decline, "stop_reason": decline}
         return update, f"declined: {decline}"
-    candidates = candidate_doctrines(ctx, question)
+    # A question that asks what a state's law provides, which the sources hold, is researched in
+    # that state's law alone: the general rules beside it are not what it asks for.
+    facts, asked = answer_stage.split_question(question)
+    law = ctx.state_law and ctx.scoped and ctx.state_law(asked)
+    within = law.code if law and law.held else ""
+    candidates = candidate_doctrines(ctx, question, within)
     listed = "\n".join(f"{n}. {c}" for n, c in enumerate(candidates, 1)) or "(none)"
     result = prompts.call(ctx.client, "plan", objective=question, candidates=listed)
     issues = picked_issues(result.parsed.issues if result.parsed else [], candidates)
@@ -371,7 +384,6 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     if not issues:
         fallbacks.append("planner: no issues named or linked (the question itself is researched)")
         issues = [question]
-    facts, asked = answer_stage.split_question(question)
     steps = [
         step_for(n, issue, answer_stage.issue_facts(issue, facts, ctx.embed) if facts else [])
         for n, issue in enumerate(issues[: ctx.settings.agent.max_steps], 1)
@@ -386,11 +398,8 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         "issues": issues,
         "researched_issues": issues[: len(steps)],
     }
-    # A question that asks what a state's law provides, which the sources hold, is researched in
-    # that state's law alone: the general rules beside it are not what it asks for.
-    law = ctx.state_law and ctx.scoped and ctx.state_law(asked)
-    if law and law.held:
-        update["jurisdiction"] = law.code
+    if within:
+        update["jurisdiction"] = within
     if fallbacks:
         update["fallbacks"] = fallbacks
     return update, f"{len(steps)} step(s): {'; '.join(issues)}"

@@ -550,14 +550,15 @@ def test_a_question_about_a_states_law_is_declined_unless_the_sources_hold_that_
 ):
     """ "How many days does Ohio law give him?" was answered with the general rules of landlord
     and tenant, none of which is Ohio's statute: with no Ohio law among the sources it is
-    declined before any research, and with it (a user's Ohio documents) every research step
-    searches Ohio law alone."""
+    declined before any research, and with it (a user's Ohio documents) the planner's candidates
+    open with Ohio's passages and every research step searches Ohio law alone."""
     question = (
         "My landlord in Ohio kept my whole security deposit when I moved out, saying the carpet "
         "was worn. How many days does Ohio law give him to return it with an itemized list?"
     )
     classify = J(topic="security deposit", area="property", legal=True, query_type="simple")
-    ohio_law = FakeRetriever(LAW, ranked=True)
+    deposit = "Ohio Revised Code 5321.16: return of security deposits"
+    ohio_law = FakeRetriever([{"id": "orc", "title": deposit, "text": f"{deposit}. The landlord must return the deposit, with an itemized list of deductions, within thirty days after the tenant leaves."}])  # fmt: skip
     for ohio in (True, False):
         asked: list[str] = []
         scopes: list[str] = []
@@ -577,9 +578,10 @@ def test_a_question_about_a_states_law_is_declined_unless_the_sources_hold_that_
         assert set(asked) == {
             "How many days does Ohio law give him to return it with an itemized list?"
         }
-        if ohio:
-            assert result["jurisdiction"] == "OH" and ohio_law.calls
-            assert set(scopes) == {"OH"} and len(scopes) == len(ohio_law.calls)
+        if ohio:  # the state's own passages are the first candidates and all the research reads
+            assert result["jurisdiction"] == "OH" and result["issues"][0] == deposit
+            assert set(scopes) == {"OH"} and len(scopes) == len(ohio_law.calls) >= 2
+            assert set(result["passages"]) == {"orc"}  # every passage the research read
             lines: list[str] = []
             main._print_result(result, lines.append)
             assert "(Searched OH law only: the question asks what it provides.)" in lines
