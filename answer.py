@@ -28,8 +28,9 @@ understood alone, is never a rule, and an issue with no verified sentence has no
 
 A rule question ("What is the mailbox rule?") states the rule as its source states it
 (:func:`lead_rule`) and stops there.  With nothing to stand on (no issue's research found a
-passage) the record abstains and says why; nothing downstream reads the text back to learn that.  Everything the CLI, the exit code, the QA memory
-and the evals need is a field of :class:`AnswerRecord`.
+passage) the record abstains and says why; nothing downstream reads the text back to learn that.
+Everything the CLI, the exit code, the QA memory and the evals need is a field of
+:class:`AnswerRecord`.
 """
 
 from __future__ import annotations

@@ -105,9 +105,9 @@ Rights Act?"): a question of federal law."""
 def jurisdiction_asked(asked: str) -> tuple[str, str] | None:
     """(name, USPS code) of the state whose law a question asks about, from what it asks: a
     state's full name before a word for its law ("Ohio law", "New York statute"), owning a law
-    or a rule (``_OWNED``), having a law (``_HAS_LAW``), doing what a law
-    does after "does" (``_RULE_VERBS``), or after "in"/"under" ("under California law", "In
-    Texas, can ...", but not a forum: ``_FORUM``); None otherwise.  A state named only in the
+    or a rule (``_OWNED``), having a law (``_HAS_LAW``), doing what a law does after "does"
+    (``_RULE_VERBS``), or after "in"/"under" ("under California law", "In Texas, can ...", but
+    not a forum: ``_FORUM``); None otherwise.  A state named only in the
     facts ("a company based in Texas sued ...") is where something happened, not the law asked
     for; a state that acts ("May Texas enact a law ...?") is a party; bar questions' "State X"
     names none, and a state's law tested against federal law (``_FEDERAL_TEST``) asks federal

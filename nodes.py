@@ -27,7 +27,7 @@ from langgraph.types import Command
 import answer as answer_stage
 import mc
 import prompts
-from context import AgentContext, Passage, default_context
+from context import AgentContext, Passage, StateLaw, default_context
 from state import AgentState, Execution, PlanStep, merge_steps
 
 logger = logging.getLogger(__name__)
@@ -275,7 +275,12 @@ def candidate_doctrines(ctx: AgentContext, question: str, within: str = "") -> l
 
 
 def off_topic(
-    ctx: AgentContext, question: str, legal: bool = True, area: str = "", topic: str = ""
+    ctx: AgentContext,
+    question: str,
+    legal: bool = True,
+    area: str = "",
+    topic: str = "",
+    law: StateLaw | None = None,
 ) -> str:
     """Why an open question is off topic as asked ("" when it is not), checked before any
     research (which searches the doctrines the model names, and can turn gibberish into a legal
@@ -284,8 +289,8 @@ def off_topic(
       ``prompts.COVERED_AREAS``), unless the collection holds the user's own documents, whose
       fields the agent cannot know;
     - a question that asks what a state's law provides ("How many days does Ohio law give him
-      ...?", ``filters.jurisdiction_asked``) when no passage is that state's law: the general
-      rule is not the state's statute it asks for;
+      ...?", ``law``: ``AgentContext.state_law`` of what it asks) when no passage is that
+      state's law: the general rule is not the state's statute it asks for;
     - a rule question whose subject uses words no passage of the corpus uses ("ERISA"): the
       question's unknown words that the classifier's ``topic`` (what it asks for) also uses, so
       that the everyday words of a lay question ("a mail carrier slips on an icy step") are not
@@ -298,7 +303,6 @@ def off_topic(
     outside = legal and area not in ("", "none", *prompts.COVERED_AREAS)
     if outside and not (ctx.holds_documents and ctx.holds_documents()):
         return f"{OFF_TOPIC}: it is a question of {area}; the sources cover {COVERED}"
-    law = ctx.state_law and ctx.state_law(answer_stage.split_question(question)[1])
     if law and not law.held:
         return (
             f"{OFF_TOPIC}: it asks what {law.name} law provides, and no source is {law.name} "
@@ -364,15 +368,15 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         )
     legal, area = state.get("legal_question", True), state.get("question_area", "")
     topic = state.get("question_topic", "")
-    decline = "" if state.get("choices") else off_topic(ctx, question, legal, area, topic)
+    facts, asked = answer_stage.split_question(question)
+    law = ctx.state_law(asked) if ctx.state_law else None
+    decline = "" if state.get("choices") else off_topic(ctx, question, legal, area, topic, law)
     if decline:  # nothing to research: the answer stage declines and says why
         update = {"memory_hit": False, "decline": decline, "stop_reason": decline}
         return update, f"declined: {decline}"
     # A question that asks what a state's law provides, which the sources hold, is researched in
     # that state's law alone: the general rules beside it are not what it asks for.
-    facts, asked = answer_stage.split_question(question)
-    law = ctx.state_law and ctx.scoped and ctx.state_law(asked)
-    within = law.code if law and law.held else ""
+    within = law.code if law and law.held and ctx.scoped else ""
     candidates = candidate_doctrines(ctx, question, within)
     listed = "\n".join(f"{n}. {c}" for n, c in enumerate(candidates, 1)) or "(none)"
     result = prompts.call(ctx.client, "plan", objective=question, candidates=listed)
