@@ -433,21 +433,36 @@ _EXCEPTION_VERDICT = {"yes": "applies", "no": "does not apply", "unclear": "not 
 
 
 def _application_sentences(checks: Sequence[Check], cites: list[int]) -> list[Sentence]:
-    """One sentence per requirement or exception: what it says, whether the facts meet it (an
-    exception: whether it applies), and the fact (what the model repeated is said once)."""
-    out, seen = [], set()
+    """One sentence per requirement or exception a stated fact bears on: what it says, whether
+    the facts meet it (an exception: whether it applies), and the fact.  The requirements no
+    stated fact bears on are listed in one sentence after them; what the model repeated is said
+    once."""
+    out, open_items, seen = [], [], set()
     for c in checks:
         requirement = _clean(c.requirement)
         if requirement.lower() in seen:
             continue
         seen.add(requirement.lower())
         fact = _clean(c.fact)
+        if fact.lower() in NOT_STATED:
+            said = (
+                requirement[:1].lower() + requirement[1:]
+                if requirement[1:2].islower()
+                else requirement
+            )
+            if c.exception and not said.startswith(("except", "unless")):
+                said = f"the exception {said}"
+            open_items.append(said)
+            continue
         fact += "" if fact.endswith("…") else "."
         if c.exception:
             text = f"Exception: {requirement} — {_EXCEPTION_VERDICT[c.met]}: {fact}"
         else:
             said = f"{requirement[:1].upper()}{requirement[1:]}"
             text = f"{said} — {_ELEMENT_VERDICT[c.met]}: {fact}"
+        out.append(Sentence(text, "application", list(cites)))
+    if open_items:
+        text = f"No stated fact decides: {'; '.join(open_items)}."
         out.append(Sentence(text, "application", list(cites)))
     return out
 

@@ -297,6 +297,24 @@ def test_a_record_with_nothing_to_stand_on_abstains_and_says_why(tmp_settings):
     assert declined.abstained and declined.why == "off topic" and declined.issues == []
 
 
+def test_requirements_no_stated_fact_bears_on_are_listed_once_not_each_as_an_application(
+    tmp_settings,
+):
+    apply = json.dumps({"checks": [{"n": 1, "fact": 0, "met": "unclear"}, {"n": 2, "fact": "not stated", "met": "yes"}]})  # fmt: skip
+    client, _ = scripted_client(tmp_settings, {"apply": [apply], "bottom_line": ["{}"]})
+    research = [answer.IssueResearch("Search incident to arrest", [GANT])]
+    record = answer.build_record(client, FACTS, None, research, EMBED)
+    applications = [s.text for s in record.sentences if s.role == "application"]
+    assert applications == [
+        "No stated fact decides: after a lawful custodial arrest, police may search the "
+        "arrestee's person and the area within his immediate control; for vehicles, police may "
+        "search the passenger compartment incident to arrest only if the arrestee is unsecured "
+        "and within reaching distance, or if it is reasonable to believe evidence of the crime "
+        "of arrest is inside."
+    ]
+    assert "not stated" not in record.text and "facts stated do not settle" in record.text
+
+
 def test_cut_off_application_reply_is_used(tmp_settings):
     cut = CutOff('{"checks": [{"n": 1, "fact": "handcuffed", "met": "no"}, {"req')  # fmt: skip
     client, _ = scripted_client(tmp_settings, {"apply": [cut]})
