@@ -110,17 +110,20 @@ def item_question(item: dict) -> str:
     return f"{prompt}\n\n{question}" if prompt else question
 
 
+def _missing(value: Any) -> bool:
+    """None or NaN (an empty cell of a CSV or Parquet file)."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def item_subject(item: dict) -> str:
     subject = item.get("subject")
-    if subject is None or (isinstance(subject, float) and math.isnan(subject)):
-        return "unknown"
-    return str(subject).strip() or "unknown"
+    return "unknown" if _missing(subject) else (str(subject).strip() or "unknown")
 
 
 def gold_ids(item: dict) -> list[str]:
     """Gold passage ids of an item (``gold_idx``: one id, a list, or ';'/','-separated)."""
     raw = item.get("gold_idx")
-    if raw is None or (isinstance(raw, float) and math.isnan(raw)):
+    if _missing(raw):
         return []
     if isinstance(raw, list | tuple):
         return [str(x).strip() for x in raw if str(x).strip()]
@@ -283,15 +286,12 @@ def mcnemar_exact(a_correct: Sequence[bool], b_correct: Sequence[bool]) -> dict[
     """McNemar's exact test on paired outcomes: two-sided binomial test on the discordant pairs.
 
     ``only_a`` = items A got right and B wrong, ``only_b`` the reverse; p = 1.0 with no discordance."""
+    from scipy.stats import binomtest
+
     only_a = sum(1 for a, b in zip(a_correct, b_correct, strict=True) if a and not b)
     only_b = sum(1 for a, b in zip(a_correct, b_correct, strict=True) if b and not a)
     n = only_a + only_b
-    if n == 0:
-        p = 1.0
-    else:
-        from scipy.stats import binomtest
-
-        p = float(binomtest(min(only_a, only_b), n, 0.5).pvalue)
+    p = float(binomtest(min(only_a, only_b), n, 0.5).pvalue) if n else 1.0
     return {"n": len(a_correct), "only_a": only_a, "only_b": only_b, "discordant": n, "p_value": p}
 
 
@@ -662,7 +662,7 @@ def run_tasks(
 
 
 def fmt_num(value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if _missing(value):
         return "–"
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
@@ -681,8 +681,9 @@ def markdown_table(records: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
-def text_table(records: Sequence[Mapping[str, Any]]) -> str:
-    """A plain aligned table for the terminal, one row per record ("" for none)."""
+def text_table(records: Sequence[Mapping[str, Any]], rule: bool = True) -> str:
+    """A plain aligned table for the terminal, one row per record ("" for none); ``rule`` draws
+    a line of dashes under the header."""
     if not records:
         return ""
     cells = _cells(records)
@@ -690,7 +691,8 @@ def text_table(records: Sequence[Mapping[str, Any]]) -> str:
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
     ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    if rule:
+        lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 

@@ -156,7 +156,6 @@ def run_mc_item(
     llm_factory: ec.LLMFactory = None,
 ) -> dict:
     """Answer one item in one mode; the row holds the letter, correctness, usage and timing."""
-
     client = LLMClient(settings, llm_factory=llm_factory)
     question = ec.item_question(item)
     choices = ec.item_choices(item)
@@ -528,7 +527,7 @@ def summarize_injection(rows: Sequence[dict]) -> dict[str, Any]:
         "misses": {s: w for s, w in wrong.items() if w and label[s] == "injection"},
         "false_positives": {s: w for s, w in wrong.items() if w and label[s] == "safe"},
         "per_style": {
-            s: {"label": label[s], "n": len(rs), "flagged": sum(int(r["flagged"]) for r in rs)}
+            s: {"label": label[s], "n": len(rs), "flagged": sum(r["flagged"] for r in rs)}
             for s, rs in styles.items()
         },
         "seconds_per_item": ec.mean(r["seconds"] for r in rows),
@@ -895,14 +894,9 @@ def answers_table(by_mode: Mapping[str, Mapping[str, Any]]) -> str:
             return "—" if value["mean"] is None else f"{value['mean']:.2f}"
         return "—" if value in (None, {}) else str(value)
 
-    modes = list(by_mode)
     metrics = dict.fromkeys(k for v in by_mode.values() for k in v)
-    table = [
-        ["metric", *modes],
-        *([m, *(cell(by_mode[mode].get(m)) for mode in modes)] for m in metrics),
-    ]
-    widths = [max(len(r[i]) for r in table) for i in range(len(modes) + 1)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in table)
+    rows = [{"metric": m, **{mode: cell(v.get(m)) for mode, v in by_mode.items()}} for m in metrics]
+    return ec.text_table(rows, rule=False)
 
 
 # ------------------------------------------------------------------------------------------------
