@@ -302,11 +302,10 @@ def run(
         targets = [(args.query.strip(), None)]
     elif qa_items is not None:
         with_gold, _ = ec.split_by_gold_in_store(qa_items, settings)
-        pool = with_gold or qa_items
-        targets = [(ec.item_question(it), it) for it in pool[: args.n or DEFAULT_N]]
+        items = (with_gold or qa_items)[: args.n or DEFAULT_N]
+        targets = [(ec.item_question(it), it) for it in items]
     else:
-        items = load_trace_questions()
-        targets = [(ec.item_question(it), it) for it in items[: args.n or len(items)]]
+        targets = [(ec.item_question(it), it) for it in load_trace_questions()[: args.n]]
     llm = ec.llm_record(settings).get("mc_select", {})
     logger.info("LLM provider=%s model=%s", llm.get("provider"), llm.get("model", llm.get("error")))
     cases = []
