@@ -22,6 +22,7 @@ import logging
 import lzma
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -126,9 +127,7 @@ def _read_tsv(p: Path, limit: int | None) -> Any:
     except pd.errors.ParserError:
         return pd.read_csv(p, **common)
     cells = [c for col in plain.columns for c in [col, *plain[col].tolist()] if '"' in str(c)]
-    quoted = bool(cells) and all(
-        len(c := str(v)) >= 2 and c.startswith('"') and c.endswith('"') for v in cells
-    )
+    quoted = bool(cells) and all(len(c) >= 2 and c[0] == c[-1] == '"' for c in map(str, cells))
     return pd.read_csv(p, **common) if quoted else plain
 
 
@@ -423,7 +422,6 @@ def load_passages(
     flagged: list[str] = []
 
     def commit(batch: list[dict[str, Any]], vecs: Any) -> None:
-        """Screen and upsert one embedded batch (on the worker thread, while the next embeds)."""
         nonlocal added
         metas = [_metadata(p) for p in batch]
         store.upsert([str(p["idx"]) for p in batch], [p["text"] for p in batch], metas, vecs)
@@ -433,21 +431,20 @@ def load_passages(
         added += len(batch)
         bar.update(len(batch))
 
-    # Chroma's upsert runs beside the embedder (onnxruntime releases the GIL): one batch is
-    # committed while the next is embedded.  A batch is committed before the one after it is
-    # sent, and an interrupted load waits for the batch in flight (pool.shutdown).
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="load_corpus")
-    in_flight: Future | None = None
+    # Chroma's upsert runs beside the embedder (onnxruntime releases the GIL): the worker thread
+    # screens and commits one batch while the next is embedded, each before the next is sent; an
+    # interrupted load waits for the batch in flight (the pool's shutdown).
     try:
-        for i in range(0, len(todo), batch_size):
-            batch = todo[i : i + batch_size]
-            vecs = rag_utils.embed_passages([p["text"] for p in batch], settings)
-            if in_flight is not None:
-                in_flight.result()
-            in_flight = pool.submit(commit, batch, vecs)
-        in_flight.result()
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="load_corpus") as pool:
+            in_flight: Future | None = None
+            for i in range(0, len(todo), batch_size):
+                batch = todo[i : i + batch_size]
+                vecs = rag_utils.embed_passages([p["text"] for p in batch], settings)
+                if in_flight is not None:
+                    in_flight.result()
+                in_flight = pool.submit(commit, batch, vecs)
+            in_flight.result()
     finally:
-        pool.shutdown(wait=True)
         bar.close()
         if flagged:
             logger.warning(
@@ -505,8 +502,7 @@ def load_documents(
             c["chunk_hash"] = hashlib.sha1(
                 json.dumps(c, sort_keys=True, default=str).encode()
             ).hexdigest()[:16]
-        doc_id = chunks[0]["doc_id"]
-        stored = store.document_chunks(doc_id) if store.count() else {}
+        stored = store.document_chunks(chunks[0]["doc_id"]) if store.count() else {}
         if stored == {c["idx"]: c["chunk_hash"] for c in chunks}:
             report["unchanged"].append(str(path))
             continue
@@ -548,11 +544,7 @@ def curated_selection(
 
 
 def scan_metadata(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """One pass over stored passages (``PassageStore.iter_all``): passages per source, authority
-    type and jurisdiction, documents by type and jurisdiction, and how many passages are flagged
-    as injections (per pattern name) or were loaded before screening (no flag field)."""
-    from collections import Counter
-
+    """The counts :func:`status` reports, in one pass over stored passages (``iter_all``)."""
     sources, flags, kinds, places = Counter(), Counter(), Counter(), Counter()
     docs: dict[str, tuple[str, str]] = {}
     flagged = unscreened = 0
