@@ -143,7 +143,7 @@ def read_document(path: str | Path, overrides: dict[str, str] | None = None) -> 
     data = p.read_bytes()
     reader = {"pdf": _read_pdf, "html": _read_html, "docx": _read_docx}.get(fmt, _read_plain)
     title, blocks, hidden, pages = reader(p, data)
-    if not any(not b.is_heading for b in blocks):
+    if all(b.is_heading for b in blocks):
         raise _fail(p, "no text (a scanned PDF? run OCR first)" if fmt == "pdf" else "no text")
     kind = _guess_kind(blocks)
     meta = _authority(title, blocks, kind)
@@ -382,14 +382,14 @@ def _blocks_from_lines(lines: list[_Line]) -> list[Block]:
         return ends and len(p) < 0.7 * full
 
     blocks: list[Block] = []
-    heading: list[tuple[int, str]] = []
+    heading: dict[int, str] = {}  # level -> heading, outermost first
     buf: list[str] = []
     page: int | None = None
     prev: _Line | None = None
 
     def flush() -> None:
         if buf:
-            blocks.append(Block(" ".join(buf), page, tuple(h for _, h in heading)))
+            blocks.append(Block(" ".join(buf), page, tuple(heading.values())))
             buf.clear()
 
     for line in lines:
@@ -399,8 +399,8 @@ def _blocks_from_lines(lines: list[_Line]) -> list[Block]:
             flush()
             prev = None
             if level:
-                heading = [h for h in heading if h[0] < level] + [(level, t)]
-                blocks.append(Block(t, line.page, tuple(h for _, h in heading), True))
+                heading = {k: h for k, h in heading.items() if k < level} | {level: t}
+                blocks.append(Block(t, line.page, tuple(heading.values()), True))
             continue
         if prev is not None and breaks(prev, line, t):
             flush()
@@ -585,18 +585,19 @@ def _html_events(el: Any, hidden: list[str], background: bool = False) -> Iterat
 
 def _blocks_from_events(events: Iterable[tuple[str, str]]) -> list[Block]:
     blocks: list[Block] = []
-    heading: list[tuple[int, str]] = []
+    heading: dict[int, str] = {}  # level -> heading, outermost first
     buf: list[str] = []
     for kind, text in [*events, ("br", "")]:
         if kind == "t":
             buf.append(text)
             continue
         if para := " ".join("".join(buf).split()):
-            blocks.append(Block(para, heading=tuple(h for _, h in heading)))
+            blocks.append(Block(para, heading=tuple(heading.values())))
         buf.clear()
         if kind != "br" and text:
-            heading = [h for h in heading if h[0] < int(kind[1:])] + [(int(kind[1:]), text)]
-            blocks.append(Block(text, heading=tuple(h for _, h in heading), is_heading=True))
+            level = int(kind[1:])
+            heading = {k: h for k, h in heading.items() if k < level} | {level: text}
+            blocks.append(Block(text, heading=tuple(heading.values()), is_heading=True))
     return blocks
 
 
@@ -861,7 +862,7 @@ def _overrides(path: Path, flags: dict[str, str] | None) -> dict[str, str]:
         if not isinstance(data, dict):
             raise _fail(path, f"bad sidecar {side.name}: expected a JSON object")
         layers.append((side.name, data))
-    layers.append(("overrides", dict(flags or {})))
+    layers.append(("overrides", flags or {}))
     out: dict[str, str] = {}
     for where, values in layers:
         for key, raw in values.items():
