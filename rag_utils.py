@@ -448,12 +448,14 @@ def as_langchain(embedder: Any) -> Any:
 
 
 def resolve_embedding_backend(settings: Settings) -> str:
-    """``onnx`` or ``torch``: what EMBEDDING_BACKEND asks for. ``auto`` is onnx for the default
-    model on the CPU (the only model with an int8 export), torch otherwise."""
-    backend = (settings.retrieval.embedding_backend or "auto").strip().lower()
-    if embedder_name(settings) in _registered:
+    """``onnx`` or ``torch`` as EMBEDDING_BACKEND asks (``langchain`` for a registered embedder).
+    ``auto`` is onnx for the default model on the CPU (the only model with an int8 export), torch
+    otherwise."""
+    name = embedder_name(settings)
+    if name in _registered:
         return "langchain"
-    default = embedder_name(settings) == DEFAULT_MODEL_NAME
+    backend = (settings.retrieval.embedding_backend or "auto").strip().lower()
+    default = name == DEFAULT_MODEL_NAME
     if backend == "onnx" and not default:
         raise ModelLoadError(
             "EMBEDDING_BACKEND=onnx supports only EMBEDDING_MODEL=default; use torch or auto"
@@ -465,11 +467,10 @@ def resolve_embedding_backend(settings: Settings) -> str:
 
 
 def get_embedder(settings: Settings) -> Embedder | OnnxEmbedder | EmbeddingsAdapter:
-    """The configured embedder, built once per (model, backend, device, trust_remote_code, batch
-    size): a LangChain ``Embeddings`` registered under EMBEDDING_MODEL
-    (:func:`register_embeddings`), else the default model through ONNX or torch, else a
-    sentence-transformers model. With EMBEDDING_BACKEND=auto an ONNX export that fails falls back
-    to torch (logged)."""
+    """The configured embedder, built once per settings: a LangChain ``Embeddings`` registered
+    under EMBEDDING_MODEL (:func:`register_embeddings`), else the default model through ONNX or
+    torch (EMBEDDING_BACKEND=auto falls back to torch when the ONNX export fails), else a
+    sentence-transformers model."""
     s = settings
     name = embedder_name(s)
     backend = resolve_embedding_backend(s)
@@ -1270,20 +1271,18 @@ def candidate_pool(
     BM25 when ``bm25`` is), deduplicated in first-seen order, without ``exclude``, and only among
     ``allowed`` when given (a passage filter).  All queries are searched at once: one Chroma
     call, one BM25 score matrix (``bm25_scores``, computed here when not given)."""
-    pool: dict[str, None] = {}
     dense_ids = (
         store.query_ids(qvecs, per_query, allowed) if qvecs is not None else [[]] * len(queries)
     )
     if bm25 is not None:
         bm25_scores = bm25.scores_many(queries) if bm25_scores is None else bm25_scores
         bm25_scores = bm25.admitted(bm25_scores, allowed)
+    found: list[str] = []
     for qi in range(len(queries)):
-        for pid in dense_ids[qi]:
-            pool.setdefault(pid, None)
+        found += dense_ids[qi]
         if bm25 is not None:
-            for pid, _ in bm25.top_of(bm25_scores[qi], per_query):
-                pool.setdefault(pid, None)
-    return [i for i in pool if i not in exclude]
+            found += [pid for pid, _ in bm25.top_of(bm25_scores[qi], per_query)]
+    return [i for i in dict.fromkeys(found) if i not in exclude]
 
 
 def rrf_scores(
@@ -1447,11 +1446,9 @@ def passage_cosines(query: str, docs: Sequence[Passage], settings: Settings) -> 
 def searched_cosines(
     question: str, docs: Sequence[Passage], queries: Sequence[str]
 ) -> list[float] | None:
-    """The cosine of ``question`` to each of ``docs`` as the search of ``queries`` computed it
-    (``dense_score``: the cosine to the first non-blank query), or None when that query is not
-    ``question`` or a passage has no dense score (a keyword search). The same numbers as
-    :func:`passage_cosines`, without embedding again (docs/MEASUREMENTS.md, "Embeddings that do not
-    depend on the batch")."""
+    """:func:`passage_cosines` without embedding again: the ``dense_score`` the search of
+    ``queries`` set (the cosine to its first non-blank query), or None when that query is not
+    ``question`` or a passage has no dense score (a keyword search)."""
     primary = next((q.strip() for q in map(str, queries) if q.strip()), None)
     if primary is None or primary != question.strip():
         return None
