@@ -1,17 +1,13 @@
 """The doctrine taxonomy and issue spotting: which doctrines a question raises
 (docs/ARCHITECTURE.md, "Issue spotting").
 
-Dense and BM25 retrieval see words, not the structure of the law. A multi-issue question should be
-split into the doctrines it raises (free speech, free exercise, procedural due process), not
-researched as one blurred topic, and each doctrine should be searched under its own name.
-
-* **Taxonomy** (``datasets/legal_taxonomy.jsonl``, written by the team): the doctrines of the MBE
-  subjects with aliases (the phrasings a question or passage uses), a one-line description (for
-  embedding similarity) and relations ``element_of`` / ``exception_to`` / ``related_to``: a graph
-  of doctrines, held in memory.
-* **Issue spotting**: :func:`link_doctrines` links a question to doctrines (alias matches plus the
-  cosine of the question to each doctrine's description); :func:`merge_agenda` merges them with
-  the model's issue list, one item per claim (a doctrine, its elements and its exceptions).
+A multi-issue question is split into the doctrines it raises (free speech, free exercise,
+procedural due process), each searched under its own name, not researched as one blurred topic.
+The taxonomy (``datasets/legal_taxonomy.jsonl``) holds the doctrines of the MBE subjects with
+aliases (the phrasings a question or passage uses), a one-line description (for embedding
+similarity) and relations ``element_of`` / ``exception_to`` / ``related_to``.
+:func:`link_doctrines` links a question to doctrines; :func:`merge_agenda` merges them with the
+model's issue list, one item per claim (a doctrine, its elements and its exceptions).
 """
 
 from __future__ import annotations
