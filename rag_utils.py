@@ -1311,6 +1311,18 @@ def fuse_rankings(
     return [fused[i] for i in range(len(dense))]
 
 
+def rrf_merge(rankings: Sequence[Sequence[Passage]], k: int) -> list[Passage]:
+    """The best ``k`` of ranked passage lists by :func:`rrf_scores` (ties: first seen first), each
+    with ``rrf_score`` and ``rank``."""
+    first: dict[str, Passage] = {}
+    for ranking in rankings:
+        for doc in ranking:
+            first.setdefault(doc["id"], doc)
+    score = rrf_scores([d["id"] for d in ranking] for ranking in rankings)
+    order = sorted(score, key=lambda i: -score[i])[:k]
+    return [{**first[i], "rrf_score": score[i], "rank": r} for r, i in enumerate(order, start=1)]
+
+
 def membership(ids: Sequence[str], allowed: frozenset[str], cache: dict) -> np.ndarray:
     """Which of ``ids`` are in ``allowed`` (a boolean row), kept in ``cache`` per admitted set
     (the store hands out one frozenset per filter), so a filtered search masks its scores without
@@ -1402,18 +1414,6 @@ def retrieve_documents_multi_query(
         return top
     order = sorted((i for i in range(len(docs)) if lexical[i] > 0), key=lambda i: -lexical[i])
     return rrf_merge([top, [docs[i] for i in order[:k]]], k)
-
-
-def rrf_merge(rankings: Sequence[Sequence[Passage]], k: int) -> list[Passage]:
-    """The best ``k`` of ranked passage lists by :func:`rrf_scores` (ties: first seen first), each
-    with ``rrf_score`` and ``rank``."""
-    first: dict[str, Passage] = {}
-    for ranking in rankings:
-        for doc in ranking:
-            first.setdefault(doc["id"], doc)
-    score = rrf_scores([d["id"] for d in ranking] for ranking in rankings)
-    order = sorted(score, key=lambda i: -score[i])[:k]
-    return [{**first[i], "rrf_score": score[i], "rank": r} for r, i in enumerate(order, start=1)]
 
 
 def retrieve_documents(query: str, **kw: Any) -> list[Passage]:
