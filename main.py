@@ -488,9 +488,12 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
             "iterations", "steps_completed", "steps_failed", "memory_hit", "has_answer", "verdict",
             "injection_verdict", "stop_reason", "uncited_sentences", "guards", "mc_letter", "mc_closed_book",
         )  # fmt: skip
-        for key in keys:
-            if key in metrics:
-                out(f"  {key}: {metrics[key]}")
+        for key in keys:  # a field with no value (no letter, no verdict) is not printed
+            value = metrics.get(key)
+            if key == "guards":
+                value = ", ".join(f"{k} {n}" for k, n in (value or {}).items() if n) or "none fired"
+            if value is not None:
+                out(f"  {key}: {value}")
         out(f"  wall_s: {result.get('wall_s')}")
         lat = metrics.get("node_latency_s") or {}
         out("  node_latency_s: " + ", ".join(f"{k} {v:.2f}" for k, v in lat.items()))

@@ -726,6 +726,9 @@ def test_a_citation_of_a_users_document_carries_its_pin_cite_to_the_cli_and_json
     assert any(
         line.strip().startswith("[1] Smith v. Grocer, 392 U.S. 1, 27 (1968) (") for line in lines
     )
+    metrics = lines[lines.index("METRICS") + 1 :]
+    assert "  mc_letter: None" not in metrics and "  verdict: None" not in metrics
+    assert any(line.startswith("  guards: ") and "{" not in line for line in metrics)
 
 
 def test_llm_injection_verdict_on_a_plain_fact_pattern_is_overruled(tmp_settings):
