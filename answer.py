@@ -445,11 +445,9 @@ def _application_sentences(checks: Sequence[Check], cites: list[int]) -> list[Se
         seen.add(requirement.lower())
         fact = _clean(c.fact)
         if fact.lower() in NOT_STATED:
-            said = (
-                requirement[:1].lower() + requirement[1:]
-                if requirement[1:2].islower()
-                else requirement
-            )
+            first = requirement.split()[0]  # "An offer", "A school's" -> lower; "UCC" stays
+            lower = first == "A" or first[1:].islower()
+            said = requirement[:1].lower() + requirement[1:] if lower else requirement
             if c.exception and not said.startswith(("except", "unless")):
                 said = f"the exception {said}"
             open_items.append(said)

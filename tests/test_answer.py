@@ -313,6 +313,11 @@ def test_requirements_no_stated_fact_bears_on_are_listed_once_not_each_as_an_app
         "of arrest is inside."
     ]
     assert "not stated" not in record.text and "facts stated do not settle" in record.text
+    school = "A school's authority over off-campus student speech is reduced"
+    said = answer._application_sentences(
+        [Check(requirement=school, fact="not stated", met="unclear")], [1]
+    )
+    assert said[0].text == f"No stated fact decides: a{school[1:]}."
 
 
 def test_cut_off_application_reply_is_used(tmp_settings):
