@@ -43,19 +43,25 @@ T = TypeVar("T", bound=BaseModel)
 
 
 class LLMCallError(RuntimeError):
-    """A call failed after all retries (rate limit, timeout, connection, server error, bad request)."""
+    """A call failed after all retries (rate limit, timeout, connection, server error, bad request);
+    ``reason`` is the short cause its call record keeps."""
 
     def __init__(
-        self, message: str, *, role: str = "", provider: str = "", attempts: int = 0
+        self,
+        message: str,
+        *,
+        role: str = "",
+        provider: str = "",
+        attempts: int = 0,
+        reason: str = "",
     ) -> None:
         super().__init__(message)
-        self.role, self.provider, self.attempts = role, provider, attempts
+        self.role, self.provider, self.attempts, self.reason = role, provider, attempts, reason
 
 
 class LLMDeadlineError(LLMCallError):
-    """The deadline passed before a call could finish.  Raised at once when a call starts past the
-    deadline; no attempt or backoff sleep starts past it, and an attempt's timeout never runs beyond
-    it.  A subclass of LLMCallError, so code that survives a failed call survives this too."""
+    """The run deadline passed before a call could finish (a subclass, so code that survives a
+    failed call survives this too)."""
 
 
 class JSONReplyError(ValueError):
@@ -69,8 +75,7 @@ class JSONReplyError(ValueError):
 
 def _acquire(limiter: Any, deadline: float | None) -> bool:
     """Take a slot of ``limiter``, or return False at once when the next slot comes only after
-    ``deadline``.  Kept because the limiter's own blocking ``acquire`` knows no deadline (nor
-    does the ``rate_limiter=`` of a chat model, which uses it)."""
+    ``deadline`` (the limiter's own blocking ``acquire`` knows no deadline)."""
     while not limiter.acquire(blocking=False):
         tokens_missing = 1.0 - limiter.available_tokens
         ready = (limiter.last or time.monotonic()) + tokens_missing / limiter.requests_per_second
@@ -101,13 +106,18 @@ def json_objects(text: str) -> Iterator[dict[str, Any]]:
     quote, escaped = "", False
     for i, ch in enumerate(text):
         if quote:
-            escaped, quote = (
-                (False, quote) if escaped else (ch == "\\", "" if ch == quote else quote)
-            )
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = ""
         elif ch in "\"'" and depth:
             quote = ch
         elif ch == "{":
-            start, depth = (i if depth == 0 else start), depth + 1
+            if depth == 0:
+                start = i
+            depth += 1
         elif ch == "}" and depth:
             depth -= 1
             if depth == 0:
@@ -171,8 +181,6 @@ class LLMResult:
 
     @classmethod
     def from_message(cls, message: Any, latency_s: float, retries: int, cached: bool) -> LLMResult:
-        """The reply's text, its ``usage_metadata`` (LangChain's provider-neutral token counts)
-        and its finish reason."""
         usage = message.usage_metadata or {}
         return cls(
             text=message.text,
@@ -210,14 +218,6 @@ class CallRecord:
 
 class _Retry(Exception):
     """An attempt failed in a way worth another (the only exception ``with_retry`` retries)."""
-
-
-class _Stop(Exception):
-    """A call failed for good: the ``error`` to raise and the short ``reason`` for its record."""
-
-    def __init__(self, error: LLMCallError, reason: str) -> None:
-        super().__init__(str(error))
-        self.error, self.reason = error, reason
 
 
 # ------------------------------------------------------------------------------------------------
@@ -289,9 +289,9 @@ class LLMClient:
                 "provider_calls": sum(not r.cached for r in rs),
                 "cached_calls": sum(r.cached for r in rs),
                 "llm_errors": sum(r.error is not None for r in rs),
-                "retries": sum(r.retries or 0 for r in rs),
-                "parse_failures": sum(bool(r.parse_failed) for r in rs),
-                "empty_replies": sum(bool(r.empty) for r in rs),
+                "retries": sum(r.retries for r in rs),
+                "parse_failures": sum(r.parse_failed for r in rs),
+                "empty_replies": sum(r.empty for r in rs),
                 "input_tokens": sum(r.input_tokens or 0 for r in rs),
                 "output_tokens": sum(r.output_tokens or 0 for r in rs),
                 "cached_prompt_tokens": sum(r.cached_prompt_tokens or 0 for r in rs),
@@ -388,12 +388,12 @@ class LLMClient:
         else:
             try:
                 message, retries = self._call(msgs, kwargs, cfg, role, deadline)
-            except _Stop as stop:
+            except LLMCallError as exc:
                 latency = round(time.perf_counter() - start, 4)
-                failed = CallRecord(**record, latency_s=latency, out_chars=0, error=stop.reason)
-                failed.retries = stop.error.attempts
+                failed = CallRecord(**record, latency_s=latency, out_chars=0, error=exc.reason)
+                failed.retries = exc.attempts
                 self._add(failed)
-                raise stop.error from None
+                raise
         latency = 0.0 if hit is not None else time.perf_counter() - start
         result = LLMResult.from_message(message, latency, retries, cached=hit is not None)
         if schema is not None:
@@ -450,18 +450,17 @@ class LLMClient:
         limiter = rate_limiter(cfg)
         state = {"attempt": 0, "reason": "no attempt made"}
         prefix = f"LLM call for role {role!r} to {cfg.provider} ({cfg.model})"
-        about = {"role": role, "provider": cfg.provider}
         t0 = time.perf_counter()
 
-        def stop(reason: str, *, at_deadline: bool = False) -> _Stop:
+        def stop(reason: str, *, at_deadline: bool = False) -> LLMCallError:
             n = state["attempt"]
+            about = {"role": role, "provider": cfg.provider, "attempts": n, "reason": reason}
             if at_deadline:
                 message = (f"{prefix} stopped at the run deadline after {n} attempt(s) and "
                            f"{time.perf_counter() - t0:.1f}s (last: {reason}); "
                            "raise RUN_TIMEOUT / --deadline to allow more time")  # fmt: skip
-                return _Stop(LLMDeadlineError(message, **about, attempts=n), reason)
-            message = f"{prefix} failed after {n} attempt(s): {reason}"
-            return _Stop(LLMCallError(message, **about, attempts=n), reason)
+                return LLMDeadlineError(message, **about)
+            return LLMCallError(f"{prefix} failed after {n} attempt(s): {reason}", **about)
 
         def attempt(messages: list[Any]) -> Any:
             if limiter is not None and not _acquire(limiter, deadline):
