@@ -674,12 +674,7 @@ def _looks_encoded(token: str) -> bool:
     return all(any(map(kind, token)) for kind in (str.isdigit, str.islower, str.isupper))
 
 
-def detect(
-    text: str,
-    client: Any,
-    *,
-    skip_llm: bool,
-) -> InjectionCheck:
+def detect(text: str, client: Any, *, skip_llm: bool) -> InjectionCheck:
     """The injection check of one user input: pre-screen, then the model's verdict
     (``skills/detect_prompt_injection.md``).
 

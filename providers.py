@@ -295,9 +295,8 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
             f"{var}={given!r} is not a known provider; choose one of: {', '.join(PROVIDERS)} "
             f"or the aliases {', '.join(PROVIDER_ALIASES)} (python llm_config.py lists them)"
         )
-    name, base_url, model, api_key = (
-        provider.name, provider.base_url, provider.model, provider.api_key(settings)
-    )  # fmt: skip
+    name, base_url, model = provider.name, provider.base_url, provider.model
+    api_key = provider.api_key(settings)
     if main:  # the raw overrides belong to the main provider
         base_url = settings.llm.base_url or base_url
         model = settings.llm.model or model
@@ -331,8 +330,7 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
 def check_config(settings: Settings, roles: tuple[str | None, ...] = (None, "classify")) -> None:
     """Raise LLMConfigError when any role cannot be configured: an unknown provider, a missing
     API key or model, or the embedded model's packages not installed.  Entry points call it before
-    any work starts, so a configuration error costs nothing and prints one line (exit 2).  Starts
-    nothing and sends no request."""
+    any work (exit 2); it starts nothing and sends no request."""
     for role in roles:  # default: the main provider, and the fast one for the cheap roles
         cfg = resolve(role, settings)
         if cfg.local:
@@ -386,9 +384,9 @@ def fold_system_messages(messages: Sequence[Any]) -> list[Any]:
 
 def _check_completion(response: Any) -> None:
     """Raise MalformedResponseError unless a 200 reply is a chat completion with at least one
-    choice that has a message (an empty message is valid: ``llm_config.LLMResult.empty``
-    reports it).  An httpx response hook on the SDK's own client class: the OpenAI SDK hands a non-JSON body on
-    as a string and LangChain then fails with an AttributeError that says nothing."""
+    choice that has a message (an empty message is valid: ``llm_config.LLMResult.empty``).  An
+    httpx response hook: the OpenAI SDK hands a non-JSON body on as a string and LangChain then
+    fails with an AttributeError that says nothing."""
     if response.status_code != 200:
         return
     response.read()
@@ -415,8 +413,8 @@ def _check_completion(response: Any) -> None:
 
 
 def _retry_after_seconds(headers: Any) -> float | None:
-    """The wait a 429/5xx asks for (Retry-After-Ms, Retry-After: seconds or an HTTP date).  Kept
-    because ``with_retry`` waits by its own schedule only."""
+    """The wait a 429/5xx asks for (Retry-After-Ms, Retry-After: seconds or an HTTP date), which
+    ``with_retry``'s own schedule ignores."""
     ms, value = headers.get("retry-after-ms"), headers.get("retry-after")
     try:
         return max(0.0, float(ms) / 1000.0 if ms is not None else float(value))
@@ -431,8 +429,7 @@ def _retry_after_seconds(headers: Any) -> float | None:
 def classify_failure(exc: BaseException) -> tuple[bool, str, float | None]:
     """(retryable, why, the seconds the provider asks to wait) of a failed call to an endpoint:
     timeouts, connection errors, 429, 408 and 5xx are worth another attempt (and so is a 200 that
-    is not a chat completion); other statuses are not.  Kept because it also names the reason
-    for the user and reads Retry-After."""
+    is not a chat completion); other statuses are not."""
     import openai
 
     chain: list[BaseException] = []
