@@ -512,8 +512,7 @@ class LLMClient:
             },
             stop_after_attempt=attempts,
         )  # fmt: skip
-        message = retrying.invoke(msgs)
-        return message, state["attempt"] - 1
+        return retrying.invoke(msgs), state["attempt"] - 1
 
 
 # ------------------------------------------------------------------------------------------------

@@ -208,12 +208,6 @@ PROVIDER_ALIASES: dict[str, str] = {
 and ``ollama`` are registry names as they are)."""
 
 
-def provider_name(name: str) -> str:
-    """The registry name of ``name`` (an alias is translated; unknown names come back unchanged)."""
-    key = name.strip().lower()
-    return PROVIDER_ALIASES.get(key, key)
-
-
 FAST_ROLES = frozenset({"classify", "rewrite", "injection"})
 """Roles that use LLM_PROVIDER_FAST / LLM_MODEL_FAST when set (cheap, short calls)."""
 JUDGE_ROLES = frozenset({"judge"})
@@ -289,7 +283,8 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
     elif fast and settings.llm.provider_fast:
         given, var = settings.llm.provider_fast, "LLM_PROVIDER_FAST"
     main = var == "LLM_PROVIDER"
-    provider = PROVIDERS.get(provider_name(given))
+    key = given.strip().lower()
+    provider = PROVIDERS.get(PROVIDER_ALIASES.get(key, key))
     if provider is None:
         raise LLMConfigError(
             f"{var}={given!r} is not a known provider; choose one of: {', '.join(PROVIDERS)} "
@@ -519,30 +514,22 @@ def provider_rows(settings: Settings) -> list[dict]:
     ]
 
 
-def _selection(settings: Settings) -> dict:
-    out = {}
+def listing(settings: Settings) -> dict:
+    """What ``python llm_config.py --json`` prints before the ping: the registry rows, the
+    original project's aliases and the endpoints the main and fast roles resolve to."""
+    selected = {}
     for label, role in (("main", None), ("fast", "classify")):
         try:
             cfg = resolve(role, settings)
-            out[label] = {
+            selected[label] = {
                 "provider": cfg.provider,
                 "model": cfg.model,
                 "base_url": cfg.display_url,
                 "timeout_s": call_timeout(cfg, settings),
             }
         except LLMConfigError as exc:
-            out[label] = {"error": str(exc)}
-    return out
-
-
-def listing(settings: Settings) -> dict:
-    """What ``python llm_config.py --json`` prints before the ping: the registry rows, the
-    original project's aliases and the endpoints the main and fast roles resolve to."""
-    return {
-        "providers": provider_rows(settings),
-        "aliases": PROVIDER_ALIASES,
-        "selected": _selection(settings),
-    }
+            selected[label] = {"error": str(exc)}
+    return {"providers": provider_rows(settings), "aliases": PROVIDER_ALIASES, "selected": selected}
 
 
 def format_listing(listing: dict) -> str:

@@ -894,7 +894,7 @@ def test_credentials_in_the_base_url_reach_no_record_log_or_error(tmp_settings, 
     cfg = resolve(None, settings)
     assert cfg.base_url == url  # the real URL is still used for the calls
     assert password not in repr(cfg) and password not in cfg.display_url
-    assert password not in json.dumps(providers._selection(settings))
+    assert password not in json.dumps(providers.listing(settings)["selected"])
 
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
