@@ -37,14 +37,8 @@ LLMVerdict = Literal["safe", "injection", "error", "unparsed", "skipped", "not_n
 
 
 class InjectionCheck(TypedDict):
-    """What :func:`detect` decided and what it rests on.
-
-    ``llm_verdict``: the model's verdict, or why there is none — ``skipped`` (``skip_llm``),
-    ``not_needed`` (the pre-screen rejected), ``error`` (the call failed), ``unparsed``.
-    ``injection_check``: ``full`` when the pre-screen rejected or the model's verdict was used;
-    ``prescreen_only`` when the input passed on the pre-screen alone because the model's verdict
-    was unavailable.
-    """
+    """What :func:`detect` decided and what it rests on (its docstring says when each
+    ``llm_verdict`` and ``injection_check`` value is set)."""
 
     is_safe: bool
     verdict: Literal["safe", "injection"]
@@ -679,8 +673,9 @@ def detect(text: str, client: Any, *, skip_llm: bool) -> InjectionCheck:
     (``skills/detect_prompt_injection.md``).
 
     * a :func:`screen_user_input` hit rejects (no LLM call; ``llm_verdict='not_needed'``);
-    * ``skip_llm``, a failed call (``LLMCallError``) or an unparsed reply: the input passes on the
-      pre-screen alone and ``injection_check`` says ``prescreen_only``;
+    * ``skip_llm``, a failed call (``LLMCallError``) or an unparsed reply (``llm_verdict``
+      ``skipped``, ``error``, ``unparsed``): the input passes on the pre-screen alone and
+      ``injection_check`` says ``prescreen_only`` (else ``full``);
     * a model verdict 'safe' passes, 'injection' rejects — unless the text never addresses the
       assistant (:func:`addresses_the_assistant`), when it is overruled and the reason says so.
 
