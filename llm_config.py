@@ -127,7 +127,7 @@ def json_objects(text: str) -> Iterator[dict[str, Any]]:
                 except ValueError:
                     try:
                         data = ast.literal_eval(_JSON_WORDS.sub(_python_word, span))
-                    except (ValueError, SyntaxError, MemoryError, RecursionError):
+                    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                         continue
                 if isinstance(data, dict):
                     yield data

@@ -517,6 +517,8 @@ def test_parse_json_reply_braces_inside_strings():
         ("no json here", "no JSON object"),
         ('{"primary": "q"}', "alternatives"),
         ('{"primary": "q", "alternatives": ', "no JSON object"),
+        ("{{}}", "no JSON object"),  # a Python set of a dict: unhashable, still a parse error
+        ('{[1], "primary"}', "no JSON object"),
     ],
 )
 def test_parse_json_reply_errors_say_why(reply, message):
