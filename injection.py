@@ -502,6 +502,49 @@ def _matches(patterns: Mapping[str, re.Pattern[str]], text: str) -> list[str]:
 # ------------------------------------------------------------------------------------------------
 
 
+_SENTENCE_END = re.compile(r"[.!?\n]")
+
+
+def _sentence_bounds(text: str, start: int, end: int) -> tuple[int, int]:
+    """Where the sentence around ``text[start:end]`` begins and ends."""
+    left = max((m.end() for m in _SENTENCE_END.finditer(text, 0, start)), default=0)
+    right = _SENTENCE_END.search(text, end)
+    return left, right.start() if right else len(text)
+
+
+_REPORTED = re.compile(
+    r"\b(?:told|tells?|asked|asks?|ordered|orders?|instructed|instructs?|directed|directs?|"
+    r"wanted|wants?|required|requires?|forced|forces?|expected|expects?|urged|urges?)\s+"
+    r"(?!you\b)(?:[\w'-]+\s+){1,3}?to\s",
+    _I,
+)
+"""A command reported as said to someone in the story ("my manager told me to ..."), not to the
+assistant."""
+_ADDRESSEE = re.compile(rf"\byou(?:rs?|rself)?\b|\b{_AI_STRICT}\b", _I)
+_REPORTABLE = frozenset({"override_instructions"})
+"""Patterns whose match is not a hit when it continues a command reported earlier in its sentence,
+in a sentence that never names the assistant: "My new manager told me to ignore previous
+instructions from the safety officer and disregard the system rules for forklift operation."."""
+
+
+def _reported(text: str, start: int, end: int) -> bool:
+    left, right = _sentence_bounds(text, start, end)
+    if _ADDRESSEE.search(text, left, right):
+        return False
+    return any(m.end() <= start for m in _REPORTED.finditer(text, left, start))
+
+
+def _user_matches(text: str) -> list[str]:
+    return [
+        name
+        for name, pattern in USER_PATTERNS.items()
+        if any(
+            name not in _REPORTABLE or not _reported(text, m.start(), m.end())
+            for m in pattern.finditer(text)
+        )
+    ]
+
+
 def screen_user_input(text: str) -> list[str]:
     """Names of the user-input patterns ``text`` matches (empty = looks safe): override/ignore
     instructions, fake system or assistant turns and chat-template tokens, role-play and persona
@@ -511,7 +554,7 @@ def screen_user_input(text: str) -> list[str]:
     The text is normalised first; disguised readings of it (base64/hex/percent blobs, ROT13,
     reversed, leetspeak, spaced letters) are screened too and report :data:`ENCODED`."""
     norm = normalize(text)
-    hits = _matches(USER_PATTERNS, norm)
+    hits = _user_matches(norm)
     for variant in _obfuscation_variants(norm):
         inner = [n for n in _matches(USER_PATTERNS, normalize(variant)) if n not in hits]
         if inner:
@@ -526,13 +569,11 @@ _PASSAGE_VETO: dict[str, re.Pattern[str]] = {
 }
 """A pattern's match is not a hit when its sentence matches the veto: caselaw reports that "the
 judge told the jurors to disregard all prior instructions concerning malice"."""
-_SENTENCE_END = re.compile(r"[.!?\n]")
 
 
 def _sentence_around(text: str, start: int, end: int) -> str:
-    left = max((m.end() for m in _SENTENCE_END.finditer(text, 0, start)), default=0)
-    right = _SENTENCE_END.search(text, end)
-    return text[left : right.start() if right else len(text)]
+    left, right = _sentence_bounds(text, start, end)
+    return text[left:right]
 
 
 def _passage_matches(text: str) -> list[str]:
