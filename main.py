@@ -566,6 +566,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.no_index:
             _ensure_index(settings)
+        if rag_utils.corpus_count(settings) == 0:  # before any model call, not mid-research
+            where = settings.retrieval.chroma_host or settings.retrieval.chroma_dir
+            print(
+                f"main.py: error: no passages are indexed for the embedding model "
+                f"{rag_utils.embedder_name(settings)} in {where}: run `python load_corpus.py "
+                "starter` (or load your own), or drop --no-index",
+                file=sys.stderr,
+            )
+            return 2
         context = AgentContext.from_settings(settings)
         result = run_agent(question, choices, context=context, on_event=on_event)
     except KeyboardInterrupt:

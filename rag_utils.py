@@ -1106,6 +1106,8 @@ def get_bm25(settings: Settings, store: PassageStore | None = None) -> Bm25Index
 
     def build(count: int) -> tuple[int, Bm25Index]:
         passages = [(p["id"], p["text"]) for p in store.iter_all()]
+        if not passages:  # bm25s fails on no documents with a bare "max() arg is an empty sequence"
+            raise StoreError(f"{store.name} holds no passages: load a corpus (load_corpus.py)")
         index = Bm25Index.build([i for i, _ in passages], [t for _, t in passages])
         return index.count, index
 

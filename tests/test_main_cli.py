@@ -117,6 +117,18 @@ def test_a_cross_encoder_that_cannot_load_stops_the_run_before_any_work(tmp_path
     assert not (tmp_path / "chroma").exists()
 
 
+def test_an_empty_store_stops_the_run_before_any_model_call(tmp_path):
+    """--no-index on an empty store (or an embedding model nothing was indexed with) crashed
+    after the injection check and the classifier: the keyword index cannot be built on no
+    passages."""
+    proc = cli(["--no-index", "What is the mailbox rule?"], tmp_path)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert proc.stdout == b"" and "Traceback" not in err
+    assert "no passages are indexed" in err and "load_corpus.py starter" in err
+    assert "detect_injection" not in err  # no node ran
+
+
 def test_parse_question_splits_choices_with_continuation_lines():
     q, choices = main.parse_question(
         "A buyer sued.\nWho wins?\n(A) The buyer,\n because of reliance.\n(B) The seller."
