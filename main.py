@@ -466,6 +466,12 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
     for letter, text in (result.get("choices") or {}).items():
         out(f"  ({letter}) {text}")
     out("=" * 78)
+    if saved := result.get("memory_source"):
+        out(
+            f'(From the QA memory: the answer saved for "{saved.get("question")}", similarity '
+            f"{saved.get('similarity') or 0:.2f}; `python main.py --clear-memory` forgets saved "
+            "answers.)"
+        )
     if result.get("jurisdiction"):
         out(f"(Searched {result['jurisdiction']} law only: the question asks what it provides.)")
     out(result.get("final_cited_answer") or "(no answer)")

@@ -358,6 +358,7 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         return (
             {
                 "memory_hit": True,
+                "memory_source": {k: hit.get(k) for k in ("question", "similarity", "timestamp")},
                 "final_cited_answer": hit.get("answer", ""),
                 "research_answer": hit.get("answer", ""),
                 "sources": sources,

@@ -104,6 +104,9 @@ class AgentState(TypedDict, total=False):
     iteration_count: int
     injection_check: dict[str, Any]
     memory_hit: bool
+    memory_source: dict[str, Any]
+    """On a memory hit: the stored question the answer was saved for, its similarity to this
+    one and when it was saved."""
     mc_answer: dict[str, Any] | None
     sources: list[dict[str, Any]]
     """The passages the answer cites: id, title, support (the cited sentence), ref ("[N]")."""

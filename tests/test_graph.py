@@ -695,6 +695,9 @@ def test_memory_hit_skips_the_research_and_a_letter_is_still_picked(tmp_settings
     assert LAW[0]["text"][:60] in prompt  # the cached answer's source is evidence
     assert "Cached answer" not in prompt  # its prose is not
     assert memory.writes == []
+    lines: list[str] = []  # the reader is told which earlier question the answer was saved for
+    main._print_result(result, lines.append)
+    assert '(From the QA memory: the answer saved for "q", similarity 0.99;' in " ".join(lines)
 
 
 @pytest.mark.parametrize(
