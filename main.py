@@ -321,6 +321,10 @@ def _partial(state: dict, ctx: AgentContext, message: str) -> dict:
     state["error"] = message
     state["final_cited_answer"] = f"[No answer — {message}]{note}"
     state["stop_reason"] = "deadline" if "deadline" in message.lower() else "error"
+    if not state.get("answer"):  # --json always carries the record, here an abstention
+        kind = answer_stage.question_kind(state.get("question", ""), state.get("choices") or None)
+        record = answer_stage.AnswerRecord(kind, state["final_cited_answer"], [], [], True, message)
+        state["answer"] = record.to_dict()
     state["run_metrics"] = nodes.compute_metrics(state, ctx)  # type: ignore[arg-type]
     return state
 

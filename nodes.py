@@ -183,8 +183,11 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         "answer_mode": answer_mode(state, ctx),
     }
     if not check["is_safe"]:
-        update["final_cited_answer"] = ctx.rejection_message(check)
-        update["stop_reason"] = "injection"
+        text = ctx.rejection_message(check)
+        kind = answer_stage.question_kind(state["question"], state.get("choices") or None)
+        why = f"rejected as a prompt injection: {check['reason']}"
+        record = answer_stage.AnswerRecord(kind, text, [], [], True, why)
+        update.update(final_cited_answer=text, stop_reason="injection", answer=record.to_dict())
     if check["is_safe"] and check["injection_check"] == "full" and check["llm_verdict"] == "safe":
         # the model's reason for a plain "safe" says nothing (the embedded model copies its
         # prompt's first example, "criminal law question", onto any question)

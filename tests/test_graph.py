@@ -714,6 +714,7 @@ def test_injection_rejected_by_prescreen_without_llm_call(tmp_settings, attack):
     assert script.calls == []
     assert nodes_run(result) == ["detect_injection", "observability"]
     assert result["run_metrics"]["has_answer"] is False
+    assert result["answer"]["abstained"] and "prompt injection" in result["answer"]["why"]
 
 
 def test_a_citation_of_a_users_document_carries_its_pin_cite_to_the_cli_and_json(tmp_settings):
@@ -850,6 +851,8 @@ def test_a_run_out_of_time_says_so_not_llm_failure(tmp_settings):
     result, *_ = run(tmp_settings, {}, run_timeout=0.001)  # no call gets through
     assert result["error"].startswith("run deadline reached"), result["error"]
     assert "LLM failure" not in result["final_cited_answer"]
+    record = result["answer"]  # --json carries the record on a failed run too
+    assert record["abstained"] and record["why"].startswith("run deadline reached")
 
 
 def test_llm_failure_mid_run_names_the_issues_not_researched(tmp_settings):
