@@ -336,6 +336,13 @@ def test_docs_flags_set_the_metadata_and_need_a_path(tmp_settings, fake, folder,
         list(rag_utils.get_store(tmp_settings).document_chunks(documents.document_id(folder / "outline.txt")))
     )  # fmt: skip
     assert (chunk["metadata"]["jurisdiction"], chunk["metadata"]["date_int"]) == ("TX", 19990101)
+    # the flags may come before the paths too ("unrecognized arguments: brief.md" before)
+    assert _docs(tmp_settings, "--jurisdiction", "OH", str(folder / "brief.md")) == 0
+    brief = rag_utils.get_store(tmp_settings).document_chunks(
+        documents.document_id(folder / "brief.md")
+    )
+    metas = [c["metadata"] for c in rag_utils.get_store(tmp_settings).get(list(brief))]
+    assert metas and {m["jurisdiction"] for m in metas} == {"OH"}
     assert _docs(tmp_settings) == 2
     assert "docs needs at least one file or folder" in capsys.readouterr().err
 
