@@ -240,17 +240,22 @@ class AgentContext:
         """True when evidence scoring ``score`` is below ``LEAN_GATE`` (``lean.below_gate``)."""
         return lean.below_gate(score, self.settings.agent.lean_gate)
 
-    def off_topic_score(self, question: str) -> float | None:
-        """The evidence score of ``question`` as the user asked it when that is below
-        ``LEAN_GATE``; None when it is on topic. The research searches the issues the model named,
-        which can turn gibberish into a legal topic. The score is the best of the question's
-        sentences, each against its own retrieval: a long fact pattern as a whole sits far from
-        every passage (the whole of 3 of the 32 fact patterns scored 0.25-0.32, every one of
-        their best sentences at least 0.33), while a one-sentence question scores as before."""
+    def question_score(self, question: str) -> float:
+        """The evidence score of ``question`` as the user asked it: the best of its sentences,
+        each against its own retrieval.  A long fact pattern as a whole sits far from every
+        passage (the whole of 3 of the 32 fact patterns scored 0.25-0.32, every one of their best
+        sentences at least 0.33), while a one-sentence question scores as a whole."""
         best = 0.0
         for text in answer_stage.split_sentences(question) or [question]:
             docs = self.retrieve([text], self.settings.agent.retrieval_k, [])
             best = max(best, self.score_evidence(text, docs, [text]))
+        return best
+
+    def off_topic_score(self, question: str) -> float | None:
+        """:meth:`question_score` when it is below ``LEAN_GATE``; None when the question is on
+        topic.  The research searches the issues the model named, which can turn gibberish into
+        a legal topic."""
+        best = self.question_score(question)
         return best if self.below_gate(best) else None
 
     def lean_evidence(

@@ -537,12 +537,25 @@ def test_a_question_in_a_field_the_sources_do_not_cover_is_declined_unless_docum
     assert result["answer"]["why"] == (
         "off topic: it is a question of family law; the sources cover torts, contracts, "
         "criminal law, criminal procedure, evidence, constitutional law, civil procedure, "
-        "property"
+        "property (its closest passages score 0.50)"
     )
     assert result["final_cited_answer"].startswith(
         "No answer: the sources do not cover this question as asked (off topic: it is a "
         "question of family law;"
     )
+
+
+def test_a_question_filed_under_another_field_is_researched_when_a_passage_answers_it_closely(
+    tmp_settings,
+):
+    """The classifier's field alone declined "When is an employer vicariously liable for an
+    employee's negligence?" as employment law, though a torts passage answers it (0.67)."""
+    question = "When is an employer vicariously liable for an employee's negligence?"
+    classify = J(topic="employer liability", area="employment", legal=True, query_type="simple")
+    for score, declined in ((0.67, False), (0.40, True)):
+        declined_before_research(
+            tmp_settings, question, classify, declined, evidence_score=lambda q, d, s=score: s
+        )
 
 
 def test_a_question_about_a_states_law_is_declined_unless_the_sources_hold_that_law(
