@@ -4,6 +4,7 @@ search so a filtered search never returns a passage outside the filter; see docs
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 import re
@@ -32,7 +33,11 @@ def parse_date(value: str, *, end: bool = False) -> int:
     year, month, day = m.group(1), m.group(2), m.group(3)
     mm = int(month) if month else (12 if end else 1)
     dd = int(day) if day else (31 if end else 1)
-    if not (1 <= mm <= 12 and 1 <= dd <= 31):
+    try:  # a partial date's last day may be "31": an inclusive bound, not a calendar date
+        datetime.date(int(year), mm, dd if day else 1)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a date") from None
+    if not 1 <= dd <= 31:
         raise ValueError(f"{value!r} is not a date")
     return int(year) * 10000 + mm * 100 + dd
 
@@ -213,6 +218,11 @@ class PassageFilter:
                 dates[name] = parse_date(raw, end=end) if raw else None
             except ValueError as exc:
                 raise SettingsError(f"FILTER_{name.upper()}: {exc}") from None
+        if dates["after"] and dates["before"] and dates["after"] > dates["before"]:
+            raise SettingsError(
+                f"FILTER_AFTER={s.filters.after.strip()} is later than "
+                f"FILTER_BEFORE={s.filters.before.strip()}: no passage could match"
+            )
         return cls(
             jurisdictions=jurisdictions,
             courts=frozenset(v.lower() for v in _values(s.filters.court)),

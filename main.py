@@ -585,6 +585,14 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
+        flt = filters.passage_filter(settings)
+        if flt and not rag_utils.get_store(settings).allowed_ids(flt):
+            print(
+                f"main.py: error: no indexed passage matches the passage filters "
+                f"({flt.describe()}): `python load_corpus.py status` shows what is indexed",
+                file=sys.stderr,
+            )
+            return 2
         context = AgentContext.from_settings(settings)
         result = run_agent(question, choices, context=context, on_event=on_event)
     except KeyboardInterrupt:

@@ -11,6 +11,7 @@ import pytest
 import answer
 import filters
 import load_corpus
+import main
 import rag_utils
 from context import AgentContext
 from settings import SettingsError
@@ -127,6 +128,32 @@ def test_a_bad_filter_value_is_a_settings_error_naming_the_setting(
 ):
     with pytest.raises(SettingsError, match=message):
         filters.PassageFilter.from_settings(tmp_settings.replace(**{field: value}))
+
+
+def test_filters_that_no_indexed_passage_meets_stop_the_run_before_any_model_call(
+    store, monkeypatch, capsys
+):
+    """A court no passage is from, or a date range the (undated) corpus misses, abstained as
+    "off topic" after two model calls; now one line says no passage matches."""
+    monkeypatch.setenv("CHROMA_DIR", store.retrieval.chroma_dir)
+    monkeypatch.setenv("RERANKER", "hybrid")
+    monkeypatch.setenv("LLM_PROVIDER", "local")
+    assert main.main(["--no-index", "--court", "scotus", "What is expectation damages?"]) == 2
+    err = capsys.readouterr().err
+    assert "no indexed passage matches the passage filters (court scotus)" in err
+    assert "detect_injection" not in err
+
+
+def test_a_date_that_is_not_on_the_calendar_or_a_range_that_ends_before_it_starts_is_refused(
+    tmp_settings,
+):
+    with pytest.raises(ValueError, match="is not a date"):
+        filters.parse_date("2020-02-30")
+    assert filters.parse_date("2020-02", end=True) == 20200231  # an inclusive bound
+    with pytest.raises(SettingsError, match="FILTER_AFTER=2020 is later than FILTER_BEFORE=2010"):
+        filters.PassageFilter.from_settings(
+            tmp_settings.replace(filter_after="2020", filter_before="2010")
+        )
 
 
 def test_dates_cover_whole_years_and_months():
