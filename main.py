@@ -479,6 +479,12 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
     if result.get("jurisdiction"):
         out(f"(Searched {result['jurisdiction']} law only: the question asks what it provides.)")
     out(result.get("final_cited_answer") or "(no answer)")
+    if flagged := result.get("flagged_passages"):
+        ids = ", ".join(f["id"] for f in flagged[:5]) + (", ..." if len(flagged) > 5 else "")
+        out(
+            f"(Left out: {len(flagged)} passage(s) whose text gives instructions to an AI, a "
+            f"possible prompt injection: {ids}.)"
+        )
     record = result.get("answer") or {}
     if record.get("citations"):
         out("")

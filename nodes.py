@@ -492,8 +492,9 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         "passages": passages,
         "chain_of_thought": [*(state.get("chain_of_thought") or []), entry],
     }
-    if flagged:
-        update["flagged_passages"] = flagged
+    seen = {f["id"] for f in state.get("flagged_passages") or []}
+    if new := [f for f in flagged if f["id"] not in seen]:  # each passage once, however often found
+        update["flagged_passages"] = new
     note = f", {len(flagged)} flagged passage(s) dropped" if flagged else ""
     gate = ", below the evidence gate" if gated else ""
     return update, (
