@@ -276,6 +276,8 @@ class Settings:
             ("MAX_ITERATIONS", agent.max_iterations, (1, None)),
             ("RETRIEVAL_K", agent.retrieval_k, (1, None)),
             ("OVERRETRIEVE_FACTOR", r.overretrieve_factor, (1, None)),
+            # the longest prompt (a fact pattern's apply call) is ~1,000 tokens plus its reply
+            ("LOCAL_CTX_SIZE", llm.local_ctx_size, (2048, None)),
         )
         for var, value, rule in checks:
             if isinstance(rule[0], str):
@@ -288,9 +290,7 @@ class Settings:
             if high is not None and not low <= value <= high:
                 raise SettingsError(f"{var}={value}: must be between {low} and {high}")
             if high is None and value < low:
-                raise SettingsError(
-                    f"{var} must be at least 1" if low else f"{var}={value}: must be 0 or more"
-                )
+                raise SettingsError(f"{var}={value}: must be at least {low}")
 
     def secret(self, env_var: str | None) -> str | None:
         """The value of an environment variable holding a secret (API key), or None."""

@@ -34,7 +34,9 @@ def test_environment_overrides_defaults_and_flags_override_environment():
         ({"LLM_CACHE": "maybe"}, "LLM_CACHE"),
         ({"RERANKER": "colbert"}, "RERANKER"),
         ({"LEAN_GATE": "3"}, "LEAN_GATE"),
-        ({"MAX_STEPS": "0"}, "MAX_STEPS"),
+        ({"MAX_STEPS": "0"}, "MAX_STEPS=0: must be at least 1"),
+        # accepted, then every call failed at run time ("exceeds the available context size")
+        ({"LOCAL_CTX_SIZE": "10"}, "LOCAL_CTX_SIZE=10: must be at least 2048"),
     ],
 )
 def test_bad_values_name_the_variable(env, fragment):
