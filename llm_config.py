@@ -460,7 +460,8 @@ class LLMClient:
                            f"{time.perf_counter() - t0:.1f}s (last: {reason}); "
                            "raise RUN_TIMEOUT / --deadline to allow more time")  # fmt: skip
                 return LLMDeadlineError(message, **about)
-            return LLMCallError(f"{prefix} failed after {n} attempt(s): {reason}", **about)
+            where = f" at {cfg.display_url}" if reason.startswith("connection") else ""
+            return LLMCallError(f"{prefix} failed after {n} attempt(s): {reason}{where}", **about)
 
         def attempt(messages: list[Any]) -> Any:
             if limiter is not None and not _acquire(limiter, deadline):

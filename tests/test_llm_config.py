@@ -386,6 +386,15 @@ def test_persistent_server_error_raises_typed_error(tmp_settings, server):
     assert client.summary()["llm_errors"] == 1
 
 
+def test_a_server_that_refuses_the_connection_is_named_by_its_url(tmp_settings, server):
+    client = make_client(tmp_settings, server, llm_max_retries=0)
+    url = server.url
+    server.close()  # nothing listens there now
+    with pytest.raises(LLMCallError, match="connection error") as info:
+        client.invoke(MSGS, role="synthesize")
+    assert str(info.value).endswith(f" at {url}")
+
+
 def test_timeout_is_retried_then_reported(tmp_settings, server):
     server.script = [{"delay": 1.5, "body": completion("late")}]
     client = make_client(tmp_settings, server, llm_timeout=0.4, llm_max_retries=1)
