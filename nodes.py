@@ -422,7 +422,10 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         update["jurisdiction"] = within
     if fallbacks:
         update["fallbacks"] = fallbacks
-    return update, f"{len(steps)} step(s): {'; '.join(issues)}"
+    later = (
+        f" (not researched: {'; '.join(issues[len(steps) :])})" if len(issues) > len(steps) else ""
+    )
+    return update, f"{len(steps)} step(s): {'; '.join(issues[: len(steps)])}{later}"
 
 
 @_traced("executor")
