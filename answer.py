@@ -268,6 +268,15 @@ def is_heading(sentence: str, title: str) -> bool:
     return sum(w in title_words for w in words) > len(words) / 2
 
 
+_ENDS_SENTENCE = re.compile(r"[.!?:;][\"'\u201d\u2019)\]]*$")
+CAPTION_WORDS = 12
+"""A loaded document's line of at most this many words that ends no sentence and has no
+auxiliary verb is a caption, a citation line or a heading ("SMITH v. JONES Supreme Court of Ohio
+Decided March 3, 2022", "Ohio Rev. Code § 4561.99 (enacted 2023-05-01)"), never a rule; it had
+opened the first rule sentence.  Another line without a period ("Party may amend once without
+consent of the court", a list item) is kept, as a sentence of its own."""
+
+
 def candidate_sentences(doc: Mapping[str, Any]) -> list[str]:
     """A passage's sentences that can state a rule: its heading (:func:`is_heading`) left out,
     and the lines above its text that are its title, a heading of its ``heading`` path (a loaded
@@ -277,7 +286,15 @@ def candidate_sentences(doc: Mapping[str, Any]) -> list[str]:
     lines = str(doc.get("text") or "").split("\n")
     while len(lines) > 1 and (lines[0].strip() in heads or lines[0].lstrip().startswith("#")):
         lines.pop(0)
-    sentences = split_sentences("\n".join(lines))
+    if "\n" in str(doc.get("text") or ""):  # a loaded document's blocks, each its own sentences
+        lines = [
+            line
+            for line in lines
+            if _ENDS_SENTENCE.search(line.rstrip())
+            or len(line.split()) > CAPTION_WORDS
+            or _AUXILIARY.search(line)
+        ]
+    sentences = [s for line in lines for s in split_sentences(line)]
     if sentences and is_heading(sentences[0], str(doc.get("title") or "")):
         sentences = sentences[1:]
     return [s for s in sentences if len(s.split()) >= 5]

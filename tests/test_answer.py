@@ -96,6 +96,13 @@ def test_a_document_chunks_heading_lines_never_open_its_first_rule():
     ]
     notes = {"id": "n", "title": "Amendment", "text": "Party may amend once without consent of the court\n- Only allowed one time."}  # fmt: skip
     assert answer.candidate_sentences(notes)[0].startswith("Party may amend once")
+    # a case's caption and a statute's citation line are not rules, nor the start of one
+    opinion = {"id": "s", "title": "Smith v. Jones", "text": "SMITH v. JONES Supreme Court of Ohio Decided March 3, 2022\nThe plaintiff sued her neighbor for flying a drone over her yard. We hold that a single overflight is not an intrusion upon seclusion."}  # fmt: skip
+    assert answer.candidate_sentences(opinion)[0] == (
+        "The plaintiff sued her neighbor for flying a drone over her yard."
+    )
+    cite = {"id": "c", "title": "Drone Privacy Act", "text": "Drone Privacy Act\nOhio Rev. Code § 4561.99 (enacted 2023-05-01)"}  # fmt: skip
+    assert answer.candidate_sentences(cite) == []
 
 
 def test_the_rule_comes_from_the_passage_that_fits_the_facts_not_only_the_first_found():
