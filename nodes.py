@@ -261,7 +261,9 @@ def candidate_doctrines(ctx: AgentContext, question: str, within: str = "") -> l
     first candidates far more often than not, so the order matters: researched as the first three
     issues, the linked doctrines reach a gold passage for 13 of the 16 fact patterns of the tune
     half, the passage titles for 10.  A question researched in one state's law (``within``, a
-    USPS code) lists the titles of that state's passages first: the taxonomy names general law."""
+    USPS code) lists only the titles of that state's passages: the taxonomy names general law,
+    and an issue named after it ("Consent as a defense") finds nothing in a state's drone statute
+    and the case on it, so a question they answer was declined."""
     linked = [i for i in agenda(ctx, question, []) if i]
     titles: list[str] = []
     try:
@@ -273,7 +275,7 @@ def candidate_doctrines(ctx: AgentContext, question: str, within: str = "") -> l
         titles = [d.get("title") or "" for d in found]
     except Exception as exc:  # noqa: BLE001 - candidates are an aid; the plan still runs
         logger.warning("candidate retrieval failed: %s", exc)
-    names = titles + linked if within else linked + titles
+    names = (titles or linked) if within else linked + titles
     seen: set[str] = set()
     out = []
     for name in names:  # one candidate per doctrine (doctrine_key)

@@ -558,6 +558,25 @@ def test_a_question_filed_under_another_field_is_researched_when_a_passage_answe
         )
 
 
+def test_research_in_one_states_law_picks_among_that_states_passages_only(tmp_settings):
+    """The taxonomy names general law: an issue named after it ("Consent as a defense") found
+    nothing in a user's Ohio drone statute and the Ohio case on it, and the question they answer
+    was declined.  Without a state, the linked doctrines come first."""
+    statute = {"id": "orc", "title": "Ohio Revised Code 4561.99: Drone Privacy Act", "text": "No person shall fly a drone within fifty feet of a home to photograph its occupants."}  # fmt: skip
+    ohio_law = FakeRetriever([statute])
+    ctx = fake_context(
+        tmp_settings,
+        retrieve=FakeRetriever(LAW, ranked=True),
+        link_issues=lambda question, issues: ["Consent as a defense", "Trespass to chattels"],
+        scoped=lambda code: dict.fromkeys(
+            ("dense", "keyword", "hybrid", "hybrid+keyword"), ohio_law
+        ),
+    )
+    question = "Under Ohio law, can my neighbor fly a drone over my yard to photograph me?"
+    assert nodes.candidate_doctrines(ctx, question, "OH") == [statute["title"]]
+    assert nodes.candidate_doctrines(ctx, question)[:2] == ["Consent as a defense", "Trespass to chattels"]  # fmt: skip
+
+
 def test_a_question_about_a_states_law_is_declined_unless_the_sources_hold_that_law(
     tmp_settings,
 ):
