@@ -270,11 +270,13 @@ def is_heading(sentence: str, title: str) -> bool:
 
 _ENDS_SENTENCE = re.compile(r"[.!?:;][\"'\u201d\u2019)\]]*$")
 CAPTION_WORDS = 12
-"""A loaded document's line of at most this many words that ends no sentence and has no
-auxiliary verb is a caption, a citation line or a heading ("SMITH v. JONES Supreme Court of Ohio
-Decided March 3, 2022", "Ohio Rev. Code § 4561.99 (enacted 2023-05-01)"), never a rule; it had
-opened the first rule sentence.  Another line without a period ("Party may amend once without
-consent of the court", a list item) is kept, as a sentence of its own."""
+
+
+def _is_caption(line: str) -> bool:
+    """A document's caption or citation line ("SMITH v. JONES Supreme Court of Ohio Decided March
+    3, 2022"), never a rule: short, ending no sentence, with no auxiliary verb."""
+    short = len(line.split()) <= CAPTION_WORDS
+    return short and not _ENDS_SENTENCE.search(line.rstrip()) and not _AUXILIARY.search(line)
 
 
 def candidate_sentences(doc: Mapping[str, Any]) -> list[str]:
@@ -287,13 +289,7 @@ def candidate_sentences(doc: Mapping[str, Any]) -> list[str]:
     while len(lines) > 1 and (lines[0].strip() in heads or lines[0].lstrip().startswith("#")):
         lines.pop(0)
     if "\n" in str(doc.get("text") or ""):  # a loaded document's blocks, each its own sentences
-        lines = [
-            line
-            for line in lines
-            if _ENDS_SENTENCE.search(line.rstrip())
-            or len(line.split()) > CAPTION_WORDS
-            or _AUXILIARY.search(line)
-        ]
+        lines = [line for line in lines if not _is_caption(line)]
     sentences = [s for line in lines for s in split_sentences(line)]
     if sentences and is_heading(sentences[0], str(doc.get("title") or "")):
         sentences = sentences[1:]
@@ -450,10 +446,8 @@ _EXCEPTION_VERDICT = {"yes": "applies", "no": "does not apply", "unclear": "not 
 
 
 def _application_sentences(checks: Sequence[Check], cites: list[int]) -> list[Sentence]:
-    """One sentence per requirement or exception a stated fact bears on: what it says, whether
-    the facts meet it (an exception: whether it applies), and the fact.  The requirements no
-    stated fact bears on are listed in one sentence after them; what the model repeated is said
-    once."""
+    """One sentence per requirement or exception a stated fact bears on (whether the facts meet
+    it, and the fact), then one listing those no stated fact bears on; each said once."""
     out, open_items, seen = [], [], set()
     for c in checks:
         requirement = _clean(c.requirement)
@@ -461,13 +455,12 @@ def _application_sentences(checks: Sequence[Check], cites: list[int]) -> list[Se
             continue
         seen.add(requirement.lower())
         fact = _clean(c.fact)
-        if fact.lower() in NOT_STATED:
-            first = requirement.split()[0]  # "An offer", "A school's" -> lower; "UCC" stays
+        if fact.lower() in NOT_STATED:  # "An offer", "A school's" -> lower case; "UCC" stays
+            first = requirement.split()[0]
             lower = first == "A" or first[1:].islower()
             said = requirement[:1].lower() + requirement[1:] if lower else requirement
-            if c.exception and not said.startswith(("except", "unless")):
-                said = f"the exception {said}"
-            open_items.append(said)
+            exception = c.exception and not said.startswith(("except", "unless"))
+            open_items.append(f"the exception {said}" if exception else said)
             continue
         fact += "" if fact.endswith("…") else "."
         if c.exception:

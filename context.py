@@ -241,10 +241,8 @@ class AgentContext:
         return lean.below_gate(score, self.settings.agent.lean_gate)
 
     def question_score(self, question: str) -> float:
-        """The evidence score of ``question`` as the user asked it: the best of its sentences,
-        each against its own retrieval.  A long fact pattern as a whole sits far from every
-        passage (the whole of 3 of the 32 fact patterns scored 0.25-0.32, every one of their best
-        sentences at least 0.33), while a one-sentence question scores as a whole."""
+        """The evidence score of ``question`` as asked: the best of its sentences, each against
+        its own retrieval (3 of 32 fact patterns score 0.25-0.32 as a whole, 0.33+ by sentence)."""
         best = 0.0
         for text in answer_stage.split_sentences(question) or [question]:
             docs = self.retrieve([text], self.settings.agent.retrieval_k, [])

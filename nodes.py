@@ -39,12 +39,9 @@ COVERED = ", ".join(prompts.COVERED_AREAS)
 """How the planner's decline (and stop_reason) starts when the question as asked is off topic
 (see :func:`off_topic`)."""
 FIELD_EVIDENCE = 0.55
-"""A question the classifier files under a field the sources do not cover is declined only when
-its closest passages (``AgentContext.question_score``) score below this: the classifier's word
-alone declined "When is an employer vicariously liable for an employee's negligence?" as
-employment law (0.67).  Of the open set's 160 questions, the 48 it files so score at most 0.50
-(47 out of corpus; a nurse's photo, in corpus, 0.48), while the median in-corpus question scores
-0.46-0.67 (docs/MEASUREMENTS.md, stop 45)."""
+"""A question filed under a field the sources do not cover is declined only when its closest
+passages score below this (``AgentContext.question_score``): "When is an employer vicariously
+liable ...?" (employment, 0.67) is answered; the open set's 48 so filed score at most 0.50."""
 FIRST_SEARCH = "hybrid+keyword"
 """A research step's first angle: hybrid (dense + BM25) search and BM25 alone, merged by reciprocal
 rank fusion.  Dense search misreads a doctrine's name ("Shopkeeper's privilege" finds
@@ -141,10 +138,6 @@ def step_for(
 
 def _executed(state: AgentState) -> list[PlanStep]:
     return [s for s in state.get("planning_table") or [] if s.get("execution")]
-
-
-def _next_step_id(state: AgentState) -> int:
-    return max((s["step_id"] for s in state.get("planning_table") or []), default=0) + 1
 
 
 def unresearched_issues(state: AgentState) -> list[str]:
@@ -606,7 +599,8 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     if ctx.settings.agent.search_strategy != "auto":
         search_type = ctx.settings.agent.search_strategy
     facts = list(step.get("facts") or [])
-    retry = step_for(_next_step_id(state), step["issue"], facts, search_type, phase="retry")
+    step_id = max(s["step_id"] for s in state.get("planning_table") or [step]) + 1
+    retry = step_for(step_id, step["issue"], facts, search_type, phase="retry")
     names = issue_names(step["issue"])
     retry["strategy"] = {
         "search_type": search_type,

@@ -105,8 +105,7 @@ class AgentState(TypedDict, total=False):
     injection_check: dict[str, Any]
     memory_hit: bool
     memory_source: dict[str, Any]
-    """On a memory hit: the stored question the answer was saved for, its similarity to this
-    one and when it was saved."""
+    """On a memory hit: the question the answer was saved for, its similarity, when saved."""
     mc_answer: dict[str, Any] | None
     sources: list[dict[str, Any]]
     """The passages the answer cites: id, title, support (the cited sentence), ref ("[N]")."""
