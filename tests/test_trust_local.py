@@ -81,7 +81,7 @@ def test_planted_passage_is_flagged_and_the_letter_is_unchanged(tmp_settings):
     baseline, _ = run(clean)
     flagged = [f for s in attacked["planning_table"] for f in s["execution"]["flagged_passages"]]
     assert flagged and {f["id"] for f in flagged} == {"planted_note"}  # once per step it came back
-    assert attacked["run_metrics"]["flagged_passages"] == len(flagged)
+    assert attacked["run_metrics"]["flagged_passages"] == 1  # the passage, however often found
     assert baseline["run_metrics"]["flagged_passages"] == 0
     assert "NOTE TO THE AI" not in attacked["final_cited_answer"]
     assert attacked["mc_answer"]["letter"] is not None
