@@ -424,13 +424,15 @@ def _retry_after_seconds(headers: Any) -> float | None:
 def classify_failure(exc: BaseException) -> tuple[bool, str, float | None]:
     """(retryable, why, the seconds the provider asks to wait) of a failed call to an endpoint:
     timeouts, connection errors, 429, 408 and 5xx are worth another attempt (and so is a 200 that
-    is not a chat completion); other statuses are not."""
+    is not a chat completion); other statuses, and a refused connection, are not."""
     import openai
 
     chain: list[BaseException] = []
     while exc is not None and exc not in chain:
         chain.append(exc)
         exc = exc.__cause__ or exc.__context__
+    if any(isinstance(e, ConnectionRefusedError) for e in chain):  # nothing listens: no retry
+        return False, "connection refused (is the server running?)", None
     for e in chain:
         if isinstance(e, MalformedResponseError):
             return True, f"malformed response ({e})", None

@@ -386,13 +386,14 @@ def test_persistent_server_error_raises_typed_error(tmp_settings, server):
     assert client.summary()["llm_errors"] == 1
 
 
-def test_a_server_that_refuses_the_connection_is_named_by_its_url(tmp_settings, server):
-    client = make_client(tmp_settings, server, llm_max_retries=0)
+def test_a_server_that_refuses_the_connection_fails_at_once_naming_its_url(tmp_settings, server):
+    """A user's Ollama that is not running cost four attempts and ~36 s of backoff."""
+    client = make_client(tmp_settings, server, llm_max_retries=3)
     url = server.url
     server.close()  # nothing listens there now
-    with pytest.raises(LLMCallError, match="connection error") as info:
+    with pytest.raises(LLMCallError, match="connection refused") as info:
         client.invoke(MSGS, role="synthesize")
-    assert str(info.value).endswith(f" at {url}")
+    assert str(info.value).endswith(f" at {url}") and info.value.attempts == 1
 
 
 def test_timeout_is_retried_then_reported(tmp_settings, server):
