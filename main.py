@@ -534,6 +534,9 @@ def main(argv: list[str] | None = None) -> int:
         print(build_graph().get_graph().draw_mermaid())
         return 0
     if args.clear_memory:
+        if args.query is not None:
+            print("main.py: error: --clear-memory forgets every saved answer; give it no question", file=sys.stderr)  # fmt: skip
+            return 2
         try:
             load_dotenv_file()
             n = rag_utils.clear_memory(Settings.from_env())
