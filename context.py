@@ -250,9 +250,8 @@ class AgentContext:
         return best
 
     def off_topic_score(self, question: str) -> float | None:
-        """:meth:`question_score` when it is below ``LEAN_GATE``; None when the question is on
-        topic.  The research searches the issues the model named, which can turn gibberish into
-        a legal topic."""
+        """:meth:`question_score` when below ``LEAN_GATE``, else None: the research searches the
+        model's issues, which can turn gibberish into a legal topic."""
         best = self.question_score(question)
         return best if self.below_gate(best) else None
 

@@ -39,9 +39,8 @@ COVERED = ", ".join(prompts.COVERED_AREAS)
 """How the planner's decline (and stop_reason) starts when the question as asked is off topic
 (see :func:`off_topic`)."""
 FIELD_EVIDENCE = 0.55
-"""A question filed under a field the sources do not cover is declined only when its closest
-passages score below this (``AgentContext.question_score``): "When is an employer vicariously
-liable ...?" (employment, 0.67) is answered; the open set's 48 so filed score at most 0.50."""
+"""Below this ``AgentContext.question_score`` a question filed under an uncovered field is declined
+(the open set's 48 so filed score <= 0.50; "When is an employer vicariously liable ...?" 0.67)."""
 FIRST_SEARCH = "hybrid+keyword"
 """A research step's first angle: hybrid (dense + BM25) search and BM25 alone, merged by reciprocal
 rank fusion.  Dense search misreads a doctrine's name ("Shopkeeper's privilege" finds
@@ -198,7 +197,29 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
 
 @_traced("classifier")
 def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
+    """QA memory first: a question answered before is neither classified nor researched (a
+    multiple-choice one still gets its letter); else its kind, field of law and topic."""
     question = state["question"]
+    hit = None
+    try:
+        if answer_mode(state, ctx) == "research":  # evidence answers are never cached
+            hit = ctx.check_memory(question)
+    except Exception as exc:  # noqa: BLE001 - a broken memory must not stop the research
+        logger.warning("QA memory lookup failed: %s", exc)
+    if hit:
+        sources = list(hit.get("sources") or [])
+        return (
+            {
+                "memory_hit": True,
+                "memory_source": {k: hit.get(k) for k in ("question", "similarity", "timestamp")},
+                "final_cited_answer": hit.get("answer", ""),
+                "research_answer": hit.get("answer", ""),
+                "sources": sources,
+                "passages": {s["id"]: _passage_record(s) for s in sources if s.get("id")},
+                "stop_reason": "memory_hit",
+            },
+            f"memory hit (similarity {hit.get('similarity', 0):.3f})",
+        )
     result = prompts.call(ctx.client, "classify", question=question)
     if result.parsed is not None:
         got = result.parsed
@@ -353,30 +374,11 @@ def picked_issues(picks: list[int | str], candidates: list[str]) -> list[str]:
 
 @_traced("planner")
 def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """QA memory first (a hit ends the research; a multiple-choice question still gets its letter
-    from the cached answer); else the agenda, one pending step per issue (at most MAX_STEPS; the
-    rest are reported as not researched).  The planner sees the question without its choices."""
+    """The agenda (unless the QA memory answered): one pending step per issue, at most MAX_STEPS
+    (the rest reported as not researched).  It sees the question without its choices."""
     question = state["question"]
-    hit = None
-    try:
-        if answer_mode(state, ctx) == "research":  # evidence answers are never cached
-            hit = ctx.check_memory(question)
-    except Exception as exc:  # noqa: BLE001 - a broken memory must not stop the research
-        logger.warning("QA memory lookup failed: %s", exc)
-    if hit:
-        sources = list(hit.get("sources") or [])
-        return (
-            {
-                "memory_hit": True,
-                "memory_source": {k: hit.get(k) for k in ("question", "similarity", "timestamp")},
-                "final_cited_answer": hit.get("answer", ""),
-                "research_answer": hit.get("answer", ""),
-                "sources": sources,
-                "passages": {s["id"]: _passage_record(s) for s in sources if s.get("id")},
-                "stop_reason": "memory_hit",
-            },
-            f"memory hit (similarity {hit.get('similarity', 0):.3f})",
-        )
+    if state.get("memory_hit"):
+        return {}, "memory hit: nothing to research"
     legal, area = state.get("legal_question", True), state.get("question_area", "")
     topic = state.get("question_topic", "")
     facts, asked = answer_stage.split_question(question)
@@ -417,9 +419,8 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         update["jurisdiction"] = within
     if fallbacks:
         update["fallbacks"] = fallbacks
-    later = (
-        f" (not researched: {'; '.join(issues[len(steps) :])})" if len(issues) > len(steps) else ""
-    )
+    left = "; ".join(issues[len(steps) :])
+    later = f" (not researched: {left})" if left else ""
     return update, f"{len(steps)} step(s): {'; '.join(issues[: len(steps)])}{later}"
 
 

@@ -714,14 +714,12 @@ def test_when_leans_retrieval_falls_below_the_gate_the_letter_reads_the_research
 def test_memory_hit_skips_the_research_and_a_letter_is_still_picked(tmp_settings):
     cached = {"id": "neg", "title": "Negligence elements", "text": LAW[0]["text"], "ref": "[1]"}
     memory = Memory({"question": "q", "answer": "Cached answer [1].", "confidence": 0.7, "similarity": 0.99, "sources": [cached]})  # fmt: skip
-    replies = {
-        "classify": [J(topic="law", area="torts", legal=True, query_type="simple")],
-        "mc_select": ["**Answer: (B)**"],
-    }
+    replies = {"mc_select": ["**Answer: (B)**"]}  # no classify call: the memory answers first
     result, script, memory, _ = run(
         tmp_settings, replies, memory=memory, choices=CHOICES, answer_mode="research"
     )
     assert result["memory_hit"] is True and result["mc_answer"]["letter"] == "B"
+    assert script.roles() == ["mc_select"]
     assert "executor" not in nodes_run(result)
     prompt = script.prompts("mc_select")[0]
     assert LAW[0]["text"][:60] in prompt  # the cached answer's source is evidence
