@@ -249,10 +249,10 @@ class AgentContext:
             best = max(best, self.score_evidence(text, docs, [text]))
         return best
 
-    def off_topic_score(self, question: str) -> float | None:
-        """:meth:`question_score` when below ``LEAN_GATE``, else None: the research searches the
-        model's issues, which can turn gibberish into a legal topic."""
-        best = self.question_score(question)
+    def off_topic_score(self, question: str, best: float | None = None) -> float | None:
+        """:meth:`question_score` (``best`` when already known) when below ``LEAN_GATE``, else
+        None: the research searches the model's issues, which can turn gibberish into law."""
+        best = self.question_score(question) if best is None else best
         return best if self.below_gate(best) else None
 
     def lean_evidence(

@@ -327,13 +327,13 @@ def off_topic(
       state its rule in legal words.  Whether it is law is never declined on the classifier's
       word alone: it misreads a bare "Hearsay?", which a passage scores close to."""
     outside = legal and area not in ("", "none", *prompts.COVERED_AREAS)
-    if outside and not (ctx.holds_documents and ctx.holds_documents()):
-        score = ctx.question_score(question)
-        if score < FIELD_EVIDENCE:
-            return (
-                f"{OFF_TOPIC}: it is a question of {area}; the sources cover {COVERED} (its "
-                f"closest passages score {score:.2f})"
-            )
+    fielded = outside and not (ctx.holds_documents and ctx.holds_documents())
+    score = ctx.question_score(question) if fielded else None  # searched for at most once
+    if score is not None and score < FIELD_EVIDENCE:
+        return (
+            f"{OFF_TOPIC}: it is a question of {area}; the sources cover {COVERED} (its "
+            f"closest passages score {score:.2f})"
+        )
     if law and not law.held:
         return (
             f"{OFF_TOPIC}: it asks what {law.name} law provides, and no source is {law.name} "
@@ -346,7 +346,7 @@ def off_topic(
     unknown = ctx.unknown_terms(question, topic or None) if rule_question else []
     if unknown:
         return f"{OFF_TOPIC}: no source uses the words {', '.join(unknown[:5])}"
-    score = ctx.off_topic_score(question)
+    score = ctx.off_topic_score(question, score)
     if score is not None:
         return (
             f"{OFF_TOPIC}: {'' if legal else 'it asks no question of law, and '}the passages "

@@ -558,6 +558,17 @@ def test_a_question_filed_under_another_field_is_researched_when_a_passage_answe
         )
 
 
+def test_the_off_topic_check_searches_for_the_question_once(tmp_settings):
+    """A rule question filed under an uncovered field is scored for its field, and the same score
+    serves the LEAN_GATE check (it was searched for twice)."""
+    ctx = fake_context(tmp_settings)
+    searched: list[str] = []
+    ctx.question_score = lambda question: searched.append(question) or 0.67
+    question = "When is an employer vicariously liable for an employee's negligence?"
+    assert nodes.off_topic(ctx, question, legal=True, area="employment") == ""
+    assert searched == [question]
+
+
 def test_research_in_one_states_law_picks_among_that_states_passages_only(tmp_settings):
     """The taxonomy names general law: an issue named after it ("Consent as a defense") found
     nothing in a user's Ohio drone statute and the Ohio case on it, and the question they answer
