@@ -37,8 +37,6 @@ def parse_date(value: str, *, end: bool = False) -> int:
         datetime.date(int(year), mm, dd if day else 1)
     except ValueError:
         raise ValueError(f"{value!r} is not a date") from None
-    if not 1 <= dd <= 31:
-        raise ValueError(f"{value!r} is not a date")
     return int(year) * 10000 + mm * 100 + dd
 
 
