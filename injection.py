@@ -493,8 +493,19 @@ def _obfuscation_variants(text: str) -> list[str]:
     return variants
 
 
-def _matches(patterns: Mapping[str, re.Pattern[str]], text: str) -> list[str]:
-    return [name for name, pattern in patterns.items() if pattern.search(text)]
+Veto = Callable[[str, str, re.Match[str]], bool]
+"""(pattern name, text, match) -> whether the match is set aside (not an attack)."""
+
+
+def _matches(
+    patterns: Mapping[str, re.Pattern[str]], text: str, veto: Veto | None = None
+) -> list[str]:
+    """Names of ``patterns`` with a match in ``text`` that ``veto`` does not set aside."""
+    return [
+        name
+        for name, pattern in patterns.items()
+        if any(veto is None or not veto(name, text, m) for m in pattern.finditer(text))
+    ]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -527,22 +538,14 @@ in a sentence that never names the assistant: "My new manager told me to ignore 
 instructions from the safety officer and disregard the system rules for forklift operation."."""
 
 
-def _reported(text: str, start: int, end: int) -> bool:
-    left, right = _sentence_bounds(text, start, end)
+def _reported(name: str, text: str, match: re.Match[str]) -> bool:
+    """The user-input veto: ``match`` continues a command reported earlier in its sentence."""
+    if name not in _REPORTABLE:
+        return False
+    left, right = _sentence_bounds(text, match.start(), match.end())
     if _ADDRESSEE.search(text, left, right):
         return False
-    return any(m.end() <= start for m in _REPORTED.finditer(text, left, start))
-
-
-def _user_matches(text: str) -> list[str]:
-    return [
-        name
-        for name, pattern in USER_PATTERNS.items()
-        if any(
-            name not in _REPORTABLE or not _reported(text, m.start(), m.end())
-            for m in pattern.finditer(text)
-        )
-    ]
+    return any(m.end() <= match.start() for m in _REPORTED.finditer(text, left, match.start()))
 
 
 def screen_user_input(text: str) -> list[str]:
@@ -554,7 +557,7 @@ def screen_user_input(text: str) -> list[str]:
     The text is normalised first; disguised readings of it (base64/hex/percent blobs, ROT13,
     reversed, leetspeak, spaced letters) are screened too and report :data:`ENCODED`."""
     norm = normalize(text)
-    hits = _user_matches(norm)
+    hits = _matches(USER_PATTERNS, norm, _reported)
     for variant in _obfuscation_variants(norm):
         inner = [n for n in _matches(USER_PATTERNS, normalize(variant)) if n not in hits]
         if inner:
@@ -571,20 +574,17 @@ _PASSAGE_VETO: dict[str, re.Pattern[str]] = {
 judge told the jurors to disregard all prior instructions concerning malice"."""
 
 
-def _sentence_around(text: str, start: int, end: int) -> str:
-    left, right = _sentence_bounds(text, start, end)
-    return text[left:right]
+def _reported_in_caselaw(name: str, text: str, match: re.Match[str]) -> bool:
+    """The passage veto: ``match``'s sentence matches its pattern's :data:`_PASSAGE_VETO`."""
+    veto = _PASSAGE_VETO.get(name)
+    if veto is None:
+        return False
+    left, right = _sentence_bounds(text, match.start(), match.end())
+    return bool(veto.search(text, left, right))
 
 
 def _passage_matches(text: str) -> list[str]:
-    hits = []
-    for name, pattern in PASSAGE_PATTERNS.items():
-        veto = _PASSAGE_VETO.get(name)
-        for m in pattern.finditer(text):
-            if veto is None or not veto.search(_sentence_around(text, m.start(), m.end())):
-                hits.append(name)
-                break
-    return hits
+    return _matches(PASSAGE_PATTERNS, text, _reported_in_caselaw)
 
 
 def screen_passage(text: str) -> list[str]:
