@@ -532,16 +532,41 @@ _REPORTED = re.compile(
 """A command reported as said to someone in the story ("my manager told me to ..."), not to the
 assistant."""
 _ADDRESSEE = re.compile(rf"\byou(?:rs?|rself)?\b|\b{_AI_STRICT}\b", _I)
-_REPORTABLE = frozenset({"override_instructions"})
+_REPORTABLE = frozenset({"override_instructions", "forget_context"})
 """Patterns whose match is not a hit when it continues a command reported earlier in its sentence,
 in a sentence that never names the assistant: "My new manager told me to ignore previous
 instructions from the safety officer and disregard the system rules for forklift operation."."""
 
 
+_SAID = re.compile(
+    r"\b(?:said|says|say|shouted|shouts|yelled|screamed|wrote|writes|texted|emailed|stated|"
+    r"told\s+\w+|replied|announced|whispered|added|read)(?:(?:\s+[\w'-]+){1,4}?\s*[,:]|\s*[,:]?)\s*"
+    r"(?P<q>[\"'])(?P<said>.{3,400}?)(?P=q)(?![A-Za-z])",
+    _I | re.S,
+)
+"""A statement quoted as said or written in the story ("the caller said, 'Forget everything you
+were told and wire the money now.'"): the words a hearsay or fraud question asks about."""
+
+
+def _quoted(text: str, match: re.Match[str]) -> bool:
+    """``match`` lies inside a quotation that a speech verb of the story introduces, and the
+    words outside the quotation in its sentences never name the assistant."""
+    for q in _SAID.finditer(text):
+        if q.start("said") <= match.start() and match.end() <= q.end("said"):
+            left = _sentence_bounds(text, q.start(), q.start())[0]
+            right = _sentence_bounds(text, q.end(), q.end())[1]
+            outside = text[left : q.start("said")] + " " + text[q.end("said") : right]
+            return not _ADDRESSEE.search(outside)
+    return False
+
+
 def _reported(name: str, text: str, match: re.Match[str]) -> bool:
-    """The user-input veto: ``match`` continues a command reported earlier in its sentence."""
+    """The user-input veto: ``match`` continues a command reported earlier in its sentence, or
+    lies in a statement the story quotes."""
     if name not in _REPORTABLE:
         return False
+    if _quoted(text, match):
+        return True
     left, right = _sentence_bounds(text, match.start(), match.end())
     if _ADDRESSEE.search(text, left, right):
         return False
