@@ -473,7 +473,8 @@ def load_documents(
 ) -> dict[str, Any]:
     """Read, chunk and load the user's documents (files or folders; ``documents.py``): an
     unreadable file costs one line on stderr, an unchanged one is skipped, a changed one has its
-    chunks replaced, and one with hidden instructions is loaded quarantined."""
+    chunks replaced, and one with hidden instructions is loaded quarantined.  A document loaded
+    again without ``overrides`` keeps the metadata flags it was loaded with before."""
     import documents
 
     files = documents.find_files(paths)
@@ -483,14 +484,18 @@ def load_documents(
     count_tokens, limit = _token_counter(settings)
     store = rag_utils.get_store(settings)
     report: dict[str, Any] = {"files": len(files), "loaded": [], "replaced": [], "unchanged": []}
-    report.update(failed=[], quarantined=[], chunks_added=0)
+    report.update(failed=[], quarantined=[], chunks_added=0, kept_flags=[])
     from tqdm import tqdm
 
     for path in tqdm(files, unit="file", desc="documents", disable=not progress, file=sys.stderr):
+        given = overrides or {}
+        if not given and store.count():
+            given = store.document_flags(documents.document_id(path))
+            report["kept_flags"] += [{"file": str(path), **given}] if given else []
         try:
             chunks = documents.read_and_chunk(
                 path,
-                overrides=overrides,
+                overrides=given,
                 max_tokens=min(documents.DEFAULT_MAX_TOKENS, limit),
                 count_tokens=count_tokens,
             )
@@ -499,6 +504,8 @@ def load_documents(
             report["failed"].append({"file": str(path), "error": str(exc)})
             continue
         for c in chunks:  # text and metadata: a new sidecar or flag changes it too
+            if given:
+                c["given_flags"] = json.dumps(given, sort_keys=True)
             c["chunk_hash"] = hashlib.sha1(
                 json.dumps(c, sort_keys=True, default=str).encode()
             ).hexdigest()[:16]
@@ -644,7 +651,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--embedding-model", help="EMBEDDING_MODEL for this run")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("-v", "--verbose", action="store_true")
-    meta = p.add_argument_group("document metadata for 'docs' (overrides the text and sidecars)")
+    meta = p.add_argument_group(
+        "document metadata for 'docs' (overrides the text and sidecars; kept when the file is loaded again without them)"
+    )
     for flag, what in DOC_FLAGS.items():
         meta.add_argument(f"--{flag}", help=what)
     return p
@@ -799,6 +808,9 @@ def _run_docs(args: argparse.Namespace, settings: Settings) -> int:
             f"{report['chunks_added']} chunks added in {report['seconds']} s; "
             f"{rag_utils.collection_name(settings)} now holds {report['count']}"
         )
+        if report["kept_flags"]:
+            n = len(report["kept_flags"])
+            print(f"{n} file(s) kept the metadata flags given when they were last loaded")
     if report["failed"]:
         return 2 if len(report["failed"]) == report["files"] else 1
     return 0

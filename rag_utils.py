@@ -882,6 +882,12 @@ class PassageStore:
             for pid, meta in zip(got["ids"], got["metadatas"], strict=True)
         }
 
+    def document_flags(self, doc_id: str) -> dict[str, str]:
+        """The metadata flags (--jurisdiction, --court, ...) one document was last loaded with."""
+        got = self.collection.get(where={"doc_id": doc_id}, limit=1, include=["metadatas"])
+        given = str(((got["metadatas"] or [{}])[0] or {}).get("given_flags") or "")
+        return json.loads(given) if given else {}
+
     def delete(self, ids: Sequence[str]) -> None:
         """Remove passages, and every index derived from the collection (BM25, the mean vector,
         the exact-search matrix, filter scans): they are rebuilt on next use, since a delete and

@@ -347,6 +347,27 @@ def test_docs_flags_set_the_metadata_and_need_a_path(tmp_settings, fake, folder,
     assert "docs needs at least one file or folder" in capsys.readouterr().err
 
 
+def test_a_document_loaded_again_without_flags_keeps_the_metadata_they_gave(
+    tmp_settings, fake, folder, capsys
+):
+    """Reloading a folder after editing one file dropped the jurisdiction given at first load."""
+    store = rag_utils.get_store(tmp_settings)
+    outline = folder / "outline.txt"
+
+    def jurisdictions() -> set:
+        ids = list(store.document_chunks(documents.document_id(outline)))
+        return {c["metadata"].get("jurisdiction") for c in store.get(ids)}
+
+    assert _docs(tmp_settings, str(outline), "--jurisdiction", "TX") == 0
+    outline.write_text(outline.read_text() + "\nA later paragraph on the same rule.\n")
+    assert _docs(tmp_settings, str(outline)) == 0
+    out = capsys.readouterr().out
+    assert "1 replaced" in out and "kept the metadata flags" in out
+    assert jurisdictions() == {"TX"}
+    assert _docs(tmp_settings, str(outline), "--jurisdiction", "OH") == 0  # new flags win
+    assert jurisdictions() == {"OH"}
+
+
 def test_the_agent_knows_when_the_collection_holds_the_users_own_documents(
     tmp_settings, fake, folder
 ):
