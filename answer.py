@@ -77,18 +77,14 @@ stop 41)."""
 FACT_FIT = 0.33
 """Cosine between an issue's quoted rule and the closest sentence of the facts below which the
 facts do not raise the issue (guard ``off_facts``).  The planner's first issue and the issue with
-the best fit are always applied: the cosine misses some central issues ("one blast hurled rock
-fragments" against the rule on abnormally dangerous activities scores 0.34).  The low end of the
-tune half's plateau (0.33-0.37: misgrounded sentences 53 -> 36, nothing else moved; 0.40 loses a
-gold issue), and below the multi_hop demo's Free Exercise Clause (0.333); report half 90 -> 85
-(docs/MEASUREMENTS.md, "Fact patterns", stops 33 and 41)."""
+the best fit are always applied: the cosine misses some central issues.  The low end of the tune
+half's plateau (docs/MEASUREMENTS.md, "`FACT_FIT` re-tuned")."""
 FACT_RELEVANCE = 0.10
 """Cosine between a requirement and the fact sentence a check names below which that fact cannot
 decide it (guard ``unrelated_fact``): the check is undecided.  The 1.5B marks most requirements
 met by some fact, often one that says nothing about them ("proximate cause ... — not met: The
-hotel objects."; "Nominal damages are not available — met: Maria went to Greenway Market to buy
-groceries.").  An issue whose every check is then undecided is not raised (guard ``not_raised``).
-Chosen on the tune half of the fact patterns (docs/MEASUREMENTS.md, stop 36)."""
+hotel objects.").  An issue whose every check is then undecided is not raised (guard
+``not_raised``).  Chosen on the tune half (docs/MEASUREMENTS.md, stop 36)."""
 ASKED_FIT = 0.45
 """Cosine between an issue's quoted rule and a rule question below which the question does not
 ask about it (guard ``not_asked``): the issue is named, not answered, unless it is the planner's
@@ -99,10 +95,8 @@ citizenship).  Chosen on one half of the rule questions (docs/MEASUREMENTS.md, s
 QUESTION_FIT = 0.20
 """Cosine between an open question and the closest rule sentence of the issues its answer would
 apply below which those rules are about other matters: the answer is declined (guard
-``off_question``) rather than apply the wrong law.  A singer's video got an issue on commercial
-speech (0.13) and a parent's move with her child one on offers (0.18); of the fact patterns the
-corpus answers, the lowest with the right law found scores 0.22 (fixtures, for a chandelier).
-Chosen on the tune half of the fact patterns (docs/MEASUREMENTS.md, stop 37)."""
+``off_question``) rather than apply the wrong law (a singer's video answered with commercial
+speech scores 0.13).  Chosen on the tune half (docs/MEASUREMENTS.md, stop 37)."""
 DOCTRINE_MATCH = 0.30
 """Cosine between an issue's name and a passage's title below which the passage is about another
 doctrine (``off_doctrine``): all-MiniLM-L6-v2 puts a doctrine and the title of its own passage at
@@ -806,6 +800,14 @@ def bottom_line(
     return line.answer, Sentence(text, "bottom_line", list(decisive.cites))
 
 
+def in_short(applied: Sequence[IssueAnswer]) -> Sentence:
+    """The bottom line of a question that asks which or what: the issues by conclusion."""
+    heads = ("yes", "Applies on these facts"), ("no", "Does not apply"), ("unclear", "Not settled")
+    groups = [(h, [i.issue for i in applied if i.outcome == o]) for o, h in heads]
+    text = " ".join(f"{head}: {'; '.join(names)}." for head, names in groups if names)
+    return Sentence(text, "bottom_line", _all_cites(applied))
+
+
 def build_record(
     client: Any,
     question: str,
@@ -975,9 +977,11 @@ def build_record(
     verdict = None
     tail: list[Sentence] = []
     applied_issues = [i for i in answered if i.outcome is not None]
-    # A yes/no question gets a bottom line; the answer to "Which rights were violated, and what
-    # must she show?" is the issues themselves, each with its rule and conclusion.
-    if kind == "fact_pattern" and applied_issues and asks_yes_or_no(asked):
+    # A yes/no question gets a bottom line from the model; one that asks which or what ("Which
+    # rights were violated, and what must she show?") the issues grouped by their conclusions.
+    if kind == "fact_pattern" and applied_issues and not asks_yes_or_no(asked):
+        tail.append(in_short(applied_issues))
+    elif kind == "fact_pattern" and applied_issues:
         decided = bottom_line(client, asked, applied_issues, guards)
         if decided is None:
             guards["unparsed_bottom_line"] += 1

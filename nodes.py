@@ -42,11 +42,9 @@ FIELD_EVIDENCE = 0.55
 """Below this ``AgentContext.question_score`` a question filed under an uncovered field is declined
 (the open set's 48 so filed score <= 0.50; "When is an employer vicariously liable ...?" 0.67)."""
 FIRST_SEARCH = "hybrid+keyword"
-"""A research step's first angle: hybrid (dense + BM25) search and BM25 alone, merged by reciprocal
-rank fusion.  Dense search misreads a doctrine's name ("Shopkeeper's privilege" finds
-attorney-client privilege first) where BM25 finds its passage: on the tune half of the fact
-patterns, with the same issues, a gold passage was among the steps' passages for 15 of 16
-patterns against 13 for hybrid alone (27 of 34 issues against 23)."""
+"""A research step's first angle: hybrid (dense + BM25) search and BM25 alone, fused by rank.
+Dense search misreads a doctrine's name ("Shopkeeper's privilege" finds attorney-client
+privilege first) where BM25 finds its passage (docs/MEASUREMENTS.md, "Fact patterns")."""
 RETRY_SEARCH = "keyword"
 """The other angle of a step that missed the evidence gate: BM25 over its issue's facts and names
 joined (the first angle is FIRST_SEARCH unless SEARCH_STRATEGY says otherwise)."""
@@ -253,12 +251,8 @@ def agenda(ctx: AgentContext, question: str, issues: list[str]) -> list[str]:
 
 
 CANDIDATE_PASSAGES = 4
-"""Passages retrieved for the question as asked whose titles the planner sees as candidates.
-With 8 the list ran to 12 names, and the 1.5B picked from its end (the blasting pattern: the
-last three, "Negligence damages", "Negligence: the elements", "Eggshell plaintiff rule", past
-"Abnormally dangerous activities" at 1).  With 4, tune half: gold cited 14 -> 16 of 20, issues
-21 -> 23 of 40, misgrounded sentences 65 -> 53; report half: gold and issues unchanged,
-conclusions 1 -> 2 (docs/MEASUREMENTS.md, stop 39)."""
+"""Passages retrieved for the question as asked whose titles the planner sees as candidates:
+with 8 the 1.5B picked from the end of a 12-name list (docs/MEASUREMENTS.md, stop 39)."""
 
 
 def doctrine_key(name: str) -> str:
@@ -270,14 +264,10 @@ def doctrine_key(name: str) -> str:
 
 def candidate_doctrines(ctx: AgentContext, question: str, within: str = "") -> list[str]:
     """Doctrine names the planner may pick from: the doctrines the question links to in the legal
-    taxonomy (alias matches and the question's cosine to each doctrine's description), then the
-    titles of the passages retrieved for the question as asked.  The embedded model picks the
-    first candidates far more often than not, so the order matters: researched as the first three
-    issues, the linked doctrines reach a gold passage for 13 of the 16 fact patterns of the tune
-    half, the passage titles for 10.  A question researched in one state's law (``within``, a
-    USPS code) lists only the titles of that state's passages: the taxonomy names general law,
-    and an issue named after it ("Consent as a defense") finds nothing in a state's drone statute
-    and the case on it, so a question they answer was declined."""
+    taxonomy, then the titles of the passages retrieved for the question as asked (the 1.5B picks
+    the first ones, and the linked doctrines reach gold more often).  A question researched in one
+    state's law (``within``, a USPS code) lists only that state's passage titles: an issue named
+    after general law ("Consent as a defense") finds nothing in a state's drone statute."""
     linked = [i for i in agenda(ctx, question, []) if i]
     titles: list[str] = []
     try:
@@ -311,6 +301,7 @@ def off_topic(
     """Why an open question is off topic as asked ("" when it is not), checked before any
     research (which searches the doctrines the model names, and can turn gibberish into a legal
     topic):
+    - a question not in English (``prompts.in_english``);
     - a question of law in a field the sources do not cover (the classifier's ``area`` outside
       ``prompts.COVERED_AREAS``) whose closest passages score below :data:`FIELD_EVIDENCE`,
       unless the collection holds the user's own documents, whose fields the agent cannot know;
@@ -326,6 +317,8 @@ def off_topic(
       everyday words ("her porch step was rotten"), a legal one sits as far from passages that
       state its rule in legal words.  Whether it is law is never declined on the classifier's
       word alone: it misreads a bare "Hearsay?", which a passage scores close to."""
+    if not prompts.in_english(question):
+        return f"{OFF_TOPIC}: it is not in English, the language of the sources; ask it in English"
     outside = legal and area not in ("", "none", *prompts.COVERED_AREAS)
     fielded = outside and not (ctx.holds_documents and ctx.holds_documents())
     score = ctx.question_score(question) if fielded else None  # searched for at most once

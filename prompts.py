@@ -189,6 +189,32 @@ class InjectionVerdict(BaseModel):
     reason: str = Field(default="", max_length=80)
 
 
+_ENGLISH_WORDS = (
+    "the a an of to in on at is are was were be been for and or not no what when who how why which "
+    "does do did can could may must should would will with by from that this it its his her their "
+    "my i you he she they if under after before"
+)
+_FOREIGN_WORDS = (
+    "el la los las un una unos del de por para con que qué cuál cuáles cómo es son está en y o "
+    "le les des du une est sont dans sur pour avec qui quel quels quelle et ou "
+    "der die das den dem des ein eine einer ist sind nicht und oder mit für wie welche "
+    "il lo gli della di che è per não uma os as com"
+)
+_ENGLISH, _FOREIGN = frozenset(_ENGLISH_WORDS.split()), frozenset(_FOREIGN_WORDS.split())
+
+
+def in_english(text: str) -> bool:
+    """Whether a question is in English, the language of the sources, the skills and the
+    embedder: not mostly in a non-Latin script, and not more function words of Spanish, French,
+    German, Italian or Portuguese than of English."""
+    words = re.findall(r"[^\W\d_]+", text.lower())
+    ascii_letters = sum(c.isascii() for w in words for c in w)
+    if words and ascii_letters < sum(len(w) for w in words) / 2:
+        return False
+    foreign = sum(w in _FOREIGN for w in words)
+    return foreign < 3 or foreign <= sum(w in _ENGLISH for w in words)
+
+
 COVERED_AREAS = (
     "torts",
     "contracts",

@@ -616,9 +616,9 @@ def test_only_a_yes_or_no_question_gets_a_yes_or_no_bottom_line(asked, yes_no):
     assert answer.asks_yes_or_no(asked) is yes_no
 
 
-def test_a_which_question_is_answered_by_its_issues_without_a_bottom_line(tmp_settings):
-    """ "Which rights were violated?" takes no yes or no: each issue's rule and conclusion is the
-    answer, and no model call restates them."""
+def test_a_which_question_gets_its_issues_by_conclusion_as_the_bottom_line(tmp_settings):
+    """ "Which rights were violated?" takes no yes or no: the bottom line names the issues by
+    their conclusions, cited, and no model call restates them."""
     apply = json.dumps({"checks": [{"n": 1, "fact": 2, "met": "no"}]})
     client, script = scripted_client(tmp_settings, {"apply": [apply]})
     question = FACTS.replace(
@@ -628,9 +628,8 @@ def test_a_which_question_is_answered_by_its_issues_without_a_bottom_line(tmp_se
         client, question, None, [answer.IssueResearch("Search incident to arrest", [GANT])], EMBED
     )
     assert script.roles() == ["apply"] and record.verdict is None
-    assert (
-        "Bottom line" not in record.text and "Conclusion: Search incident to arrest" in record.text
-    )
+    assert "Conclusion: Search incident to arrest" in record.text
+    assert "Bottom line: Does not apply: Search incident to arrest. [1]" in record.text
 
 
 @pytest.mark.parametrize(

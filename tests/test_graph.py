@@ -392,6 +392,16 @@ def test_a_question_off_topic_as_asked_is_declined_however_the_issues_were_named
     assert result["planning_table"] == []
 
 
+def test_a_question_not_in_english_is_declined_and_told_so(tmp_settings):
+    """A Spanish question on negligence was declined as scoring 0.19 against the passages, as if
+    the sources did not cover negligence."""
+    replies = {"classify": [J(topic="negligence", area="torts", legal=True, query_type="simple")]}
+    spanish = "¿Cuáles son los elementos de una demanda por negligencia en Estados Unidos?"
+    result, script, _, _ = run(tmp_settings, replies, question=spanish)
+    assert result["answer"]["abstained"] is True and script.roles() == ["classify"]
+    assert "not in English" in result["answer"]["text"]
+
+
 def test_a_question_that_asks_no_question_of_law_is_declined_before_research(tmp_settings):
     """Facts and a question in everyday words, about dinner and not the law, that no passage
     scores close to: declined.  The classifier's reading alone declines nothing: a bare
