@@ -93,7 +93,7 @@ def build_graph(
     )
     g.add_edge(START, "detect_injection")
     g.add_conditional_edges("detect_injection", nodes.route_after_injection)
-    g.add_edge("classifier", "planner")
+    g.add_conditional_edges("classifier", nodes.route_after_classifier)
     g.add_conditional_edges("planner", nodes.route_after_planner)
     g.add_edge("executor", "evaluator")
     g.add_edge("replanner", "executor")

@@ -367,11 +367,9 @@ def picked_issues(picks: list[int | str], candidates: list[str]) -> list[str]:
 
 @_traced("planner")
 def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """The agenda (unless the QA memory answered): one pending step per issue, at most MAX_STEPS
+    """The agenda: one pending step per issue, at most MAX_STEPS
     (the rest reported as not researched).  It sees the question without its choices."""
     question = state["question"]
-    if state.get("memory_hit"):
-        return {}, "memory hit: nothing to research"
     legal, area = state.get("legal_question", True), state.get("question_area", "")
     topic = state.get("question_topic", "")
     facts, asked = answer_stage.split_question(question)
@@ -953,6 +951,11 @@ def route_after_injection(state: AgentState) -> Literal["classifier", "answer", 
     return "answer" if state.get("answer_mode") == "lean" else "classifier"
 
 
+def route_after_classifier(state: AgentState) -> Literal["planner", "answer"]:
+    """A question the QA memory answered is not planned."""
+    return "answer" if state.get("memory_hit") else "planner"
+
+
 def route_after_planner(state: AgentState) -> Literal["executor", "answer"]:
-    """A memory hit, or a question declined as off topic, skips the research."""
-    return "answer" if state.get("memory_hit") or state.get("decline") else "executor"
+    """A question declined as off topic skips the research."""
+    return "answer" if state.get("decline") else "executor"
