@@ -217,7 +217,15 @@ _OPINION_SIGNS = re.compile(
     r"Opinion of the Court|delivered the opinion|\bJUSTICE\b|\bdissenting\b|\bconcurring\b"
     r"|\bSyllabus\b|\bPER CURIAM\b|\bDecided\b|\bArgued\b|\bJudge\b.{0,40}\bopinion\b"
 )
-_BRIEF_SIGNS = re.compile(r"\bBRIEF\b|\bMEMORANDUM\b|\bPetitioner'?s\b|\bMOTION\b", re.I)
+_BRIEF_SIGNS = re.compile(
+    r"\b(?:BRIEF|MOTION)\b|\bMEMORANDUM\b(?!\s+(?:OPINION|AND\s+ORDER|DECISION))"
+    r"|(?i:\bbrief\s+(?:for|of|in\s+support\s+of)\s+(?:the\s+)?(?:petitioner|respondent|appellant|"
+    r"appellee|plaintiff|defendant|amicus|amici)|\b(?:petitioner|respondent|appellant|appellee)'?s\s+"
+    r"(?:opening\s+|reply\s+|answering\s+)?brief)"
+)
+"""A brief or a motion's heading ("BRIEF FOR PETITIONER", "MEMORANDUM OF LAW", "Appellant's Reply
+Brief"), not the words an opinion uses ("a brief pat-down", "denied her motion to suppress",
+"petitioner's counsel", "MEMORANDUM OPINION")."""
 
 
 def _part_marker(text: str) -> str | None:
@@ -700,6 +708,15 @@ def _decode(path: Path, data: bytes) -> str:
         return data.decode("cp1252", errors="replace")
 
 
+_HTML_TAG = (
+    r"<(?=!--|/?(?:a|abbr|b|blockquote|br|center|code|del|details|div|em|font|h[1-6]|hr|i|iframe|"
+    r"img|ins|li|mark|ol|p|pre|s|script|small|span|strong|style|sub|summary|sup|table|tbody|td|th|"
+    r"thead|tr|u|ul)\b)"
+)
+"""Where raw HTML starts in Markdown; any other "<" is text ("between <Landlord Name> and",
+"Smith <smith@example.com>", "if x<y")."""
+
+
 def _read_plain(path: Path, data: bytes) -> _Read:
     """Text files (a form feed starts a page) and Markdown (``#`` headings; raw HTML in it is
     read as HTML, so its comments and hidden elements stay out)."""
@@ -713,7 +730,8 @@ def _read_plain(path: Path, data: bytes) -> _Read:
             for t in page.splitlines()
         ]
         return "", _blocks_from_lines(lines), hidden, None
-    if "<" in text:
+    if re.search(_HTML_TAG, text, re.I):
+        text = re.sub(r"<(?!" + _HTML_TAG[1:] + ")", "&lt;", text, flags=re.I)
         import lxml.html
         from lxml.etree import ParserError
 

@@ -129,6 +129,31 @@ def _chunks(path: Path, **kw) -> list[dict]:
 # ------------------------------------------------------------------------------------------------
 
 
+def test_an_opinion_that_uses_the_words_of_a_brief_is_still_a_case(tmp_path):
+    """Mapp v. Ohio ("denied her motion to suppress") and Terry ("a brief pat-down") were loaded
+    as secondary material with no citation, court or jurisdiction."""
+    text = "\n".join(OPINION).replace("briefly detain", "detain, after a brief pat-down,")
+    opinion = tmp_path / "terry.txt"
+    opinion.write_text(text + "\nThe trial court denied his motion to suppress.\n")
+    assert _chunks(opinion)[0]["authority_type"] == "case"
+    brief = tmp_path / "brief.txt"
+    brief.write_text("BRIEF FOR THE RESPONDENT\n" + text)
+    assert _chunks(brief)[0]["authority_type"] == "secondary"
+
+
+def test_angle_brackets_in_markdown_text_are_kept(tmp_path):
+    """Markdown with any "<" was parsed as HTML, and "between <Landlord Name> and <Tenant Name>"
+    lost its placeholders; raw HTML in it is still read as HTML (a comment stays out)."""
+    md = tmp_path / "lease.md"
+    md.write_text(
+        "# Lease\n\nThis lease is made between <Landlord Name> and <Tenant Name>.<!-- a note -->\n"
+        "\nA minor (age <18) lacks capacity; write to Smith <smith@example.com>.\n"
+    )
+    text = " ".join(c["text"] for c in _chunks(md))
+    assert "between <Landlord Name> and <Tenant Name>." in text and "a note" not in text
+    assert "(age <18)" in text and "Smith <smith@example.com>." in text
+
+
 def test_each_type_reads_into_chunks_with_pins_a_reader_can_find(folder):
     opinion = _chunks(folder / "terry.pdf")
     assert opinion[0]["title"] == "Terry v. Ohio" and opinion[0]["citation"] == "392 U.S. 1"
