@@ -23,7 +23,13 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from filters import AUTHORITY_TYPES, jurisdiction_of, normalize_jurisdiction, parse_date
+from filters import (
+    AUTHORITY_TYPES,
+    jurisdiction_of,
+    normalize_court,
+    normalize_jurisdiction,
+    parse_date,
+)
 
 logger = logging.getLogger(__name__)
 # pypdf logs a warning for every quirk of a malformed file ("EOF marker not found") before it
@@ -902,11 +908,7 @@ def _overrides(path: Path, flags: dict[str, str] | None) -> dict[str, str]:
                 elif key == "date":
                     parse_date(value)
                 elif key == "court":
-                    import courts_db
-
-                    value = value.lower()
-                    if not courts_db.find_court_by_id(value):
-                        raise ValueError(f"unknown court {raw!r}: use a courts-db id (scotus, ca9)")
+                    value = normalize_court(value)
             except ValueError as exc:
                 raise _fail(path, f"{where}: {exc}") from None
             out[key] = value

@@ -590,12 +590,13 @@ def open_run(
     resume: str | None,
     root: str | os.PathLike[str] = DEFAULT_RESULTS_DIR,
 ) -> RunDir:
-    """The run directory for ``--run-id`` / ``--resume`` (which must exist) or a new id."""
+    """The run directory for ``--run-id`` / ``--resume`` (which must exist: its config.json is
+    written before the first row, so a run cut before any row resumes too) or a new id."""
     if resume:
         if run_id and run_id != resume:
             raise ValueError("give either --run-id or --resume, not two different ids")
-        if not (Path(root) / resume / "results.jsonl").exists():
-            raise FileNotFoundError(f"no run to resume: {Path(root) / resume}/results.jsonl")
+        if not any((Path(root) / resume / f).exists() for f in ("results.jsonl", "config.json")):
+            raise FileNotFoundError(f"no run to resume: {Path(root) / resume}/config.json")
         return RunDir(resume, root)
     return RunDir(run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}", root)
 

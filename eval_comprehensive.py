@@ -323,12 +323,11 @@ def build_summary(run: ec.RunDir, config: dict[str, Any], started: float) -> dic
         "run_id": run.run_id,
         "config": config,
         "answer_letters": dict(sorted(letters.items())),
-        "constant_letter_baseline": (
-            max(letters.values()) / len(mc_items) if mc_items else float("nan")
-        ),
+        "constant_letter_baseline": max(letters.values()) / len(mc_items) if mc_items else None,
         "retrieval": summarize_retrieval(rows),
         "mc": summarize_mc(rows),
         "rows": len(rows),
+        "items_done": len({r["item"] for r in rows}),
         "unresolved_errors": len({(e["item"], e["mode"]) for e in open_errors}),
         "error_examples": [e.get("error") for e in open_errors[:5]],
         "wall_seconds_this_invocation": round(time.time() - started, 2),
@@ -341,8 +340,9 @@ def render_markdown(summary: dict[str, Any]) -> str:
     lines = [
         f"# Evaluation run `{summary['run_id']}`",
         "",
-        f"- QA set: `{cfg.get('qa')}` — {cfg.get('n_items')} items evaluated "
-        f"({cfg.get('n_items_with_gold')} with the gold passage in the store)",
+        f"- QA set: `{cfg.get('qa')}` — {summary['items_done']} of {cfg.get('n_items')} items "
+        f"evaluated ({cfg.get('n_items_with_gold')} with the gold passage in the store)"
+        + (" — **interrupted**: resume to finish" if summary.get("interrupted") else ""),
         f"- LLM: {llm.get('provider', '?')} / {llm.get('model', '?')}",
         f"- embedder: {cfg.get('retrieval', {}).get('embedder', '?')}, reranker: "
         f"{cfg.get('reranker')}, passages in store: {cfg.get('retrieval', {}).get('corpus_count', '?')}",
@@ -1055,6 +1055,11 @@ def prepare_items(
                 len(items) + len(without),
             )
         n_with_gold = len(items)
+        if not items:
+            raise ValueError(
+                f"no item of {qa_path} has its gold passage in the store: index their passages "
+                "with --passages"
+            )
     else:
         logger.info("%s has no gold passage ids: phase 1 and gold_passage are skipped", qa_path)
         n_with_gold = 0

@@ -140,6 +140,16 @@ def normalize_jurisdiction(value: str) -> str:
     return code
 
 
+def normalize_court(value: str) -> str:
+    """A courts-db court id, lower case, raising ValueError for one courts-db does not know."""
+    import courts_db
+
+    court = value.strip().lower()
+    if not courts_db.find_court_by_id(court):
+        raise ValueError(f"unknown court {value!r}: use a courts-db id (scotus, ca9, tex)")
+    return court
+
+
 def legacy_authority_type(pid: str, source: str) -> str:
     """The authority type of a passage-table row without ``authority_type`` metadata, from its id
     prefix and source name."""
@@ -201,8 +211,10 @@ class PassageFilter:
             jurisdictions = frozenset(
                 normalize_jurisdiction(v) for v in _values(s.filters.jurisdiction)
             )
+            courts = frozenset(normalize_court(v) for v in _values(s.filters.court))
         except ValueError as exc:
-            raise SettingsError(f"FILTER_JURISDICTION: {exc}") from None
+            what = "COURT" if str(exc).startswith("unknown court") else "JURISDICTION"
+            raise SettingsError(f"FILTER_{what}: {exc}") from None
         kinds = frozenset(v.lower().replace("-", "_") for v in _values(s.filters.source_type))
         bad = sorted(kinds - set(AUTHORITY_TYPES))
         if bad:
@@ -223,7 +235,7 @@ class PassageFilter:
             )
         return cls(
             jurisdictions=jurisdictions,
-            courts=frozenset(v.lower() for v in _values(s.filters.court)),
+            courts=courts,
             source_types=kinds,
             **dates,
         )

@@ -757,7 +757,7 @@ class PassageStore:
             )
 
     def existing_ids(self, ids: Sequence[str]) -> set[str]:
-        ids, step = [str(i) for i in ids], self.max_batch()
+        ids, step = [str(i) for i in dict.fromkeys(ids)], self.max_batch()
         got = (
             self.collection.get(ids=ids[i : i + step], include=[]) for i in range(0, len(ids), step)
         )

@@ -137,6 +137,8 @@ def test_open_run_resume_requires_existing_run(tmp_path):
     with pytest.raises(FileNotFoundError):
         ec.open_run("both", None, "nope", tmp_path)
     run = ec.open_run("both", "abc", None, tmp_path)
+    run.check_config({"n": 1}, ["n"])  # cut before its first row: it resumes with none done
+    assert ec.open_run("both", None, "abc", tmp_path).done() == set()
     run.append({"item": "1", "mode": "x"})
     assert ec.open_run("both", None, "abc", tmp_path).done() == {("1", "x")}
 

@@ -319,6 +319,25 @@ def test_interrupted_run_resumes_without_repeating_rows(env, capsys):
     assert summary["interrupted"] is False
 
 
+def test_an_interrupted_run_says_so_and_how_many_items_it_evaluated(env, capsys):
+    factory, _ = reader(fail_after=1)
+    assert (
+        comprehensive(["pipeline", "--modes", "llm_only", "--run-id", "cut"], factory, env) == 130
+    )
+    page = (env / "res" / "cut" / "summary.md").read_text()
+    assert f"1 of {len(INDEXED_ITEMS)} items evaluated" in page and "interrupted" in page
+
+
+@pytest.mark.slow
+def test_a_retrieval_run_with_no_gold_passage_in_the_store_is_refused(env, capsys, tmp_path):
+    """It used to report "0 items evaluated", empty tables, exit 0."""
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(json.dumps({**r, "gold_idx": "absent"}) + "\n" for r in QA_ROWS))
+    args = ["retrieval", "--qa", str(qa), "--passages", str(PASSAGES), "--results-dir", "res"]
+    assert eval_comprehensive.main(args, llm_factory=reader()[0]) == 2
+    assert "has its gold passage in the store" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_evidence_mode_reports_coverage_and_accuracy_on_grounded_items(env, capsys):
     factory, _ = reader()
@@ -776,6 +795,9 @@ def test_phase_1_columns_score_each_retriever(env, capsys):
         assert retrieval[name]["n"] == n
         assert 0.0 <= retrieval[name]["recall@1"] <= retrieval[name]["recall@10"] <= 1.0
     assert calls == []  # no LLM in phase 1 without --rewrite
+    assert "NaN" not in json.dumps(retrieval)  # strict JSON: no MC rows, no letter baseline
+    summary = (env / "res" / "cols" / "summary.json").read_text()
+    assert json.loads(summary, parse_constant=pytest.fail)["constant_letter_baseline"] is None
     with pytest.raises(SystemExit) as info:
         comprehensive(["retrieval", "--columns", "nope"], factory, env)
     assert info.value.code == 2

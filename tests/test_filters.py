@@ -121,6 +121,7 @@ def test_a_filter_that_admits_nothing_returns_nothing(store):
         ("filter_jurisdiction", "Narnia", "FILTER_JURISDICTION"),
         ("filter_source_type", "treatise", "FILTER_SOURCE_TYPE=treatise"),
         ("filter_after", "last year", "FILTER_AFTER"),
+        ("filter_court", "scotus,xyz", "FILTER_COURT: unknown court 'xyz'"),  # filtered nothing
     ],
 )
 def test_a_bad_filter_value_is_a_settings_error_naming_the_setting(
