@@ -634,12 +634,14 @@ def build_parser() -> argparse.ArgumentParser:
             "  docs PATH...      your own documents: PDF, HTML, DOCX, Markdown, text files or\n"
             "                    folders of them, chunked by section, paragraph or heading with\n"
             "                    pin cites; metadata from the text, a <file>.meta.json sidecar or\n"
-            "                    the flags below (idempotent: unchanged files are skipped)\n\n"
+            "                    the flags below (idempotent: unchanged files are skipped)\n"
+            "  remove PATH...    take documents loaded with 'docs' out of the store (files, also\n"
+            "                    deleted or moved ones, or folders)\n\n"
             "source: --passages PATH, else datasets/barexam_qa/, else a download of HF_DATASET\n"
             "(reglab/barexam_qa) when online, else the starter corpus."
         ),
     )
-    p.add_argument("command", nargs="?", help="N | status | curated | starter | docs")
+    p.add_argument("command", nargs="?", help="N | status | curated | starter | docs | remove")
     p.add_argument(
         "rest", nargs="*", metavar="ARG", help="'curated': padding passages; 'docs': paths"
     )
@@ -715,6 +717,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     if command == "docs":
         return _run_docs(args, settings)
+    if command == "remove":
+        return _run_remove(args, settings)
     if doc_overrides(args):
         raise CorpusError(
             "--title, --citation, --court, --jurisdiction, --date and --source-type are for 'docs'"
@@ -724,7 +728,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         raise CorpusError(f"unexpected extra argument {args.rest[0]!r}")
     if command not in ("", "all", "curated", "starter") and not command.isdigit():
         raise CorpusError(
-            f"unknown command {args.command!r}: use N, status, curated, starter or docs"
+            f"unknown command {args.command!r}: use N, status, curated, starter, docs or remove"
         )
     limit = int(command) if command.isdigit() else None
 
@@ -813,6 +817,37 @@ def _run_docs(args: argparse.Namespace, settings: Settings) -> int:
             print(f"{n} file(s) kept the metadata flags given when they were last loaded")
     if report["failed"]:
         return 2 if len(report["failed"]) == report["files"] else 1
+    return 0
+
+
+def _run_remove(args: argparse.Namespace, settings: Settings) -> int:
+    """``load_corpus.py remove PATH...``: the chunks of each document (a file, deleted or moved
+    since it was loaded, or every file of a folder) leave the store.  Exit 0 when each path had
+    chunks to remove, 1 when some had none, 2 when none had."""
+    import documents
+
+    if not args.rest:
+        raise CorpusError("remove needs at least one file or folder: load_corpus.py remove PATH...")
+    rag_utils.require_writable(settings, "remove documents")
+    store = rag_utils.get_store(settings)
+    report: dict[str, Any] = {"removed": [], "not_loaded": [], "chunks_removed": 0}
+    for path in documents.find_files(args.rest):
+        ids = list(store.document_chunks(documents.document_id(path))) if store.count() else []
+        store.delete(ids)
+        report["removed" if ids else "not_loaded"].append(str(path))
+        report["chunks_removed"] += len(ids)
+    report["count"] = rag_utils.corpus_count(settings)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for path in report["not_loaded"]:
+            print(f"not loaded: {path}", file=sys.stderr)
+        print(
+            f"removed {len(report['removed'])} documents ({report['chunks_removed']} chunks); "
+            f"{rag_utils.collection_name(settings)} now holds {report['count']}"
+        )
+    if report["not_loaded"]:
+        return 1 if report["removed"] else 2
     return 0
 
 

@@ -393,6 +393,25 @@ def test_a_document_loaded_again_without_flags_keeps_the_metadata_they_gave(
     assert jurisdictions() == {"OH"}
 
 
+def test_a_deleted_document_can_be_taken_out_of_the_store(tmp_settings, fake, folder, capsys):
+    """A file deleted after loading stayed in the store, and no command could remove it."""
+    store = rag_utils.get_store(tmp_settings)
+    outline = folder / "outline.txt"
+    assert _docs(tmp_settings, str(outline), str(folder / "brief.md")) == 0
+    before = store.count()
+    outline.unlink()
+
+    def remove(*paths: str) -> int:
+        argv = ["remove", *paths, "--chroma-dir", tmp_settings.retrieval.chroma_dir]
+        return load_corpus.main(argv)
+
+    assert remove(str(outline)) == 0
+    assert not store.document_chunks(documents.document_id(outline))
+    assert 0 < store.count() < before and "removed 1 documents" in capsys.readouterr().out
+    assert remove(str(outline)) == 2  # nothing left to remove
+    assert f"not loaded: {outline}" in capsys.readouterr().err
+
+
 def test_the_agent_knows_when_the_collection_holds_the_users_own_documents(
     tmp_settings, fake, folder
 ):
