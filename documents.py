@@ -889,29 +889,37 @@ def _overrides(path: Path, flags: dict[str, str] | None) -> dict[str, str]:
     layers.append(("overrides", flags or {}))
     out: dict[str, str] = {}
     for where, values in layers:
-        for key, raw in values.items():
-            key = "authority_type" if key in ("source_type", "source-type") else key
-            if key not in OVERRIDE_KEYS:
-                raise _fail(path, f"{where}: unknown key {key!r} (use {', '.join(OVERRIDE_KEYS)})")
-            value = " ".join(str(raw if raw is not None else "").split())
-            if not value:
-                continue
-            try:
-                if key == "authority_type":
-                    value = value.lower().replace("-", "_").replace(" ", "_")
-                    if value not in AUTHORITY_TYPES:
-                        raise ValueError(
-                            f"authority type {raw!r}: use {', '.join(AUTHORITY_TYPES)}"
-                        )
-                elif key == "jurisdiction":
-                    value = normalize_jurisdiction(value)
-                elif key == "date":
-                    parse_date(value)
-                elif key == "court":
-                    value = normalize_court(value)
-            except ValueError as exc:
-                raise _fail(path, f"{where}: {exc}") from None
-            out[key] = value
+        try:
+            out |= validated_metadata(values)
+        except ValueError as exc:
+            raise _fail(path, f"{where}: {exc}") from None
+    return out
+
+
+def validated_metadata(values: dict[str, Any]) -> dict[str, str]:
+    """Metadata given for a document (a sidecar's or the ``docs`` flags), normalised; ValueError
+    names the first bad key or value."""
+    out: dict[str, str] = {}
+    for key, raw in values.items():
+        key = "authority_type" if key in ("source_type", "source-type") else key
+        if key not in OVERRIDE_KEYS:
+            raise ValueError(f"unknown key {key!r} (use {', '.join(OVERRIDE_KEYS)})")
+        if raw is not None and not isinstance(raw, str | int | float):
+            raise ValueError(f"{key}: expected text, not {type(raw).__name__} {raw!r}")
+        value = " ".join(str(raw if raw is not None else "").split())
+        if not value:
+            continue
+        if key == "authority_type":
+            value = value.lower().replace("-", "_").replace(" ", "_")
+            if value not in AUTHORITY_TYPES:
+                raise ValueError(f"authority type {raw!r}: use {', '.join(AUTHORITY_TYPES)}")
+        elif key == "jurisdiction":
+            value = normalize_jurisdiction(value)
+        elif key == "date":
+            parse_date(value)
+        elif key == "court":
+            value = normalize_court(value)
+        out[key] = value
     return out
 
 

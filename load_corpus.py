@@ -796,6 +796,12 @@ def _run_docs(args: argparse.Namespace, settings: Settings) -> int:
     some could not be read (each named on stderr), 2 when none could."""
     if not args.rest:
         raise CorpusError("docs needs at least one file or folder: load_corpus.py docs PATH...")
+    import documents
+
+    try:  # a bad flag is one error, not one "skipped:" line per file
+        documents.validated_metadata(doc_overrides(args))
+    except ValueError as exc:
+        raise CorpusError(f"docs: {exc}") from None
     start = time.perf_counter()
     report = load_documents(
         args.rest, settings, overrides=doc_overrides(args), progress=not args.no_progress

@@ -370,6 +370,10 @@ def test_docs_flags_set_the_metadata_and_need_a_path(tmp_settings, fake, folder,
     assert metas and {m["jurisdiction"] for m in metas} == {"OH"}
     assert _docs(tmp_settings) == 2
     assert "docs needs at least one file or folder" in capsys.readouterr().err
+    # a bad flag value is one error before any file is read, not a "skipped:" line per file
+    assert _docs(tmp_settings, str(folder), "--jurisdiction", "Narnia") == 2
+    err = capsys.readouterr().err
+    assert "unknown jurisdiction 'Narnia'" in err and "skipped" not in err
 
 
 def test_a_document_loaded_again_without_flags_keeps_the_metadata_they_gave(

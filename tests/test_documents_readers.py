@@ -453,6 +453,7 @@ def test_flags_beat_the_sidecar_which_beats_the_text(tmp_path):
         ({"date": "June 1968"}, "is not a date"),
         ({"author": "X"}, "unknown key 'author'"),
         ([1, 2], "expected a JSON object"),
+        ({"title": {"x": 1}}, "title: expected text, not dict"),  # was stored as "{'x': 1}"
     ],
 )
 def test_a_bad_override_names_the_file(tmp_path, sidecar, message):
