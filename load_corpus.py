@@ -712,6 +712,10 @@ def _print_status(info: dict[str, Any], as_json: bool) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     command = (args.command or "").strip().lower()
+    if command.lstrip("-").isdigit() and int(command) < 1:
+        raise CorpusError(f"N must be at least 1, not {command}")
+    if args.rest and command not in ("curated", "docs", "remove"):
+        raise CorpusError(f"unexpected extra argument {args.rest[0]!r}")
     if command == "status":
         _print_status(status(settings), args.json)
         return 0
@@ -724,8 +728,6 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             "--title, --citation, --court, --jurisdiction, --date and --source-type are for 'docs'"
         )
     padding = _padding(args.rest) if command == "curated" else DEFAULT_PADDING
-    if args.rest and command != "curated":
-        raise CorpusError(f"unexpected extra argument {args.rest[0]!r}")
     if command not in ("", "all", "curated", "starter") and not command.isdigit():
         raise CorpusError(
             f"unknown command {args.command!r}: use N, status, curated, starter, docs or remove"

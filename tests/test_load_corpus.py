@@ -225,6 +225,7 @@ def test_unknown_command_and_unloadable_model_are_one_line_errors(
 ):
     rc, _, err = cli("frobnicate")
     assert rc == 2 and err.strip().count("\n") == 0 and "unknown command" in err
+    assert cli("0")[0] == 2 and cli("status", "extra")[0] == 2  # were: 0 added, extra ignored
     monkeypatch.undo()  # the real get_embedder, and a model that cannot exist
     rc = load_corpus.main(
         ["--passages", str(PASSAGES), "--embedding-model", "legalrag-tests/no-such-model",
