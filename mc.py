@@ -44,50 +44,11 @@ _MARKER = re.compile(
 )
 _BARE = re.compile(r"^\W*\(?\s*([A-Ha-h])\s*\)?\W*$")
 WORD = re.compile(r"[a-z0-9]+")
-STOPWORDS = frozenset(
-    [
-        "a",
-        "an",
-        "the",
-        "of",
-        "to",
-        "in",
-        "on",
-        "for",
-        "and",
-        "or",
-        "but",
-        "is",
-        "are",
-        "was",
-        "were",
-        "be",
-        "been",
-        "by",
-        "with",
-        "as",
-        "at",
-        "from",
-        "that",
-        "this",
-        "it",
-        "its",
-        "his",
-        "her",
-        "their",
-        "he",
-        "she",
-        "they",
-        "not",
-        "no",
-        "any",
-        "all",
-        "which",
-        "who",
-        "whom",
-        "whose",
-    ]
+_STOPWORDS = (
+    "a an the of to in on for and or but is are was were be been by with as "
+    "at from that this it its his her their he she they not no any all which who whom whose"
 )
+STOPWORDS = frozenset(_STOPWORDS.split())
 
 
 @dataclass
@@ -114,11 +75,18 @@ def answer_line(letter: str | None, choices: Mapping[str, str]) -> str:
     return "**Answer: none** (no letter could be parsed from the model's reply)"
 
 
+_WHOLE = re.compile(r"(?s).*[.!?](?=\s)")
+
+
 def reasoning(reply: str) -> str:
     """The reply without its lines that only name the letter ("**Answer: (A)**"): what the model
-    said besides the letter, which :func:`answer_line` states (empty: nothing)."""
+    said besides the letter, which :func:`answer_line` states (empty: nothing).  A reply cut off
+    at its token limit ends at its last full sentence, marked "…"."""
     lines = reply.strip().splitlines()
-    return "\n".join(ln for ln in lines if _MARKER.sub("", ln).strip(" *:-.")).strip()
+    said = "\n".join(ln for ln in lines if _MARKER.sub("", ln).strip(" *:-.")).strip()
+    if said and not said.endswith((".", "!", "?", ")", '"', "*")):
+        said = (_WHOLE.match(said + " ") or re.match(r"(?s).*", said))[0].rstrip() + " …"
+    return said
 
 
 def _norm(text: str) -> str:

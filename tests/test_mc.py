@@ -107,3 +107,9 @@ def test_a_reply_that_only_names_the_letter_has_no_reasoning_to_show():
     assert mc.reasoning(reply) == (
         "**Answer: (C)** Rule: a promise needs new consideration.\nWhy: nothing changed."
     )
+
+
+def test_reasoning_cut_off_at_the_token_limit_ends_at_its_last_full_sentence():
+    """The lean answer printed "... to mitigate damages when a tenant" and stopped."""
+    reply = "Why: The landlord must try to re-let. The majority rule requires that when a tenant"
+    assert mc.reasoning(reply) == "Why: The landlord must try to re-let. …"
