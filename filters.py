@@ -211,10 +211,12 @@ class PassageFilter:
             jurisdictions = frozenset(
                 normalize_jurisdiction(v) for v in _values(s.filters.jurisdiction)
             )
+        except ValueError as exc:
+            raise SettingsError(f"FILTER_JURISDICTION: {exc}") from None
+        try:
             courts = frozenset(normalize_court(v) for v in _values(s.filters.court))
         except ValueError as exc:
-            what = "COURT" if str(exc).startswith("unknown court") else "JURISDICTION"
-            raise SettingsError(f"FILTER_{what}: {exc}") from None
+            raise SettingsError(f"FILTER_COURT: {exc}") from None
         kinds = frozenset(v.lower().replace("-", "_") for v in _values(s.filters.source_type))
         bad = sorted(kinds - set(AUTHORITY_TYPES))
         if bad:
