@@ -85,7 +85,8 @@ def reasoning(reply: str) -> str:
     lines = reply.strip().splitlines()
     said = "\n".join(ln for ln in lines if _MARKER.sub("", ln).strip(" *:-.")).strip()
     if said and not said.endswith((".", "!", "?", ")", '"', "*")):
-        said = (_WHOLE.match(said + " ") or re.match(r"(?s).*", said))[0].rstrip() + " …"
+        whole = _WHOLE.match(said + " ")
+        said = (whole[0] if whole else said).rstrip() + " …"
     return said
 
 
