@@ -165,7 +165,7 @@ def read_document(path: str | Path, overrides: dict[str, str] | None = None) -> 
 
     flags = injection.screen_passage(hidden_text) if hidden_text else []
     if flags:
-        logger.warning("%s: hidden text reads as instructions (%s)", p, ", ".join(flags))
+        logger.info("%s: hidden text reads as instructions (%s)", p, ", ".join(flags))
     sha = hashlib.sha256(data).hexdigest()
     logger.info("%s: %s, %d blocks, %s", p, kind, len(blocks), meta.get("authority_type"))
     return Document(p, document_id(p), sha, title, kind, blocks, meta, hidden_text, flags, pages)
