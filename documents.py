@@ -189,8 +189,10 @@ def read_and_chunk(
 
 _NUMBER = r"(\d+[A-Za-z]?(?:[.\-–]\d+[A-Za-z]?)*)"
 _CODE = r"(?:\d+\s+[A-Z][\w.&]*(?:\s+[A-Z][\w.&]*){0,3}\s+)?"  # "28 U.S.C. ", "29 C.F.R. "
+_CODE_SECTION = r"(?<=U\.S\.C\. )|(?<=C\.F\.R\. )"
+"""A code's section number with no "§" before it ("28 U.S.C. 1441 Removal of civil actions")."""
 _SECTION_LINE = re.compile(
-    rf"^{_CODE}(?:§§?|Sec\.|SEC\.|Section|SECTION)\s*{_NUMBER}\.?(?:\s+(?=[A-Z])|$)"
+    rf"^{_CODE}(?:§§?|Sec\.|SEC\.|Section|SECTION|{_CODE_SECTION})\s*{_NUMBER}\.?(?:\s+(?=[A-Z])|$)"
 )
 _RULE_LINE = re.compile(r"^Rule\s+(\d+(?:\.\d+)*)\.?(?:\s+(?=[A-Z])|$)")
 _OUTER_LINE = re.compile(
@@ -199,13 +201,13 @@ _OUTER_LINE = re.compile(
 )
 _OUTLINE_LINE = re.compile(r"^(?:([IVX]+)|([A-H])|\d+)\.\s+[A-Z]")
 _ARTICLE = re.compile(r"\b(Article|Amendment|ARTICLE|AMENDMENT)\s+([IVXLC]+|\d+)\b")
-_SECTION = re.compile(rf"(?:§§?|\bSec\.|\bSECTION|\bSection)\s*{_NUMBER}")
+_SECTION = re.compile(rf"(?:§§?|\bSec\.|\bSECTION|\bSection|{_CODE_SECTION})\s*{_NUMBER}")
 _RULE = re.compile(r"\bRule\s+(\d+(?:\.\d+)*)")
 _LABEL = re.compile(r"\(([a-z]{1,4}|\d{1,3}|[A-Z]{1,3})\)\s*")
 _LIST_LABEL = re.compile(r"(?:[-•*]\s+)?(?=\()|(\d{1,3})\.\s+(?=[A-Z])")  # "- (A)", "1. Title"
 _STRUCTURE = re.compile(
     rf"^{_CODE}(?:§|Sec\.|SEC\.|Section|SECTION|Rule|RULE|Article|ARTICLE|Amendment|AMENDMENT"
-    r"|Part|PART|Chapter|CHAPTER|Title|TITLE)\s*(?:\d|[IVXLC]+\b)"
+    rf"|Part|PART|Chapter|CHAPTER|Title|TITLE|{_CODE_SECTION})\s*(?:\d|[IVXLC]+\b)"
 )
 _ROMAN = re.compile(r"(?=[ivxl])l?x{0,3}(?:ix|iv|v?i{0,3})")
 _STAR = re.compile(r"(?<![\w*])\*(\d{1,5})\b(?!\*)")
@@ -836,7 +838,8 @@ def _authority(title: str, blocks: Sequence[Block], kind: str) -> dict[str, str]
 
     texts = [b.text for b in blocks[:60]]
     head = "\n".join(texts)[:HEAD_CHARS]
-    cites = get_citations(head[:CITATION_CHARS])
+    # eyecite reads a code's section only after "§": "28 U.S.C. 1441" is written without it too
+    cites = get_citations(re.sub(rf"({_CODE_SECTION})(?=\d)", "§ ", head[:CITATION_CHARS]))
     case = next((c for c in cites if isinstance(c, FullCaseCitation)), None)
     law = next((c for c in cites if isinstance(c, FullLawCitation)), None)
     meta: dict[str, str] = {"authority_type": "secondary"}

@@ -141,6 +141,20 @@ def test_an_opinion_that_uses_the_words_of_a_brief_is_still_a_case(tmp_path):
     assert _chunks(brief)[0]["authority_type"] == "secondary"
 
 
+def test_a_code_section_written_without_the_section_sign_is_a_statute(tmp_path):
+    """ "28 U.S.C. 1441 Removal of civil actions" was read as secondary with no jurisdiction."""
+    path = tmp_path / "removal.txt"
+    path.write_text(
+        "28 U.S.C. 1441 Removal of civil actions\n\n(a) Generally. Any civil action brought in a"
+        " State court may be removed by the defendant.\n\n(b) Diversity. A civil action may not"
+        " be removed if any defendant is a citizen of the forum State.\n"
+    )
+    chunks = _chunks(path)
+    assert (chunks[0]["authority_type"], chunks[0]["jurisdiction"]) == ("statute", "US")
+    assert chunks[0]["citation"] == "28 U.S.C. § 1441"
+    assert chunks[0]["pin"] == "§ 1441(a)"
+
+
 def test_angle_brackets_in_markdown_text_are_kept(tmp_path):
     """Markdown with any "<" was parsed as HTML, and "between <Landlord Name> and <Tenant Name>"
     lost its placeholders; raw HTML in it is still read as HTML (a comment stays out)."""
