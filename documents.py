@@ -104,18 +104,18 @@ class Document:
 def find_files(paths: Iterable[str | Path]) -> list[Path]:
     """The documents under ``paths``: supported files of folders (recursive, sorted, hidden files
     and folders skipped), and every file named directly (an unsupported or missing one is kept,
-    so that reading it says why)."""
-    out: dict[Path, None] = {}
+    so that reading it says why); a file named twice ("f.txt", "sub/../f.txt") once."""
+    out: dict[Path, Path] = {}
     for raw in paths:
         p = Path(raw).expanduser()
         if not p.is_dir():
-            out[p] = None
+            out.setdefault(p.resolve(), p)
             continue
         for f in sorted(p.rglob("*")):
             hidden = any(part.startswith((".", "~$")) for part in f.relative_to(p).parts)
             if f.is_file() and f.suffix.lower() in SUFFIXES and not hidden:
-                out[f] = None
-    return list(out)
+                out.setdefault(f.resolve(), f)
+    return list(out.values())
 
 
 def document_id(path: str | Path) -> str:

@@ -496,6 +496,8 @@ def test_find_files_walks_folders_and_keeps_named_files(tmp_path):
     found = documents.find_files([tmp_path, tmp_path / "a" / "notes.rtf", tmp_path / "nope.pdf"])
     rel = [str(p.relative_to(tmp_path)) for p in found]
     assert rel == ["a/b/z.pdf", "a/m.md", "top.TXT", "a/notes.rtf", "nope.pdf"]
+    twice = documents.find_files([tmp_path / "top.TXT", tmp_path / "a" / ".." / "top.TXT"])
+    assert twice == [tmp_path / "top.TXT"]  # one file, counted and loaded once
 
 
 # ------------------------------------------------------------------------------------------------
