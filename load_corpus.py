@@ -677,6 +677,10 @@ def doc_overrides(args: argparse.Namespace) -> dict[str, str]:
     return {f: v for f in DOC_FLAGS if (v := getattr(args, f.replace("-", "_")))}
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in counts.items())
 
@@ -814,10 +818,10 @@ def _run_docs(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps(report, indent=2))
     else:
         print(
-            f"{report['files']} files: {len(report['loaded'])} loaded, "
+            f"{_n(report['files'], 'file')}: {len(report['loaded'])} loaded, "
             f"{len(report['replaced'])} replaced, {len(report['unchanged'])} unchanged, "
             f"{len(report['failed'])} unreadable, {len(report['quarantined'])} quarantined; "
-            f"{report['chunks_added']} chunks added in {report['seconds']} s; "
+            f"{_n(report['chunks_added'], 'chunk')} added in {report['seconds']} s; "
             f"{rag_utils.collection_name(settings)} now holds {report['count']}"
         )
         if report["kept_flags"]:
@@ -851,7 +855,8 @@ def _run_remove(args: argparse.Namespace, settings: Settings) -> int:
         for path in report["not_loaded"]:
             print(f"not loaded: {path}", file=sys.stderr)
         print(
-            f"removed {len(report['removed'])} documents ({report['chunks_removed']} chunks); "
+            f"removed {_n(len(report['removed']), 'document')} "
+            f"({_n(report['chunks_removed'], 'chunk')}); "
             f"{rag_utils.collection_name(settings)} now holds {report['count']}"
         )
     if report["not_loaded"]:

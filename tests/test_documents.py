@@ -425,7 +425,7 @@ def test_a_deleted_document_can_be_taken_out_of_the_store(tmp_settings, fake, fo
 
     assert remove(str(outline)) == 0
     assert not store.document_chunks(documents.document_id(outline))
-    assert 0 < store.count() < before and "removed 1 documents" in capsys.readouterr().out
+    assert 0 < store.count() < before and "removed 1 document " in capsys.readouterr().out
     assert remove(str(outline)) == 2  # nothing left to remove
     assert f"not loaded: {outline}" in capsys.readouterr().err
 
