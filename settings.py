@@ -327,12 +327,13 @@ def _parse(var: str, raw: str, hint: Any) -> Any:
         if raw == "":
             return None
         base = next(a for a in typing.get_args(hint) if a is not type(None))
+    expected = {bool: "1/0, true/false or yes/no", int: "a whole number", float: "a number"}
     try:
         if base is bool and raw.lower() not in _TRUE | _FALSE:
-            raise ValueError("expected 1/0, true/false, yes/no")
+            raise ValueError
         return raw.lower() in _TRUE if base is bool else base(raw)  # str, int or float
-    except ValueError as exc:
-        raise SettingsError(f"{var}={raw!r} is not a valid {base.__name__}: {exc}") from None
+    except ValueError:
+        raise SettingsError(f"{var}={raw!r}: expected {expected[base]}") from None
 
 
 def load_dotenv_file(path: str | os.PathLike[str] = ".env") -> None:

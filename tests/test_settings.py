@@ -30,7 +30,7 @@ def test_environment_overrides_defaults_and_flags_override_environment():
 @pytest.mark.parametrize(
     ("env", "fragment"),
     [
-        ({"RETRIEVAL_K": "five"}, "RETRIEVAL_K"),
+        ({"RETRIEVAL_K": "five"}, "RETRIEVAL_K='five': expected a whole number"),
         ({"LLM_CACHE": "maybe"}, "LLM_CACHE"),
         ({"RERANKER": "colbert"}, "RERANKER"),
         ({"LEAN_GATE": "3"}, "LEAN_GATE"),
