@@ -317,6 +317,7 @@ class LLMClient:
         schema: type[BaseModel] | None = None,
         max_tokens: int | None = None,
         json_mode: str | None = None,
+        accept: Callable[[str], bool] | None = None,
     ) -> LLMResult:
         """Send ``messages`` (LangChain messages or (role, content) tuples) for ``role``.
 
@@ -326,7 +327,8 @@ class LLMClient:
         persist after ``settings.llm.max_retries`` retries raise LLMCallError (a 200 response that
         is not a chat completion counts as one); configuration problems raise LLMConfigError at
         once.  ``json_mode`` forces "schema" (provider JSON-schema mode) or "prompt" (instruction +
-        parsing); None picks schema mode where the provider supports it.
+        parsing); None picks schema mode where the provider supports it.  ``accept``: whether a
+        free-text reply is usable (a reply it refuses is not cached, as a parse failure is not).
 
         ``self.deadline``: each attempt's timeout (:func:`call_timeout`) is capped by the time
         left, no attempt, rate-limit wait or backoff sleep starts past it, and LLMDeadlineError is
@@ -422,7 +424,8 @@ class LLMClient:
         ))  # fmt: skip
         # An empty or unparseable reply is a fault, not an answer: caching it would replay it to
         # every later run (also after the server is fixed), so only good replies are kept.
-        if self._cache is not None and hit is None and not result.empty and not result.parse_error:
+        usable = not result.empty and not result.parse_error and (accept or bool)(result.text)
+        if self._cache is not None and hit is None and usable:
             self._cache.update(prompt, llm_string, [ChatGeneration(message=message)])
         return result
 

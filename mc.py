@@ -148,12 +148,16 @@ def select_answer(
         "choices": format_choices(choices),
         "evidence": prompts.quote("evidence", evidence) if evidence else NO_EVIDENCE,
     }
-    result = prompts.call(client, "mc_select", **values)
+
+    def lettered(text: str) -> bool:  # a reply with no letter is not cached (asked again later)
+        return parse_mc_answer(text, choices)[0] is not None
+
+    result = prompts.call(client, "mc_select", accept=lettered, **values)
     letter, strategy = parse_mc_answer(result.text, choices)
     if letter is not None:
         return MCResult(letter, strategy, result.text)
     logger.info("mc_select: no letter in the reply; retrying with the strict format")
-    retry = prompts.call(client, "mc_select_strict", **values)
+    retry = prompts.call(client, "mc_select_strict", accept=lettered, **values)
     letter, strategy = parse_mc_answer(retry.text, choices)
     text = f"{result.text}\n\n[strict retry] {retry.text}"
     return MCResult(letter, strategy, text, retried=True, parse_failed=letter is None)

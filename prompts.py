@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -374,14 +374,20 @@ CALLS: dict[Role, Call] = {
 }
 
 
-def call(client: LLMClient, role: Role, **values: Any) -> LLMResult:
+def call(
+    client: LLMClient, role: Role, accept: Callable[[str], bool] | None = None, **values: Any
+) -> LLMResult:
     """Make the ``role`` call: render its skill with ``values``, ask for its schema within its
     token budget.  Transport failures raise ``llm_config.LLMCallError``; an unparseable reply is
-    ``result.parsed is None`` (never an exception)."""
+    ``result.parsed is None`` (never an exception).  ``accept``: see ``LLMClient.invoke``."""
     spec = CALLS[role]
     budget = spec.max_tokens
     if spec.max_tokens_api is not None and not client.is_local(role):
         budget = spec.max_tokens_api
     return client.invoke(
-        render(spec.skill, **values), role=role, schema=spec.schema, max_tokens=budget
+        render(spec.skill, **values),
+        role=role,
+        schema=spec.schema,
+        max_tokens=budget,
+        accept=accept,
     )

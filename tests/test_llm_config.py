@@ -764,6 +764,22 @@ def test_broken_or_off_schema_json_is_a_parse_failure_and_never_cached(
     assert not client.records[-1].cached
 
 
+def test_a_multiple_choice_reply_with_no_letter_is_never_cached(tmp_settings, server):
+    """With LLM_CACHE=1 a reply naming no letter was replayed to every later run, also after the
+    server was fixed: '**Answer: none**' for good."""
+    import mc
+
+    choices = {"A": "Yes", "B": "No"}
+    server.script = [{"body": completion("I think the court would probably agree.")}] * 2
+    client = make_client(tmp_settings, server, llm_cache=True)
+    assert mc.select_answer(client, "Is it hearsay?", choices, None).letter is None
+    server.script = [{"body": completion("**Answer: (B)**")}]
+    assert mc.select_answer(client, "Is it hearsay?", choices, None).letter == "B"
+    assert len(server.requests) == 3  # asked again, not replayed from the cache
+    assert mc.select_answer(client, "Is it hearsay?", choices, None).letter == "B"
+    assert len(server.requests) == 3  # the good reply is cached
+
+
 # ------------------------------------------------------------------------------------------------
 # Deadlines and timeouts
 # ------------------------------------------------------------------------------------------------
