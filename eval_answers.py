@@ -302,10 +302,13 @@ def run_answers(
     on_row: Callable[[dict], None] | None = None,
     skip: Iterable[tuple[str, str]] = (),
     score: Callable[..., dict] = score_answer,
+    on_error: Callable[[str, str, Exception], None] | None = None,
 ) -> list[dict]:
     """The rows ``score(item, mode, result, seconds)`` of every item through every mode
     (``answer_fns[mode](question)``), one item's modes in a row so a cut run stays paired;
-    ``on_row`` sees each finished row; ``(item id, mode)`` pairs in ``skip`` are not run."""
+    ``on_row`` sees each finished row; ``(item id, mode)`` pairs in ``skip`` are not run.  A pair
+    whose answer fails (the model's API down) gets no row, so it is neither scored as a wrong
+    answer nor skipped by a rerun; ``on_error(item id, mode, exception)`` sees it."""
     from tqdm.auto import tqdm
 
     rows: list[dict] = []
@@ -321,11 +324,12 @@ def run_answers(
         try:
             result = dict(answer_fns[mode](str(item["question"])))
         except Exception as exc:  # one failing item must not end a long eval run
-            logger.warning("answers: %s/%s failed: %s", item["id"], mode, exc)
-            result = {"answer": "", "abstained": False, "error": str(exc)}
+            if on_error is None:
+                logger.warning("answers: %s/%s failed: %s", item["id"], mode, exc)
+            else:
+                on_error(str(item["id"]), mode, exc)
+            continue
         row = score(item, mode, result, time.perf_counter() - t0)
-        if result.get("error"):
-            row["error"] = result["error"]
         rows.append(row)
         if on_row is not None:
             on_row(row)

@@ -464,12 +464,20 @@ def print_summary(
     args: argparse.Namespace, summary: dict[str, Any], render: Callable[[dict[str, Any]], str]
 ) -> int:
     """The end of an eval command: ``summary`` as JSON (``--json``) or as ``render`` shows it,
-    then the run's folder; exit status 130 when the run was interrupted, else 0."""
+    then the run's folder; exit status 130 when the run was interrupted, 1 when some (item, mode)
+    pairs failed (a rerun with the same run id retries them), else 0."""
+    failed = summary.get("failed") or summary.get("unresolved_errors") or 0
     if args.json:
         print(json.dumps(summary, indent=2, ensure_ascii=False, default=str))
     else:
         print(f"{render(summary)}\nresults: {Path(args.results_dir) / summary['run_id']}")
-    return 130 if summary.get("interrupted") else 0
+    if failed and not args.json:
+        print(
+            f"{failed} (item, mode) pair(s) failed and are left out of the metrics (errors.jsonl);"
+            f" rerun with --run-id {summary['run_id']} to retry them",
+            file=sys.stderr,
+        )
+    return 130 if summary.get("interrupted") else 1 if failed else 0
 
 
 def comma_list(value: str, allowed: Iterable[str], what: str) -> list[str]:
@@ -551,11 +559,15 @@ class RunDir:
             if err is None:
                 self.append(row)
                 continue
-            item, mode = key(task)
-            logger.warning("%s / %s failed: %s", item, mode, err)
-            error = {"item": item, "mode": mode, "error": f"{err.__class__.__name__}: {err}"}
-            with open(self.path / "errors.jsonl", "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(error, ensure_ascii=False, default=_json_default) + "\n")
+            self.record_error(*key(task), err)
+
+    def record_error(self, item: str, mode: str, err: BaseException) -> None:
+        """A failed (item, mode) pair: logged and written to errors.jsonl; it has no row, so a
+        rerun with the same run id tries it again."""
+        logger.warning("%s / %s failed: %s", item, mode, err)
+        error = {"item": item, "mode": mode, "error": f"{err.__class__.__name__}: {err}"}
+        with open(self.path / "errors.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(error, ensure_ascii=False, default=_json_default) + "\n")
 
     def check_config(self, config: dict[str, Any], keys: Sequence[str]) -> None:
         """Save ``config``; on resume refuse to mix rows made under a different one (``keys``)."""

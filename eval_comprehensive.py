@@ -147,6 +147,17 @@ def _mc_fields(answer: Mapping[str, Any], reply: str | None) -> dict:
     }
 
 
+class AgentRunError(RuntimeError):
+    """The agent's run failed (an LLM call that kept failing): no answer to score."""
+
+
+def _raise_on_failure(state: Mapping[str, Any]) -> None:
+    """A run the model's API failed is a failed pair, not a wrong answer; a run cut by its
+    deadline (RUN_TIMEOUT) is scored: answering in time is part of what is measured."""
+    if state.get("stop_reason") == "error":
+        raise AgentRunError(str(state.get("error") or "the run failed"))
+
+
 def run_mc_item(
     item: dict,
     mode: str,
@@ -183,6 +194,7 @@ def run_mc_item(
         answer_mode = "research" if mode == "pipeline" else mode
         context = ec.agent_context(settings.replace(answer_mode=answer_mode), client)
         state = agent.run_agent(question, choices, context=context)
+        _raise_on_failure(state)
         mc_answer = state["mc_answer"] or {}
         fields = _mc_fields(mc_answer, state.get("final_cited_answer"))
         sources = list(mc_answer.get("evidence_ids") or [])  # what the letter read
@@ -699,6 +711,7 @@ def agent_answer_fn(
         client = LLMClient(settings, llm_factory=llm_factory)
         context = ec.agent_context(settings.replace(answer_mode=mode), client)
         state = agent.run_agent(question, None, context=context)
+        _raise_on_failure(state)
         record = state.get("answer") or {}
         return {
             "answer": state.get("final_cited_answer") or "",
@@ -850,7 +863,7 @@ def run_answers_phase(
             return eval_answers.ceiling_answer(client, item, gold)
 
         fns["ceiling"] = ceiling
-    interrupted = False
+    interrupted, failed = False, []
     try:
         eval_answers.run_answers(
             items,
@@ -858,6 +871,7 @@ def run_answers_phase(
             on_row=lambda row: run_dir.append({**row, "item": row["id"], "phase": "answers"}),
             skip=run_dir.done(),  # its grade rows share the keys of its answer rows
             score=score,
+            on_error=lambda item, mode, exc: failed.append(run_dir.record_error(item, mode, exc)),
         )
         if args.grade:
             judge = LLMClient(settings, llm_factory=llm_factory)
@@ -875,6 +889,7 @@ def run_answers_phase(
         "config": config,
         "answers": summarize(rows),
         "interrupted": interrupted,
+        "failed": len(failed),
     }
     run_dir.write_json("summary.json", summary)
     return summary

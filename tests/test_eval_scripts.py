@@ -76,6 +76,7 @@ class ReaderFake(BaseChatModel):
     calls: Any = None
     lock: Any = None
     fail_after: int | None = None
+    down: bool = False  # every call fails, as an API that is down
 
     @property
     def _llm_type(self) -> str:
@@ -89,6 +90,8 @@ class ReaderFake(BaseChatModel):
         with self.lock:
             if self.fail_after is not None and len(self.calls) >= self.fail_after:
                 raise KeyboardInterrupt  # the user pressing Ctrl-C mid-run
+            if self.down:
+                raise RuntimeError("the API is down")
             self.calls.append(fmt is not None)
         text = "\n".join(str(m.content) for m in messages)
         if fmt is not None:
@@ -109,12 +112,12 @@ def _answer(prompt: str) -> str:
     return "Answer: A"
 
 
-def reader(fail_after: int | None = None) -> tuple[Any, list]:
+def reader(fail_after: int | None = None, down: bool = False) -> tuple[Any, list]:
     calls: list = []
     lock = threading.Lock()
 
     def factory(role: str) -> ReaderFake:
-        return ReaderFake(calls=calls, lock=lock, fail_after=fail_after)
+        return ReaderFake(calls=calls, lock=lock, fail_after=fail_after, down=down)
 
     return factory, calls
 
@@ -779,6 +782,28 @@ def test_phase_3_answers_scores_both_answer_modes_on_the_open_questions(env, cap
     assert all(graded[m]["a_or_b"]["n"] == 3 for m in ("research", "evidence"))
     assert eval_comprehensive.main([*args, "--grade"], llm_factory=factory) == 0
     assert len(calls) == n_calls + distinct
+
+
+def test_answers_the_api_failed_are_not_scored_and_a_rerun_retries_them(env, capsys):
+    """With the API down, phase 3 reported abstention 0/1 and key points 0.00, as if the agent
+    had answered badly, and exited 0."""
+    args = ["answers", "2", "--modes", "research", "--run-id", "down", "--results-dir", "res"]
+    assert eval_comprehensive.main(args, llm_factory=reader(down=True)[0]) == 1
+    assert "2 (item, mode) pair(s) failed" in capsys.readouterr().err
+    assert not (env / "res" / "down" / "results.jsonl").exists()  # nothing scored
+    assert len(_rows(env / "res" / "down" / "errors.jsonl")) == 2
+    assert eval_comprehensive.main(args, llm_factory=reader()[0]) == 0  # the API is back
+    assert len(_read_rows(env, "down")) == 2
+
+
+@pytest.mark.slow
+def test_a_pipeline_item_the_api_failed_is_retried_not_scored_wrong(env, capsys):
+    args = ["pipeline", "--modes", "lean", "--run-id", "mcdown"]
+    assert comprehensive(args, reader(down=True)[0], env) == 1
+    summary = json.loads((env / "res" / "mcdown" / "summary.json").read_text())
+    assert summary["mc"] == {} and summary["unresolved_errors"] == len(INDEXED_ITEMS)
+    assert comprehensive(args, reader()[0], env) == 0
+    assert len(_read_rows(env, "mcdown")) == len(INDEXED_ITEMS)
 
 
 @pytest.mark.slow
