@@ -317,14 +317,23 @@ def _partial(state: dict, ctx: AgentContext, message: str) -> dict:
     """The run so far after a failure, with the reason."""
     logger.info("run stopped early: %s", message)
     left = nodes.unresearched_issues(state)  # type: ignore[arg-type]
-    note = f" Not researched: {'; '.join(left)}." if left else ""
+    passages = state.get("passages") or {}
+    found = [  # the research done before the failure: what each issue's search found
+        f"{s.get('issue')}: "
+        + ", ".join(passages[i]["title"] for i in s["execution"]["retrieved_doc_ids"][:3] if i in passages)
+        for s in state.get("planning_table") or []
+        if s.get("status") == "completed"
+    ]  # fmt: skip
+    note = f" Found before it stopped: {'; '.join(found)}." if found else ""
+    note += f" Not researched: {'; '.join(left)}." if left else ""
     state["error"] = message
     state["final_cited_answer"] = f"[No answer — {message}]{note}"
     state["stop_reason"] = "deadline" if "deadline" in message.lower() else "error"
-    if not state.get("answer"):  # --json always carries the record, here an abstention
+    if not (state.get("answer") or {}).get("text"):  # --json always carries the record
         kind = answer_stage.question_kind(state.get("question", ""), state.get("choices") or None)
         record = answer_stage.AnswerRecord(kind, state["final_cited_answer"], [], [], True, message)
         state["answer"] = record.to_dict()
+    state["abstained"] = bool(state["answer"].get("abstained"))
     state["run_metrics"] = nodes.compute_metrics(state, ctx)  # type: ignore[arg-type]
     return state
 

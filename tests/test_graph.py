@@ -915,6 +915,9 @@ def test_llm_failure_mid_run_names_the_issues_not_researched(tmp_settings):
     result, *_ = run(tmp_settings, replies, max_iterations=1)
     assert result["error"].startswith("LLM failure")
     assert "Not researched: Comparative negligence." in result["final_cited_answer"]
+    # the research done before the failure is printed: what the researched issue's search found
+    found = result["final_cited_answer"].split("Found before it stopped: ")[1]
+    assert found.startswith("Negligence: ") and result["abstained"] is True
 
 
 def test_search_strategy_setting_forces_one_type_for_every_step(tmp_settings):
@@ -986,3 +989,12 @@ def test_a_doctrine_is_one_candidate_however_many_times_it_is_named(tmp_settings
     assert nodes.candidate_doctrines(ctx, "A pat-down. Can he suppress it?") == [
         "Stop and frisk", "Arrest (Stop and frisk)", "Plain view",
     ]  # fmt: skip
+
+
+def test_a_multiple_choice_run_the_api_failed_has_an_abstaining_record(tmp_settings):
+    """Lean mode's record said {"text": "", "abstained": false} when the letter's call failed."""
+    replies = {"mc_select": [RuntimeError("HTTP 500")], "mc_select_strict": []}
+    result, *_ = run(tmp_settings, replies, choices=CHOICES, answer_mode="lean")
+    assert result["error"].startswith("LLM failure") and result["abstained"] is True
+    record = result["answer"]
+    assert record["abstained"] and record["why"].startswith("LLM failure") and record["text"]
