@@ -631,7 +631,15 @@ def main(argv: list[str] | None = None) -> int:
     if result.get("error"):
         print(f"main.py: error: {result['error']}".splitlines()[0], file=sys.stderr)
         return 1
-    if not (result.get("run_metrics") or {}).get("has_answer"):
+    metrics = result.get("run_metrics") or {}
+    if (bad := metrics.get("parse_failures") or 0) >= max(2, (metrics.get("llm_calls") or 0) / 2):
+        print(
+            f"main.py: warning: {bad} of {metrics['llm_calls']} model replies were not the JSON "
+            "asked for, and the answer rests on fallbacks: does this model follow JSON "
+            "instructions? (`python llm_config.py` lists the providers)",
+            file=sys.stderr,
+        )
+    if not metrics.get("has_answer"):
         why = result.get("stop_reason") or "the research produced no usable answer"
         letter = (result.get("mc_answer") or {}).get("letter")
         tail = f"; the letter ({letter}) is the model's closed-book pick" if letter else ""
