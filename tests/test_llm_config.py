@@ -673,6 +673,9 @@ def test_cli_ping_goes_through_the_selected_provider(monkeypatch, capsys, tmp_pa
     server.script = [{"status": 404, "body": {"error": {"message": "no such model"}}}]
     assert llm_config.main(["--ping"]) == 1
     assert "404" in capsys.readouterr().out
+    server.script = [{"body": completion("")}]  # said "ok, replied ''" though the agent fails
+    assert llm_config.main(["--ping"]) == 1
+    assert "ping: failed: empty reply" in capsys.readouterr().out
 
 
 def test_local_provider_without_its_packages_is_a_config_error(tmp_settings, tmp_path, monkeypatch):
