@@ -303,11 +303,14 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
     local = provider.local and not (settings.llm.base_url and main)
     if provider.key_required and not api_key:
         raise LLMConfigError(
-            f"{var}={given} needs an API key: set {provider.key_variables()} or LLM_API_KEY "
-            "in the environment or .env"
+            f"{var}={given} needs an API key: set {provider.key_variables()}"
+            f"{' or LLM_API_KEY' if main else ''} in the environment or .env"
         )
     if not model:
-        raise LLMConfigError(f"{var}={name} has no default model: set LLM_MODEL")
+        model_var = {"LLM_PROVIDER": "LLM_MODEL", "LLM_PROVIDER_FAST": "LLM_MODEL_FAST"}
+        raise LLMConfigError(
+            f"{var}={name} has no default model: set {model_var.get(var, 'JUDGE_MODEL')}"
+        )
     if not local and not base_url:
         raise LLMConfigError(f"{var}={name} has no base URL: set LLM_BASE_URL")
     return ResolvedLLM(

@@ -959,10 +959,11 @@ def test_check_config_covers_every_role_before_any_work(tmp_settings, monkeypatc
     import local_llm
 
     providers.check_config(tmp_settings.replace(llm_provider="vllm", llm_model="m"))
-    with pytest.raises(LLMConfigError, match="LLM_PROVIDER_FAST=groq needs an API key"):
+    with pytest.raises(LLMConfigError, match="LLM_PROVIDER_FAST=groq needs an API key") as info:
         providers.check_config(
             tmp_settings.replace(llm_provider="vllm", llm_model="m", llm_provider_fast="groq")
         )
+    assert "LLM_API_KEY" not in str(info.value)  # the main provider's key: no help here
     with pytest.raises(LLMConfigError, match="not a known provider"):
         providers.check_config(tmp_settings.replace(llm_provider="nope-provider"))
     # The embedded model's packages are looked up, nothing is started or assembled.
