@@ -35,7 +35,7 @@ from providers import (
     rate_limiter,
     resolve,
 )
-from settings import Settings, load_dotenv_file
+from settings import Settings, SettingsError, load_dotenv_file
 
 logger = logging.getLogger(__name__)
 
@@ -536,8 +536,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="send one short request through the selected provider and report the latency",
     )
     args = parser.parse_args(argv)
-    load_dotenv_file()
-    settings = Settings.from_env()
+    try:
+        load_dotenv_file()
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        print(f"llm_config.py: error: {exc}", file=sys.stderr)
+        return 2
     ping = None
     if args.ping:
         client = LLMClient(settings.replace(llm_cache=False))

@@ -351,7 +351,7 @@ settings (environment variables or .env; a flag above wins over its variable):
   LLM_TIMEOUT (0 = auto)  seconds per call attempt: auto = 300 for the embedded model and servers on
                           this machine, 60 for remote APIs
   RUN_TIMEOUT (600)       seconds a whole question may take (the run deadline); 0 = none
-  LLM_MAX_RETRIES, LLM_TEMPERATURE, LLM_CACHE, LLM_CACHE_PATH
+  LLM_MAX_RETRIES, LLM_TEMPERATURE, LLM_CACHE, LLM_CACHE_PATH, LLM_JSON_MODE (auto|schema|prompt)
   LEAN_GATE (0.33)        the evidence gate: a research step whose best passage (cosine to its issue)
                           is below it fails; a question whose every sentence is below it is off topic
   MAX_STEPS (3)           issues researched (one step each; the rest are named as not answered)

@@ -301,6 +301,9 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
     if judge and settings.llm.judge_model:
         model = settings.llm.judge_model
     local = provider.local and not (settings.llm.base_url and main)
+    if provider.local and not local:  # LLM_BASE_URL and LLM_MODEL alone: the user's own server
+        name = "openai-compatible"
+    schema = {"schema": True, "prompt": False}.get(settings.llm.json_mode)
     if provider.key_required and not api_key:
         raise LLMConfigError(
             f"{var}={given} needs an API key: set {provider.key_variables()}"
@@ -318,7 +321,7 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
         base_url=base_url,
         model=model,
         supports_system_messages=provider.supports_system_messages,
-        supports_json_schema=provider.supports_json_schema,
+        supports_json_schema=provider.supports_json_schema if schema is None else schema,
         local=local,
         api_key=api_key,
         requests_per_minute=settings.llm.requests_per_minute or provider.requests_per_minute,

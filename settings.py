@@ -151,6 +151,10 @@ class LLMSettings:
     judge_model: str | None = _var("JUDGE_MODEL", None)
     """Model of the answer grader; empty = the judge provider's default (or LLM_MODEL when the
     judge provider is the main one)."""
+    json_mode: str = _var("LLM_JSON_MODE", "auto")
+    """How JSON replies are asked for: auto (the provider's registry entry), schema (the
+    ``response_format`` JSON schema) or prompt (the schema in the prompt, for servers that refuse
+    ``response_format``)."""
     temperature: float = _var("LLM_TEMPERATURE", 0.0)
     timeout: float = _var("LLM_TIMEOUT", 0.0)
     """Seconds per LLM call attempt before it is abandoned; 0 = auto: 300 for the embedded model
@@ -271,6 +275,7 @@ class Settings:
             ("RUN_TIMEOUT", agent.run_timeout, (0, None)),
             ("LLM_MAX_RETRIES", llm.max_retries, (0, None)),
             ("EMBEDDING_BACKEND", r.embedding_backend, ("auto", "onnx", "torch")),
+            ("LLM_JSON_MODE", llm.json_mode, ("auto", "schema", "prompt")),
             ("FUSION_DENSE_WEIGHT", r.fusion_dense_weight, (0, 1)),
             ("MAX_STEPS", agent.max_steps, (1, None)),
             ("MAX_ITERATIONS", agent.max_iterations, (1, None)),

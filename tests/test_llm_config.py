@@ -475,6 +475,17 @@ def test_prompt_mode_for_providers_without_schema_support(tmp_settings, server):
     assert client.records[-1].json_mode == "prompt"
 
 
+def test_llm_json_mode_prompt_serves_a_server_that_refuses_json_schemas(tmp_settings, server):
+    """LLM_BASE_URL and LLM_MODEL alone (your own server) always sent response_format, and a
+    server answering "'json_schema' is not supported" failed every JSON call; it was also named
+    'local', which read as if the embedded model had failed."""
+    server.script = [{"body": completion('{"verdict": "safe", "reason": "ok"}')}]
+    client = make_client(tmp_settings, server, provider="local", llm_json_mode="prompt")
+    assert client.invoke(MSGS, role="injection", schema=Verdict).parsed.verdict == "safe"
+    assert "response_format" not in server.requests[0]["body"]
+    assert client.records[-1].provider == "openai-compatible"
+
+
 def test_malformed_json_is_a_counted_parse_failure_not_an_exception(tmp_settings, server):
     server.script = [{"body": completion('{"verdict": "safe", "reason": ')}]
     client = make_client(tmp_settings, server)
