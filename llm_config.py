@@ -463,7 +463,7 @@ class LLMClient:
                            f"{time.perf_counter() - t0:.1f}s (last: {reason}); "
                            "raise RUN_TIMEOUT / --deadline to allow more time")  # fmt: skip
                 return LLMDeadlineError(message, **about)
-            where = f" at {cfg.display_url}" if reason.startswith("connection") else ""
+            where = f" at {cfg.display_url}" if cfg.display_url and not cfg.local else ""
             return LLMCallError(f"{prefix} failed after {n} attempt(s): {reason}{where}", **about)
 
         def attempt(messages: list[Any]) -> Any:
@@ -496,7 +496,7 @@ class LLMClient:
                 longest = max(wait or 0.0, min(self.backoff_max_s, scheduled + self.backoff_base_s))
                 if deadline is not None:
                     now = time.monotonic()
-                    timed_out_at_deadline = capped and reason == "timeout"
+                    timed_out_at_deadline = capped and reason.startswith("timeout")
                     no_time_to_retry = n < attempts and now + longest >= deadline
                     if now >= deadline or timed_out_at_deadline or no_time_to_retry:
                         raise stop(reason, at_deadline=True) from None

@@ -443,7 +443,7 @@ def classify_failure(exc: BaseException) -> tuple[bool, str, float | None]:
         if isinstance(e, MalformedResponseError):
             return True, f"malformed response ({e})", None
         if isinstance(e, openai.APITimeoutError | TimeoutError):
-            return True, "timeout", None
+            return True, "timeout (LLM_TIMEOUT: seconds per attempt)", None
         if isinstance(e, openai.APIConnectionError | ConnectionError):
             return True, f"connection error ({e.__class__.__name__})", None
         if isinstance(e, openai.APIStatusError):
@@ -452,7 +452,8 @@ def classify_failure(exc: BaseException) -> tuple[bool, str, float | None]:
                 return True, "rate limited (HTTP 429)", wait
             if status >= 500 or status == 408:
                 return True, f"server error (HTTP {status})", wait
-            return False, f"HTTP {status}: {e.message}", None
+            said = re.sub(r"^Error code: \d+ - ", "", str(e.message))  # the SDK's own prefix
+            return False, f"HTTP {status}: {said}", None
     return False, f"{chain[0].__class__.__name__}: {chain[0]}", None
 
 

@@ -423,6 +423,8 @@ def test_auth_error_is_not_retried_and_key_is_not_leaked(tmp_settings, server, c
     assert len(server.requests) == 1
     assert server.requests[0]["headers"]["authorization"] == f"Bearer {SECRET}"
     assert SECRET not in str(info.value)
+    # the endpoint is named, the status said once ("HTTP 401: Error code: 401 - ..." before)
+    assert f"at {server.url}" in str(info.value) and "Error code" not in str(info.value)
     assert SECRET not in caplog.text
     assert SECRET not in json.dumps([dataclasses.asdict(r) for r in client.records])
 
