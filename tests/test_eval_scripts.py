@@ -784,6 +784,7 @@ def test_phase_3_answers_scores_both_answer_modes_on_the_open_questions(env, cap
     assert len(calls) == n_calls + distinct
 
 
+@pytest.mark.slow  # indexes the starter corpus
 def test_answers_the_api_failed_are_not_scored_and_a_rerun_retries_them(env, capsys):
     """With the API down, phase 3 reported abstention 0/1 and key points 0.00, as if the agent
     had answered badly, and exited 0."""
