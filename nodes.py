@@ -195,8 +195,9 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
 
 @_traced("classifier")
 def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """QA memory first: a question answered before is neither classified nor researched (a
-    multiple-choice one still gets its letter); else its kind, field of law and topic."""
+    """QA memory first: a question answered before (a fact pattern: the same facts, word for
+    word) is neither classified nor researched (a multiple-choice one still gets its letter);
+    else its kind, field of law and topic."""
     question = state["question"]
     hit = None
     try:
@@ -204,6 +205,12 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
             hit = ctx.check_memory(question)
     except Exception as exc:  # noqa: BLE001 - a broken memory must not stop the research
         logger.warning("QA memory lookup failed: %s", exc)
+    # A fact pattern's answer applies the law to its facts: it serves those facts only ("Officer
+    # Reyes arrested Dan. ... Was the search lawful?" got another story's answer at 0.92).
+    texts = [" ".join(str(q).split()) for q in ((hit or {}).get("question"), question)]
+    kinds = {answer_stage.question_kind(t, None) for t in texts} if hit else set()
+    if "fact_pattern" in kinds and texts[0].lower() != texts[1].lower():
+        hit = None
     if hit:
         sources = list(hit.get("sources") or [])
         return (

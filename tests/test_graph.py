@@ -734,7 +734,7 @@ def test_when_leans_retrieval_falls_below_the_gate_the_letter_reads_the_research
 
 def test_memory_hit_skips_the_research_and_a_letter_is_still_picked(tmp_settings):
     cached = {"id": "neg", "title": "Negligence elements", "text": LAW[0]["text"], "ref": "[1]"}
-    memory = Memory({"question": "q", "answer": "Cached answer [1].", "confidence": 0.7, "similarity": 0.99, "sources": [cached]})  # fmt: skip
+    memory = Memory({"question": FACTS, "answer": "Cached answer [1].", "confidence": 0.7, "similarity": 0.99, "sources": [cached]})  # fmt: skip
     replies = {"mc_select": ["**Answer: (B)**"]}  # no classify call: the memory answers first
     result, script, memory, _ = run(
         tmp_settings, replies, memory=memory, choices=CHOICES, answer_mode="research"
@@ -748,7 +748,9 @@ def test_memory_hit_skips_the_research_and_a_letter_is_still_picked(tmp_settings
     assert memory.writes == []
     lines: list[str] = []  # the reader is told which earlier question the answer was saved for
     main._print_result(result, lines.append)
-    assert '(From the QA memory: the answer saved for "q", similarity 0.99;' in " ".join(lines)
+    assert f'(From the QA memory: the answer saved for "{FACTS}", similarity 0.99;' in " ".join(
+        lines
+    )
 
 
 @pytest.mark.parametrize(
@@ -998,3 +1000,16 @@ def test_a_multiple_choice_run_the_api_failed_has_an_abstaining_record(tmp_setti
     assert result["error"].startswith("LLM failure") and result["abstained"] is True
     record = result["answer"]
     assert record["abstained"] and record["why"].startswith("LLM failure") and record["text"]
+
+
+def test_a_fact_patterns_saved_answer_serves_the_same_facts_only(tmp_settings):
+    """A shorter story ("Officer Reyes arrested Dan. She searched his car. Was the search
+    lawful?") got the saved answer of a longer one at similarity 0.92, quoting facts the user
+    never gave."""
+    other = {"question": "Dan was stopped for speeding and arrested. Was the search lawful?",
+             "answer": "Cached answer [1].", "similarity": 0.93, "sources": []}  # fmt: skip
+    result, script, *_ = run(tmp_settings, fact_replies(), memory=Memory(other))
+    assert result["memory_hit"] is False and "classify" in script.roles()
+    same = {**other, "question": "  " + FACTS.upper()}  # the same facts, as typed again
+    result, script, *_ = run(tmp_settings, {}, memory=Memory(same))
+    assert result["memory_hit"] is True and "classify" not in script.roles()
