@@ -393,6 +393,7 @@ def load_passages(
     """Embed and upsert the passages not yet stored (by id), ``batch_size`` at a time, each batch
     committed before the next; returns how many were added. Each passage's injection screen
     (:func:`injection.screen_passage`) is stored in its metadata."""
+    rag_utils.get_embedder(settings)  # a model that cannot load leaves no empty collection behind
     store = rag_utils.get_store(settings)
     ids = [str(p["idx"]) for p in passages]
     if len(set(ids)) != len(ids):

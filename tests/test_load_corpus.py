@@ -234,6 +234,9 @@ def test_unknown_command_and_unloadable_model_are_one_line_errors(
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1
     assert len(err) == 1 and "legalrag-tests/no-such-model" in err[0] and "Traceback" not in err[0]
+    import rag_utils  # the failed load left no empty collection ("status" said it was there)
+
+    assert not any("no-such-model" in c for c in rag_utils.existing_collections(tmp_settings))
 
 
 # ------------------------------------------------------------------------------------------------
