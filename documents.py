@@ -716,11 +716,12 @@ def _decode(path: Path, data: bytes) -> str:
         return data.decode("cp1252", errors="replace")
 
 
-_HTML_TAG = (
-    r"<(?=!--|/?(?:a|abbr|b|blockquote|br|center|code|del|details|div|em|font|h[1-6]|hr|i|iframe|"
+_TAG = (
+    r"!--|/?(?:a|abbr|b|blockquote|br|center|code|del|details|div|em|font|h[1-6]|hr|i|iframe|"
     r"img|ins|li|mark|ol|p|pre|s|script|small|span|strong|style|sub|summary|sup|table|tbody|td|th|"
-    r"thead|tr|u|ul)\b)"
+    r"thead|tr|u|ul)\b"
 )
+_HTML_TAG, _TEXT_LT = re.compile(rf"<(?={_TAG})", re.I), re.compile(rf"<(?!{_TAG})", re.I)
 """Where raw HTML starts in Markdown; any other "<" is text ("between <Landlord Name> and",
 "Smith <smith@example.com>", "if x<y")."""
 
@@ -738,8 +739,8 @@ def _read_plain(path: Path, data: bytes) -> _Read:
             for t in page.splitlines()
         ]
         return "", _blocks_from_lines(lines), hidden, None
-    if re.search(_HTML_TAG, text, re.I):
-        text = re.sub(r"<(?!" + _HTML_TAG[1:] + ")", "&lt;", text, flags=re.I)
+    if _HTML_TAG.search(text):
+        text = _TEXT_LT.sub("&lt;", text)
         import lxml.html
         from lxml.etree import ParserError
 

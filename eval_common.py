@@ -561,13 +561,14 @@ class RunDir:
                 continue
             self.record_error(*key(task), err)
 
-    def record_error(self, item: str, mode: str, err: BaseException) -> None:
-        """A failed (item, mode) pair: logged and written to errors.jsonl; it has no row, so a
-        rerun with the same run id tries it again."""
+    def record_error(self, item: str, mode: str, err: BaseException) -> dict[str, str]:
+        """A failed (item, mode) pair, logged and written to errors.jsonl (and returned): it has
+        no row, so a rerun with the same run id tries it again."""
         logger.warning("%s / %s failed: %s", item, mode, err)
         error = {"item": item, "mode": mode, "error": f"{err.__class__.__name__}: {err}"}
         with open(self.path / "errors.jsonl", "a", encoding="utf-8") as fh:
             fh.write(json.dumps(error, ensure_ascii=False, default=_json_default) + "\n")
+        return error
 
     def check_config(self, config: dict[str, Any], keys: Sequence[str]) -> None:
         """Save ``config``; on resume refuse to mix rows made under a different one (``keys``)."""

@@ -805,14 +805,13 @@ def _run_docs(args: argparse.Namespace, settings: Settings) -> int:
         raise CorpusError("docs needs at least one file or folder: load_corpus.py docs PATH...")
     import documents
 
+    flags = doc_overrides(args)
     try:  # a bad flag is one error, not one "skipped:" line per file
-        documents.validated_metadata(doc_overrides(args))
+        documents.validated_metadata(flags)
     except ValueError as exc:
         raise CorpusError(f"docs: {exc}") from None
     start = time.perf_counter()
-    report = load_documents(
-        args.rest, settings, overrides=doc_overrides(args), progress=not args.no_progress
-    )
+    report = load_documents(args.rest, settings, overrides=flags, progress=not args.no_progress)
     report["seconds"] = round(time.perf_counter() - start, 2)
     report["count"] = rag_utils.corpus_count(settings)
     if args.json:
@@ -826,8 +825,8 @@ def _run_docs(args: argparse.Namespace, settings: Settings) -> int:
             f"{rag_utils.collection_name(settings)} now holds {report['count']}"
         )
         if report["kept_flags"]:
-            n = len(report["kept_flags"])
-            print(f"{n} file(s) kept the metadata flags given when they were last loaded")
+            kept = _n(len(report["kept_flags"]), "file")
+            print(f"{kept} kept the metadata flags given when they were last loaded")
     if report["failed"]:
         return 2 if len(report["failed"]) == report["files"] else 1
     return 0

@@ -317,13 +317,11 @@ def _partial(state: dict, ctx: AgentContext, message: str) -> dict:
     """The run so far after a failure, with the reason."""
     logger.info("run stopped early: %s", message)
     left = nodes.unresearched_issues(state)  # type: ignore[arg-type]
-    passages = state.get("passages") or {}
     found = [  # the research done before the failure: what each issue's search found
-        f"{s.get('issue')}: "
-        + ", ".join(passages[i]["title"] for i in s["execution"]["retrieved_doc_ids"][:3] if i in passages)
-        for s in state.get("planning_table") or []
-        if s.get("status") == "completed"
-    ]  # fmt: skip
+        f"{r.issue}: {', '.join(d['title'] for d in r.docs[:3])}"
+        for r in nodes.issue_research(state, "")  # type: ignore[arg-type]
+        if r.docs
+    ]
     note = f" Found before it stopped: {'; '.join(found)}." if found else ""
     note += f" Not researched: {'; '.join(left)}." if left else ""
     state["error"] = message
