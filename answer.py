@@ -164,6 +164,11 @@ class AnswerRecord:
     guards: dict[str, int] = field(default_factory=dict)
     """How often each named guard on model output fired in this answer."""
 
+    @classmethod
+    def declined(cls, question: str, choices: Mapping[str, str] | None, text: str, why: str):
+        """A record that abstains before any answer was written (injection, failed run)."""
+        return cls(question_kind(question, choices or None), text, [], [], True, why)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -328,8 +328,10 @@ def _partial(state: dict, ctx: AgentContext, message: str) -> dict:
     state["final_cited_answer"] = f"[No answer — {message}]{note}"
     state["stop_reason"] = "deadline" if "deadline" in message.lower() else "error"
     if not (state.get("answer") or {}).get("text"):  # --json always carries the record
-        kind = answer_stage.question_kind(state.get("question", ""), state.get("choices") or None)
-        record = answer_stage.AnswerRecord(kind, state["final_cited_answer"], [], [], True, message)
+        question, choices = state.get("question", ""), state.get("choices")
+        record = answer_stage.AnswerRecord.declined(
+            question, choices, state["final_cited_answer"], message
+        )
         state["answer"] = record.to_dict()
     state["abstained"] = bool(state["answer"].get("abstained"))
     state["run_metrics"] = nodes.compute_metrics(state, ctx)  # type: ignore[arg-type]

@@ -181,9 +181,10 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     }
     if not check["is_safe"]:
         text = ctx.rejection_message(check)
-        kind = answer_stage.question_kind(state["question"], state.get("choices") or None)
         why = f"rejected as a prompt injection: {check['reason']}"
-        record = answer_stage.AnswerRecord(kind, text, [], [], True, why)
+        record = answer_stage.AnswerRecord.declined(
+            state["question"], state.get("choices"), text, why
+        )
         update.update(final_cited_answer=text, stop_reason="injection", answer=record.to_dict())
     if check["is_safe"] and check["injection_check"] == "full" and check["llm_verdict"] == "safe":
         # the model's reason for a plain "safe" says nothing (the embedded model copies its
