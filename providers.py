@@ -7,7 +7,6 @@ what a failed call says (:func:`classify_failure`), and URLs without credentials
 from __future__ import annotations
 
 import email.utils
-import hashlib
 import json
 import logging
 import re
@@ -33,10 +32,6 @@ class MalformedResponseError(RuntimeError):
     """A 200 response that is not a chat completion: not JSON (a proxy's HTML error page), an
     error object, or no choices.  Retried like a server error: it is the server's fault."""
 
-
-# ------------------------------------------------------------------------------------------------
-# Credentials in URLs
-# ------------------------------------------------------------------------------------------------
 
 _SECRET_PARAM = re.compile(r"key|token|secret|password|passwd|pwd|sig|auth|credential", re.I)
 _URL_IN_TEXT = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s\"'<>()]+")
@@ -80,32 +75,25 @@ def redact_urls_in_text(text: str) -> str:
     return _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)) or "", text)
 
 
-class RedactingFilter(logging.Filter):
-    """A handler filter that strips credentials from URLs in every log line (httpx logs each
-    request URL, user:password included).  The CLIs install it with :func:`install_log_redaction`."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            message = record.getMessage()
-        except Exception:  # noqa: BLE001 - a broken log call is not ours to fix here
-            return True
-        clean = redact_urls_in_text(message)
-        if clean != message:
-            record.msg, record.args = clean, None
+def _redact_record(record: logging.LogRecord) -> bool:
+    """A handler filter that strips credentials from URLs in a log line (httpx logs each request
+    URL, user:password included)."""
+    try:
+        message = record.getMessage()
+    except Exception:  # noqa: BLE001 - a broken log call is not ours to fix here
         return True
+    clean = redact_urls_in_text(message)
+    if clean != message:
+        record.msg, record.args = clean, None
+    return True
 
 
 def install_log_redaction() -> None:
-    """Add :class:`RedactingFilter` to every handler of the root logger; call it after
+    """Add :func:`_redact_record` to every handler of the root logger; call it after
     ``logging.basicConfig`` in a CLI.  Idempotent."""
     for handler in logging.getLogger().handlers:
-        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
-            handler.addFilter(RedactingFilter())
-
-
-# ------------------------------------------------------------------------------------------------
-# Provider registry
-# ------------------------------------------------------------------------------------------------
+        if _redact_record not in handler.filters:
+            handler.addFilter(_redact_record)
 
 
 @dataclass(frozen=True)
@@ -128,10 +116,6 @@ class Provider:
     local: bool = False
     notes: str = ""
     api_key_env_aliases: tuple[str, ...] = ()
-
-    @property
-    def key_required(self) -> bool:
-        return self.api_key_env is not None
 
     def api_key(self, settings: Settings) -> str | None:
         """The key from ``api_key_env``, else from the first of its aliases that is set."""
@@ -264,7 +248,7 @@ REMOTE_TIMEOUT_S = 60.0
 def call_timeout(cfg: ResolvedLLM, settings: Settings) -> float:
     """Seconds one attempt may take: LLM_TIMEOUT when set (> 0), else :data:`LOCAL_TIMEOUT_S` on
     this machine and :data:`REMOTE_TIMEOUT_S` for remote providers."""
-    if settings.llm.timeout and settings.llm.timeout > 0:
+    if settings.llm.timeout > 0:
         return float(settings.llm.timeout)
     return LOCAL_TIMEOUT_S if cfg.on_this_machine else REMOTE_TIMEOUT_S
 
@@ -303,16 +287,14 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
     local = provider.local and not (settings.llm.base_url and main)
     if provider.local and not local:  # LLM_BASE_URL and LLM_MODEL alone: the user's own server
         name = "openai-compatible"
-    schema = {"schema": True, "prompt": False}.get(settings.llm.json_mode)
-    if provider.key_required and not api_key:
+    if provider.api_key_env and not api_key:
         raise LLMConfigError(
             f"{var}={given} needs an API key: set {provider.key_variables()}"
             f"{' or LLM_API_KEY' if main else ''} in the environment or .env"
         )
-    if not model:
-        model_var = {"LLM_PROVIDER": "LLM_MODEL", "LLM_PROVIDER_FAST": "LLM_MODEL_FAST"}
+    if not model:  # LLM_MODEL, LLM_MODEL_FAST or JUDGE_MODEL
         raise LLMConfigError(
-            f"{var}={name} has no default model: set {model_var.get(var, 'JUDGE_MODEL')}"
+            f"{var}={name} has no default model: set {var.replace('PROVIDER', 'MODEL')}"
         )
     if not local and not base_url:
         raise LLMConfigError(f"{var}={name} has no base URL: set LLM_BASE_URL")
@@ -321,7 +303,9 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
         base_url=base_url,
         model=model,
         supports_system_messages=provider.supports_system_messages,
-        supports_json_schema=provider.supports_json_schema if schema is None else schema,
+        supports_json_schema={"schema": True, "prompt": False}.get(
+            settings.llm.json_mode, provider.supports_json_schema
+        ),
         local=local,
         api_key=api_key,
         requests_per_minute=settings.llm.requests_per_minute or provider.requests_per_minute,
@@ -340,10 +324,6 @@ def check_config(settings: Settings, roles: tuple[str | None, ...] = (None, "cla
             except local_llm.LocalModelError as exc:
                 raise LLMConfigError(str(exc)) from None
 
-
-# ------------------------------------------------------------------------------------------------
-# Chat models, rate limits and failed calls
-# ------------------------------------------------------------------------------------------------
 
 _NO_KEY = "sk-no-key-required"
 _models: dict[tuple, Any] = {}
@@ -474,9 +454,8 @@ def chat_model(cfg: ResolvedLLM, settings: Settings) -> Any:
         except local_llm.LocalModelError as exc:
             raise LLMConfigError(str(exc)) from exc
         base_url, model = server.base_url, server.model
-    key_digest = hashlib.sha256((cfg.api_key or "").encode()).hexdigest()
     timeout = call_timeout(cfg, settings)
-    key = (cfg.provider, base_url, model, key_digest, settings.llm.temperature, timeout)
+    key = (cfg.provider, base_url, model, cfg.api_key, settings.llm.temperature, timeout)
     with _models_lock:
         if key not in _models:
             cls = ChatOpenAI if cfg.provider == "openai" else BaseChatOpenAI
@@ -494,14 +473,11 @@ def chat_model(cfg: ResolvedLLM, settings: Settings) -> Any:
         return _models[key]
 
 
-# ------------------------------------------------------------------------------------------------
-# The listing of `python llm_config.py`
-# ------------------------------------------------------------------------------------------------
-
-
-def provider_rows(settings: Settings) -> list[dict]:
-    """The registry as rows for display: limits and whether the key is set (never the key)."""
-    return [
+def listing(settings: Settings) -> dict:
+    """What ``python llm_config.py --json`` prints before the ping: the registry (limits, and
+    whether each key is set, never the key), the original project's aliases and the endpoints
+    the main and fast roles resolve to."""
+    rows = [
         {
             "name": p.name,
             "model": p.model or "(LLM_MODEL)",
@@ -509,9 +485,7 @@ def provider_rows(settings: Settings) -> list[dict]:
             "api_key_env": p.api_key_env,
             "api_key_env_aliases": list(p.api_key_env_aliases),
             "aliases": sorted(a for a, target in PROVIDER_ALIASES.items() if target == p.name),
-            "key": ("set" if p.api_key(settings) else "missing")
-            if p.key_required
-            else "not needed",
+            "key": ("set" if p.api_key(settings) else "missing") if p.api_key_env else "not needed",
             "requests_per_minute": p.requests_per_minute,
             "requests_per_day": p.requests_per_day,
             "tokens_per_day": p.tokens_per_day,
@@ -521,11 +495,6 @@ def provider_rows(settings: Settings) -> list[dict]:
         }
         for p in PROVIDERS.values()
     ]
-
-
-def listing(settings: Settings) -> dict:
-    """What ``python llm_config.py --json`` prints before the ping: the registry rows, the
-    original project's aliases and the endpoints the main and fast roles resolve to."""
     selected = {}
     for label, role in (("main", None), ("fast", "classify")):
         try:
@@ -538,7 +507,7 @@ def listing(settings: Settings) -> dict:
             }
         except LLMConfigError as exc:
             selected[label] = {"error": str(exc)}
-    return {"providers": provider_rows(settings), "aliases": PROVIDER_ALIASES, "selected": selected}
+    return {"providers": rows, "aliases": PROVIDER_ALIASES, "selected": selected}
 
 
 def format_listing(listing: dict) -> str:

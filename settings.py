@@ -56,9 +56,10 @@ _DATA_DIRS = {
 """Variables whose default is a path below :func:`default_data_dir`."""
 
 
-def _var(name: str, default: Any, **kwargs: Any) -> Any:
-    """A setting read from the environment variable ``name``."""
-    return field(default=default, metadata={"env": name}, **kwargs)
+def _var(name: str, default: Any, rule: tuple | None = None, **kwargs: Any) -> Any:
+    """A setting read from the environment variable ``name``; ``rule``: its choices, or its
+    (low, high) bounds with None for no upper bound (:meth:`Settings.validate`)."""
+    return field(default=default, metadata={"env": name, "rule": rule}, **kwargs)
 
 
 def _data_var(name: str) -> Any:
@@ -87,31 +88,27 @@ class RetrievalSettings:
     embedding_device: str | None = _var("EMBEDDING_DEVICE", None)
     """cpu, cuda, mps; empty = let sentence-transformers choose."""
     embedding_batch_size: int = _var("EMBEDDING_BATCH_SIZE", 16)
-    """Texts per forward pass of the torch backend; small batches pad less (2 CPU cores: 16 beat
-    64, 30.8 vs 26.2 passages/s); raise it on a GPU. The ONNX default embeds one text per pass
-    (its vectors must not depend on the batch)."""
-    embedding_backend: str = _var("EMBEDDING_BACKEND", "auto")
-    """auto | onnx | torch. onnx runs the default model from an int8 export (made once in
-    LOCAL_MODEL_DIR); auto = onnx for the default model on the CPU, torch otherwise."""
+    """Texts per forward pass of the torch backend (small batches pad less; raise it on a GPU).
+    The ONNX default embeds one text per pass: its vectors must not depend on the batch."""
+    embedding_backend: str = _var("EMBEDDING_BACKEND", "auto", ("auto", "onnx", "torch"))
+    """onnx runs the default model from an int8 export (made once in LOCAL_MODEL_DIR); auto = onnx
+    for the default model on the CPU, torch otherwise."""
     trust_remote_code: bool = _var("TRUST_REMOTE_CODE", False)
     """Needed by some hub models (e.g. Alibaba-NLP/gte-large-en-v1.5)."""
-    reranker: str = _var("RERANKER", "auto")
-    """auto | cross-encoder | hybrid | none."""
+    reranker: str = _var("RERANKER", "auto", RERANKER_CHOICES)
     reranker_model: str = _var("RERANKER_MODEL", "cross-encoder/ms-marco-MiniLM-L-6-v2")
     source_diverse: bool = _var("SOURCE_DIVERSE_RETRIEVAL", False)
     """Interleave study material (3) and caselaw (2) passages in each top-5."""
-    overretrieve_factor: int = _var("OVERRETRIEVE_FACTOR", 4)
+    overretrieve_factor: int = _var("OVERRETRIEVE_FACTOR", 4, (1, None))
     """Candidates pooled per query = factor x k."""
     dense_centering: bool = _var("DENSE_CENTERING", True)
-    """Rank dense candidates by the cosine of the query minus the corpus's mean passage vector to
-    each passage: the direction all MiniLM vectors share swamps what is specific
-    (docs/MEASUREMENTS.md, "Centring on the corpus mean").  Only the ranking changes:
-    ``dense_score`` stays the plain cosine the evidence gates were calibrated on."""
-    fusion_dense_weight: float = _var("FUSION_DENSE_WEIGHT", 0.8)
-    """Hybrid reranking: weight of the dense ranking in the reciprocal rank fusion (BM25 gets
-    1 - weight); chosen with DENSE_CENTERING on the even half of barexam_dev, reported on the odd
-    half (benchmarks/bench_retrieval.py, README "Measured here")."""
-    memory_threshold: float = _var("MEMORY_THRESHOLD", 0.92)
+    """Rank dense candidates by the query minus the corpus's mean passage vector (the direction
+    all MiniLM vectors share swamps what is specific).  Only the ranking changes: ``dense_score``
+    stays the plain cosine the evidence gates were calibrated on."""
+    fusion_dense_weight: float = _var("FUSION_DENSE_WEIGHT", 0.8, (0, 1))
+    """Hybrid reranking: weight of the dense ranking in the rank fusion (BM25 gets 1 - weight);
+    chosen by benchmarks/bench_retrieval.py."""
+    memory_threshold: float = _var("MEMORY_THRESHOLD", 0.92, (-1, 1))
     """Cosine similarity at which a cached QA-memory answer is reused."""
 
 
@@ -151,15 +148,13 @@ class LLMSettings:
     judge_model: str | None = _var("JUDGE_MODEL", None)
     """Model of the answer grader; empty = the judge provider's default (or LLM_MODEL when the
     judge provider is the main one)."""
-    json_mode: str = _var("LLM_JSON_MODE", "auto")
-    """How JSON replies are asked for: auto (the provider's registry entry), schema (the
-    ``response_format`` JSON schema) or prompt (the schema in the prompt, for servers that refuse
-    ``response_format``)."""
+    json_mode: str = _var("LLM_JSON_MODE", "auto", ("auto", "schema", "prompt"))
+    """auto (the provider's registry entry), schema (``response_format``) or prompt (the schema
+    in the prompt, for servers that refuse ``response_format``)."""
     temperature: float = _var("LLM_TEMPERATURE", 0.0)
-    timeout: float = _var("LLM_TIMEOUT", 0.0)
-    """Seconds per LLM call attempt before it is abandoned; 0 = auto: 300 for the embedded model
-    and servers on this machine (slow CPU inference), 60 for remote APIs (providers.call_timeout)."""
-    max_retries: int = _var("LLM_MAX_RETRIES", 4)
+    timeout: float = _var("LLM_TIMEOUT", 0.0, (0, None))
+    """Seconds per LLM call attempt; 0 = auto (providers.call_timeout)."""
+    max_retries: int = _var("LLM_MAX_RETRIES", 4, (0, None))
     requests_per_minute: int = _var("LLM_REQUESTS_PER_MINUTE", 0)
     """Calls per minute the client allows itself (shared by eval workers); 0 = the provider's
     published limit from the registry (none for local servers)."""
@@ -169,7 +164,8 @@ class LLMSettings:
     """Default ``~/.cache/legalragagent/llm_cache.sqlite``."""
     local_model_dir: str = _data_var("LOCAL_MODEL_DIR")
     """Where the embedded GGUF model is assembled once; default ``~/.cache/legalragagent/models``."""
-    local_ctx_size: int = _var("LOCAL_CTX_SIZE", 8192)
+    local_ctx_size: int = _var("LOCAL_CTX_SIZE", 8192, (2048, None))
+    """At least the longest prompt (a fact pattern's apply call, ~1,000 tokens) and its reply."""
     local_threads: int = _var("LOCAL_THREADS", 0)
     """0 = all cores."""
 
@@ -178,27 +174,25 @@ class LLMSettings:
 class AgentSettings:
     """How the agent answers: mode, gates, bounds (``settings.agent``)."""
 
-    lean_gate: float = _var("LEAN_GATE", 0.33)
-    """Evidence gate (lean mode, and each research step): evidence whose best cosine to the question
-    is below this is not used: lean answers closed-book, a research step is not synthesized.
-    0 = never gate.  Calibrated on barexam_dev by ``benchmarks/bench_agent.py gate``."""
+    lean_gate: float = _var("LEAN_GATE", 0.33, (-1, 1))
+    """Evidence whose best cosine to the question is below this is not used: lean answers
+    closed-book, a research step is not synthesized (0 = never gate; calibrated by
+    ``benchmarks/bench_agent.py gate``)."""
     skip_injection_check: bool = _var("SKIP_INJECTION_CHECK", False)
-    run_timeout: float = _var("RUN_TIMEOUT", 600.0)
-    """Seconds a whole question may take (0 = no limit).  Research stops early enough that a
-    multiple-choice letter can still be picked; the run then ends with what it has and says why.
-    The embedded 1.5B model needs ~100 s for the multi_hop demo on 2 cores; 600 leaves room for a
-    slower laptop and bounds a hung endpoint (5 attempts x 60 s + backoff per call)."""
-    answer_mode: str = _var("ANSWER_MODE", "auto")
-    """auto = lean for a multiple-choice question, research for any other (chosen by measurement:
-    README, "Which mode answers which question"); research = per issue the rule quoted from its passages ([N] citations), its application to
-    the facts and a conclusion; evidence = the same, each rule sentence first verified by the
-    grounding gate; lean = multiple choice from one retrieval, no research (answer.py)."""
-    search_strategy: str = _var("SEARCH_STRATEGY", "auto")
-    """auto = each step searches as its plan says; dense | keyword | hybrid forces one search type
-    for every step (for evaluation)."""
-    max_steps: int = _var("MAX_STEPS", 3)
-    max_iterations: int = _var("MAX_ITERATIONS", 6)
-    retrieval_k: int = _var("RETRIEVAL_K", 5)
+    run_timeout: float = _var("RUN_TIMEOUT", 600.0, (0, None))
+    """Seconds a whole question may take (0 = no limit); the run then ends with what it has and
+    says why.  600 leaves a slow laptop room for the embedded model (~100 s for the multi_hop demo
+    on 2 cores) and bounds a hung endpoint (5 attempts x 60 s + backoff per call)."""
+    answer_mode: str = _var("ANSWER_MODE", "auto", ("auto", "research", "evidence", "lean"))
+    """auto = lean for a multiple-choice question, research for any other (chosen by
+    measurement); research = per issue the rule quoted from its passages, its application and a
+    conclusion; evidence = the same, each rule sentence first verified by the grounding gate;
+    lean = multiple choice from one retrieval (answer.py)."""
+    search_strategy: str = _var("SEARCH_STRATEGY", "auto", ("auto", *SEARCH_TYPES))
+    """auto = each step searches as its plan says; a search type forces it for every step."""
+    max_steps: int = _var("MAX_STEPS", 3, (1, None))
+    max_iterations: int = _var("MAX_ITERATIONS", 6, (1, None))
+    retrieval_k: int = _var("RETRIEVAL_K", 5, (1, None))
 
 
 @dataclass(frozen=True)
@@ -264,32 +258,16 @@ class Settings:
         return {name: getattr(getattr(self, g), attr) for name, (g, attr, _) in VARIABLES.items()}
 
     def validate(self) -> None:
-        r, llm, agent = self.retrieval, self.llm, self.agent
-        checks = (  # (variable, value, choices or (low, high)), in the order they are checked
-            ("RERANKER", r.reranker, RERANKER_CHOICES),
-            ("ANSWER_MODE", agent.answer_mode, ("auto", "research", "evidence", "lean")),
-            ("SEARCH_STRATEGY", agent.search_strategy, ("auto", *SEARCH_TYPES)),
-            ("MEMORY_THRESHOLD", r.memory_threshold, (-1, 1)),
-            ("LEAN_GATE", agent.lean_gate, (-1, 1)),
-            ("LLM_TIMEOUT", llm.timeout, (0, None)),
-            ("RUN_TIMEOUT", agent.run_timeout, (0, None)),
-            ("LLM_MAX_RETRIES", llm.max_retries, (0, None)),
-            ("EMBEDDING_BACKEND", r.embedding_backend, ("auto", "onnx", "torch")),
-            ("LLM_JSON_MODE", llm.json_mode, ("auto", "schema", "prompt")),
-            ("FUSION_DENSE_WEIGHT", r.fusion_dense_weight, (0, 1)),
-            ("MAX_STEPS", agent.max_steps, (1, None)),
-            ("MAX_ITERATIONS", agent.max_iterations, (1, None)),
-            ("RETRIEVAL_K", agent.retrieval_k, (1, None)),
-            ("OVERRETRIEVE_FACTOR", r.overretrieve_factor, (1, None)),
-            # the longest prompt (a fact pattern's apply call) is ~1,000 tokens plus its reply
-            ("LOCAL_CTX_SIZE", llm.local_ctx_size, (2048, None)),
-        )
-        for var, value, rule in checks:
+        """Raise SettingsError naming the first variable whose value breaks its rule."""
+        values = self.flat()
+        for var, rule in _RULES.items():
+            value = values[var.lower()]
             if isinstance(rule[0], str):
                 given = value.strip().lower() if var == "EMBEDDING_BACKEND" else value
                 if given not in rule:
-                    choices = f"{', '.join(rule[:-1])} or {rule[-1]}"
-                    raise SettingsError(f"{var}={value!r}: use {choices}")
+                    raise SettingsError(
+                        f"{var}={value!r}: use {', '.join(rule[:-1])} or {rule[-1]}"
+                    )
                 continue
             low, high = rule
             if high is not None and not low <= value <= high:
@@ -314,6 +292,13 @@ VARIABLES: dict[str, tuple[str, str, Any]] = {
 }
 """Every setting by its variable name in lower case (``llm_max_retries``) -> (group, field, type):
 (``"llm"``, ``"max_retries"``, ``int``)."""
+_RULES: dict[str, tuple] = {
+    f.metadata["env"]: f.metadata["rule"]
+    for cls in _GROUPS.values()
+    for f in dataclasses.fields(cls)
+    if f.metadata.get("rule")
+}
+"""Variable -> the choices or bounds its value must keep (the ``rule`` of :func:`_var`)."""
 
 
 def _check_names(names: Iterable[str]) -> None:
