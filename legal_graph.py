@@ -17,7 +17,6 @@ import hashlib
 import json
 import logging
 import re
-import threading
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -136,9 +135,6 @@ class Taxonomy:
             cur = self.doctrines[nxt]
 
 
-_lock = threading.RLock()
-
-
 def load_taxonomy(path: str | Path | None = None) -> Taxonomy:
     """The doctrine taxonomy (JSONL, one doctrine a line), validated: unique ids, a name, a
     subject and relations that name existing ids. Cached per file and modification time."""
@@ -170,18 +166,14 @@ def _read_taxonomy(p: Path, mtime_ns: int) -> Taxonomy:
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise TaxonomyError(f"{p}: line {lineno}: not a doctrine record ({exc})") from None
-    ids = [d.id for d in doctrines]
-    if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
+    ids = Counter(d.id for d in doctrines)
+    dup = next((i for i, n in ids.items() if n > 1), None)
+    if dup is not None:
         raise TaxonomyError(f"{p}: duplicate doctrine id {dup!r}")
-    known = set(ids)
     for d in doctrines:
-        for field_name in RELATIONS:
-            for other in getattr(d, field_name):
-                if other not in known:
-                    raise TaxonomyError(
-                        f"{p}: {d.id}.{field_name} names unknown doctrine {other!r}"
-                    )
+        for rel in RELATIONS:
+            if unknown := [other for other in getattr(d, rel) if other not in ids]:
+                raise TaxonomyError(f"{p}: {d.id}.{rel} names unknown doctrine {unknown[0]!r}")
     return Taxonomy(doctrines, fingerprint=hashlib.sha1(raw).hexdigest()[:12])
 
 
@@ -202,9 +194,8 @@ def doctrine_vectors(settings: Settings) -> tuple[list[str], np.ndarray]:
     model = rag_utils.embedder_name(settings)
     folder = Path(settings.retrieval.chroma_dir).expanduser() / "doctrines"
     key = (model, tax.fingerprint, str(folder))
-    with _lock:
-        if key in _doctrine_vectors:
-            return _doctrine_vectors[key]
+    if key in _doctrine_vectors:
+        return _doctrine_vectors[key]
     ids = list(tax.doctrines)
     cache = folder / f"{rag_utils.sanitize_model_name(model)}-{tax.fingerprint}.npy"
     try:
@@ -221,26 +212,20 @@ def doctrine_vectors(settings: Settings) -> tuple[list[str], np.ndarray]:
             np.save(cache, vecs)
         except OSError as exc:
             logger.debug("cannot cache doctrine embeddings at %s: %s", cache, exc)
-    with _lock:
-        _doctrine_vectors[key] = (ids, vecs)
+    _doctrine_vectors[key] = (ids, vecs)
     return ids, vecs
 
 
 def reset_caches() -> None:
     """Forget the in-memory doctrine and query vectors (tests)."""
-    with _lock:
-        _doctrine_vectors.clear()
-        _embed_query.cache_clear()
-
-
-def embed_query(query: str, settings: Settings) -> np.ndarray:
-    """The query's embedding, remembered for the last 64 queries (the planner links the same
-    question more than once)."""
-    return _embed_query(rag_utils.get_embedder(settings), query)
+    _doctrine_vectors.clear()
+    _embed_query.cache_clear()
 
 
 @functools.lru_cache(maxsize=64)
 def _embed_query(embedder: Any, query: str) -> np.ndarray:
+    """The query's embedding, remembered for the last 64 queries (the planner links the same
+    question more than once)."""
     return embedder.embed_query(query)
 
 
@@ -274,7 +259,7 @@ def link_doctrines(
             picked.add(did)
     if use_embeddings:
         ids, vecs = doctrine_vectors(settings)
-        sims = vecs @ embed_query(question, settings)
+        sims = vecs @ _embed_query(rag_utils.get_embedder(settings), question)
         for did, sim in zip(ids, sims.tolist(), strict=True):
             if sim > 0:
                 scores[did] += sim

@@ -17,6 +17,7 @@ import bz2
 import contextlib
 import gzip
 import hashlib
+import itertools
 import json
 import logging
 import lzma
@@ -96,7 +97,7 @@ def _not_text(p: Path, row: int, exc: BaseException) -> CorpusError:
     if isinstance(exc, UnicodeDecodeError):
         why = f"not UTF-8 text ({exc.reason} at byte {exc.start})"
     else:  # a .gz/.bz2/.xz that is not one, or a truncated one
-        why = f"cannot decompress ({' '.join(str(exc).split()) or type(exc).__name__})"
+        why = f"cannot decompress ({rag_utils.short_error(exc)})"
     return CorpusError(f"{p}: row {row}: {why}")
 
 
@@ -131,6 +132,28 @@ def _read_tsv(p: Path, limit: int | None) -> Any:
     return pd.read_csv(p, **common) if quoted else plain
 
 
+def _jsonl_rows(p: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` of each non-blank line of a JSONL file."""
+    lineno = 0
+    try:
+        with _open_binary(p) as fh:
+            for lineno, raw in enumerate(fh, start=1):
+                line = raw.decode("utf-8")
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise CorpusError(f"{p}: row {lineno}: invalid JSON ({exc.msg})") from None
+                if not isinstance(rec, dict):
+                    raise CorpusError(f"{p}: row {lineno}: expected a JSON object")
+                yield lineno, rec
+    except UnicodeDecodeError as exc:
+        raise _not_text(p, lineno, exc) from None
+    except (OSError, EOFError) as exc:
+        raise _not_text(p, lineno + 1, exc) from None
+
+
 def iter_rows(path: str | Path, limit: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(row number, record)`` of a CSV/TSV/JSONL/JSON/Parquet file, plain or compressed (.gz,
     .bz2, .xz); row 1 is the first record (for JSONL the line number)."""
@@ -141,28 +164,7 @@ def iter_rows(path: str | Path, limit: int | None = None) -> Iterator[tuple[int,
         raise CorpusError(f"{p}: is a folder, not a file")
     fmt = file_format(p)
     if fmt == "jsonl":
-        n = 0
-        lineno = 0
-        try:
-            with _open_binary(p) as fh:
-                for lineno, raw in enumerate(fh, start=1):
-                    line = raw.decode("utf-8")
-                    if not line.strip():
-                        continue
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise CorpusError(f"{p}: row {lineno}: invalid JSON ({exc.msg})") from None
-                    if not isinstance(rec, dict):
-                        raise CorpusError(f"{p}: row {lineno}: expected a JSON object")
-                    yield lineno, rec
-                    n += 1
-                    if limit is not None and n >= limit:
-                        return
-        except UnicodeDecodeError as exc:
-            raise _not_text(p, lineno, exc) from None
-        except (OSError, EOFError) as exc:
-            raise _not_text(p, lineno + 1, exc) from None
+        yield from itertools.islice(_jsonl_rows(p), limit)
         return
     if fmt == "json":
         try:
@@ -345,11 +347,10 @@ def default_source(settings: Settings) -> tuple[list[Path], list[Path]]:
     try:
         return download_barexam(settings)
     except Exception as exc:
-        reason = " ".join(str(exc).split())[:160] or exc.__class__.__name__
         print(
             f"offline or unavailable: cannot download {settings.data.hf_dataset} from Hugging Face "
-            f"({reason}); use --passages PATH for local files — loading the bundled starter "
-            "corpus instead",
+            f"({rag_utils.short_error(exc, 160)}); use --passages PATH for local files — loading "
+            "the bundled starter corpus instead",
             file=sys.stderr,
         )
     return starter_files()
@@ -408,7 +409,6 @@ def load_passages(
     if not todo:
         return 0
     rag_utils.require_writable(settings, f"add {len(todo)} passages")
-    rag_utils.get_embedder(settings)  # load (or export) the model before the progress bar starts
     from tqdm import tqdm
 
     bar = tqdm(

@@ -20,6 +20,7 @@ import shutil
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -51,8 +52,6 @@ _clients: dict[tuple, Any] = {}
 _stores: dict[tuple, PassageStore] = {}
 _cross_encoders: dict[tuple, Any] = {}
 _auto_choice: dict[tuple, str] = {}
-_bm25: dict[tuple, tuple[int, Bm25Index]] = {}
-_centroids: dict[tuple, tuple[int, Any]] = {}
 _read_only: dict[tuple, Path] = {}
 """Client keys of read-only Chroma folders -> the temporary copy the client reads."""
 
@@ -206,8 +205,7 @@ class OnnxEmbedder:
             feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
             if "token_type_ids" in self._inputs:
                 feed["token_type_ids"] = np.zeros_like(ids)
-            pooled = self.session.run(None, feed)[0][0].mean(axis=0)
-            out[row] = pooled / max(float(np.linalg.norm(pooled)), 1e-12)
+            out[row] = _unit(self.session.run(None, feed)[0][0].mean(axis=0))
         return out
 
     def embed_query(self, text: str) -> np.ndarray:
@@ -243,9 +241,7 @@ def _valid_onnx_cache(cache: Path, source_sha256: str) -> Path | None:
     try:
         verify_sha256(model, str(manifest.get("onnx_sha256", "")))
     except ModelLoadError as exc:
-        logger.warning(
-            "ONNX embedder cache unusable (%s); exporting it again", short_error(exc, 120)
-        )
+        logger.warning("ONNX embedder cache unusable (%s); exporting it again", short_error(exc))
         return None
     return model
 
@@ -267,7 +263,6 @@ def ensure_onnx_model(source: Path, cache: Path, source_sha256: str) -> Path:
             f"cannot export the ONNX embedder: {exc.name} is not installed (pip install onnx "
             "onnxruntime), or set EMBEDDING_BACKEND=torch"
         ) from None
-    import warnings
 
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{cache.name}.", dir=cache.parent))
@@ -302,9 +297,9 @@ def ensure_onnx_model(source: Path, cache: Path, source_sha256: str) -> Path:
                 dynamic_axes={n: {0: "batch", 1: "tokens"} for n in [*names, "last_hidden_state"]},
                 opset_version=17,
             )
-        quant_logger = logging.getLogger()  # the quantizer warns through the root logger
-        level = quant_logger.level
-        quant_logger.setLevel(logging.ERROR)
+        root = logging.getLogger()  # the quantizer warns through the root logger
+        level = root.level
+        root.setLevel(logging.ERROR)
         try:
             quantize_dynamic(
                 str(fp32),
@@ -314,7 +309,7 @@ def ensure_onnx_model(source: Path, cache: Path, source_sha256: str) -> Path:
                 op_types_to_quantize=["MatMul"],
             )
         finally:
-            quant_logger.setLevel(level)
+            root.setLevel(level)
         fp32.unlink()
         manifest = {
             "recipe": ONNX_RECIPE,
@@ -381,6 +376,13 @@ def _load_sentence_transformer(name: str, settings: Settings) -> Any:
         ) from None
 
 
+def _unit(vecs: Any) -> np.ndarray:
+    """``vecs`` (one vector or rows of them) scaled to length 1 (a zero vector stays zero)."""
+    import numpy as np
+
+    return vecs / np.maximum(np.linalg.norm(vecs, axis=-1, keepdims=True), 1e-12)
+
+
 def short_error(exc: BaseException, limit: int = 200) -> str:
     """``exc`` as one line of at most ``limit`` characters, for error messages and logs."""
     text = " ".join(str(exc).split()) or exc.__class__.__name__
@@ -409,13 +411,12 @@ class EmbeddingsAdapter:
             return np.zeros((0, self.dimension), dtype=np.float32)
         vecs = np.asarray(self.embeddings.embed_documents(list(texts)), dtype=np.float32)
         self.dimension = int(vecs.shape[1])
-        return vecs / np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)
+        return _unit(vecs)
 
     def embed_query(self, text: str) -> np.ndarray:
         import numpy as np
 
-        vec = np.asarray(self.embeddings.embed_query(text), dtype=np.float32)
-        return vec / max(float(np.linalg.norm(vec)), 1e-12)
+        return _unit(np.asarray(self.embeddings.embed_query(text), dtype=np.float32))
 
 
 _registered: dict[str, EmbeddingsAdapter] = {}
@@ -471,20 +472,14 @@ def get_embedder(settings: Settings) -> Embedder | OnnxEmbedder | EmbeddingsAdap
     under EMBEDDING_MODEL (:func:`register_embeddings`), else the default model through ONNX or
     torch (EMBEDDING_BACKEND=auto falls back to torch when the ONNX export fails), else a
     sentence-transformers model."""
-    s = settings
-    name = embedder_name(s)
-    backend = resolve_embedding_backend(s)
-    asked = (s.retrieval.embedding_backend or "auto").strip().lower()
-    key = (
-        name,
-        asked,
-        backend,
-        s.retrieval.embedding_device,
-        s.retrieval.trust_remote_code,
-        s.retrieval.embedding_batch_size,
-    )
+    r = settings.retrieval
+    name = embedder_name(settings)
+    backend = resolve_embedding_backend(settings)
+    asked = (r.embedding_backend or "auto").strip().lower()
+    onnx_dir = onnx_cache_dir(settings)
+    key = (name, asked, backend, r.embedding_device, r.trust_remote_code, r.embedding_batch_size)
     if backend == "onnx":
-        key += (str(onnx_cache_dir(s)),)
+        key += (str(onnx_dir),)
     with _lock:
         if name in _registered:
             return _registered[name]
@@ -498,7 +493,7 @@ def get_embedder(settings: Settings) -> Embedder | OnnxEmbedder | EmbeddingsAdap
             source = str(path)
             if backend == "onnx":
                 try:
-                    onnx_file = ensure_onnx_model(path, onnx_cache_dir(s), DEFAULT_MODEL_SHA256)
+                    onnx_file = ensure_onnx_model(path, onnx_dir, DEFAULT_MODEL_SHA256)
                     emb = OnnxEmbedder.load(onnx_file, path, name)
                 except ModelLoadError as exc:
                     if asked == "onnx":
@@ -506,7 +501,7 @@ def get_embedder(settings: Settings) -> Embedder | OnnxEmbedder | EmbeddingsAdap
                     logger.warning("ONNX embedder unavailable (%s); using torch", short_error(exc))
         if emb is None:
             emb = Embedder(
-                _load_sentence_transformer(source, s), name, s.retrieval.embedding_batch_size
+                _load_sentence_transformer(source, settings), name, r.embedding_batch_size
             )
         logger.info("embedder %s loaded (%s)", name, emb.backend)
         _embedders[key] = emb
@@ -554,27 +549,20 @@ def _writable(folder: Path) -> bool:
     return os.access(folder, os.W_OK | os.X_OK) and (not db.exists() or os.access(db, os.W_OK))
 
 
-def _copy_tree_writable(src: Path, dst: Path) -> int:
-    """Copy ``src`` to ``dst`` with fresh (writable) permissions, leaving out the BM25 folder
-    (read in place); returns bytes copied."""
-    total = 0
-    for root, dirs, files in os.walk(src):
-        rel = Path(root).relative_to(src)
-        if rel == Path("."):
-            dirs[:] = [d for d in dirs if d != "bm25"]
-        (dst / rel).mkdir(parents=True, exist_ok=True)
-        for name in files:
-            shutil.copyfile(Path(root) / name, dst / rel / name)
-            total += (dst / rel / name).stat().st_size
-    return total
-
-
 def _read_only_snapshot(folder: Path) -> Path:
-    """A private writable copy of a read-only Chroma folder, removed when the process exits."""
+    """A private copy of a read-only Chroma folder with fresh (writable) permissions, removed when
+    the process exits; not ``shutil.copytree``, which would copy the read-only modes.  The BM25
+    folder is left out (read in place)."""
     tmp = Path(tempfile.mkdtemp(prefix="legalragagent-readonly-"))
     atexit.register(shutil.rmtree, tmp, ignore_errors=True)
-    copy = tmp / "chroma"
-    size = _copy_tree_writable(folder, copy)
+    copy, size = tmp / "chroma", 0
+    for root, dirs, files in os.walk(folder):
+        rel = Path(root).relative_to(folder)
+        if rel == Path("."):
+            dirs[:] = [d for d in dirs if d != "bm25"]
+        (copy / rel).mkdir(parents=True, exist_ok=True)
+        for name in files:
+            size += os.path.getsize(shutil.copyfile(Path(root) / name, copy / rel / name))
     logger.warning(
         "CHROMA_DIR %s is read-only: querying a temporary copy (%.1f MB); the QA memory, the "
         "BM25 index and new passages are not written",
@@ -713,13 +701,17 @@ limit), not Chroma's HNSW, whose results varied between runs (docs/MEASUREMENTS.
 class PassageStore:
     """One Chroma collection of passages for one embedding model."""
 
-    def __init__(self, client: Any, name: str, model_name: str, bm25_dir: Path) -> None:
+    def __init__(
+        self, client: Any, name: str, model_name: str, bm25_dir: Path, read_only: bool = False
+    ) -> None:
         self.client = client
         self.name = name
         self.model_name = model_name
         self.bm25_dir = bm25_dir
+        self.read_only = read_only
         # (passage count, ids, unit vectors) for exact search, reread when the count changes
         self._matrix: tuple[int, list[str], Any] | None = None
+        self._derived: dict[str, tuple[int, Any]] = {}  # :meth:`derived` -> (count, index)
         self._allowed: dict[tuple[Any, int], frozenset[str]] = {}  # (filter, count) -> ids
         self._masks: dict[frozenset[str], Any] = {}  # admitted ids -> :func:`membership` rows
 
@@ -756,23 +748,22 @@ class PassageStore:
                 embeddings=[list(map(float, e)) for e in embeddings[i : i + step]],
             )
 
+    def _by_ids(self, ids: Sequence[str], include: list[str]) -> Iterator[dict[str, Any]]:
+        """Chroma ``get`` results for ``ids``, as many a call as the client takes."""
+        step = self.max_batch()
+        for i in range(0, len(ids), step):
+            yield self.collection.get(ids=list(ids[i : i + step]), include=include)
+
     def existing_ids(self, ids: Sequence[str]) -> set[str]:
-        ids, step = [str(i) for i in dict.fromkeys(ids)], self.max_batch()
-        got = (
-            self.collection.get(ids=ids[i : i + step], include=[]) for i in range(0, len(ids), step)
-        )
-        return {pid for batch in got for pid in batch["ids"]}
+        unique = [str(i) for i in dict.fromkeys(ids)]
+        return {pid for got in self._by_ids(unique, []) for pid in got["ids"]}
 
     def get(self, ids: Sequence[str], with_embeddings: bool = False) -> list[Passage]:
         """Passages by id, in the order asked (missing ids are left out)."""
         ids = [str(i) for i in dict.fromkeys(ids)]
-        if not ids:
-            return []
         include = ["documents", "metadatas"] + (["embeddings"] if with_embeddings else [])
         by_id: dict[str, Passage] = {}
-        step = self.max_batch()
-        for i in range(0, len(ids), step):
-            got = self.collection.get(ids=ids[i : i + step], include=include)
+        for got in self._by_ids(ids, include):
             embs = got.get("embeddings") if with_embeddings else None
             for j, pid in enumerate(got["ids"]):
                 rec = _record(pid, got["documents"][j], got["metadatas"][j])
@@ -846,8 +837,7 @@ class PassageStore:
             self._masks.clear()
             got = self.collection.get(include=["embeddings"])
             order = sorted(range(len(got["ids"])), key=lambda i: got["ids"][i])
-            mat = np.asarray(got["embeddings"], dtype=np.float32)[order]
-            mat /= np.maximum(np.linalg.norm(mat, axis=1, keepdims=True), 1e-12)
+            mat = _unit(np.asarray(got["embeddings"], dtype=np.float32)[order])
             self._matrix = (total, [got["ids"][i] for i in order], mat)
         _, ids, mat = self._matrix
         scores = np.asarray(embeddings, dtype=np.float32) @ mat.T
@@ -898,12 +888,40 @@ class PassageStore:
         self._matrix = None
         self._allowed.clear()
         self._masks.clear()
+        self._derived.clear()
         shutil.rmtree(self.bm25_dir / self.name, ignore_errors=True)
         (self.bm25_dir.parent / "centroid" / f"{self.name}.json").unlink(missing_ok=True)
+
+    def derived(
+        self,
+        what: str,
+        where: Path,
+        load: Callable[[int], tuple[int, Any] | None],
+        build: Callable[[int], tuple[int, Any]],
+        save: Callable[[int, Any], None],
+    ) -> Any:
+        """An index derived from the passages, checked by passage count: kept here as (count,
+        value), else ``load(count)`` from disk when its count still matches, else ``build(count)``
+        and ``save`` it to ``where`` (not for a read-only store)."""
+        count = self.count()
         with _lock:
-            for cache in (_bm25, _centroids):
-                for key in [k for k in cache if k[1] == self.name]:
-                    del cache[key]
+            got = self._derived.get(what)
+            if got is None or got[0] != count:
+                got = load(count)
+                if got is None or got[0] != count:
+                    logger.info("building the %s of %s (%d passages)", what, self.name, count)
+                    got = build(count)
+                    if self.read_only:
+                        logger.info(
+                            "%s of %s kept in memory only (read-only store)", what, self.name
+                        )
+                    else:
+                        try:
+                            save(*got)
+                        except OSError as exc:
+                            logger.warning("cannot save the %s to %s: %s", what, where, exc)
+                self._derived[what] = got
+            return got[1]
 
 
 def get_store(settings: Settings) -> PassageStore:
@@ -914,7 +932,8 @@ def get_store(settings: Settings) -> PassageStore:
         if key not in _stores:
             bm25_dir = Path(settings.retrieval.chroma_dir).expanduser().resolve() / "bm25"
             client, model = get_client(settings), embedder_name(settings)
-            _stores[key] = PassageStore(client, name, model, bm25_dir)
+            read_only = key[0] in _read_only
+            _stores[key] = PassageStore(client, name, model, bm25_dir, read_only)
         return _stores[key]
 
 
@@ -928,8 +947,6 @@ def reset_caches() -> None:
     with _lock:
         _clients.clear()
         _stores.clear()
-        _bm25.clear()
-        _centroids.clear()
         _auto_choice.clear()
         _read_only.clear()
 
@@ -1067,39 +1084,6 @@ class Bm25Index:
         return [(self.ids[i], float(sc[i])) for i in idx if sc[i] > 0]
 
 
-def _count_keyed(
-    cache: dict[tuple, tuple[int, Any]],
-    settings: Settings,
-    store: PassageStore,
-    what: str,
-    where: Path,
-    load: Callable[[int], tuple[int, Any] | None],
-    build: Callable[[int], tuple[int, Any]],
-    save: Callable[[int, Any], None],
-) -> Any:
-    """An index derived from ``store``, checked by passage count: kept in ``cache`` as (count,
-    value), else ``load(count)`` from disk when its count still matches, else ``build(count)`` and
-    ``save`` it to ``where`` (not for a read-only store)."""
-    count = store.count()
-    key = (_client_key(settings), store.name)
-    with _lock:
-        got = cache.get(key)
-        if got is None or got[0] != count:
-            got = load(count)
-            if got is None or got[0] != count:
-                logger.info("building the %s of %s (%d passages)", what, store.name, count)
-                got = build(count)
-                if key[0] in _read_only:
-                    logger.info("%s of %s kept in memory only (read-only store)", what, store.name)
-                else:
-                    try:
-                        save(*got)
-                    except OSError as exc:
-                        logger.warning("cannot save the %s to %s: %s", what, where, exc)
-            cache[key] = got
-        return got[1]
-
-
 def get_bm25(settings: Settings, store: PassageStore | None = None) -> Bm25Index:
     """The BM25 index of the passage collection: loaded from disk when its passage count still
     matches the collection's, else rebuilt from the store's texts and saved."""
@@ -1117,9 +1101,7 @@ def get_bm25(settings: Settings, store: PassageStore | None = None) -> Bm25Index
         index = Bm25Index.build([i for i, _ in passages], [t for _, t in passages])
         return index.count, index
 
-    return _count_keyed(
-        _bm25, settings, store, "BM25 index", folder, load, build, lambda _, i: i.save(folder)
-    )
+    return store.derived("BM25 index", folder, load, build, lambda _, i: i.save(folder))
 
 
 def get_centroid(settings: Settings, store: PassageStore | None = None) -> Any:
@@ -1144,16 +1126,10 @@ def get_centroid(settings: Settings, store: PassageStore | None = None) -> Any:
         tmp.write_text(json.dumps({"count": count, "mean": vec.tolist()}))
         tmp.replace(path)
 
-    return _count_keyed(
-        _centroids,
-        settings,
-        store,
-        "mean passage vector",
-        path,
-        load,
-        lambda count: (count, store.mean_embedding()),
-        save,
-    )
+    def build(count: int) -> tuple[int, Any]:
+        return count, store.mean_embedding()
+
+    return store.derived("mean passage vector", path, load, build, save)
 
 
 def centered_queries(qvecs: Any, centroid: Any) -> Any:
@@ -1500,10 +1476,15 @@ def corpus_fingerprint(settings: Settings) -> str:
     return f"{collection_name(settings)}:{corpus_count(settings)}"
 
 
+def _scope_meta(scope: Mapping[str, str] | None) -> dict[str, str]:
+    """The metadata that records the scope a QA-memory entry is valid under."""
+    return {f"scope_{k}": str(v) for k, v in sorted((scope or {}).items())}
+
+
 def _scope_filter(scope: Mapping[str, str] | None) -> dict[str, Any] | None:
-    if not scope:
+    terms = [{k: v} for k, v in _scope_meta(scope).items()]
+    if not terms:
         return None
-    terms = [{f"scope_{k}": str(v)} for k, v in sorted(scope.items())]
     return terms[0] if len(terms) == 1 else {"$and": terms}
 
 
@@ -1567,16 +1548,12 @@ def write_to_memory(
     q = get_embedder(s).embed_query(question)
     kept = [
         {
-            "id": str(d.get("id", "")),
-            "title": str(d.get("title") or ""),
-            "source": str(d.get("source") or ""),
+            **{key: str(d.get(key) or "") for key in ("id", "title", "source", "ref")},
             "text": str(d.get("text") or "")[:MEMORY_SOURCE_CHARS],
-            "ref": str(d.get("ref") or ""),
             **({"step_id": d["step_id"]} if "step_id" in d else {}),
         }
         for d in sources
     ]
-    scope_meta = {f"scope_{k}": str(v) for k, v in sorted((scope or {}).items())}
     _memory_collection(s).upsert(
         ids=[_memory_id(question, scope)],
         documents=[question],
@@ -1588,7 +1565,7 @@ def write_to_memory(
                 "confidence": float(confidence),
                 "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
                 "sources": json.dumps(kept),
-                **scope_meta,
+                **_scope_meta(scope),
             }
         ],
     )
