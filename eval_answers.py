@@ -11,7 +11,6 @@ Shares get Wilson 95% intervals, means bootstrap ones (:func:`summarize_mode` li
 
 from __future__ import annotations
 
-import logging
 import re
 import time
 from collections import Counter, defaultdict
@@ -26,8 +25,6 @@ import eval_common as ec
 import load_corpus
 import mc
 import prompts
-
-logger = logging.getLogger(__name__)
 
 OPEN_QUESTIONS = Path(__file__).resolve().parent / "datasets" / "open_questions.jsonl"
 CATEGORIES = ("in_corpus", "multi_hop", "out_of_corpus", "edge")
@@ -299,19 +296,16 @@ def run_answers(
     items: Sequence[Mapping[str, Any]],
     answer_fns: Mapping[str, Callable[[str], Mapping[str, Any]]],
     *,
-    on_row: Callable[[dict], None] | None = None,
+    on_row: Callable[[dict], None],
+    on_error: Callable[[str, str, Exception], None],
     skip: Iterable[tuple[str, str]] = (),
     score: Callable[..., dict] = score_answer,
-    on_error: Callable[[str, str, Exception], None] | None = None,
 ) -> list[dict]:
     """The rows ``score(item, mode, result, seconds)`` of every item through every mode
     (``answer_fns[mode](question)``), one item's modes in a row so a cut run stays paired;
     ``on_row`` sees each finished row; ``(item id, mode)`` pairs in ``skip`` are not run.  A pair
     whose answer fails (the model's API down) gets no row, so it is neither scored as a wrong
     answer nor skipped by a rerun; ``on_error(item id, mode, exception)`` sees it."""
-    from tqdm.auto import tqdm
-
-    rows: list[dict] = []
     skipped = {(str(i), str(m)) for i, m in skip}
     pairs = [
         (item, mode)
@@ -319,20 +313,18 @@ def run_answers(
         for mode in answer_fns
         if (str(item["id"]), mode) not in skipped
     ]
-    for item, mode in tqdm(pairs, desc="answers", unit="answer", disable=None, leave=False):
+
+    def answer(pair: tuple[Mapping[str, Any], str]) -> tuple[dict, float]:
         t0 = time.perf_counter()
-        try:
-            result = dict(answer_fns[mode](str(item["question"])))
-        except Exception as exc:  # one failing item must not end a long eval run
-            if on_error is None:
-                logger.warning("answers: %s/%s failed: %s", item["id"], mode, exc)
-            else:
-                on_error(str(item["id"]), mode, exc)
+        return dict(answer_fns[pair[1]](str(pair[0]["question"]))), time.perf_counter() - t0
+
+    rows: list[dict] = []
+    for (item, mode), answered, exc in ec.run_tasks(answer, pairs, desc="answers"):
+        if exc is not None:  # one failing item must not end a long eval run
+            on_error(str(item["id"]), mode, exc)
             continue
-        row = score(item, mode, result, time.perf_counter() - t0)
-        rows.append(row)
-        if on_row is not None:
-            on_row(row)
+        rows.append(score(item, mode, *answered))
+        on_row(rows[-1])
     return rows
 
 

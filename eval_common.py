@@ -642,31 +642,27 @@ def run_tasks(
     """
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(tasks), desc=desc, unit="task", disable=None, leave=False)
-    try:
-        if workers <= 1:
-            for task in tasks:
-                try:
-                    result, err = fn(task), None
-                except fatal:
-                    raise
-                except Exception as exc:  # yielded to the caller
-                    result, err = None, exc
-                bar.update()
-                yield task, result, err
-            return
-        pool = ThreadPoolExecutor(max_workers=workers)
+    def attempt(task: Any) -> tuple[Any, Any, BaseException | None]:
         try:
-            futures = {pool.submit(fn, task): task for task in tasks}
-            for fut in as_completed(futures):
-                err = fut.exception()
-                if isinstance(err, fatal):
-                    raise err
-                bar.update()
-                yield futures[fut], (None if err else fut.result()), err
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+            return task, fn(task), None
+        except fatal:
+            raise
+        except Exception as exc:  # yielded to the caller
+            return task, None, exc
+
+    bar = tqdm(total=len(tasks), desc=desc, unit="task", disable=None, leave=False)
+    pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
+    try:
+        if pool is None:
+            outcomes: Iterable = map(attempt, tasks)
+        else:
+            outcomes = (f.result() for f in as_completed([pool.submit(attempt, t) for t in tasks]))
+        for outcome in outcomes:
+            bar.update()
+            yield outcome
     finally:
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
         bar.close()
 
 

@@ -151,11 +151,16 @@ class AgentRunError(RuntimeError):
     """The agent's run failed (an LLM call that kept failing): no answer to score."""
 
 
-def _raise_on_failure(state: Mapping[str, Any]) -> None:
-    """A run the model's API failed is a failed pair, not a wrong answer; a run cut by its
-    deadline (RUN_TIMEOUT) is scored: answering in time is part of what is measured."""
+def _run_agent(
+    settings: Settings, answer_mode: str, client: Any, question: str, choices: dict | None
+) -> dict:
+    """The agent's final state.  A run the model's API failed is a failed pair, not a wrong
+    answer; a run cut by its deadline (RUN_TIMEOUT) is scored: answering in time is measured."""
+    context = ec.agent_context(settings.replace(answer_mode=answer_mode), client)
+    state = agent.run_agent(question, choices, context=context)
     if state.get("stop_reason") == "error":
         raise AgentRunError(str(state.get("error") or "the run failed"))
+    return state
 
 
 def run_mc_item(
@@ -173,28 +178,23 @@ def run_mc_item(
     gold = ec.gold_ids(item)
     extra: dict[str, Any] = {}
     start = time.perf_counter()
-    if mode == "llm_only":
-        answered = mc.select_answer(client, question, choices, None)
-        fields = _mc_fields(answered.to_dict(), answered.text)
-    elif mode in ("rag", "gold_passage"):
-        if mode == "rag":
-            k = settings.agent.retrieval_k
-            docs = rag_utils.retrieve_documents(question, k=k, settings=settings)
-        else:
-            docs = [gold_texts[g] for g in gold if g in gold_texts]
-            if not docs:
+    if mode in ("llm_only", "rag", "gold_passage"):
+        evidence = None
+        if mode != "llm_only":
+            if mode == "rag":
+                k = settings.agent.retrieval_k
+                docs = rag_utils.retrieve_documents(question, k=k, settings=settings)
+            elif not (docs := [gold_texts[g] for g in gold if g in gold_texts]):
                 raise LookupError(f"item {ec.item_id(item)}: gold passage not in the store")
-        extra["evidence_ids"] = [d["id"] for d in docs]
-        if mode == "rag":
-            extra["gold_in_evidence"] = any(d["id"] in gold for d in docs)
-        evidence = prompts.format_evidence(docs)
+            extra["evidence_ids"] = [d["id"] for d in docs]
+            if mode == "rag":
+                extra["gold_in_evidence"] = any(d["id"] in gold for d in docs)
+            evidence = prompts.format_evidence(docs)
         answered = mc.select_answer(client, question, choices, evidence)
         fields = _mc_fields(answered.to_dict(), answered.text)
     elif mode in ("lean", "pipeline", "evidence"):
         answer_mode = "research" if mode == "pipeline" else mode
-        context = ec.agent_context(settings.replace(answer_mode=answer_mode), client)
-        state = agent.run_agent(question, choices, context=context)
-        _raise_on_failure(state)
+        state = _run_agent(settings, answer_mode, client, question, choices)
         mc_answer = state["mc_answer"] or {}
         fields = _mc_fields(mc_answer, state.get("final_cited_answer"))
         sources = list(mc_answer.get("evidence_ids") or [])  # what the letter read
@@ -709,9 +709,7 @@ def agent_answer_fn(
 
     def answer(question: str) -> dict:
         client = LLMClient(settings, llm_factory=llm_factory)
-        context = ec.agent_context(settings.replace(answer_mode=mode), client)
-        state = agent.run_agent(question, None, context=context)
-        _raise_on_failure(state)
+        state = _run_agent(settings, mode, client, question, None)
         record = state.get("answer") or {}
         return {
             "answer": state.get("final_cited_answer") or "",

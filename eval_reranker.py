@@ -151,17 +151,18 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     }
     run_dir.check_config(config, ("qa", "query", "embedding_model", "reranker_model"))
     unavailable: dict[str, str] = {}
-    done = run_dir.done()
     for name in names:
-        reason = check_reranker(name, settings)
-        if reason:
+        if reason := check_reranker(name, settings):
             logger.warning("reranker %s unavailable: %s", name, reason)
             unavailable[name] = reason
             continue
-        tasks = [it for it in items if (ec.item_id(it), name) not in done]
-        one = functools.partial(run_item, reranker=name, settings=settings, query=args.query)
-        for _, row, _ in ec.run_tasks(one, tasks, desc=name, fatal=(Exception,)):
-            run_dir.append(row)
+        run_dir.run(
+            functools.partial(run_item, reranker=name, settings=settings, query=args.query),
+            items,
+            key=lambda it, name=name: (ec.item_id(it), name),
+            desc=name,
+            fatal=(Exception,),
+        )
     available = [n for n in names if n not in unavailable]
     summary = {
         "run_id": run_dir.run_id,
