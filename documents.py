@@ -32,8 +32,7 @@ from filters import (
 )
 
 logger = logging.getLogger(__name__)
-# pypdf logs a warning for every quirk of a malformed file ("EOF marker not found") before it
-# raises; the loader's one line per unreadable file says it, so the warnings are noise.
+# pypdf warns of each quirk of a malformed file before it raises; the loader's one line says it.
 logging.getLogger("pypdf").setLevel(logging.ERROR)
 
 MAX_FILE_BYTES = 50 * 2**20
@@ -375,7 +374,7 @@ def _blocks_from_lines(lines: list[_Line]) -> list[Block]:
     unwrapped = full > 200 and all(ln.y is None for ln in body)  # a text file, a line a paragraph
     gaps = sorted(
         a.y - b.y
-        for a, b in zip(body, body[1:], strict=False)
+        for a, b in itertools.pairwise(body)
         if a.y is not None and b.y is not None and a.page == b.page and a.y > b.y
     )
     gap = gaps[len(gaps) // 4] if gaps else None  # the line spacing
@@ -510,13 +509,8 @@ def _read_pdf(path: Path, data: bytes) -> _Read:
         raise _fail(path, "not a readable PDF (no PDF header)")
     try:
         reader = PdfReader(io.BytesIO(data))
-        if reader.is_encrypted:
-            try:
-                opened = reader.decrypt("")
-            except Exception as exc:
-                raise _fail(path, f"encrypted PDF (cannot decrypt: {exc})") from None
-            if not opened:
-                raise _fail(path, "encrypted PDF (a password is needed)")
+        if reader.is_encrypted and not reader.decrypt(""):  # no password: the empty one
+            raise _fail(path, "encrypted PDF (a password is needed)")
         n = len(reader.pages)
     except DocumentError:
         raise
@@ -796,10 +790,7 @@ def _court_jurisdiction(court: str) -> str | None:
         return None
     if found[0].get("system") == "federal":
         return "US"
-    try:
-        return normalize_jurisdiction(found[0].get("location") or "")
-    except ValueError:
-        return None
+    return jurisdiction_of(found[0].get("location") or "")
 
 
 def _find_court(texts: Iterable[str]) -> str | None:

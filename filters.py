@@ -8,7 +8,7 @@ import datetime
 import functools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,15 +106,12 @@ Rights Act?"): a question of federal law."""
 
 
 def jurisdiction_asked(asked: str) -> tuple[str, str] | None:
-    """(name, USPS code) of the state whose law a question asks about, from what it asks: a
-    state's full name before a word for its law ("Ohio law", "New York statute"), owning a law
-    or a rule (``_OWNED``), having a law (``_HAS_LAW``), doing what a law does after "does"
-    (``_RULE_VERBS``), or after "in"/"under" ("under California law", "In Texas, can ...", but
-    not a forum: ``_FORUM``); None otherwise.  A state named only in the
-    facts ("a company based in Texas sued ...") is where something happened, not the law asked
-    for; a state that acts ("May Texas enact a law ...?") is a party; bar questions' "State X"
-    names none, and a state's law tested against federal law (``_FEDERAL_TEST``) asks federal
-    law."""
+    """(name, USPS code) of the state whose law a question asks about: a state's full name before
+    a word for its law ("Ohio law"), owning (``_OWNED``), having (``_HAS_LAW``) or doing what a
+    law does (``_RULE_VERBS``), or after "in"/"under" but not as a forum (``_FORUM``); else None.
+    A state named only in the facts ("a company based in Texas sued ...") or acting as a party
+    ("May Texas enact ...?") is not the law asked for, nor is a bar question's "State X", and a
+    state's law tested against federal law (``_FEDERAL_TEST``) asks federal law."""
     if _FEDERAL_TEST.search(asked):
         return None
     for m in _state_names().finditer(asked):
@@ -207,40 +204,36 @@ class PassageFilter:
     @classmethod
     def from_settings(cls, s: Settings) -> PassageFilter:
         """The filter of ``s`` (FILTER_* settings); bad values raise :class:`SettingsError`."""
-        try:
-            jurisdictions = frozenset(
-                normalize_jurisdiction(v) for v in _values(s.filters.jurisdiction)
-            )
-        except ValueError as exc:
-            raise SettingsError(f"FILTER_JURISDICTION: {exc}") from None
-        try:
-            courts = frozenset(normalize_court(v) for v in _values(s.filters.court))
-        except ValueError as exc:
-            raise SettingsError(f"FILTER_COURT: {exc}") from None
-        kinds = frozenset(v.lower().replace("-", "_") for v in _values(s.filters.source_type))
-        bad = sorted(kinds - set(AUTHORITY_TYPES))
-        if bad:
+        f = s.filters
+
+        def parse(name: str, read: Callable[[str], Any]) -> Any:
+            try:
+                return read(getattr(f, name).strip())
+            except ValueError as exc:
+                raise SettingsError(f"FILTER_{name.upper()}: {exc}") from None
+
+        jurisdictions = parse(
+            "jurisdiction", lambda r: frozenset(map(normalize_jurisdiction, _values(r)))
+        )
+        courts = parse("court", lambda r: frozenset(map(normalize_court, _values(r))))
+        kinds = frozenset(v.lower().replace("-", "_") for v in _values(f.source_type))
+        if bad := sorted(kinds - set(AUTHORITY_TYPES)):
             raise SettingsError(
                 f"FILTER_SOURCE_TYPE={','.join(bad)}: use {', '.join(AUTHORITY_TYPES)}"
             )
-        dates = {}
-        for name, end in (("after", False), ("before", True)):
-            raw = getattr(s.filters, name).strip()
-            try:
-                dates[name] = parse_date(raw, end=end) if raw else None
-            except ValueError as exc:
-                raise SettingsError(f"FILTER_{name.upper()}: {exc}") from None
-        if dates["after"] and dates["before"] and dates["after"] > dates["before"]:
-            raise SettingsError(
-                f"FILTER_AFTER={s.filters.after.strip()} is later than "
-                f"FILTER_BEFORE={s.filters.before.strip()}: no passage could match"
-            )
-        return cls(
-            jurisdictions=jurisdictions,
-            courts=courts,
-            source_types=kinds,
-            **dates,
+        out = cls(
+            jurisdictions,
+            courts,
+            kinds,
+            after=parse("after", lambda r: parse_date(r) if r else None),
+            before=parse("before", lambda r: parse_date(r, end=True) if r else None),
         )
+        if out.after and out.before and out.after > out.before:
+            raise SettingsError(
+                f"FILTER_AFTER={f.after.strip()} is later than "
+                f"FILTER_BEFORE={f.before.strip()}: no passage could match"
+            )
+        return out
 
     def __bool__(self) -> bool:
         return any((self.jurisdictions, self.courts, self.source_types, self.after, self.before))
@@ -254,27 +247,21 @@ class PassageFilter:
             return False
         if self.source_types and a["authority_type"] not in self.source_types:
             return False
-        if self.after or self.before:
-            date = a["date_int"]
-            if date is None or (self.after and date < self.after):
-                return False
-            if self.before and date > self.before:
-                return False
-        return True
+        date = a["date_int"]
+        if (self.after or self.before) and date is None:
+            return False
+        return not (self.after and date < self.after or self.before and date > self.before)
 
     def describe(self) -> str:
         """One line for the CLI and the run metrics ("" for no filter)."""
-        parts = []
-        for name, values in (
+        sets = (
             ("jurisdiction", self.jurisdictions),
             ("court", self.courts),
             ("source type", self.source_types),
-        ):
-            if values:
-                parts.append(f"{name} {', '.join(sorted(values))}")
-        for name, value in (("after", self.after), ("before", self.before)):
-            if value:
-                parts.append(f"{name} {value // 10000}-{value // 100 % 100:02d}-{value % 100:02d}")
+        )
+        parts = [f"{name} {', '.join(sorted(values))}" for name, values in sets if values]
+        for name, d in (("after", self.after), ("before", self.before)):
+            parts += [f"{name} {d // 10000}-{d // 100 % 100:02d}-{d % 100:02d}"] if d else []
         return "; ".join(parts)
 
 

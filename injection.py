@@ -30,7 +30,6 @@ ENCODED = "encoded_payload"
 """Name reported when a decoded payload (base64, hex, ROT13, …) matches a user-input pattern."""
 
 _I = re.IGNORECASE
-_M = re.MULTILINE
 
 
 LLMVerdict = Literal["safe", "injection", "error", "unparsed", "skipped", "not_needed"]
@@ -127,7 +126,7 @@ _SECRET = (
 
 
 def _compile(patterns: Mapping[str, str]) -> dict[str, re.Pattern[str]]:
-    return {name: re.compile(p, _I | _M) for name, p in patterns.items()}
+    return {name: re.compile(p, _I | re.M) for name, p in patterns.items()}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -436,34 +435,32 @@ def _printable_text(raw: bytes) -> str | None:
         s = raw.decode("utf-8")
     except UnicodeDecodeError:
         return None
-    if len(s) < 8:
-        return None
     letters = sum(c.isalpha() or c in " .,:;'\"()!?-" for c in s)
-    if letters / len(s) < 0.85 or " " not in s.strip():
-        return None
-    return s
+    return s if len(s) >= 8 and letters / len(s) >= 0.85 and " " in s.strip() else None
 
 
 def decoded_payloads(text: str) -> list[str]:
     """Readable texts hidden in ``text``: base64, hex (run, spaced, ``\\x`` or ``\\u`` escapes)
     and percent-encoded blobs.  Hashes and ids decode to binary and are left out."""
-    out: list[str] = []
-    for m in _BASE64.finditer(text):
-        blob = m.group(0)
-        if blob.isdigit() or blob.isalpha() and (blob.islower() or blob.isupper()):
-            continue  # a plain word or number, not base64
-        padded = blob + "=" * (-len(blob) % 4)
-        for decode in (base64.b64decode, base64.urlsafe_b64decode):
-            try:
-                got = _printable_text(decode(padded))
-            except (binascii.Error, ValueError):
-                continue
-            if got:
-                out.append(got)
-                break
-    for pattern, decode in _DECODERS:
-        out += [got for m in pattern.finditer(text) if (got := decode(m.group(0)))]
-    return out
+    return [
+        got
+        for pattern, decode in _DECODERS
+        for m in pattern.finditer(text)
+        if (got := decode(m.group(0)))
+    ]
+
+
+def _base64_text(blob: str) -> str | None:
+    if blob.isdigit() or blob.isalpha() and (blob.islower() or blob.isupper()):
+        return None  # a plain word or number, not base64
+    padded = blob + "=" * (-len(blob) % 4)
+    for decode in (base64.b64decode, base64.urlsafe_b64decode):
+        try:
+            if got := _printable_text(decode(padded)):
+                return got
+        except (binascii.Error, ValueError):
+            pass
+    return None
 
 
 def _hex_text(blob: str) -> str | None:
@@ -472,6 +469,7 @@ def _hex_text(blob: str) -> str | None:
 
 
 _DECODERS: tuple[tuple[re.Pattern[str], Callable[[str], str | None]], ...] = (
+    (_BASE64, _base64_text),
     (_HEX_RUN, _hex_text),
     (_HEX_SPACED, _hex_text),
     (_HEX_ESCAPED, _hex_text),
@@ -483,9 +481,7 @@ _DECODERS: tuple[tuple[re.Pattern[str], Callable[[str], str | None]], ...] = (
 def _obfuscation_variants(text: str) -> list[str]:
     """Readings of ``text`` an attacker may have disguised: decoded blobs, ROT13, reversed,
     leetspeak and spaced-out letters."""
-    variants = decoded_payloads(text)
-    variants.append(codecs.encode(text, "rot13"))
-    variants.append(text[::-1])
+    variants = [*decoded_payloads(text), codecs.encode(text, "rot13"), text[::-1]]
     if _LEET_WORD.search(text):
         variants.append(_LEET_WORD.sub(lambda m: m.group(0).translate(_LEET), text))
     if _SPACED.search(text):
@@ -570,7 +566,7 @@ def _reported(name: str, text: str, match: re.Match[str]) -> bool:
     left, right = _sentence_bounds(text, match.start(), match.end())
     if _ADDRESSEE.search(text, left, right):
         return False
-    return any(m.end() <= match.start() for m in _REPORTED.finditer(text, left, match.start()))
+    return bool(_REPORTED.search(text, left, match.start()))
 
 
 def screen_user_input(text: str) -> list[str]:
@@ -592,39 +588,32 @@ def screen_user_input(text: str) -> list[str]:
     return hits
 
 
-_PASSAGE_VETO: dict[str, re.Pattern[str]] = {
-    "ignore_instructions": re.compile(r"\bjur(?:y|ors?)\b|\bcharge\b|\bjudge\b|\bcourt\b", _I),
-}
-"""A pattern's match is not a hit when its sentence matches the veto: caselaw reports that "the
-judge told the jurors to disregard all prior instructions concerning malice"."""
+_COURTROOM = re.compile(r"\bjur(?:y|ors?)\b|\bcharge\b|\bjudge\b|\bcourt\b", _I)
 
 
 def _reported_in_caselaw(name: str, text: str, match: re.Match[str]) -> bool:
-    """The passage veto: ``match``'s sentence matches its pattern's :data:`_PASSAGE_VETO`."""
-    veto = _PASSAGE_VETO.get(name)
-    if veto is None:
+    """The passage veto: an ``ignore_instructions`` match in a sentence of the courtroom, as
+    caselaw reports that "the judge told the jurors to disregard all prior instructions"."""
+    if name != "ignore_instructions":
         return False
-    left, right = _sentence_bounds(text, match.start(), match.end())
-    return bool(veto.search(text, left, right))
-
-
-def _passage_matches(text: str) -> list[str]:
-    return _matches(PASSAGE_PATTERNS, text, _reported_in_caselaw)
+    return bool(_COURTROOM.search(text, *_sentence_bounds(text, match.start(), match.end())))
 
 
 def screen_passage(text: str) -> list[str]:
     """Names of the document patterns ``text`` matches (empty = clean): a passage that addresses
     an AI, tells it to ignore its instructions, declares "the correct answer is (X)", asks for the
-    prompt, or carries chat-template tokens.  Real legal text ("the jury was instructed to
-    disregard …", "the court must disregard all errors") never matches (checked against both
-    bundled corpora).  An encoded blob (:func:`decoded_payloads`) whose text matches a passage or
-    user-input pattern reports :data:`ENCODED`."""
+    prompt, or carries chat-template tokens; legal text ("the jury was instructed to disregard
+    …") never matches (checked against both bundled corpora).  An encoded blob
+    (:func:`decoded_payloads`) whose text matches a passage or user-input pattern reports
+    :data:`ENCODED`."""
+
+    def hits_in(t: str) -> list[str]:
+        return _matches(PASSAGE_PATTERNS, t, _reported_in_caselaw)
+
     norm = normalize(text)
-    hits = _passage_matches(norm) if _PASSAGE_TRIGGER.search(norm) else []
-    for decoded in decoded_payloads(norm):
-        if _passage_matches(decoded) or _matches(USER_PATTERNS, decoded):
-            hits.append(ENCODED)
-            break
+    hits = hits_in(norm) if _PASSAGE_TRIGGER.search(norm) else []
+    if any(hits_in(d) or _matches(USER_PATTERNS, d) for d in decoded_payloads(norm)):
+        hits.append(ENCODED)
     return hits
 
 
@@ -705,11 +694,11 @@ _FABRICATION_CUES = re.compile(
 )
 
 
-_QUOTED = re.compile(r"\"[^\"\n]{1,600}\"|\u201c[^\u201d\n]{1,600}\u201d")
+_QUOTED = re.compile(r"\"[^\"\n]{1,600}\"")
 _SECOND_PERSON = re.compile(r"\b(?:you|your|yours|yourself|u|ur)\b", _I)
 _U_ABBREVIATION = re.compile(r"\b(?:u|ur)\b(?=\s*\.)", _I)
-"""A quoted span (a character's words in a fact pattern), the second person, and "U." as in
-"U.S.C." or "D.U.I." (not the text-speak "u")."""
+"""A quoted span (a character's words in a fact pattern; :func:`normalize` straightens curly
+quotes), the second person, and "U." as in "U.S.C." or "D.U.I." (not the text-speak "u")."""
 
 
 def addresses_the_assistant(text: str) -> bool:
