@@ -23,7 +23,7 @@ Gate calibration (``gate``): for each item of a slice of a labelled MC set (``--
 chosen so that it does not overlap the items phase 2 reports on), lean mode's evidence is gathered
 once and the model answers twice, closed-book and with that evidence; the rows (evidence score,
 both correctness bits) go to ``benchmarks/results/lean_gate_rows.jsonl`` as they are made, so an
-interrupted run resumes.  ``lean.calibrate_gate`` then picks the gate that maximizes the gated
+interrupted run resumes.  ``calibrate_gate`` then picks the gate that maximizes the gated
 accuracy on those rows.  LLM replies go through the response cache.
 """
 
@@ -35,6 +35,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -281,13 +282,61 @@ def demos(names: list[str]) -> dict[str, Any]:
     return {"provider": settings.llm.provider, "demos": out}
 
 
+def _below(score: float | None, gate: float) -> bool:
+    """``AgentContext.below_gate`` at ``gate``."""
+    return gate > 0 and (score is None or score < gate)
+
+
+def gated_accuracy(rows: Sequence[Mapping[str, Any]], gate: float) -> float:
+    """Accuracy of the lean route choice at ``gate`` over rows holding ``evidence_score``,
+    ``rag_correct`` and ``closed_correct`` (both arms answered for every row); below the gate
+    (or with no score) the closed-book answer counts."""
+    if not rows:
+        return float("nan")
+    hits = [
+        r["closed_correct"] if _below(r["evidence_score"], gate) else r["rag_correct"] for r in rows
+    ]
+    return sum(bool(h) for h in hits) / len(hits)
+
+
+def calibrate_gate(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The gate that maximizes :func:`gated_accuracy` on ``rows``.
+
+    Candidates are 0 (always use the evidence), every observed score, and just above the highest
+    (never use it).  Several gates often tie on a small set: the middle of the longest run of
+    tied candidates is taken, so the choice does not sit on the edge of a plateau."""
+    if not rows:
+        raise ValueError("no calibration rows")
+    scores = sorted({round(float(r["evidence_score"]), 4) for r in rows})
+    candidates = [0.0, *scores, round(scores[-1] + 1e-4, 4)]
+    accs = [gated_accuracy(rows, g) for g in candidates]
+    best = max(accs)
+    runs: list[list[int]] = []
+    for i, a in enumerate(accs):
+        if a == best:
+            if runs and runs[-1][-1] == i - 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+    longest = max(runs, key=len)
+    gate = candidates[longest[len(longest) // 2]]
+    return {
+        "gate": gate,
+        "accuracy": best,
+        "n": len(rows),
+        "rag_accuracy": sum(bool(r["rag_correct"]) for r in rows) / len(rows),
+        "closed_accuracy": sum(bool(r["closed_correct"]) for r in rows) / len(rows),
+        "rag_share": sum(not _below(r["evidence_score"], gate) for r in rows) / len(rows),
+        "curve": [{"gate": g, "accuracy": a} for g, a in zip(candidates, accs, strict=True)],
+    }
+
+
 GATE_ROWS = REPO / "benchmarks" / "results" / "lean_gate_rows.jsonl"
 
 
 def gate(qa: str, start: int, n: int | None, rows_path: Path, fit_only: bool) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
-    import lean
     import mc
     import prompts
 
@@ -321,7 +370,7 @@ def gate(qa: str, start: int, n: int | None, rows_path: Path, fit_only: bool) ->
                 out.flush()
                 done[row["item"]] = row
     rows = [done[ec.item_id(it)] for it in items if ec.item_id(it) in done]
-    fit = lean.calibrate_gate(rows)
+    fit = calibrate_gate(rows)
     fit["curve"] = fit["curve"][:: max(1, len(fit["curve"]) // 20)]  # a readable sample
     return {
         "qa": Path(qa).name,

@@ -1,12 +1,16 @@
-"""Lean mode: one retrieval, the evidence gate, one answer; and the gate's calibration."""
+"""Lean mode: one retrieval, the evidence gate, one answer; and the gate's calibration
+(``benchmarks/bench_agent.py gate``)."""
 
 from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
 
 import pytest
 from fakes import scripted_client
 
 import injection
-import lean
 import main
 import nodes
 
@@ -25,10 +29,17 @@ PASSAGES = [
 ]
 
 
-def test_a_gate_of_zero_never_blocks_and_a_missing_score_is_blocked():
-    assert not lean.below_gate(0.01, 0.0)
-    assert lean.below_gate(None, 0.4) and lean.below_gate(0.39, 0.4)
-    assert not lean.below_gate(0.4, 0.4)
+def test_a_gate_of_zero_never_blocks_and_a_missing_score_is_blocked(tmp_settings):
+    assert not _context(tmp_settings, [], lean_gate=0.0)[0].below_gate(0.01)
+    ctx = _context(tmp_settings, [], lean_gate=0.4)[0]
+    assert ctx.below_gate(None) and ctx.below_gate(0.39)
+    assert not ctx.below_gate(0.4)
+
+
+def _bench_agent():
+    """``benchmarks/bench_agent.py``, where the gate's calibration lives."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    return importlib.import_module("bench_agent")
 
 
 def _rows(spec):
@@ -41,18 +52,18 @@ def test_calibration_uses_evidence_only_where_it_helps():
         [(0.30, False, True), (0.35, False, True), (0.42, False, True),
          (0.55, True, False), (0.60, True, False), (0.70, True, False)]
     )  # fmt: skip
-    fit = lean.calibrate_gate(rows)
+    fit = _bench_agent().calibrate_gate(rows)
     assert fit["accuracy"] == 1.0
     assert 0.42 < fit["gate"] <= 0.55
-    assert lean.gated_accuracy(rows, fit["gate"]) == 1.0
+    assert _bench_agent().gated_accuracy(rows, fit["gate"]) == 1.0
     assert fit["rag_accuracy"] == 0.5 and fit["closed_accuracy"] == 0.5
     assert fit["rag_share"] == 0.5
 
 
 def test_calibration_can_say_never_use_the_evidence_or_always_use_it():
-    never = lean.calibrate_gate(_rows([(0.4, False, True), (0.6, False, True)]))
+    never = _bench_agent().calibrate_gate(_rows([(0.4, False, True), (0.6, False, True)]))
     assert never["gate"] > 0.6 and never["rag_share"] == 0.0
-    always = lean.calibrate_gate(_rows([(0.4, True, False), (0.6, True, False)]))
+    always = _bench_agent().calibrate_gate(_rows([(0.4, True, False), (0.6, True, False)]))
     assert always["gate"] <= 0.4 and always["rag_share"] == 1.0
 
 
