@@ -1529,6 +1529,11 @@ MEMORY_SOURCE_CHARS = 600
 """Characters of each source passage kept with a cached answer (enough to show and to check)."""
 
 
+MEMORY_CITATION_KEYS = ("support", "pin")
+"""What the QA memory also keeps of a citation, when it has them: a hit's SOURCES show the
+sentence each citation rests on and its pin cite, as the first run's did."""
+
+
 def write_to_memory(
     question: str,
     answer: str,
@@ -1539,7 +1544,7 @@ def write_to_memory(
     scope: Mapping[str, str] | None = None,
 ) -> None:
     """Store (or replace) the answer to ``question`` with an ISO-8601 UTC timestamp, the passages
-    its citations name (``sources``: dicts with id, title, source, text, ref) and the ``scope`` it
+    its citations name (``sources``: dicts with id, title, source, text, ref, and :data:`MEMORY_CITATION_KEYS`) and the ``scope`` it
     is valid under (one entry per question and scope)."""
     s = settings
     if is_read_only(s):
@@ -1549,6 +1554,7 @@ def write_to_memory(
     kept = [
         {
             **{key: str(d.get(key) or "") for key in ("id", "title", "source", "ref")},
+            **{key: str(d[key]) for key in MEMORY_CITATION_KEYS if d.get(key)},
             "text": str(d.get("text") or "")[:MEMORY_SOURCE_CHARS],
             **({"step_id": d["step_id"]} if "step_id" in d else {}),
         }

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import load_corpus
+import nodes
 import prompts
 import rag_utils
 from context import AgentContext
@@ -466,6 +467,17 @@ def test_qa_memory_roundtrip_threshold_and_clear(loaded):
     assert rag_utils.clear_memory(settings) == 1
     assert rag_utils.check_memory("What are the elements of negligence?", settings=settings) is None
     assert rag_utils.clear_memory(settings) == 0
+
+
+def test_a_memory_hit_keeps_the_sentence_and_pin_each_citation_rests_on(loaded):
+    # A user's second run of a question printed [1] Adverse possession (...): "" for every source
+    settings, _ = loaded
+    cited = {"id": "p1", "title": "Adverse possession", "text": "Possession must be ...",
+             "support": "Possession must be open and notorious.", "pin": "§ 2(a)", "ref": "[1]"}  # fmt: skip
+    rag_utils.write_to_memory("What is adverse possession?", "A.", 0.7, settings, sources=[cited])
+    hit = rag_utils.check_memory("What is adverse possession?", settings=settings)
+    record = nodes.memory_record(hit, "What is adverse possession?", None)
+    assert [(c.support, c.pin) for c in record.citations] == [(cited["support"], "§ 2(a)")]
 
 
 def test_qa_memory_entries_are_used_only_under_the_provider_model_and_corpus_that_wrote_them(
