@@ -292,22 +292,27 @@ class AgentContext:
 
 @dataclass(frozen=True)
 class StateLaw:
-    """The state whose law a question asks for."""
+    """The state, or another country, whose law a question asks for."""
 
     name: str
+    """A state's name ("Ohio"), or a country's demonym ("French")."""
     code: str
-    """Its USPS code (passage metadata ``jurisdiction``)."""
+    """A state's USPS code (passage metadata ``jurisdiction``); "" for a country."""
     held: bool
     """Whether some passage of the collection is that state's law."""
 
 
 def state_law(asked: str, settings: Settings) -> StateLaw | None:
     """The state whose law ``asked`` asks for (``filters.jurisdiction_asked``), and whether the
-    collection holds any of it; None when it asks for no state's law."""
+    collection holds any of it; or another country's (``filters.foreign_law_asked``), which only
+    the user's own documents could hold (they are tagged with US jurisdictions only); None when
+    it asks for neither."""
+    store = rag_utils.get_store(settings)
     state = filters.jurisdiction_asked(asked)
-    if state is None:
-        return None
-    return StateLaw(*state, rag_utils.get_store(settings).holds_jurisdiction(state[1]))
+    if state is not None:
+        return StateLaw(*state, store.holds_jurisdiction(state[1]))
+    country = filters.foreign_law_asked(asked)
+    return None if country is None or store.holds_documents() else StateLaw(country, "", False)
 
 
 def searchers(settings: Settings) -> dict[str, Retriever]:

@@ -129,6 +129,46 @@ def jurisdiction_asked(asked: str) -> tuple[str, str] | None:
     return None
 
 
+_COUNTRIES = (
+    "France=French;Germany=German;England=English;United Kingdom,UK,Britain=British;"
+    "Scotland=Scottish;Ireland=Irish;Canada=Canadian;Mexico=Mexican;Australia=Australian;"
+    "New Zealand=New Zealand;India=India;China=Chinese;Japan=Japanese;Korea=Korean;"
+    "Brazil=Brazilian;Argentina=Argentine;Spain=Spanish;Portugal=Portuguese;Italy=Italian;"
+    "Netherlands=Dutch;Belgium=Belgian;Switzerland=Swiss;Austria=Austrian;Sweden=Swedish;"
+    "Norway=Norwegian;Denmark=Danish;Poland=Polish;Greece=Greek;Russia=Russian;Israel=Israeli;"
+    "Egypt=Egyptian;Saudi Arabia=Saudi;Iran=Iranian;Pakistan=Pakistani;Nigeria=Nigerian;"
+    "South Africa=South African;Singapore=Singaporean;Philippines=Philippine;European Union,EU=EU"
+)
+"""Countries whose law the sources cannot hold, "names=demonym;...": documents are tagged with a
+US jurisdiction only.  "Indian law" is left out (in the US, the federal law on tribes), and so
+is "English common law", where US law comes from."""
+
+
+@functools.cache
+def _foreign() -> tuple[re.Pattern[str], dict[str, str]]:
+    """The pattern of a country or demonym whose law is asked for, and name -> demonym."""
+    demonym = {}
+    for entry in _COUNTRIES.split(";"):
+        names, adjective = entry.split("=")
+        demonym.update(dict.fromkeys([*names.split(","), adjective], adjective))
+    alts = "|".join(map(re.escape, sorted(demonym, key=len, reverse=True)))
+    return re.compile(
+        rf"(?i:\bunder|\baccording\s+to|^\s*in)\s+(?:the\s+)?(?:laws?\s+of\s+(?:the\s+)?)?"
+        rf"({alts})\b(?!\s+common\b)|\b({alts})\s+(?:law|laws|statutes?|code|legislation)\b"
+    ), demonym
+
+
+def foreign_law_asked(asked: str) -> str | None:
+    """The demonym ("French") of the country whose law ``asked`` asks for: under its law ("Under
+    French law", "under the law of England"), the country first ("In Germany, can ..."), or its
+    law named ("What does Canadian law say ..."); else None."""
+    pattern, demonym = _foreign()
+    for m in pattern.finditer(asked):
+        if m.group(1) != "English" or asked[m.end() :].lstrip().startswith("law"):
+            return demonym[m.group(1) or m.group(2)]  # not "in English", the language
+    return None
+
+
 def normalize_jurisdiction(value: str) -> str:
     """:func:`jurisdiction_of`, raising ValueError for a value that names none."""
     code = jurisdiction_of(value)

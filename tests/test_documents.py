@@ -455,6 +455,18 @@ def test_the_agent_knows_which_states_law_the_collection_holds(tmp_settings, fak
     assert context.state_law("Can my landlord keep the whole deposit?", tmp_settings) is None
 
 
+def test_another_countrys_law_is_held_only_when_the_user_loaded_documents(
+    tmp_settings, fake, folder
+):
+    """The starter corpus is US law: a question under French law is declined as one whose law
+    no source is, unless the user's own documents (which may be that law) are loaded."""
+    load_corpus.ensure_starter_index(tmp_settings)
+    asked = "Under French law, can a tenant be evicted during the winter truce?"
+    assert context.state_law(asked, tmp_settings) == context.StateLaw("French", "", held=False)
+    assert _docs(tmp_settings, str(folder / "outline.txt")) == 0
+    assert context.state_law(asked, tmp_settings) is None
+
+
 def test_a_question_about_a_states_law_searches_that_states_law_alone(tmp_settings, fake, folder):
     """With a document loaded as Texas law beside the starter corpus (general US law), a search
     within Texas law returns only the Texas document, whatever the starter corpus says closer to

@@ -246,3 +246,27 @@ def test_which_questions_ask_a_states_own_law(item):
     person named Virginia) were added after, and the two it still misreads are marked."""
     asked = answer.split_question(item["question"])[1]
     assert (filters.jurisdiction_asked(asked) is not None) == item["asks_state_law"]
+
+
+@pytest.mark.parametrize(
+    ("asked", "country"),
+    [
+        ("Under French law, can a tenant be evicted during the winter truce?", "French"),
+        ("In Germany, can a landlord evict a tenant in winter?", "German"),
+        ("Is the clause valid under the law of England?", "English"),
+        ("What does Canadian law say about adverse possession?", "Canadian"),
+        ("In the UK, is squatting a crime?", "British"),
+        ("Under EU law, is the clause void?", "EU"),
+        ("Under English common law, was larceny a felony?", None),
+        ("Is a contract made in France enforceable in New York?", None),
+        ("Is a French court's judgment enforceable in Ohio?", None),
+        ("Can I sue him in New Mexico?", None),
+        ("Does federal Indian law apply on the reservation?", None),
+        ("What is the English rule on attorney's fees?", None),
+    ],
+)
+def test_which_questions_ask_another_countrys_law(asked, country):
+    """A question asked under another country's law: a user's 'Under French law, can a tenant
+    be evicted during the winter truce?' was answered with US landlord-tenant rules.  A country
+    in the facts, its courts, a US state named for it and the common law of England are not."""
+    assert filters.foreign_law_asked(asked) == country
