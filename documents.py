@@ -29,6 +29,7 @@ from filters import (
     normalize_court,
     normalize_jurisdiction,
     parse_date,
+    state_named,
 )
 
 logger = logging.getLogger(__name__)
@@ -202,6 +203,7 @@ _OUTLINE_LINE = re.compile(r"^(?:([IVX]+)|([A-H])|\d+)\.\s+[A-Z]")
 _ARTICLE = re.compile(r"\b(Article|Amendment|ARTICLE|AMENDMENT)\s+([IVXLC]+|\d+)\b")
 _SECTION = re.compile(rf"(?:§§?|\bSec\.|\bSECTION|\bSection|{_CODE_SECTION})\s*{_NUMBER}")
 _RULE = re.compile(r"\bRule\s+(\d+(?:\.\d+)*)")
+_HEADING_LABELS = re.compile(r"(?:\([a-zA-Z0-9]{1,4}\))*")
 _LABEL = re.compile(r"\(([a-z]{1,4}|\d{1,3}|[A-Z]{1,3})\)\s*")
 _LIST_LABEL = re.compile(r"(?:[-•*]\s+)?(?=\()|(\d{1,3})\.\s+(?=[A-Z])")  # "- (A)", "1. Title"
 _STRUCTURE = re.compile(
@@ -292,8 +294,8 @@ def _statute_pin(heading: Sequence[str], stack: dict[int, str]) -> str:
             outer, sec = f"{'Art.' if m[1].lower() == 'article' else 'Amend.'} {m[2]}", ""
         if m := _RULE.search(h):
             sec = f"Rule {m[1]}"
-        elif m := _SECTION.search(h):
-            sec = f"§ {m[1]}"
+        elif m := _SECTION.search(h):  # "§ 4622(b) Prohibited surveillance": § 4622(b)
+            sec = f"§ {m[1]}{_HEADING_LABELS.match(h, m.end()).group(0)}"
     return ", ".join(p for p in (outer, sec) if p) + "".join(f"({stack[k]})" for k in sorted(stack))
 
 
@@ -863,6 +865,8 @@ def _authority(title: str, blocks: Sequence[Block], kind: str) -> dict[str, str]
         words = [(law.groups.get("reporter") or " ").split()[0]] if law else []
         words += re.findall(r"[A-Z][a-z]+(?: [A-Z][a-z]+)?", title)  # "Texas Penal Code"
         states = [jurisdiction_of(w) for w in words if len(re.sub(r"[^A-Za-z]", "", w)) > 2]
+        # else a state named in full ("Vermont Drone Privacy Act, 20 V.S.A. § 4622")
+        states.append(state_named(title))
         place = "US" if _FEDERAL.search(both) else next((s for s in states if s), None)
     when = _find_date(head) or (case.metadata.year if case and kind == "opinion" else None)
     meta |= {k: v for k, v in (("jurisdiction", place), ("date", when)) if v}

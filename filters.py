@@ -84,6 +84,12 @@ def _state_names() -> re.Pattern[str]:
     return re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
 
 
+def state_named(text: str) -> str | None:
+    """The USPS code of the first state ``text`` names in full ("Vermont", "New York")."""
+    m = _state_names().search(text)
+    return _jurisdictions()[_key(m.group(1))] if m else None
+
+
 _LAW_WORDS = r"(?:law|laws|statutes?|code|legislature)"
 _OWNED = re.compile(
     rf"['’]s?\s+(?:[\w-]+\s+){{0,3}}(?:{_LAW_WORDS}|acts?|rules?|regulations?|requirements?"

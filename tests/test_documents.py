@@ -155,6 +155,21 @@ def test_a_code_section_written_without_the_section_sign_is_a_statute(tmp_path):
     assert chunks[0]["pin"] == "§ 1441(a)"
 
 
+def test_a_state_act_with_subsection_headings_is_that_states_law_pinned_to_each(tmp_path):
+    """A user's "Vermont Drone Privacy Act, 20 V.S.A. § 4622 (2019)" with "## § 4622(b) ..."
+    headings had no jurisdiction, and every chunk's pin was "§ 4622", so SOURCES read "... § 4622
+    (2019), § 4622" for the subsection on damages too."""
+    path = tmp_path / "drone.md"
+    path.write_text(
+        "# Vermont Drone Privacy Act, 20 V.S.A. § 4622 (2019)\n\n## § 4622(b) Prohibited use\n\n"
+        "A person shall not use a drone to record an individual inside a dwelling.\n\n"
+        "## § 4622(d) Penalty\n\nAn individual recorded may bring a civil action for damages.\n"
+    )
+    chunks = _chunks(path)
+    assert {(c["authority_type"], c["jurisdiction"]) for c in chunks} == {("statute", "VT")}
+    assert [c["pin"] for c in chunks] == ["§ 4622(b)", "§ 4622(d)"]
+
+
 def test_angle_brackets_in_markdown_text_are_kept(tmp_path):
     """Markdown with any "<" was parsed as HTML, and "between <Landlord Name> and <Tenant Name>"
     lost its placeholders; raw HTML in it is still read as HTML (a comment stays out)."""
