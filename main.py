@@ -263,6 +263,7 @@ def run_agent(
     *,
     context: AgentContext,
     on_event: Callable[[dict], None] | None = None,
+    keep_on_interrupt: bool = False,
 ) -> dict:
     """Research ``question`` (optionally a multiple-choice question) and return the final state
     as a JSON-able dict: final_cited_answer, mc_answer, planning_table, run_metrics, query_type,
@@ -271,7 +272,9 @@ def run_agent(
 
     ``context`` carries every dependency (``AgentContext.from_settings(settings)``, or fakes in
     tests); its ``RUN_TIMEOUT`` deadline starts now.  ``on_event`` gets one dict per node as it
-    finishes: {node, decision, seconds, t_s}.
+    finishes: {node, decision, seconds, t_s}.  ``keep_on_interrupt`` (the CLI): Ctrl-C ends the
+    run like a failure, with the research so far and stop_reason "interrupted", instead of
+    raising (an eval loop must stop).
     """
     question = " ".join((question or "").split())
     if not question:
@@ -309,12 +312,17 @@ def run_agent(
         state = _partial(state, ctx, f"LLM failure: {exc}")
     except GraphRecursionError as exc:
         state = _partial(state, ctx, f"graph recursion limit reached: {exc}")
+    except KeyboardInterrupt:
+        if not keep_on_interrupt:
+            raise
+        state = _partial(state, ctx, "interrupted (Ctrl-C)", "interrupted")
     state["wall_s"] = round(time.perf_counter() - t0, 3)
     return _jsonable(state)
 
 
-def _partial(state: dict, ctx: AgentContext, message: str) -> dict:
-    """The run so far after a failure, with the reason."""
+def _partial(state: dict, ctx: AgentContext, message: str, reason: str = "") -> dict:
+    """The run so far after a failure, with the reason (``reason``: the stop_reason, by default
+    "deadline" or "error")."""
     logger.info("run stopped early: %s", message)
     left = nodes.unresearched_issues(state)  # type: ignore[arg-type]
     found = [  # the research done before the failure: what each issue's search found
@@ -326,7 +334,7 @@ def _partial(state: dict, ctx: AgentContext, message: str) -> dict:
     note += f" Not researched: {'; '.join(left)}." if left else ""
     state["error"] = message
     state["final_cited_answer"] = f"[No answer — {message}]{note}"
-    state["stop_reason"] = "deadline" if "deadline" in message.lower() else "error"
+    state["stop_reason"] = reason or ("deadline" if "deadline" in message.lower() else "error")
     if not (state.get("answer") or {}).get("text"):  # --json always carries the record
         question, choices = state.get("question", ""), state.get("choices")
         record = answer_stage.AnswerRecord.declined(
@@ -374,7 +382,8 @@ partial research is printed); 2 bad input, a bad setting or an unusable provider
 (unknown provider, missing API key, embedded model not installed, RERANKER=cross-encoder with a
 model that does not load), checked before any work: one line on stderr, nothing on stdout; 3 no
 answer (the request was rejected as a prompt injection, or the answer abstained: the question is
-off topic as asked, or no issue's research found a rule; "abstained": true and "why" in --json).
+off topic as asked, or no issue's research found a rule; "abstained": true and "why" in --json);
+130 interrupted (Ctrl-C: the research so far is printed, as for a failed run).
 """
 
 
@@ -612,7 +621,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         context = AgentContext.from_settings(settings)
-        result = run_agent(question, choices, context=context, on_event=on_event)
+        result = run_agent(
+            question, choices, context=context, on_event=on_event, keep_on_interrupt=True
+        )
     except KeyboardInterrupt:
         print("main.py: interrupted", file=sys.stderr)
         return 130
@@ -628,6 +639,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.show_memory:
             print("\nWORKING MEMORY")
             print(nodes.memory_lines(result) or "  (no research iterations)")
+    if result.get("stop_reason") == "interrupted":
+        print("main.py: interrupted", file=sys.stderr)
+        return 130
     if result.get("error"):
         print(f"main.py: error: {result['error']}".splitlines()[0], file=sys.stderr)
         return 1

@@ -1013,3 +1013,19 @@ def test_a_fact_patterns_saved_answer_serves_the_same_facts_only(tmp_settings):
     same = {**other, "question": "  " + FACTS.upper()}  # the same facts, as typed again
     result, script, *_ = run(tmp_settings, {}, memory=Memory(same))
     assert result["memory_hit"] is True and "classify" not in script.roles()
+
+
+def test_ctrl_c_in_the_cli_keeps_the_research_so_far_and_an_eval_loop_still_stops(tmp_settings):
+    """Ctrl-C halfway printed only "main.py: interrupted": what the research had found was lost.
+    The CLI's run now ends like a failed one, with that research; any other caller (an eval
+    loop) still gets the KeyboardInterrupt."""
+    replies = fact_replies(apply=[KeyboardInterrupt()], bottom_line=[])
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_settings, replies, max_iterations=1)
+    settings = tmp_settings.replace(llm_max_retries=0, skip_injection_check=True, max_iterations=1)
+    script = Script(fact_replies(apply=[KeyboardInterrupt()], bottom_line=[]))
+    client = LLMClient(settings, llm_factory=lambda role: ScriptedChat(role=role, script=script))
+    ctx = fake_context(settings, client=client, retrieve=FakeRetriever(LAW, ranked=True))
+    result = main.run_agent(FACTS, context=ctx, keep_on_interrupt=True)
+    assert result["stop_reason"] == "interrupted" and result["abstained"] is True
+    assert "Found before it stopped: Negligence: " in result["final_cited_answer"]
