@@ -512,7 +512,8 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
     if record.get("quotes"):  # the evidence policy's grounding gate
         verdicts = Counter(q["verdict"] for q in record["quotes"])
         out("")
-        out("GROUNDING GATE: " + ", ".join(f"{v} {n}" for v, n in verdicts.most_common()))
+        counts = ", ".join(f"{v} {n}" for v, n in verdicts.most_common())
+        out(f"GROUNDING GATE: {counts} (candidate rule sentences judged; verified ones quoted)")
     metrics = result.get("run_metrics") or {}
     if metrics:
         out("")

@@ -839,7 +839,8 @@ def cache_blockers(state: AgentState, ctx: AgentContext) -> list[str]:
     if not record or record.get("abstained") or not record.get("text"):
         why.append("no answer")
     elif not record.get("grounded"):
-        why.append("a sentence without a citation")
+        letter = record.get("letter") or (state.get("mc_answer") or {}).get("letter")
+        why.append("a letter whose reasoning cites no source" if letter else "an uncited sentence")
     if fired := [
         k for k, v in (record.get("guards") or {}).items() if v and k not in ROUTINE_GUARDS
     ]:
