@@ -423,6 +423,17 @@ def fact_decides(check: Check) -> bool:
     return check.met != "unclear" and _clean(check.fact).lower() not in NOT_STATED
 
 
+def named_in(issue: str, asked: str) -> bool:
+    """Whether the question as asked names the issue: a part of its name before any parentheses,
+    cut at commas, "and" and "or", as words ("Has she committed larceny or embezzlement?" names
+    "Embezzlement, false pretenses, and larceny by trick").  The user asked about it, so it is
+    applied even when no stated fact decides it."""
+    parts = re.split(r",|\band\b|\bor\b", issue.partition("(")[0])
+    return any(
+        re.search(rf"\b{re.escape(p.strip())}\b", asked, re.I) for p in parts if len(p.strip()) > 3
+    )
+
+
 def raised(checks: Sequence[Check]) -> bool:
     """Whether the facts raise the issue at all: some requirement is decided (met or not) by a
     stated fact.  An issue whose every requirement is undecided or rests on no stated fact is not
@@ -919,7 +930,8 @@ def build_record(
     best = max((fit for *_, fit in ruled), default=1.0)
     held = None  # the first issue not raised, answered after all if no other issue is
     for n, (slot, item, rule, fit) in enumerate(ruled):
-        if n and fit < min(floor, best):  # the planner's first issue is always applied
+        named = kind == "fact_pattern" and named_in(item.issue, asked)  # always applied
+        if n and fit < min(floor, best) and not named:  # as is the planner's first issue
             guards[guard] += 1
             what = "what the question asks" if guard == "not_asked" else "the stated facts"
             why = f"its rule does not fit {what} (cosine {fit:.2f} < {floor})"
@@ -933,7 +945,7 @@ def build_record(
             if applied is not None:
                 applied, unrelated = related_checks(applied, embed)
                 guards["unrelated_fact"] += unrelated
-            if applied is not None and not raised(applied):
+            if applied is not None and not raised(applied) and not named:
                 guards["not_raised"] += 1
                 issues[slot] = IssueAnswer(
                     item.issue, "not_raised", why="no stated fact bears on it"

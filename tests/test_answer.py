@@ -490,6 +490,33 @@ def test_an_issue_no_stated_fact_bears_on_is_named_not_answered(tmp_settings):
     assert record.text.startswith("1. Search incident to arrest")
 
 
+def test_an_issue_the_question_names_is_applied_even_when_no_fact_decides_it(tmp_settings):
+    """A user's "Has she committed larceny or embezzlement?" got "Considered, but no stated fact
+    raises it: Embezzlement, ...": the question asked about it, so it is answered (the facts
+    stated do not settle it), not set aside as not raised."""
+    unrelated = json.dumps({"checks": [{"n": 1, "fact": "not stated", "met": "unclear"}]})  # fmt: skip
+    related = json.dumps({"checks": [{"n": 1, "fact": "handcuffed in the patrol car", "met": "no"}]})  # fmt: skip
+    bottom = json.dumps({"answer": "no", "conclusion": 1})
+    client, _ = scripted_client(
+        tmp_settings, {"apply": [related, unrelated], "bottom_line": [bottom]}
+    )
+    phones = {
+        "id": "riley",
+        "title": "Search incident to arrest: cell phones",
+        "text": "Cell phones seized incident to arrest. Police generally need a warrant before "
+        "they search the digital contents of a cell phone seized from an arrestee.",
+    }
+    research = [
+        answer.IssueResearch("Search incident to arrest", [GANT]),
+        answer.IssueResearch("Cell phones", [phones]),
+    ]
+    asked = FACTS.replace("Can he get the cocaine suppressed?", "Do the cell phones rules apply?")
+    record = answer.build_record(client, asked, None, research, EMBED)
+    assert [i.status for i in record.issues][:2] == ["answered", "answered"]
+    assert record.guards["not_raised"] == 0 and "Considered, but" not in record.text
+    assert "Cell phones: the facts stated do not settle whether the rule applies." in record.text
+
+
 def test_an_issue_whose_research_found_an_earlier_issues_rule_is_not_answered_twice(tmp_settings):
     """An issue whose rule is the one quoted for an earlier issue is not answered again, and
     says whose rule it is (guard ``same_rule``).  The cement plant's
