@@ -462,22 +462,24 @@ def test_examples_defenses_and_exceptions_are_not_requirements_to_meet():
     ]
 
 
+RILEY = {
+    "id": "riley",
+    "title": "Search incident to arrest: cell phones",
+    "text": "Cell phones seized incident to arrest. Police generally need a warrant before "
+    "they search the digital contents of a cell phone seized from an arrestee.",
+}
+UNRELATED = json.dumps({"checks": [{"n": 1, "fact": "not stated", "met": "unclear"}]})
+RELATED = json.dumps({"checks": [{"n": 1, "fact": "handcuffed in the patrol car", "met": "no"}]})
+
+
 def test_an_issue_no_stated_fact_bears_on_is_named_not_answered(tmp_settings):
     """The application finds no stated fact for any requirement: the issue is not one of these
     facts, so its rule is not given as part of the answer (guard ``not_raised``)."""
-    unrelated = json.dumps({"checks": [{"n": 1, "fact": "not stated", "met": "unclear"}]})  # fmt: skip
-    related = json.dumps({"checks": [{"n": 1, "fact": "handcuffed in the patrol car", "met": "no"}]})  # fmt: skip
     bottom = json.dumps({"answer": "yes", "conclusion": 1})
-    replies = {"apply": [unrelated, related], "bottom_line": [bottom]}
+    replies = {"apply": [UNRELATED, RELATED], "bottom_line": [bottom]}
     client, _ = scripted_client(tmp_settings, replies)
-    riley = {
-        "id": "riley",
-        "title": "Search incident to arrest: cell phones",
-        "text": "Cell phones seized incident to arrest. Police generally need a warrant before "
-        "they search the digital contents of a cell phone seized from an arrestee.",
-    }
     research = [
-        answer.IssueResearch("Search incident to arrest: cell phones", [riley]),
+        answer.IssueResearch("Search incident to arrest: cell phones", [RILEY]),
         answer.IssueResearch("Search incident to arrest", [GANT]),
     ]
     record = answer.build_record(client, FACTS, None, research, EMBED)
@@ -494,21 +496,13 @@ def test_an_issue_the_question_names_is_applied_even_when_no_fact_decides_it(tmp
     """A user's "Has she committed larceny or embezzlement?" got "Considered, but no stated fact
     raises it: Embezzlement, ...": the question asked about it, so it is answered (the facts
     stated do not settle it), not set aside as not raised."""
-    unrelated = json.dumps({"checks": [{"n": 1, "fact": "not stated", "met": "unclear"}]})  # fmt: skip
-    related = json.dumps({"checks": [{"n": 1, "fact": "handcuffed in the patrol car", "met": "no"}]})  # fmt: skip
     bottom = json.dumps({"answer": "no", "conclusion": 1})
     client, _ = scripted_client(
-        tmp_settings, {"apply": [related, unrelated], "bottom_line": [bottom]}
+        tmp_settings, {"apply": [RELATED, UNRELATED], "bottom_line": [bottom]}
     )
-    phones = {
-        "id": "riley",
-        "title": "Search incident to arrest: cell phones",
-        "text": "Cell phones seized incident to arrest. Police generally need a warrant before "
-        "they search the digital contents of a cell phone seized from an arrestee.",
-    }
     research = [
         answer.IssueResearch("Search incident to arrest", [GANT]),
-        answer.IssueResearch("Cell phones", [phones]),
+        answer.IssueResearch("Cell phones", [RILEY]),
     ]
     asked = FACTS.replace("Can he get the cocaine suppressed?", "Do the cell phones rules apply?")
     record = answer.build_record(client, asked, None, research, EMBED)
