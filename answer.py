@@ -424,14 +424,13 @@ def fact_decides(check: Check) -> bool:
 
 
 def named_in(issue: str, asked: str) -> bool:
-    """Whether the question as asked names the issue: a part of its name before any parentheses,
-    cut at commas, "and" and "or", as words ("Has she committed larceny or embezzlement?" names
-    "Embezzlement, false pretenses, and larceny by trick").  The user asked about it, so it is
-    applied even when no stated fact decides it."""
-    parts = re.split(r",|\band\b|\bor\b", issue.partition("(")[0])
-    return any(
-        re.search(rf"\b{re.escape(p.strip())}\b", asked, re.I) for p in parts if len(p.strip()) > 3
-    )
+    """Whether the question as asked names the issue: an item of its name before any parentheses,
+    as words ("Has she committed larceny or embezzlement?" names "Embezzlement, false pretenses,
+    and larceny by trick").  The user asked about it, so it is applied even when no stated fact
+    decides it.  A name is cut at its commas only: "What rights does she have?" does not name
+    "Rights and duties of cotenants"."""
+    parts = [re.sub(r"^(?:and|or)\s+", "", p.strip()) for p in issue.partition("(")[0].split(",")]
+    return any(re.search(rf"\b{re.escape(p)}\b", asked, re.I) for p in parts if len(p) > 3)
 
 
 def raised(checks: Sequence[Check]) -> bool:

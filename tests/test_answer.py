@@ -509,6 +509,11 @@ def test_an_issue_the_question_names_is_applied_even_when_no_fact_decides_it(tmp
     assert [i.status for i in record.issues][:2] == ["answered", "answered"]
     assert record.guards["not_raised"] == 0 and "Considered, but" not in record.text
     assert "Cell phones: the facts stated do not settle whether the rule applies." in record.text
+    # a word of a longer name is not that name: "What rights does she have?"
+    assert not answer.named_in("Rights and duties of cotenants", "What rights does she have?")
+    assert answer.named_in(
+        "Embezzlement, false pretenses, and larceny by trick", "Larceny or embezzlement?"
+    )
 
 
 def test_an_issue_whose_research_found_an_earlier_issues_rule_is_not_answered_twice(tmp_settings):
