@@ -165,7 +165,9 @@ class AnswerRecord:
     """How often each named guard on model output fired in this answer."""
 
     @classmethod
-    def declined(cls, question: str, choices: Mapping[str, str] | None, text: str, why: str):
+    def declined(
+        cls, question: str, choices: Mapping[str, str] | None, text: str, why: str
+    ) -> AnswerRecord:
         """A record that abstains before any answer was written (injection, failed run)."""
         return cls(question_kind(question, choices or None), text, [], [], True, why)
 

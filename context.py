@@ -38,6 +38,13 @@ from settings import Settings, load_dotenv_file
 logger = logging.getLogger(__name__)
 
 
+def gated_out(score: float | None, gate: float) -> bool:
+    """True when evidence scoring ``score`` is not to be used at ``gate`` (``LEAN_GATE``,
+    calibrated by ``benchmarks/bench_agent.py gate``): below it, or no score at all; a gate of 0
+    never blocks."""
+    return gate > 0 and (score is None or score < gate)
+
+
 class Retriever(Protocol):
     def __call__(self, queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[Passage]:
         """Passages for ``queries`` (the first is primary), best first, none of ``exclude_ids``:
@@ -237,11 +244,9 @@ class AgentContext:
         return injection.rejection_message(check)
 
     def below_gate(self, score: float | None) -> bool:
-        """True when evidence scoring ``score`` is not to be used: below ``LEAN_GATE`` (calibrated
-        by ``benchmarks/bench_agent.py gate``; 0 never blocks), or no score at all.  Lean mode then
-        answers closed-book, and a research step is not synthesized."""
-        gate = self.settings.agent.lean_gate
-        return gate > 0 and (score is None or score < gate)
+        """:func:`gated_out` at ``LEAN_GATE``: lean mode then answers closed-book, and a research
+        step is not synthesized."""
+        return gated_out(score, self.settings.agent.lean_gate)
 
     def question_score(self, question: str) -> float:
         """The evidence score of ``question`` as asked: the best of its sentences, each against

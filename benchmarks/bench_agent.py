@@ -46,7 +46,7 @@ from common import quantile, save
 
 import eval_common as ec
 import main
-from context import AgentContext
+from context import AgentContext, gated_out
 from llm_config import LLMClient
 from settings import Settings, load_dotenv_file
 
@@ -282,11 +282,6 @@ def demos(names: list[str]) -> dict[str, Any]:
     return {"provider": settings.llm.provider, "demos": out}
 
 
-def _below(score: float | None, gate: float) -> bool:
-    """``AgentContext.below_gate`` at ``gate``."""
-    return gate > 0 and (score is None or score < gate)
-
-
 def gated_accuracy(rows: Sequence[Mapping[str, Any]], gate: float) -> float:
     """Accuracy of the lean route choice at ``gate`` over rows holding ``evidence_score``,
     ``rag_correct`` and ``closed_correct`` (both arms answered for every row); below the gate
@@ -294,7 +289,8 @@ def gated_accuracy(rows: Sequence[Mapping[str, Any]], gate: float) -> float:
     if not rows:
         return float("nan")
     hits = [
-        r["closed_correct"] if _below(r["evidence_score"], gate) else r["rag_correct"] for r in rows
+        r["closed_correct"] if gated_out(r["evidence_score"], gate) else r["rag_correct"]
+        for r in rows
     ]
     return sum(bool(h) for h in hits) / len(hits)
 
@@ -326,7 +322,7 @@ def calibrate_gate(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "n": len(rows),
         "rag_accuracy": sum(bool(r["rag_correct"]) for r in rows) / len(rows),
         "closed_accuracy": sum(bool(r["closed_correct"]) for r in rows) / len(rows),
-        "rag_share": sum(not _below(r["evidence_score"], gate) for r in rows) / len(rows),
+        "rag_share": sum(not gated_out(r["evidence_score"], gate) for r in rows) / len(rows),
         "curve": [{"gate": g, "accuracy": a} for g, a in zip(candidates, accs, strict=True)],
     }
 
