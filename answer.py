@@ -568,7 +568,7 @@ def rule_structure(sentences: Sequence[str]) -> tuple[list[str], list[str]]:
     """(requirements, exceptions) of a rule, cut in code from its verbatim sentences.  The
     requirements are the items of an enumeration ("must prove (1) a duty ...; (2) breach ...") or
     the clauses between semicolons, without examples, defenses and exceptions
-    (:data:`NOT_AN_ELEMENT`), at most :data:`MAX_REQUIREMENTS`.  The exceptions are the clauses
+    (:data:`NOT_AN_ELEMENT`).  The exceptions are the clauses
     that state an exception or a defense (:data:`EXCEPTION`; "unless ..." is cut from the element
     it qualifies), at most :data:`MAX_EXCEPTIONS`.  The model is asked about each, never to
     restate the law; the issue's conclusion follows from this structure (:func:`_outcome`)."""
@@ -609,9 +609,10 @@ def rule_structure(sentences: Sequence[str]) -> tuple[list[str], list[str]]:
                     if not (NOT_AN_ELEMENT.search(c) or EXCEPTION.search(c))
                     and len(c.split()) >= MIN_CLAUSE_WORDS
                 )
-            if len(element.split()) >= 2:
+            # an enumeration's item may be one word ("(3) causation"); a clause is two or more
+            if len(element.split()) >= 2 or len(parts) > 2 and re.fullmatch(r"[a-z]{4,}", element):
                 reqs.append(element)
-    return reqs[:MAX_REQUIREMENTS], list(dict.fromkeys(exceptions))[:MAX_EXCEPTIONS]
+    return reqs, list(dict.fromkeys(exceptions))[:MAX_EXCEPTIONS]
 
 
 def apply_rule(
@@ -624,10 +625,13 @@ def apply_rule(
     """The ``apply`` call: for each requirement and each exception (marked as such), the number
     of the stated fact that decides it (None: unusable).  The model answers with numbers, never
     rewrites a fact, and its reply stays short; a reply cut off at its token budget keeps its
-    complete checks."""
-    items = [*reqs, *exceptions]
+    complete checks.  It is asked about the first :data:`MAX_REQUIREMENTS` requirements; one it
+    was not asked about, or did not answer, is not decided by the facts, so an issue is never
+    "every requirement is met" with its damages unchecked (a user trial's negligence rule)."""
+    asked, unasked = list(reqs[:MAX_REQUIREMENTS]), reqs[MAX_REQUIREMENTS:]
+    items = [*asked, *exceptions]
     numbered = "\n".join(
-        f"{n}. {'(exception) ' if n > len(reqs) else ''}{r}" for n, r in enumerate(items, 1)
+        f"{n}. {'(exception) ' if n > len(asked) else ''}{r}" for n, r in enumerate(items, 1)
     )
     listed = "\n".join(f"F{n}. {f}" for n, f in enumerate(facts, 1))
     result = prompts.call(client, "apply", issue=issue, rule=numbered, facts=listed)
@@ -642,9 +646,15 @@ def apply_rule(
             fact = _fact_text(f.fact, facts)
             met = "unclear" if fact == NOT_STATED_FACT else f.met
             checks[f.n] = Check(
-                requirement=items[f.n - 1], fact=fact, met=met, exception=f.n > len(reqs)
+                requirement=items[f.n - 1], fact=fact, met=met, exception=f.n > len(asked)
             )
-    return [checks[n] for n in sorted(checks)] or None
+    if not checks:
+        return None
+    undecided = [n for n in range(1, len(asked) + 1) if n not in checks]
+    for n in undecided:
+        checks[n] = Check(requirement=items[n - 1], fact=NOT_STATED_FACT, met="unclear")
+    rest = [Check(requirement=r, fact=NOT_STATED_FACT, met="unclear") for r in unasked]
+    return [checks[n] for n in sorted(checks)] + rest
 
 
 def related_checks(checks: Sequence[Check], embed: EmbedFn) -> tuple[list[Check], int]:

@@ -152,14 +152,15 @@ def read_document(path: str | Path, overrides: dict[str, str] | None = None) -> 
     if all(b.is_heading for b in blocks):
         raise _fail(p, "no text (a scanned PDF? run OCR first)" if fmt == "pdf" else "no text")
     kind = _guess_kind(blocks)
-    meta = _authority(title, blocks, kind)
+    guessed = title or _guess_title([b.text for b in blocks[:40]])  # a text file has no title
+    meta = _authority(guessed, blocks, kind)
     extra = _overrides(p, overrides)
     if "court" in extra and "jurisdiction" not in extra:  # the court given brings its own
         meta.pop("jurisdiction", None)
         if place := _court_jurisdiction(extra["court"]):
             extra["jurisdiction"] = place
     meta.update(extra)
-    title = meta.pop("title", "") or title or _guess_title([b.text for b in blocks[:40]]) or p.stem
+    title = meta.pop("title", "") or guessed or p.stem
     hidden_text = "\n".join(h.strip() for h in hidden if h and h.strip())
     import injection  # its patterns (and prompts) load when a document is read, not on import
 
@@ -314,7 +315,10 @@ def _guess_kind(blocks: Sequence[Block]) -> str:
     if (caption and signs or len(signs) >= 3) and not _BRIEF_SIGNS.search(head[:600]):
         return "opinion"
     headings = [b.text for b in blocks if b.is_heading]
-    sections = sum(bool(_STRUCTURE.match(h)) for h in headings)  # "§ 1441.", "Rule 803."
+    # "§ 1441.", "Rule 803.", "Colorado Revised Statutes § 38-12-1503."
+    sections = sum(bool(_STRUCTURE.match(h) or _OWN_CITATION.match(h)) for h in headings)
+    # a section's subsections as headings ("(1) Prohibited conduct") are its structure too
+    sections += sections and sum(bool(_labels(h)) for h in headings)
     labelled = sum(bool(_labels(b.text)) for b in blocks if not b.is_heading)
     body = len(blocks) - len(headings)
     if sections >= 2 and 2 * sections >= len(headings) or sections and labelled >= max(2, body / 3):
@@ -825,6 +829,11 @@ def _find_date(text: str) -> str | None:
     return best[1] if best else None
 
 
+_OWN_CITATION = re.compile(rf"\b([A-Z][\w.]*(?:\s+[A-Z][\w.]*){{0,5}})\s+§\s*{_NUMBER}")
+"""A statute's title that cites it in words eyecite does not know: "Colorado Revised Statutes §
+38-12-1503. Drone overflight" -> "Colorado Revised Statutes § 38-12-1503"."""
+
+
 def _authority(title: str, blocks: Sequence[Block], kind: str) -> dict[str, str]:
     """citation, court, jurisdiction, date and authority_type, as far as the text tells."""
     from eyecite import get_citations
@@ -862,6 +871,8 @@ def _authority(title: str, blocks: Sequence[Block], kind: str) -> dict[str, str]
             reporter = g.get("reporter") if g.get("subject") else law.corrected_reporter()
             parts = (g.get("title") or g.get("chapter"), reporter, "§", g.get("section"))
             meta["citation"] = " ".join(p for p in parts if p)
+        elif own := _OWN_CITATION.search(title):  # as the title names it, if eyecite cannot
+            meta["citation"] = f"{own[1]} § {own[2]}"
         words = [(law.groups.get("reporter") or " ").split()[0]] if law else []
         words += re.findall(r"[A-Z][a-z]+(?: [A-Z][a-z]+)?", title)  # "Texas Penal Code"
         states = [jurisdiction_of(w) for w in words if len(re.sub(r"[^A-Za-z]", "", w)) > 2]

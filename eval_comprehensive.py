@@ -27,7 +27,7 @@ import prompts
 import rag_utils
 from llm_config import LLMClient
 from providers import LLMConfigError, check_config, resolve
-from settings import RERANKER_CHOICES, Settings
+from settings import RERANKER_CHOICES, Settings, run_script
 
 logger = logging.getLogger(__name__)
 
@@ -1237,4 +1237,4 @@ def main(argv: Sequence[str] | None = None, *, llm_factory: ec.LLMFactory = None
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

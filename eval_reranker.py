@@ -15,7 +15,6 @@ import argparse
 import functools
 import logging
 import statistics
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -23,7 +22,7 @@ from typing import Any
 
 import eval_common as ec
 import rag_utils
-from settings import Settings
+from settings import Settings, run_script
 
 logger = logging.getLogger(__name__)
 
@@ -190,4 +189,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import re
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,7 +17,7 @@ import main as agent
 import nodes
 import rag_utils
 from llm_config import LLMClient
-from settings import Settings
+from settings import Settings, run_script
 
 logger = logging.getLogger(__name__)
 
@@ -341,4 +340,4 @@ def main(argv: Sequence[str] | None = None, *, llm_factory: ec.LLMFactory = None
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -79,8 +79,11 @@ def jurisdiction_of(value: str) -> str | None:
 
 @functools.cache
 def _state_names() -> re.Pattern[str]:
-    """A state's full name as a proper noun ("Ohio", "New York"), longest names first."""
-    names = sorted({n.title() for n in _states().values()}, key=len, reverse=True)
+    """A state's full name as a proper noun ("Ohio", "New York"), or in capitals as a heading
+    writes it ("COLORADO REVISED STATUTES"), longest names first."""
+    names = sorted(
+        {f(n) for n in _states().values() for f in (str.title, str.upper)}, key=len, reverse=True
+    )
     return re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
 
 
@@ -235,6 +238,11 @@ def _values(raw: str) -> list[str]:
     return [v.strip() for v in (raw or "").split(",") if v.strip()]
 
 
+def _named(name: str) -> str:
+    """A filter as both its flag and its setting name it, for an error: "--after / FILTER_AFTER"."""
+    return f"--{name.replace('_', '-')} / FILTER_{name.upper()}"
+
+
 @dataclass(frozen=True)
 class PassageFilter:
     """What a search may return; the empty filter admits everything (and is falsy)."""
@@ -256,7 +264,7 @@ class PassageFilter:
             try:
                 return read(getattr(f, name).strip())
             except ValueError as exc:
-                raise SettingsError(f"FILTER_{name.upper()}: {exc}") from None
+                raise SettingsError(f"{_named(name)}: {exc}") from None
 
         jurisdictions = parse(
             "jurisdiction", lambda r: frozenset(map(normalize_jurisdiction, _values(r)))
@@ -265,7 +273,7 @@ class PassageFilter:
         kinds = frozenset(v.lower().replace("-", "_") for v in _values(f.source_type))
         if bad := sorted(kinds - set(AUTHORITY_TYPES)):
             raise SettingsError(
-                f"FILTER_SOURCE_TYPE={','.join(bad)}: use {', '.join(AUTHORITY_TYPES)}"
+                f"{_named('source_type')}={','.join(bad)}: use {', '.join(AUTHORITY_TYPES)}"
             )
         out = cls(
             jurisdictions,
@@ -276,8 +284,8 @@ class PassageFilter:
         )
         if out.after and out.before and out.after > out.before:
             raise SettingsError(
-                f"FILTER_AFTER={f.after.strip()} is later than "
-                f"FILTER_BEFORE={f.before.strip()}: no passage could match"
+                f"FILTER_AFTER={f.after.strip()} is later than FILTER_BEFORE={f.before.strip()} "
+                "(--after, --before): no passage could match"
             )
         return out
 

@@ -34,7 +34,7 @@ from providers import (
     rate_limiter,
     resolve,
 )
-from settings import Settings, SettingsError, load_dotenv_file
+from settings import Settings, SettingsError, load_dotenv_file, run_script
 
 logger = logging.getLogger(__name__)
 
@@ -523,4 +523,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

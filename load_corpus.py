@@ -32,7 +32,7 @@ from typing import Any
 import filters
 import injection
 import rag_utils
-from settings import Settings, SettingsError, load_dotenv_file
+from settings import Settings, SettingsError, load_dotenv_file, run_script
 
 logger = logging.getLogger(__name__)
 
@@ -886,4 +886,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

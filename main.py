@@ -34,7 +34,7 @@ from context import AgentContext
 from llm_config import LLMCallError, LLMDeadlineError
 from mc import MC_LETTERS, format_choices
 from providers import LLMConfigError, check_config, install_log_redaction
-from settings import SEARCH_TYPES, Settings, SettingsError, load_dotenv_file
+from settings import SEARCH_TYPES, Settings, SettingsError, load_dotenv_file, run_script
 from state import AgentState
 
 logger = logging.getLogger(__name__)
@@ -664,4 +664,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -194,6 +194,12 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     return update, f"{check['verdict']} ({check['reason'] or check['llm_verdict']}{mode})"
 
 
+def law_asked(ctx: AgentContext, question: str) -> str:
+    """The name of the state or country whose law ``question`` asks for ("" for none)."""
+    law = ctx.state_law(answer_stage.split_question(question)[1]) if ctx.state_law else None
+    return law.name if law else ""
+
+
 @_traced("classifier")
 def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """QA memory first: a question answered before (a fact pattern: the same facts, word for
@@ -211,6 +217,10 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     texts = [" ".join(str(q).split()) for q in ((hit or {}).get("question"), question)]
     kinds = {answer_stage.question_kind(t, None) for t in texts} if hit else set()
     if "fact_pattern" in kinds and texts[0].lower() != texts[1].lower():
+        hit = None
+    # Nor does an answer under one state's law serve another's ("Under Ohio law, ..." got the
+    # answer saved for "Under Colorado law, ..." at 0.92, though no source is Ohio law).
+    if hit and ctx.state_law and len({law_asked(ctx, t) for t in texts}) > 1:
         hit = None
     if hit:
         sources = list(hit.get("sources") or [])

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
+import sys
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 _TRUE = {"1", "true", "yes", "on", "y"}
 _FALSE = {"0", "false", "no", "off", "n", ""}
@@ -331,3 +333,12 @@ def load_dotenv_file(path: str | os.PathLike[str] = ".env") -> None:
     from dotenv import load_dotenv
 
     load_dotenv(path, override=False)
+
+
+def run_script(main: Callable[[], int | None]) -> NoReturn:
+    """A script's entry point: exit with ``main()``'s status, and, as Unix tools do, quietly when
+    the reader of its output goes away (``load_corpus.py status | head -8`` ended in a
+    BrokenPipeError traceback and exit status 1)."""
+    if hasattr(signal, "SIGPIPE"):  # not on Windows
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    sys.exit(main())

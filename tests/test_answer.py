@@ -352,6 +352,26 @@ def test_a_check_names_its_fact_by_number_and_a_check_without_one_is_not_met(tmp
     assert "F1. Police arrested Dan.\nF2. They locked him" in script.prompts("apply")[0]
 
 
+def test_a_requirement_the_model_was_not_asked_or_did_not_answer_is_not_met(tmp_settings):
+    """A user trial's negligence rule had five elements; the model was asked about four (duty,
+    breach, actual and proximate cause), marked them met, and the conclusion read "every
+    requirement is met on these facts" with damages never checked."""
+    rule = ("A plaintiff must prove (1) a duty of care; (2) breach of that duty; (3) actual cause; "
+            "(4) proximate cause; and (5) damages.")  # fmt: skip
+    reqs, _ = answer.rule_structure([rule])
+    assert len(reqs) == answer.MAX_REQUIREMENTS + 1
+    met = [{"n": n, "fact": 1, "met": "yes"} for n in range(1, answer.MAX_REQUIREMENTS + 1)]
+    client, script = scripted_client(tmp_settings, {"apply": [json.dumps({"checks": met})]})
+    got = answer.apply_rule(client, "Negligence", reqs, ["The store left the spill for hours."])
+    assert "5. damages" not in script.prompts("apply")[0]  # asked about the first four only
+    assert [c.met for c in got] == ["yes"] * answer.MAX_REQUIREMENTS + ["unclear"]
+    assert answer._outcome(got) == "unclear"
+    skipped = [{"n": 1, "fact": 1, "met": "yes"}]  # the reply leaves out the second one
+    client, _ = scripted_client(tmp_settings, {"apply": [json.dumps({"checks": skipped})]})
+    got = answer.apply_rule(client, "Negligence", reqs[:2], ["The store left the spill."])
+    assert [(c.requirement, c.met) for c in got] == [(reqs[0], "yes"), (reqs[1], "unclear")]
+
+
 def test_requirements_are_the_rules_own_clauses():
     rule = (
         "A plaintiff must prove (1) a duty of care owed to the plaintiff; (2) breach of that duty; "

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import answer
 import context
 import documents
 import injection
@@ -168,6 +169,36 @@ def test_a_state_act_with_subsection_headings_is_that_states_law_pinned_to_each(
     chunks = _chunks(path)
     assert {(c["authority_type"], c["jurisdiction"]) for c in chunks} == {("statute", "VT")}
     assert [c["pin"] for c in chunks] == ["§ 4622(b)", "§ 4622(d)"]
+
+
+def test_a_statute_titled_in_words_with_numbered_subsection_headings_is_cited_and_pinned(tmp_path):
+    """A user trial's "# Colorado Revised Statutes § 38-12-1503. Drone overflight ..." with "## (1)
+    Prohibited conduct" headings loaded as secondary, with no jurisdiction and no citation, so
+    --jurisdiction CO found nothing and SOURCES pinned "..., (1) Prohibited conduct"; the same
+    statute as a text file under "COLORADO REVISED STATUTES" had no jurisdiction."""
+    md = tmp_path / "drone.md"
+    md.write_text(
+        "# Colorado Revised Statutes § 38-12-1503. Drone overflight of residential property\n\n"
+        "## (1) Prohibited conduct\n\nNo person shall operate a drone at an altitude of less than "
+        "150 feet above a private residence without the written consent of the owner.\n\n"
+        "## (2) Civil remedy\n\nAn owner overflown in violation of subsection (1) may recover "
+        "statutory damages of $750 for each flight.\n"
+    )
+    chunks = _chunks(md)
+    assert {(c["authority_type"], c["jurisdiction"]) for c in chunks} == {("statute", "CO")}
+    assert {c["citation"] for c in chunks} == {"Colorado Revised Statutes § 38-12-1503"}
+    assert [answer.pin_cite({"metadata": c}) for c in chunks] == [
+        "Colorado Revised Statutes § 38-12-1503(1)",
+        "Colorado Revised Statutes § 38-12-1503(2)",
+    ]
+    txt = tmp_path / "drone.txt"
+    txt.write_text(
+        "COLORADO REVISED STATUTES\n\n§ 38-12-1503. Drone overflight of residential property.\n\n"
+        "(1) No person shall operate a drone at an altitude of less than 150 feet above a private "
+        "residence without the written consent of the owner.\n\n(2) An owner overflown in "
+        "violation of subsection (1) may recover statutory damages of $750 for each flight.\n"
+    )
+    assert {(c["authority_type"], c["jurisdiction"]) for c in _chunks(txt)} == {("statute", "CO")}
 
 
 def test_angle_brackets_in_markdown_text_are_kept(tmp_path):

@@ -191,7 +191,7 @@ APPLY = J(
         {"n": 2, "fact": "she was hurt", "met": "yes"},
     ]
 )  # fmt: skip
-COMPARE = J(checks=[{"n": 1, "fact": "she was reading her phone", "met": "yes"}])  # fmt: skip
+COMPARE = J(checks=[{"n": 1, "fact": "she was reading her phone", "met": "yes"}, {"n": 2, "fact": 3, "met": "yes"}])  # fmt: skip
 BOTTOM = J(answer="yes", conclusion=1)
 
 
@@ -645,6 +645,34 @@ def test_a_question_about_a_states_law_is_declined_unless_the_sources_hold_that_
     )
 
 
+def test_an_answer_saved_under_one_states_law_does_not_serve_another_states(tmp_settings):
+    """A user trial: "Under Ohio law, can a homeowner get money from a neighbor whose drone keeps
+    flying low over the house?" got the answer saved for the same question under Colorado law
+    (similarity 0.92), a Colorado statute, though no source is Ohio law: it is declined."""
+    asked = "can a homeowner get money from a neighbor whose drone keeps flying low over the house?"
+    saved = {"question": f"Under Colorado law, {asked}", "answer": "Cached answer [1].",
+             "similarity": 0.92, "sources": []}  # fmt: skip
+
+    def state_law(text: str) -> StateLaw | None:
+        name = next((n for n in ("Ohio", "Colorado") if n in text), None)
+        return StateLaw(name, name[:2].upper(), name == "Colorado") if name else None
+
+    classify = J(topic="drone", area="torts", legal=True, query_type="simple")
+    memory = Memory(saved)
+    result = declined_before_research(
+        tmp_settings, f"Under Ohio law, {asked}", classify, declined=True,
+        check_memory=memory.check, state_law=state_law,
+    )  # fmt: skip
+    assert result["memory_hit"] is False and "no source is Ohio law" in result["answer"]["why"]
+    settings = tmp_settings.replace(skip_injection_check=True)
+    client = LLMClient(
+        settings, llm_factory=lambda role: ScriptedChat(role=role, script=Script({}))
+    )
+    ctx = fake_context(settings, client=client, check_memory=memory.check, state_law=state_law)
+    result = main.run_agent(f"Under Colorado law, {asked}", None, context=ctx)
+    assert result["memory_hit"] is True  # the same state's law: served
+
+
 def test_a_passage_about_another_doctrine_is_never_an_issues_rule(tmp_settings):
     """The wrong law: retrieval for a slip-and-fall found only a products-liability passage."""
     wrong = [{"id": "prod", "title": "Products liability", "text": "Products liability. A seller of a defective product is strictly liable."}]  # fmt: skip
@@ -674,8 +702,11 @@ def test_an_application_cut_off_at_its_budget_keeps_its_complete_checks(tmp_sett
     cut = CutOff(APPLY[: APPLY.index('"n": 2') + 3])
     result, *_ = run(tmp_settings, fact_replies(apply=[cut, COMPARE]))
     negligence = next(i for i in result["answer"]["issues"] if i["issue"] == "Negligence")
-    assert [s["role"] for s in negligence["sentences"]].count("application") == 1
-    assert negligence["outcome"] == "yes"
+    applied = [s["text"] for s in negligence["sentences"] if s["role"] == "application"]
+    assert len(applied) == 2 and " — met: " in applied[0]  # the complete check is kept
+    # the requirement the reply was cut off before is not decided, so the rule is not "met"
+    assert applied[1].startswith("No stated fact decides: ")
+    assert negligence["outcome"] == "unclear"
 
 
 # ------------------------------------------------------------------------------------------------

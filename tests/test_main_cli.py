@@ -70,6 +70,19 @@ def test_help_explains_options_and_settings(tmp_path):
     assert "nothing on stdout" in " ".join(out.split())  # the exit-2 contract is documented
 
 
+@pytest.mark.parametrize("script", ["llm_config.py", "load_corpus.py", "main.py"])
+def test_output_piped_to_a_reader_that_stops_early_ends_quietly(tmp_path, script):
+    """``load_corpus.py status | head -8`` ended in a BrokenPipeError traceback and exit status 1
+    (a user trial): a script stops as Unix tools do when its reader goes away."""
+    args = {"load_corpus.py": ["status"], "main.py": ["--graph"]}.get(script, [])
+    env = {**os.environ, "CHROMA_DIR": str(tmp_path / "chroma")}
+    proc = subprocess.Popen([sys.executable, str(REPO / script), *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc.stdout.close()  # the reader is gone before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) in (0, -13) and "Traceback" not in err, err  # -13: SIGPIPE
+
+
 def test_graph_prints_mermaid(tmp_path):
     proc = cli(["--graph"], tmp_path)
     assert proc.returncode == 0
