@@ -317,8 +317,8 @@ def _guess_kind(blocks: Sequence[Block]) -> str:
     headings = [b.text for b in blocks if b.is_heading]
     # "§ 1441.", "Rule 803.", "Colorado Revised Statutes § 38-12-1503."
     sections = sum(bool(_STRUCTURE.match(h) or _OWN_CITATION.match(h)) for h in headings)
-    # a section's subsections as headings ("(1) Prohibited conduct") are its structure too
-    sections += sections and sum(bool(_labels(h)) for h in headings)
+    if sections:  # a section's subsections as headings ("(1) Prohibited conduct") count too
+        sections += sum(bool(_labels(h)) for h in headings)
     labelled = sum(bool(_labels(b.text)) for b in blocks if not b.is_heading)
     body = len(blocks) - len(headings)
     if sections >= 2 and 2 * sections >= len(headings) or sections and labelled >= max(2, body / 3):

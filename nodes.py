@@ -274,10 +274,12 @@ with 8 the 1.5B picked from the end of a 12-name list (docs/MEASUREMENTS.md, sto
 
 
 def doctrine_key(name: str) -> str:
-    """The doctrine a candidate name stands for: its words before " (", lowercased.  A passage
-    title "Stop and frisk (Terry stops)" is the linked doctrine "Stop and frisk", and a merged
-    agenda item "Offer (Firm offer (UCC 2-205))" the doctrine "Offer"; "FRE 404(b)" stays whole."""
-    return " ".join(name.split(" (")[0].lower().split())
+    """The doctrine a candidate name stands for: the content words before " (", in any order.  A
+    passage title "Stop and frisk (Terry stops)" is the linked doctrine "Stop and frisk", a merged
+    agenda item "Offer (Firm offer (UCC 2-205))" the doctrine "Offer", and the title "Negligence
+    damages" the doctrine "Damages in negligence" ("Strict liability: animals" was researched as
+    "Strict liability for animals" and listed again as not answered); "FRE 404(b)" stays whole."""
+    return " ".join(sorted(mc.content_words(name.split(" (")[0])))
 
 
 def candidate_doctrines(ctx: AgentContext, question: str, within: str = "") -> list[str]:
@@ -379,7 +381,7 @@ def picked_issues(picks: list[int | str], candidates: list[str]) -> list[str]:
             if 1 <= int(text) <= len(candidates):
                 out.append(candidates[int(text) - 1])
         elif text:
-            out.append(by_name.get(text.lower(), text))
+            out.append(by_name.get(doctrine_key(text), text))
     return list(dict.fromkeys(out))
 
 

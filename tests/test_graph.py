@@ -1010,17 +1010,19 @@ def test_the_plan_picks_candidates_by_number_and_keeps_the_names_they_carry():
 
 
 def test_a_doctrine_is_one_candidate_however_many_times_it_is_named(tmp_settings):
-    """A passage titled "Stop and frisk (Terry stops)" is the linked doctrine "Stop and frisk":
-    listed twice, the plan researched one and reported the other as not answered."""
+    """A passage titled "Stop and frisk (Terry stops)" is the linked doctrine "Stop and frisk", and
+    one titled "Strict liability: animals" the linked "Strict liability for animals" (a user
+    trial): listed twice, the plan researched one and reported the other as not answered."""
     titled = [{"id": "t", "title": "Stop and frisk (Terry stops)", "text": "x"},
+              {"id": "a", "title": "Strict liability: animals", "text": "z"},
               {"id": "p", "title": "Plain view", "text": "y"}]  # fmt: skip
     ctx = fake_context(
         tmp_settings,
         retrieve=FakeRetriever(titled),
-        link_issues=lambda question, issues: ["Stop and frisk", "Arrest (Stop and frisk)"],
-    )
+        link_issues=lambda question, issues: ["Stop and frisk", "Arrest (Stop and frisk)", "Strict liability for animals"],
+    )  # fmt: skip
     assert nodes.candidate_doctrines(ctx, "A pat-down. Can he suppress it?") == [
-        "Stop and frisk", "Arrest (Stop and frisk)", "Plain view",
+        "Stop and frisk", "Arrest (Stop and frisk)", "Strict liability for animals", "Plain view",
     ]  # fmt: skip
 
 
