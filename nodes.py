@@ -344,8 +344,8 @@ def off_topic(
     score = ctx.question_score(question) if fielded else None  # searched for at most once
     if score is not None and score < FIELD_EVIDENCE:
         return (
-            f"{OFF_TOPIC}: it is a question of {area}; the sources cover {COVERED} (its "
-            f"closest passages score {score:.2f})"
+            f"{OFF_TOPIC}: it is a question of {area}, and its closest passages score "
+            f"{score:.2f}; the sources cover {COVERED}"
         )
     if law and not law.held:
         return (

@@ -545,13 +545,13 @@ def test_a_question_in_a_field_the_sources_do_not_cover_is_declined_unless_docum
             holds_documents=lambda own=own_documents: own,
         )
     assert result["answer"]["why"] == (
-        "off topic: it is a question of family law; the sources cover torts, contracts, "
-        "criminal law, criminal procedure, evidence, constitutional law, civil procedure, "
-        "property (its closest passages score 0.50)"
-    )
+        "off topic: it is a question of family law, and its closest passages score 0.50; the "
+        "sources cover torts, contracts, criminal law, criminal procedure, evidence, "
+        "constitutional law, civil procedure, property"
+    )  # one pair of parentheses in the answer's "No answer: ... (off topic: ...)." line
     assert result["final_cited_answer"].startswith(
         "No answer: the sources do not cover this question as asked (off topic: it is a "
-        "question of family law;"
+        "question of family law, and its closest passages score 0.50; the sources cover"
     )
 
 
