@@ -650,9 +650,8 @@ def apply_rule(
             )
     if not checks:
         return None
-    undecided = [n for n in range(1, len(asked) + 1) if n not in checks]
-    for n in undecided:
-        checks[n] = Check(requirement=items[n - 1], fact=NOT_STATED_FACT, met="unclear")
+    for n, r in enumerate(asked, 1):  # a requirement the reply left out is not decided
+        checks.setdefault(n, Check(requirement=r, fact=NOT_STATED_FACT, met="unclear"))
     rest = [Check(requirement=r, fact=NOT_STATED_FACT, met="unclear") for r in unasked]
     return [checks[n] for n in sorted(checks)] + rest
 

@@ -873,11 +873,12 @@ def _authority(title: str, blocks: Sequence[Block], kind: str) -> dict[str, str]
             meta["citation"] = " ".join(p for p in parts if p)
         elif own := _OWN_CITATION.search(title):  # as the title names it, if eyecite cannot
             meta["citation"] = f"{own[1]} § {own[2]}"
+        # the code's reporter ("Colo. Rev. Stat."), a state named in full ("Vermont Drone Privacy
+        # Act, 20 V.S.A. § 4622", "COLORADO REVISED STATUTES"), else an abbreviation ("Cal. Civ.")
         words = [(law.groups.get("reporter") or " ").split()[0]] if law else []
-        words += re.findall(r"[A-Z][a-z]+(?: [A-Z][a-z]+)?", title)  # "Texas Penal Code"
         states = [jurisdiction_of(w) for w in words if len(re.sub(r"[^A-Za-z]", "", w)) > 2]
-        # else a state named in full ("Vermont Drone Privacy Act, 20 V.S.A. § 4622")
         states.append(state_named(title))
+        states += [jurisdiction_of(w) for w in re.findall(r"[A-Z][a-z]{2,}", title)]
         place = "US" if _FEDERAL.search(both) else next((s for s in states if s), None)
     when = _find_date(head) or (case.metadata.year if case and kind == "opinion" else None)
     meta |= {k: v for k, v in (("jurisdiction", place), ("date", when)) if v}
