@@ -39,11 +39,9 @@ DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 DEFAULT_MODEL_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 PASSAGE_PREFIX = "passages__"
 MEMORY_PREFIX = "qa_memory__"
-RRF_K = 60
-"""Reciprocal rank fusion constant: score = sum over rankings of 1 / (RRF_K + rank)."""
+RRF_K = 60  # reciprocal rank fusion: score = sum over rankings of 1 / (RRF_K + rank)
 RERANKERS = (*RERANKER_CHOICES, "bm25")
-STUDY_SHARE = 3 / 5
-"""Share of study material in a source-diverse top k (3 study + 2 caselaw for k=5)."""
+STUDY_SHARE = 3 / 5  # study material in a source-diverse top k (3 study + 2 caselaw for k=5)
 
 _lock = threading.RLock()
 _verified_files: dict[str, str] = {}
@@ -52,8 +50,7 @@ _clients: dict[tuple, Any] = {}
 _stores: dict[tuple, PassageStore] = {}
 _cross_encoders: dict[tuple, Any] = {}
 _auto_choice: dict[tuple, str] = {}
-_read_only: dict[tuple, Path] = {}
-"""Client keys of read-only Chroma folders -> the temporary copy the client reads."""
+_read_only: dict[tuple, Path] = {}  # client keys of read-only Chroma folders -> the copy read
 
 
 class ModelLoadError(RuntimeError):
@@ -64,9 +61,7 @@ class StoreError(RuntimeError):
     """The vector store cannot be reached or used; the message says what to do."""
 
 
-# ------------------------------------------------------------------------------------------------
-# Embedder
-# ------------------------------------------------------------------------------------------------
+# --- Embedder -----------------------------------------------------------------------------------
 
 
 def default_model_path() -> Path:
@@ -87,9 +82,8 @@ def sha256_file(path: str | Path) -> str:
 
 
 def verify_sha256(path: str | Path, expected: str) -> None:
-    """Raise :class:`ModelLoadError` unless ``path`` hashes to ``expected``.
-
-    A file already verified in this process (same path, size and mtime) is not hashed again."""
+    """Raise :class:`ModelLoadError` unless ``path`` hashes to ``expected`` (hashed once per
+    process for the same path, size and mtime)."""
     p = Path(path)
     try:
         st = p.stat()
@@ -113,8 +107,15 @@ def embedder_name(settings: Settings) -> str:
     return DEFAULT_MODEL_NAME if model.lower() == "default" else model
 
 
+class _LocalEncoder:
+    """A query is embedded as a one-text document (no query prefix)."""
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self.embed_documents([text])[0]
+
+
 @dataclass(eq=False)
-class Embedder:
+class Embedder(_LocalEncoder):
     """A sentence-transformers bi-encoder (the torch backend): L2-normalised float32 embeddings."""
 
     backend = "torch"
@@ -143,9 +144,6 @@ class Embedder:
         )
         return np.asarray(vecs, dtype=np.float32)
 
-    def embed_query(self, text: str) -> np.ndarray:
-        return self.embed_documents([text])[0]
-
     def token_spans(self, text: str) -> list[tuple[int, int]]:
         """Character span of each word-piece of ``text`` (no special tokens)."""
         enc = self.model.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -156,42 +154,33 @@ class Embedder:
         return int(getattr(self.model, "max_seq_length", 256) or 256)
 
 
-class OnnxEmbedder:
-    """The same bi-encoder run by onnxruntime from an int8 export (see :func:`ensure_onnx_model`):
-    tokenize, transformer, mean pooling over real tokens, L2 normalisation — what
-    sentence-transformers does for all-MiniLM-L6-v2, without torch in the process."""
+class OnnxEmbedder(_LocalEncoder):
+    """The same bi-encoder run by onnxruntime from the int8 export of :func:`ensure_onnx_model`:
+    tokenize, transformer, mean pooling, L2 normalisation, without torch in the process."""
 
     backend = "onnx"
 
-    def __init__(self, session: Any, tokenizer: Any, name: str, dimension: int) -> None:
-        self.session = session
-        self.tokenizer = tokenizer
-        self.name = name
-        self.dimension = dimension
-        self._inputs = {i.name for i in session.get_inputs()}
-        trunc = tokenizer.truncation or {}
-        self.max_tokens = int(trunc.get("max_length") or 256)
-
-    @classmethod
-    def load(cls, model_file: Path, source: Path, name: str) -> OnnxEmbedder:
+    def __init__(self, model_file: Path, source: Path, name: str) -> None:
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
-        config = json.loads((source / "config.json").read_text())
         st_config = json.loads((source / "sentence_bert_config.json").read_text())
-        max_len = st_config.get("max_seq_length", 256)
-        tokenizer = Tokenizer.from_file(str(source / "tokenizer.json"))
+        self.max_tokens = int(st_config.get("max_seq_length", 256))
+        self.tokenizer = Tokenizer.from_file(str(source / "tokenizer.json"))
         # the tokenizer file pads and truncates to 128; sentence-transformers uses max_seq_length
-        tokenizer.enable_truncation(max_length=int(max_len))
-        tokenizer.no_padding()
+        self.tokenizer.enable_truncation(max_length=self.max_tokens)
+        self.tokenizer.no_padding()
         options = ort.SessionOptions()
         options.log_severity_level = 3
         # no busy-waiting between operators: beside other busy processes (the local LLM, eval
         # workers) spinning threads slow embedding down several times (docs/MEASUREMENTS.md)
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-        session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
-        return cls(session, tokenizer, name, int(config["hidden_size"]))
+        providers = ["CPUExecutionProvider"]
+        self.session = ort.InferenceSession(str(model_file), options, providers=providers)
+        self._inputs = {i.name for i in self.session.get_inputs()}
+        self.name = name
+        self.dimension = int(json.loads((source / "config.json").read_text())["hidden_size"])
 
     def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
         """One text per run, so a text's vector does not depend on the batch (docs/MEASUREMENTS.md,
@@ -200,32 +189,25 @@ class OnnxEmbedder:
 
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         for row, text in enumerate(texts):
-            enc = self.tokenizer.encode(str(text))
-            ids = np.asarray([enc.ids], dtype=np.int64)
+            ids = np.asarray([self.tokenizer.encode(str(text)).ids], dtype=np.int64)
             feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
             if "token_type_ids" in self._inputs:
                 feed["token_type_ids"] = np.zeros_like(ids)
             out[row] = _unit(self.session.run(None, feed)[0][0].mean(axis=0))
         return out
 
-    def embed_query(self, text: str) -> np.ndarray:
-        return self.embed_documents([text])[0]
-
     def token_spans(self, text: str) -> list[tuple[int, int]]:
         """Character span of each word-piece of ``text`` (no special tokens)."""
-        enc = self.tokenizer.encode(text, add_special_tokens=False)
-        return [tuple(o) for o in enc.offsets]
+        return [tuple(o) for o in self.tokenizer.encode(text, add_special_tokens=False).offsets]
 
 
-ONNX_RECIPE = 1
-"""Version of the export recipe below; a cache written by another recipe is rebuilt."""
+ONNX_RECIPE = 1  # version of the export recipe below; a cache written by another is rebuilt
 ONNX_FILE = "model_int8.onnx"
 ONNX_MANIFEST = "manifest.json"
 
 
 def onnx_cache_dir(settings: Settings) -> Path:
-    """Where the int8 ONNX export of the default embedder lives: beside the embedded LLM in the
-    model cache (LOCAL_MODEL_DIR), not in the package folder (which may be read-only)."""
+    """The int8 ONNX export's folder, in LOCAL_MODEL_DIR (the package folder may be read-only)."""
     return Path(settings.llm.local_model_dir).expanduser() / f"{DEFAULT_MODEL_NAME}-onnx-int8"
 
 
@@ -247,9 +229,9 @@ def _valid_onnx_cache(cache: Path, source_sha256: str) -> Path | None:
 
 
 def ensure_onnx_model(source: Path, cache: Path, source_sha256: str) -> Path:
-    """The int8 ONNX file exported from the sentence-transformers model at ``source``: exported once
-    into ``cache`` (with a sha256 manifest), again when it is missing, corrupt, or from another
-    source or recipe (written atomically). Recipe: docs/MEASUREMENTS.md ("ONNX backend")."""
+    """The int8 ONNX file exported from the sentence-transformers model at ``source`` into
+    ``cache`` (atomically, with a sha256 manifest), exported again when missing, corrupt, or from
+    another source or recipe. Recipe: docs/MEASUREMENTS.md ("ONNX backend")."""
     found = _valid_onnx_cache(cache, source_sha256)
     if found is not None:
         return found
@@ -339,8 +321,7 @@ def ensure_onnx_model(source: Path, cache: Path, source_sha256: str) -> Path:
 
 def _load_model(cls: Any, name: str, kwargs: dict[str, Any], offline: bool = False) -> Any:
     """A sentence-transformers model (class ``cls``) from a local path, else from the local
-    Hugging Face cache (works offline), else, unless ``offline``, downloaded. Raises the last
-    attempt's exception."""
+    Hugging Face cache, else, unless ``offline``, downloaded. Raises the last attempt's error."""
     path = Path(name).expanduser()
     if path.exists():
         return cls(str(path), local_files_only=True, **kwargs)
@@ -390,9 +371,8 @@ def short_error(exc: BaseException, limit: int = 200) -> str:
 
 
 class EmbeddingsAdapter:
-    """Any LangChain ``Embeddings`` (``embed_documents`` / ``embed_query`` returning lists of
-    floats) as this module's embedder: float32 arrays, L2-normalised (the store searches by
-    cosine and the thresholds assume unit vectors)."""
+    """A LangChain ``Embeddings`` as this module's embedder: float32 arrays, L2-normalised (the
+    store searches by cosine and the thresholds assume unit vectors)."""
 
     backend = "langchain"
 
@@ -423,35 +403,29 @@ _registered: dict[str, EmbeddingsAdapter] = {}
 
 
 def register_embeddings(name: str, embeddings: Any) -> None:
-    """Make a LangChain ``Embeddings`` object the embedder of ``EMBEDDING_MODEL=name``: e.g.
-    ``register_embeddings("openai-3-small", OpenAIEmbeddings(model="text-embedding-3-small"))``.
-    The collection name encodes ``name``, so its index is kept apart from other models'."""
+    """Make a LangChain ``Embeddings`` the embedder of ``EMBEDDING_MODEL=name`` (the collection
+    name encodes ``name``, so its index is kept apart from other models')."""
     with _lock:
         _registered[name.strip()] = EmbeddingsAdapter(embeddings, name.strip())
 
 
 def as_langchain(embedder: Any) -> Any:
-    """This module's embedder (ONNX, torch or adapted) as a LangChain ``Embeddings``, for
-    LangChain components (vector stores, retrievers) that take one."""
+    """This module's embedder as a LangChain ``Embeddings``, for LangChain components."""
     from langchain_core.embeddings import Embeddings
 
     class _LangChainEmbedder(Embeddings):
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
-
         def embed_documents(self, texts: list[str]) -> list[list[float]]:
-            return self.inner.embed_documents(texts).tolist()
+            return embedder.embed_documents(texts).tolist()
 
         def embed_query(self, text: str) -> list[float]:
-            return self.inner.embed_query(text).tolist()
+            return embedder.embed_query(text).tolist()
 
-    return _LangChainEmbedder(embedder)
+    return _LangChainEmbedder()
 
 
 def resolve_embedding_backend(settings: Settings) -> str:
-    """``onnx`` or ``torch`` as EMBEDDING_BACKEND asks (``langchain`` for a registered embedder).
-    ``auto`` is onnx for the default model on the CPU (the only model with an int8 export), torch
-    otherwise."""
+    """``onnx`` or ``torch`` as EMBEDDING_BACKEND asks (``langchain`` for a registered embedder);
+    ``auto`` is onnx for the default model on the CPU (the only int8 export), else torch."""
     name = embedder_name(settings)
     if name in _registered:
         return "langchain"
@@ -468,10 +442,9 @@ def resolve_embedding_backend(settings: Settings) -> str:
 
 
 def get_embedder(settings: Settings) -> Embedder | OnnxEmbedder | EmbeddingsAdapter:
-    """The configured embedder, built once per settings: a LangChain ``Embeddings`` registered
-    under EMBEDDING_MODEL (:func:`register_embeddings`), else the default model through ONNX or
-    torch (EMBEDDING_BACKEND=auto falls back to torch when the ONNX export fails), else a
-    sentence-transformers model."""
+    """The configured embedder, built once per settings: a registered LangChain ``Embeddings``,
+    else the default model through ONNX or torch (``auto`` falls back to torch when the ONNX
+    export fails), else a sentence-transformers model."""
     r = settings.retrieval
     name = embedder_name(settings)
     backend = resolve_embedding_backend(settings)
@@ -494,7 +467,7 @@ def get_embedder(settings: Settings) -> Embedder | OnnxEmbedder | EmbeddingsAdap
             if backend == "onnx":
                 try:
                     onnx_file = ensure_onnx_model(path, onnx_dir, DEFAULT_MODEL_SHA256)
-                    emb = OnnxEmbedder.load(onnx_file, path, name)
+                    emb = OnnxEmbedder(onnx_file, path, name)
                 except ModelLoadError as exc:
                     if asked == "onnx":
                         raise
@@ -509,14 +482,11 @@ def get_embedder(settings: Settings) -> Embedder | OnnxEmbedder | EmbeddingsAdap
 
 
 def embed_passages(texts: Sequence[str], settings: Settings) -> np.ndarray:
-    """Passage embeddings for the index (the model truncates at its own input limit; documents
-    are chunked to fit it, ``documents.chunk_document``)."""
+    """Passage embeddings for the index (documents are chunked to the model's input limit)."""
     return get_embedder(settings).embed_documents(texts)
 
 
-# ------------------------------------------------------------------------------------------------
-# Chroma store
-# ------------------------------------------------------------------------------------------------
+# --- Chroma store -------------------------------------------------------------------------------
 
 
 def sanitize_model_name(name: str) -> str:
@@ -543,16 +513,9 @@ def _client_key(s: Settings) -> tuple:
     return ("local", str(Path(s.retrieval.chroma_dir).expanduser().resolve()))
 
 
-def _writable(folder: Path) -> bool:
-    """Can this process write the Chroma folder (the folder itself and its SQLite file)?"""
-    db = folder / "chroma.sqlite3"
-    return os.access(folder, os.W_OK | os.X_OK) and (not db.exists() or os.access(db, os.W_OK))
-
-
 def _read_only_snapshot(folder: Path) -> Path:
-    """A private copy of a read-only Chroma folder with fresh (writable) permissions, removed when
-    the process exits; not ``shutil.copytree``, which would copy the read-only modes.  The BM25
-    folder is left out (read in place)."""
+    """A private copy of a read-only Chroma folder, without its BM25 folder (read in place),
+    removed at exit; not ``shutil.copytree``, which would copy the read-only modes."""
     tmp = Path(tempfile.mkdtemp(prefix="legalragagent-readonly-"))
     atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     copy, size = tmp / "chroma", 0
@@ -573,7 +536,7 @@ def _read_only_snapshot(folder: Path) -> Path:
 
 
 def is_read_only(settings: Settings) -> bool:
-    """True when the local Chroma folder could not be written and is read from a copy: callers
+    """True when the local Chroma folder cannot be written and is read from a copy: callers
     skip their writes (the memory write-back, index builds)."""
     get_client(settings)
     return _client_key(settings) in _read_only
@@ -586,8 +549,7 @@ def require_writable(settings: Settings, what: str) -> None:
 
 
 def get_client(settings: Settings) -> Any:
-    """The Chroma client: ``HttpClient`` when CHROMA_HOST is set, else ``PersistentClient`` (on a
-    temporary copy when the folder is read-only, see :func:`is_read_only`)."""
+    """The Chroma client: ``HttpClient`` when CHROMA_HOST is set, else ``PersistentClient``."""
     key = _client_key(settings)
     with _lock:
         if key in _clients:
@@ -601,14 +563,15 @@ def get_client(settings: Settings) -> Any:
                 client = chromadb.HttpClient(host=key[1], port=key[2], settings=chroma_settings)
                 client.heartbeat()
             else:
-                folder = Path(key[1])
-                if folder.is_dir() and not _writable(folder):
-                    copy = _read_only_snapshot(folder)
-                    client = chromadb.PersistentClient(path=str(copy), settings=chroma_settings)
-                    _read_only[key] = copy
+                folder, db = Path(key[1]), Path(key[1]) / "chroma.sqlite3"
+                writable = os.access(folder, os.W_OK | os.X_OK) and (
+                    not db.exists() or os.access(db, os.W_OK)
+                )
+                if folder.is_dir() and not writable:
+                    folder = _read_only[key] = _read_only_snapshot(folder)
                 else:
                     folder.mkdir(parents=True, exist_ok=True)
-                    client = chromadb.PersistentClient(path=key[1], settings=chroma_settings)
+                client = chromadb.PersistentClient(path=str(folder), settings=chroma_settings)
         except Exception as exc:
             where = f"{key[1]}:{key[2]}" if key[0] == "http" else key[1]
             raise StoreError(
@@ -642,33 +605,24 @@ def passage_title(value: Any) -> str:
 
 
 class _PassageFields(TypedDict):
-    """The fields every :class:`Passage` has: :func:`_record` sets each of them."""
+    """The fields every :class:`Passage` has (:func:`_record` sets each)."""
 
     id: str  # the loader's ``idx``
     text: str
     source: str  # the corpus or file it came from ("" when unknown)
     title: str  # as readers see it (:func:`passage_title`)
-    metadata: dict[str, Any]
-    """The stored metadata (flat values: source, title, authority_type, citation, pin, ...); a
-    search adds ``reranker`` (the ranking it used)."""
+    metadata: dict[str, Any]  # flat stored values; a search adds ``reranker`` (the one it used)
 
 
 class Passage(_PassageFields, total=False):
-    """One passage as the store gives it (:meth:`PassageStore.get`, :meth:`PassageStore.iter_all`)
-    and a search returns it (:func:`retrieve_documents_multi_query`): the stored fields, and the
+    """One passage as the store gives it and a search returns it: the stored fields, and the
     scores and rank a search sets."""
 
-    dense_score: float | None
-    """The plain cosine of the search's primary query to the passage (None when the search
-    embedded no query: a BM25 search)."""
-    rerank_score: float
-    """The score the search ranked by, higher is better (cross-encoder, hybrid fusion, BM25,
-    centred cosine, or the graph's score)."""
+    dense_score: float | None  # cosine to the search's primary query (None: a BM25 search)
+    rerank_score: float  # what the search ranked by, higher is better
     rrf_score: float  # of a fused search (:func:`rrf_merge`)
     rank: int  # 1-based
-    embedding: Any
-    """The stored vector: only from ``PassageStore.get(..., with_embeddings=True)``, and a search
-    removes it before it returns the passage."""
+    embedding: Any  # only from ``PassageStore.get(..., with_embeddings=True)``, never a search's
 
 
 def _record(pid: str, text: str | None, meta: dict[str, Any] | None) -> Passage:
@@ -683,8 +637,7 @@ def _record(pid: str, text: str | None, meta: dict[str, Any] | None) -> Passage:
 
 
 def _open_collection(client: Any, name: str, model_name: str) -> Any:
-    """A Chroma collection searched by cosine, whose vectors are always given (never embedded by
-    Chroma), created when missing."""
+    """A cosine-searched Chroma collection (created when missing) that never embeds."""
     return client.get_or_create_collection(
         name,
         embedding_function=None,
@@ -698,22 +651,20 @@ EXACT_SEARCH_MAX_PASSAGES = 20_000
 limit), not Chroma's HNSW, whose results varied between runs (docs/MEASUREMENTS.md)."""
 
 
+@dataclass(eq=False)
 class PassageStore:
     """One Chroma collection of passages for one embedding model."""
 
-    def __init__(
-        self, client: Any, name: str, model_name: str, bm25_dir: Path, read_only: bool = False
-    ) -> None:
-        self.client = client
-        self.name = name
-        self.model_name = model_name
-        self.bm25_dir = bm25_dir
-        self.read_only = read_only
-        # (passage count, ids, unit vectors) for exact search, reread when the count changes
-        self._matrix: tuple[int, list[str], Any] | None = None
-        self._derived: dict[str, tuple[int, Any]] = {}  # :meth:`derived` -> (count, index)
-        self._allowed: dict[tuple[Any, int], frozenset[str]] = {}  # (filter, count) -> ids
-        self._masks: dict[frozenset[str], Any] = {}  # admitted ids -> :func:`membership` rows
+    client: Any
+    name: str
+    model_name: str
+    bm25_dir: Path
+    read_only: bool = False
+    # (passage count, ids, unit vectors) for exact search, reread when the count changes
+    _matrix: tuple[int, list[str], Any] | None = None
+    _derived: dict[str, tuple[int, Any]] = field(default_factory=dict)  # -> (count, index)
+    _allowed: dict[tuple[Any, int], frozenset[str]] = field(default_factory=dict)  # (filter, count)
+    _masks: dict[frozenset[str], Any] = field(default_factory=dict)  # :func:`membership` rows
 
     @functools.cached_property
     def collection(self) -> Any:
@@ -766,10 +717,9 @@ class PassageStore:
         for got in self._by_ids(ids, include):
             embs = got.get("embeddings") if with_embeddings else None
             for j, pid in enumerate(got["ids"]):
-                rec = _record(pid, got["documents"][j], got["metadatas"][j])
+                rec = by_id[pid] = _record(pid, got["documents"][j], got["metadatas"][j])
                 if embs is not None:
                     rec["embedding"] = embs[j]
-                by_id[pid] = rec
         return [by_id[i] for i in ids if i in by_id]
 
     def _pages(self, include: list[str]) -> Iterator[dict[str, Any]]:
@@ -797,8 +747,8 @@ class PassageStore:
         return (total / n).astype(np.float32) if n else np.zeros(0, dtype=np.float32)
 
     def allowed_ids(self, flt: Any) -> frozenset[str]:
-        """Ids of the passages a :class:`filters.PassageFilter` admits (one scan of the metadata
-        per filter, kept until the collection changes size)."""
+        """Ids of the passages a :class:`filters.PassageFilter` admits (one metadata scan per
+        filter, kept until the collection changes size)."""
         key = (flt, self.count())
         if key not in self._allowed:
             self._allowed[key] = frozenset(
@@ -811,9 +761,8 @@ class PassageStore:
     def query_ids(
         self, embeddings: Any, n: int, allowed: frozenset[str] | None = None
     ) -> list[list[str]]:
-        """Ids of the ``n`` nearest passages (by cosine) of each embedding, among ``allowed``
-        when given: exact search over the stored vectors up to EXACT_SEARCH_MAX_PASSAGES passages,
-        else one Chroma HNSW query (restricted to ``allowed`` ids)."""
+        """Ids of the ``n`` nearest passages (by cosine) of each embedding, among ``allowed`` when
+        given: exact search up to EXACT_SEARCH_MAX_PASSAGES passages, else one HNSW query."""
         count = self.count()
         total = count if allowed is None else min(count, len(allowed))
         if total == 0 or n <= 0 or len(embeddings) == 0:
@@ -850,22 +799,19 @@ class PassageStore:
             out.append([ids[j] for j in top])
         return out
 
+    def _holds(self, where: dict[str, Any]) -> bool:
+        return bool(self.collection.get(where=where, limit=1, include=[])["ids"])
+
     def holds_documents(self) -> bool:
-        """Whether the collection holds a passage of the user's own documents (one with a
-        ``filters.DOCUMENT_KINDS`` layout)."""
-        where = {"kind": {"$in": list(filters.DOCUMENT_KINDS)}}
-        found = self.collection.get(where=where, limit=1, include=[])
-        return bool(found["ids"])
+        """Whether some passage is of the user's own documents (``filters.DOCUMENT_KINDS``)."""
+        return self._holds({"kind": {"$in": list(filters.DOCUMENT_KINDS)}})
 
     def holds_jurisdiction(self, code: str) -> bool:
-        """Whether some passage is the law of ``code`` (a state's USPS code; metadata
-        ``jurisdiction``, as the user's documents and passage tables record it)."""
-        found = self.collection.get(where={"jurisdiction": code}, limit=1, include=[])
-        return bool(found["ids"])
+        """Whether some passage is the law of ``code`` (a state's USPS code)."""
+        return self._holds({"jurisdiction": code})
 
     def document_chunks(self, doc_id: str) -> dict[str, str]:
-        """The stored passages of one document (metadata ``doc_id``): id -> its ``chunk_hash``
-        (the loader's fingerprint of the chunk's text and metadata)."""
+        """The stored passages of one document (metadata ``doc_id``): id -> its ``chunk_hash``."""
         got = self.collection.get(where={"doc_id": doc_id}, include=["metadatas"])
         return {
             pid: str((meta or {}).get("chunk_hash") or "")
@@ -879,9 +825,8 @@ class PassageStore:
         return json.loads(given) if given else {}
 
     def delete(self, ids: Sequence[str]) -> None:
-        """Remove passages, and every index derived from the collection (BM25, the mean vector,
-        the exact-search matrix, filter scans): they are rebuilt on next use, since a delete and
-        an add can leave the passage count, by which they are checked, unchanged."""
+        """Remove passages and every index derived from them, rebuilt on next use (a delete and
+        an add can leave the passage count, by which they are checked, unchanged)."""
         if not ids:
             return
         self.collection.delete(ids=list(ids))
@@ -900,27 +845,25 @@ class PassageStore:
         build: Callable[[int], tuple[int, Any]],
         save: Callable[[int, Any], None],
     ) -> Any:
-        """An index derived from the passages, checked by passage count: kept here as (count,
-        value), else ``load(count)`` from disk when its count still matches, else ``build(count)``
-        and ``save`` it to ``where`` (not for a read-only store)."""
+        """An index derived from the passages, as (passage count, value): kept here, else
+        ``load(count)`` from disk, else ``build(count)`` and ``save``d to ``where`` (unless
+        read-only), whenever the count it was made at is not the collection's."""
         count = self.count()
         with _lock:
             got = self._derived.get(what)
             if got is None or got[0] != count:
                 got = load(count)
-                if got is None or got[0] != count:
-                    logger.info("building the %s of %s (%d passages)", what, self.name, count)
-                    got = build(count)
-                    if self.read_only:
-                        logger.info(
-                            "%s of %s kept in memory only (read-only store)", what, self.name
-                        )
-                    else:
-                        try:
-                            save(*got)
-                        except OSError as exc:
-                            logger.warning("cannot save the %s to %s: %s", what, where, exc)
-                self._derived[what] = got
+            if got is None or got[0] != count:
+                logger.info("building the %s of %s (%d passages)", what, self.name, count)
+                got = build(count)
+                if self.read_only:
+                    logger.info("%s of %s kept in memory only (read-only store)", what, self.name)
+                else:
+                    try:
+                        save(*got)
+                    except OSError as exc:
+                        logger.warning("cannot save the %s to %s: %s", what, where, exc)
+            self._derived[what] = got
             return got[1]
 
 
@@ -932,8 +875,7 @@ def get_store(settings: Settings) -> PassageStore:
         if key not in _stores:
             bm25_dir = Path(settings.retrieval.chroma_dir).expanduser().resolve() / "bm25"
             client, model = get_client(settings), embedder_name(settings)
-            read_only = key[0] in _read_only
-            _stores[key] = PassageStore(client, name, model, bm25_dir, read_only)
+            _stores[key] = PassageStore(client, name, model, bm25_dir, key[0] in _read_only)
         return _stores[key]
 
 
@@ -951,13 +893,11 @@ def reset_caches() -> None:
         _read_only.clear()
 
 
-# ------------------------------------------------------------------------------------------------
-# BM25 over the whole collection, persisted beside the Chroma folder
-# ------------------------------------------------------------------------------------------------
+# --- BM25 over the whole collection, persisted beside the Chroma folder --------------------------
 
 
 def _bm25s() -> Any:
-    """bm25s, imported lazily; its import sets its logger to DEBUG, which floods any CLI that
+    """bm25s, imported lazily; its import sets its logger to DEBUG, flooding any CLI that
     configures logging, so the level goes back to inheriting from the root logger."""
     import bm25s
 
@@ -973,10 +913,8 @@ def bm25_tokenize(texts: Sequence[str], stopwords: str = "en") -> list[list[str]
     )
 
 
-MIN_VOCABULARY_PASSAGES = 100
-"""Below this many passages a collection's vocabulary is too small to say a word is off topic."""
-TERM_PREFIX = 8
-"""Letters of a word's stem compared when asking whether the corpus uses it."""
+MIN_VOCABULARY_PASSAGES = 100  # below this, a vocabulary is too small to call a word off topic
+TERM_PREFIX = 8  # letters of a word's stem compared when asking whether the corpus uses it
 
 
 @dataclass
@@ -991,18 +929,15 @@ class Bm25Index:
 
     @functools.cached_property
     def _rows(self) -> dict[str, int]:
-        """Passage id -> document number."""
         return {p: i for i, p in enumerate(self.ids)}
 
     def scores_of(self, scores: Any, ids: Sequence[str]) -> list[float]:
-        """Entries of one row of :meth:`scores_many` for the passages ``ids`` (0.0 when not
-        indexed)."""
+        """One row of :meth:`scores_many` at the passages ``ids`` (0.0 when not indexed)."""
         return [0.0 if (r := self._rows.get(pid)) is None else float(scores[r]) for pid in ids]
 
     @classmethod
     def build(cls, ids: Sequence[str], texts: Sequence[str]) -> Bm25Index:
-        bm25s = _bm25s()
-        retriever = bm25s.BM25()
+        retriever = _bm25s().BM25()
         retriever.index(bm25_tokenize(texts), show_progress=False)
         return cls(retriever, list(ids), len(ids))
 
@@ -1030,8 +965,8 @@ class Bm25Index:
         return cls(retriever, list(meta["ids"]), int(meta["count"]))
 
     def scores_many(self, queries: Sequence[str]) -> np.ndarray:
-        """BM25 scores of every document for each query: shape (queries, documents), the queries
-        tokenized in one call (a row of zeros when no term of its query matches)."""
+        """BM25 scores of every document for each query, shape (queries, documents), tokenized in
+        one call (a row of zeros when no term of its query matches)."""
         import numpy as np
 
         out = np.zeros((len(queries), len(self.ids)), dtype=np.float32)
@@ -1043,15 +978,13 @@ class Bm25Index:
         return out
 
     def admitted(self, scores: Any, allowed: frozenset[str] | None) -> Any:
-        """``scores`` (rows of :meth:`scores_many`) with every passage outside ``allowed`` at 0,
-        so that :meth:`top_of` never returns it (``scores`` itself when ``allowed`` is None)."""
+        """``scores`` (rows of :meth:`scores_many`) at 0 outside ``allowed`` (None: all)."""
         return scores if allowed is None else scores * membership(self.ids, allowed, self._masks)
 
     def unknown_terms(self, text: str, subject: str | None = None) -> list[str]:
-        """The words of ``text`` (bm25s's ``en_plus`` stop words and bare numbers left out) whose
-        Snowball stem (its first :data:`TERM_PREFIX` letters) starts no indexed word's stem; with
-        ``subject``, only those whose stem a word of ``subject`` also has.  Empty below
-        :data:`MIN_VOCABULARY_PASSAGES` passages."""
+        """The words of ``text`` (bm25s's ``en_plus`` stop words and numbers left out) whose
+        Snowball stem's first :data:`TERM_PREFIX` letters start no indexed stem; with ``subject``,
+        only those whose stem a word of ``subject`` has. Empty for a small collection."""
         if self.count < MIN_VOCABULARY_PASSAGES:
             return []
         import snowballstemmer
@@ -1085,8 +1018,7 @@ class Bm25Index:
 
 
 def get_bm25(settings: Settings, store: PassageStore | None = None) -> Bm25Index:
-    """The BM25 index of the passage collection: loaded from disk when its passage count still
-    matches the collection's, else rebuilt from the store's texts and saved."""
+    """The BM25 index of the passage collection (:meth:`PassageStore.derived`)."""
     store = store or get_store(settings)
     folder = store.bm25_dir / store.name
 
@@ -1105,9 +1037,7 @@ def get_bm25(settings: Settings, store: PassageStore | None = None) -> Bm25Index
 
 
 def get_centroid(settings: Settings, store: PassageStore | None = None) -> Any:
-    """The mean passage vector of the collection (see ``DENSE_CENTERING``): loaded from
-    ``CHROMA_DIR/centroid/<collection>.json`` when its passage count still matches the
-    collection's, else computed from the stored vectors and saved there."""
+    """The mean passage vector of the collection (``DENSE_CENTERING``; :meth:`derived`)."""
     import numpy as np
 
     store = store or get_store(settings)
@@ -1126,10 +1056,9 @@ def get_centroid(settings: Settings, store: PassageStore | None = None) -> Any:
         tmp.write_text(json.dumps({"count": count, "mean": vec.tolist()}))
         tmp.replace(path)
 
-    def build(count: int) -> tuple[int, Any]:
-        return count, store.mean_embedding()
-
-    return store.derived("mean passage vector", path, load, build, save)
+    return store.derived(
+        "mean passage vector", path, load, lambda n: (n, store.mean_embedding()), save
+    )
 
 
 def centered_queries(qvecs: Any, centroid: Any) -> Any:
@@ -1148,17 +1077,15 @@ def centered_queries(qvecs: Any, centroid: Any) -> Any:
 def dense_query_vectors(
     queries: Sequence[str], settings: Settings, store: PassageStore | None = None
 ) -> tuple[Any, Any]:
-    """The queries embedded in one pass, and the vectors dense search ranks with: the same, or
-    centred on the collection's mean vector when DENSE_CENTERING is on."""
+    """The queries embedded in one pass, and the vectors dense search ranks with (centred with
+    DENSE_CENTERING)."""
     plain = get_embedder(settings).embed_documents(list(queries))
     if not settings.retrieval.dense_centering:
         return plain, plain
     return plain, centered_queries(plain, get_centroid(settings, store))
 
 
-# ------------------------------------------------------------------------------------------------
-# Rerankers
-# ------------------------------------------------------------------------------------------------
+# --- Rerankers ----------------------------------------------------------------------------------
 
 
 def get_cross_encoder(settings: Settings, local_only: bool = False) -> Any:
@@ -1183,8 +1110,8 @@ def get_cross_encoder(settings: Settings, local_only: bool = False) -> Any:
 
 
 def require_reranker(settings: Settings) -> None:
-    """Load RERANKER=cross-encoder's model before any work, so a model that does not load stops
-    a run at once (:class:`ModelLoadError`) instead of failing in its first hybrid step."""
+    """Load RERANKER=cross-encoder's model up front, so one that does not load stops a run at
+    once (:class:`ModelLoadError`) rather than in its first hybrid step."""
     if settings.retrieval.reranker == "cross-encoder":
         get_cross_encoder(settings)
 
@@ -1192,32 +1119,30 @@ def require_reranker(settings: Settings) -> None:
 def resolve_reranker(name: str | None, settings: Settings) -> str:
     """The reranker actually used: ``auto`` becomes cross-encoder when RERANKER_MODEL loads
     offline, else hybrid (logged once per model)."""
-    s = settings
-    name = (name or s.retrieval.reranker or "auto").strip().lower()
+    r = settings.retrieval
+    name = (name or r.reranker or "auto").strip().lower()
     if name not in RERANKERS:
         raise ValueError(f"unknown reranker {name!r}: use one of {', '.join(RERANKERS)}")
     if name != "auto":
         return name
-    key = (s.retrieval.reranker_model, s.retrieval.embedding_device)
+    key = (r.reranker_model, r.embedding_device)
     with _lock:
         if key not in _auto_choice:
             try:
-                get_cross_encoder(s, local_only=True)
+                get_cross_encoder(settings, local_only=True)
                 _auto_choice[key] = "cross-encoder"
-                logger.info("RERANKER=auto: using cross-encoder %s", s.retrieval.reranker_model)
+                logger.info("RERANKER=auto: using cross-encoder %s", r.reranker_model)
             except ModelLoadError:
                 _auto_choice[key] = "hybrid"
                 logger.info(
                     "RERANKER=auto: cross-encoder %s not available offline; using hybrid "
                     "(dense + BM25 reciprocal rank fusion)",
-                    s.retrieval.reranker_model,
+                    r.reranker_model,
                 )
         return _auto_choice[key]
 
 
-# ------------------------------------------------------------------------------------------------
-# Retrieval
-# ------------------------------------------------------------------------------------------------
+# --- Retrieval ----------------------------------------------------------------------------------
 
 
 def is_caselaw(doc: Passage) -> bool:
@@ -1247,14 +1172,12 @@ def candidate_pool(
     bm25: Bm25Index | None,
     per_query: int,
     exclude: set[str],
-    *,
     bm25_scores: Any = None,
     allowed: frozenset[str] | None = None,
 ) -> list[str]:
-    """Ids of the ``per_query`` nearest passages of every query (dense when ``qvecs`` is given,
-    BM25 when ``bm25`` is), deduplicated in first-seen order, without ``exclude``, and only among
-    ``allowed`` when given (a passage filter).  All queries are searched at once: one Chroma
-    call, one BM25 score matrix (``bm25_scores``, computed here when not given)."""
+    """Ids of the ``per_query`` nearest passages of every query (dense with ``qvecs``, BM25 with
+    ``bm25``), first seen first, without ``exclude``, among ``allowed`` when given.  One Chroma
+    call and one BM25 score matrix (``bm25_scores``, computed when not given) for all queries."""
     dense_ids = (
         store.query_ids(qvecs, per_query, allowed) if qvecs is not None else [[]] * len(queries)
     )
@@ -1272,9 +1195,9 @@ def candidate_pool(
 def rrf_scores(
     rankings: Iterable[Sequence[Hashable]], weights: Sequence[float] | None = None
 ) -> dict[Any, float]:
-    """Reciprocal rank fusion: each key scores the sum over the rankings holding it of
-    ``weight / (RRF_K + its 1-based rank)`` (weight 1 without ``weights``); keys in the order
-    they were first seen. Ranks, not scores, so rankings on different scales need no calibration."""
+    """Reciprocal rank fusion: each key's sum over the rankings holding it of ``weight / (RRF_K +
+    its 1-based rank)`` (weight 1 without ``weights``), keys in first-seen order. Ranks, not
+    scores, so rankings on different scales need no calibration."""
     fused: dict[Any, float] = {}
     for i, ranking in enumerate(rankings):
         w = 1.0 if weights is None else weights[i]
@@ -1286,9 +1209,8 @@ def rrf_scores(
 def fuse_rankings(
     dense: Sequence[float], lexical: Sequence[float], dense_weight: float
 ) -> list[float]:
-    """The hybrid score of each candidate: :func:`rrf_scores` of its dense and its BM25 rank,
-    weighted ``w`` and ``1 - w`` (FUSION_DENSE_WEIGHT, chosen in docs/MEASUREMENTS.md); equal
-    scores rank in the candidates' order."""
+    """Each candidate's :func:`rrf_scores` of its dense and BM25 ranks, weighted ``w``, ``1 - w``
+    (FUSION_DENSE_WEIGHT, docs/MEASUREMENTS.md)."""
     w = float(dense_weight)
     best_first = [sorted(range(len(x)), key=lambda i, x=x: -x[i]) for x in (dense, lexical)]
     fused = rrf_scores(best_first, [w, 1.0 - w])
@@ -1308,9 +1230,7 @@ def rrf_merge(rankings: Sequence[Sequence[Passage]], k: int) -> list[Passage]:
 
 
 def membership(ids: Sequence[str], allowed: frozenset[str], cache: dict) -> np.ndarray:
-    """Which of ``ids`` are in ``allowed`` (a boolean row), kept in ``cache`` per admitted set
-    (the store hands out one frozenset per filter), so a filtered search masks its scores without
-    testing every id again."""
+    """Which of ``ids`` are in ``allowed`` (a boolean row), cached per admitted set."""
     import numpy as np
 
     mask = cache.get(allowed)
@@ -1330,10 +1250,10 @@ def retrieve_documents_multi_query(
 ) -> list[Passage]:
     """Top ``k`` :class:`Passage` s for ``queries``, reranked against the first (the primary).
 
-    Each query contributes ``OVERRETRIEVE_FACTOR * k`` dense candidates (and as many BM25 ones with
-    hybrid, bm25 and cross-encoder); ``exclude_ids`` are dropped.  ``fuse_keyword`` merges the
-    ranking (:func:`rrf_merge`) with the pool's BM25 ranking, so a doctrine's name that dense
-    search misreads still counts.  ``metadata['reranker']`` names the reranker used."""
+    Each query contributes ``OVERRETRIEVE_FACTOR * k`` dense candidates (and as many BM25 ones
+    unless the reranker is none); ``exclude_ids`` are dropped.  ``fuse_keyword`` merges the ranking
+    with the pool's BM25 ranking (:func:`rrf_merge`), so a doctrine's name that dense search
+    misreads still counts.  ``metadata['reranker']`` names the reranker used."""
     import numpy as np
 
     queries = [q for q in (str(q).strip() for q in queries) if q]
@@ -1349,19 +1269,11 @@ def retrieve_documents_multi_query(
     qvecs, rank_vecs = (
         dense_query_vectors(queries, settings, store) if method != "bm25" else (None, None)
     )
-    use_bm25 = method in ("hybrid", "bm25", "cross-encoder") or fuse_keyword
-    bm25 = get_bm25(settings, store) if use_bm25 else None
+    bm25 = get_bm25(settings, store) if method != "none" or fuse_keyword else None
     bm25_scores = bm25.scores_many(queries) if bm25 is not None else None
-    ids = candidate_pool(
-        store,
-        queries,
-        rank_vecs,
-        bm25,
-        per_query,
-        excluded,
-        bm25_scores=bm25_scores,
-        allowed=store.allowed_ids(flt) if (flt := filters.passage_filter(settings)) else None,
-    )
+    flt = filters.passage_filter(settings)
+    allowed = store.allowed_ids(flt) if flt else None
+    ids = candidate_pool(store, queries, rank_vecs, bm25, per_query, excluded, bm25_scores, allowed)
     docs = store.get(ids, with_embeddings=qvecs is not None)
     if not docs:
         return []
@@ -1406,19 +1318,18 @@ def retrieve_documents(query: str, **kw: Any) -> list[Passage]:
 
 
 def passage_cosines(query: str, docs: Sequence[Passage], settings: Settings) -> Any:
-    """Cosine of ``query`` to each of ``docs`` (an array; empty for no docs).
-
-    Passage embeddings come from the store by id; docs not in the store are embedded from text."""
+    """Cosine of ``query`` to each of ``docs`` (an array): stored embeddings by id, the text
+    embedded for a passage not in the store."""
     import numpy as np
 
     if not docs:
         return np.zeros(0, dtype=np.float32)
-    s = settings
-    embedder = get_embedder(s)
+    embedder = get_embedder(settings)
     q = embedder.embed_query(query)
     ids = [str(d.get("id", "")) for d in docs]
     try:
-        stored = {p["id"]: p["embedding"] for p in get_store(s).get(ids, with_embeddings=True)}
+        got = get_store(settings).get(ids, with_embeddings=True)
+        stored = {p["id"]: p["embedding"] for p in got}
     except StoreError:
         stored = {}
     missing = [d.get("text", "") for d, pid in zip(docs, ids, strict=True) if pid not in stored]
@@ -1431,8 +1342,8 @@ def searched_cosines(
     question: str, docs: Sequence[Passage], queries: Sequence[str]
 ) -> list[float] | None:
     """:func:`passage_cosines` without embedding again: the ``dense_score`` the search of
-    ``queries`` set (the cosine to its first non-blank query), or None when that query is not
-    ``question`` or a passage has no dense score (a keyword search)."""
+    ``queries`` set, or None when its first non-blank query is not ``question`` or a passage has
+    no dense score (a keyword search)."""
     primary = next((q.strip() for q in map(str, queries) if q.strip()), None)
     if primary is None or primary != question.strip():
         return None
@@ -1442,9 +1353,7 @@ def searched_cosines(
     return [float(s) for s in scores]
 
 
-# ------------------------------------------------------------------------------------------------
-# QA memory
-# ------------------------------------------------------------------------------------------------
+# --- QA memory ----------------------------------------------------------------------------------
 
 
 def _memory_collection(s: Settings) -> Any:
@@ -1462,8 +1371,7 @@ def memory_count(settings: Settings) -> int:
 
 
 def existing_collections(settings: Settings) -> set[str]:
-    """Names of the collections in the configured store, creating nothing: an absent local
-    CHROMA_DIR has none (a look must not leave a store or an empty collection behind)."""
+    """Names of the collections in the configured store, creating nothing."""
     r = settings.retrieval
     if not r.chroma_host and not Path(r.chroma_dir).expanduser().exists():
         return set()
@@ -1471,8 +1379,8 @@ def existing_collections(settings: Settings) -> set[str]:
 
 
 def corpus_fingerprint(settings: Settings) -> str:
-    """What identifies the corpus an answer was researched in: the passage collection (it names
-    the embedding model) and its passage count."""
+    """The corpus an answer was researched in: the passage collection (it names the embedding
+    model) and its passage count."""
     return f"{collection_name(settings)}:{corpus_count(settings)}"
 
 
@@ -1481,29 +1389,21 @@ def _scope_meta(scope: Mapping[str, str] | None) -> dict[str, str]:
     return {f"scope_{k}": str(v) for k, v in sorted((scope or {}).items())}
 
 
-def _scope_filter(scope: Mapping[str, str] | None) -> dict[str, Any] | None:
-    terms = [{k: v} for k, v in _scope_meta(scope).items()]
-    if not terms:
-        return None
-    return terms[0] if len(terms) == 1 else {"$and": terms}
-
-
 def check_memory(
     question: str, *, settings: Settings, scope: Mapping[str, str] | None = None
 ) -> dict[str, Any] | None:
-    """The stored answer of the most similar earlier question when its cosine similarity is at
-    least MEMORY_THRESHOLD: keys question, answer, confidence, similarity, timestamp, sources.
-    None otherwise.  With ``scope`` (provider, model, embedding model, corpus:
-    ``context.memory_scope``) only entries written under exactly that scope are considered."""
+    """The stored answer of the most similar earlier question when its cosine is at least
+    MEMORY_THRESHOLD (keys question, answer, confidence, similarity, timestamp, sources), else
+    None. With ``scope`` (``context.memory_scope``) only entries written under exactly it count."""
     col = _memory_collection(settings)
     if col.count() == 0:
         return None
-    q = get_embedder(settings).embed_query(question)
+    terms = [{k: v} for k, v in _scope_meta(scope).items()]
     got = col.query(
-        query_embeddings=[list(map(float, q))],
+        query_embeddings=[list(map(float, get_embedder(settings).embed_query(question)))],
         n_results=1,
         include=["metadatas", "distances"],
-        where=_scope_filter(scope),
+        where=(terms[0] if len(terms) == 1 else {"$and": terms}) if terms else None,
     )
     if not got["ids"][0]:
         return None
@@ -1525,13 +1425,10 @@ def check_memory(
     }
 
 
-MEMORY_SOURCE_CHARS = 600
-"""Characters of each source passage kept with a cached answer (enough to show and to check)."""
-
-
+MEMORY_SOURCE_CHARS = 600  # of each source passage kept with a cached answer (to show and check)
 MEMORY_CITATION_KEYS = ("support", "pin")
-"""What the QA memory also keeps of a citation, when it has them: a hit's SOURCES show the
-sentence each citation rests on and its pin cite, as the first run's did."""
+"""Also kept of a citation when it has them: a hit's SOURCES show the sentence each citation rests
+on and its pin cite, as the first run's did."""
 
 
 def write_to_memory(
@@ -1543,14 +1440,15 @@ def write_to_memory(
     sources: Sequence[dict[str, Any]] = (),
     scope: Mapping[str, str] | None = None,
 ) -> None:
-    """Store (or replace) the answer to ``question`` with an ISO-8601 UTC timestamp, the passages
-    its citations name (``sources``: dicts with id, title, source, text, ref, and :data:`MEMORY_CITATION_KEYS`) and the ``scope`` it
-    is valid under (one entry per question and scope)."""
-    s = settings
-    if is_read_only(s):
-        logger.info("QA memory not written: CHROMA_DIR %s is read-only", s.retrieval.chroma_dir)
+    """Store (or replace) the answer to ``question``, timestamped (ISO-8601 UTC), with the
+    passages its citations name (``sources``: dicts with id, title, source, text, ref and
+    :data:`MEMORY_CITATION_KEYS`) and the ``scope`` it is valid under."""
+    if is_read_only(settings):
+        logger.info(
+            "QA memory not written: CHROMA_DIR %s is read-only", settings.retrieval.chroma_dir
+        )
         return
-    q = get_embedder(s).embed_query(question)
+    q = get_embedder(settings).embed_query(question)
     kept = [
         {
             **{key: str(d.get(key) or "") for key in ("id", "title", "source", "ref")},
@@ -1560,20 +1458,19 @@ def write_to_memory(
         }
         for d in sources
     ]
-    _memory_collection(s).upsert(
+    meta = {
+        "question": question,
+        "answer": answer,
+        "confidence": float(confidence),
+        "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
+        "sources": json.dumps(kept),
+        **_scope_meta(scope),
+    }
+    _memory_collection(settings).upsert(
         ids=[_memory_id(question, scope)],
         documents=[question],
         embeddings=[list(map(float, q))],
-        metadatas=[
-            {
-                "question": question,
-                "answer": answer,
-                "confidence": float(confidence),
-                "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
-                "sources": json.dumps(kept),
-                **_scope_meta(scope),
-            }
-        ],
+        metadatas=[meta],
     )
 
 
