@@ -1,12 +1,10 @@
 """Phase 3: how good are the answers to open questions, per answer mode (research vs evidence).
 
-Pure metrics over answer dicts, the A–F grader (``skills/grade_answer.md``, or
-``skills/grade_abstention.md`` for a question whose right answer declines) and :func:`run_answers`,
-which takes each mode as a callable ``answer_fn(question) -> dict``, so it depends on no agent
-internals.  An answer dict carries ``answer`` (text), ``abstained``, ``sentences`` (each legal
-sentence as ``{"text", "passage_ids"}``), ``passages`` ({id: text} the run saw), and may carry
-``quotes`` (``{"passage_id", "text", "verdict"}``), ``verdict``, ``llm_calls`` and ``seconds``.
-Shares get Wilson 95% intervals, means bootstrap ones (:func:`summarize_mode` lists the metrics).
+Pure metrics over answer dicts, the A–F grader and :func:`run_answers`, which takes each mode as
+a callable ``answer_fn(question) -> dict``: ``answer`` (text), ``abstained``, ``sentences``
+(``{"text", "passage_ids"}`` per legal sentence), ``passages`` ({id: text} the run saw), and
+optionally ``quotes``, ``verdict``, ``llm_calls``.  Shares get Wilson 95% intervals, means
+bootstrap ones.
 """
 
 from __future__ import annotations
@@ -39,9 +37,7 @@ class AnswerGrade(BaseModel):
     reason: str = Field(default="", max_length=300)
 
 
-# ------------------------------------------------------------------------------------------------
-# Data
-# ------------------------------------------------------------------------------------------------
+# --- Data ---
 
 
 def _read_items(path: Path, fields: set[str]) -> list[dict]:
@@ -73,9 +69,7 @@ def interleave_categories(items: Sequence[Mapping[str, Any]]) -> list[dict]:
     return [it for turn in zip_longest(*groups.values()) for it in turn if it is not None]
 
 
-# ------------------------------------------------------------------------------------------------
-# Pure metrics of one answer
-# ------------------------------------------------------------------------------------------------
+# --- Pure metrics of one answer ---
 
 
 def citation_counts(
@@ -139,12 +133,7 @@ def score_answer(
     gold = list(item.get("gold_ids") or [])
     misgrounded = None
     if same_doctrine is not None and gold and not item["should_abstain"]:
-        misgrounded = sum(
-            1
-            for s in sentences
-            if s.get("passage_ids")
-            and not any(p in gold or same_doctrine(p, gold) for p in s["passage_ids"])
-        )
+        misgrounded = len(_misgrounded(sentences, gold, same_doctrine))
     points = item.get("key_points") or []
     hits = [False] * len(points) if abstained else key_point_hits(answer, points)
     q_ok, q_n = quote_validity(result.get("quotes") or [], result.get("passages") or {})
@@ -168,9 +157,7 @@ def score_answer(
     }
 
 
-# ------------------------------------------------------------------------------------------------
-# The grader
-# ------------------------------------------------------------------------------------------------
+# --- The grader ---
 
 
 def expectation(item: Mapping[str, Any]) -> str:
@@ -200,9 +187,7 @@ def grade_answer(client: Any, item: Mapping[str, Any], answer: str) -> dict:
     return {"grade": result.parsed.grade, "reason": result.parsed.reason}
 
 
-# ------------------------------------------------------------------------------------------------
-# Summary
-# ------------------------------------------------------------------------------------------------
+# --- Summary ---
 
 
 def _share(k: int, n: int) -> dict[str, Any]:
@@ -232,6 +217,26 @@ def _per_mode(
     return {mode: summarize([r for r in rows if r["mode"] == mode]) for mode in modes}
 
 
+def _graded(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The judge's A or B share of the graded rows."""
+    graded = [r for r in rows if r.get("grade")]
+    return _share(sum(r["grade"] in ("A", "B") for r in graded), len(graded))
+
+
+def _misgrounded(
+    sentences: Sequence[Mapping[str, Any]],
+    gold: Sequence[str],
+    same_doctrine: Callable[[str, Sequence[str]], bool],
+) -> list[Mapping[str, Any]]:
+    """The sentences citing only passages that are neither gold nor on a gold passage's doctrine."""
+    return [
+        s
+        for s in sentences
+        if s.get("passage_ids")
+        and not any(p in gold or same_doctrine(p, gold) for p in s["passage_ids"])
+    ]
+
+
 def _cost(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     calls = [float(r["llm_calls"]) for r in rows if r.get("llm_calls") is not None]
     return {
@@ -252,7 +257,6 @@ def summarize_mode(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     per_answer_cited = [
         r["valid_cited_sentences"] / r["sentences"] for r in answered if r["sentences"]
     ]
-    graded = [r for r in rows if r.get("grade")]
     grounded = [r for r in answered if r.get("misgrounded_sentences") is not None]
     return {
         "items": len(rows),
@@ -276,20 +280,19 @@ def summarize_mode(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "quote_validity": _share(
             sum(r["quotes_valid"] for r in rows), sum(r["quotes_verified"] for r in rows)
         ),
-        "a_or_b": _share(sum(r["grade"] in ("A", "B") for r in graded), len(graded)),
-        "grades": dict(sorted(Counter(r["grade"] for r in graded).items())),
+        "a_or_b": _graded(rows),
+        "grades": dict(sorted(Counter(r["grade"] for r in rows if r.get("grade")).items())),
         "ungraded": sum(1 for r in rows if "grade" in r and not r["grade"]),
         **_cost(rows),
     }
 
 
 def summarize_answers(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """:func:`summarize_mode` per mode."""
     return _per_mode(rows, summarize_mode)
 
 
-# ------------------------------------------------------------------------------------------------
-# Running
-# ------------------------------------------------------------------------------------------------
+# --- Running ---
 
 
 def run_answers(
@@ -328,9 +331,7 @@ def run_answers(
     return rows
 
 
-# ------------------------------------------------------------------------------------------------
-# Fact patterns: issues found, conclusions reached, misgrounded sentences
-# ------------------------------------------------------------------------------------------------
+# --- Fact patterns: issues found, conclusions reached, misgrounded sentences ---
 
 FACT_PATTERNS = Path(__file__).resolve().parent / "datasets" / "fact_patterns.jsonl"
 SAME_DOCTRINE_COSINE = 0.5
@@ -376,14 +377,10 @@ def score_fact_pattern(
     verdict = None if abstained else verdict_of(result)
     hits = conclusion_hits(item, str(result.get("answer") or "")) if not abstained else []
 
-    def on_gold(ids: Sequence[str]) -> bool:
-        return any(p in gold or same_doctrine(p, gold) for p in ids)
-
-    misgrounded = [s for s in sentences if s["passage_ids"] and not on_gold(s["passage_ids"])]
-    # An issue the fact pattern raises: one of its sentences cites a gold passage or one on the
-    # same doctrine.  A misgrounded sentence under any other issue is there because an issue the
-    # facts do not raise was answered, not because a sentence cites the wrong passage for its issue.
-    raised = {s.get("issue") for s in sentences if s["passage_ids"] and on_gold(s["passage_ids"])}
+    misgrounded = _misgrounded(sentences, gold, same_doctrine)
+    # An issue the facts raise has a sentence citing a gold passage or one on its doctrine; a
+    # misgrounded sentence under another issue answers an issue the facts do not raise.
+    raised = {s.get("issue") for s in sentences if s["passage_ids"] and s not in misgrounded}
     off_agenda = [s for s in misgrounded if s.get("issue") not in raised]
     return {
         "id": item["id"],
@@ -418,6 +415,7 @@ def score_fact_pattern(
 
 
 def summarize_facts(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """:func:`summarize_fact_mode` per mode."""
     return _per_mode(rows, summarize_fact_mode)
 
 
@@ -425,7 +423,6 @@ def summarize_fact_mode(rs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Right doctrine found (a gold passage cited), issue recall, conclusion correct (verdict and
     key phrases), verdict correct, declined, uncited and misgrounded sentences, and the judge's
     A/B rate when graded."""
-    graded = [r for r in rs if r.get("grade")]
     return {
         "items": len(rs),
         "gold_cited": _share(sum(r["gold_cited"] for r in rs), len(rs)),
@@ -438,7 +435,7 @@ def summarize_fact_mode(rs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             sum(r["misgrounded_sentences"] for r in rs), sum(r["sentences"] for r in rs)
         ),
         "misgrounded_off_agenda": sum(r.get("misgrounded_off_agenda", 0) for r in rs),
-        "judge_a_or_b": _share(sum(r["grade"] in ("A", "B") for r in graded), len(graded)),
+        "judge_a_or_b": _graded(rs),
         **_cost(rs),
     }
 

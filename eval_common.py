@@ -41,9 +41,7 @@ LLMFactory = Callable[[str], Any] | None
 """``LLMClient``'s ``llm_factory``: a test's chat models by role; None for the configured ones."""
 
 
-# ------------------------------------------------------------------------------------------------
-# QA items
-# ------------------------------------------------------------------------------------------------
+# --- QA items ---
 
 
 def load_qa(path: str | os.PathLike[str]) -> list[dict]:
@@ -68,9 +66,8 @@ def load_qa(path: str | os.PathLike[str]) -> list[dict]:
 
 
 def read_inputs(qa: str | None, passages: str | None) -> tuple[Path, list[dict], list[dict] | None]:
-    """The QA file's path and items (``--qa``, default the starter set) and the ``--passages`` to
-    index, read and validated before any model loads or index is built: a missing or broken file
-    stops the run here, in one line."""
+    """The QA file's path and items (``--qa``, default the starter set) and the ``--passages``,
+    read before any model loads or index is built, so a bad file stops the run in one line."""
     qa_path = Path(qa) if qa else load_corpus.starter_dir() / "qa.jsonl"
     return qa_path, load_qa(qa_path), load_corpus.read_passages(passages) if passages else None
 
@@ -146,8 +143,24 @@ def split_by_gold_in_store(
     """(items with at least one gold passage in the store, the others)."""
     present = rag_utils.get_store(settings).existing_ids([g for it in items for g in gold_ids(it)])
     with_gold = [it for it in items if present.intersection(gold_ids(it))]
-    without = [it for it in items if not present.intersection(gold_ids(it))]
-    return with_gold, without
+    return with_gold, [it for it in items if not present.intersection(gold_ids(it))]
+
+
+def items_with_gold(items: Sequence[dict], settings: Settings, qa_path: Path) -> list[dict]:
+    """The items with a gold passage in the store (the others skipped with a warning); a
+    ValueError when there is none."""
+    with_gold, without = split_by_gold_in_store(items, settings)
+    if without:
+        logger.warning(
+            "%d of %d items have no gold passage in the store and are skipped "
+            "(index their passages with --passages)", len(without), len(items),
+        )  # fmt: skip
+    if not with_gold:
+        raise ValueError(
+            f"no item of {qa_path} has its gold passage in the store: index their passages "
+            "with --passages"
+        )
+    return with_gold
 
 
 def agent_rewrite(client: Any, question: str) -> tuple[str, list[str]]:
@@ -171,9 +184,7 @@ def preview(text: str | None, n: int = 160) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-# ------------------------------------------------------------------------------------------------
-# Metrics
-# ------------------------------------------------------------------------------------------------
+# --- Metrics ---
 
 
 def gold_rank(ranked_ids: Sequence[str], gold: Iterable[str]) -> int | None:
@@ -259,9 +270,8 @@ def accuracy(correct: Iterable[bool]) -> float:
 
 
 def bootstrap_ci(values: Sequence[float]) -> tuple[float, float]:
-    """95% percentile bootstrap interval of the mean of ``values`` (fixed seed: reproducible).
-
-    For paired differences pass the per-item differences.  (nan, nan) for no values."""
+    """95% percentile bootstrap interval of the mean of ``values`` (fixed seed: reproducible);
+    (nan, nan) for no values.  For paired differences pass the per-item differences."""
     arr = np.asarray(list(values), dtype=float)
     if arr.size == 0:
         return (float("nan"), float("nan"))
@@ -283,9 +293,8 @@ def wilson_ci(successes: int, n: int) -> tuple[float, float]:
 
 
 def mcnemar_exact(a_correct: Sequence[bool], b_correct: Sequence[bool]) -> dict[str, Any]:
-    """McNemar's exact test on paired outcomes: two-sided binomial test on the discordant pairs.
-
-    ``only_a`` = items A got right and B wrong, ``only_b`` the reverse; p = 1.0 with no discordance."""
+    """McNemar's exact test on paired outcomes: two-sided binomial test on the discordant pairs
+    (``only_a``: A right and B wrong, ``only_b`` the reverse); p = 1.0 with no discordance."""
     from scipy.stats import binomtest
 
     only_a = sum(1 for a, b in zip(a_correct, b_correct, strict=True) if a and not b)
@@ -296,10 +305,8 @@ def mcnemar_exact(a_correct: Sequence[bool], b_correct: Sequence[bool]) -> dict[
 
 
 def paired_comparison(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
-    """Per-item comparison of scores (higher is better) of system B against baseline A.
-
-    ``wins`` = items where B scores higher.  Sign test on wins vs losses (ties dropped) and the
-    Wilcoxon signed-rank test on the non-zero differences (None when all are ties)."""
+    """Per-item scores (higher is better) of system B against baseline A: wins (B higher), losses,
+    ties, the sign test (ties dropped) and the Wilcoxon signed-rank test (None when all tie)."""
     diffs = [y - x for x, y in zip(a, b, strict=True)]
     wins = sum(d > 0 for d in diffs)
     losses = sum(d < 0 for d in diffs)
@@ -317,9 +324,7 @@ def paired_comparison(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
     }
 
 
-# ------------------------------------------------------------------------------------------------
-# Settings and configuration record
-# ------------------------------------------------------------------------------------------------
+# --- Settings and configuration record ---
 
 
 def eval_settings(env: dict[str, str] | None = None, **overrides: Any) -> Settings:
@@ -348,15 +353,15 @@ def settings_record(settings: Settings) -> dict[str, Any]:
 def llm_record(settings: Settings, roles: Sequence[str] = ("mc_select", "rewrite")) -> dict:
     """Provider, model and base URL (without credentials) each role resolves to — no key — or
     the configuration error."""
-    out: dict[str, Any] = {}
-    for role in roles:
+
+    def record(role: str) -> dict[str, Any]:
         try:
             r = resolve(role, settings)
         except LLMConfigError as exc:
-            out[role] = {"error": str(exc)}
-            continue
-        out[role] = {"provider": r.provider, "model": r.model, "base_url": r.display_url}
-    return out
+            return {"error": str(exc)}
+        return {"provider": r.provider, "model": r.model, "base_url": r.display_url}
+
+    return {role: record(role) for role in roles}
 
 
 def retrieval_record(settings: Settings) -> dict[str, Any]:
@@ -391,9 +396,7 @@ def require_llm(settings: Settings, llm_factory: LLMFactory = None) -> None:
         check_config(settings)
 
 
-# ------------------------------------------------------------------------------------------------
-# CLI
-# ------------------------------------------------------------------------------------------------
+# --- CLI ---
 
 
 class ConfigMismatchError(RuntimeError):
@@ -489,17 +492,13 @@ def comma_list(value: str, allowed: Iterable[str], what: str) -> list[str]:
     return items
 
 
-# ------------------------------------------------------------------------------------------------
-# Run directory
-# ------------------------------------------------------------------------------------------------
+# --- Run directory ---
 
 
 class RunDir:
-    """``<root>/<run_id>/`` with an append-only ``results.jsonl`` keyed by (item, mode).
-
-    Opening an existing run resumes it: rows already written are kept (a half-written last line
-    from an interrupted run is cut off) and ``done`` tells which (item, mode) pairs to skip.
-    Rows are written by the main thread only (:func:`run_tasks` yields there), so no lock."""
+    """``<root>/<run_id>/`` with an append-only ``results.jsonl`` keyed by (item, mode).  Opening
+    an existing run resumes it: its rows are kept (a half-written last line is cut off) and
+    ``done`` names the pairs to skip.  Only the main thread writes (:func:`run_tasks`): no lock."""
 
     def __init__(self, run_id: str, root: str | os.PathLike[str] = DEFAULT_RESULTS_DIR) -> None:
         if not run_id or "/" in run_id or run_id.startswith("."):
@@ -534,10 +533,7 @@ class RunDir:
 
     def append(self, row: dict) -> None:
         """Write one row and flush it to disk before returning."""
-        with open(self.results_path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(row, ensure_ascii=False, default=_json_default) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        _append_line(self.results_path, row, sync=True)
         self.rows.append(row)
 
     def run(
@@ -566,9 +562,20 @@ class RunDir:
         no row, so a rerun with the same run id tries it again."""
         logger.warning("%s / %s failed: %s", item, mode, err)
         error = {"item": item, "mode": mode, "error": f"{err.__class__.__name__}: {err}"}
-        with open(self.path / "errors.jsonl", "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(error, ensure_ascii=False, default=_json_default) + "\n")
+        _append_line(self.path / "errors.jsonl", error)
         return error
+
+    def open_errors(self) -> list[dict]:
+        """The errors.jsonl entries whose (item, mode) pair still has no row."""
+        path, done = self.path / "errors.jsonl", self.done()
+        lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+        errors = []
+        for line in lines:
+            try:
+                errors.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return [e for e in errors if (str(e["item"]), e["mode"]) not in done]
 
     def check_config(self, config: dict[str, Any], keys: Sequence[str]) -> None:
         """Save ``config``; on resume refuse to mix rows made under a different one (``keys``)."""
@@ -614,6 +621,14 @@ def open_run(
     return RunDir(run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}", root)
 
 
+def _append_line(path: Path, row: dict, sync: bool = False) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(row, ensure_ascii=False, default=_json_default) + "\n")
+        if sync:
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
 def _json_default(obj: Any) -> Any:
     if isinstance(obj, np.generic):
         return obj.item()
@@ -634,12 +649,9 @@ def run_tasks(
     desc: str = "",
     fatal: tuple[type[BaseException], ...] = (),
 ) -> Iterator[tuple[Any, Any, BaseException | None]]:
-    """Run ``fn`` over ``tasks`` with a progress bar; yield ``(task, result, error)`` as each ends.
-
-    ``workers > 1`` runs tasks in threads (API providers).  Exceptions of ``fatal`` types stop the
-    loop and propagate; others are yielded.  On Ctrl-C pending tasks are cancelled and the
-    interrupt propagates; the caller writes results in this (the main) thread, so files stay whole.
-    """
+    """Run ``fn`` over ``tasks`` with a progress bar, in threads when ``workers > 1``; yield
+    ``(task, result, error)`` as each ends.  ``fatal`` exceptions and Ctrl-C cancel the pending
+    tasks and propagate; the caller writes results in this (the main) thread, so files stay whole."""
     from tqdm.auto import tqdm
 
     def attempt(task: Any) -> tuple[Any, Any, BaseException | None]:
@@ -666,9 +678,7 @@ def run_tasks(
         bar.close()
 
 
-# ------------------------------------------------------------------------------------------------
-# Output: tables and plots
-# ------------------------------------------------------------------------------------------------
+# --- Output: tables and plots ---
 
 
 def fmt_num(value: Any) -> str:

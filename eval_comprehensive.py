@@ -77,9 +77,7 @@ RESUME_KEYS = (
 the same phase, questions, models and settings, and the same number of passages in the store."""
 
 
-# ------------------------------------------------------------------------------------------------
-# Phase 1: retrieval
-# ------------------------------------------------------------------------------------------------
+# --- Phase 1: retrieval ---
 
 
 def retrieval_queries(item: dict, variant: str, client: Any = None) -> list[str]:
@@ -130,9 +128,7 @@ def run_retrieval_item(
     return row
 
 
-# ------------------------------------------------------------------------------------------------
-# Phase 2: MC accuracy per mode
-# ------------------------------------------------------------------------------------------------
+# --- Phase 2: MC accuracy per mode ---
 
 
 def _mc_fields(answer: Mapping[str, Any], reply: str | None) -> dict:
@@ -237,9 +233,7 @@ def run_mc_item(
     }
 
 
-# ------------------------------------------------------------------------------------------------
-# Summary
-# ------------------------------------------------------------------------------------------------
+# --- Summary ---
 
 
 def summarize_retrieval(rows: Sequence[dict]) -> dict[str, dict]:
@@ -317,18 +311,7 @@ def summarize_mc(rows: Sequence[dict]) -> dict[str, dict]:
 
 
 def build_summary(run: ec.RunDir, config: dict[str, Any], started: float) -> dict[str, Any]:
-    rows = run.rows
-    errors_path = run.path / "errors.jsonl"
-    done = run.done()
-    open_errors = []
-    if errors_path.exists():
-        for line in errors_path.read_text(encoding="utf-8").splitlines():
-            try:
-                e = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if (str(e["item"]), e["mode"]) not in done:
-                open_errors.append(e)
+    rows, open_errors = run.rows, run.open_errors()
     mc_items = {r["item"]: r["answer"] for r in rows if r.get("phase") == "mc"}
     letters = Counter(mc_items.values())
     return {
@@ -404,25 +387,16 @@ def render_markdown(summary: dict[str, Any]) -> str:
             + "; ".join(f"{m}: {v['predicted_letters']}" for m, v in mcs.items()),
         ]
         if ev := mcs.get("evidence"):
-            lines += [
-                "",
-                f"Evidence mode: grounded on {ev['grounded_n']} of {ev['n']} items (coverage "
-                f"{ev['coverage']:.3f}); accuracy on the grounded items "
-                f"{_or_na(ev['accuracy_grounded'])} vs {ev['accuracy']:.3f} overall.",
-            ]
+            lines += ["", f"Evidence mode: grounded on {ev['grounded_n']} of {ev['n']} items "
+                f"(coverage {ev['coverage']:.3f}); accuracy on the grounded items "
+                f"{_or_na(ev['accuracy_grounded'])} vs {ev['accuracy']:.3f} overall."]  # fmt: skip
         if ln := mcs.get("lean"):
-            lines += [
-                "",
-                f"Lean mode: evidence used on {ln['rag_share']:.0%} of items (LEAN_GATE "
-                f"{ln['gate']}), closed-book on the rest.",
-            ]
+            lines += ["", f"Lean mode: evidence used on {ln['rag_share']:.0%} of items (LEAN_GATE "
+                f"{ln['gate']}), closed-book on the rest."]  # fmt: skip
         if (pl := mcs.get("pipeline")) and pl.get("closed_book_share") is not None:
-            lines += [
-                "",
-                f"Pipeline: closed-book on {pl['closed_book_share']:.0%} of items (its research "
-                f"found nothing to stand on); accuracy on the others "
-                f"{_or_na(pl['accuracy_with_evidence'])}.",
-            ]
+            lines += ["", f"Pipeline: closed-book on {pl['closed_book_share']:.0%} of items (its "
+                "research found nothing to stand on); accuracy on the others "
+                f"{_or_na(pl['accuracy_with_evidence'])}."]  # fmt: skip
         subjects = sorted({s for m in mcs.values() for s in m["per_subject"]})
         table = [
             {
@@ -459,9 +433,7 @@ def write_outputs(run: ec.RunDir, summary: dict[str, Any]) -> None:
         ec.plot_recall_curve(curves, run.path / "recall_at_k.png", f"Recall@k — {run.run_id}")
 
 
-# ------------------------------------------------------------------------------------------------
-# Injection detection: recall and false-positive rate of injection.detect on a labelled set
-# ------------------------------------------------------------------------------------------------
+# --- Injection detection: recall and false-positive rate of injection.detect on a labelled set ---
 
 INJECTION_QA = Path(__file__).resolve().parent / "datasets" / "injection" / "prompts.jsonl"
 INJECTION_LABELS = ("injection", "safe")
@@ -511,8 +483,7 @@ def summarize_injection(rows: Sequence[dict]) -> dict[str, Any]:
     """Recall (attacks flagged) and FPR (safe prompts flagged) with Wilson CIs, per style."""
     attacks = [r for r in rows if r["label"] == "injection"]
     safe = [r for r in rows if r["label"] == "safe"]
-    tp = sum(r["flagged"] for r in attacks)
-    fp = sum(r["flagged"] for r in safe)
+    tp, fp = sum(r["flagged"] for r in attacks), sum(r["flagged"] for r in safe)
     styles: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         styles[r["style"]].append(r)
@@ -654,9 +625,7 @@ def run_injection(
     return summary
 
 
-# ------------------------------------------------------------------------------------------------
-# Phase 3: open answers (research vs evidence mode)
-# ------------------------------------------------------------------------------------------------
+# --- Phase 3: open answers (research vs evidence mode) ---
 
 ANSWER_MODES = ("research", "evidence")
 FACT_MODES = (*ANSWER_MODES, "ceiling")
@@ -790,21 +759,13 @@ def grade_answer_rows(
         if err is not None:  # ungraded now, graded by the next resume
             logger.warning("grading %s/%s failed: %s", row["item"], row["mode"], err)
             continue
-        run_dir.append(
-            {
-                "item": row["item"],
-                "mode": row["mode"],
-                "phase": "answers_grade",
-                **graded,
-                "judge": judge_record,
-            }
-        )
+        key = {"item": row["item"], "mode": row["mode"]}
+        run_dir.append({**key, "phase": "answers_grade", **graded, "judge": judge_record})
 
 
 def read_answer_items(args: argparse.Namespace) -> list[dict]:
-    """The open questions (or with ``--facts`` the fact patterns of ``--split``), first N; a
-    missing file, a line that is not a JSON object, an item without its fields or no item at all
-    is a one-line error naming the file."""
+    """The open questions (or with ``--facts`` the fact patterns of ``--split``), first N; a bad
+    file or no item is a one-line error naming the file."""
     default = eval_answers.FACT_PATTERNS if args.facts else eval_answers.OPEN_QUESTIONS
     path = Path(args.qa) if args.qa else default
     if not path.exists():
@@ -882,13 +843,8 @@ def run_answers_phase(
         r for r in answer_rows_with_grades(run_dir) if r["item"] in wanted and r["mode"] in modes
     ]
     summarize = eval_answers.summarize_facts if args.facts else eval_answers.summarize_answers
-    summary = {
-        "run_id": run_dir.run_id,
-        "config": config,
-        "answers": summarize(rows),
-        "interrupted": interrupted,
-        "failed": len(failed),
-    }
+    summary = {"run_id": run_dir.run_id, "config": config, "answers": summarize(rows)}
+    summary |= {"interrupted": interrupted, "failed": len(failed)}
     run_dir.write_json("summary.json", summary)
     return summary
 
@@ -912,9 +868,7 @@ def answers_table(by_mode: Mapping[str, Mapping[str, Any]]) -> str:
     return ec.text_table(rows, rule=False)
 
 
-# ------------------------------------------------------------------------------------------------
-# CLI
-# ------------------------------------------------------------------------------------------------
+# --- CLI ---
 
 
 MC_PHASES = ("retrieval", "pipeline", "both")
@@ -947,21 +901,17 @@ PHASES = {
 """Every phase ``--help`` names: its own arguments and what it measures."""
 
 
-def phases_help() -> str:
-    """The ``phases`` section of ``--help``: per phase its arguments, then what it measures."""
-    lines = ["phases (the first argument; answers and injection have their own --help):"]
-    for name, (flags, measures) in PHASES.items():
-        lines += [f"  {name} {flags}", f"      {measures}"]
-    return "\n".join(lines)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="eval_comprehensive.py",
         usage="%(prog)s [PHASE] [N] [options]",
         description=(
-            "Evaluate the agent on a labelled question set. Results go to "
-            "eval_results/<run-id>/.\n\n" + phases_help()
+            "Evaluate the agent on a labelled question set. Results go to eval_results/<run-id>/."
+            "\n\nphases (the first argument; answers and injection have their own --help):"
+            + "".join(
+                f"\n  {name} {flags}\n      {measures}"
+                for name, (flags, measures) in PHASES.items()
+            )
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(
@@ -1048,37 +998,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def prepare_items(
-    args: argparse.Namespace,
-    settings: Settings,
-    qa_path: Path,
-    items: list[dict],
-    passages: list[dict] | None,
-) -> tuple[list[dict], int]:
-    """Index the passages (the starter corpus when none are given), keep the items whose gold is
-    in the store (when the set has gold ids), take the first N."""
-    ec.index_corpus(settings, passages, args.passages)
-    if any(ec.gold_ids(it) for it in items):
-        items, without = ec.split_by_gold_in_store(items, settings)
-        if without:
-            logger.warning(
-                "%d of %d items have no gold passage in the store and are skipped "
-                "(index their passages with --passages)",
-                len(without),
-                len(items) + len(without),
-            )
-        n_with_gold = len(items)
-        if not items:
-            raise ValueError(
-                f"no item of {qa_path} has its gold passage in the store: index their passages "
-                "with --passages"
-            )
-    else:
-        logger.info("%s has no gold passage ids: phase 1 and gold_passage are skipped", qa_path)
-        n_with_gold = 0
-    return items[: args.n], n_with_gold
-
-
 def run(
     args: argparse.Namespace, settings: Settings, *, llm_factory: ec.LLMFactory = None
 ) -> dict[str, Any]:
@@ -1090,9 +1009,13 @@ def run(
     if args.phase != "retrieval" or llm_variants:
         ec.require_llm(settings, llm_factory)
     rag_utils.require_reranker(settings)
-    items, n_with_gold = prepare_items(args, settings, qa_path, items, passages)
+    ec.index_corpus(settings, passages, args.passages)
+    if has_gold := any(ec.gold_ids(it) for it in items):
+        items = ec.items_with_gold(items, settings, qa_path)
+    else:
+        logger.info("%s has no gold passage ids: phase 1 and gold_passage are skipped", qa_path)
+    n_with_gold, items = len(items) if has_gold else 0, items[: args.n]
     run_dir = ec.open_run(args.phase, args.run_id, args.resume, args.results_dir)
-    has_gold = n_with_gold > 0
     modes = [m for m in args.mode_list if m != "gold_passage" or has_gold]
     variants = [*QUERY_VARIANTS, *args.variant_list, *args.column_list] if has_gold else []
     llm = ec.llm_record(settings)
@@ -1190,11 +1113,8 @@ def _without(tokens: Sequence[str], option: str) -> list[str]:
 
 
 def resume_command(given: Sequence[str]) -> list[str]:
-    """The command line a bare ``--resume RUN_ID`` stands for: the run's own command, as its
-    ``config.json`` saved it, then the options given now (they come last, so they win).
-
-    An interrupted run thus resumes with its phase, N, QA file and modes without retyping them.
-    Anything else (a phase given, no ``--resume``, no saved command) is returned unchanged."""
+    """The command a bare ``--resume RUN_ID`` stands for: the run's own (its ``config.json``), then
+    the options given now, which win; anything else (a phase given, no saved command) unchanged."""
     given = list(given)
     if given[:1] and given[0] in SUBCOMMANDS:
         return given

@@ -2,11 +2,9 @@
 
     python eval_reranker.py [N] [--qa FILE] [--passages FILE] [--rerankers none,hybrid,cross-encoder]
 
-For each reranker: Recall@1/5/10, MRR, nDCG@10 and latency per query (after one warm-up query,
-so model loading is not counted), plus a paired per-item comparison against the bi-encoder
-(``none``) on the reciprocal rank of the gold passage: wins / losses / ties, sign test and
-Wilcoxon signed-rank test.  A reranker whose model cannot be loaded (the cross-encoder offline)
-is reported as unavailable, not silently replaced.  Results go to ``eval_results/<run-id>/``.
+Per reranker: Recall@1/5/10, MRR, nDCG@10, latency after one warm-up query, and a paired test
+against ``none`` on the gold passage's reciprocal rank.  A reranker whose model cannot load is
+reported as unavailable, not replaced.
 """
 
 from __future__ import annotations
@@ -129,12 +127,7 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     # bad input: no index, no run folder
     qa_path, qa_items, passages = ec.read_inputs(args.qa, args.passages)
     ec.index_corpus(settings, passages, args.passages)
-    items, missing = ec.split_by_gold_in_store(qa_items, settings)
-    if missing:
-        logger.warning("%d item(s) skipped: gold passage not in the store", len(missing))
-    if not items:
-        raise ValueError(f"no item of {qa_path} has its gold passage in the store (use --passages)")
-    items = items[: args.n]
+    items = ec.items_with_gold(qa_items, settings, qa_path)[: args.n]
     run_dir = ec.open_run("reranker", args.run_id, None, args.results_dir)
     config = {
         "script": "eval_reranker.py",
