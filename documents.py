@@ -23,14 +23,8 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from filters import (
-    AUTHORITY_TYPES,
-    jurisdiction_of,
-    normalize_court,
-    normalize_jurisdiction,
-    parse_date,
-    state_named,
-)
+import filters
+from filters import AUTHORITY_TYPES, normalize_jurisdiction  # also read as documents.<name>
 
 logger = logging.getLogger(__name__)
 # pypdf warns of each quirk of a malformed file before it raises; the loader's one line says it.
@@ -38,21 +32,14 @@ logging.getLogger("pypdf").setLevel(logging.ERROR)
 
 MAX_FILE_BYTES = 50 * 2**20
 MAX_PDF_PAGES = 3000
-MAX_DOCX_BYTES = 200 * 2**20
-"""The most a DOCX may expand to when unzipped."""
-MAX_ZIP_RATIO = 100
-"""The most a DOCX member over 1 MB may expand over its packed size (Word's XML packs ~10x)."""
-MIN_FONT_PT = 1.0
-"""PDF (or DOCX) text smaller than this is invisible to a reader."""
-WHITE = 0.95
-"""A PDF fill colour this light (gray, or every RGB component) is white text on white paper."""
+MAX_DOCX_BYTES = 200 * 2**20  # the most a DOCX may expand to when unzipped
+MAX_ZIP_RATIO = 100  # of a DOCX member over 1 MB, unpacked over packed (Word's XML packs ~10x)
+MIN_FONT_PT = 1.0  # PDF or DOCX text smaller than this is invisible
+WHITE = 0.95  # a PDF fill this light (gray, or every RGB component) is white on white paper
 DEFAULT_MAX_TOKENS = 240
 DEFAULT_OVERLAP_TOKENS = 40
-SMALL_SHARE = 8
-"""A chunk under ``max_tokens // SMALL_SHARE`` takes in the next unit of its section."""
-HEAD_CHARS = 3000
-"""Characters from a document's start searched for its caption, court, citation and dates."""
-CITATION_CHARS = 2000
+SMALL_SHARE = 8  # a chunk under max_tokens // SMALL_SHARE takes in the next unit of its section
+HEAD_CHARS = 3000  # a document's start, searched for its caption, court, citation and dates
 SUFFIXES = {
     ".pdf": "pdf", ".html": "html", ".htm": "html", ".docx": "docx", ".md": "markdown",
     ".markdown": "markdown", ".txt": "text",
@@ -74,8 +61,8 @@ class Block:
 
     text: str
     page: int | None = None
+    # the headings above it, outermost first (a heading's own path ends with itself)
     heading: tuple[str, ...] = ()
-    """The headings above it, outermost first (a heading's own path ends with itself)."""
     is_heading: bool = False
 
 
@@ -85,22 +72,15 @@ class Document:
     doc_id: str
     sha256: str
     title: str
-    kind: str
-    """Layout, one of ``filters.DOCUMENT_KINDS`` (:func:`_guess_kind`)."""
+    kind: str  # one of filters.DOCUMENT_KINDS (_guess_kind)
     blocks: list[Block]
-    meta: dict[str, str] = field(default_factory=dict)
-    """citation, court, jurisdiction, date, authority_type, source (those known)."""
+    meta: dict[str, str] = field(default_factory=dict)  # citation, court, date... (those known)
     hidden_text: str = ""
-    hidden_flags: list[str] = field(default_factory=list)
-    """:func:`injection.screen_passage` names the hidden text matched."""
+    hidden_flags: list[str] = field(default_factory=list)  # injection.screen_passage's names
     pages: int | None = None
 
 
-# ------------------------------------------------------------------------------------------------
-# Files
-# ------------------------------------------------------------------------------------------------
-
-
+# --- Files ---
 def find_files(paths: Iterable[str | Path]) -> list[Path]:
     """The documents under ``paths``: supported files of folders (recursive, sorted, hidden files
     and folders skipped), and every file named directly (an unsupported or missing one is kept,
@@ -119,9 +99,8 @@ def find_files(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def document_id(path: str | Path) -> str:
-    """A document's stable id: a slug of its file name and a short hash of its full path
-    (``Terry v. Ohio.pdf`` -> ``terry-v-ohio-pdf-3fa81c``).  The same file keeps it when its
-    content changes; two files of one name in different folders do not share it."""
+    """A slug of the file name and a short hash of the full path (``Terry v. Ohio.pdf`` ->
+    ``terry-v-ohio-pdf-3fa81c``): kept when the content changes, unique per folder."""
     p = Path(path)
     slug = re.sub(r"[^a-z0-9]+", "-", p.name.lower()).strip("-")[:60] or "document"
     return f"{slug}-{hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:6]}"
@@ -173,25 +152,18 @@ def read_document(path: str | Path, overrides: dict[str, str] | None = None) -> 
 
 
 def read_and_chunk(
-    path: str | Path,
-    *,
-    overrides: dict[str, str] | None = None,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
-    overlap_tokens: int = DEFAULT_OVERLAP_TOKENS,
-    count_tokens: Callable[[str], int] | None = None,
+    path: str | Path, *, overrides: dict[str, str] | None = None, **chunking: Any
 ) -> list[dict[str, Any]]:
-    """The passages of one file (:func:`read_document`, then :func:`chunk_document`); never empty."""
-    return chunk_document(read_document(path, overrides), max_tokens, overlap_tokens, count_tokens)
+    """The passages of one file: :func:`read_document`, then :func:`chunk_document` with the
+    keywords ``max_tokens``, ``overlap_tokens`` and ``count_tokens``; never empty."""
+    return chunk_document(read_document(path, overrides), **chunking)
 
 
-# ------------------------------------------------------------------------------------------------
-# The structure of legal text
-# ------------------------------------------------------------------------------------------------
+# --- The structure of legal text ---
 
 _NUMBER = r"(\d+[A-Za-z]?(?:[.\-–]\d+[A-Za-z]?)*)"
 _CODE = r"(?:\d+\s+[A-Z][\w.&]*(?:\s+[A-Z][\w.&]*){0,3}\s+)?"  # "28 U.S.C. ", "29 C.F.R. "
-_CODE_SECTION = r"(?<=U\.S\.C\. )|(?<=C\.F\.R\. )"
-"""A code's section number with no "§" before it ("28 U.S.C. 1441 Removal of civil actions")."""
+_CODE_SECTION = r"(?<=U\.S\.C\. )|(?<=C\.F\.R\. )"  # a section with no "§": "28 U.S.C. 1441"
 _SECTION_LINE = re.compile(
     rf"^{_CODE}(?:§§?|Sec\.|SEC\.|Section|SECTION|{_CODE_SECTION})\s*{_NUMBER}\.?(?:\s+(?=[A-Z])|$)"
 )
@@ -227,15 +199,14 @@ _OPINION_SIGNS = re.compile(
     r"Opinion of the Court|delivered the opinion|\bJUSTICE\b|\bdissenting\b|\bconcurring\b"
     r"|\bSyllabus\b|\bPER CURIAM\b|\bDecided\b|\bArgued\b|\bJudge\b.{0,40}\bopinion\b"
 )
+# a brief or motion's heading ("BRIEF FOR PETITIONER", "MEMORANDUM OF LAW", "Appellant's Reply
+# Brief"), not an opinion's words ("a brief pat-down", "motion to suppress", "MEMORANDUM OPINION")
 _BRIEF_SIGNS = re.compile(
     r"\b(?:BRIEF|MOTION)\b|\bMEMORANDUM\b(?!\s+(?:OPINION|AND\s+ORDER|DECISION))"
     r"|(?i:\bbrief\s+(?:for|of|in\s+support\s+of)\s+(?:the\s+)?(?:petitioner|respondent|appellant|"
     r"appellee|plaintiff|defendant|amicus|amici)|\b(?:petitioner|respondent|appellant|appellee)'?s\s+"
     r"(?:opening\s+|reply\s+|answering\s+)?brief)"
 )
-"""A brief or a motion's heading ("BRIEF FOR PETITIONER", "MEMORANDUM OF LAW", "Appellant's Reply
-Brief"), not the words an opinion uses ("a brief pat-down", "denied her motion to suppress",
-"petitioner's counsel", "MEMORANDUM OPINION")."""
 
 
 def _part_marker(text: str) -> str | None:
@@ -333,11 +304,7 @@ def _guess_title(texts: Sequence[str]) -> str:
     return title if len(title) <= 200 else title[:200].rsplit(" ", 1)[0] + "…"
 
 
-# ------------------------------------------------------------------------------------------------
-# Lines to paragraphs (PDF and text files)
-# ------------------------------------------------------------------------------------------------
-
-
+# --- Lines to paragraphs (PDF and text files) ---
 @dataclass(slots=True)
 class _Line:
     text: str
@@ -359,16 +326,13 @@ def _drop_furniture(pages: list[list[_Line]]) -> list[_Line]:
 
     seen = Counter(k for lines in pages for k in {key(ln) for ln in lines[:2] + lines[-2:]})
     repeated = {k for k, n in seen.items() if n >= max(3, len(pages) / 2)}
-    out = []
-    for lines in pages:
-        edge = {id(ln) for ln in lines[:2] + lines[-2:]}
-        out += [
-            ln
-            for ln in lines
-            if not _PAGE_NUMBER.fullmatch(ln.text.strip())
-            and not (id(ln) in edge and key(ln) in repeated)
-        ]
-    return out
+    furniture = {id(ln) for lines in pages for ln in lines[:2] + lines[-2:] if key(ln) in repeated}
+    return [
+        ln
+        for lines in pages
+        for ln in lines
+        if id(ln) not in furniture and not _PAGE_NUMBER.fullmatch(ln.text.strip())
+    ]
 
 
 def _blocks_from_lines(lines: list[_Line]) -> list[Block]:
@@ -435,19 +399,16 @@ def _blocks_from_lines(lines: list[_Line]) -> list[Block]:
     return blocks
 
 
-# ------------------------------------------------------------------------------------------------
-# Readers: each returns (title, blocks, hidden texts, pages)
-# ------------------------------------------------------------------------------------------------
+# --- Readers: each returns (title, blocks, hidden texts, pages) ---
 
 _Read = tuple[str, list[Block], list[str], int | None]
 _SHOW = {b"Tj", b"TJ", b"'", b'"'}
 
 
 class _PdfSink:
-    """pypdf's text visitors for one page.  Text drawn white, invisibly (render mode 3 or 7),
-    under 1 pt or off the page goes to ``hidden``; the rest to ``lines``, with its position.
-    pypdf hands text over when it flushes its buffer, so a flush is hidden when any text operator
-    since the previous one was (a flush that mixes both stays out of the passages)."""
+    """pypdf's text visitors for one page: text drawn white, invisibly (render mode 3 or 7), under
+    1 pt or off the page goes to ``hidden``, the rest to ``lines``.  pypdf hands text over when it
+    flushes its buffer: a flush is hidden when any text operator since the last one was."""
 
     def __init__(self, page: int, box: tuple[float, ...]) -> None:
         self.page, self.box = page, box
@@ -480,12 +441,11 @@ class _PdfSink:
             pass
 
     def _invisible(self, cm: list[float], tm: list[float]) -> bool:
-        a, b = tm[0] * cm[0] + tm[1] * cm[2], tm[0] * cm[1] + tm[1] * cm[3]
-        c, d = tm[2] * cm[0] + tm[3] * cm[2], tm[2] * cm[1] + tm[3] * cm[3]
+        scale = (tm[0] * tm[3] - tm[1] * tm[2]) * (cm[0] * cm[3] - cm[1] * cm[2])  # det(tm @ cm)
         x, y = self._position(cm, tm)
         x0, y0, x1, y1 = self.box
         off_page = not (x0 - 20 <= x <= x1 + 20 and y0 - 20 <= y <= y1 + 20)
-        tiny = abs(self.size) * math.sqrt(abs(a * d - b * c)) < MIN_FONT_PT
+        tiny = abs(self.size) * math.sqrt(abs(scale)) < MIN_FONT_PT
         return self.white or self.mode in (3, 7) or tiny or off_page
 
     @staticmethod
@@ -721,9 +681,8 @@ _TAG = (
     r"img|ins|li|mark|ol|p|pre|s|script|small|span|strong|style|sub|summary|sup|table|tbody|td|th|"
     r"thead|tr|u|ul)\b"
 )
+# where raw HTML starts in Markdown; any other "<" is text ("<Landlord Name>", "if x<y")
 _HTML_TAG, _TEXT_LT = re.compile(rf"<(?={_TAG})", re.I), re.compile(rf"<(?!{_TAG})", re.I)
-"""Where raw HTML starts in Markdown; any other "<" is text ("between <Landlord Name> and",
-"Smith <smith@example.com>", "if x<y")."""
 
 
 def _read_plain(path: Path, data: bytes) -> _Read:
@@ -768,9 +727,7 @@ def _read_plain(path: Path, data: bytes) -> _Read:
     return title, blocks, hidden, None
 
 
-# ------------------------------------------------------------------------------------------------
-# Authority metadata
-# ------------------------------------------------------------------------------------------------
+# --- Authority metadata ---
 
 _FEDERAL = re.compile(
     r"U\.S\.C\.|C\.F\.R\.|United States Code|Code of Federal Regulations|Federal Rules? of"
@@ -791,12 +748,10 @@ _DATE_RANK = ("decided", "filed", "effective", "enacted", "dated", "argued", "su
 def _court_jurisdiction(court: str) -> str | None:
     import courts_db
 
-    found = courts_db.find_court_by_id(court)
-    if not found:
+    if not (found := courts_db.find_court_by_id(court)):
         return None
-    if found[0].get("system") == "federal":
-        return "US"
-    return jurisdiction_of(found[0].get("location") or "")
+    place = found[0].get("location") or ""
+    return "US" if found[0].get("system") == "federal" else filters.jurisdiction_of(place)
 
 
 def _find_court(texts: Iterable[str]) -> str | None:
@@ -829,9 +784,8 @@ def _find_date(text: str) -> str | None:
     return best[1] if best else None
 
 
+# a title citing its statute in words eyecite misses ("Colorado Revised Statutes § 38-12-1503")
 _OWN_CITATION = re.compile(rf"\b([A-Z][\w.]*(?:\s+[A-Z][\w.]*){{0,5}})\s+§\s*{_NUMBER}")
-"""A statute's title that cites it in words eyecite does not know: "Colorado Revised Statutes §
-38-12-1503. Drone overflight" -> "Colorado Revised Statutes § 38-12-1503"."""
 
 
 def _authority(title: str, blocks: Sequence[Block], kind: str) -> dict[str, str]:
@@ -842,7 +796,7 @@ def _authority(title: str, blocks: Sequence[Block], kind: str) -> dict[str, str]
     texts = [b.text for b in blocks[:60]]
     head = "\n".join(texts)[:HEAD_CHARS]
     # eyecite reads a code's section only after "§": "28 U.S.C. 1441" is written without it too
-    cites = get_citations(re.sub(rf"({_CODE_SECTION})(?=\d)", "§ ", head[:CITATION_CHARS]))
+    cites = get_citations(re.sub(rf"({_CODE_SECTION})(?=\d)", "§ ", head[:2000]))
     case = next((c for c in cites if isinstance(c, FullCaseCitation)), None)
     law = next((c for c in cites if isinstance(c, FullLawCitation)), None)
     meta: dict[str, str] = {"authority_type": "secondary"}
@@ -876,9 +830,9 @@ def _authority(title: str, blocks: Sequence[Block], kind: str) -> dict[str, str]
         # the code's reporter ("Colo. Rev. Stat."), a state named in full ("Vermont Drone Privacy
         # Act, 20 V.S.A. § 4622", "COLORADO REVISED STATUTES"), else an abbreviation ("Cal. Civ.")
         words = [(law.groups.get("reporter") or " ").split()[0]] if law else []
-        states = [jurisdiction_of(w) for w in words if len(re.sub(r"[^A-Za-z]", "", w)) > 2]
-        states.append(state_named(title))
-        states += [jurisdiction_of(w) for w in re.findall(r"[A-Z][a-z]{2,}", title)]
+        states = [filters.jurisdiction_of(w) for w in words if len(re.sub(r"[^A-Za-z]", "", w)) > 2]
+        states.append(filters.state_named(title))
+        states += [filters.jurisdiction_of(w) for w in re.findall(r"[A-Z][a-z]{2,}", title)]
         place = "US" if _FEDERAL.search(both) else next((s for s in states if s), None)
     when = _find_date(head) or (case.metadata.year if case and kind == "opinion" else None)
     meta |= {k: v for k, v in (("jurisdiction", place), ("date", when)) if v}
@@ -927,18 +881,14 @@ def validated_metadata(values: dict[str, Any]) -> dict[str, str]:
         elif key == "jurisdiction":
             value = normalize_jurisdiction(value)
         elif key == "date":
-            parse_date(value)
+            filters.parse_date(value)
         elif key == "court":
-            value = normalize_court(value)
+            value = filters.normalize_court(value)
         out[key] = value
     return out
 
 
-# ------------------------------------------------------------------------------------------------
-# Chunking
-# ------------------------------------------------------------------------------------------------
-
-
+# --- Chunking ---
 def estimate_tokens(text: str) -> int:
     """Word pieces of ``text`` without a tokenizer: 1.35 a word (all-MiniLM-L6-v2's WordPiece
     averages ~1.3 on legal English)."""
@@ -1061,7 +1011,7 @@ def chunk_document(
         "hidden_injection": ",".join(doc.hidden_flags),
     }
     if doc.meta.get("date"):
-        base["date_int"] = parse_date(doc.meta["date"])
+        base["date_int"] = filters.parse_date(doc.meta["date"])
     out: list[dict[str, Any]] = []
 
     def emit(text: str, unit: _Unit, pin: str) -> None:

@@ -55,34 +55,25 @@ def starter_dir() -> Path:
     return HERE / "datasets" / "starter"
 
 
-# ------------------------------------------------------------------------------------------------
-# Reading files
-# ------------------------------------------------------------------------------------------------
-
-
+# --- Reading files ---
 def file_format(path: Path) -> str:
     suffixes = [s.lower() for s in path.suffixes]
     if suffixes and suffixes[-1] in (".gz", ".bz2", ".xz", ".zst"):
         suffixes = suffixes[:-1]
     fmt = FORMATS.get(suffixes[-1]) if suffixes else None
     if fmt is None:
-        raise CorpusError(
-            f"{path}: unknown format {path.suffix or '(no extension)'!r} — use CSV, TSV, JSONL, "
-            "JSON or Parquet"
-        )
+        what = path.suffix or "(no extension)"
+        raise CorpusError(f"{path}: unknown format {what!r} — use CSV, TSV, JSONL, JSON or Parquet")
     return fmt
 
 
 def _is_blank(value: Any) -> bool:
-    if value is None:
-        return True
-    if isinstance(value, float) and value != value:  # NaN
-        return True
-    return isinstance(value, str) and not value.strip()
+    nan = isinstance(value, float) and value != value
+    return value is None or nan or isinstance(value, str) and not value.strip()
 
 
+# read for every format (pandas reads .zst for CSV, TSV and Parquet too)
 COMPRESSED = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
-"""Compressions read for every format (pandas reads .zst for CSV/TSV/Parquet too)."""
 
 
 def _open_binary(p: Path) -> Any:
@@ -101,57 +92,58 @@ def _not_text(p: Path, row: int, exc: BaseException) -> CorpusError:
     return CorpusError(f"{p}: row {row}: {why}")
 
 
-def _plain_tsv_shape(p: Path) -> bool:
-    """True when every non-blank line of ``p`` has the header's number of tab-separated fields,
-    as a TSV without quoting must (a quoted field holding a newline breaks that)."""
-    if p.suffix.lower() == ".zst":
-        return True  # not read here; pandas' own parse decides
-    with _open_binary(p) as fh:
-        lines = (raw.decode("utf-8").rstrip("\r\n") for raw in fh)
-        width = next((line.count("\t") for line in lines if line.strip()), None)
-        return width is None or all(line.count("\t") == width for line in lines if line.strip())
-
-
 def _read_tsv(p: Path, limit: int | None) -> Any:
-    """A TSV file as a DataFrame of strings, read as plain TSV (no quoting) unless its lines do not
-    all have the header's number of fields or every field holding a quote mark is wholly quoted
-    (quoted TSV, as pandas and the csv module write it)."""
+    """A TSV file as a DataFrame of strings, read as plain TSV (no quoting) unless its non-blank
+    lines do not all have one number of fields (a quoted field holding a newline breaks that) or
+    every field holding a quote mark is wholly quoted (quoted TSV, as pandas and csv write it)."""
     import csv
 
     import pandas as pd
 
     common = {"sep": "\t", "dtype": str, "keep_default_na": False, "nrows": limit}
-    if not _plain_tsv_shape(p):
-        return pd.read_csv(p, **common)
-    try:
-        plain = pd.read_csv(p, quoting=csv.QUOTE_NONE, **common)
-    except pd.errors.ParserError:
-        return pd.read_csv(p, **common)
-    cells = [c for col in plain.columns for c in [col, *plain[col].tolist()] if '"' in str(c)]
-    quoted = bool(cells) and all(len(c) >= 2 and c[0] == c[-1] == '"' for c in map(str, cells))
-    return pd.read_csv(p, **common) if quoted else plain
+    widths: set[int] = set()
+    if p.suffix.lower() != ".zst":  # a .zst is not read here; pandas' own parse decides
+        with _open_binary(p) as fh:
+            widths = {line.count("\t") for line in map(bytes.decode, fh) if line.strip()}
+    with contextlib.suppress(pd.errors.ParserError):
+        if len(widths) <= 1:
+            plain = pd.read_csv(p, quoting=csv.QUOTE_NONE, **common)
+            cells = [str(c) for col in plain for c in [col, *plain[col]] if '"' in str(c)]
+            if not all(len(c) >= 2 and c[0] == c[-1] == '"' for c in cells) or not cells:
+                return plain
+    return pd.read_csv(p, **common)
 
 
-def _jsonl_rows(p: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(line number, record)`` of each non-blank line of a JSONL file."""
-    lineno = 0
+def _json_rows(p: Path, lines: bool) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(row, record)`` of a JSONL file (row: the line number, blank lines skipped) or of a JSON
+    array of objects, or an object holding one under "data" or "rows" (row 1: the first)."""
+    row = 0
     try:
         with _open_binary(p) as fh:
-            for lineno, raw in enumerate(fh, start=1):
-                line = raw.decode("utf-8")
-                if not line.strip():
+            for row, raw in enumerate(fh, start=1) if lines else [(1, fh.read())]:
+                text = raw.decode("utf-8")
+                if lines and not text.strip():
                     continue
                 try:
-                    rec = json.loads(line)
+                    data = json.loads(text)
                 except json.JSONDecodeError as exc:
-                    raise CorpusError(f"{p}: row {lineno}: invalid JSON ({exc.msg})") from None
-                if not isinstance(rec, dict):
-                    raise CorpusError(f"{p}: row {lineno}: expected a JSON object")
-                yield lineno, rec
+                    why = exc.msg if lines else exc
+                    raise CorpusError(f"{p}: row {row}: invalid JSON ({why})") from None
+                if not lines and isinstance(data, dict):
+                    data = data.get("data") or data.get("rows") or [data]
+                if not lines and not isinstance(data, list):
+                    raise CorpusError(
+                        f"{p}: expected a JSON array of objects (or an object with 'data' or "
+                        f"'rows'), found {type(data).__name__}"
+                    )
+                for i, rec in enumerate([data] if lines else data, start=row):
+                    if not isinstance(rec, dict):
+                        raise CorpusError(f"{p}: row {i}: expected a JSON object")
+                    yield i, rec
     except UnicodeDecodeError as exc:
-        raise _not_text(p, lineno, exc) from None
-    except (OSError, EOFError) as exc:
-        raise _not_text(p, lineno + 1, exc) from None
+        raise _not_text(p, row, exc) from None
+    except (OSError, EOFError) as exc:  # a JSON file's read fails before its row 1
+        raise _not_text(p, row + 1, exc) from None
 
 
 def iter_rows(path: str | Path, limit: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -163,28 +155,8 @@ def iter_rows(path: str | Path, limit: int | None = None) -> Iterator[tuple[int,
     if p.is_dir():
         raise CorpusError(f"{p}: is a folder, not a file")
     fmt = file_format(p)
-    if fmt == "jsonl":
-        yield from itertools.islice(_jsonl_rows(p), limit)
-        return
-    if fmt == "json":
-        try:
-            with _open_binary(p) as fh:
-                data = json.loads(fh.read().decode("utf-8"))
-        except (UnicodeDecodeError, OSError, EOFError) as exc:
-            raise _not_text(p, 1, exc) from None
-        except json.JSONDecodeError as exc:
-            raise CorpusError(f"{p}: row 1: invalid JSON ({exc})") from None
-        if isinstance(data, dict):
-            data = data.get("data") or data.get("rows") or [data]
-        if not isinstance(data, list):
-            raise CorpusError(
-                f"{p}: expected a JSON array of objects (or an object with 'data' or 'rows'), "
-                f"found {type(data).__name__}"
-            )
-        for i, rec in enumerate(data[:limit], start=1):
-            if not isinstance(rec, dict):
-                raise CorpusError(f"{p}: row {i}: expected a JSON object")
-            yield i, rec
+    if fmt in ("json", "jsonl"):
+        yield from itertools.islice(_json_rows(p, fmt == "jsonl"), limit)
         return
     import pandas as pd
 
@@ -216,17 +188,13 @@ def _read_items(
     out: list[tuple[str, dict[str, Any]]] = []
     seen: dict[str, int] = {}
     for row, rec in iter_rows(path, limit=limit):
-        rid = _text(rec.get("idx", rec.get("id")))
+        rid, at = _text(rec.get("idx", rec.get("id"))), f"{path}: row {row}:"
         if not rid:
-            raise CorpusError(f"{path}: row {row}: no {what} id (field 'idx')")
+            raise CorpusError(f"{at} no {what} id (field 'idx')")
         if not any(_text(rec.get(f)) for f in fields):
-            raise CorpusError(
-                f"{path}: row {row}: {item} {rid!r} has no {fields[0]} (field '{fields[0]}')"
-            )
+            raise CorpusError(f"{at} {item} {rid!r} has no {fields[0]} (field '{fields[0]}')")
         if rid in seen:
-            raise CorpusError(
-                f"{path}: row {row}: duplicate {what} id {rid!r} (first at row {seen[rid]})"
-            )
+            raise CorpusError(f"{at} duplicate {what} id {rid!r} (first at row {seen[rid]})")
         seen[rid] = row
         out.append((rid, rec))
     if not out:
@@ -239,17 +207,15 @@ def read_passages(path: str | Path, limit: int | None = None) -> list[dict[str, 
     ``idx, text, source, title`` plus the other fields (metadata)."""
     p = Path(path)
     out: list[dict[str, Any]] = []
+    skip = ("idx", "id", "text", "source", "title")
     for pid, rec in _read_items(p, limit, "passage", "passage", "text"):
-        skip = ("idx", "id", "text", "source", "title")
         extra = {k: v for k, v in rec.items() if k not in skip and not _is_blank(v)}
         title = _text(rec.get("title"))
         if title and not rag_utils.passage_title(title):  # a benchmark label, not a title
             extra.setdefault("provenance", title)
             title = ""
-        source = _text(rec.get("source")) or p.stem
-        out.append(
-            {"idx": pid, "text": _text(rec["text"]), "source": source, "title": title, **extra}
-        )
+        text, source = _text(rec["text"]), _text(rec.get("source")) or p.stem
+        out.append({"idx": pid, "text": text, "source": source, "title": title, **extra})
     return out
 
 
@@ -286,11 +252,7 @@ def read_many(paths: Sequence[Path], reader: Any, limit: int | None = None) -> l
     return out
 
 
-# ------------------------------------------------------------------------------------------------
-# Sources: local Bar Exam QA folder, Hugging Face download, starter
-# ------------------------------------------------------------------------------------------------
-
-
+# --- Sources: local Bar Exam QA folder, Hugging Face download, starter ---
 def _split_files(names: Sequence[str]) -> tuple[list[str], list[str]]:
     """(passage files, QA files) among a dataset's file names (relative paths): a name holding
     "passage" is passages, else one holding "qa" is QA; of each, the single whole-set file
@@ -341,8 +303,7 @@ def download_barexam(settings: Settings) -> tuple[list[Path], list[Path]]:
 
 def default_source(settings: Settings) -> tuple[list[Path], list[Path]]:
     """(passage files, QA files): local Bar Exam QA, else downloaded, else the starter corpus."""
-    got = local_barexam(settings)
-    if got is not None:
+    if (got := local_barexam(settings)) is not None:
         return got
     try:
         return download_barexam(settings)
@@ -365,14 +326,9 @@ def starter_files() -> tuple[list[Path], list[Path]]:
     return [d / "passages.jsonl"], qa
 
 
-# ------------------------------------------------------------------------------------------------
-# Loading
-# ------------------------------------------------------------------------------------------------
-
-
+# --- Loading ---
+# metadata: the injection patterns a passage matched, comma-joined ("" clean; absent: unscreened)
 INJECTION_FLAGS = "injection_flags"
-"""Metadata key: the names of the injection patterns a passage matched (comma-joined, "" when
-clean; absent on passages loaded before screening existed)."""
 
 
 def _metadata(p: dict[str, Any]) -> dict[str, Any]:
@@ -397,8 +353,7 @@ def load_passages(
     rag_utils.get_embedder(settings)  # a model that cannot load leaves no empty collection behind
     store = rag_utils.get_store(settings)
     ids = [str(p["idx"]) for p in passages]
-    if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
+    if (dup := next((i for i, n in Counter(ids).items() if n > 1), None)) is not None:
         raise CorpusError(f"duplicate passage id {dup!r} in the passages to load")
     present = store.existing_ids(ids) if store.count() else set()
     todo = [p for p in passages if str(p["idx"]) not in present]
@@ -458,14 +413,6 @@ def load_passages(
     return added
 
 
-def _token_counter(settings: Settings) -> tuple[Any, int]:
-    """(text -> word pieces, the most a chunk may hold) for the embedder of ``settings``."""
-    embedder = rag_utils.get_embedder(settings)
-    limit = int(getattr(embedder, "max_tokens", 256)) - 2  # [CLS] and [SEP]
-    spans = getattr(embedder, "token_spans", None)
-    return (lambda text: len(spans(text))) if spans else None, limit
-
-
 def load_documents(
     paths: Sequence[str | Path],
     settings: Settings,
@@ -482,7 +429,10 @@ def load_documents(
     if not files:
         raise CorpusError(f"no readable documents under {', '.join(map(str, paths))}")
     rag_utils.require_writable(settings, f"load {len(files)} documents")
-    count_tokens, limit = _token_counter(settings)
+    embedder = rag_utils.get_embedder(settings)  # a chunk holds its word pieces, [CLS] and [SEP]
+    limit = min(documents.DEFAULT_MAX_TOKENS, int(getattr(embedder, "max_tokens", 256)) - 2)
+    spans = getattr(embedder, "token_spans", None)
+    count_tokens = (lambda text: len(spans(text))) if spans else None
     store = rag_utils.get_store(settings)
     report: dict[str, Any] = {"files": len(files), "loaded": [], "replaced": [], "unchanged": []}
     report.update(failed=[], quarantined=[], chunks_added=0, kept_flags=[])
@@ -495,10 +445,7 @@ def load_documents(
             report["kept_flags"] += [{"file": str(path), **given}] if given else []
         try:
             chunks = documents.read_and_chunk(
-                path,
-                overrides=given,
-                max_tokens=min(documents.DEFAULT_MAX_TOKENS, limit),
-                count_tokens=count_tokens,
+                path, overrides=given, max_tokens=limit, count_tokens=count_tokens
             )
         except documents.DocumentError as exc:
             print(f"skipped: {exc}", file=sys.stderr)
@@ -507,9 +454,8 @@ def load_documents(
         for c in chunks:  # text and metadata: a new sidecar or flag changes it too
             if given:
                 c["given_flags"] = json.dumps(given, sort_keys=True)
-            c["chunk_hash"] = hashlib.sha1(
-                json.dumps(c, sort_keys=True, default=str).encode()
-            ).hexdigest()[:16]
+            blob = json.dumps(c, sort_keys=True, default=str).encode()
+            c["chunk_hash"] = hashlib.sha1(blob).hexdigest()[:16]
         stored = store.document_chunks(chunks[0]["doc_id"]) if store.count() else {}
         if stored == {c["idx"]: c["chunk_hash"] for c in chunks}:
             report["unchanged"].append(str(path))
@@ -616,11 +562,7 @@ def status(settings: Settings) -> dict[str, Any]:
     }
 
 
-# ------------------------------------------------------------------------------------------------
-# CLI
-# ------------------------------------------------------------------------------------------------
-
-
+# --- CLI ---
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="load_corpus.py",
@@ -669,8 +611,7 @@ DOC_FLAGS = {
     "jurisdiction": "US (federal) or a state: TX, Texas",
     "date": "decision or enactment date, YYYY[-MM[-DD]]",
     "source-type": "constitution, statute, regulation, court_rule, case or secondary",
-}
-"""The metadata flags of ``docs``; each overrides what the text or a sidecar says."""
+}  # the metadata flags of 'docs'; each overrides what the text or a sidecar says
 
 
 def doc_overrides(args: argparse.Namespace) -> dict[str, str]:
@@ -724,15 +665,16 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if command == "status":
         _print_status(status(settings), args.json)
         return 0
-    if command == "docs":
-        return _run_docs(args, settings)
-    if command == "remove":
-        return _run_remove(args, settings)
+    if command in ("docs", "remove"):
+        return (_run_docs if command == "docs" else _run_remove)(args, settings)
     if doc_overrides(args):
         raise CorpusError(
             "--title, --citation, --court, --jurisdiction, --date and --source-type are for 'docs'"
         )
-    padding = _padding(args.rest) if command == "curated" else DEFAULT_PADDING
+    if command == "curated" and (len(args.rest) > 1 or args.rest and not args.rest[0].isdigit()):
+        raise CorpusError(
+            f"curated takes one number of padding passages, not {' '.join(args.rest)!r}"
+        )
     if command not in ("", "all", "curated", "starter") and not command.isdigit():
         raise CorpusError(
             f"unknown command {args.command!r}: use N, status, curated, starter, docs or remove"
@@ -753,6 +695,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         if not qa_files:
             raise CorpusError("curated needs a QA file: give --qa PATH")
         qa = read_many(qa_files, read_qa)
+        padding = int(args.rest[0]) if args.rest else DEFAULT_PADDING
         passages, missing = curated_selection(read_many(passage_files, read_passages), qa, padding)
         if missing:
             print(
@@ -790,14 +733,6 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _padding(rest: list[str]) -> int:
-    if not rest:
-        return DEFAULT_PADDING
-    if len(rest) > 1 or not rest[0].isdigit():
-        raise CorpusError(f"curated takes one number of padding passages, not {' '.join(rest)!r}")
-    return int(rest[0])
-
-
 def _run_docs(args: argparse.Namespace, settings: Settings) -> int:
     """``load_corpus.py docs PATH...``: exit 0 when every file loaded (or was unchanged), 1 when
     some could not be read (each named on stderr), 2 when none could."""
@@ -833,9 +768,8 @@ def _run_docs(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _run_remove(args: argparse.Namespace, settings: Settings) -> int:
-    """``load_corpus.py remove PATH...``: the chunks of each document (a file, deleted or moved
-    since it was loaded, or every file of a folder) leave the store.  Exit 0 when each path had
-    chunks to remove, 1 when some had none, 2 when none had."""
+    """``load_corpus.py remove PATH...`` (files, also deleted or moved ones, or folders): exit 0
+    when each path had chunks to remove, 1 when some had none, 2 when none had."""
     import documents
 
     if not args.rest:
