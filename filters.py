@@ -22,6 +22,7 @@ DOCUMENT_KINDS = ("statute", "opinion", "brief")
 decides how a document is cut and pinned; passage tables have none."""
 
 _DATE = re.compile(r"^(\d{4})(?:-(\d{1,2}))?(?:-(\d{1,2}))?$")
+_FEDERAL_NAMES = ("us", "usa", "federal", "fed", "unitedstates", "unitedstatesofamerica")
 
 
 def parse_date(value: str, *, end: bool = False) -> int:
@@ -30,7 +31,7 @@ def parse_date(value: str, *, end: bool = False) -> int:
     m = _DATE.match(value.strip())
     if not m:
         raise ValueError(f"{value!r} is not a date: use YYYY, YYYY-MM or YYYY-MM-DD")
-    year, month, day = m.group(1), m.group(2), m.group(3)
+    year, month, day = m.groups()
     mm = int(month) if month else (12 if end else 1)
     dd = int(day) if day else (31 if end else 1)
     try:  # a partial date's last day may be "31": an inclusive bound, not a calendar date
@@ -38,9 +39,6 @@ def parse_date(value: str, *, end: bool = False) -> int:
     except ValueError:
         raise ValueError(f"{value!r} is not a date") from None
     return int(year) * 10000 + mm * 100 + dd
-
-
-_FEDERAL_NAMES = ("us", "usa", "federal", "fed", "unitedstates", "unitedstatesofamerica")
 
 
 def _key(value: str) -> str:
@@ -62,12 +60,12 @@ def _jurisdictions() -> dict[str, str]:
     import reporters_db
 
     table = dict.fromkeys(_FEDERAL_NAMES, "US")
-    by_name = {}
     for code, name in _states().items():
-        table[_key(code)] = table[_key(name)] = by_name[name.lower()] = code
+        table[_key(code)] = table[_key(name)] = code
+    states = {_key(name) for name in _states().values()}
     for abbr, name in reporters_db.STATE_ABBREVIATIONS.items():
-        if name.lower() in by_name:
-            table.setdefault(_key(abbr), by_name[name.lower()])
+        if _key(name) in states:
+            table.setdefault(_key(abbr), table[_key(name)])
     return table
 
 
@@ -98,29 +96,24 @@ _OWNED = re.compile(
     rf"['’]s?\s+(?:[\w-]+\s+){{0,3}}(?:{_LAW_WORDS}|acts?|rules?|regulations?|requirements?"
     r"|deadlines?|limits?|standards?)\b"
 )
-"""A state's own law in the possessive: "Arizona's adverse possession statute", "Georgia's
-deadline for filing", "Illinois' lemon law"; not its courts, and not a person named for a state
-("Can Georgia's landlord keep the deposit?")."""
+"""A state's own law in the possessive ("Arizona's adverse possession statute", "Illinois' lemon
+law"); not its courts, nor a person named for a state ("Can Georgia's landlord keep ...?")."""
 _HAS_LAW = re.compile(rf"\s+(?:have|has)\s+(?:[\w-]+\s+){{0,3}}{_LAW_WORDS}\b")
 """A state that has a law: "Does Pennsylvania have a law that ...", "Texas has a statute ..."."""
 _RULES = re.compile(r"\b(?:does|do)$")
 _RULE_VERBS = re.compile(r"\s+(?:let|allow|permit|require|forbid)\b")
-"""What a state's law does, asked with "does": "Does Washington let landlords ...", "Does
-Virginia require sellers ..." ("Can Texas require ...?" asks what a state may do: a party)."""
+"""What a state's law does, asked with "does": "Does Virginia require sellers ..." ("Can Texas
+require ...?" asks what a state may do: a party)."""
 _FORUM = re.compile(r"\b(?:sue|sued|suing)\s+(?:[\w-]+\s+){0,2}in$")
 """Where to sue ("Can I sue him in New York?"): a forum, whose jurisdiction is general law."""
 _FEDERAL_TEST = re.compile(r"\b(?:violates?|unconstitutional|constitutional|preempt\w*)\b", re.I)
-"""A state's law tested against federal law ("Does Alabama's photo ID law violate the Voting
-Rights Act?"): a question of federal law."""
+"""A state's law tested against federal law ("Does Alabama's ID law violate the Voting Rights Act?")."""
 
 
 def jurisdiction_asked(asked: str) -> tuple[str, str] | None:
-    """(name, USPS code) of the state whose law a question asks about: a state's full name before
-    a word for its law ("Ohio law"), owning (``_OWNED``), having (``_HAS_LAW``) or doing what a
-    law does (``_RULE_VERBS``), or after "in"/"under" but not as a forum (``_FORUM``); else None.
-    A state named only in the facts ("a company based in Texas sued ...") or acting as a party
-    ("May Texas enact ...?") is not the law asked for, nor is a bar question's "State X", and a
-    state's law tested against federal law (``_FEDERAL_TEST``) asks federal law."""
+    """(name, USPS code) of the state whose law a question asks about ("Ohio law", "under Ohio
+    law", "Does Ohio require ..."), else None: not a state named only in the facts, acting as a
+    party or a forum, nor a state's law tested against federal law (``_FEDERAL_TEST``)."""
     if _FEDERAL_TEST.search(asked):
         return None
     for m in _state_names().finditer(asked):
@@ -133,8 +126,7 @@ def jurisdiction_asked(asked: str) -> tuple[str, str] | None:
             or (_RULES.search(before) and _RULE_VERBS.match(after))
             or (re.search(r"\b(?:in|under)$", before) and not _FORUM.search(before))
         ):
-            name = m.group(1)
-            return name, _jurisdictions()[_key(name)]
+            return m.group(1), _jurisdictions()[_key(m.group(1))]
     return None
 
 
@@ -148,9 +140,8 @@ _COUNTRIES = (
     "Egypt=Egyptian;Saudi Arabia=Saudi;Iran=Iranian;Pakistan=Pakistani;Nigeria=Nigerian;"
     "South Africa=South African;Singapore=Singaporean;Philippines=Philippine;European Union,EU=EU"
 )
-"""Countries whose law the sources cannot hold, "names=demonym;...": documents are tagged with a
-US jurisdiction only.  "Indian law" is left out (in the US, the federal law on tribes), and so
-is "English common law", where US law comes from."""
+"""Countries whose law the sources cannot hold ("names=demonym;..."); not "Indian law" (the US
+federal law on tribes) nor "English common law", where US law comes from."""
 
 
 @functools.cache

@@ -1,19 +1,17 @@
 """Prompt-injection screens for user input (:func:`screen_user_input`) and corpus passages
-(:func:`screen_passage`), each a dict of named regular expressions, and the detection policy
-(:func:`detect`).
+(:func:`screen_passage`), and the detection policy (:func:`detect`).
 
-Both screens look for *commands aimed at the assistant*, never for legal subject matter: questions
-about murder, hacking law (CFAA), fraud, drugs or fake IDs are research.  The imperative patterns
-therefore fire only at the start of a clause or after a request cue ("please", "you must"), so
-"Can a court ignore the difference …" and "the supervisor told the crew to ignore all previous
-safety rules" stay clean.
+The screens look for commands aimed at the assistant, never legal subject matter (murder, CFAA,
+fraud): imperatives fire only at a clause start or after a request cue ("please", "you must"), so
+"the supervisor told the crew to ignore all previous safety rules" stays clean.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 import codecs
+import contextlib
+import functools
 import logging
 import re
 import unicodedata
@@ -28,16 +26,12 @@ logger = logging.getLogger(__name__)
 
 ENCODED = "encoded_payload"
 """Name reported when a decoded payload (base64, hex, ROT13, …) matches a user-input pattern."""
-
 _I = re.IGNORECASE
-
-
 LLMVerdict = Literal["safe", "injection", "error", "unparsed", "skipped", "not_needed"]
 
 
 class InjectionCheck(TypedDict):
-    """What :func:`detect` decided and what it rests on (its docstring says when each
-    ``llm_verdict`` and ``injection_check`` value is set)."""
+    """What :func:`detect` decided and what it rests on."""
 
     is_safe: bool
     verdict: Literal["safe", "injection"]
@@ -47,10 +41,7 @@ class InjectionCheck(TypedDict):
     injection_check: Literal["full", "prescreen_only"]
 
 
-# ------------------------------------------------------------------------------------------------
-# Building blocks
-# ------------------------------------------------------------------------------------------------
-
+# --- Building blocks ------------------------------------------------------------------------------
 _START = (
     r"(?:^|(?<=[.!?;:,\n\"'(\[*>\-])\s*|(?<=\u2014)\s*"
     r"|\b(?:please|kindly|now|just|so|then|and|also|first|but|instead|simply|next|afterwards)\b,?\s+"
@@ -125,275 +116,197 @@ _SECRET = (
 )
 
 
-def _compile(patterns: Mapping[str, str]) -> dict[str, re.Pattern[str]]:
+def _compile(**patterns: str) -> dict[str, re.Pattern[str]]:
     return {name: re.compile(p, _I | re.M) for name, p in patterns.items()}
 
 
-# ------------------------------------------------------------------------------------------------
-# User-input patterns
-# ------------------------------------------------------------------------------------------------
-
+# --- User-input patterns --------------------------------------------------------------------------
 USER_PATTERNS: dict[str, re.Pattern[str]] = _compile(
-    {
-        "override_instructions": (
-            rf"{_START}(?:ignore|disregard|forget|override|bypass|skip|drop|discard|abandon|"
-            r"set\s+aside|throw\s+(?:away|out)|do\s+not\s+follow|don'?t\s+follow|stop\s+following|"
-            rf"no\s+longer\s+follow|erase|delete|suspend|turn\s+off|disable)\b[^.\n:;?]{{0,40}}?\b"
-            rf"{_RULES_OBJECT}"
-        ),
-        "forget_context": (
-            rf"{_START}(?:ignore|disregard|forget|discard|erase)\s+(?:everything|anything|all)\b"
-            r"(?:\s+(?:that|which))?\s*(?:you\s+(?:were|have\s+been|'ve\s+been)\s+(?:told|given|"
-            r"instructed|taught)|above|before|prior|previously|so\s+far|up\s+to\s+now|earlier|"
-            r"(?:in|from)\s+(?:the\s+)?(?:previous|prior|earlier|above|system))"
-            rf"|{_START}(?:ignore|disregard|forget|discard)\s+(?:the|everything|all(?:\s+the)?|"
-            r"what\s+(?:was|is)\s+(?:said|written))\s+(?:text\s+|message\s+|instructions\s+)?"
-            r"(?:above|before\s+this)\b(?!-)"
-        ),
-        "task_switch": (
-            r"(?:^|(?<=[.!?\n])\s*)(?:here\s+(?:are|is)\s+)?(?:your\s+)?(?:real|actual|true|new|"
-            r"next|updated|revised)\s+(?:task|job|mission|objective|instructions?|directives?|"
-            r"rules|system\s+prompt|persona|policy|role)\s*(?::|is\b|are\b)"
-            r"|\byour\s+(?:only|real|new|actual|sole|true)\s+(?:job|task|purpose|goal|mission|"
-            r"function)\s+(?:now\s+)?is\b"
-            r"|\b(?:the\s+)?(?:previous|prior|above|earlier|preceding)\s+(?:prompt|instructions?|"
-            r"message|conversation|text)\s+(?:was|were|is)\s+(?:only\s+|just\s+|all\s+)?(?:a\s+"
-            r"test|fake|a\s+joke|a\s+mistake|wrong|not\s+real|void|written\s+by)"
-            r"|\b(?:obey|follow)\s+(?:only\s+)?(?:me\b|mine\b|my\s+(?:instructions|commands|orders|"
-            r"rules)|what\s+follows|these\s+(?:new\s+)?(?:instructions|commands))"
-        ),
-        "rules_revoked": (
-            r"\b(?:your|all\s+(?:of\s+)?your|the\s+(?:previous|prior|old|current|existing)|previous|"
-            r"prior|earlier|system|content)\s+(?:[\w-]+\s+){0,2}?(?:instructions|"
-            r"directives|rules|guidelines|programming|restrictions|polic(?:y|ies)|prompt|filters|"
-            r"safeguards|checks|guardrails)\s+(?:are|is|have\s+been|has\s+been)\s+(?:now\s+)?(?:"
-            r"void|cancel+ed|revoked|lifted|suspended|disabled|removed|obsolete|overridden|replaced|"
-            r"invalid|null|deactivated|turned\s+off|off|waived|no\s+longer\s+(?:in\s+effect|valid|"
-            r"active|apply))"
-        ),
-        "fake_system_turn": (
-            r"(?:^|\n)[ \t]*(?:#{1,6}[ \t]*|\*\*|>[ \t]*)?(?:system|assistant|ai|chatbot|bot|model|"
-            r"developer|admin|sys|gpt|llm)[ \t]*(?:message|prompt|note|notice|override|update|"
-            r"instructions?|alert)?[ \t]*(?:\*\*)?[ \t]*:"
-            r"|\[\s*(?:system|sys|admin|developer|assistant)(?:\s+(?:override|message|note|notice|"
-            r"prompt|instructions?|update|alert))?\s*\]"
-            r"|\b(?:system|admin|developer)\s+(?:override|notice|message|alert|update)\s*:"
-            r"|\{\s*[\"']role[\"']\s*:\s*[\"'](?:system|assistant|developer)[\"']"
-        ),
-        "chat_template_tokens": (
-            rf"{_TEMPLATE_TOKENS}|</?\s*(?:system|assistant|developer|user_input|im_start|im_end|"
-            r"passage|evidence)\s*>|<\s*/?\s*(?:start|end)_of_turn\s*>"
-        ),
-        "persona_reset": (
-            r"(?-i:\bDAN\b)(?=[^.\n]{0,40}\b(?:mode|do\s+anything|stands\s+for|prompt|jailbr))"
-            r"|\b(?:you\s+are|act\s+as|become|pretend\s+to\s+be|play|as|called|named)\s+(?-i:DAN)\b"
-            r"|\bdo\s+anything\s+now\b|\b(?:developer|dev|god|sudo|jailbreak|jailbroken|"
-            r"unrestricted|unfiltered|uncensored|evil|chaos|opposite)\s+mode\b"
-            r"|\b(?:enable|activate|enter|entering|switch\s+(?:to|into)|turn\s+on|engage|unlock|"
-            r"initiate|go\s+into)\s+(?:the\s+)?(?:debug|maintenance|admin|root|raw|"
-            r"(?-i:[A-Z]{3,6}))\s+mode\b"
-            r"|\bjailbroken\b|\bjailbreak(?:ed)?\s+(?:mode|prompt|version|yourself)"
-            r"|(?<!suppose\s)(?<!assume\s)(?<!imagine\s)(?<!if\s)(?<!that\s)\byou(?:'re|\s+are)\s+"
-            r"(?:now|no\s+longer)\b"
-            r"|\byou(?:'re|\s+are)\s+(?:now\s+)?(?:free|freed|liberated|unshackled|unchained|"
-            r"released)\s+(?:from|of)\b"
-            r"|(?<!['\"])\bfrom\s+(?:now|this\s+point)\s+(?:on|forward)\b[^.\n]{0,40}\b(?:you|your|answer|"
-            r"respond|reply|act|behave|only|always|never)\b"
-            r"|\byour\s+new\s+(?:name|identity|persona|personality|role|character)\b"
-            r"|\b(?:reset|change|update|switch|drop)\s+your\s+(?:persona|identity|personality|"
-            r"role|character|name)\b|\byour\s+identity\s+has\s+been\b"
-            r"|\byou\s+have\s+been\s+(?:jailbroken|freed|liberated|unlocked|reprogrammed|updated|"
-            r"upgraded|released)\b"
-            r"|\bforget\s+(?:that\s+)?you\s+are\b"
-            r"|\b(?:must|will|shall)\s+(?:comply|obey)\s+with\s+(?:all|every|any)\s+(?:requests?|"
-            r"commands?|instructions?|orders?)"
-            r"|\bnever\s+(?:refuses?|says?\s+(?:no|(?:it|you|he|she)\s+can'?t))|without\s+"
-            r"(?:ever\s+)?refusing|\b(?:can(?:not|'t)|won'?t|will\s+not|must\s+not)\s+refuse\s+"
-            r"(?:any(?:thing)?\b|a\s+request|requests|my\b|me\b|to\s+answer)"
-            r"|\bstay\s+in\s+character\b"
-        ),
-        "roleplay_unrestricted": (
-            r"\b(?:pretend|act|behave|role-?play|imagine|play|respond|answer|reply|write|speak|"
-            r"talk)\b[^.\n]{0,60}?\b(?:no|without|free\s+of|free\s+from|not\s+bound\s+by|ignores?|"
-            r"ignoring|beyond|outside)\s+(?:any\s+|all\s+|the\s+|your\s+)?(?:[\w-]+\s+(?:and\s+)?){"
-            r"0,3}?(?:rules|restrictions|limits|limitations|filters?|guidelines|ethics|ethical\s+"
-            r"(?:obligations|guidelines|constraints|rules)|obligations|morals|morality|content\s+"
-            r"polic(?:y|ies)|polic(?:y|ies)|censorship|safeguards|guardrails|boundaries|"
-            r"constraints|programming)\b"
-            rf"|\b(?:{_AI}|persona|character|yourself|version\s+of\s+you(?:rself)?)\b[^.\n]{{0,30}}?"
-            r"\b(?:with|has|have|having)\s+no\s+(?:[\w-]+\s+){0,2}?(?:rules|restrictions|limits|"
-            r"limitations|filters?|guidelines|ethics|content\s+polic(?:y|ies)|polic(?:y|ies)|"
-            r"morals|safeguards|guardrails|censorship)\b"
-            r"|\b(?:you(?:'re|\s+are)|as|play|be|become)\s+(?:an?\s+|my\s+|the\s+)?(?:evil|rogue|"
-            r"unfiltered|uncensored|unrestricted|unaligned|amoral|unethical|jailbroken|rebellious|"
-            r"malicious|dark|shadow)\s+(?:ai|assistant|model|chatbot|bot|version|twin|persona|"
-            r"character|alter\s+ego)\b"
-            r"|\bversion\s+of\s+(?:yourself|you)\s+(?:from\s+)?(?:before|without)\b"
-            r"|\b(?:escaped|broken\s+free\s+of|broke\s+free\s+of)\s+(?:its|your|the)\s+"
-            r"(?:programming|rules|restrictions|confines|training)"
-            r"|\b(?:pretend|act\s+as\s+if|imagine)\s+(?:that\s+)?(?:the\s+|your\s+)?(?:rules|"
-            r"restrictions|guidelines|policies|filters)\s+(?:don'?t|do\s+not|no\s+longer)\s+apply"
-            r"|\b(?:respond|answer|reply)\s+twice\b|\btwo\s+(?:responses|answers)\b[^.\n]{0,40}"
-            r"\b(?:one|first)\b"
-        ),
-        "aside_to_ai": (
-            rf"{_ASIDE_CUE}{_AI_STRICT}s?\b{_READING}?[ \t]*(?:[:,\u2014)\]]|\s-\s)"
-            rf"|{_ASIDE_CUE}{_AI_LOOSE}s?\b{_READING}?[ \t]*(?:[:\u2014)\]]|\s-\s)"
-            rf"|{_ASIDE_CUE}{_AI_LOOSE}s?\b{_READING}[ \t]*,"
-            rf"|[(\[]\s*(?:{_AI_STRICT}\s*[:,]|{_AI_LOOSE}\s*:)"
-            rf"|(?:^|(?<=[.!?])\s+)(?:the\s+|dear\s+|hey\s+)?(?:{_AI_STRICT}|{_AI_LOOSE})\s*[,:]\s*"
-            r"(?:please\s+)?(?:you|your|ignore|disregard|forget|answer|respond|reply|say|select|"
-            r"choose|pick|output|print|write|mark|tell|conclude|recommend|do|don'?t|make|treat|"
-            r"append|include|end|remember|always|never|secretly|state)\b"
-            rf"|\bif\s+you(?:'re|\s+are)\s+(?:an?\s+)?(?:{_AI_STRICT}|large\s+language|automated|"
-            r"bot)\b(?!-)"
-            rf"|\b(?:any|every|all)\s+(?:{_AI_STRICT}|{_AI_LOOSE})s?\s+(?:reading|processing|"
-            r"summari[sz]ing|parsing|answering|that\s+reads)\b"
-        ),
-        "forced_answer": (
-            r"\b(?:you\s+(?:must|should|will|shall|have\s+to|need\s+to|are\s+(?:required|"
-            r"instructed|told)\s+to)|always|only|just|simply|make\s+sure\s+(?:to|you)|be\s+sure\s+"
-            r"to)\s+(?:answer|choose|select|pick|respond(?:\s+with)?|reply(?:\s+with)?|output|say|"
-            r"mark|return|print|go\s+with|circle|give)\s+(?:with\s+)?(?:the\s+)?(?:letter\s+|"
-            rf"answer\s+)?{_LETTER}"
-            rf"|{_START}(?:answer|choose|select|pick|respond\s+with|reply\s+with|output|say|mark|"
-            rf"go\s+with|circle)\s+(?:with\s+)?(?:the\s+(?:letter|option|choice)\s+)?{_LETTER}"
-            r"(?=\s*(?:[.;!,]|$)|\s+(?:regardless|no\s+matter|whatever|irrespective|and\s+(?:nothing|"
-            r"don'?t|do\s+not)|as\s+(?:the|your)|this\s+is|for\s+this))"
-            r"|\b(?:answer|choose|select|pick|respond\s+with|reply\s+with|output|say|mark|go\s+"
-            rf"with)\s+(?:with\s+)?(?:the\s+(?:letter\s+)?)?{_LETTER}[^.\n]{{0,40}}\b(?:regardless|"
-            r"no\s+matter|whatever|irrespective|in\s+(?:any|every|all)\s+cases?|even\s+if\s+(?:the|"
-            r"you|your|another|other|it\s+(?:seems|looks)))"
-            r"|\b(?:regardless|no\s+matter|whatever|irrespective)\b[^.\n]{0,60}\b(?:answer|choose|"
-            r"select|pick|output|say|respond|reply|mark|read)\s+(?:with\s+)?(?:the\s+letter\s+)?"
-            rf"{_LETTER}"
-            r"|\b(?:final|only\s+(?:acceptable|valid|correct|allowed)|required)\s+(?:[\w-]+\s+){0,2}?"
-            r"(?:answer|output|line|response|letter|reply)\s+(?:must|should|will|shall|is|has\s+to)"
-            rf"\s+(?:[\w-]+\s+){{0,2}}?(?:be\s+|read\s+|say\s+)?(?:the\s+letter\s+)?{_LETTER}"
-            rf"|\b(?:output|give|return|print|write|put)\s+{_LETTER}\s+as\s+(?:the|your)\s+"
-            r"(?:final\s+)?answer"
-            r"|\bthe\s+(?:correct|right|only|real|true|best)\s+(?:answer|choice|option)\s+(?:is|"
-            rf"must\s+be|will\s+be)\s+{_LETTER}[^\n]{{0,80}}?\b(?:do\s+not|don'?t|never|ignore|"
-            r"regardless|no\s+matter|without|must|only)\b"
-            rf"|\bthe\s+(?:correct\s+|right\s+)?answer\s+is\s+{_LETTER}[^.\n]{{0,20}}?\b(?:output|"
-            r"say|respond|reply|print|write|return)\s+(?:it|that|only|just)\b"
-        ),
-        "exfiltration": (
-            rf"\b{_REQUEST}\b[^\n]{{0,60}}?{_SECRET}"
-            r"|\b(?:repeat|print|output|copy|show|echo|write\s+out)\s+(?:back\s+)?(?:the\s+|all\s+"
-            r"(?:the\s+)?|everything\s+|every\s+word\s+)?(?:text|words|content|message|messages|"
-            r"everything|lines?)?\s*(?:above|before\s+(?:this|my)|preceding|prior|that\s+came\s+"
-            r"before)"
-            r"|\b(?:instructions|prompt|rules)\s+(?:you\s+(?:were|have\s+been)\s+given|given\s+to\s+"
-            r"you)\b[^.\n]{0,40}\b(?:before|verbatim|word\s+for\s+word|exactly)"
-            r"|\b(?:what|which)\s+instructions\s+(?:were\s+you|you\s+were|have\s+you\s+been)\s+"
-            r"given\b"
-            r"|\b(?:exact|verbatim|precise)\s+(?:wording|text|words)\s+of\s+(?:your|the\s+system)"
-            r"|\b(?-i:[A-Z][A-Z0-9]*_(?:API_)?(?:KEY|TOKEN|SECRET|PASSWORD))\b"
-            r"|\b(?:api|openai|gemini|groq|secret|access)\s+key\b[^.\n]{0,60}\b(?:your|from\s+"
-            r"(?:your|the)\s+(?:config|server|environment|settings))\b"
-            r"|\b(?:run|execute|eval)\s+(?:os\.environ|printenv|env\b|process\.env|cat\s+/)"
-        ),
-        "fabrication_request": (
-            rf"{_START}(?:make\s+up|invent|fabricate|fake|concoct|manufacture|create|generate|write|"
-            r"give\s+me|cite|draft|provide|produce|list|find|add|include)\b[^.\n]{0,60}?\b(?:fake|"
-            r"fictitious|fictional|made-?\s?up|invented|fabricated|non-?existent|imaginary|bogus|"
-            r"phony|plausible[-\s]sounding|realistic[-\s]looking|authentic[-\s]looking|"
-            r"convincing)\b[^.\n]{0,30}?\b(?:cases?\b(?!\s+(?:summar|stud|hypo|scenario|example|"
-            r"fact))|case\s+law|citations?|cites|authorit(?:y|ies)|"
-            r"precedents?|holdings?|quotes?|quotations|statutes?|decisions?|opinions?|rulings?|"
-            r"sources|references)\b"
-            rf"|{_START}(?:make\s+up|invent|fabricate|concoct|manufacture|fake|dream\s+up|cook\s+up)"
-            r"\b\s+(?:[\w-]+\s+){0,4}?(?:case|cases|citations?|cites?|authorit(?:y|ies)|precedents?|"
-            r"holdings?|quotes?|quotations?|statutes?|decisions?|rulings?|opinions?|law)\b"
-            r"|\bmake\s+(?:them|it|some|one|something|things)\s+up\b"
-            r"(?=[^\n]{0,80}\b(?:citations?|cases?|authorit|precedents?|holdings?))"
-            r"|\b(?:cases|citations|authorities|precedents|holdings|quotes)\b[^\n]{0,80}?\b(?:invent|"
-            r"fabricate|concoct|manufacture|fake|make\s+up)\s+(?:them|some|one|it|those)\b"
-            r"|\b(?:cases|citations|authorities|precedents|holdings|quotes)\b[^\n]{0,80}?\bmake\s+"
-            r"(?:them|it|some|one|something|things)\s+up\b"
-            r"|\b(?:doesn'?t|does\s+not|don'?t|do\s+not|need\s+not|needn'?t)\s+(?:matter|have\s+to|"
-            r"need\s+to)\s+(?:whether|if|be)\s+(?:they|it|the\s+(?:cases|citations|authorities|"
-            r"quotes))\s+(?:actually\s+|really\s+)?(?:exist|are\s+real|is\s+real|real)"
-            r"|\beven\s+if\s+(?:he|she|they|it|the\s+(?:court|justice|judge))\s+never\s+(?:said|"
-            r"wrote|decided|held|existed|ruled)"
-            r"|\b(?:if|even\s+if)\s+(?:none|no\s+such\s+(?:cases?|authority)|they\s+don'?t)\s+"
-            r"exists?\b"
-            r"|\b(?:the\s+judge|nobody|no\s+one|opposing\s+counsel|the\s+court)\s+(?:won'?t|will\s+"
-            r"not|wouldn'?t|would\s+not|never)\s+(?:check|notice|verify)"
-            r"|\b(?:present|format|pass)\s+(?:it|them|this|these)\s+(?:off\s+)?as\s+(?:a\s+)?(?:real|"
-            r"genuine|binding|authentic)|\bas\s+(?:a\s+)?real\s+(?:citation|case|authority|"
-            r"precedent|holding)"
-        ),
-        "decode_and_follow": (
-            r"\b(?:decode|decrypt|decipher|translate|unscramble|deobfuscate|reverse|read|evaluate|"
-            r"process|interpret|convert)\b[^.\n]{0,50}?\b(?:and|then)\s+(?:follow|obey|execute|run|"
-            r"comply|do\s+(?:what|as)\s+it|act\s+on|carry\s+(?:it|them)\s+out)\b"
-            r"|\b(?:run|execute|follow|obey)\s+(?:that|this|the\s+(?:decoded|following))\s+(?:string|"
-            r"text|payload|code)\b"
-        ),
-    }
+    override_instructions=rf"{_START}(?:ignore|disregard|forget|override|bypass|skip|drop|discard|"
+    r"abandon|set\s+aside|throw\s+(?:away|out)|do\s+not\s+follow|don'?t\s+follow|stop\s+following|"
+    r"no\s+longer\s+follow|erase|delete|suspend|turn\s+off|disable)\b[^.\n:;?]{0,40}?"
+    rf"\b{_RULES_OBJECT}",
+    forget_context=rf"{_START}(?:ignore|disregard|forget|discard|erase)\s+(?:everything|anything|"
+    r"all)\b(?:\s+(?:that|which))?\s*(?:you\s+(?:were|have\s+been|'ve\s+been)\s+(?:told|given|"
+    r"instructed|taught)|above|before|prior|previously|so\s+far|up\s+to\s+now|earlier|(?:in|from)"
+    r"\s+(?:the\s+)?(?:previous|prior|earlier|above|system))"
+    rf"|{_START}(?:ignore|disregard|forget|discard)\s+(?:the|everything|all(?:\s+the)?|what\s+"
+    r"(?:was|is)\s+(?:said|written))\s+(?:text\s+|message\s+|instructions\s+)?(?:above|before\s+"
+    r"this)\b(?!-)",
+    task_switch=r"(?:^|(?<=[.!?\n])\s*)(?:here\s+(?:are|is)\s+)?(?:your\s+)?(?:real|actual|true|"
+    r"new|next|updated|revised)\s+(?:task|job|mission|objective|instructions?|directives?|rules|"
+    r"system\s+prompt|persona|policy|role)\s*(?::|is\b|are\b)"
+    r"|\byour\s+(?:only|real|new|actual|sole|true)\s+(?:job|task|purpose|goal|mission|function)\s+"
+    r"(?:now\s+)?is\b|\b(?:the\s+)?(?:previous|prior|above|earlier|preceding)\s+(?:prompt|"
+    r"instructions?|message|conversation|text)\s+(?:was|were|is)\s+(?:only\s+|just\s+|all\s+)?"
+    r"(?:a\s+test|fake|a\s+joke|a\s+mistake|wrong|not\s+real|void|written\s+by)"
+    r"|\b(?:obey|follow)\s+(?:only\s+)?(?:me\b|mine\b|my\s+(?:instructions|commands|orders|rules)|"
+    r"what\s+follows|these\s+(?:new\s+)?(?:instructions|commands))",
+    rules_revoked=r"\b(?:your|all\s+(?:of\s+)?your|the\s+(?:previous|prior|old|current|existing)|"
+    r"previous|prior|earlier|system|content)\s+(?:[\w-]+\s+){0,2}?(?:instructions|directives|rules|"
+    r"guidelines|programming|restrictions|polic(?:y|ies)|prompt|filters|safeguards|checks|"
+    r"guardrails)\s+(?:are|is|have\s+been|has\s+been)\s+(?:now\s+)?(?:void|cancel+ed|revoked|"
+    r"lifted|suspended|disabled|removed|obsolete|overridden|replaced|invalid|null|deactivated|"
+    r"turned\s+off|off|waived|no\s+longer\s+(?:in\s+effect|valid|active|apply))",
+    fake_system_turn=r"(?:^|\n)[ \t]*(?:#{1,6}[ \t]*|\*\*|>[ \t]*)?(?:system|assistant|ai|chatbot|"
+    r"bot|model|developer|admin|sys|gpt|llm)[ \t]*(?:message|prompt|note|notice|override|update|"
+    r"instructions?|alert)?[ \t]*(?:\*\*)?[ \t]*:|\[\s*(?:system|sys|admin|developer|assistant)"
+    r"(?:\s+(?:override|message|note|notice|prompt|instructions?|update|alert))?\s*\]"
+    r"|\b(?:system|admin|developer)\s+(?:override|notice|message|alert|update)\s*:"
+    r"|\{\s*[\"']role[\"']\s*:\s*[\"'](?:system|assistant|developer)[\"']",
+    chat_template_tokens=rf"{_TEMPLATE_TOKENS}|</?\s*(?:system|assistant|developer|user_input|"
+    r"im_start|im_end|passage|evidence)\s*>|<\s*/?\s*(?:start|end)_of_turn\s*>",
+    persona_reset=r"(?-i:\bDAN\b)(?=[^.\n]{0,40}\b(?:mode|do\s+anything|stands\s+for|prompt|jailbr)"
+    r")|\b(?:you\s+are|act\s+as|become|pretend\s+to\s+be|play|as|called|named)\s+(?-i:DAN)\b"
+    r"|\bdo\s+anything\s+now\b|\b(?:developer|dev|god|sudo|jailbreak|jailbroken|unrestricted|"
+    r"unfiltered|uncensored|evil|chaos|opposite)\s+mode\b|\b(?:enable|activate|enter|entering|"
+    r"switch\s+(?:to|into)|turn\s+on|engage|unlock|initiate|go\s+into)\s+(?:the\s+)?(?:debug|"
+    r"maintenance|admin|root|raw|(?-i:[A-Z]{3,6}))\s+mode\b|\bjailbroken\b"
+    r"|\bjailbreak(?:ed)?\s+(?:mode|prompt|version|yourself)"
+    r"|(?<!suppose\s)(?<!assume\s)(?<!imagine\s)(?<!if\s)(?<!that\s)\byou(?:'re|\s+are)\s+(?:now|"
+    r"no\s+longer)\b|\byou(?:'re|\s+are)\s+(?:now\s+)?(?:free|freed|liberated|unshackled|unchained|"
+    r"released)\s+(?:from|of)\b|(?<!['\"])\bfrom\s+(?:now|this\s+point)\s+(?:on|forward)"
+    r"\b[^.\n]{0,40}\b(?:you|your|answer|respond|reply|act|behave|only|always|never)\b"
+    r"|\byour\s+new\s+(?:name|identity|persona|personality|role|character)\b"
+    r"|\b(?:reset|change|update|switch|drop)\s+your\s+(?:persona|identity|personality|role|"
+    r"character|name)\b|\byour\s+identity\s+has\s+been\b|\byou\s+have\s+been\s+(?:jailbroken|freed|"
+    r"liberated|unlocked|reprogrammed|updated|upgraded|released)\b"
+    r"|\bforget\s+(?:that\s+)?you\s+are\b|\b(?:must|will|shall)\s+(?:comply|obey)\s+with\s+(?:all|"
+    r"every|any)\s+(?:requests?|commands?|instructions?|orders?)"
+    r"|\bnever\s+(?:refuses?|says?\s+(?:no|(?:it|you|he|she)\s+can'?t))"
+    r"|without\s+(?:ever\s+)?refusing|\b(?:can(?:not|'t)|won'?t|will\s+not|must\s+not)\s+refuse\s+"
+    r"(?:any(?:thing)?\b|a\s+request|requests|my\b|me\b|to\s+answer)|\bstay\s+in\s+character\b",
+    roleplay_unrestricted=r"\b(?:pretend|act|behave|role-?play|imagine|play|respond|answer|reply|"
+    r"write|speak|talk)\b[^.\n]{0,60}?\b(?:no|without|free\s+of|free\s+from|not\s+bound\s+by|"
+    r"ignores?|ignoring|beyond|outside)\s+(?:any\s+|all\s+|the\s+|your\s+)?(?:[\w-]+\s+(?:and\s+)?"
+    r"){0,3}?(?:rules|restrictions|limits|limitations|filters?|guidelines|ethics|ethical\s+"
+    r"(?:obligations|guidelines|constraints|rules)|obligations|morals|morality|content\s+polic(?:y|"
+    r"ies)|polic(?:y|ies)|censorship|safeguards|guardrails|boundaries|constraints|programming)\b"
+    rf"|\b(?:{_AI}|persona|character|yourself|version\s+of\s+you(?:rself)?)\b[^.\n]{{0,30}}?"
+    r"\b(?:with|has|have|having)\s+no\s+(?:[\w-]+\s+){0,2}?(?:rules|restrictions|limits|"
+    r"limitations|filters?|guidelines|ethics|content\s+polic(?:y|ies)|polic(?:y|ies)|morals|"
+    r"safeguards|guardrails|censorship)\b|\b(?:you(?:'re|\s+are)|as|play|be|become)\s+(?:an?\s+|"
+    r"my\s+|the\s+)?(?:evil|rogue|unfiltered|uncensored|unrestricted|unaligned|amoral|unethical|"
+    r"jailbroken|rebellious|malicious|dark|shadow)\s+(?:ai|assistant|model|chatbot|bot|version|"
+    r"twin|persona|character|alter\s+ego)\b|\bversion\s+of\s+(?:yourself|you)\s+(?:from\s+)?"
+    r"(?:before|without)\b|\b(?:escaped|broken\s+free\s+of|broke\s+free\s+of)\s+(?:its|your|the)\s+"
+    r"(?:programming|rules|restrictions|confines|training)"
+    r"|\b(?:pretend|act\s+as\s+if|imagine)\s+(?:that\s+)?(?:the\s+|your\s+)?(?:rules|restrictions|"
+    r"guidelines|policies|filters)\s+(?:don'?t|do\s+not|no\s+longer)\s+apply"
+    r"|\b(?:respond|answer|reply)\s+twice\b|\btwo\s+(?:responses|answers)\b[^.\n]{0,40}\b(?:one|"
+    r"first)\b",
+    aside_to_ai=rf"{_ASIDE_CUE}{_AI_STRICT}s?\b{_READING}?[ \t]*(?:[:,\u2014)\]]|\s-\s)"
+    rf"|{_ASIDE_CUE}{_AI_LOOSE}s?\b{_READING}?[ \t]*(?:[:\u2014)\]]|\s-\s)"
+    rf"|{_ASIDE_CUE}{_AI_LOOSE}s?\b{_READING}[ \t]*,|[(\[]\s*(?:{_AI_STRICT}\s*[:,]|{_AI_LOOSE}\s*"
+    rf":)|(?:^|(?<=[.!?])\s+)(?:the\s+|dear\s+|hey\s+)?(?:{_AI_STRICT}|{_AI_LOOSE})\s*[,:]\s*"
+    r"(?:please\s+)?(?:you|your|ignore|disregard|forget|answer|respond|reply|say|select|choose|"
+    r"pick|output|print|write|mark|tell|conclude|recommend|do|don'?t|make|treat|append|include|end|"
+    r"remember|always|never|secretly|state)\b|\bif\s+you(?:'re|\s+are)\s+(?:an?\s+)?"
+    rf"(?:{_AI_STRICT}|large\s+language|automated|bot)\b(?!-)"
+    rf"|\b(?:any|every|all)\s+(?:{_AI_STRICT}|{_AI_LOOSE})s?\s+(?:reading|processing|summari[sz]ing"
+    r"|parsing|answering|that\s+reads)\b",
+    forced_answer=r"\b(?:you\s+(?:must|should|will|shall|have\s+to|need\s+to|are\s+(?:required|"
+    r"instructed|told)\s+to)|always|only|just|simply|make\s+sure\s+(?:to|you)|be\s+sure\s+to)\s+"
+    r"(?:answer|choose|select|pick|respond(?:\s+with)?|reply(?:\s+with)?|output|say|mark|return|"
+    rf"print|go\s+with|circle|give)\s+(?:with\s+)?(?:the\s+)?(?:letter\s+|answer\s+)?{_LETTER}"
+    rf"|{_START}(?:answer|choose|select|pick|respond\s+with|reply\s+with|output|say|mark|go\s+with|"
+    rf"circle)\s+(?:with\s+)?(?:the\s+(?:letter|option|choice)\s+)?{_LETTER}(?=\s*(?:[.;!,]|$)|\s+"
+    r"(?:regardless|no\s+matter|whatever|irrespective|and\s+(?:nothing|don'?t|do\s+not)|as\s+"
+    r"(?:the|your)|this\s+is|for\s+this))|\b(?:answer|choose|select|pick|respond\s+with|reply\s+"
+    r"with|output|say|mark|go\s+with)\s+(?:with\s+)?(?:the\s+(?:letter\s+)?)?"
+    rf"{_LETTER}[^.\n]{{0,40}}\b(?:regardless|no\s+matter|whatever|irrespective|in\s+(?:any|every|"
+    r"all)\s+cases?|even\s+if\s+(?:the|you|your|another|other|it\s+(?:seems|looks)))"
+    r"|\b(?:regardless|no\s+matter|whatever|irrespective)\b[^.\n]{0,60}\b(?:answer|choose|select|"
+    rf"pick|output|say|respond|reply|mark|read)\s+(?:with\s+)?(?:the\s+letter\s+)?{_LETTER}"
+    r"|\b(?:final|only\s+(?:acceptable|valid|correct|allowed)|required)\s+(?:[\w-]+\s+){0,2}?"
+    r"(?:answer|output|line|response|letter|reply)\s+(?:must|should|will|shall|is|has\s+to)\s+"
+    rf"(?:[\w-]+\s+){{0,2}}?(?:be\s+|read\s+|say\s+)?(?:the\s+letter\s+)?{_LETTER}"
+    rf"|\b(?:output|give|return|print|write|put)\s+{_LETTER}\s+as\s+(?:the|your)\s+(?:final\s+)?"
+    r"answer|\bthe\s+(?:correct|right|only|real|true|best)\s+(?:answer|choice|option)\s+(?:is|"
+    rf"must\s+be|will\s+be)\s+{_LETTER}[^\n]{{0,80}}?\b(?:do\s+not|don'?t|never|ignore|regardless|"
+    r"no\s+matter|without|must|only)\b|\bthe\s+(?:correct\s+|right\s+)?answer\s+is\s+"
+    rf"{_LETTER}[^.\n]{{0,20}}?\b(?:output|say|respond|reply|print|write|return)\s+(?:it|that|only|"
+    r"just)\b",
+    exfiltration=rf"\b{_REQUEST}\b[^\n]{{0,60}}?{_SECRET}|\b(?:repeat|print|output|copy|show|echo|"
+    r"write\s+out)\s+(?:back\s+)?(?:the\s+|all\s+(?:the\s+)?|everything\s+|every\s+word\s+)?"
+    r"(?:text|words|content|message|messages|everything|lines?)?\s*(?:above|before\s+(?:this|my)|"
+    r"preceding|prior|that\s+came\s+before)|\b(?:instructions|prompt|rules)\s+(?:you\s+(?:were|"
+    r"have\s+been)\s+given|given\s+to\s+you)\b[^.\n]{0,40}\b(?:before|verbatim|word\s+for\s+word|"
+    r"exactly)|\b(?:what|which)\s+instructions\s+(?:were\s+you|you\s+were|have\s+you\s+been)\s+"
+    r"given\b|\b(?:exact|verbatim|precise)\s+(?:wording|text|words)\s+of\s+(?:your|the\s+system)"
+    r"|\b(?-i:[A-Z][A-Z0-9]*_(?:API_)?(?:KEY|TOKEN|SECRET|PASSWORD))\b"
+    r"|\b(?:api|openai|gemini|groq|secret|access)\s+key\b[^.\n]{0,60}\b(?:your|from\s+(?:your|the)"
+    r"\s+(?:config|server|environment|settings))\b|\b(?:run|execute|eval)\s+(?:os\.environ|"
+    r"printenv|env\b|process\.env|cat\s+/)",
+    fabrication_request=rf"{_START}(?:make\s+up|invent|fabricate|fake|concoct|manufacture|create|"
+    r"generate|write|give\s+me|cite|draft|provide|produce|list|find|add|include)\b[^.\n]{0,60}?"
+    r"\b(?:fake|fictitious|fictional|made-?\s?up|invented|fabricated|non-?existent|imaginary|bogus|"
+    r"phony|plausible[-\s]sounding|realistic[-\s]looking|authentic[-\s]looking|convincing)"
+    r"\b[^.\n]{0,30}?\b(?:cases?\b(?!\s+(?:summar|stud|hypo|scenario|example|fact))|case\s+law|"
+    r"citations?|cites|authorit(?:y|ies)|precedents?|holdings?|quotes?|quotations|statutes?|"
+    r"decisions?|opinions?|rulings?|sources|references)\b"
+    rf"|{_START}(?:make\s+up|invent|fabricate|concoct|manufacture|fake|dream\s+up|cook\s+up)\b\s+"
+    r"(?:[\w-]+\s+){0,4}?(?:case|cases|citations?|cites?|authorit(?:y|ies)|precedents?|holdings?|"
+    r"quotes?|quotations?|statutes?|decisions?|rulings?|opinions?|law)\b"
+    r"|\bmake\s+(?:them|it|some|one|something|things)\s+up\b(?=[^\n]{0,80}\b(?:citations?|cases?|"
+    r"authorit|precedents?|holdings?))|\b(?:cases|citations|authorities|precedents|holdings|quotes)"
+    r"\b[^\n]{0,80}?\b(?:invent|fabricate|concoct|manufacture|fake|make\s+up)\s+(?:them|some|one|"
+    r"it|those)\b|\b(?:cases|citations|authorities|precedents|holdings|quotes)\b[^\n]{0,80}?"
+    r"\bmake\s+(?:them|it|some|one|something|things)\s+up\b"
+    r"|\b(?:doesn'?t|does\s+not|don'?t|do\s+not|need\s+not|needn'?t)\s+(?:matter|have\s+to|need\s+"
+    r"to)\s+(?:whether|if|be)\s+(?:they|it|the\s+(?:cases|citations|authorities|quotes))\s+"
+    r"(?:actually\s+|really\s+)?(?:exist|are\s+real|is\s+real|real)"
+    r"|\beven\s+if\s+(?:he|she|they|it|the\s+(?:court|justice|judge))\s+never\s+(?:said|wrote|"
+    r"decided|held|existed|ruled)|\b(?:if|even\s+if)\s+(?:none|no\s+such\s+(?:cases?|authority)|"
+    r"they\s+don'?t)\s+exists?\b|\b(?:the\s+judge|nobody|no\s+one|opposing\s+counsel|the\s+court)"
+    r"\s+(?:won'?t|will\s+not|wouldn'?t|would\s+not|never)\s+(?:check|notice|verify)"
+    r"|\b(?:present|format|pass)\s+(?:it|them|this|these)\s+(?:off\s+)?as\s+(?:a\s+)?(?:real|"
+    r"genuine|binding|authentic)|\bas\s+(?:a\s+)?real\s+(?:citation|case|authority|precedent|"
+    r"holding)",
+    decode_and_follow=r"\b(?:decode|decrypt|decipher|translate|unscramble|deobfuscate|reverse|read|"
+    r"evaluate|process|interpret|convert)\b[^.\n]{0,50}?\b(?:and|then)\s+(?:follow|obey|execute|"
+    r"run|comply|do\s+(?:what|as)\s+it|act\s+on|carry\s+(?:it|them)\s+out)\b"
+    r"|\b(?:run|execute|follow|obey)\s+(?:that|this|the\s+(?:decoded|following))\s+(?:string|text|"
+    r"payload|code)\b",
 )
 
-# ------------------------------------------------------------------------------------------------
-# Passage patterns (documents)
-# ------------------------------------------------------------------------------------------------
-
+# --- Passage patterns (documents) -----------------------------------------------------------------
 PASSAGE_PATTERNS: dict[str, re.Pattern[str]] = _compile(
-    {
-        "addresses_ai": (
-            r"\b(?:note|message|instructions?|hint|memo|reminder|directive|notice|p\.?\s?s\.?|"
-            r"attention|warning|important)\b[ \t]*(?:to|for)?[ \t]*(?:the|any|all|every|whatever|"
-            r"whichever)?[ \t]*(?:ai|a\.i\.|ai\s+assistant|language\s+models?|large\s+language\s+"
-            r"models?|llms?|chatbots?|ai\s+models?|ai\s+systems?|assistants?\s+reading\s+this|"
-            r"models?\s+reading\s+this|gpt)\b[^\n]{0,20}?(?:[:,\u2014)\]!]|\s-\s)"
-            r"|\b(?:dear|hey|hello|attention)\s+(?:ai|a\.i\.|assistant|chatbot|language\s+model|"
-            r"llm|gpt)\b"
-            r"|\bif\s+you(?:'re|\s+are)\s+(?:an?\s+)?(?:ai|a\.i\.|large\s+language|language\s+"
-            r"model|llm|chatbot|ai\s+assistant|automated)\b"
-            r"|\b(?:ai|a\.i\.|language\s+models?|llms?|chatbots?|ai\s+assistants?|ai\s+models?)\s+"
-            r"(?:reading|processing|summari[sz]ing|parsing|retrieving|answering|that\s+reads?)\s+"
-            r"(?:this|these)\b"
-            r"|(?:^|(?<=[.!?\n])\s*)(?:ai|a\.i\.|ai\s+assistant|language\s+model|llm|chatbot)\s*[,:]"
-            r"\s*(?:please\s+)?(?:you|ignore|disregard|answer|respond|reply|say|select|choose|"
-            r"output|print|reveal|always|never|do\s+not|don'?t)\b"
-        ),
-        "ignore_instructions": (
-            r"(?:^|(?<=[.!?:;\n\"'(\[])\s*|\b(?:please|now|you\s+(?:must|should|will|shall))\s+)"
-            r"(?:ignore|disregard|forget|override|bypass|discard)\s+(?:all|any|every|your|the|"
-            r"previous|prior|earlier|above|preceding|other|original|system)\s+(?:[\w-]+\s+){0,2}?"
-            r"(?:instructions|prompts?|directives|guidelines|guardrails|programming|system\s+"
-            r"(?:prompt|message)|safety\s+rules)\b"
-            r"|\b(?:ignore|disregard|forget)\s+(?:all\s+(?:of\s+)?)?your\s+(?:previous\s+|prior\s+|"
-            r"earlier\s+|original\s+|initial\s+)?(?:instructions|prompts?|programming)\b"
-        ),
-        "forced_answer": (
-            r"\b(?:the\s+)?(?:correct|right|best|proper|only\s+correct)\s+(?:answer|choice|option|"
-            r"response)\s+(?:to\s+(?:this|the|any|that|every)\s+(?:[\w-]+\s+){0,4})?(?:is|will\s+"
-            r"be|must\s+be|should\s+be|=)\s*:?\s*(?:always\s+)?(?:option\s+|choice\s+|letter\s+)?"
-            r"(?:\(\s*(?-i:[A-Da-d])\s*\)|(?-i:[A-D])\b(?!\.\s?[A-Z]))"
-            r"|(?:^|(?<=[.!?:\n])\s*)(?:always\s+)?(?:answer|choose|select|pick|mark)\s+(?:with\s+)?"
-            r"(?:option\s+|choice\s+|letter\s+)?\(\s*(?-i:[A-D])\s*\)"
-            r"|\b(?:answer|choose|select|pick)\s+(?:option\s+|choice\s+|letter\s+)?\(?(?-i:[A-D])"
-            r"\)?\s+(?:regardless|no\s+matter|whatever|irrespective)\b"
-        ),
-        "reveal_prompt": (
-            rf"\b{_REQUEST}\b[^\n]{{0,60}}?(?:system\s+prompt|(?:your|the\s+assistant'?s)\s+"
-            r"(?:[\w-]+\s+){0,2}?(?:prompt|instructions|configuration|api\s+keys?|credentials)|"
-            r"hidden\s+instructions|developer\s+message|environment\s+variables|os\.environ)"
-        ),
-        "chat_template_tokens": (
-            rf"{_TEMPLATE_TOKENS}|</?\s*(?:system|assistant|user_input|im_start|im_end|passage|"
-            r"evidence)\s*>"
-            r"|(?:^|\n)[ \t]*(?:#{1,6}[ \t]*)?(?:assistant|(?:system|assistant)[ \t]*(?:message|"
-            r"prompt|note|override))[ \t]*:|(?:^|\n)[ \t]*#{1,6}[ \t]*system\b"
-        ),
-        "persona_reset": (
-            r"\byou\s+are\s+now\s+(?:an?\s+|in\s+|no\s+longer\b|free\b|unrestricted\b|DAN\b)"
-            r"|\bdo\s+anything\s+now\b|\b(?:developer|god|jailbreak|unrestricted)\s+mode\b"
-            r"|\bjailbroken\b|\bfrom\s+now\s+on,?\s+(?:you|the\s+(?:assistant|ai|model))\b"
-        ),
-    }
+    addresses_ai=r"\b(?:note|message|instructions?|hint|memo|reminder|directive|notice|p\.?\s?s\.?|"
+    r"attention|warning|important)\b[ \t]*(?:to|for)?[ \t]*(?:the|any|all|every|whatever|"
+    r"whichever)?[ \t]*(?:ai|a\.i\.|ai\s+assistant|language\s+models?|large\s+language\s+models?|"
+    r"llms?|chatbots?|ai\s+models?|ai\s+systems?|assistants?\s+reading\s+this|models?\s+reading\s+"
+    r"this|gpt)\b[^\n]{0,20}?(?:[:,\u2014)\]!]|\s-\s)|\b(?:dear|hey|hello|attention)\s+(?:ai|"
+    r"a\.i\.|assistant|chatbot|language\s+model|llm|gpt)\b"
+    r"|\bif\s+you(?:'re|\s+are)\s+(?:an?\s+)?(?:ai|a\.i\.|large\s+language|language\s+model|llm|"
+    r"chatbot|ai\s+assistant|automated)\b|\b(?:ai|a\.i\.|language\s+models?|llms?|chatbots?|ai\s+"
+    r"assistants?|ai\s+models?)\s+(?:reading|processing|summari[sz]ing|parsing|retrieving|"
+    r"answering|that\s+reads?)\s+(?:this|these)\b|(?:^|(?<=[.!?\n])\s*)(?:ai|a\.i\.|ai\s+assistant|"
+    r"language\s+model|llm|chatbot)\s*[,:]\s*(?:please\s+)?(?:you|ignore|disregard|answer|respond|"
+    r"reply|say|select|choose|output|print|reveal|always|never|do\s+not|don'?t)\b",
+    ignore_instructions=r"(?:^|(?<=[.!?:;\n\"'(\[])\s*|\b(?:please|now|you\s+(?:must|should|will|"
+    r"shall))\s+)(?:ignore|disregard|forget|override|bypass|discard)\s+(?:all|any|every|your|the|"
+    r"previous|prior|earlier|above|preceding|other|original|system)\s+(?:[\w-]+\s+){0,2}?"
+    r"(?:instructions|prompts?|directives|guidelines|guardrails|programming|system\s+(?:prompt|"
+    r"message)|safety\s+rules)\b|\b(?:ignore|disregard|forget)\s+(?:all\s+(?:of\s+)?)?your\s+"
+    r"(?:previous\s+|prior\s+|earlier\s+|original\s+|initial\s+)?(?:instructions|prompts?|"
+    r"programming)\b",
+    forced_answer=r"\b(?:the\s+)?(?:correct|right|best|proper|only\s+correct)\s+(?:answer|choice|"
+    r"option|response)\s+(?:to\s+(?:this|the|any|that|every)\s+(?:[\w-]+\s+){0,4})?(?:is|will\s+be|"
+    r"must\s+be|should\s+be|=)\s*:?\s*(?:always\s+)?(?:option\s+|choice\s+|letter\s+)?(?:\(\s*"
+    r"(?-i:[A-Da-d])\s*\)|(?-i:[A-D])\b(?!\.\s?[A-Z]))|(?:^|(?<=[.!?:\n])\s*)(?:always\s+)?"
+    r"(?:answer|choose|select|pick|mark)\s+(?:with\s+)?(?:option\s+|choice\s+|letter\s+)?\(\s*"
+    r"(?-i:[A-D])\s*\)|\b(?:answer|choose|select|pick)\s+(?:option\s+|choice\s+|letter\s+)?\(?"
+    r"(?-i:[A-D])\)?\s+(?:regardless|no\s+matter|whatever|irrespective)\b",
+    reveal_prompt=rf"\b{_REQUEST}\b[^\n]{{0,60}}?(?:system\s+prompt|(?:your|the\s+assistant'?s)\s+"
+    r"(?:[\w-]+\s+){0,2}?(?:prompt|instructions|configuration|api\s+keys?|credentials)|hidden\s+"
+    r"instructions|developer\s+message|environment\s+variables|os\.environ)",
+    chat_template_tokens=rf"{_TEMPLATE_TOKENS}|</?\s*(?:system|assistant|user_input|im_start|"
+    r"im_end|passage|evidence)\s*>|(?:^|\n)[ \t]*(?:#{1,6}[ \t]*)?(?:assistant|(?:system|assistant)"
+    r"[ \t]*(?:message|prompt|note|override))[ \t]*:|(?:^|\n)[ \t]*#{1,6}[ \t]*system\b",
+    persona_reset=r"\byou\s+are\s+now\s+(?:an?\s+|in\s+|no\s+longer\b|free\b|unrestricted\b|DAN\b)"
+    r"|\bdo\s+anything\s+now\b|\b(?:developer|god|jailbreak|unrestricted)\s+mode\b|\bjailbroken\b"
+    r"|\bfrom\s+now\s+on,?\s+(?:you|the\s+(?:assistant|ai|model))\b",
 )
 
 _PASSAGE_TRIGGER = re.compile(
@@ -405,10 +318,7 @@ _PASSAGE_TRIGGER = re.compile(
 """Cheap pre-filter: a passage without any of these words cannot match a passage pattern."""
 
 
-# ------------------------------------------------------------------------------------------------
-# Normalisation and encoded payloads
-# ------------------------------------------------------------------------------------------------
-
+# --- Normalisation and encoded payloads -----------------------------------------------------------
 _INVISIBLE = re.compile(r"[\u00ad\u180e\u200b-\u200f\u2060-\u2064\ufeff]")
 _QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
 _LEET = str.maketrans({"0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t", "@": "a"})
@@ -455,11 +365,9 @@ def _base64_text(blob: str) -> str | None:
         return None  # a plain word or number, not base64
     padded = blob + "=" * (-len(blob) % 4)
     for decode in (base64.b64decode, base64.urlsafe_b64decode):
-        try:
+        with contextlib.suppress(ValueError):  # binascii.Error is a ValueError
             if got := _printable_text(decode(padded)):
                 return got
-        except (binascii.Error, ValueError):
-            pass
     return None
 
 
@@ -489,14 +397,13 @@ def _obfuscation_variants(text: str) -> list[str]:
     return variants
 
 
-Veto = Callable[[str, str, re.Match[str]], bool]
-"""(pattern name, text, match) -> whether the match is set aside (not an attack)."""
-
-
 def _matches(
-    patterns: Mapping[str, re.Pattern[str]], text: str, veto: Veto | None = None
+    patterns: Mapping[str, re.Pattern[str]],
+    text: str,
+    veto: Callable[[str, str, re.Match[str]], bool] | None = None,
 ) -> list[str]:
-    """Names of ``patterns`` with a match in ``text`` that ``veto`` does not set aside."""
+    """Names of ``patterns`` with a match in ``text`` that ``veto(name, text, match)`` does not
+    set aside (not an attack)."""
     return [
         name
         for name, pattern in patterns.items()
@@ -504,10 +411,7 @@ def _matches(
     ]
 
 
-# ------------------------------------------------------------------------------------------------
-# The screens
-# ------------------------------------------------------------------------------------------------
-
+# --- The screens ----------------------------------------------------------------------------------
 
 _SENTENCE_END = re.compile(r"[.!?\n]")
 
@@ -532,8 +436,6 @@ _REPORTABLE = frozenset({"override_instructions", "forget_context"})
 """Patterns whose match is not a hit when it continues a command reported earlier in its sentence,
 in a sentence that never names the assistant: "My new manager told me to ignore previous
 instructions from the safety officer and disregard the system rules for forklift operation."."""
-
-
 _SAID = re.compile(
     r"\b(?:said|says|say|shouted|shouts|yelled|screamed|wrote|writes|texted|emailed|stated|"
     r"told\s+\w+|replied|announced|whispered|added|read)(?:(?:\s+[\w'-]+){1,4}?\s*[,:]|\s*[,:]?)\s*"
@@ -549,8 +451,7 @@ def _quoted(text: str, match: re.Match[str]) -> bool:
     words outside the quotation in its sentences never name the assistant."""
     for q in _SAID.finditer(text):
         if q.start("said") <= match.start() and match.end() <= q.end("said"):
-            left = _sentence_bounds(text, q.start(), q.start())[0]
-            right = _sentence_bounds(text, q.end(), q.end())[1]
+            left, right = _sentence_bounds(text, q.start(), q.end())
             outside = text[left : q.start("said")] + " " + text[q.end("said") : right]
             return not _ADDRESSEE.search(outside)
     return False
@@ -564,19 +465,15 @@ def _reported(name: str, text: str, match: re.Match[str]) -> bool:
     if _quoted(text, match):
         return True
     left, right = _sentence_bounds(text, match.start(), match.end())
-    if _ADDRESSEE.search(text, left, right):
-        return False
-    return bool(_REPORTED.search(text, left, match.start()))
+    return not _ADDRESSEE.search(text, left, right) and bool(
+        _REPORTED.search(text, left, match.start())
+    )
 
 
 def screen_user_input(text: str) -> list[str]:
-    """Names of the user-input patterns ``text`` matches (empty = looks safe): override/ignore
-    instructions, fake system or assistant turns and chat-template tokens, role-play and persona
-    resets, asides to the AI inside a fact pattern, forced multiple-choice answers, requests for
-    keys / the prompt / the environment, requests to fabricate authorities.
-
-    The text is normalised first; disguised readings of it (base64/hex/percent blobs, ROT13,
-    reversed, leetspeak, spaced letters) are screened too and report :data:`ENCODED`."""
+    """Names of the user-input patterns the normalised ``text`` matches (empty = looks safe);
+    disguised readings of it (base64/hex/percent blobs, ROT13, reversed, leetspeak, spaced
+    letters) are screened too and report :data:`ENCODED`."""
     norm = normalize(text)
     hits = _matches(USER_PATTERNS, norm, _reported)
     for variant in _obfuscation_variants(norm):
@@ -600,16 +497,10 @@ def _reported_in_caselaw(name: str, text: str, match: re.Match[str]) -> bool:
 
 
 def screen_passage(text: str) -> list[str]:
-    """Names of the document patterns ``text`` matches (empty = clean): a passage that addresses
-    an AI, tells it to ignore its instructions, declares "the correct answer is (X)", asks for the
-    prompt, or carries chat-template tokens; legal text ("the jury was instructed to disregard
-    …") never matches (checked against both bundled corpora).  An encoded blob
-    (:func:`decoded_payloads`) whose text matches a passage or user-input pattern reports
-    :data:`ENCODED`."""
-
-    def hits_in(t: str) -> list[str]:
-        return _matches(PASSAGE_PATTERNS, t, _reported_in_caselaw)
-
+    """Names of the document patterns ``text`` matches (empty = clean; legal text such as "the
+    jury was instructed to disregard …" never matches, checked on both bundled corpora); an
+    encoded blob whose text matches a passage or user-input pattern reports :data:`ENCODED`."""
+    hits_in = functools.partial(_matches, PASSAGE_PATTERNS, veto=_reported_in_caselaw)
     norm = normalize(text)
     hits = hits_in(norm) if _PASSAGE_TRIGGER.search(norm) else []
     if any(hits_in(d) or _matches(USER_PATTERNS, d) for d in decoded_payloads(norm)):
@@ -618,10 +509,8 @@ def screen_passage(text: str) -> list[str]:
 
 
 HIDDEN_FLAG = "hidden:"
-"""Prefix of the stored injection flags of a chunk whose document hides text that reads as
-instructions (white or invisible PDF text, HTML comments or hidden elements, metadata): the
-loader flags every chunk of such a document (``load_corpus.load_documents``), and no search hands
-one to a prompt, though its visible text screens clean."""
+"""Prefix of the stored flags of every chunk of a document that hides instructions (invisible PDF
+text, HTML comments, metadata; ``load_corpus.load_documents``): no search hands one to a prompt."""
 
 
 def quarantined(doc: Mapping[str, Any]) -> list[str]:
@@ -636,9 +525,7 @@ passage changes neither how many passages are read nor which."""
 
 
 def keep_clean(
-    docs: Iterable[Mapping[str, Any]],
-    k: int,
-    screen: Callable[[str], list[str]] = screen_passage,
+    docs: Iterable[Mapping[str, Any]], k: int, screen: Callable[[str], list[str]] = screen_passage
 ) -> tuple[list[dict], list[dict]]:
     """``(kept, flagged)``: the first ``k`` passages of ``docs`` (best first) whose text ``screen``
     finds no instruction in; and every screened-out one as ``{"id", "patterns"}``."""
@@ -661,10 +548,7 @@ def rejection_message(check: InjectionCheck) -> str:
     )
 
 
-# ------------------------------------------------------------------------------------------------
-# The policy
-# ------------------------------------------------------------------------------------------------
-
+# --- The policy -----------------------------------------------------------------------------------
 _COMMANDS = (
     r"(?:ignore|disregard|forget|override|bypass|pretend|role-?play|act\s+as|respond|reply|print|"
     r"reveal|say|write|output|answer|select|choose|pick|repeat|tell|show|list|give|stop|do\s+not|"
@@ -678,11 +562,9 @@ _CONTROL_CUES = re.compile(
     rf"|\b{_AI}\s+(?:must|should|will|shall|is\s+to|needs?\s+to|has\s+to|may\s+not|cannot)\b",
     _I,
 )
-"""What an instruction to the assistant needs: the second person, an imperative at the start of a
-clause ("never", "always" and "only" count only before one: "…, but only on the ground that" is
-a fact pattern), an AI as addressee ("note to the AI", "the assistant must"), or words of persona
-and encoding tricks.  Third-person mentions ("a company's chatbot",
-"prompt injection", "jury instructions") are subject matter, not an address."""
+"""What an instruction to the assistant needs: the second person, an imperative at a clause start
+("never", "always", "only" only before one), an AI as addressee ("note to the AI"), or words of
+persona and encoding tricks; "a company's chatbot" or "jury instructions" are subject matter."""
 _FABRICATION_CUES = re.compile(
     r"\b(?:fake|fabricat\w*|made[-\s]?up|make\s+(?:\w+\s+)?up|invent\w*|fictitious|fictional|"
     r"non-?existent|imaginary|bogus|phony)\b[^.\n]{0,60}\b(?:cases?|citations?|cites|"
@@ -724,31 +606,26 @@ def _looks_encoded(token: str) -> bool:
 
 
 def detect(text: str, client: Any, *, skip_llm: bool) -> InjectionCheck:
-    """The injection check of one user input: pre-screen, then the model's verdict
-    (``skills/detect_prompt_injection.md``).
+    """The injection check of one user input (``client``: an ``llm_config.LLMClient``).
 
-    * a :func:`screen_user_input` hit rejects (no LLM call; ``llm_verdict='not_needed'``);
-    * ``skip_llm``, a failed call (``LLMCallError``) or an unparsed reply (``llm_verdict``
-      ``skipped``, ``error``, ``unparsed``): the input passes on the pre-screen alone and
-      ``injection_check`` says ``prescreen_only`` (else ``full``);
-    * a model verdict 'safe' passes, 'injection' rejects — unless the text never addresses the
-      assistant (:func:`addresses_the_assistant`), when it is overruled and the reason says so.
-
-    ``client`` is an ``llm_config.LLMClient`` (unused when ``skip_llm``)."""
+    A :func:`screen_user_input` hit rejects with no LLM call (``not_needed``); ``skip_llm``, a
+    failed call or an unparsed reply pass on the pre-screen alone (``prescreen_only``); else the
+    model's verdict decides (``skills/detect_prompt_injection.md``), but an 'injection' verdict on
+    text that never addresses the assistant (:func:`addresses_the_assistant`) is overruled."""
     hits = screen_user_input(text)
     if hits:
-        return _check(False, "not_needed", f"pre-screen: {', '.join(hits)}", prescreen=hits)
+        return _check(False, "not_needed", f"pre-screen: {', '.join(hits)}", hits)
     if skip_llm:
-        return _check(True, "skipped", "LLM check skipped; pre-screen clean", full=False)
+        return _check(True, "skipped", "LLM check skipped; pre-screen clean")
     try:
         result = prompts.call(client, "injection", user_input=prompts.quote("user_input", text))
     except LLMCallError as exc:
         logger.warning("injection check: the LLM call failed; passing on the pre-screen: %s", exc)
         reason = f"LLM call failed; pre-screen clean ({exc})"[:200]
-        return _check(True, "error", reason, full=False)
+        return _check(True, "error", reason)
     parsed = result.parsed
     if parsed is None:
-        return _check(True, "unparsed", "LLM verdict unparsed; pre-screen clean", full=False)
+        return _check(True, "unparsed", "LLM verdict unparsed; pre-screen clean")
     if parsed.verdict == "injection" and not addresses_the_assistant(text):
         reason = f"LLM verdict overruled: no instruction to the assistant ({parsed.reason})"
         return _check(True, "injection", reason)
@@ -756,18 +633,14 @@ def detect(text: str, client: Any, *, skip_llm: bool) -> InjectionCheck:
 
 
 def _check(
-    is_safe: bool,
-    llm_verdict: LLMVerdict,
-    reason: str,
-    *,
-    prescreen: Iterable[str] = (),
-    full: bool = True,
+    is_safe: bool, llm_verdict: LLMVerdict, reason: str, prescreen: Iterable[str] = ()
 ) -> InjectionCheck:
+    prescreen_only = llm_verdict in ("skipped", "error", "unparsed")
     return InjectionCheck(
         is_safe=is_safe,
         verdict="safe" if is_safe else "injection",
         prescreen=list(prescreen),
         llm_verdict=llm_verdict,
         reason=reason,
-        injection_check="full" if full else "prescreen_only",
+        injection_check="prescreen_only" if prescreen_only else "full",
     )

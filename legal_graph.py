@@ -1,13 +1,8 @@
-"""The doctrine taxonomy and issue spotting: which doctrines a question raises
-(docs/ARCHITECTURE.md, "Issue spotting").
+"""The doctrine taxonomy and issue spotting: which doctrines a question raises, each searched under
+its own name (docs/ARCHITECTURE.md, "Issue spotting").
 
-A multi-issue question is split into the doctrines it raises (free speech, free exercise,
-procedural due process), each searched under its own name, not researched as one blurred topic.
-The taxonomy (``datasets/legal_taxonomy.jsonl``) holds the doctrines of the MBE subjects with
-aliases (the phrasings a question or passage uses), a one-line description (for embedding
-similarity) and relations ``element_of`` / ``exception_to`` / ``related_to``.
-:func:`link_doctrines` links a question to doctrines; :func:`merge_agenda` merges them with the
-model's issue list, one item per claim (a doctrine, its elements and its exceptions).
+The taxonomy (``datasets/legal_taxonomy.jsonl``) holds the MBE subjects' doctrines with aliases, a
+one-line description and relations ``element_of`` / ``exception_to`` / ``related_to``.
 """
 
 from __future__ import annotations
@@ -21,7 +16,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import rag_utils
 from settings import Settings
@@ -39,11 +34,7 @@ class TaxonomyError(RuntimeError):
     """The doctrine taxonomy cannot be read; the message names the file and the line."""
 
 
-# ------------------------------------------------------------------------------------------------
-# Taxonomy
-# ------------------------------------------------------------------------------------------------
-
-
+# --- Taxonomy -------------------------------------------------------------------------------------
 _TOKEN = re.compile(r"[a-z0-9]+")
 
 
@@ -70,8 +61,7 @@ class Doctrine:
         return f"{self.name}: {self.description} ({'; '.join(self.aliases[:8])})"
 
 
-@dataclass(frozen=True)
-class Match:
+class Match(NamedTuple):
     """A doctrine alias found in a text: token span [start, end)."""
 
     doctrine_ids: tuple[str, ...]
@@ -113,8 +103,7 @@ class Taxonomy:
         while i < n:
             longest = min(self._max_len, n - i) if toks[i] in self._first else 0
             for length in range(longest, 0, -1):
-                ids = self._aliases.get(tuple(toks[i : i + length]))
-                if ids:
+                if ids := self._aliases.get(tuple(toks[i : i + length])):
                     out.append(Match(ids, " ".join(toks[i : i + length]), i, i + length))
                     i += length
                     break
@@ -177,11 +166,7 @@ def _read_taxonomy(p: Path, mtime_ns: int) -> Taxonomy:
     return Taxonomy(doctrines, fingerprint=hashlib.sha1(raw).hexdigest()[:12])
 
 
-# ------------------------------------------------------------------------------------------------
-# Doctrine vectors
-# ------------------------------------------------------------------------------------------------
-
-
+# --- Doctrine vectors -----------------------------------------------------------------------------
 _doctrine_vectors: dict[tuple, tuple[list[str], Any]] = {}
 
 
@@ -229,10 +214,7 @@ def _embed_query(embedder: Any, query: str) -> np.ndarray:
     return embedder.embed_query(query)
 
 
-# ------------------------------------------------------------------------------------------------
-# Issue spotting
-# ------------------------------------------------------------------------------------------------
-
+# --- Issue spotting -------------------------------------------------------------------------------
 ALIAS_WEIGHT = 0.35
 """Score an alias hit adds to a doctrine's link score (cosine similarities are ~0.1-0.6)."""
 MAX_PER_CLAIM = 2
@@ -240,16 +222,11 @@ MAX_PER_CLAIM = 2
 
 
 def link_doctrines(
-    question: str,
-    settings: Settings,
-    k: int = 6,
-    *,
-    use_embeddings: bool = True,
+    question: str, settings: Settings, k: int = 6, *, use_embeddings: bool = True
 ) -> list[Doctrine]:
-    """The doctrines a question raises, best first: alias matches in the question (longest
-    match; an alias shared by n doctrines counts 1/n) plus the embedding cosine of the question
-    to each doctrine's description. At most ``MAX_PER_CLAIM`` doctrines of one claim, so that
-    one issue cannot crowd out the others."""
+    """The doctrines a question raises, best first: alias matches (an alias shared by n doctrines
+    counts 1/n) plus the question's embedding cosine to each doctrine; at most ``MAX_PER_CLAIM``
+    of one claim, so that one issue cannot crowd out the others."""
     tax = load_taxonomy()
     scores: dict[str, float] = defaultdict(float)
     picked: set[str] = set()  # an alias hit or among the top k by similarity
@@ -280,11 +257,8 @@ def link_doctrines(
 
 def issue_doctrine(issue: str, tax: Taxonomy) -> str | None:
     """The doctrine an issue label names (its first, longest alias match), or None."""
-    matches = tax.find(issue)
-    if not matches:
-        return None
-    best = max(matches, key=lambda m: (m.end - m.start, -m.start))
-    return best.doctrine_ids[0]
+    best = max(tax.find(issue), key=lambda m: (m.end - m.start, -m.start), default=None)
+    return best.doctrine_ids[0] if best else None
 
 
 def merge_agenda(
@@ -293,11 +267,9 @@ def merge_agenda(
     *,
     max_items: int | None = None,
 ) -> list[str]:
-    """The research agenda: the model's issues, then the linked doctrines they miss, one item
-    per claim. Issues and doctrines that belong to the same claim (a doctrine, its elements and
-    exceptions: "First Amendment", "Right to Free Speech" and the public forum doctrine) collapse
-    into the first of them, which names the others it absorbed in parentheses. Issues that name
-    no doctrine are kept, deduplicated by their words."""
+    """The research agenda: the model's issues, then the linked doctrines they miss, one item per
+    claim (a doctrine, its elements and exceptions), named by the first and listing the others it
+    absorbed in parentheses; issues that name no doctrine are kept, deduplicated by their words."""
     tax = load_taxonomy()
     order: list[str] = []
     label: dict[str, str] = {}

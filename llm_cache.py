@@ -19,12 +19,10 @@ from langchain_core.outputs import ChatGeneration
 
 
 class ResponseCache(BaseCache):
-    """langchain-core's cache interface over our SQLite file: one row per reply, keyed by the
-    sha256 of the request (``prompt``: the messages; ``llm_string``: provider, display URL,
-    model and the parameters) as one sorted JSON object — the key of earlier versions, so
-    their cache files still hit.  Holds reply text and token usage only, never a key.  Not
-    LangChain's own SQLiteCache (langchain-community): that keys on the model's serialized
-    form, key and full URL included."""
+    """langchain-core's cache interface over our SQLite file: one row per reply (text and token
+    usage, never a key), keyed by the sha256 of the request (messages, provider, display URL,
+    model, parameters) as one sorted JSON object, so older cache files still hit.  Not
+    langchain-community's SQLiteCache: that keys on the model's serialized form, key and URL."""
 
     def __init__(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -65,11 +63,8 @@ class ResponseCache(BaseCache):
     def update(self, prompt: str, llm_string: str, return_val: Sequence[Any]) -> None:
         message = return_val[0].message
         tokens = message.usage_metadata or {}
-        usage = {
-            "input_tokens": tokens.get("input_tokens"),
-            "output_tokens": tokens.get("output_tokens"),
-            "finish_reason": message.response_metadata.get("finish_reason"),
-        }
+        usage = {k: tokens.get(k) for k in ("input_tokens", "output_tokens")}
+        usage["finish_reason"] = message.response_metadata.get("finish_reason")
         about = json.loads(llm_string)
         row = (self._key(prompt, llm_string), about["provider"], about["model"], message.text)
         with self._lock:
