@@ -1,14 +1,7 @@
-"""The run context: every dependency the agent's nodes use, typed and built once per run.
+"""The run context: every dependency the agent's nodes use (``state.py`` holds what changes).
 
-Layout as in LangGraph's agent templates: ``state.py`` holds what changes during a run,
-``context.py`` what does not (settings, the LLM client, retrieval, the embedder, the QA memory,
-the run's deadline).  Nodes read ``runtime.context`` and nothing else; they never build a
-dependency themselves.
-
-- :meth:`AgentContext.from_settings` is the one constructor of the real dependencies, used by
-  ``run_agent``, the eval scripts and the benchmarks.
-- :func:`default_context` is the cached context of LangGraph Studio runs, which bring none.
-- Tests build an ``AgentContext`` directly with fakes for any field.
+Nodes read ``runtime.context`` and never build a dependency.  :meth:`AgentContext.from_settings`
+builds the real ones, :func:`default_context` those of LangGraph Studio runs; tests pass fakes.
 """
 
 from __future__ import annotations
@@ -19,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar
 
 import numpy as np
 
@@ -39,30 +32,16 @@ logger = logging.getLogger(__name__)
 
 
 def gated_out(score: float | None, gate: float) -> bool:
-    """True when evidence scoring ``score`` is not to be used at ``gate`` (``LEAN_GATE``,
-    calibrated by ``benchmarks/bench_agent.py gate``): below it, or no score at all; a gate of 0
-    never blocks."""
+    """Whether ``score`` (None: no evidence) is below ``gate`` (``LEAN_GATE``; 0 never blocks)."""
     return gate > 0 and (score is None or score < gate)
 
 
-class Retriever(Protocol):
-    def __call__(self, queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[Passage]:
-        """Passages for ``queries`` (the first is primary), best first, none of ``exclude_ids``:
-        id, text, title, source, metadata, dense_score (the plain cosine of the primary query to
-        the passage; None when the search embedded no query), rerank_score."""
-        ...
+Retriever = Callable[[list[str], int, Sequence[str]], list[Passage]]
+"""(queries, k, exclude_ids) -> passages for the queries (the first is primary), best first, none
+excluded; ``dense_score`` is the cosine to the first query (None: the search embedded none)."""
 
-
-ConfidenceFn = Callable[[str, list[Passage]], float]
-"""(question, passages the answer stands on) -> confidence in [0, 1]."""
-CosineFn = Callable[[str, list[Passage]], Sequence[float]]
-"""(question, passages) -> the cosine of the question to each passage."""
-EmbedFn = Callable[[list[str]], Any]
-"""texts -> L2-normalised rows (np.ndarray or lists)."""
-MemoryLookup = Callable[[str], "dict | None"]
-"""question -> the cached entry ({question, answer, confidence, similarity, sources}) or None."""
-MemoryWrite = Callable[[str, str, float, list[dict]], None]
-"""(question, research answer, confidence, sources) -> None."""
+ScoreFn = Callable[[str, list[Passage]], float]
+"""(question, passages) -> a score in [0, 1]."""
 
 CONFIDENCE_PASSAGES = 2
 """A step's confidence is the mean cosine of its question to this many best passages."""
@@ -70,12 +49,11 @@ CONFIDENCE_PASSAGES = 2
 
 @dataclass(frozen=True)
 class GateScores:
-    """A step's two numbers, both read from one cosine of its question to each passage."""
+    """A step's evidence score (the highest cosine) and confidence (the mean of the first
+    CONFIDENCE_PASSAGES), from one cosine of its question to each passage; 0.0 for none."""
 
     evidence: float
-    """The evidence gate's score: the highest cosine (0.0 for no passage)."""
     confidence: float
-    """The mean cosine of the first CONFIDENCE_PASSAGES passages (0.0 for none)."""
 
 
 @dataclass
@@ -85,83 +63,53 @@ class AgentContext:
     settings: Settings
     client: LLMClient
     retrieve: Retriever
-    embed: EmbedFn
-    check_memory: MemoryLookup
-    write_memory: MemoryWrite
+    embed: answer_stage.EmbedFn
+    """texts -> L2-normalised rows."""
+    check_memory: Callable[[str], dict | None]
+    """question -> the QA memory's entry (question, answer, confidence, similarity, sources)."""
+    write_memory: Callable[[str, str, float, list[dict]], None]
+    """(question, research answer, confidence, sources) -> None."""
     deadline: float | None = None
     """Absolute ``time.monotonic()`` by which the run must end (None: no limit)."""
     record_offset: int = 0
     """Index of the client's first call record that belongs to this run."""
-    screen_passage: Callable[[str], list[str]] = field(default=injection.screen_passage)
+    screen_passage: Callable[[str], list[str]] = injection.screen_passage
     """Names of the injection patterns a passage's text matches (empty: clean)."""
-    source_type: Callable[[Passage], str] = field(default=rag_utils.source_type)
-    """statute/rule, caselaw or study material of a passage (one classification for the working
-    memory)."""
+    source_type: Callable[[Passage], str] = rag_utils.source_type
+    """statute/rule, caselaw or study material of a passage (for the working memory)."""
     link_issues: Callable[[str, list[str]], list[str]] | None = None
-    """(question, the model's issues) -> the research agenda: the issues merged with the doctrines
-    the question links to in the legal taxonomy, one item per claim (None: the model's issues)."""
+    """(question, the model's issues) -> the agenda merged with the taxonomy's linked doctrines."""
     unknown_terms: Callable[[str, str | None], list[str]] | None = None
-    """(text, subject) -> its words that no passage of the corpus uses, with a subject only those
-    the subject also uses (``Bm25Index.unknown_terms``); None: no check (every word is known)."""
+    """(text, subject) -> its words no passage uses (``Bm25Index.unknown_terms``); None: none."""
     holds_documents: Callable[[], bool] | None = None
-    """Whether the collection holds the user's own documents (``load_corpus.py docs``), whose
-    fields of law the agent cannot know (None: it holds none)."""
+    """Whether the collection holds the user's own documents (None: it holds none)."""
     state_law: Callable[[str], StateLaw | None] | None = None
-    """(what a question asks) -> the state whose law it asks for ("How many days does Ohio law
-    give him?": Ohio) and whether some passage of the collection is that state's law
-    (:func:`state_law`); None: no check."""
+    """What a question asks -> the state whose law it asks for (:func:`state_law`); None: none."""
     scoped: Callable[[str], dict[str, Retriever]] | None = None
-    """A state's USPS code -> the searchers of :attr:`searchers` restricted to that state's law,
-    for a question that asks what it provides; None when the user set FILTER_JURISDICTION,
-    whose choice governs every search."""
-    cosines: CosineFn | None = None
-    """(question, passages) -> the cosine of the question to each passage, from one embedding of
-    the question and one read of the passage vectors (``rag_utils.passage_cosines``); None:
-    computed with ``embed``.  Used when the search's own cosines do not apply
-    (:meth:`passage_cosines`)."""
-    evidence_score: ConfidenceFn | None = None
+    """USPS code -> :attr:`searchers` within that state's law (None: FILTER_JURISDICTION is set)."""
+    cosines: Callable[[str, list[Passage]], Sequence[float]] | None = None
+    """(question, passages) -> the question's cosine to each; None: computed with ``embed``."""
+    evidence_score: ScoreFn | None = None
     """A scripted evidence score (tests, benchmarks) in place of the highest cosine."""
-    confidence: ConfidenceFn | None = None
-    """A scripted confidence (tests, benchmarks) in place of the mean cosine of the first
-    passages."""
+    confidence: ScoreFn | None = None
+    """A scripted confidence (tests, benchmarks) in place of the mean cosine."""
     flag_headroom: ClassVar[int] = injection.FLAG_HEADROOM
     """Extra passages a search fetches to replace those the injection screen drops."""
     searchers: dict[str, Retriever] = field(default_factory=dict)
-    """A retriever per search type (dense, keyword, hybrid, and hybrid+keyword, a step's first
-    angle); a type without one uses ``retrieve``."""
+    """A retriever per search type (:func:`searchers`); a type without one uses ``retrieve``."""
 
     @classmethod
     def from_settings(cls, settings: Settings, *, client: LLMClient | None = None) -> AgentContext:
         """The real dependencies for ``settings`` (nothing heavy happens until first use)."""
-        client = client or LLMClient(settings)
         # The QA memory's scope, computed on first use (it counts the collection), then kept.
         scope = functools.cache(lambda: memory_scope(settings))
 
-        def link_issues(question: str, issues: list[str]) -> list[str]:
-            linked = legal_graph.link_doctrines(question, settings)
-            return legal_graph.merge_agenda(issues, linked, max_items=4)
-
-        def embed(texts: list[str]) -> Any:
-            return rag_utils.get_embedder(settings).embed_documents(texts)
-
-        def check_memory(question: str) -> dict | None:
-            return rag_utils.check_memory(question, settings=settings, scope=scope())
-
-        def write_memory(
-            question: str, answer: str, confidence: float, sources: Sequence[dict] = ()
-        ) -> None:
-            rag_utils.write_to_memory(
-                question, answer, confidence, settings=settings, sources=sources, scope=scope()
-            )
-
         return cls(
             settings=settings,
-            client=client,
+            client=client or LLMClient(settings),
             retrieve=functools.partial(rag_utils.retrieve_documents_multi_query, settings=settings),
             cosines=functools.partial(rag_utils.passage_cosines, settings=settings),
-            unknown_terms=lambda text, subject: rag_utils.get_bm25(settings).unknown_terms(
-                text, subject
-            ),
+            unknown_terms=lambda text, subj: rag_utils.get_bm25(settings).unknown_terms(text, subj),
             holds_documents=functools.cache(
                 lambda: rag_utils.get_store(settings).holds_documents()
             ),
@@ -171,11 +119,15 @@ class AgentContext:
             else functools.cache(
                 lambda code: searchers(settings.replace(filter_jurisdiction=code))
             ),
-            embed=embed,
-            check_memory=check_memory,
-            write_memory=write_memory,
+            embed=lambda texts: rag_utils.get_embedder(settings).embed_documents(texts),
+            check_memory=lambda q: rag_utils.check_memory(q, settings=settings, scope=scope()),
+            write_memory=lambda q, a, conf, sources=(): rag_utils.write_to_memory(
+                q, a, conf, settings=settings, sources=sources, scope=scope()
+            ),
             searchers=searchers(settings),
-            link_issues=link_issues,
+            link_issues=lambda q, issues: legal_graph.merge_agenda(
+                issues, legal_graph.link_doctrines(q, settings), max_items=4
+            ),
         )
 
     def search(
@@ -186,8 +138,7 @@ class AgentContext:
         exclude_ids: Sequence[str],
         jurisdiction: str = "",
     ) -> list[Passage]:
-        """Route one step's search on its strategy's ``search_type``, within ``jurisdiction``'s
-        law when given (a state's USPS code; :attr:`scoped`)."""
+        """One step's ``search_type`` search, within a state's law when ``jurisdiction`` is set."""
         if jurisdiction and self.scoped:
             return self.scoped(jurisdiction)[search_type](queries, k, exclude_ids)
         return self.searchers.get(search_type, self.retrieve)(queries, k, exclude_ids)
@@ -195,14 +146,8 @@ class AgentContext:
     def passage_cosines(
         self, question: str, docs: list[Passage], queries: Sequence[str] = ()
     ) -> list[float]:
-        """The cosine of ``question`` to each of ``docs``, which the search of ``queries`` found.
-
-        A search embeds its queries in one pass, reads the vectors of the passages it ranks, and
-        puts on each passage its plain cosine to its first query (``dense_score``).  When that
-        query is ``question`` those are the cosines asked for (``rag_utils.searched_cosines``),
-        so a step embeds its question once and reads the passage vectors once, and every gate
-        reads the numbers the search ranked with.  Otherwise (a keyword search embeds nothing; a
-        retry angle or lean's query searched another text) they are computed, once."""
+        """The cosine of ``question`` to each of ``docs``: the ``dense_score`` of their search when
+        its first query was ``question`` (``rag_utils.searched_cosines``), else computed once."""
         searched = rag_utils.searched_cosines(question, docs, queries)
         if searched is not None:
             return searched
@@ -214,14 +159,12 @@ class AgentContext:
     def gate_scores(
         self, question: str, docs: list[Passage], queries: Sequence[str] = ()
     ) -> GateScores:
-        """The evidence score and the confidence of ``docs`` for ``question``, from one list of
-        cosines (:meth:`passage_cosines`); a scripted number replaces its computed one."""
+        """:class:`GateScores` of ``docs`` from :meth:`passage_cosines` (or the scripted ones)."""
         if not docs:
             return GateScores(0.0, 0.0)
         top = docs[:CONFIDENCE_PASSAGES]
-        cos: list[float] = []
-        if self.evidence_score is None or self.confidence is None:
-            cos = self.passage_cosines(question, docs, queries)
+        scripted = self.evidence_score and self.confidence
+        cos = [] if scripted else self.passage_cosines(question, docs, queries)
         evidence = self.evidence_score(question, docs) if self.evidence_score else max(cos)
         confidence = (
             self.confidence(question, top) if self.confidence else sum(cos[: len(top)]) / len(top)
@@ -239,48 +182,41 @@ class AgentContext:
         return injection.keep_clean(retrieved, k, self.screen_passage)
 
     def rejection_message(self, check: injection.InjectionCheck) -> str:
-        """What the user reads when the input is rejected (``injection.rejection_message``); here so
-        that the nodes depend on the context, not on the injection module."""
+        """What the user reads when the input is rejected (nodes do not import ``injection``)."""
         return injection.rejection_message(check)
 
     def below_gate(self, score: float | None) -> bool:
-        """:func:`gated_out` at ``LEAN_GATE``: lean mode then answers closed-book, and a research
-        step is not synthesized."""
+        """:func:`gated_out` at ``LEAN_GATE`` (lean answers closed-book, a step is not used)."""
         return gated_out(score, self.settings.agent.lean_gate)
 
     def question_score(self, question: str) -> float:
         """The evidence score of ``question`` as asked: the best of its sentences, each against
         its own retrieval (3 of 32 fact patterns score 0.25-0.32 as a whole, 0.33+ by sentence)."""
-        best = 0.0
-        for text in answer_stage.split_sentences(question) or [question]:
-            docs = self.retrieve([text], self.settings.agent.retrieval_k, [])
-            best = max(best, self.score_evidence(text, docs, [text]))
-        return best
+        k = self.settings.agent.retrieval_k
+        texts = answer_stage.split_sentences(question) or [question]
+        return max(0.0, *(self.score_evidence(t, self.retrieve([t], k, []), [t]) for t in texts))
 
     def off_topic_score(self, question: str, best: float | None = None) -> float | None:
-        """:meth:`question_score` (``best`` when already known) when below ``LEAN_GATE``, else
-        None: the research searches the model's issues, which can turn gibberish into law."""
+        """:meth:`question_score` (``best`` when known) when below ``LEAN_GATE``, else None (the
+        research searches the model's issues, which can turn gibberish into law)."""
         best = self.question_score(question) if best is None else best
         return best if self.below_gate(best) else None
 
     def lean_evidence(
         self, question: str, choices: dict[str, str]
     ) -> tuple[list[Passage], list[dict], float]:
-        """Lean mode's evidence, read by the letter in every mode: passages, flagged ones, the
-        score.  Lean mode is the graph's route with no research step.  One retrieval with the
-        question and its choices as ``(A) text`` lines (the best query that costs no call: hybrid
-        R@10 0.279 against 0.216 for the question alone on barexam_dev), passages that carry
-        instructions dropped and replaced by the next ones, at most RETRIEVAL_K kept."""
+        """Lean mode's (passages, flagged, score): one search of the question with its ``(A) text``
+        choice lines (hybrid R@10 0.279 vs 0.216 for the question alone on barexam_dev), flagged
+        passages replaced by the next ones, at most RETRIEVAL_K."""
         k = self.settings.agent.retrieval_k
         query = f"{' '.join(question.split())}\n{mc.format_choices(choices)}"
         docs, flagged = self.keep_clean(self.retrieve([query], k + injection.FLAG_HEADROOM, []), k)
-        return docs, flagged, (self.score_evidence(question, docs) if docs else 0.0)
+        return docs, flagged, self.score_evidence(question, docs)
 
     def check_injection(self, text: str) -> injection.InjectionCheck:
         """The injection verdict on the user's input (``injection.detect``)."""
-        return injection.detect(
-            text, self.client, skip_llm=self.settings.agent.skip_injection_check
-        )
+        skip = self.settings.agent.skip_injection_check
+        return injection.detect(text, self.client, skip_llm=skip)
 
     def start_run(self) -> AgentContext:
         """Mark the start of a run: its LLM records and its deadline (``RUN_TIMEOUT``)."""
@@ -308,10 +244,8 @@ class StateLaw:
 
 
 def state_law(asked: str, settings: Settings) -> StateLaw | None:
-    """The state whose law ``asked`` asks for (``filters.jurisdiction_asked``), and whether the
-    collection holds any of it; or another country's (``filters.foreign_law_asked``), which only
-    the user's own documents could hold (they are tagged with US jurisdictions only); None when
-    it asks for neither."""
+    """The state whose law ``asked`` asks for and whether the collection holds any; or a foreign
+    country's, unless user documents (tagged with US jurisdictions only) could hold it; or None."""
     store = rag_utils.get_store(settings)
     state = filters.jurisdiction_asked(asked)
     if state is not None:
@@ -321,25 +255,17 @@ def state_law(asked: str, settings: Settings) -> StateLaw | None:
 
 
 def searchers(settings: Settings) -> dict[str, Retriever]:
-    """A retriever per search type: dense, keyword, hybrid, and hybrid+keyword (a step's first
-    angle), each searching what ``settings``' passage filter admits."""
+    """A retriever per search type (hybrid+keyword: a step's first angle) within the filter."""
+    retrieve = functools.partial(rag_utils.retrieve_documents_multi_query, settings=settings)
 
     def with_reranker(name: str, fuse_keyword: bool = False) -> Retriever:
         def search(queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[Passage]:
             reranker = name
-            # A hybrid step ranks with the cross-encoder when RERANKER resolves to one (set
-            # explicitly, or auto with the model on disk): it reranks the same dense + BM25
-            # pool. Without this the agent, whose steps are nearly all hybrid, ignored it.
+            # A hybrid step reranks its dense + BM25 pool with the cross-encoder when RERANKER
+            # resolves to one (set, or auto with the model on disk).
             if name == "hybrid" and rag_utils.resolve_reranker(None, settings) == "cross-encoder":
                 reranker = "cross-encoder"
-            return rag_utils.retrieve_documents_multi_query(
-                queries,
-                k=k,
-                exclude_ids=exclude_ids,
-                reranker=reranker,
-                settings=settings,
-                fuse_keyword=fuse_keyword,
-            )
+            return retrieve(queries, k, exclude_ids, reranker=reranker, fuse_keyword=fuse_keyword)
 
         return search
 
@@ -352,8 +278,7 @@ def searchers(settings: Settings) -> dict[str, Retriever]:
 
 
 def memory_scope(settings: Settings) -> dict[str, str]:
-    """The provider, model, embedding model, corpus fingerprint and passage filter a cached
-    answer depends on."""
+    """What a cached answer depends on: passage filter, provider, model, embedder, corpus, mode."""
     llm = resolve("synthesize", settings)
     return {
         "filter": filters.passage_filter(settings).describe(),
@@ -370,16 +295,14 @@ _default: AgentContext | None = None
 
 
 def default_context() -> AgentContext:
-    """The context of runs that bring none (LangGraph Studio / ``langgraph dev``): built once
-    from the environment's settings (and ``.env``), with the starter corpus indexed when the store
-    is empty, as ``python main.py`` does; without it a first Studio run would find no passages."""
+    """The context of runs that bring none (LangGraph Studio), built once from the environment,
+    with the starter corpus indexed when the store is empty (as ``python main.py`` does)."""
     global _default
     with _default_lock:
         if _default is None:
             load_dotenv_file()
             settings = Settings.from_env()
-            added = load_corpus.ensure_starter_index(settings)
-            if added:
+            if added := load_corpus.ensure_starter_index(settings):
                 logger.info("built the starter index: %d passages", added)
             _default = AgentContext.from_settings(settings)
         return _default

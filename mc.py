@@ -1,23 +1,10 @@
-"""Multiple-choice answering: one prompt (``skills/mc_select.md``) and one letter parser.
+"""Multiple-choice answering: one prompt and one letter parser for the agent and every eval mode.
 
-Used by the agent's ``mc_select`` node and by the eval modes llm_only (``evidence=None``), rag and
-gold_passage, so every mode is scored with the same prompt and the same extraction.
-
-Letter extraction (:func:`parse_mc_answer`), in order:
-
-1. ``answer_format`` — an explicit marker: ``**Answer: (B)**``, ``Answer: B``, ``the answer is (B)``,
-   ``correct choice is B``, or a reply that is only a letter (``B``, ``(B)``, ``B.``). Of several
-   markers the first wins: the letter the prompt asks for on the first line.  The embedded 1.5B
-   model often labels its per-choice lines with the marker (``**Answer: (C)** C fails ...``), so
-   its last marker is only the last choice it discussed; where its first and last letters
-   differed on barexam_dev, the first was right 9 times and the last once.
-2. ``choice_text`` — the reply quotes the full text of exactly one choice.
-3. ``word_overlap`` — the reply's last line shares most content words with exactly one choice
-   (>= 60% of that choice's words and a clear margin over the next).
-4. ``none`` — no letter.
-
-When the first reply yields no letter, :func:`select_answer` retries once with the strict prompt
-(``skills/mc_select_strict.md``: the letter only, a few tokens).
+:func:`parse_mc_answer` tries ``answer_format`` (the first ``**Answer: (B)**``-like marker, or a
+bare letter: the 1.5B model also labels its per-choice lines, and on barexam_dev its first letter
+beat its last 9 times of 10), ``choice_text`` (one choice quoted), ``word_overlap`` (the last line
+holds >= 60% of one choice's content words), then ``none``, which :func:`select_answer` retries
+once with the strict prompt.
 """
 
 from __future__ import annotations
@@ -79,9 +66,8 @@ _WHOLE = re.compile(r"(?s).*[.!?](?=\s)")
 
 
 def reasoning(reply: str) -> str:
-    """The reply without its lines that only name the letter ("**Answer: (A)**"): what the model
-    said besides the letter, which :func:`answer_line` states (empty: nothing).  A reply cut off
-    at its token limit ends at its last full sentence, marked "…"."""
+    """The reply without its lines that only name the letter (:func:`answer_line` states it); a
+    reply cut off at its token limit ends at its last full sentence, marked "…"."""
     lines = reply.strip().splitlines()
     said = "\n".join(ln for ln in lines if _MARKER.sub("", ln).strip(" *:-.")).strip()
     if said and not said.endswith((".", "!", "?", ")", '"', "*")):
@@ -100,33 +86,23 @@ def content_words(text: str) -> set[str]:
 
 
 def parse_mc_answer(text: str, choices: Mapping[str, str]) -> tuple[str | None, str]:
-    """(letter or None, strategy) extracted from a reply; letters outside ``choices`` are ignored;
-    of several answer markers, the first."""
+    """(letter or None, strategy) of a reply; letters outside ``choices`` are ignored."""
     valid = {k.upper() for k in choices}
     reply = (text or "").strip()
     if not reply:
         return None, "none"
-    markers = [m.group(1).upper() for m in _MARKER.finditer(reply)]
-    markers = [m for m in markers if m in valid]
-    if markers:
-        return markers[0], "answer_format"
-    bare = _BARE.match(reply)
-    if bare and bare.group(1).upper() in valid:
-        return bare.group(1).upper(), "answer_format"
+    found = [*_MARKER.finditer(reply), _BARE.match(reply)]
+    if letters := [m[1].upper() for m in found if m and m[1].upper() in valid]:
+        return letters[0], "answer_format"
 
     norm_reply = _norm(reply)
     quoted = [k for k, v in choices.items() if _norm(str(v)) and _norm(str(v)) in norm_reply]
     if len(quoted) == 1:
         return quoted[0].upper(), "choice_text"
 
-    lines = [ln for ln in reply.splitlines() if ln.strip()]
-    last = content_words(lines[-1]) if lines else set()
-    scores = []
-    for k, v in choices.items():
-        words = content_words(str(v))
-        if words:
-            scores.append((len(words & last) / len(words), k.upper()))
-    scores.sort(reverse=True)
+    last = content_words([ln for ln in reply.splitlines() if ln.strip()][-1])
+    words = {k.upper(): content_words(str(v)) for k, v in choices.items()}
+    scores = sorted(((len(w & last) / len(w), k) for k, w in words.items() if w), reverse=True)
     if scores and scores[0][0] >= 0.6 and (len(scores) == 1 or scores[0][0] - scores[1][0] >= 0.2):
         return scores[0][1], "word_overlap"
     return None, "none"
@@ -138,11 +114,8 @@ def select_answer(
     choices: Mapping[str, str],
     evidence: str | None,
 ) -> MCResult:
-    """Pick a letter with one LLM call (plus one strict retry when no letter can be parsed).
-
-    ``evidence`` is plain text (numbered passages); it is quoted as data in the prompt.  LLM
-    transport errors (``llm_config.LLMCallError``) propagate to the caller.
-    """
+    """Pick a letter with one LLM call (plus one strict retry when none parses); ``evidence``
+    (numbered passages) is quoted as data.  ``llm_config.LLMCallError`` propagates."""
     values = {
         "question": " ".join(question.split()),
         "choices": format_choices(choices),

@@ -1,19 +1,8 @@
-"""The agent's prompts: ``skills/*.md`` loaded once and checked at load time.
+"""The agent's prompts (``skills/*.md``, checked at load), structured outputs and call table.
 
-Skill file format (markdown, read top to bottom)::
-
-    <!-- comments for maintainers (removed before sending) -->
-    # System
-    static instructions (no placeholders: the prefix stays identical between calls, so the
-    local server's prompt cache can reuse it)
-    # User
-    the variable part, with $placeholders (string.Template syntax: $name or ${name}; $$ is a
-    literal dollar; JSON braces need no escaping)
-
-:data:`SKILL_FIELDS` declares the placeholders every node fills.  :func:`load_skills` fails (at
-import of the first caller) when a file is missing, its system part holds a placeholder, or the
-placeholders of its user part differ from the declared ones in either direction.  :func:`render`
-fails when a caller passes a different set of values.
+A skill file holds ``<!-- maintainer comments -->``, a ``# System`` section with no placeholders
+(a static prefix the local server's prompt cache reuses), then a ``# User`` section with
+string.Template $placeholders ($$: a literal dollar), exactly those of :data:`SKILL_FIELDS`.
 """
 
 from __future__ import annotations
@@ -48,7 +37,7 @@ SKILL_FIELDS: dict[str, frozenset[str]] = {
     "grade_abstention": frozenset({"question", "answer"}),
     "hypothetical_passage": frozenset({"question"}),
 }
-"""Skill name -> the placeholders its node fills (exactly those must appear in the file)."""
+"""Skill name -> the placeholders its node fills."""
 
 _COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
 _SECTION = re.compile(r"^# (System|User)[ \t]*$", re.MULTILINE)
@@ -77,31 +66,23 @@ class Skill:
 
 def parse_skill(name: str, text: str, fields: frozenset[str]) -> Skill:
     """Parse and validate one skill file's text."""
-    body = _COMMENT.sub("", text)
-    parts = _SECTION.split(body)
-    # parts = [preamble, "System", system_text, "User", user_text]
+    parts = _SECTION.split(_COMMENT.sub("", text))  # [preamble, "System", text, "User", text]
     if len(parts) != 5 or parts[1] != "System" or parts[3] != "User":
         raise SkillError(f"skill {name}: needs exactly one '# System' then one '# User' heading")
-    system, user = parts[2].strip(), parts[4].strip()
-    if not system or not user:
+    system, user = string.Template(parts[2].strip()), string.Template(parts[4].strip())
+    if not system.template or not user.template:
         raise SkillError(f"skill {name}: empty System or User section")
-    sys_template = string.Template(system)
-    if not sys_template.is_valid() or sys_template.get_identifiers():
-        raise SkillError(
-            f"skill {name}: the System section must be static (found "
-            f"{sys_template.get_identifiers() or 'an invalid $'}); use $$ for a literal dollar"
-        )
-    system = sys_template.substitute({})  # turns $$ into $
-    template = string.Template(user)
-    if not template.is_valid():
+    if not (system.is_valid() and user.is_valid()):
         raise SkillError(f"skill {name}: invalid $placeholder syntax (use $$ for a literal dollar)")
-    found = set(template.get_identifiers())
+    if ids := system.get_identifiers():
+        raise SkillError(f"skill {name}: the System section must be static (found {ids})")
+    found = set(user.get_identifiers())
     if found != fields:
         raise SkillError(
             f"skill {name}: placeholders in the file {sorted(found)} != filled by the node "
             f"{sorted(fields)} (missing {sorted(fields - found)}, unused {sorted(found - fields)})"
         )
-    return Skill(name=name, system=system, user=template, fields=fields)
+    return Skill(name=name, system=system.substitute({}), user=user, fields=fields)  # $$ -> $
 
 
 @lru_cache(maxsize=4)
@@ -118,10 +99,9 @@ def load_skills(directory: str | None = None) -> dict[str, Skill]:
 
 
 def get_skill(name: str) -> Skill:
-    skills = load_skills()
-    if name not in skills:
-        raise SkillError(f"unknown skill {name!r}; known: {', '.join(skills)}")
-    return skills[name]
+    if (skill := load_skills().get(name)) is None:
+        raise SkillError(f"unknown skill {name!r}; known: {', '.join(load_skills())}")
+    return skill
 
 
 def render(name: str, **values: Any) -> list[tuple[str, str]]:
@@ -129,9 +109,7 @@ def render(name: str, **values: Any) -> list[tuple[str, str]]:
     return get_skill(name).messages(**values)
 
 
-# ------------------------------------------------------------------------------------------------
-# Quoting untrusted text (retrieved passages, evidence, user input) as data
-# ------------------------------------------------------------------------------------------------
+# Quoting untrusted text (retrieved passages, evidence, user input) as data.
 
 _TAGS = re.compile(r"</?\s*(passage|evidence|user_input|data)\b[^>]*>", re.IGNORECASE)
 
@@ -147,10 +125,8 @@ def quote(tag: str, text: str) -> str:
 
 
 def format_evidence(docs: Sequence[Mapping[str, Any]], *, max_chars: int | None = None) -> str:
-    """The evidence block of an answering prompt, the same for every mode (the agent's mc_select,
-    and the eval modes rag, gold_passage and lean): numbered passages ``[N] title`` with their
-    text.  The whole block stays within ``max_chars`` (default :data:`EVIDENCE_CHARS`): the
-    passages share it equally, each cut at a word boundary."""
+    """The evidence block of every answering mode: ``[N] title`` and text per passage, within
+    ``max_chars`` (default :data:`EVIDENCE_CHARS`) shared equally, each cut at a word boundary."""
     budget = EVIDENCE_CHARS if max_chars is None else max_chars
     share = max(MIN_PASSAGE_CHARS, budget // max(1, len(docs)))
     parts: list[str] = []
@@ -163,8 +139,7 @@ def format_evidence(docs: Sequence[Mapping[str, Any]], *, max_chars: int | None 
 
 
 EVIDENCE_CHARS = 5000
-"""Characters of evidence in an answering prompt (~1,250 tokens: ~17 s of prompt processing on the
-embedded model at ~75 tokens/s, and far inside its 8K context)."""
+"""Characters of evidence in an answering prompt (~1,250 tokens: ~17 s on the embedded model)."""
 MIN_PASSAGE_CHARS = 400
 """No passage is cut shorter than this, however many there are."""
 
@@ -179,9 +154,8 @@ def _cut(text: str, limit: int) -> str:
     return cut.rstrip(" ,;:") + "…"
 
 
-# ------------------------------------------------------------------------------------------------
-# Structured outputs of the agent's calls
-# ------------------------------------------------------------------------------------------------
+# Structured outputs of the agent's calls (a class docstring is its schema's description, which
+# the model reads: edit with care).
 
 
 class InjectionVerdict(BaseModel):
@@ -204,9 +178,8 @@ _ENGLISH, _FOREIGN = frozenset(_ENGLISH_WORDS.split()), frozenset(_FOREIGN_WORDS
 
 
 def in_english(text: str) -> bool:
-    """Whether a question is in English, the language of the sources, the skills and the
-    embedder: not mostly in a non-Latin script, and not more function words of Spanish, French,
-    German, Italian or Portuguese than of English."""
+    """Whether a question is in English (that of the sources, skills and embedder): not mostly in
+    a non-Latin script, nor with more Romance or German function words than English ones."""
     words = re.findall(r"[^\W\d_]+", text.lower())
     ascii_letters = sum(c.isascii() for w in words for c in w)
     if words and ascii_letters < sum(len(w) for w in words) / 2:
@@ -260,8 +233,7 @@ class Classification(BaseModel):
 
 class Plan(BaseModel):
     issues: list[int | str] = Field(min_length=1, max_length=4)
-    """The legal issues the objective raises, most important first, each the number of a
-    candidate doctrine (or a doctrine's name): the research agenda (one research step each)."""
+    """The research agenda, most important first: each a candidate doctrine's number (or name)."""
 
 
 Met = Literal["yes", "no", "unclear"]
@@ -283,8 +255,7 @@ class Finding(BaseModel):
     n: int = Field(ge=1, le=6)
     """The number of the requirement it decides."""
     fact: int | str
-    """The number of the fact sentence that decides it (0: no stated fact); words are taken as
-    the fact itself."""
+    """The number of the fact sentence that decides it (0: none); words are the fact itself."""
     met: Met
 
 
@@ -329,23 +300,7 @@ class Rewrite(BaseModel):
     alternatives: list[str] = Field(default_factory=list)
 
 
-# ------------------------------------------------------------------------------------------------
-# The call table: per role its skill, output schema and token budget
-# ------------------------------------------------------------------------------------------------
-
-Role = Literal[
-    "injection",
-    "classify",
-    "plan",
-    "rewrite",
-    "apply",
-    "bottom_line",
-    "verify",
-    "irac",
-    "mc_select",
-    "mc_select_strict",
-    "hyde",
-]
+# The call table: per role its skill, output schema and token budget.
 
 
 @dataclass(frozen=True)
@@ -359,7 +314,7 @@ class Call:
     max_tokens_api: int | None = None
 
 
-CALLS: dict[Role, Call] = {
+CALLS: dict[str, Call] = {
     "injection": Call("detect_prompt_injection", InjectionVerdict, 60),
     "classify": Call("classify_and_route", Classification, 40),
     "plan": Call("plan_synthesis", Plan, 80),
@@ -372,22 +327,17 @@ CALLS: dict[Role, Call] = {
     "mc_select_strict": Call("mc_select_strict", None, 12),
     "hyde": Call("hypothetical_passage", None, 130),
 }
+Role = Literal[*CALLS]
 
 
 def call(
     client: LLMClient, role: Role, accept: Callable[[str], bool] | None = None, **values: Any
 ) -> LLMResult:
-    """Make the ``role`` call: render its skill with ``values``, ask for its schema within its
-    token budget.  Transport failures raise ``llm_config.LLMCallError``; an unparseable reply is
-    ``result.parsed is None`` (never an exception).  ``accept``: see ``LLMClient.invoke``."""
+    """The ``role`` call: its skill with ``values``, its schema and token budget.  Transport
+    failures raise ``llm_config.LLMCallError``; an unparseable reply has ``parsed is None``."""
     spec = CALLS[role]
     budget = spec.max_tokens
     if spec.max_tokens_api is not None and not client.is_local(role):
         budget = spec.max_tokens_api
-    return client.invoke(
-        render(spec.skill, **values),
-        role=role,
-        schema=spec.schema,
-        max_tokens=budget,
-        accept=accept,
-    )
+    messages = render(spec.skill, **values)
+    return client.invoke(messages, role=role, schema=spec.schema, max_tokens=budget, accept=accept)

@@ -1,17 +1,13 @@
-"""Types of the agent graph: its state and plan steps (the run's dependencies are in context.py).
+"""The agent graph's state and plan steps (the run's dependencies are in context.py).
 
-Lists that grow during a run have reducers: ``planning_table`` merges steps by ``step_id`` (a node
-returns only the steps it added or changed), ``flagged_passages``, ``fallbacks`` and ``trace``
-append.
+Reducers: ``planning_table`` merges steps by ``step_id`` (a node returns only the steps it added or
+changed); ``flagged_passages``, ``fallbacks`` and ``trace`` append.
 """
 
 from __future__ import annotations
 
 import operator
 from typing import Annotated, Any, Literal, TypedDict
-
-StepStatus = Literal["pending", "completed", "failed"]
-QueryType = Literal["simple", "multi_hop"]
 
 
 class Execution(TypedDict, total=False):
@@ -34,7 +30,7 @@ class Execution(TypedDict, total=False):
 
 class PlanStep(TypedDict, total=False):
     step_id: int
-    status: StepStatus
+    status: Literal["pending", "completed", "failed"]
     phase: str
     """"rule" for an issue's first angle, "retry" for its other angle."""
     question: str
@@ -43,10 +39,9 @@ class PlanStep(TypedDict, total=False):
     strategy: dict[str, Any]
     """search_type and queries (the doctrine's names and the issue's facts)."""
     issue: str
-    """The agenda issue the step researches."""
     addresses: str
     facts: list[str]
-    """The fact sentences that raise the issue (its queries carry them; the answer applies to them)."""
+    """The fact sentences that raise the issue (its queries carry them)."""
 
 
 class MemoryEntry(TypedDict):
@@ -65,9 +60,7 @@ class MemoryEntry(TypedDict):
 
 def merge_steps(left: list[PlanStep] | None, right: list[PlanStep] | None) -> list[PlanStep]:
     """Reducer: steps in ``right`` replace those of ``left`` with the same step_id; new ones append."""
-    merged = {s["step_id"]: s for s in left or []}
-    for step in right or []:
-        merged[step["step_id"]] = step
+    merged = {s["step_id"]: s for s in [*(left or []), *(right or [])]}
     return sorted(merged.values(), key=lambda s: s["step_id"])
 
 
@@ -86,9 +79,9 @@ class AgentState(TypedDict, total=False):
     issues: list[str]
     """The legal issues the planner identified: the research agenda, one step each."""
     researched_issues: list[str]
-    """The issues given a step (at most MAX_STEPS; the rest are reported as not answered)."""
+    """The issues given a step (at most MAX_STEPS; the rest are not answered)."""
     planning_table: Annotated[list[PlanStep], merge_steps]
-    query_type: QueryType
+    query_type: Literal["simple", "multi_hop"]
     legal_question: bool
     """The classifier's reading: does the question ask about the law at all (absent: yes)."""
     question_area: str
@@ -99,8 +92,7 @@ class AgentState(TypedDict, total=False):
     research_answer: str
     """The answer's text without the MC selection (what memory stores; "" when it abstained)."""
     abstained: bool
-    """The answer record's ``abstained``: off topic as asked, or no issue's research found a rule
-    (under the evidence policy: a rule the grounding gate verified)."""
+    """The answer record's ``abstained``: off topic, or no issue's research found a rule."""
     iteration_count: int
     injection_check: dict[str, Any]
     memory_hit: bool
@@ -110,32 +102,24 @@ class AgentState(TypedDict, total=False):
     sources: list[dict[str, Any]]
     """The passages the answer cites: id, title, support (the cited sentence), ref ("[N]")."""
     passages: dict[str, dict[str, Any]]
-    """Every passage retrieved in this run (or cited by a cached answer) by id: the id, title,
-    source and text of its ``rag_utils.Passage``, and its pin cite ``pin``."""
+    """Every passage retrieved (or cited by a cached answer) by id: id, title, source, text, pin."""
     flagged_passages: Annotated[list[dict[str, Any]], operator.add]
-    """Retrieved passages dropped because their text carries instructions (injection screen):
-    {"id", "patterns"}."""
+    """Passages the injection screen dropped: {"id", "patterns"}."""
     answer_mode: Literal["auto", "research", "evidence", "lean"]
     """How the answer is made (ANSWER_MODE; a Studio run may set it in its input)."""
     answer: dict[str, Any]
-    """The answer record (``answer.AnswerRecord.to_dict()``), decided once by the answer stage:
-    text, issues (rule, application, conclusion sentences with their citation numbers),
-    citations, abstained and why, verdict, letter, grounded, quotes, guards.  The CLI, the exit
-    code, the QA memory and the evals read it."""
+    """The answer record (``answer.AnswerRecord.to_dict()``) the CLI, memory and evals read."""
     lean: dict[str, Any]
-    """What the letter read from lean's retrieval (the question and its choices): route (rag or
-    closed_book), evidence score, gate, passage ids, flagged passages."""
+    """Lean's retrieval for the letter: route (rag, closed_book), score, gate, passages, flagged."""
     chain_of_thought: list[MemoryEntry]
     """The working memory: one entry per research iteration (the replanner reads it)."""
     fallbacks: Annotated[list[str], operator.add]
     """Where a node fell back because a model reply was unusable (such research is not cached)."""
     error: str | None
     decline: str
-    """Why the planner declined an open question as off topic before any research ("" or absent:
-    it did not)."""
+    """Why the planner declined an open question as off topic ("" or absent: it did not)."""
     jurisdiction: str
-    """The state (USPS code) whose law alone the research searches: the question asks what that
-    state's law provides, and the sources hold some ("" or absent: every passage)."""
+    """The state (USPS code) whose law the question asks for and alone is searched ("": all)."""
     stop_reason: str
     run_metrics: dict[str, Any]
     trace: Annotated[list[TraceEvent], operator.add]
