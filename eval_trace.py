@@ -202,10 +202,17 @@ def trace_query(
 
 
 def _print_docs(out: Callable[[str], None], title: str, rows: Sequence[dict]) -> None:
+    """One line per passage: gold mark, rank, its cosine to the query (a fused search's rank score
+    says little: reciprocal-rank fusion gives ~0.01-0.03 to every passage), id and title."""
     out(f"{title}:")
     for r in rows:
         mark = "★" if r["gold"] else " "
-        score = ec.fmt_num(r["score"])
+        dense = r.get("dense_score")
+        score = (
+            f"cos {ec.fmt_num(dense)}"
+            if dense is not None
+            else f"rank score {ec.fmt_num(r['score'])}"
+        )
         out(
             f"  {mark} {r['rank']}. [{score}] {r['id']} — {ec.preview(r['title'] or r['preview'], 70)}"
         )

@@ -419,10 +419,11 @@ def load_documents(
     overrides: dict[str, str] | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Read, chunk and load the user's documents (files or folders; ``documents.py``): an
-    unreadable file costs one line on stderr, an unchanged one is skipped, a changed one has its
-    chunks replaced, and one with hidden instructions is loaded quarantined.  A document loaded
-    again without ``overrides`` keeps the metadata flags it was loaded with before."""
+    """Read, chunk and load the user's documents (files or folders; ``documents.py``): a file
+    that cannot be read is skipped with one line on stderr saying why, an unchanged one is left
+    as is, a changed one has its chunks replaced, and one with hidden instructions is loaded
+    quarantined.  A document loaded again without ``overrides`` keeps the metadata flags it was
+    loaded with before."""
     import documents
 
     files = documents.find_files(paths)
@@ -755,7 +756,7 @@ def _run_docs(args: argparse.Namespace, settings: Settings) -> int:
         print(
             f"{_n(report['files'], 'file')}: {len(report['loaded'])} loaded, "
             f"{len(report['replaced'])} replaced, {len(report['unchanged'])} unchanged, "
-            f"{len(report['failed'])} unreadable, {len(report['quarantined'])} quarantined; "
+            f"{len(report['failed'])} skipped, {len(report['quarantined'])} quarantined; "
             f"{_n(report['chunks_added'], 'chunk')} added in {report['seconds']} s; "
             f"{rag_utils.collection_name(settings)} now holds {report['count']}"
         )

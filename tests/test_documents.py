@@ -361,7 +361,7 @@ def test_a_folder_loads_every_readable_file_and_names_the_one_it_cannot(
 ):
     assert _docs(tmp_settings, str(folder)) == 1  # one file unreadable, the others loaded
     out, err = capsys.readouterr()
-    assert "6 files: 5 loaded" in out and "1 unreadable" in out
+    assert "6 files: 5 loaded" in out and "1 skipped" in out
     skipped = [line for line in err.splitlines() if line.startswith("skipped:")]
     assert len(skipped) == 1 and "broken.pdf" in skipped[0]
     info = load_corpus.status(tmp_settings)

@@ -513,6 +513,8 @@ def test_trace_saves_case_studies(env, capsys):
     assert rc == 0
     out = capsys.readouterr().out
     assert "raw retrieval" in out and "agent trace" in out and "MC accuracy" in out
+    # a hybrid search's passages show their cosine, not the fusion's ~0.016 rank scores
+    assert "[cos 0." in out and "[0.01" not in out
     files = sorted((env / "cs").glob("*.json"))
     assert len(files) == 2
     case = json.loads(files[0].read_text())
