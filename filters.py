@@ -147,23 +147,39 @@ federal law on tribes) nor "English common law", where US law comes from."""
 @functools.cache
 def _foreign() -> tuple[re.Pattern[str], dict[str, str]]:
     """The pattern of a country or demonym whose law is asked for, and name -> demonym."""
-    demonym = {}
+    demonym, countries = {}, []
     for entry in _COUNTRIES.split(";"):
         names, adjective = entry.split("=")
+        countries += names.split(",")
         demonym.update(dict.fromkeys([*names.split(","), adjective], adjective))
     alts = "|".join(map(re.escape, sorted(demonym, key=len, reverse=True)))
+    places = "|".join(map(re.escape, sorted(countries, key=len, reverse=True)))
     return re.compile(
         rf"(?i:\bunder|\baccording\s+to|^\s*in)\s+(?:the\s+)?(?:laws?\s+of\s+(?:the\s+)?)?"
         rf"({alts})\b(?!\s+common\b)|\b({alts})\s+(?:law|laws|statutes?|code|legislation)\b"
+        rf"|(?i:\b(?:an?|the|my|your|his|her|their|our)\s+((?:[\w-]+\s+){{1,2}})in\s+(?:the\s+)?)"
+        rf"({places})\b"
     ), demonym
+
+
+_PARTICIPLE = re.compile(r"\w+ed|made|sold|built|written|held|born|bought|done|paid|sent|given")
+"""A word between an article and "in <country>" that makes the country where something happened
+("a contract made in France"), not where a party is ("an employer in Sweden")."""
+_FOREIGN_FORUM = re.compile(r"\b(?:sue|sued|suing|suit|court|courts|jurisdiction)\b", re.I)
 
 
 def foreign_law_asked(asked: str) -> str | None:
     """The demonym ("French") of the country whose law ``asked`` asks for: under its law ("Under
-    French law", "under the law of England"), the country first ("In Germany, can ..."), or its
-    law named ("What does Canadian law say ..."); else None."""
+    French law", "under the law of England"), the country first ("In Germany, can ..."), its law
+    named ("What does Canadian law say ..."), or a party there ("Can an employer in Sweden fire
+    ...?", not "a contract made in France", nor where to sue); else None."""
     pattern, demonym = _foreign()
     for m in pattern.finditer(asked):
+        if m.group(4):  # a party in the country ("Can an employer in Sweden fire ...?")
+            gap = m.group(3).lower().split()
+            if _FOREIGN_FORUM.search(asked) or any(_PARTICIPLE.fullmatch(w) for w in gap):
+                continue  # where to sue, or where something was done
+            return demonym[m.group(4)]
         if m.group(1) != "English" or asked[m.end() :].lstrip().startswith("law"):
             return demonym[m.group(1) or m.group(2)]  # not "in English", the language
     return None

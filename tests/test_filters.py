@@ -258,7 +258,11 @@ def test_which_questions_ask_a_states_own_law(item):
         ("In the UK, is squatting a crime?", "British"),
         ("Under EU law, is the clause void?", "EU"),
         ("Under English common law, was larceny a felony?", None),
+        ("Can an employer in Sweden fire a worker for joining a union?", "Swedish"),
+        ("Can my landlord in Germany keep my deposit?", "German"),
         ("Is a contract made in France enforceable in New York?", None),
+        ("Can I sue a company in Germany in a US court?", None),
+        ("Is a contract in English valid?", None),
         ("Is a French court's judgment enforceable in Ohio?", None),
         ("Can I sue him in New Mexico?", None),
         ("Does federal Indian law apply on the reservation?", None),
@@ -267,6 +271,7 @@ def test_which_questions_ask_a_states_own_law(item):
 )
 def test_which_questions_ask_another_countrys_law(asked, country):
     """A question asked under another country's law: a user's 'Under French law, can a tenant
-    be evicted during the winter truce?' was answered with US landlord-tenant rules.  A country
-    in the facts, its courts, a US state named for it and the common law of England are not."""
+    be evicted during the winter truce?' was answered with US landlord-tenant rules, and so was a
+    trial's 'an employer in Sweden'.  A country in the facts, where something was done or where
+    to sue, its courts, a US state named for it and the common law of England are not."""
     assert filters.foreign_law_asked(asked) == country
