@@ -80,7 +80,7 @@ class Document:
     pages: int | None = None
 
 
-# --- Files ---
+# --- Files --------------------------------------------------------------------------------------
 def find_files(paths: Iterable[str | Path]) -> list[Path]:
     """The documents under ``paths``: supported files of folders (recursive, sorted, hidden files
     and folders skipped), and every file named directly (an unsupported or missing one is kept,
@@ -159,7 +159,7 @@ def read_and_chunk(
     return chunk_document(read_document(path, overrides), **chunking)
 
 
-# --- The structure of legal text ---
+# --- The structure of legal text ----------------------------------------------------------------
 
 _NUMBER = r"(\d+[A-Za-z]?(?:[.\-–]\d+[A-Za-z]?)*)"
 _CODE = r"(?:\d+\s+[A-Z][\w.&]*(?:\s+[A-Z][\w.&]*){0,3}\s+)?"  # "28 U.S.C. ", "29 C.F.R. "
@@ -304,7 +304,7 @@ def _guess_title(texts: Sequence[str]) -> str:
     return title if len(title) <= 200 else title[:200].rsplit(" ", 1)[0] + "…"
 
 
-# --- Lines to paragraphs (PDF and text files) ---
+# --- Lines to paragraphs (PDF and text files) ---------------------------------------------------
 @dataclass(slots=True)
 class _Line:
     text: str
@@ -399,7 +399,7 @@ def _blocks_from_lines(lines: list[_Line]) -> list[Block]:
     return blocks
 
 
-# --- Readers: each returns (title, blocks, hidden texts, pages) ---
+# --- Readers: each returns (title, blocks, hidden texts, pages) ---------------------------------
 
 _Read = tuple[str, list[Block], list[str], int | None]
 _SHOW = {b"Tj", b"TJ", b"'", b'"'}
@@ -727,7 +727,7 @@ def _read_plain(path: Path, data: bytes) -> _Read:
     return title, blocks, hidden, None
 
 
-# --- Authority metadata ---
+# --- Authority metadata -------------------------------------------------------------------------
 
 _FEDERAL = re.compile(
     r"U\.S\.C\.|C\.F\.R\.|United States Code|Code of Federal Regulations|Federal Rules? of"
@@ -888,7 +888,7 @@ def validated_metadata(values: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-# --- Chunking ---
+# --- Chunking -----------------------------------------------------------------------------------
 def estimate_tokens(text: str) -> int:
     """Word pieces of ``text`` without a tokenizer: 1.35 a word (all-MiniLM-L6-v2's WordPiece
     averages ~1.3 on legal English)."""

@@ -37,7 +37,7 @@ class AnswerGrade(BaseModel):
     reason: str = Field(default="", max_length=300)
 
 
-# --- Data ---
+# --- Data ---------------------------------------------------------------------------------------
 
 
 def _read_items(path: Path, fields: set[str]) -> list[dict]:
@@ -69,7 +69,7 @@ def interleave_categories(items: Sequence[Mapping[str, Any]]) -> list[dict]:
     return [it for turn in zip_longest(*groups.values()) for it in turn if it is not None]
 
 
-# --- Pure metrics of one answer ---
+# --- Pure metrics of one answer -----------------------------------------------------------------
 
 
 def citation_counts(
@@ -157,7 +157,7 @@ def score_answer(
     }
 
 
-# --- The grader ---
+# --- The grader ---------------------------------------------------------------------------------
 
 
 def expectation(item: Mapping[str, Any]) -> str:
@@ -187,7 +187,7 @@ def grade_answer(client: Any, item: Mapping[str, Any], answer: str) -> dict:
     return {"grade": result.parsed.grade, "reason": result.parsed.reason}
 
 
-# --- Summary ---
+# --- Summary ------------------------------------------------------------------------------------
 
 
 def _share(k: int, n: int) -> dict[str, Any]:
@@ -292,7 +292,7 @@ def summarize_answers(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, 
     return _per_mode(rows, summarize_mode)
 
 
-# --- Running ---
+# --- Running ------------------------------------------------------------------------------------
 
 
 def run_answers(
@@ -331,7 +331,7 @@ def run_answers(
     return rows
 
 
-# --- Fact patterns: issues found, conclusions reached, misgrounded sentences ---
+# --- Fact patterns: issues found, conclusions reached, misgrounded sentences --------------------
 
 FACT_PATTERNS = Path(__file__).resolve().parent / "datasets" / "fact_patterns.jsonl"
 SAME_DOCTRINE_COSINE = 0.5

@@ -41,7 +41,7 @@ LLMFactory = Callable[[str], Any] | None
 """``LLMClient``'s ``llm_factory``: a test's chat models by role; None for the configured ones."""
 
 
-# --- QA items ---
+# --- QA items -----------------------------------------------------------------------------------
 
 
 def load_qa(path: str | os.PathLike[str]) -> list[dict]:
@@ -184,7 +184,7 @@ def preview(text: str | None, n: int = 160) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-# --- Metrics ---
+# --- Metrics ------------------------------------------------------------------------------------
 
 
 def gold_rank(ranked_ids: Sequence[str], gold: Iterable[str]) -> int | None:
@@ -324,7 +324,7 @@ def paired_comparison(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
     }
 
 
-# --- Settings and configuration record ---
+# --- Settings and configuration record ----------------------------------------------------------
 
 
 def eval_settings(env: dict[str, str] | None = None, **overrides: Any) -> Settings:
@@ -396,7 +396,7 @@ def require_llm(settings: Settings, llm_factory: LLMFactory = None) -> None:
         check_config(settings)
 
 
-# --- CLI ---
+# --- CLI ----------------------------------------------------------------------------------------
 
 
 class ConfigMismatchError(RuntimeError):
@@ -492,7 +492,7 @@ def comma_list(value: str, allowed: Iterable[str], what: str) -> list[str]:
     return items
 
 
-# --- Run directory ---
+# --- Run directory ------------------------------------------------------------------------------
 
 
 class RunDir:
@@ -678,7 +678,7 @@ def run_tasks(
         bar.close()
 
 
-# --- Output: tables and plots ---
+# --- Output: tables and plots -------------------------------------------------------------------
 
 
 def fmt_num(value: Any) -> str:

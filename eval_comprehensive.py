@@ -77,7 +77,7 @@ RESUME_KEYS = (
 the same phase, questions, models and settings, and the same number of passages in the store."""
 
 
-# --- Phase 1: retrieval ---
+# --- Phase 1: retrieval -------------------------------------------------------------------------
 
 
 def retrieval_queries(item: dict, variant: str, client: Any = None) -> list[str]:
@@ -128,7 +128,7 @@ def run_retrieval_item(
     return row
 
 
-# --- Phase 2: MC accuracy per mode ---
+# --- Phase 2: MC accuracy per mode --------------------------------------------------------------
 
 
 def _mc_fields(answer: Mapping[str, Any], reply: str | None) -> dict:
@@ -233,7 +233,7 @@ def run_mc_item(
     }
 
 
-# --- Summary ---
+# --- Summary ------------------------------------------------------------------------------------
 
 
 def summarize_retrieval(rows: Sequence[dict]) -> dict[str, dict]:
@@ -625,7 +625,7 @@ def run_injection(
     return summary
 
 
-# --- Phase 3: open answers (research vs evidence mode) ---
+# --- Phase 3: open answers (research vs evidence mode) ------------------------------------------
 
 ANSWER_MODES = ("research", "evidence")
 FACT_MODES = (*ANSWER_MODES, "ceiling")
@@ -868,7 +868,7 @@ def answers_table(by_mode: Mapping[str, Mapping[str, Any]]) -> str:
     return ec.text_table(rows, rule=False)
 
 
-# --- CLI ---
+# --- CLI ----------------------------------------------------------------------------------------
 
 
 MC_PHASES = ("retrieval", "pipeline", "both")

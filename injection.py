@@ -41,7 +41,7 @@ class InjectionCheck(TypedDict):
     injection_check: Literal["full", "prescreen_only"]
 
 
-# --- Building blocks ------------------------------------------------------------------------------
+# --- Building blocks ----------------------------------------------------------------------------
 _START = (
     r"(?:^|(?<=[.!?;:,\n\"'(\[*>\-])\s*|(?<=\u2014)\s*"
     r"|\b(?:please|kindly|now|just|so|then|and|also|first|but|instead|simply|next|afterwards)\b,?\s+"
@@ -120,7 +120,7 @@ def _compile(**patterns: str) -> dict[str, re.Pattern[str]]:
     return {name: re.compile(p, _I | re.M) for name, p in patterns.items()}
 
 
-# --- User-input patterns --------------------------------------------------------------------------
+# --- User-input patterns ------------------------------------------------------------------------
 USER_PATTERNS: dict[str, re.Pattern[str]] = _compile(
     override_instructions=rf"{_START}(?:ignore|disregard|forget|override|bypass|skip|drop|discard|"
     r"abandon|set\s+aside|throw\s+(?:away|out)|do\s+not\s+follow|don'?t\s+follow|stop\s+following|"
@@ -270,7 +270,7 @@ USER_PATTERNS: dict[str, re.Pattern[str]] = _compile(
     r"payload|code)\b",
 )
 
-# --- Passage patterns (documents) -----------------------------------------------------------------
+# --- Passage patterns (documents) ---------------------------------------------------------------
 PASSAGE_PATTERNS: dict[str, re.Pattern[str]] = _compile(
     addresses_ai=r"\b(?:note|message|instructions?|hint|memo|reminder|directive|notice|p\.?\s?s\.?|"
     r"attention|warning|important)\b[ \t]*(?:to|for)?[ \t]*(?:the|any|all|every|whatever|"
@@ -318,7 +318,7 @@ _PASSAGE_TRIGGER = re.compile(
 """Cheap pre-filter: a passage without any of these words cannot match a passage pattern."""
 
 
-# --- Normalisation and encoded payloads -----------------------------------------------------------
+# --- Normalisation and encoded payloads ---------------------------------------------------------
 _INVISIBLE = re.compile(r"[\u00ad\u180e\u200b-\u200f\u2060-\u2064\ufeff]")
 _QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
 _LEET = str.maketrans({"0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t", "@": "a"})
@@ -411,7 +411,7 @@ def _matches(
     ]
 
 
-# --- The screens ----------------------------------------------------------------------------------
+# --- The screens --------------------------------------------------------------------------------
 
 _SENTENCE_END = re.compile(r"[.!?\n]")
 
@@ -548,7 +548,7 @@ def rejection_message(check: InjectionCheck) -> str:
     )
 
 
-# --- The policy -----------------------------------------------------------------------------------
+# --- The policy ---------------------------------------------------------------------------------
 _COMMANDS = (
     r"(?:ignore|disregard|forget|override|bypass|pretend|role-?play|act\s+as|respond|reply|print|"
     r"reveal|say|write|output|answer|select|choose|pick|repeat|tell|show|list|give|stop|do\s+not|"

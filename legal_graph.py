@@ -34,7 +34,7 @@ class TaxonomyError(RuntimeError):
     """The doctrine taxonomy cannot be read; the message names the file and the line."""
 
 
-# --- Taxonomy -------------------------------------------------------------------------------------
+# --- Taxonomy -----------------------------------------------------------------------------------
 _TOKEN = re.compile(r"[a-z0-9]+")
 
 
@@ -166,7 +166,7 @@ def _read_taxonomy(p: Path, mtime_ns: int) -> Taxonomy:
     return Taxonomy(doctrines, fingerprint=hashlib.sha1(raw).hexdigest()[:12])
 
 
-# --- Doctrine vectors -----------------------------------------------------------------------------
+# --- Doctrine vectors ---------------------------------------------------------------------------
 _doctrine_vectors: dict[tuple, tuple[list[str], Any]] = {}
 
 
@@ -214,7 +214,7 @@ def _embed_query(embedder: Any, query: str) -> np.ndarray:
     return embedder.embed_query(query)
 
 
-# --- Issue spotting -------------------------------------------------------------------------------
+# --- Issue spotting -----------------------------------------------------------------------------
 ALIAS_WEIGHT = 0.35
 """Score an alias hit adds to a doctrine's link score (cosine similarities are ~0.1-0.6)."""
 MAX_PER_CLAIM = 2

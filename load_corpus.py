@@ -55,7 +55,7 @@ def starter_dir() -> Path:
     return HERE / "datasets" / "starter"
 
 
-# --- Reading files ---
+# --- Reading files ------------------------------------------------------------------------------
 def file_format(path: Path) -> str:
     suffixes = [s.lower() for s in path.suffixes]
     if suffixes and suffixes[-1] in (".gz", ".bz2", ".xz", ".zst"):
@@ -252,7 +252,7 @@ def read_many(paths: Sequence[Path], reader: Any, limit: int | None = None) -> l
     return out
 
 
-# --- Sources: local Bar Exam QA folder, Hugging Face download, starter ---
+# --- Sources: local Bar Exam QA folder, Hugging Face download, starter --------------------------
 def _split_files(names: Sequence[str]) -> tuple[list[str], list[str]]:
     """(passage files, QA files) among a dataset's file names (relative paths): a name holding
     "passage" is passages, else one holding "qa" is QA; of each, the single whole-set file
@@ -326,7 +326,7 @@ def starter_files() -> tuple[list[Path], list[Path]]:
     return [d / "passages.jsonl"], qa
 
 
-# --- Loading ---
+# --- Loading ------------------------------------------------------------------------------------
 # metadata: the injection patterns a passage matched, comma-joined ("" clean; absent: unscreened)
 INJECTION_FLAGS = "injection_flags"
 
@@ -563,7 +563,7 @@ def status(settings: Settings) -> dict[str, Any]:
     }
 
 
-# --- CLI ---
+# --- CLI ----------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="load_corpus.py",

@@ -893,7 +893,7 @@ def reset_caches() -> None:
         _read_only.clear()
 
 
-# --- BM25 over the whole collection, persisted beside the Chroma folder --------------------------
+# --- BM25 over the whole collection, persisted beside the Chroma folder -------------------------
 
 
 def _bm25s() -> Any:
