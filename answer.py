@@ -1,42 +1,31 @@
 """The answer stage: one typed answer record, decided once, that applies the law to the facts.
 
-The research hands over, per issue on the agenda, the passages its step found (or none).  This
-stage writes the answer a user reads, in the shape of a bar essay:
+The research hands over, per agenda issue, the passages its step found (or none).  This stage
+writes the answer in the shape of a bar essay:
 
-- **Rule** — for each issue, the sentences of its passages that state the rule for these facts,
-  quoted verbatim (chosen by embedding cosine to the issue and its facts, so no paraphrase can put
-  words in a source's mouth), each cited to its passage.  A passage about another doctrine than
-  the issue (``off_doctrine``) is never used as its rule, an issue whose rule is the one quoted
-  for an earlier issue is not answered twice (``same_rule``), and an issue whose rule is far from
-  every stated fact (``off_facts``, :data:`FACT_FIT`), or from what a rule question asks
-  (``not_asked``, :data:`ASKED_FIT`), is named, not applied; an answer none of whose rules is
-  near the question (``off_question``, :data:`QUESTION_FIT`) is declined.
-- **Application** — one narrow call per issue (``skills/apply_rule.md``): the rule's requirements,
-  and for each the stated fact that meets or fails it.  Each application sentence cites the rule
-  it applies and names its fact; a fact unrelated to its requirement decides nothing
+- **Rule**: per issue, sentences of its passages quoted verbatim (chosen by embedding cosine to
+  the issue and its facts), each cited.  Guards: a passage on another doctrine is never a rule
+  (``off_doctrine``); a rule already quoted for an earlier issue is not repeated (``same_rule``);
+  a rule far from every stated fact (``off_facts``, :data:`FACT_FIT`) or from what a rule
+  question asks (``not_asked``, :data:`ASKED_FIT`) is named, not applied; an answer none of whose
+  rules is near the question is declined (``off_question``, :data:`QUESTION_FIT`).
+- **Application**: one call per issue (``skills/apply_rule.md``) names, per requirement, the
+  stated fact that meets or fails it; a fact unrelated to its requirement decides nothing
   (``unrelated_fact``, :data:`FACT_RELEVANCE`).
-- **Conclusion** — per issue, from the requirements: every requirement met, the rule applies; one
-  failed, it does not; otherwise it turns on facts the question does not state.
-- **Bottom line** — for a yes/no question, one call (``skills/bottom_line.md``) that answers it as
-  asked from the issues' conclusions ("yes", "no" or "unclear" and why), cited to the rules it
-  rests on.  The answer to a "which ..." question is the issues themselves.
+- **Conclusion**: every requirement met, the rule applies; one failed, it does not; else the
+  stated facts do not settle it.
+- **Bottom line**: a yes/no question gets one call (``skills/bottom_line.md``) answering it from
+  the conclusions; a "which ..." question gets the issues grouped by conclusion.
 
 Under the **evidence policy** (``ANSWER_MODE=evidence``) each rule sentence must also pass the
-grounding gate (``skills/verify_quotes.md``): one call per issue asks, for each candidate sentence,
-whether it states the law of that issue; a sentence about another doctrine, or one that cannot be
-understood alone, is never a rule, and an issue with no verified sentence has no evidence.
-
-A rule question ("What is the mailbox rule?") states the rule as its source states it
-(:func:`lead_rule`) and stops there.  With nothing to stand on (no issue's research found a
-passage) the record abstains and says why; nothing downstream reads the text back to learn that.
-Everything the CLI, the exit code, the QA memory and the evals need is a field of
-:class:`AnswerRecord`.
+grounding gate (``skills/verify_quotes.md``).  A rule question states the rule as its source does
+(:func:`lead_rule`).  With no passage to stand on, the record abstains and says why.  Everything
+the CLI, the exit code, the QA memory and the evals need is a field of :class:`AnswerRecord`.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -48,8 +37,6 @@ from nupunkt import sent_tokenize
 import mc
 import prompts
 from prompts import Application, Check, Finding, Met
-
-logger = logging.getLogger(__name__)
 
 Kind = Literal["fact_pattern", "rule_question", "multiple_choice"]
 Policy = Literal["research", "evidence"]
@@ -70,37 +57,33 @@ TITLED_HEADING_WORDS = 10
 FACT_SENTENCES = 3
 """Sentences of a fact pattern kept with an issue (the closest to it by cosine)."""
 MIN_FACT_WORDS = 8
-"""A question with fewer words of facts before it asks is a rule question.  One short sentence of
-what happened is facts ("Jake punched a stranger in a bar for no reason."): at 15 such questions
-were rule questions, and the words no passage uses ("jake") declined them (docs/MEASUREMENTS.md,
-stop 41)."""
+"""A question with fewer words of facts before it asks is a rule question: one short sentence of
+what happened is facts ("Jake punched a stranger in a bar.") (docs/MEASUREMENTS.md, stop 41)."""
 FACT_FIT = 0.33
-"""Cosine between an issue's quoted rule and the closest sentence of the facts below which the
-facts do not raise the issue (guard ``off_facts``).  The planner's first issue and the issue with
-the best fit are always applied: the cosine misses some central issues.  The low end of the tune
-half's plateau (docs/MEASUREMENTS.md, "`FACT_FIT` re-tuned")."""
+"""Cosine of an issue's quoted rule to the closest fact sentence below which the facts do not raise
+the issue (``off_facts``); the planner's first issue and the best fit are always applied.  Low end
+of the tune half's plateau (docs/MEASUREMENTS.md, "`FACT_FIT` re-tuned")."""
 FACT_RELEVANCE = 0.10
-"""Cosine between a requirement and the fact sentence a check names below which that fact cannot
-decide it (guard ``unrelated_fact``): the check is undecided.  The 1.5B marks most requirements
-met by some fact, often one that says nothing about them ("proximate cause ... — not met: The
-hotel objects.").  An issue whose every check is then undecided is not raised (guard
-``not_raised``).  Chosen on the tune half (docs/MEASUREMENTS.md, stop 36)."""
+"""Cosine of a requirement to the fact a check names below which that fact cannot decide it
+(``unrelated_fact``): the 1.5B marks most requirements met by some unrelated fact.  Chosen on the
+tune half (docs/MEASUREMENTS.md, stop 36)."""
 ASKED_FIT = 0.45
-"""Cosine between an issue's quoted rule and a rule question below which the question does not
-ask about it (guard ``not_asked``): the issue is named, not answered, unless it is the planner's
-first or the best fit.  The planner's later picks for a rule question are mostly noise ("What
-are the requirements for adverse possession?": personal jurisdiction at 0.44); a second doctrine
-the question does ask about sits at 0.5-0.7 (the amount in controversy beside diversity of
-citizenship).  Chosen on one half of the rule questions (docs/MEASUREMENTS.md, stop 44)."""
+"""Cosine of an issue's quoted rule to a rule question below which the question does not ask about
+it (``not_asked``): noise picks sit below 0.45, a second doctrine asked about at 0.5-0.7.  Chosen on
+one half of the rule questions (docs/MEASUREMENTS.md, stop 44)."""
 QUESTION_FIT = 0.20
-"""Cosine between an open question and the closest rule sentence of the issues its answer would
-apply below which those rules are about other matters: the answer is declined (guard
-``off_question``) rather than apply the wrong law (a singer's video answered with commercial
-speech scores 0.13).  Chosen on the tune half (docs/MEASUREMENTS.md, stop 37)."""
+"""Cosine of an open question to the closest rule sentence of its answer below which the rules are
+about other matters and the answer is declined (``off_question``; a singer's video answered with
+commercial speech scores 0.13).  Chosen on the tune half (docs/MEASUREMENTS.md, stop 37)."""
 DOCTRINE_MATCH = 0.30
-"""Cosine between an issue's name and a passage's title below which the passage is about another
-doctrine (``off_doctrine``): all-MiniLM-L6-v2 puts a doctrine and the title of its own passage at
-0.45-0.85, and e.g. "premises liability" against "Products liability: design defects" at 0.25."""
+"""Cosine of an issue's name to a passage's title below which the passage is on another doctrine
+(``off_doctrine``): all-MiniLM-L6-v2 puts a doctrine and its own passage at 0.45-0.85."""
+GUARDS = (
+    "off_doctrine", "off_facts", "not_asked", "off_question", "same_rule", "not_raised",
+    "unrelated_fact", "unparsed_application", "unparsed_bottom_line", "unnamed_bottom_line",
+)  # fmt: skip
+"""The guards an answer counts (``AnswerRecord.guards``; ``unparsed_verdicts`` too under the
+evidence policy)."""
 
 
 # --- The record ---------------------------------------------------------------------------------
@@ -167,7 +150,7 @@ class AnswerRecord:
         cls, question: str, choices: Mapping[str, str] | None, text: str, why: str
     ) -> AnswerRecord:
         """A record that abstains before any answer was written (injection, failed run)."""
-        return cls(question_kind(question, choices or None), text, [], [], True, why)
+        return cls(question_kind(question, choices), text, [], [], True, why)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -200,10 +183,8 @@ def question_kind(question: str, choices: Mapping[str, str] | None) -> Kind:
     question."""
     if choices:
         return "multiple_choice"
-    facts, _ = split_question(question)
-    return (
-        "fact_pattern" if sum(len(f.split()) for f in facts) >= MIN_FACT_WORDS else "rule_question"
-    )
+    words = sum(len(f.split()) for f in split_question(question)[0])
+    return "fact_pattern" if words >= MIN_FACT_WORDS else "rule_question"
 
 
 _AUX = r"(?:is|are|was|were|be|been|can|cannot|could|does|do|did|will|would|shall|should|may|might|must|has|have|had)"
@@ -218,12 +199,9 @@ _SENTENCE_END = re.compile(r"(?<=[.!])\s+(?=[A-Z])")
 
 
 def asks_yes_or_no(asked: str) -> bool:
-    """Whether the question as asked takes a yes or a no ("Can he get the evidence suppressed?";
-    not "Which rights were violated?", nor "Is it embezzlement or larceny?", whose answer is one
-    of its alternatives): its last sentence asks with an auxiliary verb (:data:`_YES_NO`) and
-    does not end by offering alternatives.  The sentence splitter can leave a fact in front of
-    the question ("...under the will. Does Fay now hold Eli's share?"), so the part after its last
-    sentence end is read too (but not alone: "Is Mr. Jones liable?" ends a sentence at "Mr.")."""
+    """Whether the question as asked takes a yes or a no: its last sentence asks with an auxiliary
+    verb (:data:`_YES_NO`) and offers no alternatives ("Is it embezzlement or larceny?").  The
+    part after the last sentence end is read too: the splitter can leave a fact in front."""
     last = (split_sentences(asked)[-1] if asked.strip() else "").strip()
     asks = _YES_NO.match(last) or _YES_NO.match(_SENTENCE_END.split(last)[-1])
     return bool(asks) and not _EITHER_OR.search(last)
@@ -233,16 +211,18 @@ def _rows(embed: EmbedFn, texts: list[str]) -> np.ndarray:
     return np.asarray(embed(texts), dtype=np.float32) if texts else np.zeros((0, 1), np.float32)
 
 
+def _cosines(embed: EmbedFn, query: str, texts: Sequence[str]) -> np.ndarray:
+    rows = _rows(embed, [query, *texts])
+    return rows[1:] @ rows[0]
+
+
 def issue_facts(
     issue: str, facts: Sequence[str], embed: EmbedFn, n: int = FACT_SENTENCES
 ) -> list[str]:
     """The ``n`` fact sentences closest to ``issue`` (by cosine), in the order the facts give them."""
     if len(facts) <= n:
         return list(facts)
-    rows = _rows(embed, [issue, *facts])
-    sims = rows[1:] @ rows[0]
-    keep = sorted(np.argsort(-sims)[:n])
-    return [facts[i] for i in keep]
+    return [facts[i] for i in sorted(np.argsort(-_cosines(embed, issue, facts))[:n])]
 
 
 _AUXILIARY = re.compile(rf"\b{_AUX}\b", re.IGNORECASE)
@@ -250,11 +230,8 @@ _AUXILIARY = re.compile(rf"\b{_AUX}\b", re.IGNORECASE)
 
 def is_heading(sentence: str, title: str) -> bool:
     """Whether a passage's first sentence is its heading, not a rule: at most ``HEADING_WORDS``
-    words, or at most ``TITLED_HEADING_WORDS`` of which more than half (of three letters or more)
-    are its title's, with no auxiliary verb ("Consequential damages and the Hadley v. Baxendale
-    rule." under "Consequential damages: Hadley v. Baxendale foreseeability"; not "There is one
-    form of action—the civil action." under "Rule 2. One Form of Action").  The starter corpus
-    has 10 such headings."""
+    words, or at most ``TITLED_HEADING_WORDS`` with no auxiliary verb, more than half of them (of
+    three letters or more) its title's."""
     n = len(sentence.split())
     if n <= HEADING_WORDS:
         return True
@@ -277,10 +254,9 @@ def _is_caption(line: str) -> bool:
 
 
 def candidate_sentences(doc: Mapping[str, Any]) -> list[str]:
-    """A passage's sentences that can state a rule: its heading (:func:`is_heading`) left out,
-    and the lines above its text that are its title, a heading of its ``heading`` path (a loaded
-    document's chunk: "Ohio Revised Code 5321.16 > Return of the deposit") or a Markdown
-    heading, which would otherwise open its first sentence."""
+    """A passage's sentences that can state a rule: without its heading (:func:`is_heading`), its
+    caption lines, or leading lines that repeat its title, its ``heading`` path or a Markdown
+    heading."""
     heads = {str(doc.get("title") or "").strip(), *str(doc.get("heading") or "").split(" > ")}
     lines = str(doc.get("text") or "").split("\n")
     while len(lines) > 1 and (lines[0].strip() in heads or lines[0].lstrip().startswith("#")):
@@ -294,31 +270,26 @@ def candidate_sentences(doc: Mapping[str, Any]) -> list[str]:
 
 
 def doctrine_scores(issue: str, docs: Sequence[Mapping[str, Any]], embed: EmbedFn) -> list[float]:
-    """Per passage: how closely it is about ``issue``'s doctrine, the cosine of the issue's name to
-    the passage's title and first sentence (the first sentence alone without a title); at least
-    :data:`DOCTRINE_MATCH` for a passage on that doctrine."""
+    """Per passage: the cosine of ``issue``'s name to its title and first sentence (at least
+    :data:`DOCTRINE_MATCH` for a passage on that doctrine)."""
     if not docs:
         return []
     heads = []
     for d in docs:
         first = (split_sentences(str(d.get("text") or "")) or [""])[0]
         heads.append(f"{d.get('title') or ''}. {first}".strip(". "))
-    rows = _rows(embed, [issue, *heads])
-    return [float(s) for s in rows[1:] @ rows[0]]
+    return [float(s) for s in _cosines(embed, issue, heads)]
 
 
 def lead_rule(
     doc: Mapping[str, Any], question: str, embed: EmbedFn, n: int = RULE_QUESTION_SENTENCES
 ) -> list[tuple[Mapping[str, Any], str]]:
-    """The rule as its source states it: a passage's first ``n`` sentences (its heading left out,
-    :func:`candidate_sentences`), and, when the sentence closest to ``question`` comes later,
-    that one too ("What duty does a landowner owe to an invitee?" of a passage that opens on
-    trespassers), in the passage's order."""
+    """The rule as its source states it: a passage's first ``n`` candidate sentences, and the one
+    closest to ``question`` when it comes later, in the passage's order."""
     sentences = candidate_sentences(doc)
     keep = list(range(min(n, len(sentences))))
     if len(sentences) > n:
-        rows = _rows(embed, [question, *sentences])
-        closest = int(np.argmax(rows[1:] @ rows[0]))
+        closest = int(np.argmax(_cosines(embed, question, sentences)))
         keep += [closest] if closest >= n else []
     return [(doc, sentences[i]) for i in keep]
 
@@ -336,16 +307,12 @@ def select_rule(
     query: str, docs: Sequence[Mapping[str, Any]], embed: EmbedFn, n: int = RULE_SENTENCES
 ) -> list[tuple[Mapping[str, Any], str]]:
     """(passage, sentence) pairs that state the rule for ``query`` (the issue and its facts): the
-    ``n`` sentences of the issue's passages closest to it, each verbatim, in passage order.  Every
-    passage competes, not only the search's first: the facts pick the rule that fits them, and
-    the passage stating it is often the search's third or fourth (docs/MEASUREMENTS.md, "Fact
-    patterns", stop 32)."""
+    ``n`` sentences of all the issue's passages closest to it, verbatim, in passage order (the
+    fitting rule is often the search's third or fourth passage: docs/MEASUREMENTS.md, stop 32)."""
     pool = [(d, s) for d in docs for s in candidate_sentences(d)]
     if not pool:
         return []
-    rows = _rows(embed, [query, *[s for _, s in pool]])
-    sims = rows[1:] @ rows[0]
-    keep = sorted(np.argsort(-sims)[:n])
+    keep = sorted(np.argsort(-_cosines(embed, query, [s for _, s in pool]))[:n])
     return [pool[i] for i in keep]
 
 
@@ -365,26 +332,19 @@ class IssueResearch:
     """The fact sentences the step kept for the issue (None: chosen here by cosine)."""
 
 
-class _Citations:
-    def __init__(self) -> None:
-        self.items: list[Citation] = []
-
-    def cite(self, doc: Mapping[str, Any], sentence: str) -> int:
-        for c in self.items:
-            if c.passage_id == doc["id"] and c.support == sentence:
-                return c.n
-        n = len(self.items) + 1
+def _cite(cited: dict[tuple[str, str], Citation], doc: Mapping[str, Any], sentence: str) -> int:
+    """The number of the citation of ``sentence`` of ``doc``, added to ``cited`` when new."""
+    key = (str(doc["id"]), sentence)
+    if key not in cited:
         title = str(doc.get("title") or "")
-        self.items.append(Citation(n, str(doc["id"]), title, sentence, pin_cite(doc)))
-        return n
+        cited[key] = Citation(len(cited) + 1, key[0], title, sentence, pin_cite(doc))
+    return cited[key].n
 
 
 def pin_cite(doc: Mapping[str, Any]) -> str:
-    """A pin cite to a passage of the user's documents (``load_corpus.py docs``), from its
-    metadata: the document's own citation with the passage's page or subsection — "Terry v.
-    Ohio, 392 U.S. 1, 27 (1968)", "28 U.S.C. § 1441(b)(2)" — else its title with the pin ("Brief
-    for Appellant, p. 3").  "" for a passage that has no pin (passage tables).  A research
-    record (``nodes._passage_record``) carries it already computed, as ``pin``."""
+    """A pin cite to a passage of the user's documents, from its metadata ("Terry v. Ohio, 392
+    U.S. 1, 27 (1968)", "28 U.S.C. § 1441(b)(2)", "Brief for Appellant, p. 3"); "" without a pin.
+    A research record (``nodes._passage_record``) carries it already computed, as ``pin``."""
     if doc.get("pin"):
         return str(doc["pin"])
     meta = doc.get("metadata") or {}
@@ -420,19 +380,16 @@ def fact_decides(check: Check) -> bool:
 
 
 def named_in(issue: str, asked: str) -> bool:
-    """Whether the question as asked names the issue: an item of its name before any parentheses,
-    as words ("Has she committed larceny or embezzlement?" names "Embezzlement, false pretenses,
-    and larceny by trick").  The user asked about it, so it is applied even when no stated fact
-    decides it.  A name is cut at its commas only: "What rights does she have?" does not name
-    "Rights and duties of cotenants"."""
+    """Whether the question as asked names the issue: a comma-separated item of its name before any
+    parentheses, as words ("larceny" names "Embezzlement, false pretenses, and larceny by trick";
+    "rights" does not name "Rights and duties of cotenants").  Such an issue is always applied."""
     parts = [re.sub(r"^(?:and|or)\s+", "", p.strip()) for p in issue.partition("(")[0].split(",")]
     return any(re.search(rf"\b{re.escape(p)}\b", asked, re.I) for p in parts if len(p) > 3)
 
 
 def raised(checks: Sequence[Check]) -> bool:
-    """Whether the facts raise the issue at all: some requirement is decided (met or not) by a
-    stated fact.  An issue whose every requirement is undecided or rests on no stated fact is not
-    an issue of these facts (guard ``not_raised``: it is named, not answered)."""
+    """Whether the facts raise the issue at all: a stated fact decides some requirement (else guard
+    ``not_raised``: it is named, not answered)."""
     return any(map(fact_decides, checks))
 
 
@@ -506,10 +463,9 @@ _DEFENSE = (
     r"|\bdefen[cs]es?\s*:|\bdefen[cs]es?\s+(?:to|against|include)\b"
     r"|\bdefen[cs]es?\b[^.;]{0,120}\bbar\b|\bnot\s+a\s+(?:\w+\s+)?defen[cs]e\b"
 )
-"""A clause that names a defense ("... is a defense", "Defenses: ...", "a defense to felony
-murder", "equitable defenses (laches, ...) can bar relief"), not one that only uses the word
-("relevant to any party's claim or defense"; "whether or not the defense asks"; self-defense as
-the privilege a rule states), nor a doctrine named for it ("Defense of others: ...")."""
+"""A clause that names a defense ("... is a defense", "Defenses: ...", "defenses ... can bar
+relief"), not one that only uses the word ("any party's claim or defense") or a doctrine named
+for it ("Defense of others: ...")."""
 NOT_AN_ELEMENT = re.compile(
     r"\b(?:examples?|exceptions?|unless|need not|"
     r"does not (?:apply|require)|is not (?:required|enough|sufficient|necessary)|not enough)\b"
@@ -527,10 +483,8 @@ _CLAUSE_JOIN = re.compile(r",\s+(?:and|but)\s+")
 _UNLESS = re.compile(r",?\s+\bunless\b\s+", re.I)
 _EXCEPT = re.compile(r",\s+except\b,?\s+(?!that\b)", re.I)
 """", except ..." after a rule: what follows are its exceptions, one per ";" ("Offers are generally
-revocable even if they promise to stay open, except an option contract supported by
-consideration; a UCC firm offer ...; and offers the offeree has reasonably relied on").  Before,
-the list was cut at its semicolons into requirements the facts had to meet.  ", except that ..."
-qualifies the rule instead; 11 sentences of the starter corpus use "except"."""
+revocable ..., except an option contract ...; a UCC firm offer ..."); ", except that ..." qualifies
+the rule instead."""
 EXCEPTION = re.compile(
     r"\b(?:exceptions?|unless|privileged|does not apply|not liable|"
     r"(?:no|neither)\b[^.;]{0,40}\bappl(?:y|ies))\b"
@@ -541,10 +495,8 @@ EXCEPTION = re.compile(
 ("the market-participant exception when the state buys or sells as a market actor"; "neither
 privilege applies when one spouse is charged with a crime against the other")."""
 NO_DEFENSE = re.compile(r"\bno defen[cs]es?\b|\bnot a (?:\w+ )?defen[cs]e\b", re.I)
-"""A clause that says an argument is *not* a defense ("Factual impossibility is no defense: a
-defendant who picks an empty pocket ... is guilty of attempt"): neither a requirement nor an
-exception.  Read as an exception, the facts that show it (an empty safe) defeated the rule it
-upholds.  The starter corpus states 14 such clauses."""
+"""A clause that says an argument is *not* a defense ("Factual impossibility is no defense"):
+neither a requirement nor an exception (as one, an empty safe defeated the rule it upholds)."""
 MAX_EXCEPTIONS = 2
 
 
@@ -559,13 +511,10 @@ def _item_text(item: str) -> str:
 
 
 def rule_structure(sentences: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(requirements, exceptions) of a rule, cut in code from its verbatim sentences.  The
-    requirements are the items of an enumeration ("must prove (1) a duty ...; (2) breach ...") or
-    the clauses between semicolons, without examples, defenses and exceptions
-    (:data:`NOT_AN_ELEMENT`).  The exceptions are the clauses
-    that state an exception or a defense (:data:`EXCEPTION`; "unless ..." is cut from the element
-    it qualifies), at most :data:`MAX_EXCEPTIONS`.  The model is asked about each, never to
-    restate the law; the issue's conclusion follows from this structure (:func:`_outcome`)."""
+    """(requirements, exceptions) of a rule, cut in code from its verbatim sentences: the items of
+    an enumeration or the clauses between semicolons, without examples, defenses and exceptions
+    (:data:`NOT_AN_ELEMENT`); and the clauses that state an exception or a defense
+    (:data:`EXCEPTION`, "unless ...", ", except ..."), at most :data:`MAX_EXCEPTIONS`."""
     reqs: list[str] = []
     exceptions: list[str] = []
     for sentence in sentences:
@@ -616,12 +565,9 @@ def apply_rule(
     facts: Sequence[str],
     exceptions: Sequence[str] = (),
 ) -> list[Check] | None:
-    """The ``apply`` call: for each requirement and each exception (marked as such), the number
-    of the stated fact that decides it (None: unusable).  The model answers with numbers, never
-    rewrites a fact, and its reply stays short; a reply cut off at its token budget keeps its
-    complete checks.  It is asked about the first :data:`MAX_REQUIREMENTS` requirements; one it
-    was not asked about, or did not answer, is not decided by the facts, so an issue is never
-    "every requirement is met" with its damages unchecked (a user trial's negligence rule)."""
+    """The ``apply`` call: for each requirement and exception, the stated fact that decides it
+    (None: unusable reply; a reply cut off at its token budget keeps its complete checks).  A
+    requirement past :data:`MAX_REQUIREMENTS`, or left unanswered, is not decided by the facts."""
     asked, unasked = list(reqs[:MAX_REQUIREMENTS]), reqs[MAX_REQUIREMENTS:]
     items = [*asked, *exceptions]
     numbered = "\n".join(
@@ -689,14 +635,10 @@ short to stand alone is joined back with ("Lena, a trespasser, climbed ...")."""
 def fact_part(
     fact: str, requirement: np.ndarray, embed: EmbedFn, others: np.ndarray | None = None
 ) -> str:
-    """The clause of a fact sentence closest to a requirement (its embedding row), marked as cut
-    with "…": one sentence of the multi_hop demo states every fact ("A public university suspended
-    a student for a speech at a campus rally ..., without giving her notice or a hearing"), and
-    each application sentence quoted all of it, so which fact met which element went unsaid.
-    Given the rows of ``others`` (the rule's other requirements a fact decides), a clause scores
-    its cosine to this one less its mean cosine to those: the clause that names the university
-    and the suspension is closest to every requirement of a school-discipline rule, notice
-    included."""
+    """The clause of a long fact sentence closest to a requirement (its embedding row), marked as
+    cut with "…", so an application says which fact meets which element.  Given ``others`` (rows
+    of the rule's other requirements), a clause scores its cosine to this one less its mean cosine
+    to those: a clause that names the parties is close to every requirement."""
     if len(fact.split()) <= FACT_PART_WORDS:
         return fact
     parts = _FACT_CLAUSE.split(fact)  # clause, separator, clause, ...
@@ -765,12 +707,7 @@ def verify_rule(
         if 1 <= v.n <= len(pairs):
             verdicts.setdefault(v.n, v.verdict)
     quotes = [
-        {
-            "issue": issue,
-            "passage_id": str(d["id"]),
-            "text": s,
-            "verdict": verdicts.get(n, "not_judged"),
-        }
+        dict(issue=issue, passage_id=str(d["id"]), text=s, verdict=verdicts.get(n, "not_judged"))
         for n, (d, s) in enumerate(pairs, 1)
     ]
     return [p for n, p in enumerate(pairs, 1) if verdicts.get(n) == "ok"], quotes
@@ -794,12 +731,9 @@ def _finding(n: int, issue: IssueAnswer) -> str:
 def bottom_line(
     client: Any, asked: str, applied: Sequence[IssueAnswer], guards: dict[str, int]
 ) -> tuple[Met, Sentence] | None:
-    """The answer to the yes-or-no question ``asked`` (None: unparseable reply).  Only an issue
-    the stated facts decide (its rule applies, or does not) can decide it: with none, the answer
-    is unclear without a call.  Else the model answers yes / no / unclear and names the number
-    of the deciding conclusion; the sentence is that conclusion, with its issue's citations.  A
-    yes or no that names none is said as the model's, citing every decided issue (guard
-    ``unnamed_bottom_line``)."""
+    """The answer to the yes-or-no question ``asked`` (None: unparseable reply): unclear without a
+    call when the facts decide no issue; else the model's yes / no / unclear, said as the deciding
+    conclusion it names (citing every decided issue when it names none: ``unnamed_bottom_line``)."""
     decided = [i for i in applied if i.outcome in ("yes", "no")]
     if not decided:
         text = "Unclear: the stated facts decide none of the issues above."
@@ -845,21 +779,10 @@ def build_record(
     the grounding gate first (:func:`verify_rule`)."""
     kind = question_kind(question, choices)
     facts, asked = split_question(question)
-    guards: dict[str, int] = {
-        "off_doctrine": 0,
-        "off_facts": 0,
-        "not_asked": 0,
-        "off_question": 0,
-        "same_rule": 0,
-        "not_raised": 0,
-        "unrelated_fact": 0,
-        "unparsed_application": 0,
-        "unparsed_bottom_line": 0,
-        "unnamed_bottom_line": 0,
-    }
+    guards = dict.fromkeys(GUARDS, 0)
     if policy == "evidence":
         guards["unparsed_verdicts"] = 0
-    citations = _Citations()
+    cited: dict[tuple[str, str], Citation] = {}  # (passage id, sentence) -> its citation
     issues: list[IssueAnswer] = []
     quotes: list[dict] = []
     if decline:
@@ -885,10 +808,8 @@ def build_record(
             )
             issues.append(IssueAnswer(item.issue, "no_evidence", why=why))
             continue
-        # A rule question is answered by the rule as the issue's own passage states it (the one
-        # most about its doctrine): the sentences closest to the question, drawn from several
-        # passages, left out the mailbox rule's "effective when dispatched".  A fact pattern's
-        # rule is what the issue's passages say closest to the issue and its facts.
+        # A rule question gets the rule as the issue's own passage (the one most about its
+        # doctrine) states it; a fact pattern, what its passages say closest to issue and facts.
         own = item.docs[int(np.argmax(scores))]
         lead = lead_rule(own, question, embed) if kind == "rule_question" else []
         near = [question] if kind == "rule_question" else item.facts
@@ -919,7 +840,7 @@ def build_record(
         issues.append(IssueAnswer(item.issue, "answered"))  # its place, filled in below
 
     def fill(slot: int, issue: str, rule: list, applied: list[Check] | None, cut: bool) -> None:
-        cites = [citations.cite(d, s) for d, s in rule]
+        cites = [_cite(cited, d, s) for d, s in rule]
         answer = IssueAnswer(issue, "answered")
         answer.sentences = [Sentence(s, "rule", [n]) for (_, s), n in zip(rule, cites, strict=True)]
         if applied is not None:
@@ -963,38 +884,35 @@ def build_record(
         guards["not_raised"] -= 1
         fill(*held, True)
     answered = [i for i in issues if i.status == "answered"]
+    rules = [s.text for i in answered for s in i.sentences if s.role == "rule"]
+    closest = float(_cosines(embed, question, rules).max()) if rules and not choices else 1.0
+    why = ""
     if not answered:
         why = "no issue's research found a rule on its doctrine: " + "; ".join(
             f"{i.issue} ({i.why or i.status})" for i in issues
         )
+    elif closest < QUESTION_FIT:
+        guards["off_question"] += 1
+        titles = {c.n: c.title or c.passage_id for c in cited.values()}
+        found = "; ".join(
+            f"{', '.join(dict.fromkeys(titles[n] for s in i.sentences for n in s.cites))}"
+            f" (for {i.issue})"
+            for i in answered
+        )
+        why = (
+            f"the rules its research found are about other matters: {found}; closest "
+            f"cosine to the question {closest:.3f} < {QUESTION_FIT:.2f}"
+        )
+        issues = [
+            IssueAnswer(i.issue, "no_evidence", why="its rule is about another matter")
+            if i.status == "answered"
+            else i
+            for i in issues
+        ]
+    if why:
         return AnswerRecord(
             kind, _abstain_text(why), issues, [], True, why, quotes=quotes, guards=guards
         )
-    rules = [s.text for i in answered for s in i.sentences if s.role == "rule"]
-    if rules and not choices:
-        rows = _rows(embed, [question, *rules])
-        closest = float((rows[1:] @ rows[0]).max())
-        if closest < QUESTION_FIT:
-            guards["off_question"] += 1
-            titles = {c.n: c.title or c.passage_id for c in citations.items}
-            found = "; ".join(
-                f"{', '.join(dict.fromkeys(titles[n] for s in i.sentences for n in s.cites))}"
-                f" (for {i.issue})"
-                for i in answered
-            )
-            why = (
-                f"the rules its research found are about other matters: {found}; closest "
-                f"cosine to the question {closest:.3f} < {QUESTION_FIT:.2f}"
-            )
-            issues = [
-                IssueAnswer(i.issue, "no_evidence", why="its rule is about another matter")
-                if i.status == "answered"
-                else i
-                for i in issues
-            ]
-            return AnswerRecord(
-                kind, _abstain_text(why), issues, [], True, why, quotes=quotes, guards=guards
-            )
     verdict = None
     tail: list[Sentence] = []
     applied_issues = [i for i in answered if i.outcome is not None]
@@ -1010,7 +928,7 @@ def build_record(
             verdict, line = decided
             tail.append(line)
     record = AnswerRecord(
-        kind, "", issues, citations.items, False, verdict=verdict, quotes=quotes, guards=guards
+        kind, "", issues, list(cited.values()), False, verdict=verdict, quotes=quotes, guards=guards
     )
     record.grounded = all(s.cites for s in record.sentences) and all(s.cites for s in tail)
     record.text = render(record, tail)
@@ -1033,9 +951,8 @@ def _refs(cites: Sequence[int]) -> str:
 
 
 def render(record: AnswerRecord, tail: Sequence[Sentence] = ()) -> str:
-    """The answer as the CLI prints it: per issue its rule, application and conclusion, every
-    legal sentence followed by its citation numbers; then the bottom line; then what was not
-    researched."""
+    """The answer as the CLI prints it: per issue its cited rule, application and conclusion; then
+    the bottom line; then what was not answered."""
     lines: list[str] = []
     heads = {"rule": "Rule", "application": "Application", "conclusion": "Conclusion"}
     for n, issue in enumerate((i for i in record.issues if i.status == "answered"), 1):

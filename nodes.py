@@ -35,32 +35,25 @@ logger = logging.getLogger(__name__)
 MC_RESERVE_S = 30.0
 """Seconds of the run deadline kept for the answer: research stops this early."""
 OFF_TOPIC = "off topic"
-COVERED = ", ".join(prompts.COVERED_AREAS)
-"""How the planner's decline (and stop_reason) starts when the question as asked is off topic
-(see :func:`off_topic`)."""
+"""How the planner's decline (and stop_reason) starts when the question as asked is off topic."""
 FIELD_EVIDENCE = 0.55
 """Below this ``AgentContext.question_score`` a question filed under an uncovered field is declined
 (the open set's 48 so filed score <= 0.50; "When is an employer vicariously liable ...?" 0.67)."""
 FIRST_SEARCH = "hybrid+keyword"
-"""A research step's first angle: hybrid (dense + BM25) search and BM25 alone, fused by rank.
-Dense search misreads a doctrine's name ("Shopkeeper's privilege" finds attorney-client
-privilege first) where BM25 finds its passage (docs/MEASUREMENTS.md, "Fact patterns")."""
+"""A research step's first angle: hybrid (dense + BM25) and BM25 alone, fused by rank; dense search
+misreads a doctrine's name where BM25 finds it (docs/MEASUREMENTS.md, "Fact patterns")."""
 RETRY_SEARCH = "keyword"
-"""The other angle of a step that missed the evidence gate: BM25 over its issue's facts and names
-joined (the first angle is FIRST_SEARCH unless SEARCH_STRATEGY says otherwise)."""
+"""The other angle of a step that missed the evidence gate: BM25 over its issue's facts, names."""
 
 
 # --- Tracing ------------------------------------------------------------------------------------
-
-StepResult = tuple[dict, str] | tuple[dict, str, str]
-"""A node body's result: (state update, decision) or (state update, decision, next node)."""
 
 
 def _traced(name: str) -> Callable:
     """Wrap a node body ``fn(state, ctx) -> (update, decision[, goto])``: time it, append a trace
     event, and route with ``Command(goto=...)`` when the body names the next node."""
 
-    def wrap(fn: Callable[[AgentState, AgentContext], StepResult]) -> Callable:
+    def wrap(fn: Callable[[AgentState, AgentContext], tuple]) -> Callable:
         def node(state: AgentState, runtime: Runtime[AgentContext]) -> dict | Command:
             # A LangGraph server run brings an empty context ({}): use the default one.
             ctx = (
@@ -75,8 +68,7 @@ def _traced(name: str) -> Callable:
             return Command(update=update, goto=goto[0]) if goto else update
 
         # Not functools.wraps: LangGraph reads the wrapper's signature to inject ``runtime``.
-        node.__name__ = name
-        node.__qualname__ = name
+        node.__name__ = node.__qualname__ = name
         node.__doc__ = fn.__doc__
         node.__module__ = fn.__module__
         node.step = fn  # the undecorated (state, ctx) -> (update, decision) function
@@ -145,9 +137,7 @@ def _short(text: str, n: int = 80) -> str:
 
 
 def _passage_record(doc: dict) -> dict:
-    """A passage as the state keeps it (``AgentState.passages``): id, title, source, text and
-    heading path of a retrieved :class:`rag_utils.Passage` or of a cached answer's source, and
-    its pin cite."""
+    """A retrieved passage or a cached answer's source as ``AgentState.passages`` keeps it."""
     return {
         "id": doc["id"],
         "title": doc.get("title") or "",
@@ -239,15 +229,10 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
             "question_area": got.area,
             "question_topic": got.topic,
         }
-        return (
-            update,
-            f"{got.query_type}, {got.area}" if got.legal else f"{got.query_type}, not law",
-        )
+        return update, f"{got.query_type}, {got.area if got.legal else 'not law'}"
     fallback = "multi_hop" if state.get("choices") or len(question.split()) > 60 else "simple"
-    return (
-        {"query_type": fallback, "fallbacks": ["classifier: unparseable reply"]},
-        f"{fallback} (fallback: unparseable reply)",
-    )
+    update = {"query_type": fallback, "fallbacks": ["classifier: unparseable reply"]}
+    return update, f"{fallback} (fallback: unparseable reply)"
 
 
 def agenda(ctx: AgentContext, question: str, issues: list[str]) -> list[str]:
@@ -268,20 +253,17 @@ with 8 the 1.5B picked from the end of a 12-name list (docs/MEASUREMENTS.md, sto
 
 
 def doctrine_key(name: str) -> str:
-    """The doctrine a candidate name stands for: the content words before " (", in any order.  A
-    passage title "Stop and frisk (Terry stops)" is the linked doctrine "Stop and frisk", a merged
-    agenda item "Offer (Firm offer (UCC 2-205))" the doctrine "Offer", and the title "Negligence
-    damages" the doctrine "Damages in negligence" ("Strict liability: animals" was researched as
-    "Strict liability for animals" and listed again as not answered); "FRE 404(b)" stays whole."""
+    """The doctrine a candidate name stands for: the content words before " (", in any order
+    ("Offer (Firm offer (UCC 2-205))" is "Offer"; "Negligence damages" is "Damages in negligence";
+    "FRE 404(b)" stays whole)."""
     return " ".join(sorted(mc.content_words(name.split(" (")[0])))
 
 
 def candidate_doctrines(ctx: AgentContext, question: str, within: str = "") -> list[str]:
     """Doctrine names the planner may pick from: the doctrines the question links to in the legal
-    taxonomy, then the titles of the passages retrieved for the question as asked (the 1.5B picks
-    the first ones, and the linked doctrines reach gold more often).  A question researched in one
-    state's law (``within``, a USPS code) lists only that state's passage titles: an issue named
-    after general law ("Consent as a defense") finds nothing in a state's drone statute."""
+    taxonomy (first: the 1.5B picks the first ones), then the titles of the passages retrieved for
+    the question.  A question researched in one state's law (``within``, a USPS code) lists only
+    that state's passage titles: general law finds nothing in a state's statute."""
     linked = [i for i in agenda(ctx, question, []) if i]
     titles: list[str] = []
     try:
@@ -293,15 +275,11 @@ def candidate_doctrines(ctx: AgentContext, question: str, within: str = "") -> l
         titles = [d.get("title") or "" for d in found]
     except Exception as exc:  # noqa: BLE001 - candidates are an aid; the plan still runs
         logger.warning("candidate retrieval failed: %s", exc)
-    names = (titles or linked) if within else linked + titles
-    seen: set[str] = set()
-    out = []
-    for name in names:  # one candidate per doctrine (doctrine_key)
-        key = doctrine_key(name)
-        if key and key not in seen:
-            seen.add(key)
-            out.append(" ".join(name.split()))
-    return out
+    out: dict[str, str] = {}  # one candidate per doctrine (doctrine_key)
+    for name in (titles or linked) if within else linked + titles:
+        if key := doctrine_key(name):
+            out.setdefault(key, " ".join(name.split()))
+    return list(out.values())
 
 
 def off_topic(
@@ -312,25 +290,15 @@ def off_topic(
     topic: str = "",
     law: StateLaw | None = None,
 ) -> str:
-    """Why an open question is off topic as asked ("" when it is not), checked before any
-    research (which searches the doctrines the model names, and can turn gibberish into a legal
-    topic):
-    - a question not in English (``prompts.in_english``);
-    - a question of law in a field the sources do not cover (the classifier's ``area`` outside
-      ``prompts.COVERED_AREAS``) whose closest passages score below :data:`FIELD_EVIDENCE`,
-      unless the collection holds the user's own documents, whose fields the agent cannot know;
-    - a question that asks what a state's law provides ("How many days does Ohio law give him
-      ...?", ``law``: ``AgentContext.state_law`` of what it asks) when no passage is that
-      state's law: the general rule is not the state's statute it asks for;
-    - a rule question whose subject uses words no passage of the corpus uses ("ERISA"): the
-      question's unknown words that the classifier's ``topic`` (what it asks for) also uses, so
-      that the everyday words of a lay question ("a mail carrier slips on an icy step") are not
-      its subject (all of its unknown words when there is no topic);
-    - a question whose every sentence's closest passages score below LEAN_GATE.  A fact pattern
-      is held to that score only when the classifier reads no question of law in it: told in
-      everyday words ("her porch step was rotten"), a legal one sits as far from passages that
-      state its rule in legal words.  Whether it is law is never declined on the classifier's
-      word alone: it misreads a bare "Hearsay?", which a passage scores close to."""
+    """Why an open question is off topic as asked ("" when it is not), checked before any research
+    (which can turn gibberish into a legal topic):
+    - not in English (``prompts.in_english``);
+    - a question of law in a field outside ``prompts.COVERED_AREAS`` whose closest passages score
+      below :data:`FIELD_EVIDENCE` (unless the collection holds the user's own documents);
+    - it asks what a state's law provides (``law``) and no passage is that state's law;
+    - a rule question whose subject (the classifier's ``topic``) uses words no passage uses;
+    - every sentence's closest passages score below LEAN_GATE (a fact pattern only when the
+      classifier reads no question of law in it: lay words sit far from the rule's passages)."""
     if not prompts.in_english(question):
         return f"{OFF_TOPIC}: it is not in English, the language of the sources; ask it in English"
     outside = legal and area not in ("", "none", *prompts.COVERED_AREAS)
@@ -339,7 +307,7 @@ def off_topic(
     if score is not None and score < FIELD_EVIDENCE:
         return (
             f"{OFF_TOPIC}: it is a question of {area}, and its closest passages score "
-            f"{score:.2f}; the sources cover {COVERED}"
+            f"{score:.2f}; the sources cover {', '.join(prompts.COVERED_AREAS)}"
         )
     if law and not law.held:
         return (
@@ -406,14 +374,12 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     if not issues:
         fallbacks.append("planner: no issues named or linked (the question itself is researched)")
         issues = [question]
-    steps = [
-        step_for(n, issue, answer_stage.issue_facts(issue, facts, ctx.embed) if facts else [])
-        for n, issue in enumerate(issues[: ctx.settings.agent.max_steps], 1)
-    ]
     forced = ctx.settings.agent.search_strategy
-    if forced != "auto":
-        for step in steps:
-            step["strategy"]["search_type"] = forced
+    first = FIRST_SEARCH if forced == "auto" else forced
+    steps: list[PlanStep] = []
+    for n, issue in enumerate(issues[: ctx.settings.agent.max_steps], 1):
+        kept = answer_stage.issue_facts(issue, facts, ctx.embed) if facts else []
+        steps.append(step_for(n, issue, kept, first))
     update: dict[str, Any] = {
         "memory_hit": False,
         "planning_table": steps,
@@ -431,16 +397,11 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
 
 @_traced("executor")
 def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """Run ONE pending step: its search (the doctrine's names and the issue's facts as queries)
-    -> drop passages that carry instructions (injection screen) -> the evidence gate: the best
-    cosine of the issue's question to a passage, against LEAN_GATE (the search's own cosines when
-    its first query is that question: ``AgentContext.passage_cosines``).  No model call: the
-    answer stage reads the passages."""
-    pending = [
-        s
-        for s in state.get("planning_table") or []
-        if s["status"] == "pending" and not s["execution"]
-    ]
+    """Run ONE pending step, without a model call: its search -> drop passages that carry
+    instructions (injection screen) -> the evidence gate: the best cosine of the issue's question
+    to a passage, against LEAN_GATE."""
+    table = state.get("planning_table") or []
+    pending = [s for s in table if s["status"] == "pending" and not s["execution"]]
     if not pending:
         return {}, "nothing pending"
     step = dict(pending[0])
@@ -605,13 +566,10 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     if ctx.settings.agent.search_strategy != "auto":
         search_type = ctx.settings.agent.search_strategy
     facts = list(step.get("facts") or [])
-    step_id = max(s["step_id"] for s in state.get("planning_table") or [step]) + 1
+    step_id = max(s["step_id"] for s in table) + 1
     retry = step_for(step_id, step["issue"], facts, search_type, phase="retry")
     names = issue_names(step["issue"])
-    retry["strategy"] = {
-        "search_type": search_type,
-        "queries": [" ".join([*names, *facts]), *names],
-    }
+    retry["strategy"]["queries"] = [" ".join([*names, *facts]), *names]
     memory = [dict(e) for e in state.get("chain_of_thought") or []]
     if memory:
         memory[-1]["next_steps"] = [f"retry [{search_type}]: {step['issue']}"]
@@ -686,14 +644,8 @@ def memory_record(
         )
         for n, s in enumerate(state.get("sources") or [], 1)
     ]
-    return answer_stage.AnswerRecord(
-        answer_stage.question_kind(question, choices),
-        state.get("research_answer") or "",
-        [],
-        citations,
-        abstained=False,
-        grounded=True,
-    )
+    kind, text = answer_stage.question_kind(question, choices), state.get("research_answer") or ""
+    return answer_stage.AnswerRecord(kind, text, [], citations, abstained=False, grounded=True)
 
 
 def _record_update(record: answer_stage.AnswerRecord) -> dict[str, Any]:
@@ -704,25 +656,16 @@ def _record_update(record: answer_stage.AnswerRecord) -> dict[str, Any]:
         "research_answer": "" if record.abstained else record.text,
         "abstained": record.abstained,
         "sources": [
-            {
-                "id": c.passage_id,
-                "title": c.title,
-                "support": c.support,
-                "pin": c.pin,
-                "ref": f"[{c.n}]",
-            }
+            dict(id=c.passage_id, title=c.title, support=c.support, pin=c.pin, ref=f"[{c.n}]")
             for c in record.citations
         ],
     }
 
 
 MC_RESEARCH_PASSAGES = 0
-"""Passages the answer cites that the MC prompt reads after lean's retrieval.  Measured on the 40
-barexam_dev items with the embedded 1.5B (eval_comprehensive.py pipeline 40 --modes pipeline,
-paired with lean): with 2 the research route's letter was right 12 times against lean's 14 (0
-gained, 2 lost, 37 letters the same); with the answer's prose and every research passage, 5.  So
-the letter reads what lean reads, and the research's passages only when lean's retrieval falls
-below the gate."""
+"""Passages the answer cites that the MC prompt reads after lean's retrieval: with 2 the letter was
+right 12 times of 40 against lean's 14, so it reads what lean reads, and the research's passages
+only when lean's retrieval falls below the gate (docs/MEASUREMENTS.md, stop 30)."""
 
 
 def mc_passages(state: AgentState, extra: list[Passage]) -> list[dict]:
@@ -739,10 +682,9 @@ def mc_passages(state: AgentState, extra: list[Passage]) -> list[dict]:
 
 
 def mc_evidence(docs: list[dict], lean_count: int) -> str:
-    """The evidence of the MC prompt: ``docs`` (:func:`mc_passages`) through the one evidence
-    formatter every mode uses, each lean passage given as many characters as lean mode gives it
-    (the research's passages add to the prompt, they do not crowd lean's out).  The answer's prose
-    is not shown (see MC_RESEARCH_PASSAGES)."""
+    """The evidence of the MC prompt: ``docs`` (:func:`mc_passages`) formatted as in every mode,
+    each lean passage given as many characters as lean mode gives it (the research's passages add
+    to the prompt, they do not crowd lean's out)."""
     if not docs or not lean_count:
         return prompts.format_evidence(docs) if docs else ""
     return prompts.format_evidence(docs, max_chars=prompts.EVIDENCE_CHARS // lean_count * len(docs))
@@ -803,11 +745,9 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         body += f"[lean mode: {how}]"
     final = f"{body}\n\n{line}".strip()
     record.update(letter=result.letter, text=final)
-    decision = f"({result.letter}) via {result.strategy}" + (
-        " after strict retry" if result.retried else ""
-    )
-    if evidence_text is None:
-        decision += ", closed-book"
+    retried = " after strict retry" if result.retried else ""
+    closed = ", closed-book" if evidence_text is None else ""
+    decision = f"({result.letter}) via {result.strategy}{retried}{closed}"
     mc_answer = {
         **result.to_dict(),
         "closed_book": evidence_text is None,
@@ -816,12 +756,7 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     update = {"mc_answer": mc_answer, "final_cited_answer": final, "answer": record, "lean": lean}
     if answer_mode(state, ctx) == "lean":  # the passages the letter read are its sources
         update["sources"] = [
-            {
-                "id": d["id"],
-                "title": d.get("title") or "",
-                "text": d.get("text") or "",
-                "ref": f"[{n}]",
-            }
+            dict(id=d["id"], title=d.get("title") or "", text=d.get("text") or "", ref=f"[{n}]")
             for n, d in enumerate(extra, 1)
         ]
     return update, decision
@@ -847,9 +782,8 @@ def cache_blockers(state: AgentState, ctx: AgentContext) -> list[str]:
     elif not record.get("grounded"):
         letter = record.get("letter") or (state.get("mc_answer") or {}).get("letter")
         why.append("a letter whose reasoning cites no source" if letter else "an uncited sentence")
-    if fired := [
-        k for k, v in (record.get("guards") or {}).items() if v and k not in ROUTINE_GUARDS
-    ]:
+    guards = record.get("guards") or {}
+    if fired := [k for k, v in guards.items() if v and k not in ROUTINE_GUARDS]:
         why.append(f"guard fired: {fired[0]}")
     records = ctx.client.records[ctx.record_offset :]
     if n := sum(1 for r in records if r.parse_failed):
@@ -861,15 +795,6 @@ def cache_blockers(state: AgentState, ctx: AgentContext) -> list[str]:
     return why
 
 
-def _confidence(state: AgentState) -> float:
-    confs = [
-        s["execution"]["confidence"]
-        for s in state.get("planning_table") or []
-        if s["status"] == "completed"
-    ]
-    return sum(confs) / len(confs) if confs else 0.0
-
-
 @_traced("memory_writeback")
 def memory_writeback(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """Cache the answer (never the MC selection) when it is trustworthy and new."""
@@ -879,7 +804,9 @@ def memory_writeback(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     sources = [
         {**(state.get("passages") or {}).get(s["id"], {}), **s} for s in state.get("sources") or []
     ]
-    confidence = _confidence(state)
+    table = state.get("planning_table") or []
+    confs = [s["execution"]["confidence"] for s in table if s["status"] == "completed"]
+    confidence = sum(confs) / len(confs) if confs else 0.0
     try:
         ctx.write_memory(state["question"], state["research_answer"], confidence, sources)
     except Exception as exc:  # noqa: BLE001 - caching is best effort
@@ -904,7 +831,9 @@ def compute_metrics(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     mc_answer = state.get("mc_answer") or {}
     record = state.get("answer") or {}
     rejected = (state.get("injection_check") or {}).get("is_safe") is False
-    sentences = [s for i in record.get("issues") or [] for s in i.get("sentences") or []]
+    issues = record.get("issues") or []
+    sentences = [s for i in issues for s in i.get("sentences") or []]
+    answered = sum(1 for i in issues if i.get("status") == "answered")
     return {
         **ctx.client.summary(since=ctx.record_offset),
         "node_latency_s": per_node,
@@ -923,12 +852,8 @@ def compute_metrics(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
         ),
         "abstained": bool(record.get("abstained")),
         "verdict": record.get("verdict"),
-        "issues_answered": sum(
-            1 for i in record.get("issues") or [] if i.get("status") == "answered"
-        ),
-        "issues_not_answered": sum(
-            1 for i in record.get("issues") or [] if i.get("status") != "answered"
-        ),
+        "issues_answered": answered,
+        "issues_not_answered": len(issues) - answered,
         "citations": len(record.get("citations") or []),
         "uncited_sentences": sum(1 for s in sentences if not s.get("cites")),
         "guards": dict(record.get("guards") or {}),
