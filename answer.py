@@ -79,9 +79,17 @@ DOCTRINE_MATCH = 0.30
 """Cosine of an issue's name to a passage's title below which the passage is on another doctrine
 (``off_doctrine``): all-MiniLM-L6-v2 puts a doctrine and its own passage at 0.45-0.85."""
 GUARDS = (
-    "off_doctrine", "off_facts", "not_asked", "off_question", "same_rule", "not_raised",
-    "unrelated_fact", "unparsed_application", "unparsed_bottom_line", "unnamed_bottom_line",
-)  # fmt: skip
+    "off_doctrine",
+    "off_facts",
+    "not_asked",
+    "off_question",
+    "same_rule",
+    "not_raised",
+    "unrelated_fact",
+    "unparsed_application",
+    "unparsed_bottom_line",
+    "unnamed_bottom_line",
+)
 """The guards an answer counts (``AnswerRecord.guards``; ``unparsed_verdicts`` too under the
 evidence policy)."""
 
@@ -211,7 +219,8 @@ def _rows(embed: EmbedFn, texts: list[str]) -> np.ndarray:
     return np.asarray(embed(texts), dtype=np.float32) if texts else np.zeros((0, 1), np.float32)
 
 
-def _cosines(embed: EmbedFn, query: str, texts: Sequence[str]) -> np.ndarray:
+def cosines(embed: EmbedFn, query: str, texts: Sequence[str]) -> np.ndarray:
+    """The cosine of ``query`` to each of ``texts``, from one ``embed`` call (unit rows)."""
     rows = _rows(embed, [query, *texts])
     return rows[1:] @ rows[0]
 
@@ -222,7 +231,7 @@ def issue_facts(
     """The ``n`` fact sentences closest to ``issue`` (by cosine), in the order the facts give them."""
     if len(facts) <= n:
         return list(facts)
-    return [facts[i] for i in sorted(np.argsort(-_cosines(embed, issue, facts))[:n])]
+    return [facts[i] for i in sorted(np.argsort(-cosines(embed, issue, facts))[:n])]
 
 
 _AUXILIARY = re.compile(rf"\b{_AUX}\b", re.IGNORECASE)
@@ -278,7 +287,7 @@ def doctrine_scores(issue: str, docs: Sequence[Mapping[str, Any]], embed: EmbedF
     for d in docs:
         first = (split_sentences(str(d.get("text") or "")) or [""])[0]
         heads.append(f"{d.get('title') or ''}. {first}".strip(". "))
-    return [float(s) for s in _cosines(embed, issue, heads)]
+    return [float(s) for s in cosines(embed, issue, heads)]
 
 
 def lead_rule(
@@ -289,7 +298,7 @@ def lead_rule(
     sentences = candidate_sentences(doc)
     keep = list(range(min(n, len(sentences))))
     if len(sentences) > n:
-        closest = int(np.argmax(_cosines(embed, question, sentences)))
+        closest = int(np.argmax(cosines(embed, question, sentences)))
         keep += [closest] if closest >= n else []
     return [(doc, sentences[i]) for i in keep]
 
@@ -312,7 +321,7 @@ def select_rule(
     pool = [(d, s) for d in docs for s in candidate_sentences(d)]
     if not pool:
         return []
-    keep = sorted(np.argsort(-_cosines(embed, query, [s for _, s in pool]))[:n])
+    keep = sorted(np.argsort(-cosines(embed, query, [s for _, s in pool]))[:n])
     return [pool[i] for i in keep]
 
 
@@ -885,7 +894,7 @@ def build_record(
         fill(*held, True)
     answered = [i for i in issues if i.status == "answered"]
     rules = [s.text for i in answered for s in i.sentences if s.role == "rule"]
-    closest = float(_cosines(embed, question, rules).max()) if rules and not choices else 1.0
+    closest = float(cosines(embed, question, rules).max()) if rules and not choices else 1.0
     why = ""
     if not answered:
         why = "no issue's research found a rule on its doctrine: " + "; ".join(

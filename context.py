@@ -14,8 +14,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-import numpy as np
-
 import answer as answer_stage
 import filters
 import injection
@@ -153,8 +151,8 @@ class AgentContext:
             return searched
         if self.cosines is not None:
             return [float(c) for c in self.cosines(question, docs)]
-        rows = np.asarray(self.embed([question, *[d.get("text") or "" for d in docs]]))
-        return [float(c) for c in rows[1:] @ rows[0]]
+        texts = [d.get("text") or "" for d in docs]
+        return [float(c) for c in answer_stage.cosines(self.embed, question, texts)]
 
     def gate_scores(
         self, question: str, docs: list[Passage], queries: Sequence[str] = ()

@@ -153,8 +153,10 @@ def items_with_gold(items: Sequence[dict], settings: Settings, qa_path: Path) ->
     if without:
         logger.warning(
             "%d of %d items have no gold passage in the store and are skipped "
-            "(index their passages with --passages)", len(without), len(items),
-        )  # fmt: skip
+            "(index their passages with --passages)",
+            len(without),
+            len(items),
+        )
     if not with_gold:
         raise ValueError(
             f"no item of {qa_path} has its gold passage in the store: index their passages "

@@ -387,16 +387,25 @@ def render_markdown(summary: dict[str, Any]) -> str:
             + "; ".join(f"{m}: {v['predicted_letters']}" for m, v in mcs.items()),
         ]
         if ev := mcs.get("evidence"):
-            lines += ["", f"Evidence mode: grounded on {ev['grounded_n']} of {ev['n']} items "
+            lines += [
+                "",
+                f"Evidence mode: grounded on {ev['grounded_n']} of {ev['n']} items "
                 f"(coverage {ev['coverage']:.3f}); accuracy on the grounded items "
-                f"{_or_na(ev['accuracy_grounded'])} vs {ev['accuracy']:.3f} overall."]  # fmt: skip
+                f"{_or_na(ev['accuracy_grounded'])} vs {ev['accuracy']:.3f} overall.",
+            ]
         if ln := mcs.get("lean"):
-            lines += ["", f"Lean mode: evidence used on {ln['rag_share']:.0%} of items (LEAN_GATE "
-                f"{ln['gate']}), closed-book on the rest."]  # fmt: skip
+            lines += [
+                "",
+                f"Lean mode: evidence used on {ln['rag_share']:.0%} of items (LEAN_GATE "
+                f"{ln['gate']}), closed-book on the rest.",
+            ]
         if (pl := mcs.get("pipeline")) and pl.get("closed_book_share") is not None:
-            lines += ["", f"Pipeline: closed-book on {pl['closed_book_share']:.0%} of items (its "
+            lines += [
+                "",
+                f"Pipeline: closed-book on {pl['closed_book_share']:.0%} of items (its "
                 "research found nothing to stand on); accuracy on the others "
-                f"{_or_na(pl['accuracy_with_evidence'])}."]  # fmt: skip
+                f"{_or_na(pl['accuracy_with_evidence'])}.",
+            ]
         subjects = sorted({s for m in mcs.values() for s in m["per_subject"]})
         table = [
             {

