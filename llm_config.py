@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import json
 import logging
 import re
@@ -21,6 +22,7 @@ from langchain_core.outputs import ChatGeneration
 from langchain_core.runnables import RunnableLambda
 from pydantic import BaseModel, ValidationError
 
+import local_llm
 from llm_cache import ResponseCache
 from providers import (
     LLMConfigError,
@@ -453,7 +455,10 @@ class LLMClient:
             },
             stop_after_attempt=attempts,
         )  # fmt: skip
-        return retrying.invoke(msgs), state["attempt"] - 1
+        system = "".join(m.text for m in msgs[:1] if m.type == "system")
+        local = cfg.local and self._factory is None
+        with local_llm.prompt_state(cfg.provider, system) if local else contextlib.nullcontext():
+            return retrying.invoke(msgs), state["attempt"] - 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

