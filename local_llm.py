@@ -235,6 +235,7 @@ class LocalServer:
         self._server = None
 
     def _slot_action(self, action: str, filename: str) -> None:
+        """Ask llama.cpp to save or restore the slot's prompt state in ``filename`` (best effort)."""
         root = self.base_url.removesuffix("/v1")
         body = json.dumps({"filename": filename}).encode()
         request = urllib.request.Request(
@@ -266,8 +267,11 @@ class LocalServer:
                 path.touch()
             self._seen.add(name)
             yield
-            if not path.is_file():
-                self._slot_action("save", name)
+            if not path.is_file():  # saved under a name of its own, then renamed at once
+                part = f"{name}.{os.getpid()}.part"
+                self._slot_action("save", part)
+                with contextlib.suppress(OSError):
+                    os.replace(self.prompt_states / part, path)
                 saved = sorted(self.prompt_states.glob("*.bin"), key=_mtime, reverse=True)
                 for old in saved[PROMPT_STATES:]:
                     old.unlink(missing_ok=True)

@@ -162,45 +162,45 @@ def test_embedded_model_answers_schema_valid_json():
 
 
 def test_prompt_states_are_restored_once_saved_once_and_pruned(tmp_path, monkeypatch):
-    server = local_llm.LocalServer(
-        model="m", base_url="http://127.0.0.1:1/v1", threads=1, ctx_size=512,
-        timings=LocalTimings(), prompt_states=tmp_path,
-    )  # fmt: skip
-    actions: list[tuple[str, str]] = []
+    def server() -> local_llm.LocalServer:
+        made = local_llm.LocalServer(
+            model="m", base_url="http://127.0.0.1:1/v1", threads=1, ctx_size=512,
+            timings=LocalTimings(), prompt_states=tmp_path,
+        )  # fmt: skip
+        monkeypatch.setattr(made, "_slot_action", act)
+        return made
 
-    def act(action: str, name: str) -> None:
-        actions.append((action, name))
+    actions: list[str] = []
+
+    def act(action: str, name: str) -> None:  # llama.cpp writes the state under the name given
+        actions.append(action)
         if action == "save":
             (tmp_path / name).write_bytes(b"state")
 
-    monkeypatch.setattr(server, "_slot_action", act)
     monkeypatch.setattr(local_llm, "PROMPT_STATES", 2)
-    with server.serving("system A"):
-        pass
-    with server.serving("system A"):
-        pass
-    assert [a for a, _ in actions] == ["save"]  # saved after the first request, then kept
+    first = server()
+    for _ in range(2):
+        with first.serving("system A"):
+            pass
+    assert actions == ["save"]  # saved after the first request, then kept
+    [state_a] = [p.name for p in tmp_path.iterdir()]
+    assert state_a.endswith(".bin")  # renamed from its partial name
     # A new process (a new server) restores the saved state before its first request only.
-    again = local_llm.LocalServer(
-        model="m", base_url="http://127.0.0.1:1/v1", threads=1, ctx_size=512,
-        timings=LocalTimings(), prompt_states=tmp_path,
-    )  # fmt: skip
-    monkeypatch.setattr(again, "_slot_action", act)
-    actions.clear()
+    again, actions[:] = server(), []
     for _ in range(2):
         with again.serving("system A"):
             pass
-    assert [a for a, _ in actions] == ["restore"]
+    assert actions == ["restore"]
     # A failed request saves nothing; at most PROMPT_STATES states stay, the oldest go.
     with pytest.raises(RuntimeError), again.serving("system B"):
         raise RuntimeError("the call failed")
-    assert len(list(tmp_path.glob("*.bin"))) == 1
-    for n, system in enumerate(["system B", "system C"]):
+    assert [p.name for p in tmp_path.iterdir()] == [state_a]
+    os.utime(tmp_path / state_a, (time.time() - 60,) * 2)
+    for system in ["system B", "system C"]:
         with again.serving(system):
             pass
-        os.utime(tmp_path / actions[-1][1], (time.time() + n + 1,) * 2)
-    names = {p.name for p in tmp_path.glob("*.bin")}
-    assert len(names) == 2 and actions[0][1] not in names  # system A's state was the oldest
+    names = [p.name for p in tmp_path.iterdir()]
+    assert len(names) == 2 and state_a not in names
 
 
 _FIRST_CALL = """
