@@ -1109,6 +1109,18 @@ def get_cross_encoder(settings: Settings, local_only: bool = False) -> Any:
         return model
 
 
+def _held_locally(name: str) -> bool:
+    """Whether model ``name`` is a local path or has its config in the Hugging Face cache."""
+    if Path(name).expanduser().exists():
+        return True
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # noqa: BLE001 - a name that is no hub id is not held either
+        return False
+
+
 def require_reranker(settings: Settings) -> None:
     """Load RERANKER=cross-encoder's model up front, so one that does not load stops a run at
     once (:class:`ModelLoadError`) rather than in its first hybrid step."""
@@ -1129,6 +1141,8 @@ def resolve_reranker(name: str | None, settings: Settings) -> str:
     with _lock:
         if key not in _auto_choice:
             try:
+                if not _held_locally(r.reranker_model):  # not worth importing torch (~5 s)
+                    raise ModelLoadError(r.reranker_model)
                 get_cross_encoder(settings, local_only=True)
                 _auto_choice[key] = "cross-encoder"
                 logger.info("RERANKER=auto: using cross-encoder %s", r.reranker_model)

@@ -122,6 +122,23 @@ def test_unknown_embedding_model_fails_with_one_line_advice(tmp_settings):
     assert "legalrag-tests/no-such-embedding-model" in msg and "EMBEDDING_MODEL=default" in msg
 
 
+def test_auto_reranker_without_a_cached_cross_encoder_does_not_load_torch(tmp_path):
+    """Offline with no cross-encoder on disk (the default install), RERANKER=auto is hybrid and a
+    run does not spend seconds importing sentence-transformers and torch to find that out."""
+    code = (
+        "import sys, rag_utils\n"
+        "from settings import Settings\n"
+        "print(rag_utils.resolve_reranker('auto', Settings.from_env(env={})))\n"
+        "print('torch' in sys.modules, 'sentence_transformers' in sys.modules)\n"
+    )
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True,
+        cwd=Path(rag_utils.__file__).parent,
+    ).stdout.split()  # fmt: skip
+    assert out == ["hybrid", "False", "False"]
+
+
 def test_unknown_reranker_name_is_rejected(tmp_settings):
     with pytest.raises(ValueError, match="unknown reranker"):
         rag_utils.resolve_reranker("colbert", tmp_settings)
