@@ -416,10 +416,25 @@ _ELEMENT_VERDICT = {"yes": "met", "no": "not met", "unclear": "not decided by th
 _EXCEPTION_VERDICT = {"yes": "applies", "no": "does not apply", "unclear": "not shown by the facts"}
 
 
-def _application_sentences(checks: Sequence[Check], cites: list[int]) -> list[Sentence]:
+def _words(text: str) -> str:
+    return " " + " ".join(re.findall(r"\w+", text.lower())) + " "
+
+
+def _sources(requirement: str, rule: Sequence[str], cites: list[int]) -> list[int]:
+    """The citation of the rule sentence a requirement was cut from (every one when its first
+    words are in none of them, or in several)."""
+    words = " ".join(_words(requirement).split()[:6])
+    hits = [n for s, n in zip(rule, cites, strict=True) if f" {words} " in _words(s)]
+    return hits if len(hits) == 1 else list(cites)
+
+
+def _application_sentences(
+    checks: Sequence[Check], rule: Sequence[str], cites: list[int]
+) -> list[Sentence]:
     """One sentence per requirement or exception a stated fact bears on (whether the facts meet
-    it, and the fact), then one listing those no stated fact bears on; each said once."""
-    out, open_items, seen = [], [], set()
+    it, and the fact), citing the rule sentence it comes from; then one listing those no stated
+    fact bears on; each said once."""
+    out, open_items, seen, open_cites = [], [], set(), set()
     for c in checks:
         requirement = _clean(c.requirement)
         if requirement.lower() in seen:
@@ -432,6 +447,7 @@ def _application_sentences(checks: Sequence[Check], cites: list[int]) -> list[Se
             said = requirement[:1].lower() + requirement[1:] if lower else requirement
             exception = c.exception and not said.startswith(("except", "unless"))
             open_items.append(f"the exception {said}" if exception else said)
+            open_cites.update(_sources(requirement, rule, cites))
             continue
         fact += "" if fact.endswith("…") else "."
         if c.exception:
@@ -439,10 +455,10 @@ def _application_sentences(checks: Sequence[Check], cites: list[int]) -> list[Se
         else:
             said = f"{requirement[:1].upper()}{requirement[1:]}"
             text = f"{said} — {_ELEMENT_VERDICT[c.met]}: {fact}"
-        out.append(Sentence(text, "application", list(cites)))
+        out.append(Sentence(text, "application", _sources(requirement, rule, cites)))
     if open_items:
         text = f"No stated fact decides: {'; '.join(open_items)}."
-        out.append(Sentence(text, "application", list(cites)))
+        out.append(Sentence(text, "application", sorted(open_cites)))
     return out
 
 
@@ -854,7 +870,7 @@ def build_record(
         answer.sentences = [Sentence(s, "rule", [n]) for (_, s), n in zip(rule, cites, strict=True)]
         if applied is not None:
             answer.outcome = _outcome(applied)
-            answer.sentences += _application_sentences(applied, cites)
+            answer.sentences += _application_sentences(applied, [s for _, s in rule], cites)
             answer.sentences.append(_conclusion(issue, answer.outcome, applied, cites))
         elif cut:  # a fact pattern's rule cut into requirements, and no usable application
             guards["unparsed_application"] += 1

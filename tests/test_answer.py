@@ -322,9 +322,28 @@ def test_requirements_no_stated_fact_bears_on_are_listed_once_not_each_as_an_app
     assert "not stated" not in record.text and "facts stated do not settle" in record.text
     school = "A school's authority over off-campus student speech is reduced"
     said = answer._application_sentences(
-        [Check(requirement=school, fact="not stated", met="unclear")], [1]
+        [Check(requirement=school, fact="not stated", met="unclear")], [f"{school}."], [1]
     )
     assert said[0].text == f"No stated fact decides: a{school[1:]}."
+
+
+def test_an_application_cites_the_rule_sentence_its_requirement_comes_from():
+    """A reader who checks an application's citation finds the requirement it applies, not a
+    sentence of the issue's other passage ("jurisdictions split" beside the malice rule)."""
+    rule = [
+        "Common law murder is the unlawful killing of a human being with malice aforethought.",
+        "If the fatal shot is fired by a victim, police officer, or other non-felon, "
+        "jurisdictions split.",
+    ]
+    checks = [
+        Check(
+            requirement="the unlawful killing of a human being", fact="Vic was killed", met="yes"
+        ),
+        Check(requirement="malice aforethought", fact="not stated", met="unclear"),
+        Check(requirement="a wholly new clause", fact="He fired", met="yes"),
+    ]
+    said = answer._application_sentences(checks, rule, [4, 7])
+    assert [s.cites for s in said] == [[4], [4, 7], [4]]  # no source found: every rule sentence
 
 
 def test_cut_off_application_reply_is_used(tmp_settings):
