@@ -272,6 +272,7 @@ class LocalServer:
                 self._slot_action("save", part)
                 with contextlib.suppress(OSError):
                     os.replace(self.prompt_states / part, path)
+                (self.prompt_states / part).unlink(missing_ok=True)  # a save that failed midway
                 saved = sorted(self.prompt_states.glob("*.bin"), key=_mtime, reverse=True)
                 for old in saved[PROMPT_STATES:]:
                     old.unlink(missing_ok=True)
