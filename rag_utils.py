@@ -1140,13 +1140,15 @@ def resolve_reranker(name: str | None, settings: Settings) -> str:
     key = (r.reranker_model, r.embedding_device)
     with _lock:
         if key not in _auto_choice:
+            held = _held_locally(r.reranker_model)  # else not worth importing torch (~5 s)
             try:
-                if not _held_locally(r.reranker_model):  # not worth importing torch (~5 s)
-                    raise ModelLoadError(r.reranker_model)
-                get_cross_encoder(settings, local_only=True)
+                held = held and get_cross_encoder(settings, local_only=True) is not None
+            except ModelLoadError:
+                held = False
+            if held:
                 _auto_choice[key] = "cross-encoder"
                 logger.info("RERANKER=auto: using cross-encoder %s", r.reranker_model)
-            except ModelLoadError:
+            else:
                 _auto_choice[key] = "hybrid"
                 logger.info(
                     "RERANKER=auto: cross-encoder %s not available offline; using hybrid "
