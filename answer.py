@@ -463,14 +463,19 @@ def _application_sentences(
 
 
 def _conclusion(issue: str, outcome: Met, checks: Sequence[Check], cites: list[int]) -> Sentence:
+    """The issue's conclusion, following from the rule's structure (:func:`_outcome`): it names
+    the exception that applies or the requirement the facts fail, without a double negative
+    ("the rule does not apply" of a rule that says who is *not* liable)."""
     applies = [c for c in checks if c.exception and c.met == "yes"]
     failed = [c for c in checks if not c.exception and c.met == "no"]
     if outcome == "yes":
         text = f"{issue}: every requirement is met on these facts, so the rule applies."
-    elif applies:
-        text = f"{issue}: the rule does not apply, because an exception applies: {_clean(applies[0].requirement)}."
+    elif applies:  # quoted: the clause as the rule states it ("unless he knows ...")
+        exception = _clean(applies[0].requirement)
+        text = f'{issue}: on these facts the exception "{exception}" applies.'
     elif outcome == "no":
-        text = f"{issue}: the rule does not apply, because {_clean(failed[0].requirement)} fails."
+        requirement = _clean(failed[0].requirement)
+        text = f'{issue}: the rule does not apply: the facts do not meet "{requirement}".'
     else:
         text = f"{issue}: the facts stated do not settle whether the rule applies."
     return Sentence(text, "conclusion", list(cites))
@@ -775,7 +780,7 @@ def bottom_line(
         guards["unnamed_bottom_line"] += 1
         return line.answer, Sentence(f"{head}, on the conclusions above.", "bottom_line", every)
     decisive = _conclusion_of(decided[line.conclusion - 1])
-    text = f"{head}, because {decisive.text}"
+    text = f"{head}. {decisive.text}"
     return line.answer, Sentence(text, "bottom_line", list(decisive.cites))
 
 

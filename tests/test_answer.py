@@ -199,11 +199,13 @@ def test_a_record_applies_the_rule_and_answers_the_question(tmp_settings):
     record = answer.build_record(client, FACTS, None, research, EMBED)
     assert record.verdict == "yes" and not record.abstained and record.grounded
     assert "is inside — not met: he was handcuffed in the patrol car." in record.text
-    assert "rule does not apply, because For vehicles, police may search" in record.text
+    assert (
+        'rule does not apply: the facts do not meet "For vehicles, police may search' in record.text
+    )
     # the bottom line is the conclusion the model named, with that issue's citations
     assert (
-        "Bottom line: Yes, because Search incident to arrest: the rule does not apply, because "
-        in record.text
+        "Bottom line: Yes. Search incident to arrest: the rule does not apply: the facts do not "
+        "meet" in record.text
     )
     conclusion = next(s for s in record.issues[0].sentences if s.role == "conclusion")
     assert record.issues[-1].sentences[0].cites == conclusion.cites
@@ -749,8 +751,9 @@ def test_an_exception_the_facts_show_decides_the_issue_and_the_bottom_line_reads
         "Exception: the market-participant exception when the state buys or sells as a market "
         "actor — applies: …" in record.text  # the part of the fact closest to it (fact_part)
     )
-    assert "the rule does not apply, because an exception applies" in record.text
-    assert "because an exception applies" in script.prompts("bottom_line")[0]
+    exception = 'the exception "the market-participant exception when the state buys or sells'
+    assert f"Dormant Commerce Clause: on these facts {exception}" in record.text
+    assert exception in script.prompts("bottom_line")[0]
     assert record.verdict == "no"
 
 

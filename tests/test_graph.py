@@ -261,7 +261,7 @@ def test_a_fact_pattern_gets_rule_application_conclusion_and_bottom_line(tmp_set
     assert record["kind"] == "fact_pattern" and record["abstained"] is False
     assert record["verdict"] == "yes" and record["grounded"] is True
     text = result["final_cited_answer"]
-    assert "Bottom line: Yes, because Negligence: every requirement is met on these facts" in text
+    assert "Bottom line: Yes. Negligence: every requirement is met on these facts" in text
     assert "met: Store employees had seen the puddle two hours earlier and left it there." in text
     assert "F2. Store employees had seen the puddle" in script.prompts("apply")[0]
     # Every legal sentence cites; a rule is quoted verbatim from its passage.
