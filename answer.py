@@ -442,11 +442,14 @@ def _application_sentences(
         seen.add(requirement.lower())
         fact = _clean(c.fact)
         if fact.lower() in NOT_STATED:  # "An offer", "A school's" -> lower case; "UCC" stays
-            first = requirement.split()[0]
-            lower = first == "A" or first[1:].islower()
-            said = requirement[:1].lower() + requirement[1:] if lower else requirement
-            exception = c.exception and not said.startswith(("except", "unless"))
-            open_items.append(f"the exception {said}" if exception else said)
+            if c.exception:  # quoted as the rule states it, as the conclusion quotes it
+                open_items.append(f'the exception "{requirement}"')
+            else:
+                first = requirement.split()[0]
+                lower = first == "A" or first[1:].islower()
+                open_items.append(
+                    requirement[:1].lower() + requirement[1:] if lower else requirement
+                )
             open_cites.update(_sources(requirement, rule, cites))
             continue
         fact += "" if fact.endswith("…") else "."

@@ -327,6 +327,14 @@ def test_requirements_no_stated_fact_bears_on_are_listed_once_not_each_as_an_app
         [Check(requirement=school, fact="not stated", met="unclear")], [f"{school}."], [1]
     )
     assert said[0].text == f"No stated fact decides: a{school[1:]}."
+    # an exception no fact bears on is named as one, quoted, even when it opens with "unless"
+    unless = "unless the student is dangerous or disruptive"
+    said = answer._application_sentences(
+        [Check(requirement=unless, fact="not stated", met="unclear", exception=True)],
+        [f"A school must give notice, {unless}."],
+        [1],
+    )
+    assert said[0].text == f'No stated fact decides: the exception "{unless}".'
 
 
 def test_an_application_cites_the_rule_sentence_its_requirement_comes_from():
