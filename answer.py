@@ -441,10 +441,10 @@ def _application_sentences(
             continue
         seen.add(requirement.lower())
         fact = _clean(c.fact)
-        if fact.lower() in NOT_STATED:  # "An offer", "A school's" -> lower case; "UCC" stays
+        if fact.lower() in NOT_STATED:
             if c.exception:  # quoted as the rule states it, as the conclusion quotes it
                 open_items.append(f'the exception "{requirement}"')
-            else:
+            else:  # "An offer", "A school's" -> lower case; "UCC" stays
                 first = requirement.split()[0]
                 lower = first == "A" or first[1:].islower()
                 open_items.append(
