@@ -212,8 +212,11 @@ class AgentContext:
         return docs, flagged, self.score_evidence(question, docs)
 
     def check_injection(self, text: str) -> injection.InjectionCheck:
-        """The injection verdict on the user's input (``injection.detect``)."""
+        """The injection verdict on the user's input (``injection.detect``); the model's verdict
+        is asked for unless SKIP_INJECTION_CHECK, by default only of an API model."""
         skip = self.settings.agent.skip_injection_check
+        if skip is None:
+            skip = self.client.is_local("injection")
         return injection.detect(text, self.client, skip_llm=skip)
 
     def start_run(self) -> AgentContext:

@@ -321,7 +321,8 @@ settings (environment variables or .env; a flag above wins over its variable):
                           is below it fails; a question whose every sentence is below it is off topic
   MAX_STEPS (3)           issues researched (one step each; the rest are named as not answered)
   MAX_ITERATIONS (6)      executor runs per question (hard cap)
-  SKIP_INJECTION_CHECK    1 = skip the LLM injection check (the regex pre-screen still runs)
+  SKIP_INJECTION_CHECK    1 = skip the LLM injection check, 0 = run it (the pattern screens always
+                          run); unset: skipped on the embedded model, run with an API model
   ANSWER_MODE (auto)      auto | research | evidence | lean (--mode); auto = lean with choices
   SEARCH_STRATEGY (auto)  auto | dense | keyword | hybrid (--strategy)
   RETRIEVAL_K (5)         passages per research step

@@ -152,7 +152,10 @@ class AgentSettings:
     lean_gate: float = _var("LEAN_GATE", 0.33, (-1, 1))
     """Evidence whose best cosine to the question is below this is not used (0 = never gate;
     calibrated by ``benchmarks/bench_agent.py gate``)."""
-    skip_injection_check: bool = _var("SKIP_INJECTION_CHECK", False)
+    skip_injection_check: bool | None = _var("SKIP_INJECTION_CHECK", None)
+    """Skip the LLM injection check (the pattern screens always run); unset = skip it on the
+    embedded model, which adds nothing measured there (docs/MEASUREMENTS.md, "Injection check"),
+    and run it with an API model."""
     run_timeout: float = _var("RUN_TIMEOUT", 600.0, (0, None))
     """Seconds a whole question may take (0 = no limit): room for the embedded model on a slow
     laptop (~100 s for the multi_hop demo on 2 cores), a bound on a hung endpoint."""
