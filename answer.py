@@ -795,6 +795,218 @@ def in_short(applied: Sequence[IssueAnswer]) -> Sentence:
     return Sentence(text, "bottom_line", _all_cites(applied))
 
 
+@dataclass
+class _Stage:
+    """One answer's working set: the question read once, the model and embedder, the citations
+    numbered so far and the guard counters."""
+
+    client: Any
+    question: str
+    choices: Mapping[str, str] | None
+    embed: EmbedFn
+    policy: Policy
+    kind: Kind = "rule_question"
+    facts: list[str] = field(default_factory=list)
+    asked: str = ""
+    guards: dict[str, int] = field(default_factory=dict)
+    cited: dict[tuple[str, str], Citation] = field(default_factory=dict)
+    """(passage id, sentence) -> its citation."""
+    taken: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(passage id, sentence) -> the issue it is a rule of (guard ``same_rule``)."""
+    quotes: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.kind = question_kind(self.question, self.choices)
+        self.facts, self.asked = split_question(self.question)
+        self.guards = dict.fromkeys(GUARDS, 0)
+        if self.policy == "evidence":
+            self.guards["unparsed_verdicts"] = 0
+
+    def record(self, issues: list[IssueAnswer], abstained: bool, why: str = "") -> AnswerRecord:
+        citations = [] if abstained else list(self.cited.values())
+        return AnswerRecord(
+            self.kind, "", issues, citations, abstained, why, quotes=self.quotes, guards=self.guards
+        )
+
+
+Ruled = tuple[int, IssueResearch, list[tuple[Mapping[str, Any], str]], float]
+"""An issue with a rule: its slot in the answer, its research, its rule, the rule's fit."""
+
+
+def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
+    """The (passage, sentence) pairs quoted as ``item``'s rule, or the issue's answer when it has
+    none: no passage on its doctrine (``off_doctrine``), none verified (evidence policy), or the
+    rule already quoted for an earlier issue (``same_rule``)."""
+    scores = doctrine_scores(item.issue, item.docs, stage.embed)
+    docs = [d for d, s in zip(item.docs, scores, strict=True) if s >= DOCTRINE_MATCH]
+    stage.guards["off_doctrine"] += len(item.docs) - len(docs)
+    if not docs:
+        why = item.why or (
+            "the passages found are about other doctrines" if item.docs else "no passage found"
+        )
+        return IssueAnswer(item.issue, "no_evidence", why=why)
+    # A rule question gets the rule as the issue's own passage (the one most about its doctrine)
+    # states it; a fact pattern, what its passages say closest to issue and facts.
+    rule_question = stage.kind == "rule_question"
+    own = item.docs[int(np.argmax(scores))]
+    lead = lead_rule(own, stage.question, stage.embed) if rule_question else []
+    near = [stage.question] if rule_question else item.facts
+    if near is None:
+        near = issue_facts(item.issue, stage.facts, stage.embed)
+    query = " ".join([item.issue, *near])
+    if stage.policy == "evidence":
+        candidates = lead or select_rule(query, docs, stage.embed, VERIFY_CANDIDATES)
+        rule, judged = verify_rule(stage.client, item.issue, candidates)
+        stage.guards["unparsed_verdicts"] += judged is None
+        stage.quotes += judged or []
+        rule = rule[: len(lead) or RULE_SENTENCES]
+        if not rule:
+            why = "no sentence of its passages passed the grounding gate"
+            return IssueAnswer(item.issue, "no_evidence", why=why)
+    else:
+        rule = lead or select_rule(query, docs, stage.embed)
+    # The same law as earlier issues is said once, under them (guard ``same_rule``).
+    if rule and all((d["id"], s) in stage.taken for d, s in rule):
+        stage.guards["same_rule"] += 1
+        owners = ", ".join(dict.fromkeys(stage.taken[(d["id"], s)] for d, s in rule))
+        why = f"its rule is the one already quoted for {owners}"
+        return IssueAnswer(item.issue, "no_evidence", why=why)
+    stage.taken.update({(d["id"], s): item.issue for d, s in rule})
+    return rule
+
+
+def _ruled_issues(
+    stage: _Stage, research: Sequence[IssueResearch]
+) -> tuple[list[IssueAnswer], list[Ruled]]:
+    """Every issue's place in the answer, and those with a rule to apply (their places are filled
+    in by :func:`_apply_issues`)."""
+    # What an issue's rule must fit to be answered: a fact pattern's facts (guard ``off_facts``),
+    # a rule question's question (guard ``not_asked``).
+    fit_to = {"fact_pattern": list(stage.facts), "rule_question": [stage.question]}
+    fit_rows = _rows(stage.embed, fit_to.get(stage.kind, []))
+    issues: list[IssueAnswer] = []
+    ruled: list[Ruled] = []
+    for item in research:
+        if not item.researched:
+            issues.append(IssueAnswer(item.issue, "not_researched", why=item.why))
+            continue
+        rule = _issue_rule(stage, item)
+        if isinstance(rule, IssueAnswer):
+            issues.append(rule)
+            continue
+        ruled.append((len(issues), item, rule, fact_fit(rule, fit_rows, stage.embed)))
+        issues.append(IssueAnswer(item.issue, "answered"))  # its place, filled in below
+    return issues, ruled
+
+
+def _answered(
+    stage: _Stage, issue: str, rule: list, applied: list[Check] | None, cut: bool
+) -> IssueAnswer:
+    """An issue's answer: its rule sentences, and its application and conclusion when applied."""
+    cites = [_cite(stage.cited, d, s) for d, s in rule]
+    answer = IssueAnswer(issue, "answered")
+    answer.sentences = [Sentence(s, "rule", [n]) for (_, s), n in zip(rule, cites, strict=True)]
+    if applied is not None:
+        answer.outcome = _outcome(applied)
+        answer.sentences += _application_sentences(applied, [s for _, s in rule], cites)
+        answer.sentences.append(_conclusion(issue, answer.outcome, applied, cites))
+    elif cut:  # a fact pattern's rule cut into requirements, and no usable application
+        stage.guards["unparsed_application"] += 1
+        answer.why = "the application could not be parsed"
+    return answer
+
+
+def _checks(stage: _Stage, issue: str, rule: list) -> tuple[list[Check] | None, bool]:
+    """The application of a fact pattern's rule to its facts (None: nothing to apply, or an
+    unusable reply), and whether the rule was cut into requirements."""
+    if stage.kind == "rule_question" or not stage.facts:
+        return None, False
+    reqs, exceptions = rule_structure([s for _, s in rule])
+    if not (reqs or exceptions):  # the rule is quoted, with nothing to apply
+        return None, False
+    applied = apply_rule(stage.client, issue, reqs, stage.facts, exceptions)
+    if applied is not None:
+        applied, unrelated = related_checks(applied, stage.embed)
+        stage.guards["unrelated_fact"] += unrelated
+    return applied, True
+
+
+def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Ruled]) -> None:
+    """Fill in each ruled issue: applied to the facts, or named as not raised (``off_facts``,
+    ``not_asked``, ``not_raised``); the planner's first issue, the best fit and an issue the
+    question names are always applied, and so is the first unraised one when no other is."""
+    rule_question = stage.kind == "rule_question"
+    floor, guard = (ASKED_FIT, "not_asked") if rule_question else (FACT_FIT, "off_facts")
+    best = max((fit for *_, fit in ruled), default=1.0)
+    held = None  # the first issue not raised, answered after all if no other issue is
+    for n, (slot, item, rule, fit) in enumerate(ruled):
+        named = stage.kind == "fact_pattern" and named_in(item.issue, stage.asked)
+        if n and fit < min(floor, best) and not named:
+            stage.guards[guard] += 1
+            what = "what the question asks" if rule_question else "the stated facts"
+            why = f"its rule does not fit {what} (cosine {fit:.2f} < {floor})"
+            issues[slot] = IssueAnswer(item.issue, "not_raised", why=why)
+            continue
+        applied, cut = _checks(stage, item.issue, rule)
+        if applied is not None and not raised(applied) and not named:
+            stage.guards["not_raised"] += 1
+            issues[slot] = IssueAnswer(item.issue, "not_raised", why="no stated fact bears on it")
+            held = held or (slot, item.issue, rule, applied)
+            continue
+        issues[slot] = _answered(stage, item.issue, rule, applied, cut)
+    if held and not any(i.status == "answered" for i in issues):
+        # The research found the rule: the application's finding that no stated fact bears on it
+        # is the model's, and a question the corpus answers is not declined on it.
+        stage.guards["not_raised"] -= 1
+        slot, *rest = held
+        issues[slot] = _answered(stage, *rest, True)
+
+
+def _unanswerable(stage: _Stage, issues: list[IssueAnswer]) -> str:
+    """Why the answer abstains ("" when it does not): no issue found a rule, or none of its rules
+    is near the question (``off_question``); the answered issues are then marked as such."""
+    answered = [i for i in issues if i.status == "answered"]
+    if not answered:
+        return "no issue's research found a rule on its doctrine: " + "; ".join(
+            f"{i.issue} ({i.why or i.status})" for i in issues
+        )
+    rules = [s.text for i in answered for s in i.sentences if s.role == "rule"]
+    closest = 1.0
+    if rules and not stage.choices:
+        closest = float(cosines(stage.embed, stage.question, rules).max())
+    if closest >= QUESTION_FIT:
+        return ""
+    stage.guards["off_question"] += 1
+    titles = {c.n: c.title or c.passage_id for c in stage.cited.values()}
+    found = "; ".join(
+        f"{', '.join(dict.fromkeys(titles[n] for s in i.sentences for n in s.cites))}"
+        f" (for {i.issue})"
+        for i in answered
+    )
+    for n, i in enumerate(issues):
+        if i.status == "answered":
+            issues[n] = IssueAnswer(i.issue, "no_evidence", why="its rule is about another matter")
+    return (
+        f"the rules its research found are about other matters: {found}; closest "
+        f"cosine to the question {closest:.3f} < {QUESTION_FIT:.2f}"
+    )
+
+
+def _tail(stage: _Stage, applied: Sequence[IssueAnswer]) -> tuple[Met | None, list[Sentence]]:
+    """A fact pattern's bottom line: a yes/no question's from the model; one that asks which or
+    what ("Which rights were violated, and what must she show?"), the issues by conclusion."""
+    if stage.kind != "fact_pattern" or not applied:
+        return None, []
+    if not asks_yes_or_no(stage.asked):
+        return None, [in_short(applied)]
+    decided = bottom_line(stage.client, stage.asked, applied, stage.guards)
+    if decided is None:
+        stage.guards["unparsed_bottom_line"] += 1
+        return None, []
+    verdict, line = decided
+    return verdict, [line]
+
+
 def build_record(
     client: Any,
     question: str,
@@ -810,159 +1022,22 @@ def build_record(
     ``decline``: why the research declines the question as a whole (off topic as asked); the
     record then abstains without a model call.  ``policy="evidence"``: every rule sentence passes
     the grounding gate first (:func:`verify_rule`)."""
-    kind = question_kind(question, choices)
-    facts, asked = split_question(question)
-    guards = dict.fromkeys(GUARDS, 0)
-    if policy == "evidence":
-        guards["unparsed_verdicts"] = 0
-    cited: dict[tuple[str, str], Citation] = {}  # (passage id, sentence) -> its citation
-    issues: list[IssueAnswer] = []
-    quotes: list[dict] = []
+    stage = _Stage(client, question, choices, embed, policy)
     if decline:
-        text = f"{NO_ANSWER}: the sources do not cover this question as asked ({decline})."
-        return AnswerRecord(kind, text, [], [], True, decline, guards=guards)
-    # What an issue's rule must fit to be answered: a fact pattern's facts (guard ``off_facts``),
-    # a rule question's question (guard ``not_asked``).
-    fit_to = {"fact_pattern": list(facts), "rule_question": [question]}.get(kind, [])
-    fit_rows = _rows(embed, fit_to)
-    floor, guard = (ASKED_FIT, "not_asked") if kind == "rule_question" else (FACT_FIT, "off_facts")
-    ruled: list[tuple[int, IssueResearch, list[tuple[Mapping[str, Any], str]], float]] = []
-    taken: dict[tuple[str, str], str] = {}  # (passage id, sentence) -> the issue it is a rule of
-    for item in research:
-        if not item.researched:
-            issues.append(IssueAnswer(item.issue, "not_researched", why=item.why))
-            continue
-        scores = doctrine_scores(item.issue, item.docs, embed)
-        docs = [d for d, s in zip(item.docs, scores, strict=True) if s >= DOCTRINE_MATCH]
-        guards["off_doctrine"] += len(item.docs) - len(docs)
-        if not docs:
-            why = item.why or (
-                "the passages found are about other doctrines" if item.docs else "no passage found"
-            )
-            issues.append(IssueAnswer(item.issue, "no_evidence", why=why))
-            continue
-        # A rule question gets the rule as the issue's own passage (the one most about its
-        # doctrine) states it; a fact pattern, what its passages say closest to issue and facts.
-        own = item.docs[int(np.argmax(scores))]
-        lead = lead_rule(own, question, embed) if kind == "rule_question" else []
-        near = [question] if kind == "rule_question" else item.facts
-        if near is None:
-            near = issue_facts(item.issue, facts, embed)
-        query = " ".join([item.issue, *near])
-        if policy == "evidence":
-            candidates = lead or select_rule(query, docs, embed, VERIFY_CANDIDATES)
-            rule, judged = verify_rule(client, item.issue, candidates)
-            guards["unparsed_verdicts"] += judged is None
-            quotes += judged or []
-            rule = rule[: len(lead) or RULE_SENTENCES]
-            if not rule:
-                why = "no sentence of its passages passed the grounding gate"
-                issues.append(IssueAnswer(item.issue, "no_evidence", why=why))
-                continue
-        else:
-            rule = lead or select_rule(query, docs, embed)
-        # The same law as earlier issues is said once, under them (guard ``same_rule``).
-        if rule and all((d["id"], s) in taken for d, s in rule):
-            guards["same_rule"] += 1
-            owners = ", ".join(dict.fromkeys(taken[(d["id"], s)] for d, s in rule))
-            why = f"its rule is the one already quoted for {owners}"
-            issues.append(IssueAnswer(item.issue, "no_evidence", why=why))
-            continue
-        taken.update({(d["id"], s): item.issue for d, s in rule})
-        ruled.append((len(issues), item, rule, fact_fit(rule, fit_rows, embed)))
-        issues.append(IssueAnswer(item.issue, "answered"))  # its place, filled in below
-
-    def fill(slot: int, issue: str, rule: list, applied: list[Check] | None, cut: bool) -> None:
-        cites = [_cite(cited, d, s) for d, s in rule]
-        answer = IssueAnswer(issue, "answered")
-        answer.sentences = [Sentence(s, "rule", [n]) for (_, s), n in zip(rule, cites, strict=True)]
-        if applied is not None:
-            answer.outcome = _outcome(applied)
-            answer.sentences += _application_sentences(applied, [s for _, s in rule], cites)
-            answer.sentences.append(_conclusion(issue, answer.outcome, applied, cites))
-        elif cut:  # a fact pattern's rule cut into requirements, and no usable application
-            guards["unparsed_application"] += 1
-            answer.why = "the application could not be parsed"
-        issues[slot] = answer
-
-    best = max((fit for *_, fit in ruled), default=1.0)
-    held = None  # the first issue not raised, answered after all if no other issue is
-    for n, (slot, item, rule, fit) in enumerate(ruled):
-        named = kind == "fact_pattern" and named_in(item.issue, asked)  # always applied
-        if n and fit < min(floor, best) and not named:  # as is the planner's first issue
-            guards[guard] += 1
-            what = "what the question asks" if guard == "not_asked" else "the stated facts"
-            why = f"its rule does not fit {what} (cosine {fit:.2f} < {floor})"
-            issues[slot] = IssueAnswer(item.issue, "not_raised", why=why)
-            continue
-        applied, reqs, exceptions = None, [], []
-        if kind != "rule_question" and facts:
-            reqs, exceptions = rule_structure([s for _, s in rule])
-            if reqs or exceptions:  # else the rule is quoted, with nothing to apply
-                applied = apply_rule(client, item.issue, reqs, facts, exceptions)
-            if applied is not None:
-                applied, unrelated = related_checks(applied, embed)
-                guards["unrelated_fact"] += unrelated
-            if applied is not None and not raised(applied) and not named:
-                guards["not_raised"] += 1
-                issues[slot] = IssueAnswer(
-                    item.issue, "not_raised", why="no stated fact bears on it"
-                )
-                held = held or (slot, item.issue, rule, applied)
-                continue
-        fill(slot, item.issue, rule, applied, bool(reqs or exceptions))
-    if held and not any(i.status == "answered" for i in issues):
-        # The research found the rule: the application's finding that no stated fact bears on it
-        # is the model's, and a question the corpus answers is not declined on it.
-        guards["not_raised"] -= 1
-        fill(*held, True)
-    answered = [i for i in issues if i.status == "answered"]
-    rules = [s.text for i in answered for s in i.sentences if s.role == "rule"]
-    closest = float(cosines(embed, question, rules).max()) if rules and not choices else 1.0
-    why = ""
-    if not answered:
-        why = "no issue's research found a rule on its doctrine: " + "; ".join(
-            f"{i.issue} ({i.why or i.status})" for i in issues
-        )
-    elif closest < QUESTION_FIT:
-        guards["off_question"] += 1
-        titles = {c.n: c.title or c.passage_id for c in cited.values()}
-        found = "; ".join(
-            f"{', '.join(dict.fromkeys(titles[n] for s in i.sentences for n in s.cites))}"
-            f" (for {i.issue})"
-            for i in answered
-        )
-        why = (
-            f"the rules its research found are about other matters: {found}; closest "
-            f"cosine to the question {closest:.3f} < {QUESTION_FIT:.2f}"
-        )
-        issues = [
-            IssueAnswer(i.issue, "no_evidence", why="its rule is about another matter")
-            if i.status == "answered"
-            else i
-            for i in issues
-        ]
+        record = stage.record([], True, decline)
+        record.text = f"{NO_ANSWER}: the sources do not cover this question as asked ({decline})."
+        return record
+    issues, ruled = _ruled_issues(stage, research)
+    _apply_issues(stage, issues, ruled)
+    why = _unanswerable(stage, issues)
     if why:
-        return AnswerRecord(
-            kind, _abstain_text(why), issues, [], True, why, quotes=quotes, guards=guards
-        )
-    verdict = None
-    tail: list[Sentence] = []
-    applied_issues = [i for i in answered if i.outcome is not None]
-    # A yes/no question gets a bottom line from the model; one that asks which or what ("Which
-    # rights were violated, and what must she show?") the issues grouped by their conclusions.
-    if kind == "fact_pattern" and applied_issues and not asks_yes_or_no(asked):
-        tail.append(in_short(applied_issues))
-    elif kind == "fact_pattern" and applied_issues:
-        decided = bottom_line(client, asked, applied_issues, guards)
-        if decided is None:
-            guards["unparsed_bottom_line"] += 1
-        else:
-            verdict, line = decided
-            tail.append(line)
-    record = AnswerRecord(
-        kind, "", issues, list(cited.values()), False, verdict=verdict, quotes=quotes, guards=guards
-    )
+        record = stage.record(issues, True, why)
+        record.text = _abstain_text(why)
+        return record
+    applied = [i for i in issues if i.status == "answered" and i.outcome is not None]
+    verdict, tail = _tail(stage, applied)
+    record = stage.record(issues, False)
+    record.verdict = verdict
     record.grounded = all(s.cites for s in record.sentences) and all(s.cites for s in tail)
     record.text = render(record, tail)
     if tail:
