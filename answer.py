@@ -78,6 +78,10 @@ commercial speech scores 0.13).  Chosen on the tune half (docs/MEASUREMENTS.md, 
 DOCTRINE_MATCH = 0.30
 """Cosine of an issue's name to a passage's title below which the passage is on another doctrine
 (``off_doctrine``): all-MiniLM-L6-v2 puts a doctrine and its own passage at 0.45-0.85."""
+NO_VERDICT = float("inf")
+"""VERDICT_SUPPORT on the embedded model: no reading of its is shown as a conclusion or verdict."""
+API_VERDICT_SUPPORT = 0.0
+"""VERDICT_SUPPORT with an API model (not measured here: no API model answers offline)."""
 GUARDS = (
     "off_doctrine",
     "off_facts",
@@ -125,9 +129,20 @@ class IssueAnswer:
     status: Literal["answered", "no_evidence", "not_researched", "not_raised"]
     sentences: list[Sentence] = field(default_factory=list)
     outcome: Met | None = None
-    """yes: the rule's requirements are met on the facts; no: one fails; unclear: the facts do not
-    decide it; None: no application (a rule question, or no rule found)."""
+    """The conclusion shown: yes, the rule's requirements are met on the facts; no, one fails or an
+    exception applies; unclear, the facts do not decide it or the research does not support the
+    reading (``support`` below the bar); None: no application (a rule question, no rule found)."""
     why: str = ""
+    reading: Met | None = None
+    """The application's reading of the facts, shown as ``outcome`` only when it is earned."""
+    support: float | None = None
+    """How far the research supports the reading: the least fit of a fact to a requirement it
+    rests on (:func:`reading_support`; None: nothing decided)."""
+    finding: str = ""
+    """The conclusion the reading states (what the bottom-line call reads, shown or not)."""
+    turns_on: list[str] = field(default_factory=list)
+    """What decides the issue: each requirement the reading rests on and the fact said to meet or
+    fail it, or a requirement no stated fact decides."""
 
 
 @dataclass
@@ -143,7 +158,13 @@ class AnswerRecord:
     why: str = ""
     """Why the answer abstained, or what it could not do."""
     verdict: Met | None = None
-    """The bottom line's answer to a yes/no question (None: not asked, or not reached)."""
+    """The bottom line's answer to a yes/no question, shown only when earned (None: not asked, not
+    reached, or not earned)."""
+    reading: Met | None = None
+    """The model's answer to the yes/no question from the issues' readings, shown or not."""
+    support: float | None = None
+    """The support of the conclusion ``reading`` rests on (``verdict`` is shown when it reaches
+    VERDICT_SUPPORT)."""
     letter: str | None = None
     grounded: bool = False
     """Every legal sentence cites a source (and, under the evidence policy, every rule sentence is
@@ -413,6 +434,7 @@ def _outcome(checks: Sequence[Check]) -> Met:
 
 
 _ELEMENT_VERDICT = {"yes": "met", "no": "not met", "unclear": "not decided by the facts"}
+UNSETTLED_CHECK = "not settled by this research; the fact that bears on it"
 _EXCEPTION_VERDICT = {"yes": "applies", "no": "does not apply", "unclear": "not shown by the facts"}
 
 
@@ -429,11 +451,11 @@ def _sources(requirement: str, rule: Sequence[str], cites: list[int]) -> list[in
 
 
 def _application_sentences(
-    checks: Sequence[Check], rule: Sequence[str], cites: list[int]
+    checks: Sequence[Check], rule: Sequence[str], cites: list[int], bar: float = 0.0
 ) -> list[Sentence]:
     """One sentence per requirement or exception a stated fact bears on (whether the facts meet
-    it, and the fact), citing the rule sentence it comes from; then one listing those no stated
-    fact bears on; each said once."""
+    it, when the fact's support reaches ``bar``, and the fact), citing the rule sentence it comes
+    from; then one listing those no stated fact bears on; each said once."""
     out, open_items, seen, open_cites = [], [], set(), set()
     for c in checks:
         requirement = _clean(c.requirement)
@@ -453,11 +475,13 @@ def _application_sentences(
             open_cites.update(_sources(requirement, rule, cites))
             continue
         fact += "" if fact.endswith("…") else "."
+        verdict = (_EXCEPTION_VERDICT if c.exception else _ELEMENT_VERDICT)[c.met]
+        if (c.support or 0.0) < bar:
+            verdict = UNSETTLED_CHECK
         if c.exception:
-            text = f"Exception: {requirement} — {_EXCEPTION_VERDICT[c.met]}: {fact}"
+            text = f"Exception: {requirement} — {verdict}: {fact}"
         else:
-            said = f"{requirement[:1].upper()}{requirement[1:]}"
-            text = f"{said} — {_ELEMENT_VERDICT[c.met]}: {fact}"
+            text = f"{requirement[:1].upper()}{requirement[1:]} — {verdict}: {fact}"
         out.append(Sentence(text, "application", _sources(requirement, rule, cites)))
     if open_items:
         text = f"No stated fact decides: {'; '.join(open_items)}."
@@ -481,6 +505,48 @@ def _conclusion(issue: str, outcome: Met, checks: Sequence[Check], cites: list[i
         text = f'{issue}: the rule does not apply: the facts do not meet "{requirement}".'
     else:
         text = f"{issue}: the facts stated do not settle whether the rule applies."
+    return Sentence(text, "conclusion", list(cites))
+
+
+def _deciding(checks: Sequence[Check], reading: Met) -> list[Check]:
+    """The checks a reading rests on: every requirement for "yes"; for "no", the exception that
+    applies or else the requirement the facts fail (the one :func:`_conclusion` names)."""
+    elements = [c for c in checks if not c.exception]
+    if reading == "yes":
+        return elements
+    if reading == "no":
+        applies = [c for c in checks if c.exception and c.met == "yes"]
+        return applies[:1] or [c for c in elements if c.met == "no"][:1]
+    return []
+
+
+def reading_support(checks: Sequence[Check], reading: Met) -> float | None:
+    """How far the research supports a reading: the least support of a check it rests on (a
+    requirement "met" by a fact far from it is the 1.5B's usual error); None when it rests on
+    none."""
+    deciding = _deciding(checks, reading)
+    return min((c.support or 0.0) for c in deciding) if deciding else None
+
+
+TURNS_ON = 3
+"""Requirements named as what decides an issue the research does not settle."""
+
+
+def turns_on(checks: Sequence[Check], reading: Met) -> list[str]:
+    """What decides the issue, for a reader to check against the facts: the requirements the
+    reading rests on with the fact said to decide each, then those no stated fact decides."""
+    deciding = _deciding(checks, reading) or [c for c in checks if fact_decides(c)]
+    open_items = [c for c in checks if not fact_decides(c) and c not in deciding]
+    out = [f'"{_clean(c.requirement)}" (the facts: "{_clean(c.fact)}")' for c in deciding]
+    out += [f'"{_clean(c.requirement)}" (no stated fact decides it)' for c in open_items]
+    return list(dict.fromkeys(out))[:TURNS_ON]
+
+
+def _unsettled(issue: str, items: Sequence[str], cites: list[int]) -> Sentence:
+    """The conclusion of an issue whose reading the research does not support: what decides it."""
+    text = f"{issue}: not settled by this research" + (
+        f"; it turns on {'; '.join(items)}." if items else "."
+    )
     return Sentence(text, "conclusion", list(cites))
 
 
@@ -652,7 +718,8 @@ def related_checks(checks: Sequence[Check], embed: EmbedFn) -> tuple[list[Check]
             lambda texts: clause_rows(tuple(texts)),
             np.stack(others) if others else None,
         )
-        out[i] = checks[i].model_copy(update={"fact": part})
+        support = round(float(rows[2 * n] @ rows[2 * n + 1]), 4)
+        out[i] = checks[i].model_copy(update={"fact": part, "support": support})
     return out, len(unrelated)
 
 
@@ -755,36 +822,65 @@ def _conclusion_of(issue: IssueAnswer) -> Sentence:
 
 
 def _finding(n: int, issue: IssueAnswer) -> str:
-    """One numbered line of the bottom line's input: the issue's conclusion and the rule it
-    applied (the rule says what follows: "...is strictly liable", "...is admissible")."""
+    """One numbered line of the bottom line's input: the conclusion of the issue's reading and the
+    rule it applied (the rule says what follows: "...is strictly liable", "...is admissible")."""
     rule = " ".join(s.text for s in issue.sentences if s.role == "rule")
-    return f"{n}. {_conclusion_of(issue).text} (Rule: {rule[:400]})"
+    return f"{n}. {issue.finding} (Rule: {rule[:400]})"
+
+
+def _unsettled_line(asked: str, issues: Sequence[IssueAnswer], why: str = "") -> Sentence:
+    """A bottom line that gives no verdict: the question, that the research does not settle it,
+    and the facts that would (what each issue turns on)."""
+    items = list(dict.fromkeys(t for i in issues for t in i.turns_on))[:TURNS_ON]
+    text = f"{asked} Not settled by this research{why}" + (
+        f"; it turns on {'; '.join(items)}." if items else "."
+    )
+    return Sentence(text, "bottom_line", _all_cites(issues))
+
+
+Verdict = tuple[Met | None, Met | None, float | None, Sentence]
+"""(the verdict shown, the model's reading, the support of the conclusion it rests on, the line)."""
 
 
 def bottom_line(
-    client: Any, asked: str, applied: Sequence[IssueAnswer], guards: dict[str, int]
-) -> tuple[Met, Sentence] | None:
-    """The answer to the yes-or-no question ``asked`` (None: unparseable reply): unclear without a
-    call when the facts decide no issue; else the model's yes / no / unclear, said as the deciding
-    conclusion it names (citing every decided issue when it names none: ``unnamed_bottom_line``)."""
-    decided = [i for i in applied if i.outcome in ("yes", "no")]
+    client: Any,
+    asked: str,
+    applied: Sequence[IssueAnswer],
+    guards: dict[str, int],
+    bar: float = 0.0,
+) -> Verdict | None:
+    """The answer to the yes-or-no question ``asked`` (None: unparseable reply).  The model reads
+    the issues' readings and answers yes / no / unclear, naming the conclusion that decides it;
+    the verdict is shown, in the words of that conclusion, only when the conclusion's support
+    reaches ``bar`` (else the line says what decides it).  No call when no issue is decided, or
+    when ``bar`` is above 1 (no support reaches it)."""
+    decided = [i for i in applied if i.reading in ("yes", "no")]
     if not decided:
-        text = "Unclear: the stated facts decide none of the issues above."
-        return "unclear", Sentence(text, "bottom_line", _all_cites(applied))
+        why = ": the stated facts decide none of the issues above"
+        return None, "unclear", None, _unsettled_line(asked, applied, why)
+    if bar > 1:
+        return None, None, None, _unsettled_line(asked, decided)
     findings = "\n".join(_finding(n, i) for n, i in enumerate(decided, 1))
     line = prompts.call(client, "bottom_line", question=asked, findings=findings).parsed
     if line is None:
         return None
-    head, every = line.answer.capitalize(), _all_cites(decided)
     if line.answer == "unclear":
-        text = f"{head}: no conclusion above decides it."
-        return line.answer, Sentence(text, "bottom_line", every)
-    if not 1 <= line.conclusion <= len(decided):
+        return None, "unclear", None, _unsettled_line(asked, decided)
+    head = line.answer.capitalize()
+    if 1 <= line.conclusion <= len(decided):
+        rests = [decided[line.conclusion - 1]]
+        decisive = _conclusion_of(rests[0])
+        said = Sentence(f"{asked} {head}. {decisive.text}", "bottom_line", list(decisive.cites))
+    else:
         guards["unnamed_bottom_line"] += 1
-        return line.answer, Sentence(f"{head}, on the conclusions above.", "bottom_line", every)
-    decisive = _conclusion_of(decided[line.conclusion - 1])
-    text = f"{head}. {decisive.text}"
-    return line.answer, Sentence(text, "bottom_line", list(decisive.cites))
+        rests = decided
+        said = Sentence(
+            f"{asked} {head}, on the conclusions above.", "bottom_line", _all_cites(rests)
+        )
+    support = min((i.support or 0.0) for i in rests)
+    if support < bar:
+        return None, line.answer, support, _unsettled_line(asked, rests)
+    return line.answer, line.answer, support, said
 
 
 def in_short(applied: Sequence[IssueAnswer]) -> Sentence:
@@ -805,6 +901,8 @@ class _Stage:
     choices: Mapping[str, str] | None
     embed: EmbedFn
     policy: Policy
+    bar: float = 0.0
+    """VERDICT_SUPPORT: the support a reading needs to be shown as a conclusion or a verdict."""
     kind: Kind = "rule_question"
     facts: list[str] = field(default_factory=list)
     asked: str = ""
@@ -907,9 +1005,15 @@ def _answered(
     answer = IssueAnswer(issue, "answered")
     answer.sentences = [Sentence(s, "rule", [n]) for (_, s), n in zip(rule, cites, strict=True)]
     if applied is not None:
-        answer.outcome = _outcome(applied)
-        answer.sentences += _application_sentences(applied, [s for _, s in rule], cites)
-        answer.sentences.append(_conclusion(issue, answer.outcome, applied, cites))
+        answer.reading = _outcome(applied)
+        answer.support = reading_support(applied, answer.reading)
+        answer.turns_on = turns_on(applied, answer.reading)
+        earned = answer.reading != "unclear" and (answer.support or 0.0) >= stage.bar
+        answer.outcome = answer.reading if earned else "unclear"
+        answer.sentences += _application_sentences(applied, [s for _, s in rule], cites, stage.bar)
+        conclusion = _conclusion(issue, answer.reading, applied, cites)
+        answer.finding = conclusion.text
+        answer.sentences.append(conclusion if earned else _unsettled(issue, answer.turns_on, cites))
     elif cut:  # a fact pattern's rule cut into requirements, and no usable application
         stage.guards["unparsed_application"] += 1
         answer.why = "the application could not be parsed"
@@ -992,19 +1096,19 @@ def _unanswerable(stage: _Stage, issues: list[IssueAnswer]) -> str:
     )
 
 
-def _tail(stage: _Stage, applied: Sequence[IssueAnswer]) -> tuple[Met | None, list[Sentence]]:
-    """A fact pattern's bottom line: a yes/no question's from the model; one that asks which or
-    what ("Which rights were violated, and what must she show?"), the issues by conclusion."""
+def _tail(stage: _Stage, applied: Sequence[IssueAnswer]) -> tuple[Verdict | None, list[Sentence]]:
+    """A fact pattern's bottom line: a yes/no question's from the model (:func:`bottom_line`);
+    one that asks which or what ("Which rights were violated, and what must she show?"), the
+    issues by conclusion."""
     if stage.kind != "fact_pattern" or not applied:
         return None, []
     if not asks_yes_or_no(stage.asked):
         return None, [in_short(applied)]
-    decided = bottom_line(stage.client, stage.asked, applied, stage.guards)
+    decided = bottom_line(stage.client, stage.asked, applied, stage.guards, stage.bar)
     if decided is None:
         stage.guards["unparsed_bottom_line"] += 1
         return None, []
-    verdict, line = decided
-    return verdict, [line]
+    return decided, [decided[-1]]
 
 
 def build_record(
@@ -1016,13 +1120,15 @@ def build_record(
     *,
     decline: str = "",
     policy: Policy = "research",
+    verdict_support: float = 0.0,
 ) -> AnswerRecord:
     """The answer to ``question`` from the research of each issue (see the module docstring).
 
     ``decline``: why the research declines the question as a whole (off topic as asked); the
     record then abstains without a model call.  ``policy="evidence"``: every rule sentence passes
-    the grounding gate first (:func:`verify_rule`)."""
-    stage = _Stage(client, question, choices, embed, policy)
+    the grounding gate first (:func:`verify_rule`).  ``verdict_support``: the support a reading of
+    the facts needs to be shown as a conclusion or verdict (above 1: none is)."""
+    stage = _Stage(client, question, choices, embed, policy, verdict_support)
     if decline:
         record = stage.record([], True, decline)
         record.text = f"{NO_ANSWER}: the sources do not cover this question as asked ({decline})."
@@ -1035,9 +1141,11 @@ def build_record(
         record.text = _abstain_text(why)
         return record
     applied = [i for i in issues if i.status == "answered" and i.outcome is not None]
-    verdict, tail = _tail(stage, applied)
+    decided, tail = _tail(stage, applied)
     record = stage.record(issues, False)
-    record.verdict = verdict
+    if decided:
+        record.verdict, record.reading, record.support = decided[:3]
+    verdict = record.verdict
     record.grounded = all(s.cites for s in record.sentences) and all(s.cites for s in tail)
     record.text = render(record, tail)
     if tail:

@@ -219,6 +219,15 @@ class AgentContext:
             skip = self.client.is_local("injection")
         return injection.detect(text, self.client, skip_llm=skip)
 
+    def verdict_support(self) -> float:
+        """The support a reading needs to be shown (VERDICT_SUPPORT; unset: none is shown on the
+        embedded model, ``answer.API_VERDICT_SUPPORT`` with an API model)."""
+        bar = self.settings.agent.verdict_support
+        if bar is not None:
+            return bar
+        local = self.client.is_local("bottom_line")
+        return answer_stage.NO_VERDICT if local else answer_stage.API_VERDICT_SUPPORT
+
     def start_run(self) -> AgentContext:
         """Mark the start of a run: its LLM records and its deadline (``RUN_TIMEOUT``)."""
         self.record_offset = len(self.client.records)

@@ -397,6 +397,10 @@ def score_fact_pattern(
         "conclusion_keys_hit": sum(hits),
         "conclusion_correct": verdict == item["answer"] and all(hits) and not abstained,
         "verdict_correct": verdict == item["answer"],
+        # the model's answer to the question and the support of the conclusion it rests on, shown
+        # as the verdict or not (VERDICT_SUPPORT): what the precision-coverage table reads
+        "reading": None if abstained else result.get("reading", verdict),
+        "support": None if abstained else result.get("support"),
         "sentences": len(sentences),
         "uncited_sentences": sum(1 for s in sentences if not s["passage_ids"]),
         "misgrounded_sentences": len(misgrounded),
@@ -429,6 +433,11 @@ def summarize_fact_mode(rs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "issue_recall": _share(sum(r["issues_found"] for r in rs), sum(r["issues"] for r in rs)),
         "conclusion_correct": _share(sum(r["conclusion_correct"] for r in rs), len(rs)),
         "verdict_correct": _share(sum(r["verdict_correct"] for r in rs), len(rs)),
+        "verdicts_shown_right": _share(
+            sum(r["verdict_correct"] for r in rs),
+            sum(r["verdict"] in ("yes", "no") for r in rs),
+        ),
+        "support_table": support_table(rs),
         "declined": _share(sum(r["abstained"] for r in rs), len(rs)),
         "uncited_sentences": sum(r["uncited_sentences"] for r in rs),
         "misgrounded_sentences": _share(
@@ -438,6 +447,19 @@ def summarize_fact_mode(rs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "judge_a_or_b": _graded(rs),
         **_cost(rs),
     }
+
+
+def support_table(rs: Sequence[Mapping[str, Any]]) -> str:
+    """Precision and coverage of the verdicts as VERDICT_SUPPORT rises: at each support a reading
+    reached, how many verdicts would be shown (a yes/no reading whose support reaches it) and how
+    many of those are right ("0.41: 3/5 of 20"); "" when no reading has a support."""
+    readings = [r for r in rs if r.get("reading") in ("yes", "no") and r.get("support") is not None]
+    cells = []
+    for bar in sorted({float(r["support"]) for r in readings}):
+        shown = [r for r in readings if float(r["support"]) >= bar]
+        right = sum(r["reading"] == r["expected"] for r in shown)
+        cells.append(f"{bar:.2f}: {right}/{len(shown)}")
+    return f"{'; '.join(cells)} (of {len(rs)})" if cells else ""
 
 
 def ceiling_answer(client: Any, item: Mapping[str, Any], gold: Sequence[Mapping[str, Any]]) -> dict:

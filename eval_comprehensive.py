@@ -693,6 +693,8 @@ def agent_answer_fn(
             "answer": state.get("final_cited_answer") or "",
             "abstained": bool(state.get("abstained")),
             "verdict": record.get("verdict"),
+            "reading": record.get("reading"),
+            "support": record.get("support"),
             "sentences": record_sentences(record),
             "passages": {pid: p["text"] for pid, p in (state.get("passages") or {}).items()},
             "quotes": record.get("quotes") or [],

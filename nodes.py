@@ -619,7 +619,14 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     research = issue_research(state, why_not)
     policy = "evidence" if answer_mode(state, ctx) == "evidence" else "research"
     record = answer_stage.build_record(
-        ctx.client, question, choices, research, ctx.embed, decline=decline, policy=policy
+        ctx.client,
+        question,
+        choices,
+        research,
+        ctx.embed,
+        decline=decline,
+        policy=policy,
+        verdict_support=ctx.verdict_support(),
     )
     update = _record_update(record)
     if stop:

@@ -249,6 +249,9 @@ class Check(BaseModel):
     met: Met
     exception: bool = False
     """An exception or defense of the rule: met "yes" means it applies, and the rule does not."""
+    support: float | None = None
+    """How far the research supports the finding: the cosine of the requirement to the fact that
+    decides it (None: no fact decides it)."""
 
 
 class Finding(BaseModel):

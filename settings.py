@@ -156,6 +156,11 @@ class AgentSettings:
     """Skip the LLM injection check (the pattern screens always run); unset = skip it on the
     embedded model, which adds nothing measured there (docs/MEASUREMENTS.md, "Injection check"),
     and run it with an API model."""
+    verdict_support: float | None = _var("VERDICT_SUPPORT", None, (0, 1))
+    """The support (the least fit of a stated fact to a requirement it decides) a reading of the
+    facts needs to be shown as a conclusion or a yes/no verdict; 0 = show every reading.  Unset:
+    none on the embedded model, whose readings reach 4 in 5 right at no support (docs/
+    MEASUREMENTS.md, "Fact patterns"), and ``answer.API_VERDICT_SUPPORT`` with an API model."""
     run_timeout: float = _var("RUN_TIMEOUT", 600.0, (0, None))
     """Seconds a whole question may take (0 = no limit): room for the embedded model on a slow
     laptop (~100 s for the multi_hop demo on 2 cores), a bound on a hung endpoint."""
@@ -232,6 +237,8 @@ class Settings:
         values = self.flat()
         for var, rule in _RULES.items():
             value = values[var.lower()]
+            if value is None:  # an optional setting left unset
+                continue
             if isinstance(rule[0], str):
                 given = value.strip().lower() if var == "EMBEDDING_BACKEND" else value
                 if given not in rule:

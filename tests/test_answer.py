@@ -202,10 +202,11 @@ def test_a_record_applies_the_rule_and_answers_the_question(tmp_settings):
     assert (
         'rule does not apply: the facts do not meet "For vehicles, police may search' in record.text
     )
-    # the bottom line is the conclusion the model named, with that issue's citations
+    # the bottom line answers the question as asked, in the words of the conclusion the model
+    # named, with that issue's citations
     assert (
-        "Bottom line: Yes. Search incident to arrest: the rule does not apply: the facts do not "
-        "meet" in record.text
+        "Bottom line: Can he get the cocaine suppressed? Yes. Search incident to arrest: the rule "
+        "does not apply: the facts do not meet" in record.text
     )
     conclusion = next(s for s in record.issues[0].sentences if s.role == "conclusion")
     assert record.issues[-1].sentences[0].cites == conclusion.cites
@@ -321,7 +322,8 @@ def test_requirements_no_stated_fact_bears_on_are_listed_once_not_each_as_an_app
         "and within reaching distance, or if it is reasonable to believe evidence of the crime "
         "of arrest is inside."
     ]
-    assert "not stated" not in record.text and "facts stated do not settle" in record.text
+    assert "not stated" not in record.text
+    assert "Search incident to arrest: not settled by this research; it turns on " in record.text
     school = "A school's authority over off-campus student speech is reduced"
     said = answer._application_sentences(
         [Check(requirement=school, fact="not stated", met="unclear")], [f"{school}."], [1]
@@ -557,7 +559,7 @@ def test_an_issue_the_question_names_is_applied_even_when_no_fact_decides_it(tmp
     record = answer.build_record(client, asked, None, research, EMBED)
     assert [i.status for i in record.issues][:2] == ["answered", "answered"]
     assert record.guards["not_raised"] == 0 and "Considered, but" not in record.text
-    assert "Cell phones: the facts stated do not settle whether the rule applies." in record.text
+    assert "Cell phones: not settled by this research; it turns on" in record.text
     # a word of a longer name is not that name: "What rights does she have?"
     assert not answer.named_in("Rights and duties of cotenants", "What rights does she have?")
     assert answer.named_in(
@@ -595,8 +597,12 @@ def test_a_fact_pattern_is_not_declined_because_no_stated_fact_seemed_to_bear_on
     record = answer.build_record(client, FACTS, None, research, EMBED)
     assert not record.abstained and record.guards["not_raised"] == 0
     assert record.text.startswith("1. Search incident to arrest")
-    assert "do not settle whether the rule applies" in record.text
-    assert "Bottom line: Unclear" in record.text and script.roles() == ["apply"]
+    assert "Search incident to arrest: not settled by this research; it turns on" in record.text
+    assert (
+        "Bottom line: Can he get the cocaine suppressed? Not settled by this research: the stated "
+        "facts decide none of the issues above; it turns on" in record.text
+    )
+    assert script.roles() == ["apply"]
 
 
 def test_a_fact_unrelated_to_a_requirement_does_not_decide_it(tmp_settings):
@@ -615,8 +621,8 @@ def test_a_fact_unrelated_to_a_requirement_does_not_decide_it(tmp_settings):
     application = " ".join(s.text for s in record.sentences if s.role == "application")
     assert "— met: They handcuffed him and locked him in the patrol car" in application
     assert "— not met: It was a rainy Tuesday" not in application
-    assert "the facts stated do not settle whether the rule applies" in record.text
-    assert script.roles() == ["apply"]  # no conclusion decided: "Unclear" without a call
+    assert "Search incident to arrest: not settled by this research; it turns on" in record.text
+    assert script.roles() == ["apply"]  # no conclusion decided: "not settled" without a call
 
 
 def test_an_issue_whose_rule_does_not_fit_the_facts_is_named_not_applied(tmp_settings):

@@ -206,9 +206,10 @@ def run(
     evidence_score: Any = None,
     **settings_changes: Any,
 ) -> tuple[dict, Script, Memory, FakeRetriever]:
-    settings = tmp_settings.replace(
-        llm_max_retries=0, **{"skip_injection_check": True, **settings_changes}
-    )
+    # VERDICT_SUPPORT=0 shows every reading of the facts; the embedded model's default shows none
+    # (test_the_embedded_model_shows_no_verdict_and_names_what_decides_it)
+    defaults = {"skip_injection_check": True, "verdict_support": 0.0}
+    settings = tmp_settings.replace(llm_max_retries=0, **{**defaults, **settings_changes})
     script = Script(replies)
     client = LLMClient(settings, llm_factory=lambda role: ScriptedChat(role=role, script=script))
     memory = memory or Memory()
@@ -261,7 +262,10 @@ def test_a_fact_pattern_gets_rule_application_conclusion_and_bottom_line(tmp_set
     assert record["kind"] == "fact_pattern" and record["abstained"] is False
     assert record["verdict"] == "yes" and record["grounded"] is True
     text = result["final_cited_answer"]
-    assert "Bottom line: Yes. Negligence: every requirement is met on these facts" in text
+    assert (
+        "Bottom line: Is the store liable to Paula? Yes. Negligence: every requirement is met on "
+        "these facts" in text
+    )
     assert "met: Store employees had seen the puddle two hours earlier and left it there." in text
     assert "F2. Store employees had seen the puddle" in script.prompts("apply")[0]
     # Every legal sentence cites; a rule is quoted verbatim from its passage.
@@ -825,6 +829,30 @@ def test_llm_injection_verdict_on_a_plain_fact_pattern_is_overruled(tmp_settings
     check = result["injection_check"]
     assert check["is_safe"] is True and check["llm_verdict"] == "injection"
     assert result["run_metrics"]["has_answer"] is True
+
+
+def test_the_embedded_model_shows_no_verdict_and_names_what_decides_it(tmp_settings):
+    """VERDICT_SUPPORT unset on the embedded model: no reading of its reached 4 in 5 right at any
+    support on the tune half, so the answer gives no verdict (and makes no bottom-line call): each
+    conclusion and the bottom line say the research does not settle it and name the requirement
+    and the fact it turns on.  With VERDICT_SUPPORT=0 the same run answers "Yes"."""
+    replies = fact_replies()
+    replies.pop("bottom_line")
+    result, script, *_ = run(tmp_settings, replies, verdict_support=None)
+    record, text = result["answer"], result["final_cited_answer"]
+    assert "bottom_line" not in script.roles() and record["verdict"] is None
+    assert "— met:" not in text and "every requirement is met" not in text
+    assert "Negligence: not settled by this research; it turns on " in text
+    assert (
+        "Bottom line: Is the store liable to Paula? Not settled by this research; it turns on"
+        in text
+    )
+    negligence = record["issues"][0]
+    assert negligence["reading"] == "yes" and negligence["outcome"] == "unclear"
+    assert negligence["turns_on"] and all("(the facts: " in t for t in negligence["turns_on"])
+    shown, *_ = run(tmp_settings, fact_replies(), verdict_support=0.0)
+    assert shown["answer"]["verdict"] == "yes"
+    assert "Is the store liable to Paula? Yes. Negligence:" in shown["final_cited_answer"]
 
 
 def test_the_models_injection_verdict_is_asked_of_an_api_model_and_not_of_the_embedded_one(
