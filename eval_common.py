@@ -167,8 +167,8 @@ def items_with_gold(items: Sequence[dict], settings: Settings, qa_path: Path) ->
 
 def agent_rewrite(client: Any, question: str) -> tuple[str, list[str]]:
     """(primary query, up to 2 alternatives) from ``skills/query_rewrite.md``: phase 1's
-    ``rewrite`` variant and eval_trace's rewrite view (the agent itself queries each issue's
-    doctrine names and facts).  The question itself when the reply cannot be parsed."""
+    ``rewrite`` variant, a baseline only (the agent itself queries each issue's doctrine names
+    and facts).  The question itself when the reply cannot be parsed."""
     parsed = prompts.call(client, "rewrite", question=question).parsed
     if parsed is None:
         return question, []

@@ -1,4 +1,11 @@
-"""Trace the agent on a few questions, step by step, to see where it helps and where it fails."""
+"""Trace the agent on a few questions, node by node, to see where it helps and where it fails.
+
+Each question runs through the agent's graph (``main.run_agent``, the QA memory neither read nor
+written): injection check -> classifier -> planner -> executor per research step (search,
+injection screen, evidence gate) -> evaluator / replanner -> answer stage -> mc_select ->
+memory -> observability.  The case study holds each node's trace event, each step's search type,
+queries, passages and evidence score, lean's retrieval for a multiple-choice letter, and the
+answer record."""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ import json
 import logging
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +29,6 @@ from settings import Settings, run_script
 
 logger = logging.getLogger(__name__)
 
-TRACE_K = 5
 DEFAULT_N = 3
 """QA items traced from --qa when N is not given."""
 CASE_DIR = "case_studies"
@@ -45,37 +52,112 @@ def load_trace_questions(path: str | Path = TRACE_QUESTIONS) -> list[dict]:
     return rows
 
 
-def _doc_rows(docs: Sequence[dict], gold: Sequence[str]) -> list[dict]:
-    return [
-        {
-            "rank": i,
-            "id": d["id"],
-            "title": d.get("title") or "",
-            "source": d.get("source") or "",
-            "score": d.get("rerank_score"),
-            "dense_score": d.get("dense_score"),
-            "gold": d["id"] in gold,
-            "preview": ec.preview(d.get("text"), 200),
-        }
-        for i, d in enumerate(docs, 1)
-    ]
+def _passage_row(rank: int, pid: str, passages: dict[str, dict], gold: Sequence[str]) -> dict:
+    """One passage a step (or lean's retrieval) read, as the run recorded it."""
+    p = passages.get(pid) or {}
+    return {
+        "rank": rank,
+        "id": pid,
+        "title": p.get("title") or "",
+        "source": p.get("source") or "",
+        "gold": pid in gold,
+        "preview": ec.preview(p.get("text"), 200),
+    }
 
 
-def _step_rows(state: dict) -> list[dict]:
-    """The planning table (``state.PlanStep``) as plain rows."""
-    return [
-        {
-            **{k: step[k] for k in ("step_id", "phase", "question", "status")},
-            **{k: ex.get(k) for k in ("confidence", "optimized_query", "alternatives")},
-            "retrieved_doc_ids": ex.get("retrieved_doc_ids"),
-            "flagged_passages": ex.get("flagged_passages", []),
-            "strategy": step.get("strategy"),
-            "issue": step.get("issue"),
-            "evidence_score": ex.get("evidence_score"),
-        }
-        for step in state.get("planning_table") or []
-        for ex in [step["execution"] or {}]
-    ]
+def _step_rows(state: dict, gold: Sequence[str]) -> list[dict]:
+    """The research steps as they ran (``state.PlanStep``): the issue, the search type and queries
+    the executor sent, the passages it kept (best first), the evidence gate's score; a step the
+    run never reached has no passages and no score."""
+    passages = state.get("passages") or {}
+    rows = []
+    for step in state.get("planning_table") or []:
+        ex = step.get("execution") or {}
+        strategy = step.get("strategy") or {}
+        ids = ex.get("retrieved_doc_ids") or []
+        rows.append(
+            {
+                **{k: step.get(k) for k in ("step_id", "phase", "issue", "question", "status")},
+                "facts": step.get("facts") or [],
+                "search_type": strategy.get("search_type"),
+                "queries": strategy.get("queries") or [],
+                "ran": bool(ex),
+                "passages": [_passage_row(i, pid, passages, gold) for i, pid in enumerate(ids, 1)],
+                "evidence_score": ex.get("evidence_score"),
+                "confidence": ex.get("confidence"),
+                "gated": ex.get("gated"),
+                "flagged_passages": ex.get("flagged_passages") or [],
+            }
+        )
+    return rows
+
+
+def _lean_row(state: dict, gold: Sequence[str], settings: Settings) -> dict | None:
+    """Lean's retrieval for the letter (the question with its choices) as ``mc_select`` recorded
+    it: route, evidence score against the gate, the passages retrieved and those the letter read."""
+    lean = state.get("lean") or {}
+    if not lean:
+        return None
+    ids = lean.get("retrieved_ids") or []
+    known = state.get("passages") or {}
+    missing = [i for i in ids if i not in known]
+    passages = {**known, **(ec.fetch_passages(missing, settings) if missing else {})}
+    used = set(lean.get("evidence_ids") or [])
+    return {
+        **{k: lean.get(k) for k in ("route", "evidence_score", "gate")},
+        "passages": [
+            {**_passage_row(i, pid, passages, gold), "read_by_letter": pid in used}
+            for i, pid in enumerate(ids, 1)
+        ],
+        "flagged_passages": lean.get("flagged_passages") or [],
+    }
+
+
+def _print_passages(out: Callable[[str], None], rows: Sequence[dict]) -> None:
+    for r in rows:
+        mark = "★" if r["gold"] else " "
+        out(f"      {mark} {r['rank']}. {r['id']} — {ec.preview(r['title'] or r['preview'], 70)}")
+
+
+def _print_steps(out: Callable[[str], None], steps: Sequence[dict], gate: float) -> None:
+    out("research steps (executor: search, injection screen, evidence gate):")
+    if not steps:
+        out("  (none: the question was answered or declined before research)")
+    for s in steps:
+        head = f"  step {s['step_id']} [{s['search_type']}] {s['issue']} ({s['phase']})"
+        if not s["ran"]:
+            out(f"{head}: not run ({s['status']})")
+            continue
+        below = " — below the gate" if s["gated"] else ""
+        out(
+            f"{head}: {s['status']}, evidence {ec.fmt_num(s['evidence_score'])} (gate {gate}){below}"
+        )
+        for q in s["queries"]:
+            out(f"      query: {ec.preview(q, 110)}")
+        _print_passages(out, s["passages"])
+        for f in s["flagged_passages"]:
+            out(f"      dropped by the injection screen: {f.get('id')}")
+
+
+def _print_answer(out: Callable[[str], None], record: dict) -> None:
+    """The answer record per issue: its status and outcome, and how many rule, application and
+    conclusion sentences it has; then the bottom line and the guards that fired."""
+    out("answer stage (per issue: rule, application, conclusion):")
+    for issue in record.get("issues") or []:
+        roles = Counter(s["role"] for s in issue.get("sentences") or [])
+        counts = ", ".join(
+            f"{roles[r]} {r}" for r in ("rule", "application", "conclusion") if roles[r]
+        )
+        outcome = f", outcome {issue['outcome']}" if issue.get("outcome") else ""
+        out(f"  {issue['issue']}: {issue['status']}{outcome}" + (f" ({counts})" if counts else ""))
+    for issue in record.get("issues") or []:
+        for s in issue.get("sentences") or []:
+            if s["role"] == "bottom_line":
+                out(f"  bottom line: {ec.preview(s['text'], 200)}")
+    if record.get("abstained"):
+        out(f"  abstained: {ec.preview(record.get('why'), 200)}")
+    if guards := {k: v for k, v in (record.get("guards") or {}).items() if v}:
+        out("  guards fired: " + ", ".join(f"{k} {v}" for k, v in guards.items()))
 
 
 def trace_query(
@@ -85,8 +167,11 @@ def trace_query(
     settings: Settings,
     llm_factory: ec.LLMFactory = None,
     out: Callable[[str], None] = print,
+    position: str = "",
 ) -> dict:
-    """Trace one query (a QA item when ``item`` is given); print as it goes; return the case study."""
+    """Run the agent's graph on one query (a QA item when ``item`` is given), print each node as
+    it finishes, then what each research step searched and found and what the answer stage wrote;
+    return the case study."""
     gold = ec.gold_ids(item) if item else []
     choices = ec.item_choices(item) if item and all(ec.item_choices(item).values()) else None
     case: dict[str, Any] = {
@@ -103,56 +188,47 @@ def trace_query(
 
     out("=" * 100)
     label = f" [{case['item']}]" if item else ""
-    out(f"QUERY{label}: {ec.preview(query, 300)}")
+    out(f"{position}QUERY{label}: {ec.preview(query, 300)}")
     if gold:
         out(f"gold passage(s): {', '.join(gold)}")
 
-    t = time.perf_counter()
-    raw = rag_utils.retrieve_documents(query, k=TRACE_K, settings=settings)
-    case["raw_retrieval"] = _doc_rows(raw, gold)
-    case["raw_retrieval_s"] = round(time.perf_counter() - t, 3)
-    _print_docs(out, "raw retrieval (question only, no rewrite)", case["raw_retrieval"])
-
-    client = LLMClient(settings, llm_factory=llm_factory)
-    t = time.perf_counter()
-    primary, alternatives = ec.agent_rewrite(client, query)
-    case["rewrite"] = {"primary": primary, "alternatives": alternatives}
-    case["rewrite_s"] = round(time.perf_counter() - t, 3)
-    out(f"rewrite ({case['rewrite_s']:.1f}s): primary = {ec.preview(primary, 200)}")
-    for alt in alternatives:
-        out(f"    alternative = {ec.preview(alt, 200)}")
-    multi = rag_utils.retrieve_documents_multi_query(
-        [primary, *alternatives], k=TRACE_K, settings=settings
-    )
-    case["multi_query_retrieval"] = _doc_rows(multi, gold)
-    _print_docs(out, "multi-query retrieval (rewritten queries)", case["multi_query_retrieval"])
-    rewrite_usage = ec.usage_of(client)
-
     client = LLMClient(settings, llm_factory=llm_factory)
     events: list[dict] = []
-    t0 = time.perf_counter()
 
     def on_event(event: dict) -> None:  # {node, decision, seconds, t_s}
         events.append(event)
         decision = ec.preview(event["decision"], 150)
         out(f"  [{event['t_s']:7.2f}s] {event['node']}: {decision} ({event['seconds']:.1f}s)")
 
-    out("agent trace:")
+    out("agent trace (one line per node):")
     context = ec.agent_context(settings, client)
+    t0 = time.perf_counter()
     state = agent.run_agent(query, choices, context=context, on_event=on_event)
     agent_s = time.perf_counter() - t0
     usage = ec.usage_of(client)
-    steps = _step_rows(state)
+    steps = _step_rows(state, gold)
+    record = state.get("answer") or {}
     sources = state.get("sources") or []
-    confidences = [s["confidence"] for s in steps if isinstance(s.get("confidence"), int | float)]
+    lean = _lean_row(state, gold, settings)
     case.update(
         {
             "trace": events,
-            "steps": steps,
+            "injection_check": state.get("injection_check"),
             "query_type": state.get("query_type"),
+            "question_area": state.get("question_area"),
+            "question_topic": state.get("question_topic"),
+            "legal_question": state.get("legal_question"),
+            "decline": state.get("decline") or "",
+            "issues": state.get("issues") or [],
+            "researched_issues": state.get("researched_issues") or [],
+            "not_researched": nodes.unresearched_issues(state),  # type: ignore[arg-type]
+            "jurisdiction": state.get("jurisdiction") or "",
+            "steps": steps,
+            "lean": lean,
             "memory_hit": bool(state.get("memory_hit")),
+            "answer_record": record,
             "final_answer": state.get("final_cited_answer"),
-            "answer_record": state.get("answer"),
+            "abstained": bool(record.get("abstained")),
             "sources": [
                 {
                     "id": s.get("id"),
@@ -162,37 +238,46 @@ def trace_query(
                 }
                 for s in sources
             ],
-            "confidence": ec.mean(confidences) if confidences else None,
             "steps_completed": sum(s["status"] == "completed" for s in steps),
             "steps_failed": sum(s["status"] == "failed" for s in steps),
-            "unique_docs": len({s.get("id") for s in sources}),
+            "gold_in_steps": any(p["gold"] for s in steps for p in s["passages"]),
+            "stop_reason": state.get("stop_reason") or "",
+            "error": state.get("error"),
+            "fallbacks": state.get("fallbacks") or [],
             "agent_s": round(agent_s, 3),
             "llm": usage,
-            "rewrite_llm": rewrite_usage,
             "chain_of_thought": state.get("chain_of_thought") or [],
             "run_metrics": state.get("run_metrics") or {},
         }
     )
+    _print_steps(out, steps, settings.agent.lean_gate)
+    if case["not_researched"]:
+        out(f"not researched (MAX_STEPS): {'; '.join(case['not_researched'])}")
+    _print_answer(out, record)
+    if lean:
+        out(
+            f"lean retrieval for the letter: {lean['route']}, evidence "
+            f"{ec.fmt_num(lean['evidence_score'])} (gate {lean['gate']})"
+        )
+        _print_passages(out, lean["passages"])
     if choices:
-        mc_answer = state["mc_answer"] or {}
+        mc_answer = state.get("mc_answer") or {}
         letter = mc_answer.get("letter")
         case["mc"] = {
             "predicted": letter,
             "answer": case["answer"],
             "correct": letter == case["answer"],
-            "gold_in_raw": any(r["gold"] for r in case["raw_retrieval"]),
-            "gold_in_multi": any(r["gold"] for r in case["multi_query_retrieval"]),
+            "closed_book": bool(mc_answer.get("closed_book")),
+            "gold_in_steps": case["gold_in_steps"],
+            "gold_in_lean": any(p["gold"] for p in (lean or {}).get("passages", [])),
             "gold_in_sources": any(i in gold for i in mc_answer.get("evidence_ids") or []),
         }
         verdict = "CORRECT" if case["mc"]["correct"] else "WRONG"
         out(f"MC: predicted {letter} / answer {case['answer']} -> {verdict}")
-    if quotes := (state.get("answer") or {}).get("quotes"):
+    if quotes := record.get("quotes"):
         out("grounding gate:")
         for q in quotes:
             out(f"  {q['verdict']:<15} {q['issue']}: {ec.preview(q['text'], 100)}")
-    if case["chain_of_thought"]:
-        out("working memory (search type per step):")
-        out(nodes.memory_lines(state))
     out(f"answer: {ec.preview(case['final_answer'], 400)}")
     out(
         f"{case['steps_completed']} step(s) completed, {case['steps_failed']} failed; "
@@ -201,38 +286,22 @@ def trace_query(
     return case
 
 
-def _print_docs(out: Callable[[str], None], title: str, rows: Sequence[dict]) -> None:
-    """One line per passage: gold mark, rank, its cosine to the query (a fused search's rank score
-    says little: reciprocal-rank fusion gives ~0.01-0.03 to every passage), id and title."""
-    out(f"{title}:")
-    for r in rows:
-        mark = "★" if r["gold"] else " "
-        dense = r.get("dense_score")
-        score = (
-            f"cos {ec.fmt_num(dense)}"
-            if dense is not None
-            else f"rank score {ec.fmt_num(r['score'])}"
-        )
-        out(
-            f"  {mark} {r['rank']}. [{score}] {r['id']} — {ec.preview(r['title'] or r['preview'], 70)}"
-        )
-
-
 def summary_rows(cases: Sequence[dict]) -> list[dict[str, Any]]:
-    def yes_no(key: str, mc: dict) -> str:
-        return ("yes" if mc.get(key) else "no") if mc else "–"
+    def yes_no(value: Any) -> str:
+        return "yes" if value else "no"
 
     return [
         {
             "query": c.get("item") or ec.preview(c["query"], 30),
             "kind": c.get("kind"),
-            "type": c.get("query_type"),
+            "issues": len(c["researched_issues"]),
             "done": c["steps_completed"],
             "failed": c["steps_failed"],
-            "confidence": c["confidence"],
-            "docs": c["unique_docs"],
-            "gold raw": yes_no("gold_in_raw", mc),
-            "gold used": yes_no("gold_in_sources", mc),
+            "gold found": yes_no(c["gold_in_steps"] or mc.get("gold_in_lean"))
+            if c["gold"]
+            else "–",
+            "gold used": yes_no(mc.get("gold_in_sources")) if mc else "–",
+            "abstained": yes_no(c["abstained"]),
             "seconds": c["agent_s"],
             "LLM calls": c["llm"]["llm_calls"],
             "MC": ("✓" if mc.get("correct") else "✗") if mc else "–",
@@ -254,7 +323,8 @@ def save_case(case: dict, directory: str | Path) -> Path:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="eval_trace.py",
-        description="Trace retrieval, rewrite and every agent node on a few questions.",
+        description="Run the agent on a few questions and trace every node, each research step's "
+        "search and the answer record.",
     )
     p.add_argument(
         "n",
@@ -315,12 +385,21 @@ def run(
     llm = ec.llm_record(settings).get("mc_select", {})
     logger.info("LLM provider=%s model=%s", llm.get("provider"), llm.get("model", llm.get("error")))
     cases = []
-    for query, item in targets:
-        case = trace_query(query, item=item, settings=settings, llm_factory=llm_factory, out=out)
+    for n, (query, item) in enumerate(targets, 1):
+        position = f"[{n}/{len(targets)}] "
+        case = trace_query(
+            query,
+            item=item,
+            settings=settings,
+            llm_factory=llm_factory,
+            out=out,
+            position=position,
+        )
         case["config"] = {"llm": llm, "retrieval": ec.retrieval_record(settings)}
         if args.save:
             case["saved_to"] = str(save_case(case, args.case_dir))
         cases.append(case)
+        logger.info("traced %s%s (%.1fs)", position, case["item"] or "query", case["agent_s"])
     out("=" * 100)
     out(ec.text_table(summary_rows(cases)))
     mc_cases = [c for c in cases if c.get("mc")]

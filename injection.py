@@ -587,7 +587,7 @@ def addresses_the_assistant(text: str) -> bool:
     """True when ``text`` could hold an instruction to the assistant: words a command would use
     (not the second person inside quotes, nor "U."), an encoded payload, or a request involving
     fabricated authorities.  An LLM 'injection' verdict on any other text is overruled: the small
-    local model flags plain fact patterns (docs/MEASUREMENTS.md, "Injection check")."""
+    local model flags plain fact patterns (docs/MEASUREMENTS_HISTORY.md, "Injection check")."""
     norm = normalize(text)
     quoted_to_third_person = _QUOTED.sub(lambda q: _SECOND_PERSON.sub("they", q.group(0)), norm)
     cues = _U_ABBREVIATION.sub("x", quoted_to_third_person)

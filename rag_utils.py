@@ -173,7 +173,7 @@ class OnnxEmbedder(_LocalEncoder):
         options = ort.SessionOptions()
         options.log_severity_level = 3
         # no busy-waiting between operators: beside other busy processes (the local LLM, eval
-        # workers) spinning threads slow embedding down several times (docs/MEASUREMENTS.md)
+        # workers) spinning threads slow embedding down several times (docs/MEASUREMENTS_HISTORY.md)
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
         providers = ["CPUExecutionProvider"]
@@ -183,8 +183,8 @@ class OnnxEmbedder(_LocalEncoder):
         self.dimension = int(json.loads((source / "config.json").read_text())["hidden_size"])
 
     def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
-        """One text per run, so a text's vector does not depend on the batch (docs/MEASUREMENTS.md,
-        "Embeddings that do not depend on the batch")."""
+        """One text per run, so a text's vector does not depend on the batch
+        (docs/MEASUREMENTS_HISTORY.md, "Embeddings that do not depend on the batch")."""
         import numpy as np
 
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
@@ -231,7 +231,7 @@ def _valid_onnx_cache(cache: Path, source_sha256: str) -> Path | None:
 def ensure_onnx_model(source: Path, cache: Path, source_sha256: str) -> Path:
     """The int8 ONNX file exported from the sentence-transformers model at ``source`` into
     ``cache`` (atomically, with a sha256 manifest), exported again when missing, corrupt, or from
-    another source or recipe. Recipe: docs/MEASUREMENTS.md ("ONNX backend")."""
+    another source or recipe. Recipe: docs/MEASUREMENTS_HISTORY.md ("ONNX backend")."""
     found = _valid_onnx_cache(cache, source_sha256)
     if found is not None:
         return found
@@ -648,7 +648,8 @@ def _open_collection(client: Any, name: str, model_name: str) -> Any:
 
 EXACT_SEARCH_MAX_PASSAGES = 20_000
 """Up to this many passages dense search is exact (stored vectors kept in memory, 30 MB at the
-limit), not Chroma's HNSW, whose results varied between runs (docs/MEASUREMENTS.md)."""
+limit), not Chroma's HNSW, whose results varied between runs
+(docs/MEASUREMENTS_HISTORY.md)."""
 
 
 @dataclass(eq=False)
@@ -1226,7 +1227,7 @@ def fuse_rankings(
     dense: Sequence[float], lexical: Sequence[float], dense_weight: float
 ) -> list[float]:
     """Each candidate's :func:`rrf_scores` of its dense and BM25 ranks, weighted ``w``, ``1 - w``
-    (FUSION_DENSE_WEIGHT, docs/MEASUREMENTS.md)."""
+    (FUSION_DENSE_WEIGHT, docs/MEASUREMENTS_HISTORY.md)."""
     w = float(dense_weight)
     best_first = [sorted(range(len(x)), key=lambda i, x=x: -x[i]) for x in (dense, lexical)]
     fused = rrf_scores(best_first, [w, 1.0 - w])
