@@ -58,23 +58,23 @@ FACT_SENTENCES = 3
 """Sentences of a fact pattern kept with an issue (the closest to it by cosine)."""
 MIN_FACT_WORDS = 8
 """A question with fewer words of facts before it asks is a rule question: one short sentence of
-what happened is facts ("Jake punched a stranger in a bar.") (docs/MEASUREMENTS.md, stop 41)."""
+what happened is facts ("Jake punched a stranger in a bar.") (docs/MEASUREMENTS_HISTORY.md, stop 41)."""
 FACT_FIT = 0.33
 """Cosine of an issue's quoted rule to the closest fact sentence below which the facts do not raise
 the issue (``off_facts``); the planner's first issue and the best fit are always applied.  Low end
-of the tune half's plateau (docs/MEASUREMENTS.md, "`FACT_FIT` re-tuned")."""
+of the tune half's plateau (docs/MEASUREMENTS_HISTORY.md, "`FACT_FIT` re-tuned")."""
 FACT_RELEVANCE = 0.10
 """Cosine of a requirement to the fact a check names below which that fact cannot decide it
 (``unrelated_fact``): the 1.5B marks most requirements met by some unrelated fact.  Chosen on the
-tune half (docs/MEASUREMENTS.md, stop 36)."""
+tune half (docs/MEASUREMENTS_HISTORY.md, stop 36)."""
 ASKED_FIT = 0.45
 """Cosine of an issue's quoted rule to a rule question below which the question does not ask about
 it (``not_asked``): noise picks sit below 0.45, a second doctrine asked about at 0.5-0.7.  Chosen on
-one half of the rule questions (docs/MEASUREMENTS.md, stop 44)."""
+one half of the rule questions (docs/MEASUREMENTS_HISTORY.md, stop 44)."""
 QUESTION_FIT = 0.20
 """Cosine of an open question to the closest rule sentence of its answer below which the rules are
 about other matters and the answer is declined (``off_question``; a singer's video answered with
-commercial speech scores 0.13).  Chosen on the tune half (docs/MEASUREMENTS.md, stop 37)."""
+commercial speech scores 0.13).  Chosen on the tune half (docs/MEASUREMENTS_HISTORY.md, stop 37)."""
 DOCTRINE_MATCH = 0.30
 """Cosine of an issue's name to a passage's title below which the passage is on another doctrine
 (``off_doctrine``): all-MiniLM-L6-v2 puts a doctrine and its own passage at 0.45-0.85."""
@@ -338,7 +338,7 @@ def select_rule(
 ) -> list[tuple[Mapping[str, Any], str]]:
     """(passage, sentence) pairs that state the rule for ``query`` (the issue and its facts): the
     ``n`` sentences of all the issue's passages closest to it, verbatim, in passage order (the
-    fitting rule is often the search's third or fourth passage: docs/MEASUREMENTS.md, stop 32)."""
+    fitting rule is often the search's third or fourth passage: docs/MEASUREMENTS_HISTORY.md, stop 32)."""
     pool = [(d, s) for d in docs for s in candidate_sentences(d)]
     if not pool:
         return []

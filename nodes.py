@@ -41,7 +41,7 @@ FIELD_EVIDENCE = 0.55
 (the open set's 48 so filed score <= 0.50; "When is an employer vicariously liable ...?" 0.67)."""
 FIRST_SEARCH = "hybrid+keyword"
 """A research step's first angle: hybrid (dense + BM25) and BM25 alone, fused by rank; dense search
-misreads a doctrine's name where BM25 finds it (docs/MEASUREMENTS.md, "Fact patterns")."""
+misreads a doctrine's name where BM25 finds it (docs/MEASUREMENTS_HISTORY.md, "Fact patterns")."""
 RETRY_SEARCH = "keyword"
 """The other angle of a step that missed the evidence gate: BM25 over its issue's facts, names."""
 
@@ -249,7 +249,7 @@ def agenda(ctx: AgentContext, question: str, issues: list[str]) -> list[str]:
 
 CANDIDATE_PASSAGES = 4
 """Passages retrieved for the question as asked whose titles the planner sees as candidates:
-with 8 the 1.5B picked from the end of a 12-name list (docs/MEASUREMENTS.md, stop 39)."""
+with 8 the 1.5B picked from the end of a 12-name list (docs/MEASUREMENTS_HISTORY.md, stop 39)."""
 
 
 def doctrine_key(name: str) -> str:
@@ -672,7 +672,7 @@ def _record_update(record: answer_stage.AnswerRecord) -> dict[str, Any]:
 MC_RESEARCH_PASSAGES = 0
 """Passages the answer cites that the MC prompt reads after lean's retrieval: with 2 the letter was
 right 12 times of 40 against lean's 14, so it reads what lean reads, and the research's passages
-only when lean's retrieval falls below the gate (docs/MEASUREMENTS.md, stop 30)."""
+only when lean's retrieval falls below the gate (docs/MEASUREMENTS_HISTORY.md, stop 30)."""
 
 
 def mc_passages(state: AgentState, extra: list[Passage]) -> list[dict]:
