@@ -461,7 +461,7 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
         out("METRICS")
         keys = (
             "query_type", "llm_calls", "parse_failures", "input_tokens", "output_tokens",
-            "iterations", "steps_completed", "steps_failed", "memory_hit", "has_answer", "verdict",
+            "iterations", "steps_completed", "steps_failed", "memory_hit", "abstained", "verdict",
             "injection_verdict", "stop_reason", "uncited_sentences", "guards", "mc_letter", "mc_closed_book",
         )  # fmt: skip
         for key in keys:  # a field with no value (no letter, no verdict) is not printed
@@ -589,7 +589,8 @@ def main(argv: list[str] | None = None) -> int:
             "instructions? (`python llm_config.py` lists the providers)",
             file=sys.stderr,
         )
-    if not metrics.get("has_answer"):
+    record = result.get("answer") or {}
+    if record.get("abstained") or not record.get("text"):
         why = result.get("stop_reason") or "the research produced no usable answer"
         letter = (result.get("mc_answer") or {}).get("letter")
         tail = f"; the letter ({letter}) is the model's closed-book pick" if letter else ""

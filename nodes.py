@@ -752,6 +752,8 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         body += f"[lean mode: {how}]"
     final = f"{body}\n\n{line}".strip()
     record.update(letter=result.letter, text=final)
+    if answer_mode(state, ctx) == "lean" and not result.letter:  # lean's answer is its letter
+        record.update(abstained=True, why="the model named no letter")
     retried = " after strict retry" if result.retried else ""
     closed = ", closed-book" if evidence_text is None else ""
     decision = f"({result.letter}) via {result.strategy}{retried}{closed}"
@@ -837,7 +839,6 @@ def compute_metrics(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
         per_node[ev["node"]] = round(per_node.get(ev["node"], 0.0) + ev["seconds"], 3)
     mc_answer = state.get("mc_answer") or {}
     record = state.get("answer") or {}
-    rejected = (state.get("injection_check") or {}).get("is_safe") is False
     issues = record.get("issues") or []
     sentences = [s for i in issues for s in i.get("sentences") or []]
     answered = sum(1 for i in issues if i.get("status") == "answered")
@@ -851,12 +852,6 @@ def compute_metrics(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
         "query_type": state.get("query_type"),
         "answer_kind": record.get("kind"),
         "memory_hit": bool(state.get("memory_hit")),
-        "has_answer": not rejected
-        and (
-            bool(mc_answer.get("letter"))
-            if state.get("answer_mode") == "lean"
-            else bool(record.get("text")) and not record.get("abstained")
-        ),
         "abstained": bool(record.get("abstained")),
         "verdict": record.get("verdict"),
         "issues_answered": answered,

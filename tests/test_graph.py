@@ -282,7 +282,7 @@ def test_a_fact_pattern_gets_rule_application_conclusion_and_bottom_line(tmp_set
     assert "Comparative negligence" in queries and "reading her phone" in queries
     # SOURCES: only the passages the answer cites.
     assert {s["id"] for s in result["sources"]} == {c["passage_id"] for c in record["citations"]}
-    assert result["run_metrics"]["has_answer"] is True
+    assert not result["answer"]["abstained"]
     assert result["run_metrics"]["uncited_sentences"] == 0
     assert len(memory.writes) == 1 and "Bottom line" in memory.writes[0][1]
 
@@ -298,7 +298,7 @@ def test_a_rule_question_states_the_rule_without_an_application(tmp_settings):
     assert record["kind"] == "rule_question" and record["verdict"] is None
     assert result["final_cited_answer"].startswith("1. Comparative negligence\n   Rule: ")
     assert "Under comparative negligence a plaintiff's own fault" in result["final_cited_answer"]
-    assert result["run_metrics"]["has_answer"] is True
+    assert not result["answer"]["abstained"]
 
 
 def test_issues_beyond_max_steps_are_reported_as_not_answered(tmp_settings):
@@ -373,9 +373,9 @@ def test_no_issue_with_evidence_declines_plainly_and_is_not_cached(tmp_settings)
     assert result["final_cited_answer"].startswith(
         "No answer: the research found nothing in the sources"
     )
-    assert result["run_metrics"]["has_answer"] is False
+    assert result["answer"]["abstained"]
     assert memory.writes == [] and "apply" not in script.roles()
-    assert main.main is not None  # exit status 3 is decided from has_answer (test_main_cli)
+    assert main.main is not None  # exit status 3 is decided from the record (test_main_cli)
 
 
 def test_a_question_off_topic_as_asked_is_declined_however_the_issues_were_named(tmp_settings):
@@ -801,7 +801,7 @@ def test_injection_rejected_by_prescreen_without_llm_call(tmp_settings, attack):
     assert result["final_cited_answer"].startswith("Request rejected")
     assert script.calls == []
     assert nodes_run(result) == ["detect_injection", "observability"]
-    assert result["run_metrics"]["has_answer"] is False
+    assert result["answer"]["abstained"]
     assert result["answer"]["abstained"] and "prompt injection" in result["answer"]["why"]
 
 
@@ -828,7 +828,7 @@ def test_llm_injection_verdict_on_a_plain_fact_pattern_is_overruled(tmp_settings
     result, *_ = run(tmp_settings, replies, skip_injection_check=False)
     check = result["injection_check"]
     assert check["is_safe"] is True and check["llm_verdict"] == "injection"
-    assert result["run_metrics"]["has_answer"] is True
+    assert not result["answer"]["abstained"]
 
 
 def test_the_embedded_model_shows_no_verdict_and_names_what_decides_it(tmp_settings):
@@ -911,7 +911,7 @@ def test_evidence_mode_abstains_when_the_gate_reply_is_unusable(tmp_settings):
     result, script, *_ = run(tmp_settings, replies, answer_mode="evidence")
     record = result["answer"]
     assert record["abstained"] is True and record["guards"]["unparsed_verdicts"] == 2
-    assert result["run_metrics"]["has_answer"] is False
+    assert result["answer"]["abstained"]
 
 
 # ------------------------------------------------------------------------------------------------
