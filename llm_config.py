@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from langchain_core.messages import HumanMessage, SystemMessage, convert_to_messages
 from langchain_core.outputs import ChatGeneration
 from langchain_core.runnables import RunnableLambda
+from langchain_core.utils.json import parse_partial_json
 from pydantic import BaseModel, ValidationError
 
 import local_llm
@@ -84,10 +85,10 @@ _JSON_WORDS = re.compile(r"\b(true|false|null)\b")
 _PYTHON_WORDS = {"true": "True", "false": "False", "null": "None"}
 
 
-def json_objects(text: str) -> Iterator[dict[str, Any]]:
+def json_objects(text: str, *, cut_off: bool = False) -> Iterator[dict[str, Any]]:
     """Every top-level ``{...}`` object of a model reply that parses, in order, skipping the prose
     around them; trailing commas and Python-style quoting (small models' slips) are read as a
-    Python literal.  A cut-off object yields nothing (answer.complete_checks completes those)."""
+    Python literal.  With ``cut_off``, an object the reply ends inside is completed and yielded."""
     depth = start = 0
     quote, escaped = "", False
     for i, ch in enumerate(text):
@@ -116,6 +117,10 @@ def json_objects(text: str) -> Iterator[dict[str, Any]]:
                         continue
                 if isinstance(data, dict):
                     yield data
+    if cut_off and depth:
+        with contextlib.suppress(ValueError):
+            if isinstance(data := parse_partial_json(text[start:]), dict):
+                yield data
 
 
 def parse_json_reply(text: str, schema: type[T]) -> T:
