@@ -774,14 +774,10 @@ def _fact_text(ref: int | str, facts: Sequence[str]) -> str:
 
 def complete_checks(text: str) -> Application | None:
     """The complete checks of an application reply cut off at its token budget (None: none)."""
-    from langchain_core.utils.json import parse_partial_json
+    from llm_config import json_objects
 
-    try:
-        data = parse_partial_json(text)
-    except ValueError:
-        return None
     checks = []
-    for raw in (data or {}).get("checks") or [] if isinstance(data, dict) else []:
+    for raw in next(json_objects(text, cut_off=True), {}).get("checks") or []:
         try:
             checks.append(Finding.model_validate(raw))
         except ValueError:

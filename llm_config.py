@@ -19,17 +19,19 @@ from typing import Any, TypeVar
 
 from langchain_core.messages import HumanMessage, SystemMessage, convert_to_messages
 from langchain_core.outputs import ChatGeneration
-from langchain_core.runnables import RunnableLambda
+from langchain_core.utils.json import parse_partial_json
 from pydantic import BaseModel, ValidationError
 
 import local_llm
 from llm_cache import ResponseCache
 from providers import (
+    CALL,
+    Attempts,
+    DeadlineReached,
     LLMConfigError,
     ResolvedLLM,
-    call_timeout,
     chat_model,
-    classify_failure,
+    failure_reason,
     fold_system_messages,
     format_listing,
     listing,
@@ -68,26 +70,14 @@ class JSONReplyError(ValueError):
     """A reply holds no JSON object that validates against the schema."""
 
 
-def _acquire(limiter: Any, deadline: float | None) -> bool:
-    """Take a slot of ``limiter``, or return False at once when the next slot comes only after
-    ``deadline`` (the limiter's own blocking ``acquire`` knows no deadline)."""
-    while not limiter.acquire(blocking=False):
-        tokens_missing = 1.0 - limiter.available_tokens
-        ready = (limiter.last or time.monotonic()) + tokens_missing / limiter.requests_per_second
-        if deadline is not None and ready >= deadline:
-            return False
-        time.sleep(limiter.check_every_n_seconds)
-    return True
-
-
 _JSON_WORDS = re.compile(r"\b(true|false|null)\b")
 _PYTHON_WORDS = {"true": "True", "false": "False", "null": "None"}
 
 
-def json_objects(text: str) -> Iterator[dict[str, Any]]:
+def json_objects(text: str, *, cut_off: bool = False) -> Iterator[dict[str, Any]]:
     """Every top-level ``{...}`` object of a model reply that parses, in order, skipping the prose
     around them; trailing commas and Python-style quoting (small models' slips) are read as a
-    Python literal.  A cut-off object yields nothing (answer.complete_checks completes those)."""
+    Python literal.  With ``cut_off``, an object the reply ends inside is completed and yielded."""
     depth = start = 0
     quote, escaped = "", False
     for i, ch in enumerate(text):
@@ -116,6 +106,10 @@ def json_objects(text: str) -> Iterator[dict[str, Any]]:
                         continue
                 if isinstance(data, dict):
                     yield data
+    if cut_off and depth:
+        with contextlib.suppress(ValueError):
+            if isinstance(data := parse_partial_json(text[start:]), dict):
+                yield data
 
 
 def parse_json_reply(text: str, schema: type[T]) -> T:
@@ -181,10 +175,6 @@ class CallRecord:
     error: str | None = None
 
 
-class _Retry(Exception):
-    """An attempt failed in a way worth another."""
-
-
 def _ask_for_json(msgs: list[Any], schema: type[BaseModel], *, in_system: bool) -> list[Any]:
     """``msgs`` with the schema instruction appended to the last system message (``in_system``)
     or human message."""
@@ -203,14 +193,9 @@ def _ask_for_json(msgs: list[Any], schema: type[BaseModel], *, in_system: bool) 
 
 
 class LLMClient:
-    """The call helper every node and eval script uses, on LangChain's ``with_retry``, rate
-    limiter and cache; it adds the run deadline, Retry-After, JSON replies and per-call records.
-    ``llm_factory(role) -> BaseChatModel`` replaces ``providers.chat_model`` (tests)."""
-
-    backoff_base_s: float = 1.0
-    backoff_max_s: float = 30.0
-    max_retry_after_s: float = 120.0
-    """A provider asking us to wait longer than this (a daily quota) fails at once."""
+    """The call helper every node and eval script uses, on LangChain's structured output, rate
+    limiter and cache and the SDK's retries; it adds the run deadline, lenient JSON replies and
+    per-call records.  ``llm_factory(role) -> BaseChatModel`` replaces ``providers.chat_model``."""
 
     def __init__(self, settings: Settings, llm_factory: Callable[[str], Any] | None = None) -> None:
         self.settings = settings
@@ -270,8 +255,8 @@ class LLMClient:
         saying why.  ``json_mode`` forces "schema" (provider JSON-schema mode) or "prompt"; None
         picks schema mode where the provider supports it.  ``accept``: whether a free-text reply
         is usable (else it is not cached).  Raises LLMCallError when the call still fails after
-        LLM_MAX_RETRIES, LLMConfigError at once, LLMDeadlineError once ``self.deadline`` passes
-        (no attempt, wait or backoff starts after it).
+        LLM_MAX_RETRIES (a 429 asking to wait over 2 minutes, at once), LLMConfigError at once,
+        LLMDeadlineError once ``self.deadline`` passes (no attempt starts or lasts past it).
         """
         if json_mode not in (None, "schema", "prompt"):
             raise ValueError(f"json_mode must be 'schema', 'prompt' or None, not {json_mode!r}")
@@ -289,19 +274,16 @@ class LLMClient:
         if not cfg.supports_system_messages:
             msgs = fold_system_messages(msgs)
         kwargs: dict[str, Any] = {} if max_tokens is None else {"max_tokens": max_tokens}
+        json_format = None
         if schema is None:
             json_mode = None
         else:
             json_mode = json_mode or ("schema" if cfg.supports_json_schema else "prompt")
             # The schema ends the system message in schema mode (a stable prompt-cache prefix),
             # the question in prompt mode (else the 1.5B echoes it; bench_llm: 25% vs 100% valid).
-            schema_mode = json_mode == "schema"
-            msgs = _ask_for_json(msgs, schema, in_system=schema_mode)
-            if schema_mode:  # in extra_body: the SDK's parse() raises on a cut-off reply
-                body = {"name": schema.__name__, "schema": schema.model_json_schema()}
-                kwargs["extra_body"] = {
-                    "response_format": {"type": "json_schema", "json_schema": body}
-                }
+            msgs = _ask_for_json(msgs, schema, in_system=json_mode == "schema")
+            if json_mode == "schema":  # as a dict: a class would be sent as OpenAI's strict schema
+                json_format = {"name": schema.__name__, "schema": schema.model_json_schema()}
         record = dict(
             role=role, provider=cfg.provider, model=cfg.model, schema=schema and schema.__name__,
             json_mode=json_mode, in_chars=sum(len(m.text) for m in msgs),
@@ -323,7 +305,7 @@ class LLMClient:
             message, retries = hit[0].message, 0
         else:
             try:
-                message, retries = self._call(msgs, kwargs, cfg, role, deadline)
+                message, retries = self._call(msgs, kwargs, json_format, cfg, role, deadline)
             except LLMCallError as exc:
                 latency = round(time.perf_counter() - start, 4)
                 record.update(
@@ -377,88 +359,60 @@ class LLMClient:
         self,
         msgs: list[Any],
         kwargs: dict[str, Any],
+        json_format: dict[str, Any] | None,
         cfg: ResolvedLLM,
         role: str,
         deadline: float | None,
     ) -> tuple[Any, int]:
-        """The reply message and the number of retries it took.  ``with_retry`` sleeps the backoff
-        between attempts; each attempt takes a rate-limit slot, caps its timeout at the deadline,
-        waits what the provider asks (Retry-After) and stops before a wait past the deadline."""
+        """The reply message and the SDK's retries; with ``json_format``, in JSON-schema mode (its
+        raw reply: :func:`parse_json_reply` reads it, as it reads cached and prompt-mode replies)."""
+        import openai
         from langchain_openai.chat_models.base import BaseChatOpenAI
 
         llm = self._factory(role) if self._factory is not None else chat_model(cfg, self.settings)
-        per_call = call_timeout(cfg, self.settings)
-        attempts = max(0, self.settings.llm.max_retries) + 1
-        limiter = rate_limiter(cfg)
-        state = {"attempt": 0, "reason": "no attempt made"}
-        prefix = f"LLM call for role {role!r} to {cfg.provider} ({cfg.model})"
-        t0 = time.perf_counter()
-
-        def stop(reason: str, *, at_deadline: bool = False) -> LLMCallError:
-            n = state["attempt"]
-            about = {"role": role, "provider": cfg.provider, "attempts": n, "reason": reason}
-            if at_deadline:
-                message = (f"{prefix} stopped at the run deadline after {n} attempt(s) and "
-                           f"{time.perf_counter() - t0:.1f}s (last: {reason}); "
-                           "raise RUN_TIMEOUT / --deadline to allow more time")  # fmt: skip
-                return LLMDeadlineError(message, **about)
-            where = f" at {cfg.display_url}" if cfg.display_url and not cfg.local else ""
-            return LLMCallError(f"{prefix} failed after {n} attempt(s): {reason}{where}", **about)
-
-        def attempt(messages: list[Any]) -> Any:
-            if limiter is not None and not _acquire(limiter, deadline):
-                why = "no rate-limit slot before the deadline"
-                last = state["reason"]
-                raise stop(why if state["attempt"] == 0 else f"{last}; {why}", at_deadline=True)
-            call_kwargs, capped = dict(kwargs), False
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise stop(state["reason"], at_deadline=True)
-                capped = remaining < per_call
-            if isinstance(llm, BaseChatOpenAI):
-                call_kwargs["timeout"] = per_call if deadline is None else min(per_call, remaining)
-            state["attempt"] += 1
-            try:
-                return llm.invoke(messages, **call_kwargs)
-            except Exception as exc:
-                retryable, reason, wait = classify_failure(exc)
-                reason = state["reason"] = cfg.redact(reason)
-                n = state["attempt"]
-                if not retryable:
-                    raise stop(reason) from None
-                if wait is not None and wait > self.max_retry_after_s:
-                    raise stop(f"{reason}; the provider asks to wait {wait:.0f}s") from None
-                # with_retry sleeps base * 2**(n-1) plus up to base of jitter (at most max) next;
-                # a longer Retry-After is made up before it.
-                scheduled = min(self.backoff_max_s, self.backoff_base_s * 2 ** (n - 1))
-                longest = max(wait or 0.0, min(self.backoff_max_s, scheduled + self.backoff_base_s))
-                if deadline is not None:
-                    now = time.monotonic()
-                    timed_out_at_deadline = capped and reason.startswith("timeout")
-                    no_time_to_retry = n < attempts and now + longest >= deadline
-                    if now >= deadline or timed_out_at_deadline or no_time_to_retry:
-                        raise stop(reason, at_deadline=True) from None
-                if n == attempts:
-                    raise stop(reason) from None
-                logger.warning(
-                    "LLM %s/%s %s; retry %d/%d", cfg.provider, role, reason, n, attempts - 1
-                )
-                time.sleep(max(0.0, (wait or 0.0) - scheduled))
-                raise _Retry(reason) from None
-
-        retrying = RunnableLambda(attempt).with_retry(
-            retry_if_exception_type=(_Retry,),
-            exponential_jitter_params={
-                "multiplier": self.backoff_base_s, "max": self.backoff_max_s,
-                "jitter": self.backoff_base_s,
-            },
-            stop_after_attempt=attempts,
-        )  # fmt: skip
+        if json_format is None:
+            runnable = llm.bind(**kwargs)
+        elif isinstance(llm, BaseChatOpenAI):
+            runnable = llm.with_structured_output(
+                json_format, method="json_schema", include_raw=True, **kwargs
+            )
+        else:  # a test's fake model: the format goes along as a keyword
+            fmt = {"type": "json_schema", "json_schema": json_format}
+            runnable = llm.bind(response_format=fmt, **kwargs)
+        attempts = Attempts(deadline, rate_limiter(cfg), getattr(llm, "root_client", None))
+        token = CALL.set(attempts)
         system = "".join(m.text for m in msgs[:1] if m.type == "system")
         local = cfg.local and self._factory is None
-        with local_llm.prompt_state(cfg.provider, system) if local else contextlib.nullcontext():
-            return retrying.invoke(msgs), state["attempt"] - 1
+        state = local_llm.prompt_state(cfg.provider, system) if local else contextlib.nullcontext()
+        t0 = time.perf_counter()
+        try:
+            with state:  # the embedded model's saved prompt state
+                reply = runnable.invoke(msgs)
+        except (openai.LengthFinishReasonError, openai.ContentFilterFinishReasonError) as exc:
+            # JSON-schema mode's parse() refuses a cut-off reply: its text is still the reply
+            generation = llm._create_chat_result(exc.completion).generations[0]  # noqa: SLF001
+            reply = generation.message
+            reply.response_metadata.update(generation.generation_info or {})
+        except Exception as exc:
+            n = attempts.count if attempts.client is not None else 1  # a fake sends no request
+            prefix = f"LLM call for role {role!r} to {cfg.provider} ({cfg.model})"
+            stopped = isinstance(exc, DeadlineReached)
+            reason = cfg.redact(str(exc) if stopped else failure_reason(exc))
+            about = {"role": role, "provider": cfg.provider, "attempts": n, "reason": reason}
+            if stopped or (deadline is not None and time.monotonic() >= deadline):
+                raise LLMDeadlineError(
+                    f"{prefix} stopped at the run deadline after {n} attempt(s) and "
+                    f"{time.perf_counter() - t0:.1f}s (last: {reason}); raise RUN_TIMEOUT / "
+                    "--deadline to allow more time",
+                    **about,
+                ) from None
+            where = f" at {cfg.display_url}" if cfg.display_url and not cfg.local else ""
+            raise LLMCallError(
+                f"{prefix} failed after {n} attempt(s): {reason}{where}", **about
+            ) from None
+        finally:
+            CALL.reset(token)
+        return reply["raw"] if isinstance(reply, dict) else reply, max(0, attempts.count - 1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,12 +1,12 @@
 """The provider side of the LLM layer: the registry of OpenAI-compatible endpoints
-(``PROVIDERS``), which one each role talks to (:func:`resolve`), its chat model and rate limiter,
-what a failed call says (:func:`classify_failure`), and URLs without credentials
-(:func:`redact_url`).  :mod:`llm_config` makes the calls; nothing here sends a request.
+(``PROVIDERS``), which one each role talks to (:func:`resolve`), its chat model, rate limiter and
+deadline (:class:`Attempts`), what a failed call says (:func:`failure_reason`), and URLs without
+credentials (:func:`redact_url`).  :mod:`llm_config` makes the calls; nothing here sends a request.
 """
 
 from __future__ import annotations
 
-import email.utils
+import contextvars
 import json
 import logging
 import re
@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx2
 from langchain_core.messages import HumanMessage, SystemMessage, convert_to_messages
 from langchain_core.rate_limiters import InMemoryRateLimiter
 
@@ -28,9 +29,13 @@ class LLMConfigError(RuntimeError):
     """The LLM cannot be configured (unknown provider, missing API key); the message says what to set."""
 
 
-class MalformedResponseError(RuntimeError):
+class MalformedResponseError(httpx2.DecodingError):
     """A 200 response that is not a chat completion (a proxy's HTML page, an error object, no
-    choices); retried like a server error."""
+    choices); a transport error to the OpenAI SDK, which retries it."""
+
+
+class DeadlineReached(RuntimeError):
+    """The run deadline stops a call between the SDK's attempts (the SDK does not catch it)."""
 
 
 _SECRET_PARAM = re.compile(r"key|token|secret|password|passwd|pwd|sig|auth|credential", re.I)
@@ -343,10 +348,8 @@ def fold_system_messages(messages: Sequence[Any]) -> list[Any]:
 
 
 def _check_completion(response: Any) -> None:
-    """An httpx response hook: raise MalformedResponseError unless a 200 reply is a chat completion
-    whose first choice has a message (else LangChain fails with an AttributeError)."""
-    if response.status_code != 200:
-        return
+    """Raise MalformedResponseError unless a 200 reply is a chat completion whose first choice has
+    a message (else LangChain fails with an AttributeError)."""
     response.read()
     try:
         data = json.loads(response.content)
@@ -370,53 +373,98 @@ def _check_completion(response: Any) -> None:
         raise MalformedResponseError("the 200 response's first choice has no message")
 
 
-def _retry_after_seconds(headers: Any) -> float | None:
-    """The wait a 429/5xx asks for (Retry-After-Ms, Retry-After: seconds or an HTTP date)."""
-    ms, value = headers.get("retry-after-ms"), headers.get("retry-after")
-    try:
-        return max(0.0, float(ms) / 1000.0 if ms is not None else float(value))
-    except (TypeError, ValueError):
-        pass
-    try:
-        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError):
-        return None
+def _acquire(limiter: Any, deadline: float | None) -> bool:
+    """Take a slot of ``limiter``, or return False at once when the next slot comes only after
+    ``deadline`` (the limiter's own blocking ``acquire`` knows no deadline)."""
+    while not limiter.acquire(blocking=False):
+        tokens_missing = 1.0 - limiter.available_tokens
+        ready = (limiter.last or time.monotonic()) + tokens_missing / limiter.requests_per_second
+        if deadline is not None and ready >= deadline:
+            return False
+        time.sleep(limiter.check_every_n_seconds)
+    return True
 
 
-def classify_failure(exc: BaseException) -> tuple[bool, str, float | None]:
-    """(retryable, why, the seconds the provider asks to wait) of a failed call: timeouts,
-    connection errors, 429, 408, 5xx and malformed 200s are retryable; other statuses and a refused
-    connection are not."""
+@dataclass
+class Attempts:
+    """The HTTP attempts of one call, which the OpenAI SDK makes and retries (its backoff, the
+    provider's Retry-After): counted, a slot of ``limiter`` each, none started after ``deadline``
+    or lasting past it, none waited for across it.  ``client``: the SDK client."""
+
+    deadline: float | None = None
+    limiter: Any = None
+    client: Any = None
+    count: int = 0
+
+
+CALL: contextvars.ContextVar[Attempts | None] = contextvars.ContextVar("llm_call", default=None)
+"""The :class:`Attempts` of the call this thread makes (set by ``LLMClient``)."""
+
+
+def _before_attempt(request: Any) -> None:
+    """An httpx request hook: the rate-limit slot and the deadline of the current call."""
+    if (call := CALL.get()) is None:
+        return
+    if call.limiter is not None and not _acquire(call.limiter, call.deadline):
+        raise DeadlineReached("no rate-limit slot before the deadline")
+    if call.deadline is not None:
+        left = call.deadline - time.monotonic()
+        if left <= 0:
+            raise DeadlineReached(f"the deadline passed before attempt {call.count + 1}")
+        timeout = request.extensions.get("timeout") or {}
+        request.extensions["timeout"] = {k: min(v or left, left) for k, v in timeout.items()}
+    call.count += 1
+
+
+def _after_attempt(response: Any) -> None:
+    """An httpx response hook: a 200 that is no chat completion is an error the SDK retries; a
+    retry the SDK would wait for past the deadline (Retry-After, as the SDK reads it) stops."""
+    call = CALL.get()
+    if response.status_code == 200:
+        _check_completion(response)
+    elif call and call.deadline is not None and call.client._should_retry(response):  # noqa: SLF001
+        wait = call.client._parse_retry_after_header(response.headers) or 0.0  # noqa: SLF001
+        if time.monotonic() + wait >= call.deadline:
+            raise DeadlineReached(
+                f"HTTP {response.status_code}, the provider asks to wait {wait:.0f}s"
+            )
+
+
+def failure_reason(exc: BaseException) -> str:
+    """What a failed call says, once the SDK has made its attempts: timeout, connection refused or
+    lost, malformed 200, rate limited (with the wait a 429 asks for), server error or the status
+    and the provider's message."""
     import openai
 
     chain: list[BaseException] = []
     while exc is not None and exc not in chain:
         chain.append(exc)
         exc = exc.__cause__ or exc.__context__
-    if any(isinstance(e, ConnectionRefusedError) for e in chain):  # nothing listens: no retry
-        return False, "connection refused (is the server running?)", None
+    if any(isinstance(e, ConnectionRefusedError) for e in chain):
+        return "connection refused (is the server running?)"
+    if malformed := [e for e in chain if isinstance(e, MalformedResponseError)]:
+        return f"malformed response ({malformed[0]})"
     for e in chain:
-        if isinstance(e, MalformedResponseError):
-            return True, f"malformed response ({e})", None
         if isinstance(e, openai.APITimeoutError | TimeoutError):
-            return True, "timeout (LLM_TIMEOUT: seconds per attempt)", None
+            return "timeout (LLM_TIMEOUT: seconds per attempt)"
         if isinstance(e, openai.APIConnectionError | ConnectionError):
-            return True, f"connection error ({e.__class__.__name__})", None
+            return f"connection error ({e.__class__.__name__})"
         if isinstance(e, openai.APIStatusError):
-            status, wait = e.status_code, _retry_after_seconds(e.response.headers)
-            if status == 429:
-                return True, "rate limited (HTTP 429)", wait
+            status, asked = e.status_code, e.response.headers.get("retry-after")
+            if status == 429:  # the SDK waits at most 2 minutes: longer is a used-up quota
+                return f"rate limited (HTTP 429{f', asks to wait {asked}s' if asked else ''})"
             if status >= 500 or status == 408:
-                return True, f"server error (HTTP {status})", wait
+                return f"server error (HTTP {status})"
             said = re.sub(r"^Error code: \d+ - ", "", str(e.message))  # the SDK's own prefix
-            return False, f"HTTP {status}: {said}", None
-    return False, f"{chain[0].__class__.__name__}: {chain[0]}", None
+            return f"HTTP {status}: {said}"
+    return f"{chain[0].__class__.__name__}: {chain[0]}"
 
 
 def chat_model(cfg: ResolvedLLM, settings: Settings) -> Any:
-    """The cached chat model of an endpoint (starts the embedded model when local), never retrying
-    by itself.  ``BaseChatOpenAI`` sends the classic ``max_tokens`` every OpenAI-compatible server
-    understands; ``ChatOpenAI`` (OpenAI itself) sends ``max_completion_tokens``."""
+    """The cached chat model of an endpoint (starts the embedded model when local); the OpenAI SDK
+    retries LLM_MAX_RETRIES times, within the deadline of :data:`CALL`.  ``BaseChatOpenAI`` sends
+    the classic ``max_tokens`` every OpenAI-compatible server understands; ``ChatOpenAI`` (OpenAI
+    itself) sends ``max_completion_tokens``."""
     import openai
     from langchain_openai import ChatOpenAI
     from langchain_openai.chat_models.base import BaseChatOpenAI
@@ -428,8 +476,8 @@ def chat_model(cfg: ResolvedLLM, settings: Settings) -> Any:
         except local_llm.LocalModelError as exc:
             raise LLMConfigError(str(exc)) from exc
         base_url, model = server.base_url, server.model
-    timeout = call_timeout(cfg, settings)
-    key = (cfg.provider, base_url, model, cfg.api_key, settings.llm.temperature, timeout)
+    timeout, retries = call_timeout(cfg, settings), max(0, settings.llm.max_retries)
+    key = (cfg.provider, base_url, model, cfg.api_key, settings.llm.temperature, timeout, retries)
     with _models_lock:
         if key not in _models:
             cls = ChatOpenAI if cfg.provider == "openai" else BaseChatOpenAI
@@ -439,9 +487,9 @@ def chat_model(cfg: ResolvedLLM, settings: Settings) -> Any:
                 api_key=cfg.api_key or _NO_KEY,
                 temperature=settings.llm.temperature,
                 timeout=timeout,
-                max_retries=0,
+                max_retries=retries,
                 http_client=openai.DefaultHttpxClient(
-                    event_hooks={"response": [_check_completion]}
+                    event_hooks={"request": [_before_attempt], "response": [_after_attempt]}
                 ),
             )
         return _models[key]

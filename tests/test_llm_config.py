@@ -137,12 +137,15 @@ def server():
 
 @pytest.fixture(autouse=True)
 def _fresh_llm_cache(monkeypatch):
+    import openai._base_client
+
     monkeypatch.setattr(providers, "_models", {})
     monkeypatch.setattr(providers, "_limiters", {})
+    monkeypatch.setattr(openai._base_client, "INITIAL_RETRY_DELAY", 0.01)  # the SDK's backoff
 
 
 def make_client(tmp_settings, server: FakeServer, provider: str = "vllm", **changes) -> LLMClient:
-    """A client for ``provider`` pointed at the fake server (fast backoff for the tests)."""
+    """A client for ``provider`` pointed at the fake server."""
     env = {"GROQ_API_KEY": SECRET, "GEMINI_API_KEY": SECRET}
     values = {
         "llm_provider": provider,
@@ -153,10 +156,7 @@ def make_client(tmp_settings, server: FakeServer, provider: str = "vllm", **chan
         "environ": env,
         **changes,
     }
-    settings = tmp_settings.replace(**values)
-    client = LLMClient(settings)
-    client.backoff_base_s = 0.01
-    return client
+    return LLMClient(tmp_settings.replace(**values))
 
 
 MSGS = [("system", "You screen questions."), ("user", "Question: what is adverse possession?")]
@@ -296,11 +296,11 @@ def test_raw_overrides_replace_the_registry_entry(tmp_settings):
     assert resolve(None, tmp_settings.replace(llm_base_url="http://h:1/v1")).local is False
 
 
-def test_chat_model_is_cached_and_never_retries_by_itself(tmp_settings, server):
+def test_chat_model_is_cached_and_retries_through_the_sdk(tmp_settings, server):
     s = tmp_settings.replace(llm_provider="vllm", llm_model="fake-model", llm_base_url=server.url)
     llm = chat_model(resolve("synthesize", s), s)
     assert llm is chat_model(resolve("classify", s), s)
-    assert llm.max_retries == 0
+    assert llm.max_retries == s.llm.max_retries == 4
     assert llm.invoke("hello").content == "ok"
 
 
@@ -372,6 +372,9 @@ def test_server_errors_are_retried_then_succeed(tmp_settings, server):
     server.script = [{"status": 500}, {"status": 503}, {"body": completion("third time")}]
     res = make_client(tmp_settings, server).invoke(MSGS, role="synthesize")
     assert res.text == "third time" and res.retries == 2
+    server.script = [{"status": 500}, {"body": completion('{"verdict": "safe", "reason": "r"}')}]
+    res = make_client(tmp_settings, server).invoke(MSGS, role="injection", schema=Verdict)
+    assert res.parsed.verdict == "safe" and res.retries == 1  # JSON-schema mode: the same
 
 
 def test_persistent_server_error_raises_typed_error(tmp_settings, server):
@@ -386,14 +389,14 @@ def test_persistent_server_error_raises_typed_error(tmp_settings, server):
     assert client.summary()["llm_errors"] == 1
 
 
-def test_a_server_that_refuses_the_connection_fails_at_once_naming_its_url(tmp_settings, server):
-    """A user's Ollama that is not running cost four attempts and ~36 s of backoff."""
-    client = make_client(tmp_settings, server, llm_max_retries=3)
+def test_a_server_that_refuses_the_connection_fails_naming_its_url(tmp_settings, server):
+    """A user's Ollama that is not running: the SDK's short retries, then its URL."""
+    client = make_client(tmp_settings, server, llm_max_retries=1)
     url = server.url
     server.close()  # nothing listens there now
     with pytest.raises(LLMCallError, match="connection refused") as info:
         client.invoke(MSGS, role="synthesize")
-    assert str(info.value).endswith(f" at {url}") and info.value.attempts == 1
+    assert str(info.value).endswith(f" at {url}") and info.value.attempts == 2
 
 
 def test_timeout_is_retried_then_reported(tmp_settings, server):
@@ -429,11 +432,14 @@ def test_auth_error_is_not_retried_and_key_is_not_leaked(tmp_settings, server, c
     assert SECRET not in json.dumps([dataclasses.asdict(r) for r in client.records])
 
 
-def test_quota_style_retry_after_fails_at_once(tmp_settings, server):
+def test_quota_style_retry_after_fails_at_once_naming_the_provider(tmp_settings, server):
     server.script = [{"status": 429, "headers": {"Retry-After": "3600"}}]
-    with pytest.raises(LLMCallError, match="wait 3600s"):
-        make_client(tmp_settings, server).invoke(MSGS, role="synthesize")
-    assert len(server.requests) == 1
+    client = make_client(tmp_settings, server, provider="groq")
+    t0 = time.monotonic()
+    with pytest.raises(LLMCallError, match=r"to groq .*HTTP 429.*wait 3600s") as info:
+        client.invoke(MSGS, role="synthesize")
+    assert not isinstance(info.value, LLMDeadlineError) and info.value.attempts == 1
+    assert len(server.requests) == 1 and time.monotonic() - t0 < 2
 
 
 # ------------------------------------------------------------------------------------------------
@@ -511,7 +517,8 @@ def test_truncated_schema_reply_is_a_parse_failure(tmp_settings, server):
         MSGS, role="injection", schema=Verdict, max_tokens=5
     )
     assert res.parsed is None and "max_tokens" in res.parse_error
-    assert res.finish_reason == "length"
+    assert res.finish_reason == "length" and res.text == '{"verdict": "sa'  # the text is kept
+    assert (res.input_tokens, res.output_tokens) == (11, 7)
 
 
 @pytest.mark.parametrize(
@@ -817,13 +824,12 @@ def test_slow_server_call_ends_at_the_deadline_not_after_retries(tmp_settings, s
     assert [r.error is not None for r in client.records] == [True]
 
 
-def test_no_backoff_sleep_starts_past_the_deadline(tmp_settings, server):
-    server.script = [{"status": 503}]
+def test_no_wait_the_provider_asks_for_runs_past_the_deadline(tmp_settings, server):
+    server.script = [{"status": 503, "headers": {"Retry-After": "20"}}]
     client = make_client(tmp_settings, server, llm_max_retries=4)
-    client.backoff_base_s = 20.0  # the first backoff alone would pass the deadline
     t0 = time.monotonic()
-    client.deadline = t0 + 5.0
-    with pytest.raises(LLMDeadlineError, match=r"after 1 attempt.*HTTP 503"):
+    client.deadline = t0 + 5.0  # the wait the server asks for would pass it
+    with pytest.raises(LLMDeadlineError, match=r"after 1 attempt.*HTTP 503.*wait 20s"):
         client.invoke(MSGS, role="synthesize")
     assert time.monotonic() - t0 < 4.5  # failed at once, did not sleep into the deadline
     assert len(server.requests) == 1
