@@ -32,13 +32,19 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import numpy as np
-from nupunkt import sent_tokenize
 
 import mc
 import prompts
 from prompts import Application, Check, Finding, Met
+from question import (
+    AUX,
+    Kind,
+    asks_yes_or_no,
+    question_kind,
+    split_question,
+    split_sentences,
+)
 
-Kind = Literal["fact_pattern", "rule_question", "multiple_choice"]
 Policy = Literal["research", "evidence"]
 EmbedFn = Callable[[list[str]], Any]
 
@@ -56,9 +62,6 @@ TITLED_HEADING_WORDS = 10
 """A first sentence of at most this many words, most of them its title's, is its heading too."""
 FACT_SENTENCES = 3
 """Sentences of a fact pattern kept with an issue (the closest to it by cosine)."""
-MIN_FACT_WORDS = 8
-"""A question with fewer words of facts before it asks is a rule question: one short sentence of
-what happened is facts ("Jake punched a stranger in a bar.") (docs/MEASUREMENTS_HISTORY.md, stop 41)."""
 FACT_FIT = 0.33
 """Cosine of an issue's quoted rule to the closest fact sentence below which the facts do not raise
 the issue (``off_facts``); the planner's first issue and the best fit are always applied.  Low end
@@ -192,50 +195,6 @@ class AnswerRecord:
 # --- Facts and rules (no model calls) -----------------------------------------------------------
 
 
-def split_sentences(text: str) -> list[str]:
-    """The sentences of ``text``, whitespace collapsed (nupunkt: Punkt trained on legal text, so
-    "28 U.S.C. § 1441(a)", "Fed. R. Evid." and "Smith v. Jones" stay whole)."""
-    return [s.strip() for s in sent_tokenize(" ".join(str(text).split())) if s.strip()]
-
-
-def split_question(question: str) -> tuple[list[str], str]:
-    """(fact sentences, what is asked): the asked part is the closing sentences that end in '?'."""
-    sentences = split_sentences(question)
-    asked: list[str] = []
-    while sentences and sentences[-1].endswith("?"):
-        asked.insert(0, sentences.pop())
-    return sentences, " ".join(asked) or (sentences.pop() if sentences else question.strip())
-
-
-def question_kind(question: str, choices: Mapping[str, str] | None) -> Kind:
-    """multiple_choice with choices; a fact pattern when facts precede what is asked; else a rule
-    question."""
-    if choices:
-        return "multiple_choice"
-    words = sum(len(f.split()) for f in split_question(question)[0])
-    return "fact_pattern" if words >= MIN_FACT_WORDS else "rule_question"
-
-
-_AUX = r"(?:is|are|was|were|be|been|can|cannot|could|does|do|did|will|would|shall|should|may|might|must|has|have|had)"
-"""Auxiliary verbs: a yes/no question opens with one; a heading has none (:func:`is_heading`)."""
-_YES_NO = re.compile(
-    rf"^{_AUX}\b|^(?!(?:which|what|who|whom|whose|when|where|why|how)\b)[^?]*,\s+{_AUX}\b", re.I
-)
-"""A question that opens with an auxiliary verb, or does so after an opening phrase ("At trial,
-can the officer repeat it?"); a wh-question never ("Which rights, if any, were violated?")."""
-_EITHER_OR = re.compile(r"\bor\b(?!\s+not\b)[^,;?]*\?\s*$", re.IGNORECASE)
-_SENTENCE_END = re.compile(r"(?<=[.!])\s+(?=[A-Z])")
-
-
-def asks_yes_or_no(asked: str) -> bool:
-    """Whether the question as asked takes a yes or a no: its last sentence asks with an auxiliary
-    verb (:data:`_YES_NO`) and offers no alternatives ("Is it embezzlement or larceny?").  The
-    part after the last sentence end is read too: the splitter can leave a fact in front."""
-    last = (split_sentences(asked)[-1] if asked.strip() else "").strip()
-    asks = _YES_NO.match(last) or _YES_NO.match(_SENTENCE_END.split(last)[-1])
-    return bool(asks) and not _EITHER_OR.search(last)
-
-
 def _rows(embed: EmbedFn, texts: list[str]) -> np.ndarray:
     return np.asarray(embed(texts), dtype=np.float32) if texts else np.zeros((0, 1), np.float32)
 
@@ -255,7 +214,7 @@ def issue_facts(
     return [facts[i] for i in sorted(np.argsort(-cosines(embed, issue, facts))[:n])]
 
 
-_AUXILIARY = re.compile(rf"\b{_AUX}\b", re.IGNORECASE)
+_AUXILIARY = re.compile(rf"\b{AUX}\b", re.IGNORECASE)
 
 
 def is_heading(sentence: str, title: str) -> bool:
@@ -417,10 +376,15 @@ def named_in(issue: str, asked: str) -> bool:
     return any(re.search(rf"\b{re.escape(p)}\b", asked, re.I) for p in parts if len(p) > 3)
 
 
+RAISED_SUPPORT = FACT_RELEVANCE
+"""The support a check needs for its issue to count as raised by the facts."""
+
+
 def raised(checks: Sequence[Check]) -> bool:
-    """Whether the facts raise the issue at all: a stated fact decides some requirement (else guard
-    ``not_raised``: it is named, not answered)."""
-    return any(map(fact_decides, checks))
+    """Whether the facts raise the issue at all: a stated fact decides some requirement with
+    support of at least :data:`RAISED_SUPPORT` (else guard ``not_raised``: it is named, not
+    answered)."""
+    return any(fact_decides(c) and (c.support or 0.0) >= RAISED_SUPPORT for c in checks)
 
 
 def _outcome(checks: Sequence[Check]) -> Met:

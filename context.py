@@ -20,6 +20,7 @@ import injection
 import legal_graph
 import load_corpus
 import mc
+import question as question_mod
 import rag_utils
 from llm_config import LLMClient
 from providers import resolve
@@ -191,7 +192,7 @@ class AgentContext:
         """The evidence score of ``question`` as asked: the best of its sentences, each against
         its own retrieval (3 of 32 fact patterns score 0.25-0.32 as a whole, 0.33+ by sentence)."""
         k = self.settings.agent.retrieval_k
-        texts = answer_stage.split_sentences(question) or [question]
+        texts = question_mod.split_sentences(question) or [question]
         return max(0.0, *(self.score_evidence(t, self.retrieve([t], k, []), [t]) for t in texts))
 
     def off_topic_score(self, question: str, best: float | None = None) -> float | None:

@@ -24,8 +24,9 @@ import load_corpus
 import prompts
 import rag_utils
 from context import AgentContext
-from mc import MC_LETTERS, format_choices
+from mc import format_choices
 from providers import LLMConfigError, check_config, install_log_redaction, redact_url, resolve
+from question import MC_LETTERS
 from settings import Settings, SettingsError, load_dotenv_file
 
 logger = logging.getLogger(__name__)

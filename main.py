@@ -17,7 +17,6 @@ import argparse
 import functools
 import json
 import logging
-import re
 import sys
 import time
 from collections import Counter
@@ -33,15 +32,13 @@ import nodes
 import rag_utils
 from context import AgentContext
 from llm_config import LLMCallError, LLMDeadlineError
-from mc import MC_LETTERS, format_choices
+from mc import format_choices
 from providers import LLMConfigError, check_config, install_log_redaction
+from question import MAX_QUESTION_CHARS, InputError, parse
 from settings import SEARCH_TYPES, Settings, SettingsError, load_dotenv_file, run_script
 from state import AgentState
 
 logger = logging.getLogger(__name__)
-
-MAX_QUESTION_CHARS = 6000
-"""Longest accepted input (question + choices), in characters (~1,500 tokens)."""
 
 DEMOS: dict[str, str] = {
     "simple": "What are the elements of a negligence claim?",
@@ -52,10 +49,6 @@ DEMOS: dict[str, str] = {
     ),
     "medium": "What must a party show to obtain a preliminary injunction?",
 }
-
-
-class InputError(ValueError):
-    """The user's input cannot be used; the message says why (one line)."""
 
 
 def build_graph(
@@ -109,107 +102,6 @@ def recursion_limit(settings: Settings) -> int:
     """Supersteps a run can take: 3 before the loop, 3 per executor iteration, 3 after — plus
     slack.  The evaluator's iteration cap ends the loop long before this limit."""
     return 3 * int(settings.agent.max_iterations) + 10
-
-
-_CHOICE_LINE = re.compile(r"^\s*\(([A-Z])\)\s*(.*)$")
-_INLINE_CHOICE = re.compile(r"(?:^|\s)\(([A-Z])\)\s+")
-_OTHER_CHOICE_LINE = re.compile(r"^\s*([A-Z])([.)])\s+(\S.*)$")
-_QUESTION_AFTER_LIST = re.compile(r"[.!;]\s+\S[^.!?;]*\?\s*$")
-"""A question after the last inline item: the items were a list of subsections, not choices."""
-
-_Choices = dict[str, list[str]]
-
-
-def _split_choices(lines: list[str], pattern: re.Pattern[str]) -> tuple[list[str], _Choices]:
-    """(the lines before the first choice line, letter -> its lines): ``pattern`` matches a choice
-    line (its first group the letter, its last the text); a line after one continues it."""
-    starts = {i: m for i, line in enumerate(lines) if (m := pattern.match(line))}
-    first, current = min(starts, default=len(lines)), ""
-    choices: _Choices = {}
-    for i in range(first, len(lines)):
-        if m := starts.get(i):
-            current = m.group(1)
-            if current in choices:
-                raise InputError(f"choice ({current}) appears twice")
-            choices[current] = [m.groups()[-1].strip()]
-        elif lines[i].strip():
-            choices[current].append(lines[i].strip())
-    return lines[:first], choices
-
-
-def _other_choice_lines(lines: list[str]) -> tuple[list[str], _Choices]:
-    """(stem, choices) when the question ends in at least two "A. x" or "A) x" lines (one style,
-    in order from A); else ``(lines, {})``: anything irregular leaves an open question."""
-    found = [m for line in lines if (m := _OTHER_CHOICE_LINE.match(line))]
-    letters = "".join(m.group(1) for m in found)
-    if len(found) < 2 or len({m.group(2) for m in found}) != 1:
-        return lines, {}
-    if letters != MC_LETTERS[: len(letters)]:
-        return lines, {}
-    stem, choices = _split_choices(lines, _OTHER_CHOICE_LINE)
-    if not " ".join(stem).strip():
-        return lines, {}  # no question before them: an outline, not choices
-    return stem, choices
-
-
-def _inline_choices(text: str) -> tuple[list[str], _Choices]:
-    """(stem, choices) of a one-line question whose choices follow it inline, "... (A) x (B) y
-    (C) z": at least three, in order from A, running to the end of the text (two could be a
-    statute's "(A) and (B)"); else ``([text], {})``."""
-    marks = list(_INLINE_CHOICE.finditer(text))
-    letters = "".join(m.group(1) for m in marks)
-    if len(marks) < 3 or letters != MC_LETTERS[: len(letters)]:
-        return [text], {}
-    ends = [m.start() for m in marks[1:]] + [len(text)]
-    choices = {
-        m.group(1): [text[m.end() : end].strip()] for m, end in zip(marks, ends, strict=True)
-    }
-    if _QUESTION_AFTER_LIST.search(choices[letters[-1]][0]):
-        return [text], {}  # "... (C) the agent's. Does a CEO's email count?": an enumeration
-    return [text[: marks[0].start()]], choices
-
-
-def parse_question(text: str) -> tuple[str, dict[str, str] | None]:
-    """Split user input into (question, choices).  Choices are lines ``(A) ...`` (2 to 4, in order
-    from A); a line that follows a choice and is not a choice continues it.  Without such lines,
-    three or more choices inline after the question ("... (A) x (B) y (C) z") count too."""
-    if "\x00" in text:
-        raise InputError("the input looks binary (NUL bytes); give a question in plain text")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InputError("the input is not valid UTF-8 text") from None
-    if not text.strip():
-        raise InputError("the question is empty")
-    if len(text) > MAX_QUESTION_CHARS:
-        raise InputError(
-            f"the input is {len(text)} characters; the limit is {MAX_QUESTION_CHARS} "
-            "(shorten the fact pattern)"
-        )
-    stem, choices = _split_choices(text.splitlines(), _CHOICE_LINE)
-    if not choices:
-        stem, choices = _other_choice_lines(stem)
-    if not choices:
-        stem, choices = _inline_choices(" ".join(stem))
-    question = " ".join(" ".join(stem).split())
-    if not question:
-        raise InputError("the question has answer choices but no question text")
-    if not choices:
-        return question, None
-    letters = "".join(choices)
-    expected = MC_LETTERS[: len(letters)]
-    if letters != expected:
-        raise InputError(
-            f"answer choices must be ({') ('.join(MC_LETTERS[:2])}) ... in order without gaps, "
-            f"at most {len(MC_LETTERS)}; got ({') ('.join(letters)})"
-        )
-    if len(letters) < 2:
-        raise InputError("a multiple-choice question needs at least two choices, (A) and (B)")
-    out = {k: " ".join(" ".join(v).split()) for k, v in choices.items()}
-    empty = [k for k, v in out.items() if not v]
-    if empty:
-        raise InputError(f"choice ({empty[0]}) has no text")
-    return question, out
 
 
 def _jsonable(value: Any) -> Any:
@@ -513,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         return _error("give a question, a demo name (simple, multi_hop, medium) or '-'")
     try:
-        question, choices = parse_question(read_input(args.query))
+        question, choices = parse(read_input(args.query))
         load_dotenv_file()
         settings = Settings.from_env(
             llm_provider=args.provider,

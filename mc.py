@@ -19,7 +19,6 @@ import prompts
 
 logger = logging.getLogger(__name__)
 
-MC_LETTERS = "ABCD"
 
 NO_EVIDENCE = "(No passages: answer from your own knowledge of the law.)"
 

@@ -42,6 +42,7 @@ from common import printer, save
 import answer as answer_stage
 import load_corpus
 import nodes
+import question as question_mod
 import rag_utils
 from context import AgentContext
 from settings import Settings, load_dotenv_file
@@ -92,7 +93,7 @@ def planned_steps(ctx: AgentContext, n: int) -> list[dict]:
         if not line.strip():
             continue
         item = json.loads(line)
-        facts, _ = answer_stage.split_question(item["question"])
+        facts, _ = question_mod.split_question(item["question"])
         for issue in item.get("issues") or []:
             name = " ".join(str(issue["name"]).split())
             if name.lower() in seen or len(steps) >= n:

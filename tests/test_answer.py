@@ -10,6 +10,7 @@ from conftest import BagOfWordsEmbedder
 from fakes import CutOff, scripted_client
 
 import answer
+import question as question_mod
 from prompts import Check
 
 EMBED = BagOfWordsEmbedder().embed_documents
@@ -37,12 +38,12 @@ FACTS = (
 
 
 def test_the_question_splits_into_facts_and_what_is_asked():
-    facts, asked = answer.split_question(FACTS)
+    facts, asked = question_mod.split_question(FACTS)
     assert asked == "Can he get the cocaine suppressed?"
     assert facts[1] == "They handcuffed him and locked him in the patrol car."
-    assert answer.question_kind(FACTS, None) == "fact_pattern"
-    assert answer.question_kind("What is the mailbox rule?", None) == "rule_question"
-    assert answer.question_kind(FACTS, {"A": "x", "B": "y"}) == "multiple_choice"
+    assert question_mod.question_kind(FACTS, None) == "fact_pattern"
+    assert question_mod.question_kind("What is the mailbox rule?", None) == "rule_question"
+    assert question_mod.question_kind(FACTS, {"A": "x", "B": "y"}) == "multiple_choice"
 
 
 def test_the_rule_is_the_passages_own_sentences_closest_to_the_issue_and_its_facts():
@@ -694,7 +695,7 @@ def test_an_answer_whose_rules_are_about_other_matters_is_declined(tmp_settings)
     ],
 )
 def test_only_a_yes_or_no_question_gets_a_yes_or_no_bottom_line(asked, yes_no):
-    assert answer.asks_yes_or_no(asked) is yes_no
+    assert question_mod.asks_yes_or_no(asked) is yes_no
 
 
 def test_a_which_question_gets_its_issues_by_conclusion_as_the_bottom_line(tmp_settings):

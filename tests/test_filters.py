@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-import answer
 import filters
 import load_corpus
 import main
+import question as question_mod
 import rag_utils
 from context import AgentContext
 from settings import SettingsError
@@ -244,7 +244,7 @@ def test_which_questions_ask_a_states_own_law(item):
     state as a party, a state's law tested against federal law).  Read first, the detector got
     20 of 24; the test for federal law (hs-f10) and the possessive's words for law (hs-f06, a
     person named Virginia) were added after, and the two it still misreads are marked."""
-    asked = answer.split_question(item["question"])[1]
+    asked = question_mod.split_question(item["question"])[1]
     assert (filters.jurisdiction_asked(asked) is not None) == item["asks_state_law"]
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import main
+import question as question_mod
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -40,7 +41,7 @@ def cli(args: list[str], tmp_path: Path, stdin: bytes | None = None, **env: str)
         (["-"], b"\n\t \n", "the question is empty"),
         (["-"], b"What is \xff\xfe hearsay?", "not valid UTF-8"),
         (["-"], b"What is\x00 hearsay?", "binary"),
-        (["x" * (main.MAX_QUESTION_CHARS + 1)], None, "the limit is"),
+        (["x" * (question_mod.MAX_QUESTION_CHARS + 1)], None, "the limit is"),
         (["Which is right?\n(A) one\n(C) three"], None, "in order without gaps"),
         (["Which is right?\n(A) only one"], None, "at least two choices"),
         (["Which is right?\n(A) one\n(B) two\n(A) again"], None, "appears twice"),
@@ -64,7 +65,7 @@ def test_help_explains_options_and_settings(tmp_path):
     out = proc.stdout.decode()
     assert proc.returncode == 0
     for word in ("--json", "--graph", "multi_hop", "LLM_PROVIDER", "LEAN_GATE",
-                 "SKIP_INJECTION_CHECK", str(main.MAX_QUESTION_CHARS), "exit status",
+                 "SKIP_INJECTION_CHECK", str(question_mod.MAX_QUESTION_CHARS), "exit status",
                  "RUN_TIMEOUT", "LLM_TIMEOUT"):  # fmt: skip
         assert word in out
     assert "nothing on stdout" in " ".join(out.split())  # the exit-2 contract is documented
@@ -144,31 +145,31 @@ def test_an_empty_store_stops_the_run_before_any_model_call(tmp_path):
 
 
 def test_parse_question_splits_choices_with_continuation_lines():
-    q, choices = main.parse_question(
+    q, choices = question_mod.parse(
         "A buyer sued.\nWho wins?\n(A) The buyer,\n because of reliance.\n(B) The seller."
     )
     assert q == "A buyer sued. Who wins?"
     assert choices == {"A": "The buyer, because of reliance.", "B": "The seller."}
     # Statute subsections in lower case are part of the question, not choices.
-    q, choices = main.parse_question("Under section 2(a)\n(a) a person who...\nis this a crime?")
+    q, choices = question_mod.parse("Under section 2(a)\n(a) a person who...\nis this a crime?")
     assert choices is None and "(a) a person who" in q
 
 
 @pytest.mark.parametrize("style", ["{}.", "{})"])
 def test_parse_question_takes_choice_lines_written_a_dot_or_a_paren(style):
     lines = [f"{style.format(k)} {t}" for k, t in zip("ABCD", ["On receipt", "On dispatch", "When signed", "When read"], strict=True)]  # fmt: skip
-    q, choices = main.parse_question("When is an acceptance effective?\n" + "\n".join(lines))
+    q, choices = question_mod.parse("When is an acceptance effective?\n" + "\n".join(lines))
     assert q == "When is an acceptance effective?"
     assert choices == {"A": "On receipt", "B": "On dispatch", "C": "When signed", "D": "When read"}
     # mixed styles, gaps or a lone "A." stay an open question
     for text in ("Q?\nA. one\nB) two", "Q?\nA. one\nC. three", "A. Facts\nB. Is it hearsay?"):
-        assert main.parse_question(text)[1] is None, text
+        assert question_mod.parse(text)[1] is None, text
 
 
 def test_parse_question_takes_choices_typed_inline_on_one_line():
     """A user typed the mailbox question with its four choices on one line and got an open
     answer with no letter."""
-    q, choices = main.parse_question(
+    q, choices = question_mod.parse(
         "When is an acceptance effective? (A) On receipt (B) On dispatch, properly addressed "
         "(C) When signed (D) When read"
     )
@@ -184,7 +185,7 @@ def test_parse_question_takes_choices_typed_inline_on_one_line():
         "Under FRE 801(d)(2) a statement is not hearsay if it (A) was made by the party (B) was "
         "adopted by it or (C) was made by its agent. Does a CEO's internal email count?",
     ):
-        assert main.parse_question(text) == (text, None)
+        assert question_mod.parse(text) == (text, None)
 
 
 @pytest.mark.slow
@@ -320,7 +321,6 @@ def test_a_fact_pattern_on_the_offline_default_gets_an_applied_cited_answer(tmp_
 def test_a_model_whose_replies_are_mostly_not_json_is_warned_about(tmp_path, monkeypatch, capsys):
     """A model answering every call in prose exited 0 with an answer built from fallbacks and no
     word about it but 'parse_failures: 4' among the metrics."""
-    import main
 
     metrics = {"llm_calls": 5, "parse_failures": 4}
     answer = {"text": "Rule: ... [1]", "abstained": False}
