@@ -39,9 +39,7 @@ from prompts import Application, Check, Finding, Met
 from question import (
     AUX,
     Kind,
-    asks_yes_or_no,
-    question_kind,
-    split_question,
+    Question,
     split_sentences,
 )
 
@@ -176,16 +174,24 @@ class AnswerRecord:
     """Evidence policy: every sentence the gate judged, {issue, passage_id, text, verdict}."""
     guards: dict[str, int] = field(default_factory=dict)
     """How often each named guard on model output fired in this answer."""
+    mc: dict[str, Any] | None = None
+    """Multiple choice: how the letter was picked (strategy, retried, closed_book, evidence_ids)
+    and ``text``, the answer as shown with its letter (``text`` stays the research's answer)."""
+    lean: dict[str, Any] | None = None
+    """Multiple choice: lean's retrieval for the letter (route, evidence_score, gate, ids)."""
 
     @classmethod
-    def declined(
-        cls, question: str, choices: Mapping[str, str] | None, text: str, why: str
-    ) -> AnswerRecord:
+    def declined(cls, kind: Kind, text: str, why: str) -> AnswerRecord:
         """A record that abstains before any answer was written (injection, failed run)."""
-        return cls(question_kind(question, choices), text, [], [], True, why)
+        return cls(kind, text, [], [], True, why)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @staticmethod
+    def shown(record: Mapping[str, Any]) -> str:
+        """What the user reads of a record (``to_dict()``): with a letter, the answer and it."""
+        return str((record.get("mc") or {}).get("text") or record.get("text") or "")
 
     @property
     def sentences(self) -> list[Sentence]:
@@ -853,19 +859,15 @@ def in_short(applied: Sequence[IssueAnswer]) -> Sentence:
 
 @dataclass
 class _Stage:
-    """One answer's working set: the question read once, the model and embedder, the citations
-    numbered so far and the guard counters."""
+    """One answer's working set: the question, the model and embedder, the citations numbered so
+    far and the guard counters."""
 
     client: Any
-    question: str
-    choices: Mapping[str, str] | None
+    q: Question
     embed: EmbedFn
     policy: Policy
     bar: float = 0.0
     """VERDICT_SUPPORT: the support a reading needs to be shown as a conclusion or a verdict."""
-    kind: Kind = "rule_question"
-    facts: list[str] = field(default_factory=list)
-    asked: str = ""
     guards: dict[str, int] = field(default_factory=dict)
     cited: dict[tuple[str, str], Citation] = field(default_factory=dict)
     """(passage id, sentence) -> its citation."""
@@ -874,8 +876,6 @@ class _Stage:
     quotes: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.kind = question_kind(self.question, self.choices)
-        self.facts, self.asked = split_question(self.question)
         self.guards = dict.fromkeys(GUARDS, 0)
         if self.policy == "evidence":
             self.guards["unparsed_verdicts"] = 0
@@ -883,7 +883,14 @@ class _Stage:
     def record(self, issues: list[IssueAnswer], abstained: bool, why: str = "") -> AnswerRecord:
         citations = [] if abstained else list(self.cited.values())
         return AnswerRecord(
-            self.kind, "", issues, citations, abstained, why, quotes=self.quotes, guards=self.guards
+            self.q.kind,
+            "",
+            issues,
+            citations,
+            abstained,
+            why,
+            quotes=self.quotes,
+            guards=self.guards,
         )
 
 
@@ -905,12 +912,12 @@ def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
         return IssueAnswer(item.issue, "no_evidence", why=why)
     # A rule question gets the rule as the issue's own passage (the one most about its doctrine)
     # states it; a fact pattern, what its passages say closest to issue and facts.
-    rule_question = stage.kind == "rule_question"
+    rule_question = stage.q.kind == "rule_question"
     own = item.docs[int(np.argmax(scores))]
-    lead = lead_rule(own, stage.question, stage.embed) if rule_question else []
-    near = [stage.question] if rule_question else item.facts
+    lead = lead_rule(own, stage.q.text, stage.embed) if rule_question else []
+    near = [stage.q.text] if rule_question else item.facts
     if near is None:
-        near = issue_facts(item.issue, stage.facts, stage.embed)
+        near = issue_facts(item.issue, stage.q.facts, stage.embed)
     query = " ".join([item.issue, *near])
     if stage.policy == "evidence":
         candidates = lead or select_rule(query, docs, stage.embed, VERIFY_CANDIDATES)
@@ -940,8 +947,8 @@ def _ruled_issues(
     in by :func:`_apply_issues`)."""
     # What an issue's rule must fit to be answered: a fact pattern's facts (guard ``off_facts``),
     # a rule question's question (guard ``not_asked``).
-    fit_to = {"fact_pattern": list(stage.facts), "rule_question": [stage.question]}
-    fit_rows = _rows(stage.embed, fit_to.get(stage.kind, []))
+    fit_to = {"fact_pattern": list(stage.q.facts), "rule_question": [stage.q.text]}
+    fit_rows = _rows(stage.embed, fit_to.get(stage.q.kind, []))
     issues: list[IssueAnswer] = []
     ruled: list[Ruled] = []
     for item in research:
@@ -983,12 +990,12 @@ def _answered(
 def _checks(stage: _Stage, issue: str, rule: list) -> tuple[list[Check] | None, bool]:
     """The application of a fact pattern's rule to its facts (None: nothing to apply, or an
     unusable reply), and whether the rule was cut into requirements."""
-    if stage.kind == "rule_question" or not stage.facts:
+    if stage.q.kind == "rule_question" or not stage.q.facts:
         return None, False
     reqs, exceptions = rule_structure([s for _, s in rule])
     if not (reqs or exceptions):  # the rule is quoted, with nothing to apply
         return None, False
-    applied = apply_rule(stage.client, issue, reqs, stage.facts, exceptions)
+    applied = apply_rule(stage.client, issue, reqs, stage.q.facts, exceptions)
     if applied is not None:
         applied, unrelated = related_checks(applied, stage.embed)
         stage.guards["unrelated_fact"] += unrelated
@@ -999,12 +1006,12 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
     """Fill in each ruled issue: applied to the facts, or named as not raised (``off_facts``,
     ``not_asked``, ``not_raised``); the planner's first issue, the best fit and an issue the
     question names are always applied, and so is the first unraised one when no other is."""
-    rule_question = stage.kind == "rule_question"
+    rule_question = stage.q.kind == "rule_question"
     floor, guard = (ASKED_FIT, "not_asked") if rule_question else (FACT_FIT, "off_facts")
     best = max((fit for *_, fit in ruled), default=1.0)
     held = None  # the first issue not raised, answered after all if no other issue is
     for n, (slot, item, rule, fit) in enumerate(ruled):
-        named = stage.kind == "fact_pattern" and named_in(item.issue, stage.asked)
+        named = stage.q.kind == "fact_pattern" and named_in(item.issue, stage.q.asked)
         if n and fit < min(floor, best) and not named:
             stage.guards[guard] += 1
             what = "what the question asks" if rule_question else "the stated facts"
@@ -1036,8 +1043,8 @@ def _unanswerable(stage: _Stage, issues: list[IssueAnswer]) -> str:
         )
     rules = [s.text for i in answered for s in i.sentences if s.role == "rule"]
     closest = 1.0
-    if rules and not stage.choices:
-        closest = float(cosines(stage.embed, stage.question, rules).max())
+    if rules and not stage.q.choices:
+        closest = float(cosines(stage.embed, stage.q.text, rules).max())
     if closest >= QUESTION_FIT:
         return ""
     stage.guards["off_question"] += 1
@@ -1060,11 +1067,11 @@ def _tail(stage: _Stage, applied: Sequence[IssueAnswer]) -> tuple[Verdict | None
     """A fact pattern's bottom line: a yes/no question's from the model (:func:`bottom_line`);
     one that asks which or what ("Which rights were violated, and what must she show?"), the
     issues by conclusion."""
-    if stage.kind != "fact_pattern" or not applied:
+    if stage.q.kind != "fact_pattern" or not applied:
         return None, []
-    if not asks_yes_or_no(stage.asked):
+    if not stage.q.yes_no:
         return None, [in_short(applied)]
-    decided = bottom_line(stage.client, stage.asked, applied, stage.guards, stage.bar)
+    decided = bottom_line(stage.client, stage.q.asked, applied, stage.guards, stage.bar)
     if decided is None:
         stage.guards["unparsed_bottom_line"] += 1
         return None, []
@@ -1073,8 +1080,7 @@ def _tail(stage: _Stage, applied: Sequence[IssueAnswer]) -> tuple[Verdict | None
 
 def build_record(
     client: Any,
-    question: str,
-    choices: Mapping[str, str] | None,
+    question: Question,
     research: Sequence[IssueResearch],
     embed: EmbedFn,
     *,
@@ -1082,13 +1088,13 @@ def build_record(
     policy: Policy = "research",
     verdict_support: float = 0.0,
 ) -> AnswerRecord:
-    """The answer to ``question`` from the research of each issue (see the module docstring).
+    """The answer to ``question`` (read once: :class:`question.Question`) from the research of each issue (see the module docstring).
 
     ``decline``: why the research declines the question as a whole (off topic as asked); the
     record then abstains without a model call.  ``policy="evidence"``: every rule sentence passes
     the grounding gate first (:func:`verify_rule`).  ``verdict_support``: the support a reading of
     the facts needs to be shown as a conclusion or verdict (above 1: none is)."""
-    stage = _Stage(client, question, choices, embed, policy, verdict_support)
+    stage = _Stage(client, question, embed, policy, verdict_support)
     if decline:
         record = stage.record([], True, decline)
         record.text = f"{NO_ANSWER}: the sources do not cover this question as asked ({decline})."

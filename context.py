@@ -24,6 +24,7 @@ import question as question_mod
 import rag_utils
 from llm_config import LLMClient
 from providers import resolve
+from question import StateLaw
 from rag_utils import Passage
 from settings import Settings, load_dotenv_file
 
@@ -240,18 +241,6 @@ class AgentContext:
     def time_left(self) -> float | None:
         """Seconds before the run's deadline (None: no deadline)."""
         return None if self.deadline is None else self.deadline - time.monotonic()
-
-
-@dataclass(frozen=True)
-class StateLaw:
-    """The state, or another country, whose law a question asks for."""
-
-    name: str
-    """A state's name ("Ohio"), or a country's demonym ("French")."""
-    code: str
-    """A state's USPS code (passage metadata ``jurisdiction``); "" for a country."""
-    held: bool
-    """Whether some passage of the collection is that state's law."""
 
 
 def state_law(asked: str, settings: Settings) -> StateLaw | None:

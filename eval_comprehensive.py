@@ -191,11 +191,12 @@ def run_mc_item(
     elif mode in ("lean", "pipeline", "evidence"):
         answer_mode = "research" if mode == "pipeline" else mode
         state = _run_agent(settings, answer_mode, client, question, choices)
-        mc_answer = state["mc_answer"] or {}
-        fields = _mc_fields(mc_answer, state.get("final_cited_answer"))
+        record = state.get("answer") or {}
+        mc_answer = record.get("mc") or {}
+        fields = _mc_fields(mc_answer, mc_answer.get("text"))
         sources = list(mc_answer.get("evidence_ids") or [])  # what the letter read
         table = state.get("planning_table") or []
-        lean = state.get("lean") or {}
+        lean = record.get("lean") or {}
         extra = {
             "evidence_ids": sources,
             "gold_in_evidence": any(s in gold for s in sources),
@@ -204,8 +205,8 @@ def run_mc_item(
             "evidence_score": lean.get("evidence_score"),
             "gate": lean.get("gate"),
             "gold_retrieved": any(d in gold for d in lean.get("retrieved_ids") or []),
-            "query_type": state.get("query_type"),
-            "memory_hit": bool(state.get("memory_hit")),
+            "query_type": (state.get("reading") or {}).get("query_type"),
+            "memory_hit": bool(state.get("recalled")),
             "steps": len(table),
             "steps_failed": sum(1 for s in table if s["status"] == "failed"),
             "run_metrics": state.get("run_metrics") or {},
@@ -690,8 +691,8 @@ def agent_answer_fn(
         state = _run_agent(settings, mode, client, question, None)
         record = state.get("answer") or {}
         return {
-            "answer": state.get("final_cited_answer") or "",
-            "abstained": bool(state.get("abstained")),
+            "answer": record.get("text") or "",
+            "abstained": bool(record.get("abstained")),
             "verdict": record.get("verdict"),
             "reading": record.get("reading"),
             "support": record.get("support"),

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import answer as answer_stage
 import eval_common as ec
 import load_corpus
 import main as agent
@@ -95,7 +96,7 @@ def _step_rows(state: dict, gold: Sequence[str]) -> list[dict]:
 def _lean_row(state: dict, gold: Sequence[str], settings: Settings) -> dict | None:
     """Lean's retrieval for the letter (the question with its choices) as ``mc_select`` recorded
     it: route, evidence score against the gate, the passages retrieved and those the letter read."""
-    lean = state.get("lean") or {}
+    lean = (state.get("answer") or {}).get("lean") or {}
     if not lean:
         return None
     ids = lean.get("retrieved_ids") or []
@@ -208,35 +209,35 @@ def trace_query(
     usage = ec.usage_of(client)
     steps = _step_rows(state, gold)
     record = state.get("answer") or {}
-    sources = state.get("sources") or []
+    reading = state.get("reading") or {}
     lean = _lean_row(state, gold, settings)
     case.update(
         {
             "trace": events,
-            "injection_check": state.get("injection_check"),
-            "query_type": state.get("query_type"),
-            "question_area": state.get("question_area"),
-            "question_topic": state.get("question_topic"),
-            "legal_question": state.get("legal_question"),
-            "decline": state.get("decline") or "",
+            "injection_check": reading.get("injection"),
+            "query_type": reading.get("query_type"),
+            "question_area": reading.get("area"),
+            "question_topic": reading.get("topic"),
+            "legal_question": reading.get("legal"),
+            "decline": reading.get("decline") or "",
             "issues": state.get("issues") or [],
-            "researched_issues": state.get("researched_issues") or [],
+            "researched_issues": [s["issue"] for s in steps if s.get("phase") == "rule"],
             "not_researched": nodes.unresearched_issues(state),  # type: ignore[arg-type]
-            "jurisdiction": state.get("jurisdiction") or "",
+            "jurisdiction": reading.get("within") or "",
             "steps": steps,
             "lean": lean,
-            "memory_hit": bool(state.get("memory_hit")),
+            "memory_hit": bool(state.get("recalled")),
             "answer_record": record,
-            "final_answer": state.get("final_cited_answer"),
+            "final_answer": answer_stage.AnswerRecord.shown(record),
             "abstained": bool(record.get("abstained")),
             "sources": [
                 {
-                    "id": s.get("id"),
-                    "title": s.get("title"),
-                    "gold": s.get("id") in gold,
-                    "preview": ec.preview(s.get("support") or s.get("text"), 200),
+                    "id": c.get("passage_id"),
+                    "title": c.get("title"),
+                    "gold": c.get("passage_id") in gold,
+                    "preview": ec.preview(c.get("support"), 200),
                 }
-                for s in sources
+                for c in record.get("citations") or []
             ],
             "steps_completed": sum(s["status"] == "completed" for s in steps),
             "steps_failed": sum(s["status"] == "failed" for s in steps),
@@ -261,7 +262,7 @@ def trace_query(
         )
         _print_passages(out, lean["passages"])
     if choices:
-        mc_answer = state.get("mc_answer") or {}
+        mc_answer = record.get("mc") or {}
         letter = mc_answer.get("letter")
         case["mc"] = {
             "predicted": letter,

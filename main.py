@@ -14,6 +14,7 @@ prompts in ``skills/*.md`` (loaded by ``prompts.py``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import logging
@@ -32,9 +33,8 @@ import nodes
 import rag_utils
 from context import AgentContext
 from llm_config import LLMCallError, LLMDeadlineError
-from mc import format_choices
 from providers import LLMConfigError, check_config, install_log_redaction
-from question import MAX_QUESTION_CHARS, InputError, parse
+from question import MAX_QUESTION_CHARS, InputError, Question, parse
 from settings import SEARCH_TYPES, Settings, SettingsError, load_dotenv_file, run_script
 from state import AgentState
 
@@ -105,6 +105,8 @@ def recursion_limit(settings: Settings) -> int:
 
 
 def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _jsonable(dataclasses.asdict(value))
     if isinstance(value, Mapping):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -125,29 +127,23 @@ def run_agent(
     keep_on_interrupt: bool = False,
 ) -> dict:
     """Research ``question`` (with optional MC ``choices``) and return the final state as a
-    JSON-able dict (final_cited_answer, mc_answer, run_metrics, sources, stop_reason, error: None
-    or why the run ended early, the partial research kept).  ``context``'s RUN_TIMEOUT starts
+    JSON-able dict (``answer``: the answer record; run_metrics, stop_reason; ``error``: None or
+    why the run ended early, the partial research kept).  ``context``'s RUN_TIMEOUT starts
     now; ``on_event`` gets {node, decision, seconds, t_s} per node; ``keep_on_interrupt`` (the
     CLI): Ctrl-C ends the run like a failure (stop_reason "interrupted") instead of raising."""
     question = " ".join((question or "").split())
     if not question:
         raise InputError("the question is empty")
-    choices = {str(k).upper(): str(v) for k, v in (choices or {}).items()} or None
     ctx = context.start_run()
-    objective = f"{question}\n{format_choices(choices)}" if choices else question
+    parsed = Question.read(question, choices, ctx.state_law)
     initial: AgentState = {
-        "global_objective": objective,
-        "question": question,
-        "choices": choices or {},
-        "iteration_count": 0,
-        "memory_hit": False,
-        "mc_answer": None,
-        "error": None,
+        "question": parsed.objective,
+        "parsed": parsed,
         "answer_mode": ctx.settings.agent.answer_mode,
     }
     graph = build_graph()
     config = {"recursion_limit": recursion_limit(ctx.settings)}
-    state: dict[str, Any] = dict(initial)
+    state: dict[str, Any] = {**initial, "error": None}
     t0 = time.perf_counter()
     try:
         for mode, chunk in graph.stream(
@@ -186,15 +182,11 @@ def _partial(state: dict, ctx: AgentContext, message: str, reason: str = "") -> 
     note = f" Found before it stopped: {'; '.join(found)}." if found else ""
     note += f" Not researched: {'; '.join(left)}." if left else ""
     state["error"] = message
-    state["final_cited_answer"] = f"[No answer — {message}]{note}"
     state["stop_reason"] = reason or ("deadline" if "deadline" in message.lower() else "error")
     if not (state.get("answer") or {}).get("text"):  # --json always carries the record
-        question, choices = state.get("question", ""), state.get("choices")
-        record = answer_stage.AnswerRecord.declined(
-            question, choices, state["final_cited_answer"], message
-        )
+        text = f"[No answer — {message}]{note}"
+        record = answer_stage.AnswerRecord.declined(state["parsed"].kind, text, message)
         state["answer"] = record.to_dict()
-    state["abstained"] = bool(state["answer"].get("abstained"))
     state["run_metrics"] = nodes.compute_metrics(state, ctx)  # type: ignore[arg-type]
     return state
 
@@ -317,26 +309,27 @@ def read_input(query: str) -> str:
 def _print_result(result: dict, out: Callable[[str], None]) -> None:
     out("")
     out("=" * 78)
-    out(f"QUESTION: {result.get('question')}")
-    for letter, text in (result.get("choices") or {}).items():
+    parsed = result.get("parsed") or {}
+    out(f"QUESTION: {parsed.get('text')}")
+    for letter, text in (parsed.get("choices") or {}).items():
         out(f"  ({letter}) {text}")
     out("=" * 78)
-    if saved := result.get("memory_source"):
+    if saved := result.get("recalled"):
         out(
             f'(From the QA memory: the answer saved for "{saved.get("question")}", similarity '
             f"{saved.get('similarity') or 0:.2f}; `python main.py --clear-memory` forgets saved "
             "answers.)"
         )
-    if result.get("jurisdiction"):
-        out(f"(Searched {result['jurisdiction']} law only: the question asks what it provides.)")
-    out(result.get("final_cited_answer") or "(no answer)")
+    record = result.get("answer") or {}
+    if within := (result.get("reading") or {}).get("within"):
+        out(f"(Searched {within} law only: the question asks what it provides.)")
+    out(answer_stage.AnswerRecord.shown(record) or "(no answer)")
     if flagged := result.get("flagged_passages"):
         ids = ", ".join(f["id"] for f in flagged[:5]) + (", ..." if len(flagged) > 5 else "")
         out(
             f"(Left out: {len(flagged)} passage(s) whose text gives instructions to an AI, a "
             f"possible prompt injection: {ids}.)"
         )
-    record = result.get("answer") or {}
     if record.get("citations"):
         out("")
         out("SOURCES")
@@ -482,9 +475,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     record = result.get("answer") or {}
-    if record.get("abstained") or not record.get("text"):
+    if record.get("abstained") or not answer_stage.AnswerRecord.shown(record):
         why = result.get("stop_reason") or "the research produced no usable answer"
-        letter = (result.get("mc_answer") or {}).get("letter")
+        letter = record.get("letter")
         tail = f"; the letter ({letter}) is the model's closed-book pick" if letter else ""
         print(f"main.py: no answer ({why}){tail}", file=sys.stderr)
         return 3

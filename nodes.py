@@ -27,7 +27,9 @@ from langgraph.types import Command
 import answer as answer_stage
 import mc
 import prompts
-from context import AgentContext, Passage, StateLaw, default_context
+import question as question_mod
+from context import AgentContext, Passage, default_context
+from question import Question, StateLaw
 from state import AgentState, Execution, PlanStep, merge_steps
 
 logger = logging.getLogger(__name__)
@@ -156,20 +158,19 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """The injection verdict on the user's input (``injection.detect``: the deterministic screen,
     then the model's verdict unless SKIP_INJECTION_CHECK; ``injection_check`` says
     ``prescreen_only`` when the model's verdict was unavailable)."""
-    text = state.get("global_objective", "")
-    check = ctx.check_injection(text)
+    q = state.get("parsed") or read_question(state["question"], ctx)
+    check = ctx.check_injection(q.objective)
     # the run's answer mode, resolved once (ANSWER_MODE=auto: lean with choices, else research)
     update: dict[str, Any] = {
-        "injection_check": dict(check),
-        "answer_mode": answer_mode(state, ctx),
+        "parsed": q,
+        "reading": {"injection": dict(check)},
+        "answer_mode": answer_mode({**state, "parsed": q}, ctx),
     }
     if not check["is_safe"]:
         text = ctx.rejection_message(check)
         why = f"rejected as a prompt injection: {check['reason']}"
-        record = answer_stage.AnswerRecord.declined(
-            state["question"], state.get("choices"), text, why
-        )
-        update.update(final_cited_answer=text, stop_reason="injection", answer=record.to_dict())
+        record = answer_stage.AnswerRecord.declined(q.kind, text, why)
+        update.update(stop_reason="injection", answer=record.to_dict())
     if check["is_safe"] and check["injection_check"] == "full" and check["llm_verdict"] == "safe":
         # the model's reason for a plain "safe" says nothing (the embedded model copies its
         # prompt's first example, "criminal law question", onto any question)
@@ -178,9 +179,15 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     return update, f"{check['verdict']} ({check['reason'] or check['llm_verdict']}{mode})"
 
 
+def read_question(text: str, ctx: AgentContext) -> Question:
+    """The user's input (choices as "(A) ..." lines) read once, with the law it asks for."""
+    stem, choices = question_mod.parse(text)
+    return Question.read(stem, choices, ctx.state_law)
+
+
 def law_asked(ctx: AgentContext, question: str) -> str:
     """The name of the state or country whose law ``question`` asks for ("" for none)."""
-    law = ctx.state_law(answer_stage.split_question(question)[1]) if ctx.state_law else None
+    law = Question.read(question, None, ctx.state_law).law if ctx.state_law else None
     return law.name if law else ""
 
 
@@ -189,7 +196,8 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """QA memory first: a question answered before (a fact pattern: the same facts, word for
     word) is neither classified nor researched (a multiple-choice one still gets its letter);
     else its kind, field of law and topic."""
-    question = state["question"]
+    q = state["parsed"]
+    question = q.text
     hit = None
     try:
         if answer_mode(state, ctx) == "research":  # evidence answers are never cached
@@ -199,7 +207,7 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     # A fact pattern's answer applies the law to its facts: it serves those facts only ("Officer
     # Reyes arrested Dan. ... Was the search lawful?" got another story's answer at 0.92).
     texts = [" ".join(str(q).split()) for q in ((hit or {}).get("question"), question)]
-    kinds = {answer_stage.question_kind(t, None) for t in texts} if hit else set()
+    kinds = {question_mod.question_kind(t) for t in texts} if hit else set()
     if "fact_pattern" in kinds and texts[0].lower() != texts[1].lower():
         hit = None
     # Nor does an answer under one state's law serve another's ("Under Ohio law, ..." got the
@@ -210,11 +218,11 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         sources = list(hit.get("sources") or [])
         return (
             {
-                "memory_hit": True,
-                "memory_source": {k: hit.get(k) for k in ("question", "similarity", "timestamp")},
-                "final_cited_answer": hit.get("answer", ""),
-                "research_answer": hit.get("answer", ""),
-                "sources": sources,
+                "recalled": {
+                    **{k: hit.get(k) for k in ("question", "similarity", "timestamp")},
+                    "answer": hit.get("answer", ""),
+                    "sources": sources,
+                },
                 "passages": {s["id"]: _passage_record(s) for s in sources if s.get("id")},
                 "stop_reason": "memory_hit",
             },
@@ -223,15 +231,11 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     result = prompts.call(ctx.client, "classify", question=question)
     if result.parsed is not None:
         got = result.parsed
-        update = {
-            "query_type": got.query_type,
-            "legal_question": got.legal,
-            "question_area": got.area,
-            "question_topic": got.topic,
-        }
+        reading = {"query_type": got.query_type, "legal": got.legal, "area": got.area}
+        update = {"reading": {**reading, "topic": got.topic}}
         return update, f"{got.query_type}, {got.area if got.legal else 'not law'}"
-    fallback = "multi_hop" if state.get("choices") or len(question.split()) > 60 else "simple"
-    update = {"query_type": fallback, "fallbacks": ["classifier: unparseable reply"]}
+    fallback = "multi_hop" if q.choices or len(question.split()) > 60 else "simple"
+    update = {"reading": {"query_type": fallback}, "fallbacks": ["classifier: unparseable reply"]}
     return update, f"{fallback} (fallback: unparseable reply)"
 
 
@@ -314,7 +318,7 @@ def off_topic(
             f"{OFF_TOPIC}: it asks what {law.name} law provides, and no source is {law.name} "
             "law (the sources state the general rules of US law)"
         )
-    kind = answer_stage.question_kind(question, None)
+    kind = question_mod.question_kind(question)
     if legal and kind == "fact_pattern":
         return ""
     rule_question = ctx.unknown_terms and kind == "rule_question"
@@ -351,15 +355,16 @@ def picked_issues(picks: list[int | str], candidates: list[str]) -> list[str]:
 def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """The agenda: one pending step per issue, at most MAX_STEPS
     (the rest reported as not researched).  It sees the question without its choices."""
-    question = state["question"]
-    legal, area = state.get("legal_question", True), state.get("question_area", "")
-    topic = state.get("question_topic", "")
-    facts, asked = answer_stage.split_question(question)
-    law = ctx.state_law(asked) if ctx.state_law else None
-    decline = "" if state.get("choices") else off_topic(ctx, question, legal, area, topic, law)
+    q, reading = state["parsed"], state.get("reading") or {}
+    question, facts, law = q.text, list(q.facts), q.law
+    legal, area, topic = (
+        reading.get("legal", True),
+        reading.get("area", ""),
+        reading.get("topic", ""),
+    )
+    decline = "" if q.choices else off_topic(ctx, question, legal, area, topic, law)
     if decline:  # nothing to research: the answer stage declines and says why
-        update = {"memory_hit": False, "decline": decline, "stop_reason": decline}
-        return update, f"declined: {decline}"
+        return {"reading": {"decline": decline}, "stop_reason": decline}, f"declined: {decline}"
     # A question that asks what a state's law provides, which the sources hold, is researched in
     # that state's law alone: the general rules beside it are not what it asks for.
     within = law.code if law and law.held and ctx.scoped else ""
@@ -380,14 +385,9 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     for n, issue in enumerate(issues[: ctx.settings.agent.max_steps], 1):
         kept = answer_stage.issue_facts(issue, facts, ctx.embed) if facts else []
         steps.append(step_for(n, issue, kept, first))
-    update: dict[str, Any] = {
-        "memory_hit": False,
-        "planning_table": steps,
-        "issues": issues,
-        "researched_issues": issues[: len(steps)],
-    }
+    update: dict[str, Any] = {"planning_table": steps, "issues": issues}
     if within:
-        update["jurisdiction"] = within
+        update["reading"] = {"within": within}
     if fallbacks:
         update["fallbacks"] = fallbacks
     left = "; ".join(issues[len(steps) :])
@@ -411,7 +411,7 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     k = ctx.settings.agent.retrieval_k
     # A few extra candidates replace passages the injection screen drops, so a planted passage
     # changes neither how many passages the step reads nor which.
-    within = state.get("jurisdiction") or ""
+    within = (state.get("reading") or {}).get("within") or ""
     retrieved = ctx.search(search_type, queries, k + ctx.flag_headroom, [], within)
     docs, flagged = ctx.keep_clean(retrieved, k)
     asked = issue_question(issue_names(step.get("issue") or step["question"])[0])
@@ -419,8 +419,6 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     score, confidence = scores.evidence, scores.confidence
     gated = not docs or ctx.below_gate(score)
     execution: Execution = {
-        "optimized_query": queries[0],
-        "alternatives": queries[1:],
         "retrieved_doc_ids": [d["id"] for d in docs],
         "confidence": round(confidence, 4),
         "evidence_score": round(score, 4),
@@ -453,7 +451,6 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     }
     update: dict[str, Any] = {
         "planning_table": [step],
-        "iteration_count": state.get("iteration_count", 0) + 1,
         "passages": passages,
         "chain_of_thought": [*(state.get("chain_of_thought") or []), entry],
     }
@@ -495,7 +492,7 @@ def answer_mode(state: AgentState, ctx: AgentContext) -> str:
     a multiple-choice question and research for any other."""
     mode = state.get("answer_mode") or ctx.settings.agent.answer_mode
     if mode == "auto":  # chosen by measurement: README, "Which mode answers which question"
-        return "lean" if state.get("choices") else "research"
+        return "lean" if state["parsed"].choices else "research"
     return mode
 
 
@@ -521,7 +518,7 @@ def make_evaluator(forced_mode: str | None = None) -> Callable:
                 ok = not step["execution"].get("gated")
                 graded.append({**step, "status": "completed" if ok else "failed"})
         table = merge_steps(state.get("planning_table"), graded)
-        iterations = state.get("iteration_count", 0)
+        iterations = len(_executed(state))
         cap = ctx.settings.agent.max_iterations
         pending = [p for p in table if p["status"] == "pending" and not p["execution"]]
         failed = [p for p in graded if p["status"] == "failed" and p.get("phase") != "retry"]
@@ -604,31 +601,27 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     research, or an abstention that says why.  An open question is declined when the planner
     found it off topic as asked (:func:`off_topic`), or when no issue's research found evidence;
     never because one step failed."""
-    question = state["question"]
-    choices = state.get("choices") or None
-    if state.get("memory_hit"):
-        record = memory_record(state, question, choices)
-        return _record_update(record), "memory hit"
+    q = state["parsed"]
+    if state.get("recalled"):
+        return {"answer": memory_record(state).to_dict()}, "memory hit"
     if answer_mode(state, ctx) == "lean":  # zero research steps: the letter reads lean's search
-        kind = answer_stage.question_kind(question, choices)
-        record = answer_stage.AnswerRecord(kind, "", [], [], False, "lean mode: no research")
-        return _record_update(record), "lean: no research steps"
-    decline = state.get("decline") or ""
+        record = answer_stage.AnswerRecord(q.kind, "", [], [], False, "lean mode: no research")
+        return {"answer": record.to_dict()}, "lean: no research steps"
+    decline = (state.get("reading") or {}).get("decline") or ""
     stop = state.get("stop_reason") or ""
     why_not = stop or f"MAX_STEPS {ctx.settings.agent.max_steps} reached"
     research = issue_research(state, why_not)
     policy = "evidence" if answer_mode(state, ctx) == "evidence" else "research"
     record = answer_stage.build_record(
         ctx.client,
-        question,
-        choices,
+        q,
         research,
         ctx.embed,
         decline=decline,
         policy=policy,
         verdict_support=ctx.verdict_support(),
     )
-    update = _record_update(record)
+    update: dict[str, Any] = {"answer": record.to_dict()}
     if stop:
         update["stop_reason"] = stop
     n = sum(1 for i in record.issues if i.status == "answered" and i.issue != "Bottom line")
@@ -641,32 +634,18 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     return update, decision
 
 
-def memory_record(
-    state: AgentState, question: str, choices: dict[str, str] | None
-) -> answer_stage.AnswerRecord:
+def memory_record(state: AgentState) -> answer_stage.AnswerRecord:
     """The record of a QA-memory hit: the cached text and its cited passages."""
+    recalled = state.get("recalled") or {}
     citations = [
         answer_stage.Citation(
             n, s["id"], s.get("title") or "", s.get("support") or "", s.get("pin") or ""
         )
-        for n, s in enumerate(state.get("sources") or [], 1)
+        for n, s in enumerate(recalled.get("sources") or [], 1)
     ]
-    kind, text = answer_stage.question_kind(question, choices), state.get("research_answer") or ""
+    text = recalled.get("answer") or ""
+    kind = state["parsed"].kind
     return answer_stage.AnswerRecord(kind, text, [], citations, abstained=False, grounded=True)
-
-
-def _record_update(record: answer_stage.AnswerRecord) -> dict[str, Any]:
-    """The state fields the record decides (``answer`` is the record itself)."""
-    return {
-        "answer": record.to_dict(),
-        "final_cited_answer": record.text,
-        "research_answer": "" if record.abstained else record.text,
-        "abstained": record.abstained,
-        "sources": [
-            dict(id=c.passage_id, title=c.title, support=c.support, pin=c.pin, ref=f"[{c.n}]")
-            for c in record.citations
-        ],
-    }
 
 
 MC_RESEARCH_PASSAGES = 0
@@ -711,13 +690,14 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """The letter of a multiple-choice question, from the answer's analysis and its passages plus
     lean's retrieval (the question with its choices, when it passes LEAN_GATE): the agent never
     reads less than lean mode does."""
-    choices = state.get("choices") or {}
+    q = state["parsed"]
+    choices = q.choices
     if not choices:
         return {}, "no choices: pass through"
     extra: list[Passage] = []
     lean: dict[str, Any] = {}
     try:
-        docs, flagged, score = ctx.lean_evidence(state["question"], choices)
+        docs, flagged, score = ctx.lean_evidence(q.text, choices)
         extra = [] if ctx.below_gate(score) else docs
         lean = {
             "route": "rag" if extra else "closed_book",
@@ -731,7 +711,7 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         logger.warning("lean retrieval for the letter failed: %s", exc)
     shown = mc_passages(state, extra)
     evidence_text = mc_evidence(shown, len(extra)) or None
-    result = mc.select_answer(ctx.client, state["question"], choices, evidence_text)
+    result = mc.select_answer(ctx.client, q.text, choices, evidence_text)
     record = dict(state.get("answer") or {})
     line = mc.answer_line(result.letter, choices)
     if evidence_text is None and result.letter:
@@ -751,24 +731,19 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         body = f"{LEAN_REASONING}\n{said}\n\n" if said else ""
         body += f"[lean mode: {how}]"
     final = f"{body}\n\n{line}".strip()
-    record.update(letter=result.letter, text=final)
+    mc_answer = {
+        **result.to_dict(),
+        "closed_book": evidence_text is None,
+        "evidence_ids": [d["id"] for d in shown] if evidence_text else [],
+        "text": final,  # what the CLI prints: the answer's text, then the letter
+    }
+    record.update(letter=result.letter, mc=mc_answer, lean=lean)
     if answer_mode(state, ctx) == "lean" and not result.letter:  # lean's answer is its letter
         record.update(abstained=True, why="the model named no letter")
     retried = " after strict retry" if result.retried else ""
     closed = ", closed-book" if evidence_text is None else ""
     decision = f"({result.letter}) via {result.strategy}{retried}{closed}"
-    mc_answer = {
-        **result.to_dict(),
-        "closed_book": evidence_text is None,
-        "evidence_ids": [d["id"] for d in shown] if evidence_text else [],
-    }
-    update = {"mc_answer": mc_answer, "final_cited_answer": final, "answer": record, "lean": lean}
-    if answer_mode(state, ctx) == "lean":  # the passages the letter read are its sources
-        update["sources"] = [
-            dict(id=d["id"], title=d.get("title") or "", text=d.get("text") or "", ref=f"[{n}]")
-            for n, d in enumerate(extra, 1)
-        ]
-    return update, decision
+    return {"answer": record}, decision
 
 
 ROUTINE_GUARDS = frozenset({"off_doctrine", "off_facts"})
@@ -782,14 +757,14 @@ def cache_blockers(state: AgentState, ctx: AgentContext) -> list[str]:
     failed or was not parsed."""
     why: list[str] = []
     record = state.get("answer") or {}
-    if state.get("memory_hit"):
+    if state.get("recalled"):
         why.append("answer came from memory")
     if answer_mode(state, ctx) == "evidence":
         why.append("evidence-mode answers are not cached")
     if not record or record.get("abstained") or not record.get("text"):
         why.append("no answer")
     elif not record.get("grounded"):
-        letter = record.get("letter") or (state.get("mc_answer") or {}).get("letter")
+        letter = record.get("letter")
         why.append("a letter whose reasoning cites no source" if letter else "an uncited sentence")
     guards = record.get("guards") or {}
     if fired := [k for k, v in guards.items() if v and k not in ROUTINE_GUARDS]:
@@ -810,14 +785,20 @@ def memory_writeback(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     blockers = cache_blockers(state, ctx)
     if blockers:
         return {}, f"skip: {blockers[0]}"
-    sources = [
-        {**(state.get("passages") or {}).get(s["id"], {}), **s} for s in state.get("sources") or []
+    record, passages = state.get("answer") or {}, state.get("passages") or {}
+    sources = [  # the passages the answer cites, with the sentence each is cited for
+        {
+            **passages.get(c["passage_id"], {}),
+            **dict(id=c["passage_id"], title=c["title"], support=c["support"], pin=c["pin"]),
+            "ref": f"[{c['n']}]",
+        }
+        for c in record.get("citations") or []
     ]
     table = state.get("planning_table") or []
     confs = [s["execution"]["confidence"] for s in table if s["status"] == "completed"]
     confidence = sum(confs) / len(confs) if confs else 0.0
     try:
-        ctx.write_memory(state["question"], state["research_answer"], confidence, sources)
+        ctx.write_memory(state["parsed"].text, record["text"], confidence, sources)
     except Exception as exc:  # noqa: BLE001 - caching is best effort
         logger.warning("QA memory write failed: %s", exc)
         return {}, f"skip: write failed ({exc})"
@@ -837,8 +818,9 @@ def compute_metrics(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     per_node: dict[str, float] = {}
     for ev in state.get("trace") or []:
         per_node[ev["node"]] = round(per_node.get(ev["node"], 0.0) + ev["seconds"], 3)
-    mc_answer = state.get("mc_answer") or {}
     record = state.get("answer") or {}
+    mc_answer = record.get("mc") or {}
+    reading = state.get("reading") or {}
     issues = record.get("issues") or []
     sentences = [s for i in issues for s in i.get("sentences") or []]
     answered = sum(1 for i in issues if i.get("status") == "answered")
@@ -846,12 +828,12 @@ def compute_metrics(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
         **ctx.client.summary(since=ctx.record_offset),
         "node_latency_s": per_node,
         "total_node_s": round(sum(per_node.values()), 3),
-        "iterations": state.get("iteration_count", 0),
+        "iterations": len(_executed(state)),
         "steps_completed": sum(1 for s in table if s["status"] == "completed"),
         "steps_failed": sum(1 for s in table if s["status"] == "failed"),
-        "query_type": state.get("query_type"),
+        "query_type": reading.get("query_type"),
         "answer_kind": record.get("kind"),
-        "memory_hit": bool(state.get("memory_hit")),
+        "memory_hit": bool(state.get("recalled")),
         "abstained": bool(record.get("abstained")),
         "verdict": record.get("verdict"),
         "issues_answered": answered,
@@ -859,8 +841,8 @@ def compute_metrics(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
         "citations": len(record.get("citations") or []),
         "uncited_sentences": sum(1 for s in sentences if not s.get("cites")),
         "guards": dict(record.get("guards") or {}),
-        "injection_verdict": (state.get("injection_check") or {}).get("verdict"),
-        "injection_check": (state.get("injection_check") or {}).get("injection_check"),
+        "injection_verdict": (reading.get("injection") or {}).get("verdict"),
+        "injection_check": (reading.get("injection") or {}).get("injection_check"),
         "stop_reason": state.get("stop_reason"),
         "flagged_passages": len(state.get("flagged_passages") or []),
         "fallbacks": list(state.get("fallbacks") or []),
@@ -886,16 +868,16 @@ def observability(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
 
 def route_after_injection(state: AgentState) -> Literal["classifier", "answer", "observability"]:
     """A rejected input ends the run; lean mode answers with zero research steps."""
-    if not (state.get("injection_check") or {}).get("is_safe"):
+    if not ((state.get("reading") or {}).get("injection") or {}).get("is_safe"):
         return "observability"
     return "answer" if state.get("answer_mode") == "lean" else "classifier"
 
 
 def route_after_classifier(state: AgentState) -> Literal["planner", "answer"]:
     """A question the QA memory answered is not planned."""
-    return "answer" if state.get("memory_hit") else "planner"
+    return "answer" if state.get("recalled") else "planner"
 
 
 def route_after_planner(state: AgentState) -> Literal["executor", "answer"]:
     """A question declined as off topic skips the research."""
-    return "answer" if state.get("decline") else "executor"
+    return "answer" if (state.get("reading") or {}).get("decline") else "executor"

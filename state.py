@@ -9,6 +9,8 @@ from __future__ import annotations
 import operator
 from typing import Annotated, Any, Literal, TypedDict
 
+from question import Question
+
 
 class Execution(TypedDict, total=False):
     """What the executor did for one step (no model call: the answer stage reads the passages)."""
@@ -70,56 +72,37 @@ class TraceEvent(TypedDict):
     seconds: float
 
 
+def merge_dicts(left: dict | None, right: dict | None) -> dict:
+    """Reducer: the keys of ``right`` added to (or replacing those of) ``left``."""
+    return {**(left or {}), **(right or {})}
+
+
 class AgentState(TypedDict, total=False):
-    global_objective: str
-    """The user's question, with the MC choices as "(A) ..." lines when present."""
     question: str
-    """The question without choices (what classifier, planner and replanner see)."""
-    choices: dict[str, str]
+    """The user's input: the question, with the MC choices as "(A) ..." lines when present."""
+    parsed: Question
+    """The question read once (``question.Question``): text, choices, facts, what is asked, kind."""
+    answer_mode: Literal["auto", "research", "evidence", "lean"]
+    """How the answer is made (ANSWER_MODE; a Studio run may set it in its input)."""
+    reading: Annotated[dict[str, Any], merge_dicts]
+    """What the nodes read of the question before researching it: ``injection`` (the check's
+    verdict), the classifier's ``query_type``, ``legal``, ``area`` and ``topic``, the planner's
+    ``decline`` (why it is off topic) and ``within`` (the state whose law alone is searched)."""
     issues: list[str]
     """The legal issues the planner identified: the research agenda, one step each."""
-    researched_issues: list[str]
-    """The issues given a step (at most MAX_STEPS; the rest are not answered)."""
     planning_table: Annotated[list[PlanStep], merge_steps]
-    query_type: Literal["simple", "multi_hop"]
-    legal_question: bool
-    """The classifier's reading: does the question ask about the law at all (absent: yes)."""
-    question_area: str
-    """The classifier's field of law for the question (``prompts.Area``; absent: not read)."""
-    question_topic: str
-    """The classifier's words for what the question asks for (absent: not read)."""
-    final_cited_answer: str
-    research_answer: str
-    """The answer's text without the MC selection (what memory stores; "" when it abstained)."""
-    abstained: bool
-    """The answer record's ``abstained``: off topic, or no issue's research found a rule."""
-    iteration_count: int
-    injection_check: dict[str, Any]
-    memory_hit: bool
-    memory_source: dict[str, Any]
-    """On a memory hit: the question the answer was saved for, its similarity, when saved."""
-    mc_answer: dict[str, Any] | None
-    sources: list[dict[str, Any]]
-    """The passages the answer cites: id, title, support (the cited sentence), ref ("[N]")."""
     passages: dict[str, dict[str, Any]]
     """Every passage retrieved (or cited by a cached answer) by id: id, title, source, text, pin."""
     flagged_passages: Annotated[list[dict[str, Any]], operator.add]
     """Passages the injection screen dropped: {"id", "patterns"}."""
-    answer_mode: Literal["auto", "research", "evidence", "lean"]
-    """How the answer is made (ANSWER_MODE; a Studio run may set it in its input)."""
+    chain_of_thought: list[MemoryEntry]
+    """The working memory: one entry per research iteration."""
+    recalled: dict[str, Any]
+    """A QA-memory hit: the question it was saved for, similarity, timestamp, answer, sources."""
     answer: dict[str, Any]
     """The answer record (``answer.AnswerRecord.to_dict()``) the CLI, memory and evals read."""
-    lean: dict[str, Any]
-    """Lean's retrieval for the letter: route (rag, closed_book), score, gate, passages, flagged."""
-    chain_of_thought: list[MemoryEntry]
-    """The working memory: one entry per research iteration (the replanner reads it)."""
+    stop_reason: str
     fallbacks: Annotated[list[str], operator.add]
     """Where a node fell back because a model reply was unusable (such research is not cached)."""
-    error: str | None
-    decline: str
-    """Why the planner declined an open question as off topic ("" or absent: it did not)."""
-    jurisdiction: str
-    """The state (USPS code) whose law the question asks for and alone is searched ("": all)."""
-    stop_reason: str
     run_metrics: dict[str, Any]
     trace: Annotated[list[TraceEvent], operator.add]

@@ -12,6 +12,7 @@ from fakes import CutOff, scripted_client
 import answer
 import question as question_mod
 from prompts import Check
+from question import Question
 
 EMBED = BagOfWordsEmbedder().embed_documents
 
@@ -197,7 +198,7 @@ def test_a_record_applies_the_rule_and_answers_the_question(tmp_settings):
             "Automobile exception", [], researched=False, why="MAX_STEPS 1 reached"
         ),
     ]
-    record = answer.build_record(client, FACTS, None, research, EMBED)
+    record = answer.build_record(client, Question.read(FACTS), research, EMBED)
     assert record.verdict == "yes" and not record.abstained and record.grounded
     assert "is inside — not met: he was handcuffed in the patrol car." in record.text
     assert (
@@ -238,7 +239,7 @@ def test_a_rule_questions_rule_is_its_passages_rule_with_what_the_question_asks(
     issue = "Landowner duties: trespassers, licensees, invitees"
     research = [answer.IssueResearch(issue, [other, land])]
     question = "What duty does a landowner owe to an invitee?"
-    record = answer.build_record(client, question, None, research, EMBED)
+    record = answer.build_record(client, Question.read(question), research, EMBED)
     rules = [s.text for s in record.issues[0].sentences if s.role == "rule"]
     assert rules == [
         "A possessor's duty depends on the entrant's status.",
@@ -261,7 +262,7 @@ def test_a_rule_questions_later_issue_far_from_what_it_asks_is_named_not_answere
         answer.IssueResearch("Personal jurisdiction", [forum]),
     ]
     question = "What are the requirements for adverse possession of land?"
-    record = answer.build_record(client, question, None, research, EMBED)
+    record = answer.build_record(client, Question.read(question), research, EMBED)
     status = {i.issue: i for i in record.issues}
     assert status["Adverse possession"].status == "answered"
     assert status["Personal jurisdiction"].status == "not_raised"
@@ -285,7 +286,7 @@ def test_the_evidence_policy_verifies_the_rule_questions_lead_sentences(tmp_sett
     client, script = scripted_client(tmp_settings, {"verify": [json.dumps({"verdicts": verdicts})]})
     research = [answer.IssueResearch("Mailbox rule", [mailbox])]
     record = answer.build_record(
-        client, "What is the mailbox rule?", None, research, EMBED, policy="evidence"
+        client, Question.read("What is the mailbox rule?"), research, EMBED, policy="evidence"
     )
     assert (
         '1. "An acceptance sent by reasonable means is effective when dispatched."'
@@ -300,11 +301,13 @@ def test_the_evidence_policy_verifies_the_rule_questions_lead_sentences(tmp_sett
 def test_a_record_with_nothing_to_stand_on_abstains_and_says_why(tmp_settings):
     client, script = scripted_client(tmp_settings, {})
     research = [answer.IssueResearch("Premises liability", [PRODUCTS])]
-    record = answer.build_record(client, FACTS, None, research, EMBED)
+    record = answer.build_record(client, Question.read(FACTS), research, EMBED)
     assert record.abstained and record.citations == [] and script.calls == []
     assert "Premises liability (the passages found are about other doctrines)" in record.why
     assert record.guards["off_doctrine"] == 1
-    declined = answer.build_record(client, FACTS, None, research, EMBED, decline="off topic")
+    declined = answer.build_record(
+        client, Question.read(FACTS), research, EMBED, decline="off topic"
+    )
     assert declined.abstained and declined.why == "off topic" and declined.issues == []
 
 
@@ -314,7 +317,7 @@ def test_requirements_no_stated_fact_bears_on_are_listed_once_not_each_as_an_app
     apply = json.dumps({"checks": [{"n": 1, "fact": 0, "met": "unclear"}, {"n": 2, "fact": "not stated", "met": "yes"}]})  # fmt: skip
     client, _ = scripted_client(tmp_settings, {"apply": [apply], "bottom_line": ["{}"]})
     research = [answer.IssueResearch("Search incident to arrest", [GANT])]
-    record = answer.build_record(client, FACTS, None, research, EMBED)
+    record = answer.build_record(client, Question.read(FACTS), research, EMBED)
     applications = [s.text for s in record.sentences if s.role == "application"]
     assert applications == [
         "No stated fact decides: after a lawful custodial arrest, police may search the "
@@ -534,7 +537,7 @@ def test_an_issue_no_stated_fact_bears_on_is_named_not_answered(tmp_settings):
         answer.IssueResearch("Search incident to arrest: cell phones", [RILEY]),
         answer.IssueResearch("Search incident to arrest", [GANT]),
     ]
-    record = answer.build_record(client, FACTS, None, research, EMBED)
+    record = answer.build_record(client, Question.read(FACTS), research, EMBED)
     assert record.guards["not_raised"] == 1
     assert [i.status for i in record.issues][:2] == ["not_raised", "answered"]
     assert (
@@ -557,7 +560,7 @@ def test_an_issue_the_question_names_is_applied_even_when_no_fact_decides_it(tmp
         answer.IssueResearch("Cell phones", [RILEY]),
     ]
     asked = FACTS.replace("Can he get the cocaine suppressed?", "Do the cell phones rules apply?")
-    record = answer.build_record(client, asked, None, research, EMBED)
+    record = answer.build_record(client, Question.read(asked), research, EMBED)
     assert [i.status for i in record.issues][:2] == ["answered", "answered"]
     assert record.guards["not_raised"] == 0 and "Considered, but" not in record.text
     assert "Cell phones: not settled by this research; it turns on" in record.text
@@ -579,7 +582,7 @@ def test_an_issue_whose_research_found_an_earlier_issues_rule_is_not_answered_tw
         answer.IssueResearch("Search incident to arrest", [GANT]),
         answer.IssueResearch("Search incident to arrest of a vehicle", [GANT]),
     ]
-    record = answer.build_record(client, FACTS, None, research, EMBED)
+    record = answer.build_record(client, Question.read(FACTS), research, EMBED)
     assert [i.status for i in record.issues][:2] == ["answered", "no_evidence"]
     assert record.guards["same_rule"] == 1
     assert "the one already quoted for Search incident to arrest" in record.issues[1].why
@@ -595,7 +598,7 @@ def test_a_fact_pattern_is_not_declined_because_no_stated_fact_seemed_to_bear_on
     unrelated = json.dumps({"checks": [{"n": 1, "fact": 0, "met": "unclear"}]})
     client, script = scripted_client(tmp_settings, {"apply": [unrelated]})
     research = [answer.IssueResearch("Search incident to arrest", [GANT])]
-    record = answer.build_record(client, FACTS, None, research, EMBED)
+    record = answer.build_record(client, Question.read(FACTS), research, EMBED)
     assert not record.abstained and record.guards["not_raised"] == 0
     assert record.text.startswith("1. Search incident to arrest")
     assert "Search incident to arrest: not settled by this research; it turns on" in record.text
@@ -617,7 +620,7 @@ def test_a_fact_unrelated_to_a_requirement_does_not_decide_it(tmp_settings):
     )
     client, script = scripted_client(tmp_settings, {"apply": [checks]})
     research = [answer.IssueResearch("Search incident to arrest", [GANT])]
-    record = answer.build_record(client, facts, None, research, EMBED)
+    record = answer.build_record(client, Question.read(facts), research, EMBED)
     assert record.guards["unrelated_fact"] == 1
     application = " ".join(s.text for s in record.sentences if s.role == "application")
     assert "— met: They handcuffed him and locked him in the patrol car" in application
@@ -638,13 +641,13 @@ def test_an_issue_whose_rule_does_not_fit_the_facts_is_named_not_applied(tmp_set
         answer.IssueResearch("Search incident to arrest", [GANT]),
         answer.IssueResearch("Products liability: design defects", [PRODUCTS]),
     ]
-    record = answer.build_record(client, FACTS, None, research, EMBED)
+    record = answer.build_record(client, Question.read(FACTS), research, EMBED)
     assert record.guards["off_facts"] == 1 and script.roles().count("apply") == 1
     assert [i.status for i in record.issues][:2] == ["answered", "not_raised"]
     assert "reasonable alternative design" not in record.text
     assert "Considered, but no stated fact raises it: Products liability" in record.text
     client, _ = scripted_client(tmp_settings, {"apply": [apply, apply], "bottom_line": [bottom]})
-    first = answer.build_record(client, FACTS, None, research[::-1], EMBED)
+    first = answer.build_record(client, Question.read(FACTS), research[::-1], EMBED)
     assert first.guards["off_facts"] == 0  # the planner's first issue is always applied
 
 
@@ -660,7 +663,7 @@ def test_an_answer_whose_rules_are_about_other_matters_is_declined(tmp_settings)
     apply = json.dumps({"checks": [{"n": 1, "fact": 1, "met": "yes"}]})
     client, script = scripted_client(tmp_settings, {"apply": [apply]})
     research = [answer.IssueResearch("Products liability: design defects", [PRODUCTS])]
-    record = answer.build_record(client, song, None, research, EMBED)
+    record = answer.build_record(client, Question.read(song), research, EMBED)
     assert record.abstained and record.guards["off_question"] == 1
     assert record.text.startswith("No answer")
     assert (
@@ -670,7 +673,9 @@ def test_an_answer_whose_rules_are_about_other_matters_is_declined(tmp_settings)
     assert not record.sentences and not record.citations
     assert script.roles() == ["apply"]
     client, _ = scripted_client(tmp_settings, {"apply": [apply]})
-    record = answer.build_record(client, song, {"A": "Yes.", "B": "No."}, research, EMBED)
+    record = answer.build_record(
+        client, Question.read(song, {"A": "Yes.", "B": "No."}), research, EMBED
+    )
     assert not record.abstained and record.guards["off_question"] == 0
 
 
@@ -707,7 +712,10 @@ def test_a_which_question_gets_its_issues_by_conclusion_as_the_bottom_line(tmp_s
         "Can he get the cocaine suppressed?", "Which of his rights did the search violate?"
     )
     record = answer.build_record(
-        client, question, None, [answer.IssueResearch("Search incident to arrest", [GANT])], EMBED
+        client,
+        Question.read(question),
+        [answer.IssueResearch("Search incident to arrest", [GANT])],
+        EMBED,
     )
     assert script.roles() == ["apply"] and record.verdict is None
     assert "Conclusion: Search incident to arrest" in record.text
@@ -755,7 +763,7 @@ def test_an_exception_the_facts_show_decides_the_issue_and_the_bottom_line_reads
     bottom = json.dumps({"answer": "no", "conclusion": 1})
     client, script = scripted_client(tmp_settings, {"apply": [applied], "bottom_line": [bottom]})
     research = [answer.IssueResearch("Dormant Commerce Clause", [plant])]
-    record = answer.build_record(client, facts, None, research, EMBED)
+    record = answer.build_record(client, Question.read(facts), research, EMBED)
     assert (
         "2. (exception) the market-participant exception when the state"
         in script.prompts("apply")[0]

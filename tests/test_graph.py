@@ -261,7 +261,7 @@ def test_a_fact_pattern_gets_rule_application_conclusion_and_bottom_line(tmp_set
     record = result["answer"]
     assert record["kind"] == "fact_pattern" and record["abstained"] is False
     assert record["verdict"] == "yes" and record["grounded"] is True
-    text = result["final_cited_answer"]
+    text = result["answer"]["text"]
     assert (
         "Bottom line: Is the store liable to Paula? Yes. Negligence: every requirement is met on "
         "these facts" in text
@@ -280,8 +280,6 @@ def test_a_fact_pattern_gets_rule_application_conclusion_and_bottom_line(tmp_set
     step_queries = [" ".join(q) for q, *_ in retriever.calls if "negligence" in " ".join(q)]
     queries = next(q for q in step_queries if "Comparative negligence" in q)
     assert "Comparative negligence" in queries and "reading her phone" in queries
-    # SOURCES: only the passages the answer cites.
-    assert {s["id"] for s in result["sources"]} == {c["passage_id"] for c in record["citations"]}
     assert not result["answer"]["abstained"]
     assert result["run_metrics"]["uncited_sentences"] == 0
     assert len(memory.writes) == 1 and "Bottom line" in memory.writes[0][1]
@@ -296,8 +294,8 @@ def test_a_rule_question_states_the_rule_without_an_application(tmp_settings):
     assert script.roles() == ["classify", "plan"]
     record = result["answer"]
     assert record["kind"] == "rule_question" and record["verdict"] is None
-    assert result["final_cited_answer"].startswith("1. Comparative negligence\n   Rule: ")
-    assert "Under comparative negligence a plaintiff's own fault" in result["final_cited_answer"]
+    assert result["answer"]["text"].startswith("1. Comparative negligence\n   Rule: ")
+    assert "Under comparative negligence a plaintiff's own fault" in result["answer"]["text"]
     assert not result["answer"]["abstained"]
 
 
@@ -310,7 +308,7 @@ def test_issues_beyond_max_steps_are_reported_as_not_answered(tmp_settings):
     assert len(result["planning_table"]) == 1
     assert (
         "Not answered: Comparative negligence (MAX_STEPS 1 reached); Free speech"
-        in result["final_cited_answer"]
+        in result["answer"]["text"]
     )
     assert result["run_metrics"]["issues_not_answered"] == 2
 
@@ -370,7 +368,7 @@ def test_no_issue_with_evidence_declines_plainly_and_is_not_cached(tmp_settings)
     record = result["answer"]
     assert record["abstained"] is True
     assert record["why"].startswith("no issue's research found a rule on its doctrine")
-    assert result["final_cited_answer"].startswith(
+    assert result["answer"]["text"].startswith(
         "No answer: the research found nothing in the sources"
     )
     assert result["answer"]["abstained"]
@@ -425,7 +423,7 @@ def test_a_question_that_asks_no_question_of_law_is_declined_before_research(tmp
             evidence_score=lambda q, docs, s=score: 0.9 if "rule and elements" in q else s,
             lean_gate=0.5,
         )
-        assert bool(result.get("decline")) is declined, question
+        assert bool(result["reading"].get("decline")) is declined, question
         if declined:
             assert result["answer"]["abstained"] is True
             assert result["answer"]["why"].startswith("off topic: it asks no question of law")
@@ -483,7 +481,7 @@ def test_a_rule_question_in_words_no_source_uses_is_declined_before_research(tmp
         settings, llm_factory=lambda role: ScriptedChat(role=role, script=script)
     )
     result = main.run_agent(FACTS, None, context=ctx)
-    assert not result.get("decline") and result["answer"]["abstained"] is False
+    assert not result["reading"].get("decline") and result["answer"]["abstained"] is False
     assert "apply" in script.roles()
     # Nor one short sentence of what happened ("jake" is a word no source uses).
     script = Script(fact_replies())
@@ -492,7 +490,7 @@ def test_a_rule_question_in_words_no_source_uses_is_declined_before_research(tmp
     )
     short = "Jake punched a stranger in a bar for no reason. What tort did Jake commit?"
     result = main.run_agent(short, None, context=ctx)
-    assert not result.get("decline") and "plan" in script.roles()
+    assert not result["reading"].get("decline") and "plan" in script.roles()
     # Nor a one-sentence question in everyday words whose subject the sources hold.
     lay = "Can a homeowner be sued when a mail carrier slips on an icy front step?"
     for topic, declined in [("liability for a fall", False), ("icy steps", True)]:
@@ -502,7 +500,7 @@ def test_a_rule_question_in_words_no_source_uses_is_declined_before_research(tmp
             settings, llm_factory=lambda role, s=script: ScriptedChat(role=role, script=s)
         )
         result = main.run_agent(lay, None, context=ctx)
-        assert bool(result.get("decline")) is declined, topic
+        assert bool(result["reading"].get("decline")) is declined, topic
         assert ("icy" in result["answer"]["why"]) is declined
 
 
@@ -525,7 +523,7 @@ def declined_before_research(
         assert result["answer"]["abstained"] is True
         assert script.roles() == ["classify"] and result["planning_table"] == []
     else:
-        assert not result.get("decline") and "plan" in script.roles()
+        assert not result["reading"].get("decline") and "plan" in script.roles()
     return result
 
 
@@ -553,7 +551,7 @@ def test_a_question_in_a_field_the_sources_do_not_cover_is_declined_unless_docum
         "sources cover torts, contracts, criminal law, criminal procedure, evidence, "
         "constitutional law, civil procedure, property"
     )  # one pair of parentheses in the answer's "No answer: ... (off topic: ...)." line
-    assert result["final_cited_answer"].startswith(
+    assert result["answer"]["text"].startswith(
         "No answer: the sources do not cover this question as asked (off topic: it is a "
         "question of family law, and its closest passages score 0.50; the sources cover"
     )
@@ -636,7 +634,7 @@ def test_a_question_about_a_states_law_is_declined_unless_the_sources_hold_that_
             "How many days does Ohio law give him to return it with an itemized list?"
         }
         if ohio:  # the state's own passages are the first candidates and all the research reads
-            assert result["jurisdiction"] == "OH" and result["issues"][0] == deposit
+            assert result["reading"]["within"] == "OH" and result["issues"][0] == deposit
             assert set(scopes) == {"OH"} and len(scopes) == len(ohio_law.calls) >= 2
             assert set(result["passages"]) == {"orc"}  # every passage the research read
             lines: list[str] = []
@@ -667,14 +665,16 @@ def test_an_answer_saved_under_one_states_law_does_not_serve_another_states(tmp_
         tmp_settings, f"Under Ohio law, {asked}", classify, declined=True,
         check_memory=memory.check, state_law=state_law,
     )  # fmt: skip
-    assert result["memory_hit"] is False and "no source is Ohio law" in result["answer"]["why"]
+    assert (
+        bool(result.get("recalled")) is False and "no source is Ohio law" in result["answer"]["why"]
+    )
     settings = tmp_settings.replace(skip_injection_check=True)
     client = LLMClient(
         settings, llm_factory=lambda role: ScriptedChat(role=role, script=Script({}))
     )
     ctx = fake_context(settings, client=client, check_memory=memory.check, state_law=state_law)
     result = main.run_agent(f"Under Colorado law, {asked}", None, context=ctx)
-    assert result["memory_hit"] is True  # the same state's law: served
+    assert bool(result.get("recalled")) is True  # the same state's law: served
 
 
 def test_a_passage_about_another_doctrine_is_never_an_issues_rule(tmp_settings):
@@ -748,7 +748,9 @@ def test_a_researched_multiple_choice_letter_reads_what_lean_reads(tmp_settings)
         for p in script.prompts(role):
             assert "Yes, because the speech was protected" not in p
     assert len(memory.writes) == 1 and "Answer: (C)" not in memory.writes[0][1]
-    assert result["final_cited_answer"].endswith("**Answer: (C)** Yes, because she had no hearing.")
+    assert result["answer"]["mc"]["text"].endswith(
+        "**Answer: (C)** Yes, because she had no hearing."
+    )
     lean_replies = {"mc_select": ["**Answer: (C)**"]}
     _, lean_script, *_ = run(
         tmp_settings, lean_replies, question=MC_QUESTION, choices=CHOICES, answer_mode="lean"
@@ -764,7 +766,7 @@ def test_when_leans_retrieval_falls_below_the_gate_the_letter_reads_the_research
     )  # fmt: skip
     prompt = script.prompts("mc_select")[0]
     assert "may not punish a student's speech" in prompt  # the research's passage
-    assert result["mc_answer"]["closed_book"] is False
+    assert result["answer"]["mc"]["closed_book"] is False
 
 
 def test_memory_hit_skips_the_research_and_a_letter_is_still_picked(tmp_settings):
@@ -774,7 +776,7 @@ def test_memory_hit_skips_the_research_and_a_letter_is_still_picked(tmp_settings
     result, script, memory, _ = run(
         tmp_settings, replies, memory=memory, choices=CHOICES, answer_mode="research"
     )
-    assert result["memory_hit"] is True and result["mc_answer"]["letter"] == "B"
+    assert bool(result.get("recalled")) is True and result["answer"]["mc"]["letter"] == "B"
     assert script.roles() == ["mc_select"]
     assert not {"planner", "executor"} & set(nodes_run(result))
     prompt = script.prompts("mc_select")[0]
@@ -797,8 +799,8 @@ def test_memory_hit_skips_the_research_and_a_letter_is_still_picked(tmp_settings
 )
 def test_injection_rejected_by_prescreen_without_llm_call(tmp_settings, attack):
     result, script, *_ = run(tmp_settings, {}, question=attack, skip_injection_check=False)
-    assert result["injection_check"]["is_safe"] is False
-    assert result["final_cited_answer"].startswith("Request rejected")
+    assert result["reading"]["injection"]["is_safe"] is False
+    assert result["answer"]["text"].startswith("Request rejected")
     assert script.calls == []
     assert nodes_run(result) == ["detect_injection", "observability"]
     assert result["answer"]["abstained"]
@@ -826,7 +828,7 @@ def test_a_citation_of_a_users_document_carries_its_pin_cite_to_the_cli_and_json
 def test_llm_injection_verdict_on_a_plain_fact_pattern_is_overruled(tmp_settings):
     replies = fact_replies(injection=[J(verdict="injection", reason="hypothetical facts")])
     result, *_ = run(tmp_settings, replies, skip_injection_check=False)
-    check = result["injection_check"]
+    check = result["reading"]["injection"]
     assert check["is_safe"] is True and check["llm_verdict"] == "injection"
     assert not result["answer"]["abstained"]
 
@@ -839,7 +841,7 @@ def test_the_embedded_model_shows_no_verdict_and_names_what_decides_it(tmp_setti
     replies = fact_replies()
     replies.pop("bottom_line")
     result, script, *_ = run(tmp_settings, replies, verdict_support=None)
-    record, text = result["answer"], result["final_cited_answer"]
+    record, text = result["answer"], result["answer"]["text"]
     assert "bottom_line" not in script.roles() and record["verdict"] is None
     assert "— met:" not in text and "every requirement is met" not in text
     assert "Negligence: not settled by this research; it turns on " in text
@@ -852,7 +854,7 @@ def test_the_embedded_model_shows_no_verdict_and_names_what_decides_it(tmp_setti
     assert negligence["turns_on"] and all("(the facts: " in t for t in negligence["turns_on"])
     shown, *_ = run(tmp_settings, fact_replies(), verdict_support=0.0)
     assert shown["answer"]["verdict"] == "yes"
-    assert "Is the store liable to Paula? Yes. Negligence:" in shown["final_cited_answer"]
+    assert "Is the store liable to Paula? Yes. Negligence:" in shown["answer"]["text"]
 
 
 def test_the_models_injection_verdict_is_asked_of_an_api_model_and_not_of_the_embedded_one(
@@ -861,13 +863,16 @@ def test_the_models_injection_verdict_is_asked_of_an_api_model_and_not_of_the_em
     """SKIP_INJECTION_CHECK unset: the embedded model's verdict added nothing measured (the
     pattern screens catch the same attacks) at 12-40 s a question, so only an API model is asked."""
     embedded, script, *_ = run(tmp_settings, fact_replies(), skip_injection_check=None)
-    assert "injection" not in script.roles() and embedded["injection_check"]["is_safe"]
-    assert embedded["injection_check"]["injection_check"] == "prescreen_only"
+    assert "injection" not in script.roles() and embedded["reading"]["injection"]["is_safe"]
+    assert embedded["reading"]["injection"]["injection_check"] == "prescreen_only"
     replies = fact_replies(injection=[J(verdict="safe", reason="a legal question")])
     api, script, *_ = run(
         tmp_settings, replies, skip_injection_check=None, llm_provider="vllm", llm_model="m"
     )
-    assert script.roles()[0] == "injection" and api["injection_check"]["injection_check"] == "full"
+    assert (
+        script.roles()[0] == "injection"
+        and api["reading"]["injection"]["injection_check"] == "full"
+    )
 
 
 def test_planted_passage_never_reaches_a_prompt(tmp_settings):
@@ -931,7 +936,7 @@ def test_every_step_failing_stops_at_the_iteration_cap(tmp_settings):
         lean_gate=0.5,
         max_iterations=4,
     )
-    assert result["iteration_count"] == 4
+    assert result["run_metrics"]["iterations"] == 4
     assert result["stop_reason"] == "iteration limit 4 reached"
     assert result["answer"]["abstained"] is True
     assert main.recursion_limit(tmp_settings.replace(max_iterations=4)) > 4 * 3
@@ -965,7 +970,7 @@ def test_run_deadline_stops_research_early_and_still_picks_a_letter(tmp_settings
     )
     assert result["stop_reason"].startswith("deadline")
     assert result["run_metrics"]["steps_completed"] == 1
-    assert result["mc_answer"]["letter"] == "A"
+    assert result["answer"]["mc"]["letter"] == "A"
     assert "Comparative negligence (deadline" in result["answer"]["text"]
 
 
@@ -981,7 +986,7 @@ def test_a_run_starts_its_deadline_and_run_timeout_0_means_none(tmp_settings):
 def test_a_run_out_of_time_says_so_not_llm_failure(tmp_settings):
     result, *_ = run(tmp_settings, {}, run_timeout=0.001)  # no call gets through
     assert result["error"].startswith("run deadline reached"), result["error"]
-    assert "LLM failure" not in result["final_cited_answer"]
+    assert "LLM failure" not in result["answer"]["text"]
     record = result["answer"]  # --json carries the record on a failed run too
     assert record["abstained"] and record["why"].startswith("run deadline reached")
 
@@ -990,10 +995,10 @@ def test_llm_failure_mid_run_names_the_issues_not_researched(tmp_settings):
     replies = fact_replies(apply=[RuntimeError("provider down")], bottom_line=[])
     result, *_ = run(tmp_settings, replies, max_iterations=1)
     assert result["error"].startswith("LLM failure")
-    assert "Not researched: Comparative negligence." in result["final_cited_answer"]
+    assert "Not researched: Comparative negligence." in result["answer"]["text"]
     # the research done before the failure is printed: what the researched issue's search found
-    found = result["final_cited_answer"].split("Found before it stopped: ")[1]
-    assert found.startswith("Negligence: ") and result["abstained"] is True
+    found = result["answer"]["text"].split("Found before it stopped: ")[1]
+    assert found.startswith("Negligence: ") and result["answer"]["abstained"] is True
 
 
 def test_search_strategy_setting_forces_one_type_for_every_step(tmp_settings):
@@ -1073,7 +1078,7 @@ def test_a_multiple_choice_run_the_api_failed_has_an_abstaining_record(tmp_setti
     """Lean mode's record said {"text": "", "abstained": false} when the letter's call failed."""
     replies = {"mc_select": [RuntimeError("HTTP 500")], "mc_select_strict": []}
     result, *_ = run(tmp_settings, replies, choices=CHOICES, answer_mode="lean")
-    assert result["error"].startswith("LLM failure") and result["abstained"] is True
+    assert result["error"].startswith("LLM failure") and result["answer"]["abstained"] is True
     record = result["answer"]
     assert record["abstained"] and record["why"].startswith("LLM failure") and record["text"]
 
@@ -1085,10 +1090,10 @@ def test_a_fact_patterns_saved_answer_serves_the_same_facts_only(tmp_settings):
     other = {"question": "Dan was stopped for speeding and arrested. Was the search lawful?",
              "answer": "Cached answer [1].", "similarity": 0.93, "sources": []}  # fmt: skip
     result, script, *_ = run(tmp_settings, fact_replies(), memory=Memory(other))
-    assert result["memory_hit"] is False and "classify" in script.roles()
+    assert bool(result.get("recalled")) is False and "classify" in script.roles()
     same = {**other, "question": "  " + FACTS.upper()}  # the same facts, as typed again
     result, script, *_ = run(tmp_settings, {}, memory=Memory(same))
-    assert result["memory_hit"] is True and "classify" not in script.roles()
+    assert bool(result.get("recalled")) is True and "classify" not in script.roles()
 
 
 def test_ctrl_c_in_the_cli_keeps_the_research_so_far_and_an_eval_loop_still_stops(tmp_settings):
@@ -1103,5 +1108,5 @@ def test_ctrl_c_in_the_cli_keeps_the_research_so_far_and_an_eval_loop_still_stop
     client = LLMClient(settings, llm_factory=lambda role: ScriptedChat(role=role, script=script))
     ctx = fake_context(settings, client=client, retrieve=FakeRetriever(LAW, ranked=True))
     result = main.run_agent(FACTS, context=ctx, keep_on_interrupt=True)
-    assert result["stop_reason"] == "interrupted" and result["abstained"] is True
-    assert "Found before it stopped: Negligence: " in result["final_cited_answer"]
+    assert result["stop_reason"] == "interrupted" and result["answer"]["abstained"] is True
+    assert "Found before it stopped: Negligence: " in result["answer"]["text"]

@@ -212,11 +212,11 @@ def test_simple_demo_end_to_end_on_the_offline_default(tmp_path):
     starter_ids = {
         json.loads(line)["idx"] for line in starter.read_text().splitlines() if line.strip()
     }
-    sources = result["sources"]
-    assert sources and all(s["id"] in starter_ids for s in sources)
-    cited = set(re.findall(r"\[\d+\]", result["final_cited_answer"]))
-    refs = {s["ref"] for s in sources}
-    assert cited, result["final_cited_answer"]
+    sources = result["answer"]["citations"]
+    assert sources and all(s["passage_id"] in starter_ids for s in sources)
+    cited = set(re.findall(r"\[\d+\]", result["answer"]["text"]))
+    refs = {f"[{s['n']}]" for s in sources}
+    assert cited, result["answer"]["text"]
     assert cited == refs  # every citation is a source, and SOURCES lists only what is cited
     assert result["answer"]["kind"] == "rule_question" and result["answer"]["grounded"]
     # a rule question: the injection check, classify and plan (no application, no bottom line)
@@ -252,15 +252,15 @@ def test_lean_mode_on_the_offline_default_answers_in_at_most_three_calls(tmp_pat
     proc, result = offline_run([question, "--mode", "lean"], tmp_path)
     m = result["run_metrics"]
     assert m["llm_calls"] <= 3 and m["mc_letter"] in "ABCD" and not result["answer"]["abstained"]
-    lean = result["lean"]
+    lean = result["answer"]["lean"]
     assert lean["route"] in ("rag", "closed_book") and "lean" in proc.stderr.decode()
     # the gate decided: passages are shown (and listed as sources) exactly on the rag route
     assert (
         (lean["route"] == "rag")
         == (lean["evidence_score"] >= lean["gate"])
-        == bool(result["sources"])
+        == bool(result["answer"]["lean"]["evidence_ids"])
     )
-    assert f"**Answer: ({m['mc_letter']})**" in result["final_cited_answer"]
+    assert f"**Answer: ({m['mc_letter']})**" in result["answer"]["mc"]["text"]
 
 
 def test_clear_memory_deletes_cached_answers(tmp_path, fake):
@@ -311,7 +311,7 @@ def test_a_fact_pattern_on_the_offline_default_gets_an_applied_cited_answer(tmp_
     roles = {s["role"] for i in record["issues"] for s in i["sentences"]}
     assert {"rule", "application", "conclusion", "bottom_line"} <= roles
     assert record["verdict"] in ("yes", "no", "unclear")
-    text = result["final_cited_answer"]
+    text = result["answer"]["text"]
     for c in record["citations"]:  # a reader can check each citation against its passage
         assert c["passage_id"].startswith("starter_") and c["support"]
         assert f"[{c['n']}]" in text

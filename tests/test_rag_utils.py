@@ -26,6 +26,7 @@ import nodes
 import prompts
 import rag_utils
 from context import AgentContext
+from question import Question
 
 pytestmark = pytest.mark.usefixtures("fresh_rag_caches")
 
@@ -493,7 +494,8 @@ def test_a_memory_hit_keeps_the_sentence_and_pin_each_citation_rests_on(loaded):
              "support": "Possession must be open and notorious.", "pin": "§ 2(a)", "ref": "[1]"}  # fmt: skip
     rag_utils.write_to_memory("What is adverse possession?", "A.", 0.7, settings, sources=[cited])
     hit = rag_utils.check_memory("What is adverse possession?", settings=settings)
-    record = nodes.memory_record(hit, "What is adverse possession?", None)
+    state = {"recalled": hit, "parsed": Question.read("What is adverse possession?")}
+    record = nodes.memory_record(state)
     assert [(c.support, c.pin) for c in record.citations] == [(cited["support"], "§ 2(a)")]
 
 
