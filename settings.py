@@ -159,8 +159,9 @@ class AgentSettings:
     verdict_support: float | None = _var("VERDICT_SUPPORT", None, (0, 1))
     """The support (the least fit of a stated fact to a requirement it decides) a reading of the
     facts needs to be shown as a conclusion or a yes/no verdict; 0 = show every reading.  Unset:
-    none on the embedded model, whose readings reach 4 in 5 right at no support (docs/
-    MEASUREMENTS.md, "Fact patterns"), and ``answer.API_VERDICT_SUPPORT`` with an API model."""
+    none is shown on the embedded model (its verdicts reached 4 in 5 right at no support that held
+    on both halves of the fact patterns: docs/MEASUREMENTS.md, "Fact patterns"); every one with an
+    API model (``answer.API_VERDICT_SUPPORT``; not measured offline)."""
     run_timeout: float = _var("RUN_TIMEOUT", 600.0, (0, None))
     """Seconds a whole question may take (0 = no limit): room for the embedded model on a slow
     laptop (~100 s for the multi_hop demo on 2 cores), a bound on a hung endpoint."""
