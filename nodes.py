@@ -30,7 +30,7 @@ import prompts
 import question as question_mod
 from context import AgentContext, Passage, default_context
 from question import Question, StateLaw
-from state import AgentState, Execution, PlanStep, merge_steps
+from state import AgentState, Execution, MemoryEntry, PlanStep, merge_steps
 
 logger = logging.getLogger(__name__)
 
@@ -395,6 +395,28 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     return update, f"{len(steps)} step(s): {'; '.join(issues[: len(steps)])}{later}"
 
 
+def _memory_entry(
+    step: PlanStep, strategy: dict, docs: list[Passage], ctx: AgentContext, dead_ends: list[str]
+) -> MemoryEntry:
+    """The working memory's entry for an executed step: what it searched and what it found."""
+    execution = step["execution"] or {}
+    return {
+        "step_id": step["step_id"],
+        "query": (strategy.get("queries") or [step["question"]])[0],
+        "strategy": strategy,
+        "results": {
+            "count": len(docs),
+            "source_types": dict(Counter(ctx.source_type(d) for d in docs)),
+            "titles": [d.get("title") or d["id"] for d in docs[:3]],
+            "top_score": execution.get("evidence_score", 0.0),
+            "confidence": execution.get("confidence", 0.0),
+        },
+        "leads": [],
+        "dead_ends": dead_ends,
+        "next_steps": [],
+    }
+
+
 @_traced("executor")
 def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """Run ONE pending step, without a model call: its search -> drop passages that carry
@@ -433,22 +455,7 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         dead_ends.append("no results" if not retrieved else "every passage was flagged")
     elif gated:
         dead_ends.append(f"evidence score {score:.2f} below LEAN_GATE")
-    entry = {
-        "step_id": step["step_id"],
-        "question": step["question"],
-        "query": queries[0],
-        "strategy": {**strategy, "executed_as": search_type},
-        "results": {
-            "count": len(docs),
-            "source_types": dict(Counter(ctx.source_type(d) for d in docs)),
-            "titles": [d.get("title") or d["id"] for d in docs[:3]],
-            "top_score": round(score, 4),
-            "confidence": round(confidence, 4),
-        },
-        "leads": [],
-        "dead_ends": dead_ends,
-        "next_steps": [],
-    }
+    entry = _memory_entry(step, {**strategy, "executed_as": search_type}, docs, ctx, dead_ends)
     update: dict[str, Any] = {
         "planning_table": [step],
         "passages": passages,
