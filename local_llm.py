@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import rag_utils
 from settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -79,6 +78,11 @@ class LocalTimings:
     assembly_s: float = 0.0
     server_start_s: float = 0.0
     assembled: bool = False
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def _spec(name: str) -> LocalModelSpec:
@@ -192,7 +196,7 @@ def ensure_model(name: str, settings: Settings, timings: LocalTimings | None = N
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _marker_matches(model_path, spec.sha256):
             return model_path  # another process finished it while we waited
-        if model_path.is_file() and (actual := rag_utils.sha256_file(model_path)) != spec.sha256:
+        if model_path.is_file() and (actual := _sha256(model_path)) != spec.sha256:
             logger.warning("%s has the wrong sha256 (%s); reassembling it", model_path, actual)
             model_path.unlink()
         if not model_path.is_file():

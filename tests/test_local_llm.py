@@ -72,7 +72,7 @@ def test_second_start_does_not_rehash(fake_model, monkeypatch):
     def no_hashing(path):
         raise AssertionError("re-hashed a verified model")
 
-    monkeypatch.setattr(local_llm.rag_utils, "sha256_file", no_hashing)
+    monkeypatch.setattr(local_llm, "_sha256", no_hashing)
     timings = LocalTimings()
     ensure_model("fake", tmp_settings, timings)
     assert not timings.assembled
