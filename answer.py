@@ -402,7 +402,7 @@ def _outcome(checks: Sequence[Check]) -> Met:
 
 
 _ELEMENT_VERDICT = {"yes": "met", "no": "not met", "unclear": "not decided by the facts"}
-UNSETTLED_CHECK = "not settled by this research; the fact that bears on it"
+UNSETTLED_CHECK = "not settled; the stated fact"
 _EXCEPTION_VERDICT = {"yes": "applies", "no": "does not apply", "unclear": "not shown by the facts"}
 
 
@@ -505,9 +505,18 @@ def turns_on(checks: Sequence[Check], reading: Met) -> list[str]:
     reading rests on with the fact said to decide each, then those no stated fact decides."""
     deciding = _deciding(checks, reading) or [c for c in checks if fact_decides(c)]
     open_items = [c for c in checks if not fact_decides(c) and c not in deciding]
-    out = [f'"{_clean(c.requirement)}" (the facts: "{_clean(c.fact)}")' for c in deciding]
-    out += [f'"{_clean(c.requirement)}" (no stated fact decides it)' for c in open_items]
+    out = [f'"{_gist(c.requirement)}" (stated: "{_clean(c.fact)}")' for c in deciding]
+    out += [f'"{_gist(c.requirement)}" (no stated fact)' for c in open_items]
     return list(dict.fromkeys(out))[:TURNS_ON]
+
+
+GIST_WORDS = 10
+"""Words of a requirement that name it where it was already quoted whole (the application)."""
+
+
+def _gist(requirement: str) -> str:
+    words = _clean(requirement).split()
+    return " ".join(words[:GIST_WORDS]) + ("…" if len(words) > GIST_WORDS else "")
 
 
 def _unsettled(issue: str, items: Sequence[str], cites: list[int]) -> Sentence:
