@@ -1027,7 +1027,7 @@ def test_studio_graphs_accept_the_servers_empty_context(factory, tmp_settings, m
     client = LLMClient(settings, llm_factory=lambda role: ScriptedChat(role=role, script=script))
     ctx = fake_context(settings, client=client, retrieve=FakeRetriever(LAW, ranked=True))
     monkeypatch.setattr(nodes, "default_context", lambda: ctx)
-    out = factory().invoke({"global_objective": FACTS, "question": FACTS}, context={})
+    out = factory().invoke({"question": FACTS}, context={})
     assert script.roles()[:2] == ["classify", "plan"]
     assert out["run_metrics"]["steps_completed"] == 2
 
