@@ -452,13 +452,13 @@ def summarize_fact_mode(rs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def support_table(rs: Sequence[Mapping[str, Any]]) -> str:
     """Precision and coverage of the verdicts as VERDICT_SUPPORT rises: at each support a reading
     reached, how many verdicts would be shown (a yes/no reading whose support reaches it) and how
-    many of those are right ("0.41: 3/5 of 20"); "" when no reading has a support."""
+    many of those are right ("0.412: 3/5 (of 20)"); "" when no reading has a support."""
     readings = [r for r in rs if r.get("reading") in ("yes", "no") and r.get("support") is not None]
     cells = []
     for bar in sorted({float(r["support"]) for r in readings}):
         shown = [r for r in readings if float(r["support"]) >= bar]
         right = sum(r["reading"] == r["expected"] for r in shown)
-        cells.append(f"{bar:.2f}: {right}/{len(shown)}")
+        cells.append(f"{bar:.3f}: {right}/{len(shown)}")
     return f"{'; '.join(cells)} (of {len(rs)})" if cells else ""
 
 
