@@ -268,13 +268,13 @@ def demos(names: list[str]) -> dict[str, Any]:
         out[name] = {
             "wall_s": round(time.perf_counter() - t, 1),
             "llm_calls": m["llm_calls"],
-            "query_type": r.get("query_type"),
+            "query_type": m["query_type"],
             "steps_completed": m["steps_completed"],
             "steps_failed": m["steps_failed"],
             "output_tokens": m["output_tokens"],
             "input_tokens": m["input_tokens"],
             "stop_reason": m["stop_reason"],
-            "invalid_citations": m["invalid_citations"],
+            "uncited_sentences": m["uncited_sentences"],
             "error": r.get("error"),
             "node_latency_s": m["node_latency_s"],
         }
