@@ -14,14 +14,18 @@ prompts in ``skills/*.md`` (loaded by ``prompts.py``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
 import logging
+import sqlite3
 import sys
 import time
+import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from langgraph.errors import GraphRecursionError
@@ -52,11 +56,15 @@ DEMOS: dict[str, str] = {
 
 
 def build_graph(
-    answer_mode: str | None = None, *, context_schema: type | None = AgentContext
+    answer_mode: str | None = None,
+    *,
+    context_schema: type | None = AgentContext,
+    checkpointer: Any = None,
 ) -> Any:
     """A freshly compiled graph (call once per run or test; nothing heavy happens here).
     ``answer_mode`` fixes research or evidence answering; None: the input's ``answer_mode`` or
-    ANSWER_MODE decides.  ``context_schema=None`` is for the LangGraph server (see make_graph)."""
+    ANSWER_MODE decides.  ``context_schema=None`` is for the LangGraph server (see make_graph);
+    ``checkpointer`` keeps each run's state on its thread (:func:`open_checkpointer`)."""
     from langgraph.graph import END, START, StateGraph
 
     g = StateGraph(AgentState, context_schema=context_schema)
@@ -83,7 +91,32 @@ def build_graph(
     g.add_edge("executor", "evaluator")
     g.add_edge("replanner", "executor")
     g.add_edge("observability", END)
-    return g.compile()
+    return g.compile(checkpointer=checkpointer)
+
+
+CHECKPOINT_TYPES = [("question", "Question"), ("question", "StateLaw")]
+"""The project's types in the state, which a checkpoint may load back."""
+
+
+@contextlib.contextmanager
+def open_checkpointer(settings: Settings) -> Iterator[Any]:
+    """The SQLite checkpoint store of CHECKPOINTS (None when "off"), open for the block."""
+    path = settings.agent.checkpoints
+    if path.strip().lower() in ("", "off", "none", "0"):
+        yield None
+        return
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(Path(path).expanduser(), check_same_thread=False)
+    try:
+        serde = JsonPlusSerializer(allowed_msgpack_modules=CHECKPOINT_TYPES)
+        saver = SqliteSaver(conn, serde=serde)
+        saver.setup()
+        yield saver
+    finally:
+        conn.close()
 
 
 def make_graph() -> Any:
@@ -125,12 +158,16 @@ def run_agent(
     context: AgentContext,
     on_event: Callable[[dict], None] | None = None,
     keep_on_interrupt: bool = False,
+    checkpointer: Any = None,
+    thread_id: str | None = None,
 ) -> dict:
     """Research ``question`` (with optional MC ``choices``) and return the final state as a
     JSON-able dict (``answer``: the answer record; run_metrics, stop_reason; ``error``: None or
     why the run ended early, the partial research kept).  ``context``'s RUN_TIMEOUT starts
     now; ``on_event`` gets {node, decision, seconds, t_s} per node; ``keep_on_interrupt`` (the
-    CLI): Ctrl-C ends the run like a failure (stop_reason "interrupted") instead of raising."""
+    CLI): Ctrl-C ends the run like a failure (stop_reason "interrupted") instead of raising.
+    With a ``checkpointer`` the run is kept on thread ``thread_id`` (a new one when None; the
+    result's ``thread_id``), which holds nothing of an earlier question's run but its history."""
     question = " ".join((question or "").split())
     if not question:
         raise InputError("the question is empty")
@@ -141,8 +178,11 @@ def run_agent(
         "parsed": parsed,
         "answer_mode": ctx.settings.agent.answer_mode,
     }
-    graph = build_graph()
-    config = {"recursion_limit": recursion_limit(ctx.settings)}
+    graph = build_graph(checkpointer=checkpointer)
+    config: dict[str, Any] = {"recursion_limit": recursion_limit(ctx.settings)}
+    if checkpointer is not None:
+        thread_id = thread_id or uuid.uuid4().hex
+        config["configurable"] = {"thread_id": thread_id}
     state: dict[str, Any] = {**initial, "error": None}
     t0 = time.perf_counter()
     try:
@@ -153,7 +193,8 @@ def run_agent(
                 state = dict(chunk)
             elif on_event is not None:
                 for update in chunk.values():
-                    for event in (update or {}).get("trace", []):
+                    events = (update or {}).get("trace", [])
+                    for event in getattr(events, "value", events):  # an Overwrite's too
                         on_event({**event, "t_s": round(time.perf_counter() - t0, 3)})
     except LLMDeadlineError as exc:  # RUN_TIMEOUT, not a failing model
         state = _partial(state, ctx, f"run deadline reached: {exc}")
@@ -166,6 +207,8 @@ def run_agent(
             raise
         state = _partial(state, ctx, "interrupted (Ctrl-C)", "interrupted")
     state["wall_s"] = round(time.perf_counter() - t0, 3)
+    if checkpointer is not None:
+        state["thread_id"] = thread_id
     return _jsonable(state)
 
 
@@ -211,6 +254,7 @@ settings (environment variables or .env; a flag above wins over its variable):
   SEARCH_STRATEGY (auto)  auto | dense | keyword | hybrid (--strategy)
   RETRIEVAL_K (5)         passages per research step
   MEMORY_THRESHOLD (0.92) cosine at which a cached answer (QA memory) is reused
+  CHECKPOINTS             SQLite file of the runs' threads (~/.cache/legalragagent/checkpoints.sqlite); off = none
   CHROMA_DIR, CHROMA_HOST, CHROMA_PORT   vector store; EMBEDDING_MODEL (default all-MiniLM-L6-v2)
   RERANKER (auto|cross-encoder|hybrid|none), LOCAL_MODEL_DIR, LOCAL_THREADS, LOCAL_CTX_SIZE
 
@@ -287,6 +331,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip the LLM injection check (SKIP_INJECTION_CHECK=1)",
     )
     flag("--no-index", help="do not build the starter index when the store is empty")
+    add(
+        "--thread",
+        metavar="ID",
+        help="keep this run on thread ID (the id another run printed; default: a new thread). "
+        "Each run's state is checkpointed in CHECKPOINTS; a new question on a thread starts "
+        "from nothing of the last one's research",
+    )
     flag("-q", "--quiet", help="do not stream the per-node progress lines")
     flag("-v", "--verbose", help="debug logging (and tracebacks on unexpected errors)")
     filters.add_arguments(parser)
@@ -440,13 +491,18 @@ def main(argv: list[str] | None = None) -> int:
                 f"no indexed passage matches the passage filters ({flt.describe()}): "
                 "`python load_corpus.py status` shows what is indexed"
             )
-        result = run_agent(
-            question,
-            choices,
-            context=AgentContext.from_settings(settings),
-            on_event=None if args.quiet else on_event,
-            keep_on_interrupt=True,
-        )
+        with open_checkpointer(settings) as checkpointer:
+            result = run_agent(
+                question,
+                choices,
+                context=AgentContext.from_settings(settings),
+                on_event=None if args.quiet else on_event,
+                keep_on_interrupt=True,
+                checkpointer=checkpointer,
+                thread_id=args.thread,
+            )
+        if result.get("thread_id"):
+            print(f"thread: {result['thread_id']}", file=sys.stderr)
     except KeyboardInterrupt:
         print("main.py: interrupted", file=sys.stderr)
         return 130

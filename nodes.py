@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from langgraph.runtime import Runtime
-from langgraph.types import Command
+from langgraph.types import Command, Overwrite
 
 import answer as answer_stage
 import mc
@@ -66,7 +66,9 @@ def _traced(name: str) -> Callable:
             seconds = round(time.perf_counter() - start, 3)
             logger.info("%s: %s (%.2fs)", name, decision, seconds)
             update = dict(update)
-            update["trace"] = [{"node": name, "decision": decision, "seconds": seconds}]
+            event = [{"node": name, "decision": decision, "seconds": seconds}]
+            # a run's first node starts the trace anew (a thread keeps only the latest run's)
+            update["trace"] = Overwrite(event) if "trace" in update else event
             return Command(update=update, goto=goto[0]) if goto else update
 
         # Not functools.wraps: LangGraph reads the wrapper's signature to inject ``runtime``.
@@ -158,13 +160,20 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """The injection verdict on the user's input (``injection.detect``: the deterministic screen,
     then the model's verdict unless SKIP_INJECTION_CHECK; ``injection_check`` says
     ``prescreen_only`` when the model's verdict was unavailable)."""
-    q = state.get("parsed") or read_question(state["question"], ctx)
+    q = state.get("parsed")
+    if q is None or q.objective != state["question"]:  # a new question on the thread
+        q = read_question(state["question"], ctx)
     check = ctx.check_injection(q.objective)
     # the run's answer mode, resolved once (ANSWER_MODE=auto: lean with choices, else research)
+    mode = answer_mode({**state, "parsed": q, "reading": {}}, ctx)
     update: dict[str, Any] = {
+        **RUN_SCOPED,
         "parsed": q,
-        "reading": {"injection": dict(check)},
-        "answer_mode": answer_mode({**state, "parsed": q}, ctx),
+        "reading": Overwrite({"injection": dict(check), "mode": mode}),
+        "planning_table": Overwrite([]),
+        "flagged_passages": Overwrite([]),
+        "fallbacks": Overwrite([]),
+        "trace": Overwrite([]),
     }
     if not check["is_safe"]:
         text = ctx.rejection_message(check)
@@ -177,6 +186,19 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         return update, "safe"
     mode = "" if check["injection_check"] == "full" else f", {check['injection_check']}"
     return update, f"{check['verdict']} ({check['reason'] or check['llm_verdict']}{mode})"
+
+
+RUN_SCOPED: dict[str, Any] = {
+    "issues": [],
+    "passages": {},
+    "chain_of_thought": [],
+    "recalled": {},
+    "answer": {},
+    "stop_reason": "",
+    "run_metrics": {},
+}
+"""What belongs to one question: a run's first node resets it, with the reducers' keys (a
+checkpointed thread keeps its state between runs)."""
 
 
 def read_question(text: str, ctx: AgentContext) -> Question:
@@ -497,7 +519,8 @@ AnswerRoute = Literal["executor", "replanner", "answer"]
 def answer_mode(state: AgentState, ctx: AgentContext) -> str:
     """research, evidence or lean: the run's input may choose, else ANSWER_MODE; auto is lean for
     a multiple-choice question and research for any other."""
-    mode = state.get("answer_mode") or ctx.settings.agent.answer_mode
+    mode = (state.get("reading") or {}).get("mode")
+    mode = mode or state.get("answer_mode") or ctx.settings.agent.answer_mode
     if mode == "auto":  # chosen by measurement: README, "Which mode answers which question"
         return "lean" if state["parsed"].choices else "research"
     return mode
@@ -542,10 +565,9 @@ def make_evaluator(forced_mode: str | None = None) -> Callable:
             route = "executor"
         else:
             route = "answer"
-        update: dict[str, Any] = {
-            "planning_table": graded,
-            "answer_mode": forced_mode or answer_mode(state, ctx),
-        }
+        update: dict[str, Any] = {"planning_table": graded}
+        if forced_mode:  # the evidence graph of langgraph.json
+            update["reading"] = {"mode": forced_mode}
         if stop:
             update["stop_reason"] = stop
         grades = ", ".join(f"step {g['step_id']} {g['status']}" for g in graded) or "no new step"
@@ -877,7 +899,7 @@ def route_after_injection(state: AgentState) -> Literal["classifier", "answer", 
     """A rejected input ends the run; lean mode answers with zero research steps."""
     if not ((state.get("reading") or {}).get("injection") or {}).get("is_safe"):
         return "observability"
-    return "answer" if state.get("answer_mode") == "lean" else "classifier"
+    return "answer" if (state.get("reading") or {}).get("mode") == "lean" else "classifier"
 
 
 def route_after_classifier(state: AgentState) -> Literal["planner", "answer"]:

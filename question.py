@@ -55,6 +55,9 @@ class Question:
     law: StateLaw | None = None
     """The state or country whose law it asks for (None: none named, or not read)."""
 
+    def __post_init__(self) -> None:  # a checkpoint gives the facts back as a list
+        object.__setattr__(self, "facts", tuple(self.facts))
+
     @classmethod
     def read(
         cls,

@@ -44,6 +44,7 @@ _DATA_DIRS = {
     "CHROMA_DIR": "chroma_db",
     "LLM_CACHE_PATH": "llm_cache.sqlite",
     "LOCAL_MODEL_DIR": "models",
+    "CHECKPOINTS": "checkpoints.sqlite",
 }
 """Variables whose default is a path below :func:`default_data_dir`."""
 
@@ -162,6 +163,8 @@ class AgentSettings:
     none is shown on the embedded model (its verdicts reached 4 in 5 right at no support that held
     on both halves of the fact patterns: docs/MEASUREMENTS.md, "Fact patterns"); every one with an
     API model (``answer.API_VERDICT_SUPPORT``; not measured offline)."""
+    checkpoints: str = _data_var("CHECKPOINTS")
+    """The SQLite file where the CLI keeps each run's thread (LangGraph checkpoints); "off" = none."""
     run_timeout: float = _var("RUN_TIMEOUT", 600.0, (0, None))
     """Seconds a whole question may take (0 = no limit): room for the embedded model on a slow
     laptop (~100 s for the multi_hop demo on 2 cores), a bound on a hung endpoint."""

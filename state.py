@@ -86,8 +86,10 @@ class AgentState(TypedDict, total=False):
     """How the answer is made (ANSWER_MODE; a Studio run may set it in its input)."""
     reading: Annotated[dict[str, Any], merge_dicts]
     """What the nodes read of the question before researching it: ``injection`` (the check's
-    verdict), the classifier's ``query_type``, ``legal``, ``area`` and ``topic``, the planner's
-    ``decline`` (why it is off topic) and ``within`` (the state whose law alone is searched)."""
+    verdict), ``mode`` (the answer mode resolved), the classifier's ``query_type``, ``legal``,
+    ``area`` and ``topic``, the planner's ``decline`` (why it is off topic) and ``within`` (the
+    state whose law alone is searched).  Like every key below but ``answer_mode``, it belongs to
+    one question: the first node resets it (``nodes.RUN_SCOPED``)."""
     issues: list[str]
     """The legal issues the planner identified: the research agenda, one step each."""
     planning_table: Annotated[list[PlanStep], merge_steps]
