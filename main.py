@@ -183,7 +183,51 @@ def run_agent(
     if checkpointer is not None:
         thread_id = thread_id or uuid.uuid4().hex
         config["configurable"] = {"thread_id": thread_id}
-    state: dict[str, Any] = {**initial, "error": None}
+    return _stream(graph, initial, config, ctx, dict(initial), on_event, keep_on_interrupt)
+
+
+def resume_agent(
+    thread_id: str,
+    *,
+    context: AgentContext,
+    checkpointer: Any,
+    on_event: Callable[[dict], None] | None = None,
+    keep_on_interrupt: bool = False,
+) -> dict:
+    """Continue the run kept on ``thread_id`` from its last checkpoint (one stopped by the run
+    deadline, a failed call, Ctrl-C or a killed process): the nodes that completed are not run
+    again.  InputError, naming the thread, when it holds no run or its run is finished."""
+    graph = build_graph(checkpointer=checkpointer)
+    config: dict[str, Any] = {"configurable": {"thread_id": thread_id}}
+    try:
+        saved = graph.get_state(config)
+    except Exception as exc:  # noqa: BLE001 - a store another version wrote, or a broken file
+        raise InputError(
+            f"thread {thread_id} cannot be read: {type(exc).__name__}: {exc}"
+        ) from None
+    if not saved.values:
+        raise InputError(f"no run is kept on thread {thread_id}")
+    if not saved.next:
+        raise InputError(
+            f"the run on thread {thread_id} is finished: ask a new question with --thread"
+        )
+    ctx = context.start_run()
+    config["recursion_limit"] = recursion_limit(ctx.settings)
+    return _stream(graph, None, config, ctx, dict(saved.values), on_event, keep_on_interrupt)
+
+
+def _stream(
+    graph: Any,
+    initial: AgentState | None,
+    config: dict[str, Any],
+    ctx: AgentContext,
+    state: dict[str, Any],
+    on_event: Callable[[dict], None] | None,
+    keep_on_interrupt: bool,
+) -> dict:
+    """Run ``graph`` from ``initial`` (None: on from the thread's last checkpoint) to its end or
+    its first failure, and return the JSON-able final state (see :func:`run_agent`)."""
+    state = {**state, "error": None}
     t0 = time.perf_counter()
     try:
         for mode, chunk in graph.stream(
@@ -207,7 +251,7 @@ def run_agent(
             raise
         state = _partial(state, ctx, "interrupted (Ctrl-C)", "interrupted")
     state["wall_s"] = round(time.perf_counter() - t0, 3)
-    if checkpointer is not None:
+    if thread_id := config.get("configurable", {}).get("thread_id"):
         state["thread_id"] = thread_id
     return _jsonable(state)
 
@@ -332,6 +376,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     flag("--no-index", help="do not build the starter index when the store is empty")
     add(
+        "--resume",
+        metavar="ID",
+        help="continue the run kept on thread ID from its last checkpoint (one stopped by "
+        "RUN_TIMEOUT, a failed call, Ctrl-C or a killed process); the nodes that completed are "
+        "not run again",
+    )
+    add(
         "--thread",
         metavar="ID",
         help="keep this run on thread ID (the id another run printed; default: a new thread). "
@@ -445,11 +496,13 @@ def main(argv: list[str] | None = None) -> int:
             return _error(exc)
         print(f"cleared the QA memory: {n} cached answer(s) deleted")
         return 0
-    if args.query is None:
+    if args.query is None and not args.resume:
         parser.print_usage(sys.stderr)
         return _error("give a question, a demo name (simple, multi_hop, medium) or '-'")
+    if args.resume and (args.query is not None or args.thread):
+        return _error("--resume ID continues a stopped run: give it no question and no --thread")
     try:
-        question, choices = parse(read_input(args.query))
+        question, choices = parse(read_input(args.query)) if args.query else ("", None)
         load_dotenv_file()
         settings = Settings.from_env(
             llm_provider=args.provider,
@@ -492,17 +545,32 @@ def main(argv: list[str] | None = None) -> int:
                 "`python load_corpus.py status` shows what is indexed"
             )
         with open_checkpointer(settings) as checkpointer:
-            result = run_agent(
-                question,
-                choices,
-                context=AgentContext.from_settings(settings),
-                on_event=None if args.quiet else on_event,
-                keep_on_interrupt=True,
-                checkpointer=checkpointer,
-                thread_id=args.thread,
-            )
+            context = AgentContext.from_settings(settings)
+            events = None if args.quiet else on_event
+            if args.resume:
+                if checkpointer is None:
+                    raise InputError("--resume needs the checkpoint store: CHECKPOINTS is off")
+                result = resume_agent(
+                    args.resume,
+                    context=context,
+                    checkpointer=checkpointer,
+                    on_event=events,
+                    keep_on_interrupt=True,
+                )
+            else:
+                result = run_agent(
+                    question,
+                    choices,
+                    context=context,
+                    on_event=events,
+                    keep_on_interrupt=True,
+                    checkpointer=checkpointer,
+                    thread_id=args.thread,
+                )
         if result.get("thread_id"):
             print(f"thread: {result['thread_id']}", file=sys.stderr)
+    except InputError as exc:
+        return _error(exc)
     except KeyboardInterrupt:
         print("main.py: interrupted", file=sys.stderr)
         return 130

@@ -18,7 +18,7 @@ import main
 import nodes
 from context import AgentContext, StateLaw
 from llm_config import LLMClient
-from question import Question
+from question import InputError, Question
 
 # ------------------------------------------------------------------------------------------------
 # Fakes
@@ -1188,3 +1188,33 @@ def test_a_cli_run_is_checkpointed_on_a_thread_in_the_sqlite_store(tmp_settings)
     assert saved.values["answer"]["text"] == second["answer"]["text"]
     with main.open_checkpointer(settings.replace(checkpoints="off")) as saver:
         assert saver is None
+
+
+def test_a_run_stopped_mid_research_resumes_from_its_last_checkpoint(tmp_settings):
+    """Ctrl-C during the first application: `--resume ID` goes on from the last checkpoint, so
+    classify and plan (and the searches) are not repeated, and the answer is the one an
+    uninterrupted run gives.  A thread with nothing to continue is refused with one clear line."""
+    settings = tmp_settings.replace(
+        llm_max_retries=0,
+        skip_injection_check=True,
+        verdict_support=0.0,
+        checkpoints=str(Path(tmp_settings.retrieval.chroma_dir).parent / "threads.sqlite"),
+    )
+    replies = fact_replies()
+    replies["apply"] = [KeyboardInterrupt(), *replies["apply"]]
+    script = Script(replies)
+    client = LLMClient(settings, llm_factory=lambda role: ScriptedChat(role=role, script=script))
+    ctx = fake_context(settings, client=client, retrieve=FakeRetriever(LAW, ranked=True))
+    with main.open_checkpointer(settings) as saver:
+        stopped = main.run_agent(FACTS, context=ctx, checkpointer=saver, keep_on_interrupt=True)
+        assert stopped["stop_reason"] == "interrupted"
+        done = len(script.roles())
+        resumed = main.resume_agent(stopped["thread_id"], context=ctx, checkpointer=saver)
+        with pytest.raises(InputError, match="is finished"):
+            main.resume_agent(stopped["thread_id"], context=ctx, checkpointer=saver)
+        with pytest.raises(InputError, match="no run is kept on thread nope"):
+            main.resume_agent("nope", context=ctx, checkpointer=saver)
+    assert script.roles()[:done] == ["classify", "plan", "apply"]
+    assert script.roles()[done:] == ["apply", "apply", "bottom_line"]
+    fresh, *_ = run(tmp_settings, fact_replies())
+    assert resumed["answer"]["text"] == fresh["answer"]["text"] and not resumed.get("error")

@@ -340,3 +340,15 @@ def test_a_model_whose_replies_are_mostly_not_json_is_warned_about(tmp_path, mon
     metrics["parse_failures"] = 1  # the embedded model's occasional miss is not warned about
     assert main.main(["--no-index", "-q", "What is negligence?"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_resume_of_a_thread_with_no_run_is_one_clear_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(main.rag_utils, "corpus_count", lambda settings: 1)
+    monkeypatch.setattr(main, "AgentContext", type("C", (), {"from_settings": staticmethod(id)}))
+    monkeypatch.setenv("CHROMA_DIR", str(tmp_path / "chroma"))
+    monkeypatch.setenv("CHECKPOINTS", str(tmp_path / "threads.sqlite"))
+    assert main.main(["--no-index", "--resume", "nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["main.py: error: no run is kept on thread nope"]
+    assert main.main(["--resume", "nope", "What is negligence?"]) == 2
+    assert "give it no question" in capsys.readouterr().err
