@@ -547,6 +547,9 @@ def main(argv: list[str] | None = None) -> int:
         with open_checkpointer(settings) as checkpointer:
             context = AgentContext.from_settings(settings)
             events = None if args.quiet else on_event
+            thread = args.resume or args.thread or uuid.uuid4().hex
+            if checkpointer is not None and not args.resume:  # a killed run resumes by it
+                print(f"thread: {thread}", file=sys.stderr, flush=True)
             if args.resume:
                 if checkpointer is None:
                     raise InputError("--resume needs the checkpoint store: CHECKPOINTS is off")
@@ -565,10 +568,8 @@ def main(argv: list[str] | None = None) -> int:
                     on_event=events,
                     keep_on_interrupt=True,
                     checkpointer=checkpointer,
-                    thread_id=args.thread,
+                    thread_id=thread,
                 )
-        if result.get("thread_id"):
-            print(f"thread: {result['thread_id']}", file=sys.stderr)
     except InputError as exc:
         return _error(exc)
     except KeyboardInterrupt:
