@@ -54,9 +54,14 @@ def test_the_response_cache_imports_no_project_module():
     assert imports_of("llm_cache") == {}
 
 
-ENTRY_POINTS = {("context", "default_context"), ("eval_common", "eval_settings")}
+ENTRY_POINTS = {
+    ("context", "default_context"),
+    ("eval_common", "eval_settings"),
+    ("mcp_server", "_settings"),
+}
 """Functions besides a CLI's ``main`` that build settings from the environment: the context of a
-LangGraph Studio run, which brings none, and the settings of the eval scripts' CLIs."""
+LangGraph Studio run and the settings of a tool call (an MCP client's or a LangChain agent's), which
+bring none, and the settings of the eval scripts' CLIs."""
 
 
 def settings_calls(module: str) -> list[tuple[str, str, int]]:

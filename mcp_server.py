@@ -1,0 +1,135 @@
+"""The research as tools: ``search_passages`` (a LangChain tool) and an MCP server over stdio.
+
+    python mcp_server.py        serve ``search_passages`` and ``research`` to an MCP client (stdio)
+
+An assistant of your own can search the indexed corpus with the same passage filters as the CLI
+(``search_passages``) or run the whole agent on a question and get its answer record as JSON
+(``research``, optionally on a thread).  Settings come from the environment and ``.env``, read when
+the server starts.  A bad input (an empty query, ``k`` out of range, an unknown filter value) is a
+tool error the client sees, not a crash of the server.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from langchain_core.tools import tool
+
+import filters
+import rag_utils
+from settings import Settings, load_dotenv_file
+
+logger = logging.getLogger(__name__)
+
+MAX_K = 50
+"""The most passages one search returns."""
+PREVIEW_CHARS = 1500
+"""Characters of a passage's text a search returns."""
+
+
+@functools.cache
+def _settings() -> Settings:
+    load_dotenv_file()
+    return Settings.from_env()
+
+
+def search(
+    query: str,
+    k: int = 5,
+    jurisdiction: str = "",
+    court: str = "",
+    source_type: str = "",
+    after: str = "",
+    before: str = "",
+    *,
+    settings: Settings | None = None,
+) -> list[dict[str, Any]]:
+    """The ``k`` passages of the corpus closest to ``query`` (hybrid search), within the filters:
+    each its id, title, source, authority metadata and text.  ValueError names a bad input."""
+    query = " ".join(str(query or "").split())
+    if not query:
+        raise ValueError("query is empty: give the words to search for")
+    if not 1 <= int(k) <= MAX_K:
+        raise ValueError(f"k={k}: must be between 1 and {MAX_K}")
+    given = dict(jurisdiction=jurisdiction, court=court, source_type=source_type)
+    given |= dict(after=after, before=before)
+    base = settings or _settings()
+    settings = base.replace(**{f"filter_{n}": v or "" for n, v in given.items()})
+    filters.passage_filter(settings)  # SettingsError (a ValueError) names a bad filter value
+    docs = rag_utils.retrieve_documents(query, k=int(k), settings=settings)
+    return [
+        {
+            "id": d["id"],
+            "title": d.get("title") or "",
+            "source": d.get("source") or "",
+            "metadata": d.get("metadata") or {},
+            "text": str(d.get("text") or "")[:PREVIEW_CHARS],
+        }
+        for d in docs
+    ]
+
+
+@tool
+def search_passages(
+    query: str,
+    k: int = 5,
+    jurisdiction: str = "",
+    court: str = "",
+    source_type: str = "",
+    after: str = "",
+    before: str = "",
+) -> list[dict[str, Any]]:
+    """Search the legal corpus for passages that answer ``query``.
+
+    Args:
+        query: what to search for, in words a source would use.
+        k: how many passages (1-50).
+        jurisdiction: US (federal) or a state, e.g. TX or Texas (comma-separated).
+        court: courts-db ids, e.g. scotus, ca9 (comma-separated).
+        source_type: constitution, statute, regulation, court_rule, case or secondary.
+        after: only passages dated on or after YYYY[-MM[-DD]].
+        before: only passages dated on or before YYYY[-MM[-DD]].
+    """
+    return search(query, k, jurisdiction, court, source_type, after, before)
+
+
+def research(question: str, thread: str = "") -> dict[str, Any]:
+    """Research a legal question with the agent and return its answer record: the rules quoted
+    and cited, their application to the facts, conclusions, a bottom line or a letter, or why it
+    abstained.  ``thread``: keep the run on that thread (the record says which)."""
+    import main  # the agent's graph: imported on first use, not to list the tools
+    from context import AgentContext
+    from question import parse
+
+    text, choices = parse(question)
+    settings = _settings()
+    with main.open_checkpointer(settings) as checkpointer:
+        result = main.run_agent(
+            text,
+            choices,
+            context=AgentContext.from_settings(settings),
+            checkpointer=checkpointer,
+            thread_id=thread or None,
+        )
+    if result.get("error"):
+        raise RuntimeError(result["error"])
+    return {"thread_id": result.get("thread_id"), **(result.get("answer") or {})}
+
+
+def build_server() -> Any:
+    """The MCP server (the official SDK's FastMCP) with the two tools."""
+    from mcp.server.fastmcp import FastMCP
+
+    server = FastMCP("legalragagent")
+    server.add_tool(
+        search_passages.func, name="search_passages", description=search_passages.description
+    )
+    server.add_tool(research, name="research")
+    return server
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)  # stdout carries the protocol: logs go to stderr
+    build_server().run("stdio")

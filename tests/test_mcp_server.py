@@ -1,0 +1,69 @@
+"""The research as tools: the LangChain tool, and the MCP server driven by the official `mcp` client
+over stdio, as another assistant would use it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from test_filters import PASSAGES
+
+import load_corpus
+import mcp_server
+from settings import Settings
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_search_passages_is_a_langchain_tool_whose_bad_input_names_the_problem(tmp_settings, fake):
+    load_corpus.load_passages(PASSAGES, tmp_settings, progress=False)
+    tool = mcp_server.search_passages
+    assert tool.name == "search_passages" and "jurisdiction" in tool.args
+    found = mcp_server.search("expectation damages", 3, jurisdiction="Texas", settings=tmp_settings)
+    assert len(found) == 3 and all(d["id"].startswith("tx_case_") for d in found)
+    with pytest.raises(ValueError, match="query is empty"):
+        mcp_server.search("  ", settings=tmp_settings)
+    with pytest.raises(ValueError, match="k=0"):
+        mcp_server.search("damages", 0, settings=tmp_settings)
+    with pytest.raises(ValueError, match="FILTER_JURISDICTION"):
+        mcp_server.search("damages", jurisdiction="Narnia", settings=tmp_settings)
+
+
+@pytest.mark.slow
+def test_the_mcp_server_over_stdio_lists_its_tools_searches_with_a_filter_and_reports_errors(
+    tmp_path,
+):
+    """A real MCP client (the `mcp` SDK) starts `python mcp_server.py` and talks to it over stdio;
+    the passages are indexed with the real embedder."""
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    env = {**os.environ, "CHROMA_DIR": str(tmp_path / "chroma"), "LLM_CACHE": "0"}
+    settings = Settings.from_env(env=env)
+    load_corpus.load_passages(PASSAGES, settings, progress=False)
+    params = StdioServerParameters(
+        command=sys.executable, args=[str(REPO / "mcp_server.py")], env=env, cwd=str(tmp_path)
+    )
+
+    async def session_calls():
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            tools = await session.list_tools()
+            found = await session.call_tool(
+                "search_passages",
+                {"query": "expectation damages for breach", "k": 4, "jurisdiction": "TX"},
+            )
+            empty = await session.call_tool("search_passages", {"query": ""})
+            return tools, found, empty
+
+    tools, found, empty = asyncio.run(session_calls())
+    assert {t.name for t in tools.tools} == {"search_passages", "research"}
+    assert not found.isError
+    passages = found.structuredContent["result"]
+    assert len(passages) == 4 and all(p["id"].startswith("tx_case_") for p in passages)
+    assert json.loads(found.content[0].text)["id"].startswith("tx_case_")
+    assert empty.isError and "query is empty" in empty.content[0].text
