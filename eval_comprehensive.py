@@ -148,12 +148,17 @@ class AgentRunError(RuntimeError):
 
 
 def _run_agent(
-    settings: Settings, answer_mode: str, client: Any, question: str, choices: dict | None
+    settings: Settings,
+    answer_mode: str,
+    client: Any,
+    question: str,
+    choices: dict | None,
+    issues: Sequence[str] = (),
 ) -> dict:
     """The agent's final state.  A run the model's API failed is a failed pair, not a wrong
     answer; a run cut by its deadline (RUN_TIMEOUT) is scored: answering in time is measured."""
     context = ec.agent_context(settings.replace(answer_mode=answer_mode), client)
-    state = agent.run_agent(question, choices, context=context)
+    state = agent.run_agent(question, choices, context=context, issues=issues)
     if state.get("stop_reason") == "error":
         raise AgentRunError(str(state.get("error") or "the run failed"))
     return state
@@ -677,18 +682,29 @@ def build_answers_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--modes", default=",".join(ANSWER_MODES), help="research,evidence[,ceiling]")
     p.add_argument("--grade", action="store_true", help="grade every answer A-F with the judge")
+    p.add_argument(
+        "--issues-from",
+        choices=["gold"],
+        help="with --facts: set each fact pattern's agenda to its gold doctrines' names (main.py "
+        "--issues), as a user who knows the field would name them",
+    )
     ec.add_cli_arguments(p)
     return p
 
 
 def agent_answer_fn(
-    settings: Settings, mode: str, llm_factory: ec.LLMFactory = None
+    settings: Settings,
+    mode: str,
+    llm_factory: ec.LLMFactory = None,
+    issues_of: Mapping[str, Sequence[str]] | None = None,
 ) -> Callable[[str], dict]:
-    """``question -> answer dict`` (eval_answers' shape) running the whole agent in ``mode``."""
+    """``question -> answer dict`` (eval_answers' shape) running the whole agent in ``mode``;
+    ``issues_of``: the agenda a user sets for each question (``--issues-from gold``)."""
 
     def answer(question: str) -> dict:
         client = LLMClient(settings, llm_factory=llm_factory)
-        state = _run_agent(settings, mode, client, question, None)
+        issues = (issues_of or {}).get(question, ())
+        state = _run_agent(settings, mode, client, question, None, issues)
         record = state.get("answer") or {}
         return {
             "answer": record.get("text") or "",
@@ -811,6 +827,7 @@ def run_answers_phase(
         or ("datasets/fact_patterns.jsonl" if args.facts else "datasets/open_questions.jsonl"),
         "facts": bool(args.facts),
         "split": args.split if args.facts else None,
+        "issues_from": args.issues_from,
         "modes": modes,
         "n_items": len(items),
         "llm": ec.llm_record(settings, ("mc_select", "rewrite")),
@@ -820,7 +837,10 @@ def run_answers_phase(
         "settings": ec.settings_record(settings),
     }
     run_dir.check_config(config, ("qa", "llm", "facts", "split"))
-    fns = {m: agent_answer_fn(settings, m, llm_factory) for m in modes if m != "ceiling"}
+    issues_of = None
+    if args.issues_from == "gold":  # the gold doctrines, as a user who knows the field names them
+        issues_of = {str(it["question"]): [i["name"] for i in it["issues"]] for it in items}
+    fns = {m: agent_answer_fn(settings, m, llm_factory, issues_of) for m in modes if m != "ceiling"}
     scorer = eval_answers.score_fact_pattern if args.facts else eval_answers.score_answer
     score = functools.partial(scorer, same_doctrine=same_doctrine_fn(settings))
     if "ceiling" in modes:

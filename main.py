@@ -24,7 +24,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -160,8 +160,10 @@ def run_agent(
     keep_on_interrupt: bool = False,
     checkpointer: Any = None,
     thread_id: str | None = None,
+    issues: Sequence[str] = (),
 ) -> dict:
-    """Research ``question`` (with optional MC ``choices``) and return the final state as a
+    """Research ``question`` (with optional MC ``choices``; ``issues``: the agenda, instead of
+    the model's picks) and return the final state as a
     JSON-able dict (``answer``: the answer record; run_metrics, stop_reason; ``error``: None or
     why the run ended early, the partial research kept).  ``context``'s RUN_TIMEOUT starts
     now; ``on_event`` gets {node, decision, seconds, t_s} per node; ``keep_on_interrupt`` (the
@@ -172,7 +174,7 @@ def run_agent(
     if not question:
         raise InputError("the question is empty")
     ctx = context.start_run()
-    parsed = Question.read(question, choices, ctx.state_law)
+    parsed = Question.read(question, choices, ctx.state_law, issues)
     initial: AgentState = {
         "question": parsed.objective,
         "parsed": parsed,
@@ -376,6 +378,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     flag("--no-index", help="do not build the starter index when the store is empty")
     add(
+        "--issues",
+        metavar="'A; B'",
+        help="research these issues (doctrine names, separated by ';') instead of the ones the "
+        "model picks: each is matched to a doctrine of the taxonomy it names, else searched as "
+        "written (up to MAX_STEPS)",
+    )
+    add(
         "--resume",
         metavar="ID",
         help="continue the run kept on thread ID from its last checkpoint (one stopped by "
@@ -569,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
                     keep_on_interrupt=True,
                     checkpointer=checkpointer,
                     thread_id=thread,
+                    issues=(args.issues or "").split(";"),
                 )
     except InputError as exc:
         return _error(exc)

@@ -391,10 +391,13 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     # that state's law alone: the general rules beside it are not what it asks for.
     within = law.code if law and law.held and ctx.scoped else ""
     candidates = candidate_doctrines(ctx, question, within)
-    listed = "\n".join(f"{n}. {c}" for n, c in enumerate(candidates, 1)) or "(none)"
-    result = prompts.call(ctx.client, "plan", objective=question, candidates=listed)
-    issues = picked_issues(result.parsed.issues if result.parsed else [], candidates)
     fallbacks = []
+    if q.issues:  # the user's agenda: each name as the candidate it names, else as written
+        issues = picked_issues(list(q.issues), candidates)
+    else:
+        listed = "\n".join(f"{n}. {c}" for n, c in enumerate(candidates, 1)) or "(none)"
+        result = prompts.call(ctx.client, "plan", objective=question, candidates=listed)
+        issues = picked_issues(result.parsed.issues if result.parsed else [], candidates)
     if not issues:
         fallbacks.append("planner: no issues named (the linked doctrines are researched)")
         issues = agenda(ctx, question, [])
@@ -414,7 +417,8 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         update["fallbacks"] = fallbacks
     left = "; ".join(issues[len(steps) :])
     later = f" (not researched: {left})" if left else ""
-    return update, f"{len(steps)} step(s): {'; '.join(issues[: len(steps)])}{later}"
+    given = ", set by the user" if q.issues else ""
+    return update, f"{len(steps)} step(s){given}: {'; '.join(issues[: len(steps)])}{later}"
 
 
 def _memory_entry(

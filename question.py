@@ -8,7 +8,7 @@ language and the law it asks for.  Every node and the answer stage read these fi
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -54,9 +54,13 @@ class Question:
     """Whether what is asked takes a yes or a no (:func:`asks_yes_or_no`)."""
     law: StateLaw | None = None
     """The state or country whose law it asks for (None: none named, or not read)."""
+    issues: tuple[str, ...] = ()
+    """The issues the user set as the agenda (``main.py --issues``), researched instead of the
+    model's picks (empty: the model picks)."""
 
     def __post_init__(self) -> None:  # a checkpoint gives the facts back as a list
         object.__setattr__(self, "facts", tuple(self.facts))
+        object.__setattr__(self, "issues", tuple(self.issues))
 
     @classmethod
     def read(
@@ -64,8 +68,10 @@ class Question:
         text: str,
         choices: Mapping[str, str] | None = None,
         law: Callable[[str], StateLaw | None] | None = None,
+        issues: Sequence[str] = (),
     ) -> Question:
-        """``text`` (without choices) read once; ``law(asked)`` names the law it asks for."""
+        """``text`` (without choices) read once; ``law(asked)`` names the law it asks for;
+        ``issues``: the agenda the user set."""
         text = " ".join(str(text).split())
         facts, asked = split_question(text)
         choices = {str(k).upper(): str(v) for k, v in (choices or {}).items()}
@@ -77,6 +83,7 @@ class Question:
             question_kind(text, choices),
             asks_yes_or_no(asked),
             law(asked) if law else None,
+            tuple(" ".join(i.split()) for i in issues if i.strip()),
         )
 
     @property

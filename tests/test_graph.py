@@ -1218,3 +1218,24 @@ def test_a_run_stopped_mid_research_resumes_from_its_last_checkpoint(tmp_setting
     assert script.roles()[done:] == ["apply", "apply", "bottom_line"]
     fresh, *_ = run(tmp_settings, fact_replies())
     assert resumed["answer"]["text"] == fresh["answer"]["text"] and not resumed.get("error")
+
+
+def test_the_issues_a_user_sets_are_researched_instead_of_the_models_picks(tmp_settings):
+    """`main.py --issues "Comparative negligence; Conversion"`: no plan call; an issue a candidate
+    names is researched as that candidate, another as written, in the user's order."""
+    replies = fact_replies()
+    replies.pop("plan")
+    replies["apply"] = replies["apply"][:1] + [J(checks=[{"n": 1, "fact": 1, "met": "yes"}])]
+    settings = tmp_settings.replace(
+        llm_max_retries=0, skip_injection_check=True, verdict_support=0.0
+    )
+    script = Script(replies)
+    client = LLMClient(settings, llm_factory=lambda role: ScriptedChat(role=role, script=script))
+    ctx = fake_context(settings, client=client, retrieve=FakeRetriever(LAW, ranked=True))
+    result = main.run_agent(FACTS, context=ctx, issues=["comparative negligence", " Conversion "])
+    assert "plan" not in script.roles()
+    assert result["issues"][1] == "Conversion"
+    assert result["parsed"]["issues"] == ["comparative negligence", "Conversion"]
+    assert [s["issue"] for s in result["planning_table"]][:2] == result["issues"][:2]
+    planner = next(e for e in result["trace"] if e["node"] == "planner")
+    assert "set by the user" in planner["decision"]
