@@ -16,6 +16,7 @@ applies each issue's rule to the facts; everything downstream reads that record.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -393,7 +394,11 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     candidates = candidate_doctrines(ctx, question, within)
     fallbacks = []
     if q.issues:  # the user's agenda: each name as the candidate it names, else as written
-        issues = picked_issues(list(q.issues), candidates)
+        # (its parentheses are the user's words, not an agenda item's linked doctrines)
+        named = picked_issues(list(q.issues), candidates)
+        issues = [
+            i if i in candidates else " ".join(re.sub(r"[()]", " ", i).split()) for i in named
+        ]
     else:
         listed = "\n".join(f"{n}. {c}" for n, c in enumerate(candidates, 1)) or "(none)"
         result = prompts.call(ctx.client, "plan", objective=question, candidates=listed)

@@ -1232,10 +1232,11 @@ def test_the_issues_a_user_sets_are_researched_instead_of_the_models_picks(tmp_s
     script = Script(replies)
     client = LLMClient(settings, llm_factory=lambda role: ScriptedChat(role=role, script=script))
     ctx = fake_context(settings, client=client, retrieve=FakeRetriever(LAW, ranked=True))
-    result = main.run_agent(FACTS, context=ctx, issues=["comparative negligence", " Conversion "])
+    named = ["comparative negligence", " Tag (transient) jurisdiction "]
+    result = main.run_agent(FACTS, context=ctx, issues=named)
     assert "plan" not in script.roles()
-    assert result["issues"][1] == "Conversion"
-    assert result["parsed"]["issues"] == ["comparative negligence", "Conversion"]
+    assert result["issues"][1] == "Tag transient jurisdiction"  # its words, not linked doctrines
+    assert result["parsed"]["issues"] == ["comparative negligence", "Tag (transient) jurisdiction"]
     assert [s["issue"] for s in result["planning_table"]][:2] == result["issues"][:2]
     planner = next(e for e in result["trace"] if e["node"] == "planner")
     assert "set by the user" in planner["decision"]
