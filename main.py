@@ -230,14 +230,19 @@ def _stream(
     """Run ``graph`` from ``initial`` (None: on from the thread's last checkpoint) to its end or
     its first failure, and return the JSON-able final state (see :func:`run_agent`)."""
     state = {**state, "error": None}
+    # A new question's state on a thread holds the last question's run until the first node has
+    # reset it: a failure before then reports this run's input alone.
+    current = initial is None
     t0 = time.perf_counter()
     try:
         for mode, chunk in graph.stream(
             initial, config=config, context=ctx, stream_mode=["updates", "values"]
         ):
             if mode == "values":
-                state = dict(chunk)
-            elif on_event is not None:
+                state = dict(chunk) if current else state
+            else:
+                current = True
+            if mode == "updates" and on_event is not None:
                 for update in chunk.values():
                     events = (update or {}).get("trace", [])
                     for event in getattr(events, "value", events):  # an Overwrite's too
