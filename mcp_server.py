@@ -43,11 +43,19 @@ def search(
     source_type: str = "",
     after: str = "",
     before: str = "",
-    *,
-    settings: Settings | None = None,
 ) -> list[dict[str, Any]]:
-    """The ``k`` passages of the corpus closest to ``query`` (hybrid search), within the filters:
-    each its id, title, source, authority metadata and text.  ValueError names a bad input."""
+    """Search the legal corpus for passages that answer ``query`` (hybrid search): each passage's
+    id, title, source, authority metadata and text.
+
+    Args:
+        query: what to search for, in words a source would use.
+        k: how many passages (1-50).
+        jurisdiction: US (federal) or a state, e.g. TX or Texas (comma-separated).
+        court: courts-db ids, e.g. scotus, ca9 (comma-separated).
+        source_type: constitution, statute, regulation, court_rule, case or secondary.
+        after: only passages dated on or after YYYY[-MM[-DD]].
+        before: only passages dated on or before YYYY[-MM[-DD]].
+    """
     query = " ".join(str(query or "").split())
     if not query:
         raise ValueError("query is empty: give the words to search for")
@@ -55,8 +63,7 @@ def search(
         raise ValueError(f"k={k}: must be between 1 and {MAX_K}")
     given = dict(jurisdiction=jurisdiction, court=court, source_type=source_type)
     given |= dict(after=after, before=before)
-    base = settings or _settings()
-    settings = base.replace(**{f"filter_{n}": v or "" for n, v in given.items()})
+    settings = _settings().replace(**{f"filter_{n}": v or "" for n, v in given.items()})
     filters.passage_filter(settings)  # SettingsError (a ValueError) names a bad filter value
     docs = rag_utils.retrieve_documents(query, k=int(k), settings=settings)
     return [
@@ -71,28 +78,8 @@ def search(
     ]
 
 
-@tool
-def search_passages(
-    query: str,
-    k: int = 5,
-    jurisdiction: str = "",
-    court: str = "",
-    source_type: str = "",
-    after: str = "",
-    before: str = "",
-) -> list[dict[str, Any]]:
-    """Search the legal corpus for passages that answer ``query``.
-
-    Args:
-        query: what to search for, in words a source would use.
-        k: how many passages (1-50).
-        jurisdiction: US (federal) or a state, e.g. TX or Texas (comma-separated).
-        court: courts-db ids, e.g. scotus, ca9 (comma-separated).
-        source_type: constitution, statute, regulation, court_rule, case or secondary.
-        after: only passages dated on or after YYYY[-MM[-DD]].
-        before: only passages dated on or before YYYY[-MM[-DD]].
-    """
-    return search(query, k, jurisdiction, court, source_type, after, before)
+search_passages = tool("search_passages", parse_docstring=True)(search)
+"""``search`` as a LangChain tool."""
 
 
 def research(question: str, thread: str = "") -> dict[str, Any]:
@@ -123,9 +110,7 @@ def build_server() -> Any:
     from mcp.server.fastmcp import FastMCP
 
     server = FastMCP("legalragagent")
-    server.add_tool(
-        search_passages.func, name="search_passages", description=search_passages.description
-    )
+    server.add_tool(search, name="search_passages")
     server.add_tool(research, name="research")
     return server
 

@@ -19,18 +19,22 @@ from settings import Settings
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_search_passages_is_a_langchain_tool_whose_bad_input_names_the_problem(tmp_settings, fake):
+def test_search_passages_is_a_langchain_tool_whose_bad_input_names_the_problem(
+    tmp_settings, fake, monkeypatch
+):
     load_corpus.load_passages(PASSAGES, tmp_settings, progress=False)
+    monkeypatch.setattr(mcp_server, "_settings", lambda: tmp_settings)
     tool = mcp_server.search_passages
     assert tool.name == "search_passages" and "jurisdiction" in tool.args
-    found = mcp_server.search("expectation damages", 3, jurisdiction="Texas", settings=tmp_settings)
+    assert "Texas" in tool.args["jurisdiction"]["description"]
+    found = tool.invoke({"query": "expectation damages", "k": 3, "jurisdiction": "Texas"})
     assert len(found) == 3 and all(d["id"].startswith("tx_case_") for d in found)
     with pytest.raises(ValueError, match="query is empty"):
-        mcp_server.search("  ", settings=tmp_settings)
+        mcp_server.search("  ")
     with pytest.raises(ValueError, match="k=0"):
-        mcp_server.search("damages", 0, settings=tmp_settings)
+        mcp_server.search("damages", 0)
     with pytest.raises(ValueError, match="FILTER_JURISDICTION"):
-        mcp_server.search("damages", jurisdiction="Narnia", settings=tmp_settings)
+        mcp_server.search("damages", jurisdiction="Narnia")
 
 
 @pytest.mark.slow
