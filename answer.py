@@ -519,11 +519,14 @@ def _gist(requirement: str) -> str:
     return " ".join(words[:GIST_WORDS]) + ("…" if len(words) > GIST_WORDS else "")
 
 
+def _turns_on_text(items: Sequence[str]) -> str:
+    """How an unsettled conclusion or bottom line ends: what it turns on, if anything."""
+    return f"; it turns on {'; '.join(items)}." if items else "."
+
+
 def _unsettled(issue: str, items: Sequence[str], cites: list[int]) -> Sentence:
     """The conclusion of an issue whose reading the research does not support: what decides it."""
-    text = f"{issue}: not settled by this research" + (
-        f"; it turns on {'; '.join(items)}." if items else "."
-    )
+    text = f"{issue}: not settled by this research{_turns_on_text(items)}"
     return Sentence(text, "conclusion", list(cites))
 
 
@@ -805,9 +808,7 @@ def _unsettled_line(asked: str, issues: Sequence[IssueAnswer], why: str = "") ->
     """A bottom line that gives no verdict: the question, that the research does not settle it,
     and the facts that would (what each issue turns on)."""
     items = list(dict.fromkeys(t for i in issues for t in i.turns_on))[:TURNS_ON]
-    text = f"{asked} Not settled by this research{why}" + (
-        f"; it turns on {'; '.join(items)}." if items else "."
-    )
+    text = f"{asked} Not settled by this research{why}{_turns_on_text(items)}"
     return Sentence(text, "bottom_line", _all_cites(issues))
 
 

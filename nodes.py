@@ -210,7 +210,7 @@ def read_question(text: str, ctx: AgentContext) -> Question:
 
 def law_asked(ctx: AgentContext, question: str) -> str:
     """The name of the state or country whose law ``question`` asks for ("" for none)."""
-    law = Question.read(question, None, ctx.state_law).law if ctx.state_law else None
+    law = ctx.state_law(question_mod.split_question(question)[1]) if ctx.state_law else None
     return law.name if law else ""
 
 
