@@ -147,6 +147,9 @@ class IssueAnswer:
     turns_on: list[str] = field(default_factory=list)
     """What decides the issue: each requirement the reading rests on and the fact said to meet or
     fail it, or a requirement no stated fact decides."""
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    """The application: per requirement (and exception), the stated fact that decides it and how
+    (:class:`prompts.Check` as a dict); a follow-up on the thread may carry it over."""
 
 
 @dataclass
@@ -182,6 +185,9 @@ class AnswerRecord:
     and ``text``, the answer as shown with its letter (``text`` stays the research's answer)."""
     lean: dict[str, Any] | None = None
     """Multiple choice: lean's retrieval for the letter (route, evidence_score, gate, ids)."""
+    reused: list[str] = field(default_factory=list)
+    """A follow-up's issues whose application is the thread's earlier one: none of the new facts
+    bears on their rule (cosine below :data:`FACT_FIT`)."""
 
     @classmethod
     def declined(cls, kind: Kind, text: str, why: str) -> AnswerRecord:
@@ -637,22 +643,29 @@ def rule_structure(sentences: Sequence[str]) -> tuple[list[str], list[str]]:
     return reqs, list(dict.fromkeys(exceptions))[:MAX_EXCEPTIONS]
 
 
+LATER_FACT = " (stated later: where it conflicts with an earlier fact, it holds)"
+"""How the ``apply`` call sees a follow-up's new facts (they win where the facts conflict)."""
+
+
 def apply_rule(
     client: Any,
     issue: str,
     reqs: Sequence[str],
     facts: Sequence[str],
     exceptions: Sequence[str] = (),
+    later: int = 0,
 ) -> list[Check] | None:
     """The ``apply`` call: for each requirement and exception, the stated fact that decides it
     (None: unusable reply; a reply cut off at its token budget keeps its complete checks).  A
-    requirement past :data:`MAX_REQUIREMENTS`, or left unanswered, is not decided by the facts."""
+    requirement past :data:`MAX_REQUIREMENTS`, or left unanswered, is not decided by the facts.
+    A follow-up's facts after the first ``later`` are marked as stated later, to win a conflict."""
     asked, unasked = list(reqs[:MAX_REQUIREMENTS]), reqs[MAX_REQUIREMENTS:]
     items = [*asked, *exceptions]
     numbered = "\n".join(
         f"{n}. {'(exception) ' if n > len(asked) else ''}{r}" for n, r in enumerate(items, 1)
     )
-    listed = "\n".join(f"F{n}. {f}" for n, f in enumerate(facts, 1))
+    mark = LATER_FACT if later else ""
+    listed = "\n".join(f"F{n}.{mark if n > later else ''} {f}" for n, f in enumerate(facts, 1))
     result = prompts.call(client, "apply", issue=issue, rule=numbered, facts=listed)
     parsed = result.parsed
     if parsed is None and result.finish_reason == "length":
@@ -882,6 +895,9 @@ class _Stage:
     taken: dict[tuple[str, str], str] = field(default_factory=dict)
     """(passage id, sentence) -> the issue it is a rule of (guard ``same_rule``)."""
     quotes: list[dict] = field(default_factory=list)
+    earlier: Mapping[str, list[dict]] = field(default_factory=dict)
+    """A follow-up's thread: each issue's application in the last answer (``IssueAnswer.checks``)."""
+    reused: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.guards = dict.fromkeys(GUARDS, 0)
@@ -899,6 +915,7 @@ class _Stage:
             why,
             quotes=self.quotes,
             guards=self.guards,
+            reused=self.reused,
         )
 
 
@@ -980,6 +997,7 @@ def _answered(
     answer = IssueAnswer(issue, "answered")
     answer.sentences = [Sentence(s, "rule", [n]) for (_, s), n in zip(rule, cites, strict=True)]
     if applied is not None:
+        answer.checks = [c.model_dump() for c in applied]
         answer.reading = _outcome(applied)
         answer.support = reading_support(applied, answer.reading)
         answer.turns_on = turns_on(applied, answer.reading)
@@ -1003,11 +1021,28 @@ def _checks(stage: _Stage, issue: str, rule: list) -> tuple[list[Check] | None, 
     reqs, exceptions = rule_structure([s for _, s in rule])
     if not (reqs or exceptions):  # the rule is quoted, with nothing to apply
         return None, False
-    applied = apply_rule(stage.client, issue, reqs, stage.q.facts, exceptions)
+    if (carried := _carried(stage, issue, [*reqs, *exceptions], rule)) is not None:
+        stage.reused.append(issue)
+        return carried, True
+    later = len(stage.q.earlier)
+    applied = apply_rule(stage.client, issue, reqs, stage.q.facts, exceptions, later=later)
     if applied is not None:
         applied, unrelated = related_checks(applied, stage.embed)
         stage.guards["unrelated_fact"] += unrelated
     return applied, True
+
+
+def _carried(stage: _Stage, issue: str, items: list[str], rule: list) -> list[Check] | None:
+    """A follow-up's application of ``issue`` carried over from its thread: the same rule's
+    requirements were applied to the earlier facts, and no new fact bears on the rule (cosine
+    below :data:`FACT_FIT`, the floor at which facts raise an issue).  None: apply it anew."""
+    earlier = stage.earlier.get(issue)
+    if not earlier or {c["requirement"] for c in earlier} != set(items):
+        return None
+    new = _rows(stage.embed, list(stage.q.new_facts))
+    if len(new) and fact_fit(rule, new, stage.embed) >= FACT_FIT:
+        return None
+    return [Check(**c) for c in earlier]
 
 
 def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Ruled]) -> None:
@@ -1095,14 +1130,16 @@ def build_record(
     decline: str = "",
     policy: Policy = "research",
     verdict_support: float = 0.0,
+    earlier: Mapping[str, list[dict]] | None = None,
 ) -> AnswerRecord:
     """The answer to ``question`` (read once: :class:`question.Question`) from the research of each issue (see the module docstring).
 
     ``decline``: why the research declines the question as a whole (off topic as asked); the
     record then abstains without a model call.  ``policy="evidence"``: every rule sentence passes
     the grounding gate first (:func:`verify_rule`).  ``verdict_support``: the support a reading of
-    the facts needs to be shown as a conclusion or verdict (above 1: none is)."""
-    stage = _Stage(client, question, embed, policy, verdict_support)
+    the facts needs to be shown as a conclusion or verdict (above 1: none is).  ``earlier``: a
+    follow-up's thread, each issue's application in its last answer (:func:`_carried`)."""
+    stage = _Stage(client, question, embed, policy, verdict_support, earlier=earlier or {})
     if decline:
         record = stage.record([], True, decline)
         record.text = f"{NO_ANSWER}: the sources do not cover this question as asked ({decline})."

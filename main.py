@@ -68,7 +68,7 @@ def build_graph(
     from langgraph.graph import END, START, StateGraph
 
     g = StateGraph(AgentState, context_schema=context_schema)
-    for name in ("detect_injection", "classifier", "planner", "executor"):
+    for name in ("detect_injection", "classifier", "planner", "review", "executor"):
         g.add_node(name, getattr(nodes, name))
     g.add_node(
         "evaluator",
@@ -88,6 +88,7 @@ def build_graph(
     g.add_conditional_edges("detect_injection", nodes.route_after_injection)
     g.add_conditional_edges("classifier", nodes.route_after_classifier)
     g.add_conditional_edges("planner", nodes.route_after_planner)
+    g.add_edge("review", "executor")
     g.add_edge("executor", "evaluator")
     g.add_edge("replanner", "executor")
     g.add_edge("observability", END)

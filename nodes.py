@@ -19,11 +19,11 @@ import logging
 import re
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from langgraph.runtime import Runtime
-from langgraph.types import Command, Overwrite
+from langgraph.types import Command, Overwrite, interrupt
 
 import answer as answer_stage
 import mc
@@ -31,7 +31,7 @@ import prompts
 import question as question_mod
 from context import AgentContext, Passage, default_context
 from question import Question, StateLaw
-from state import AgentState, Execution, MemoryEntry, PlanStep, merge_steps
+from state import AgentState, Execution, MemoryEntry, PlanStep, Turn, merge_steps
 
 logger = logging.getLogger(__name__)
 
@@ -164,13 +164,20 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     q = state.get("parsed")
     if q is None or q.objective != state["question"]:  # a new question on the thread
         q = read_question(state["question"], ctx)
-    check = ctx.check_injection(q.objective)
+    check = ctx.check_injection(q.objective)  # what the user typed, not the thread's facts
+    if turns := state.get("turns"):
+        last = turns[-1]
+        q = q.after(last.get("facts") or [], last.get("asked") or "", ctx.state_law)
     # the run's answer mode, resolved once (ANSWER_MODE=auto: lean with choices, else research)
     mode = answer_mode({**state, "parsed": q, "reading": {}}, ctx)
+    reading = {"injection": dict(check), "mode": mode, "review": bool(state.get("review"))}
+    if turns:
+        reading["follow_up"] = "hypothetical" if q.hypothetical else "question"
     update: dict[str, Any] = {
         **RUN_SCOPED,
         "parsed": q,
-        "reading": Overwrite({"injection": dict(check), "mode": mode}),
+        "review": False,  # asked for one run: the thread's next question is not paused
+        "reading": Overwrite(reading),
         "planning_table": Overwrite([]),
         "flagged_passages": Overwrite([]),
         "fallbacks": Overwrite([]),
@@ -221,9 +228,17 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     else its kind, field of law and topic."""
     q = state["parsed"]
     question = q.text
+    follow_up = (state.get("reading") or {}).get("follow_up")
+    if follow_up == "hypothetical":  # the thread's last question again, on changed facts
+        last = (state.get("turns") or [{}])[-1].get("reading") or {}
+        kept = {k: last[k] for k in ("query_type", "legal", "area", "topic") if k in last}
+        return {
+            "reading": kept
+        }, f"follow-up: read as the thread's last question ({kept.get('area')})"
     hit = None
     try:
-        if answer_mode(state, ctx) == "research":  # evidence answers are never cached
+        # evidence answers are never cached; a follow-up's facts are its thread's, not a saved one's
+        if answer_mode(state, ctx) == "research" and not follow_up:
             hit = ctx.check_memory(question)
     except Exception as exc:  # noqa: BLE001 - a broken memory must not stop the research
         logger.warning("QA memory lookup failed: %s", exc)
@@ -374,56 +389,139 @@ def picked_issues(picks: list[int | str], candidates: list[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def thread_research(state: AgentState) -> dict[str, tuple[PlanStep, dict[str, dict]]]:
+    """Per issue researched on the thread before this question: its latest completed step and
+    that step's passages (a follow-up reuses them instead of searching again)."""
+    out: dict[str, tuple[PlanStep, dict[str, dict]]] = {}
+    for turn in state.get("turns") or []:
+        kept = turn.get("passages") or {}
+        for step in turn.get("steps") or []:
+            ids = (step.get("execution") or {}).get("retrieved_doc_ids") or []
+            out[step["issue"]] = (step, {i: kept[i] for i in ids if i in kept})
+    return out
+
+
+def plan_steps(state: AgentState, ctx: AgentContext, issues: list[str]) -> dict[str, Any]:
+    """The planning table for ``issues`` (at most MAX_STEPS): an issue researched on the thread
+    before keeps its completed step and passages; any other gets a pending step."""
+    forced = ctx.settings.agent.search_strategy
+    first = FIRST_SEARCH if forced == "auto" else forced
+    facts = list(state["parsed"].facts)
+    done = thread_research(state)
+    steps: list[PlanStep] = []
+    passages: dict[str, dict] = {}
+    for n, issue in enumerate(issues[: ctx.settings.agent.max_steps], 1):
+        if issue in done:
+            step, found = done[issue]
+            steps.append({**step, "step_id": n})
+            passages.update(found)
+            continue
+        kept = answer_stage.issue_facts(issue, facts, ctx.embed) if facts else []
+        steps.append(step_for(n, issue, kept, first))
+    update: dict[str, Any] = {"planning_table": steps, "issues": issues}
+    if passages:
+        update["passages"] = {**(state.get("passages") or {}), **passages}
+    return update
+
+
+def user_agenda(names: Sequence[str], candidates: list[str]) -> list[str]:
+    """Issues the user named: each as the candidate it names, else as written (its parentheses
+    are the user's words, not an agenda item's linked doctrines)."""
+    named = picked_issues(list(names), candidates)
+    return [i if i in candidates else " ".join(re.sub(r"[()]", " ", i).split()) for i in named]
+
+
+def _steps_decision(update: dict[str, Any], given: str = "") -> str:
+    issues, steps = update["issues"], update["planning_table"]
+    reused = sum(1 for s in steps if s.get("execution"))
+    left = "; ".join(issues[len(steps) :])
+    return (
+        f"{len(steps)} step(s){given}: {'; '.join(issues[: len(steps)])}"
+        + (f" ({reused} researched on the thread before)" if reused else "")
+        + (f" (not researched: {left})" if left else "")
+    )
+
+
 @_traced("planner")
 def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """The agenda: one pending step per issue, at most MAX_STEPS
-    (the rest reported as not researched).  It sees the question without its choices."""
+    """The agenda: one step per issue, at most MAX_STEPS (the rest reported as not researched).
+    It sees the question without its choices.  A follow-up that asks the thread's last question
+    on changed facts keeps that question's agenda; any other lists the thread's issues first."""
     q, reading = state["parsed"], state.get("reading") or {}
-    question, facts, law = q.text, list(q.facts), q.law
+    last = (state.get("turns") or [{}])[-1]
+    kept = reading.get("follow_up") == "hypothetical" and not q.issues and last.get("issues")
     legal, area, topic = (
-        reading.get("legal", True),
-        reading.get("area", ""),
-        reading.get("topic", ""),
+        reading.get(k, d) for k, d in (("legal", True), ("area", ""), ("topic", ""))
     )
-    decline = "" if q.choices else off_topic(ctx, question, legal, area, topic, law)
+    decline = "" if q.choices or kept else off_topic(ctx, q.text, legal, area, topic, q.law)
     if decline:  # nothing to research: the answer stage declines and says why
         return {"reading": {"decline": decline}, "stop_reason": decline}, f"declined: {decline}"
     # A question that asks what a state's law provides, which the sources hold, is researched in
     # that state's law alone: the general rules beside it are not what it asks for.
-    within = law.code if law and law.held and ctx.scoped else ""
-    candidates = candidate_doctrines(ctx, question, within)
+    within = q.law.code if q.law and q.law.held and ctx.scoped else ""
+    candidates = list(
+        dict.fromkeys([*thread_research(state), *candidate_doctrines(ctx, q.text, within)])
+    )
     fallbacks = []
-    if q.issues:  # the user's agenda: each name as the candidate it names, else as written
-        # (its parentheses are the user's words, not an agenda item's linked doctrines)
-        named = picked_issues(list(q.issues), candidates)
-        issues = [
-            i if i in candidates else " ".join(re.sub(r"[()]", " ", i).split()) for i in named
-        ]
+    if kept:
+        issues = list(last["issues"])
+    elif q.issues:  # the user's agenda
+        issues = user_agenda(q.issues, candidates)
     else:
         listed = "\n".join(f"{n}. {c}" for n, c in enumerate(candidates, 1)) or "(none)"
-        result = prompts.call(ctx.client, "plan", objective=question, candidates=listed)
+        result = prompts.call(ctx.client, "plan", objective=q.text, candidates=listed)
         issues = picked_issues(result.parsed.issues if result.parsed else [], candidates)
     if not issues:
         fallbacks.append("planner: no issues named (the linked doctrines are researched)")
-        issues = agenda(ctx, question, [])
+        issues = agenda(ctx, q.text, [])
     if not issues:
         fallbacks.append("planner: no issues named or linked (the question itself is researched)")
-        issues = [question]
-    forced = ctx.settings.agent.search_strategy
-    first = FIRST_SEARCH if forced == "auto" else forced
-    steps: list[PlanStep] = []
-    for n, issue in enumerate(issues[: ctx.settings.agent.max_steps], 1):
-        kept = answer_stage.issue_facts(issue, facts, ctx.embed) if facts else []
-        steps.append(step_for(n, issue, kept, first))
-    update: dict[str, Any] = {"planning_table": steps, "issues": issues}
-    if within:
-        update["reading"] = {"within": within}
+        issues = [q.text]
+    update = plan_steps(state, ctx, issues)
+    update["reading"] = {"candidates": candidates, **({"within": within} if within else {})}
     if fallbacks:
         update["fallbacks"] = fallbacks
-    left = "; ".join(issues[len(steps) :])
-    later = f" (not researched: {left})" if left else ""
-    given = ", set by the user" if q.issues else ""
-    return update, f"{len(steps)} step(s){given}: {'; '.join(issues[: len(steps)])}{later}"
+    given = ", set by the user" if q.issues else ", the thread's last agenda" if kept else ""
+    return update, _steps_decision(update, given)
+
+
+REVIEW_HOW = (
+    "Press Enter to keep the agenda, or type the issues to research, separated by ';': a number "
+    "from the lists above, or an issue in your own words (e.g. '1; 4; Conversion')."
+)
+
+
+def reviewed_agenda(reply: Any, listed: list[str]) -> list[str]:
+    """The agenda a plan review's ``reply`` sets: "" or None keeps it (empty list back); else
+    issues separated by ';' (a string, a list, or {"issues": [...]}), each a number of
+    ``listed`` (the agenda, then the other candidates) or a name (:func:`user_agenda`)."""
+    if isinstance(reply, dict):
+        reply = reply.get("issues")
+    items = reply.split(";") if isinstance(reply, str) else list(reply or [])
+    names = []
+    for item in (" ".join(str(i).split()) for i in items):
+        if item.isdigit() and 1 <= int(item) <= len(listed):
+            names.append(listed[int(item) - 1])
+        elif item and not item.isdigit():
+            names.append(item)
+    return user_agenda(names, listed)
+
+
+@_traced("review")
+def review(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
+    """Plan review (``--review``; LangGraph's ``interrupt``): the run pauses with the agenda and
+    the other candidates, and goes on with the agenda the reply sets (``Command(resume=...)``)."""
+    issues = list(state.get("issues") or [])
+    candidates = (state.get("reading") or {}).get("candidates") or []
+    others = [c for c in candidates if c not in issues]
+    reply = interrupt({"agenda": issues, "candidates": others, "how": REVIEW_HOW})
+    agenda = reviewed_agenda(reply, issues + others)
+    if not agenda or agenda == issues:
+        return {}, "agenda kept by the user"
+    update = plan_steps(state, ctx, agenda)
+    decision = _steps_decision(update, ", reviewed by the user")
+    update["planning_table"] = Overwrite(update["planning_table"])
+    return update, decision
 
 
 def _memory_entry(
@@ -658,6 +756,7 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         decline=decline,
         policy=policy,
         verdict_support=ctx.verdict_support(),
+        earlier=earlier_applications(state),
     )
     update: dict[str, Any] = {"answer": record.to_dict()}
     if stop:
@@ -670,6 +769,14 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         + (f", bottom line {record.verdict}" if record.verdict else "")
     )
     return update, decision
+
+
+def earlier_applications(state: AgentState) -> dict[str, list[dict]]:
+    """A follow-up's thread: each issue's application in the last answer on it."""
+    if not (state.get("reading") or {}).get("follow_up"):
+        return {}
+    last = (state.get("turns") or [{}])[-1].get("answer") or {}
+    return {i["issue"]: i["checks"] for i in last.get("issues") or [] if i.get("checks")}
 
 
 def memory_record(state: AgentState) -> answer_stage.AnswerRecord:
@@ -821,6 +928,8 @@ def cache_blockers(state: AgentState, ctx: AgentContext) -> list[str]:
 def memory_writeback(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """Cache the answer (never the MC selection) when it is trustworthy and new."""
     blockers = cache_blockers(state, ctx)
+    if (state.get("reading") or {}).get("follow_up"):
+        blockers.insert(0, "a follow-up: its facts are its thread's")
     if blockers:
         return {}, f"skip: {blockers[0]}"
     record, passages = state.get("answer") or {}, state.get("passages") or {}
@@ -872,6 +981,8 @@ def compute_metrics(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
         "query_type": reading.get("query_type"),
         "answer_kind": record.get("kind"),
         "memory_hit": bool(state.get("recalled")),
+        "follow_up": reading.get("follow_up"),
+        "applications_reused": len(record.get("reused") or []),
         "abstained": bool(record.get("abstained")),
         "verdict": record.get("verdict"),
         "issues_answered": answered,
@@ -890,12 +1001,33 @@ def compute_metrics(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     }
 
 
+def turn(state: AgentState) -> Turn:
+    """What the thread keeps of this question for its follow-ups."""
+    q, reading = state["parsed"], state.get("reading") or {}
+    steps = [s for s in state.get("planning_table") or [] if s["status"] == "completed"]
+    ids = {i for s in steps for i in s["execution"].get("retrieved_doc_ids") or []}
+    passages = state.get("passages") or {}
+    return {
+        "question": state["question"],
+        "facts": list(q.facts),
+        "asked": q.asked,
+        "reading": {
+            k: reading[k] for k in ("query_type", "legal", "area", "topic") if k in reading
+        },
+        "issues": list(state.get("issues") or []),
+        "steps": steps,
+        "passages": {i: passages[i] for i in ids if i in passages},
+        "answer": state.get("answer") or {},
+    }
+
+
 @_traced("observability")
 def observability(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
+    """The run's metrics, and the question kept on its thread (``turns``)."""
     metrics = compute_metrics(state, ctx)
     logger.info("run metrics: %s", metrics)
     return (
-        {"run_metrics": metrics},
+        {"run_metrics": metrics, "turns": [turn(state)]},
         f"{metrics['llm_calls']} LLM calls, {metrics['steps_completed']} completed / "
         f"{metrics['steps_failed']} failed steps",
     )
@@ -916,6 +1048,9 @@ def route_after_classifier(state: AgentState) -> Literal["planner", "answer"]:
     return "answer" if state.get("recalled") else "planner"
 
 
-def route_after_planner(state: AgentState) -> Literal["executor", "answer"]:
-    """A question declined as off topic skips the research."""
-    return "answer" if (state.get("reading") or {}).get("decline") else "executor"
+def route_after_planner(state: AgentState) -> Literal["review", "executor", "answer"]:
+    """A question declined as off topic skips the research; a plan review pauses first."""
+    reading = state.get("reading") or {}
+    if reading.get("decline"):
+        return "answer"
+    return "review" if reading.get("review") else "executor"

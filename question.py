@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from nupunkt import sent_tokenize
@@ -57,10 +57,41 @@ class Question:
     issues: tuple[str, ...] = ()
     """The issues the user set as the agenda (``main.py --issues``), researched instead of the
     model's picks (empty: the model picks)."""
+    earlier: tuple[str, ...] = ()
+    """A follow-up's facts stated on its thread before it (the first of ``facts``; :meth:`after`)."""
+    hypothetical: bool = False
+    """A follow-up that asks the thread's last question again on changed facts ("What if ...?")."""
 
-    def __post_init__(self) -> None:  # a checkpoint gives the facts back as a list
-        object.__setattr__(self, "facts", tuple(self.facts))
-        object.__setattr__(self, "issues", tuple(self.issues))
+    def __post_init__(self) -> None:  # a checkpoint gives the tuples back as lists
+        for name in ("facts", "issues", "earlier"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+
+    @property
+    def new_facts(self) -> tuple[str, ...]:
+        """The facts this question states itself (a follow-up's, after its thread's)."""
+        return self.facts[len(self.earlier) :]
+
+    def after(
+        self,
+        facts: Sequence[str],
+        asked: str,
+        law: Callable[[str], StateLaw | None] | None = None,
+    ) -> Question:
+        """This question as a follow-up on a thread whose facts so far are ``facts`` and whose
+        last question asked ``asked``: the thread's facts, then this question's own (a
+        :data:`HYPOTHETICAL` follow-up states its new fact and asks ``asked`` again)."""
+        what_if = HYPOTHETICAL.match(self.asked) if not self.choices and asked else None
+        new = [*self.facts, _statement(what_if.group(1))] if what_if else list(self.facts)
+        asked = asked if what_if else self.asked
+        read = Question.read(" ".join([*facts, *new, asked]), self.choices, law, self.issues)
+        return replace(  # the sentences as each turn stated them, however the splitter joins them
+            read,
+            facts=(*facts, *new),
+            asked=asked,
+            yes_no=asks_yes_or_no(asked),
+            earlier=tuple(facts),
+            hypothetical=bool(what_if),
+        )
 
     @classmethod
     def read(
@@ -91,6 +122,17 @@ class Question:
         """The question with its choices as "(A) ..." lines (what the injection screen reads)."""
         lines = [f"({k}) {v}" for k, v in self.choices.items()]
         return "\n".join([self.text, *lines])
+
+
+HYPOTHETICAL = re.compile(r"^(?:what if|suppose|assume|imagine)(?: that)?\s+(.+?)[\s?.!]*$", re.I)
+"""A follow-up that changes the facts and asks the same question again: "What if the university
+had given her notice first?" states "The university had given her notice first." (a run's
+``follow_up`` metric counts them)."""
+
+
+def _statement(clause: str) -> str:
+    """A hypothetical's clause as a fact sentence."""
+    return clause[:1].upper() + clause[1:] + "."
 
 
 MIN_FACT_WORDS = 8

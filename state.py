@@ -1,7 +1,7 @@
 """The agent graph's state and plan steps (the run's dependencies are in context.py).
 
 Reducers: ``planning_table`` merges steps by ``step_id`` (a node returns only the steps it added or
-changed); ``flagged_passages``, ``fallbacks`` and ``trace`` append.
+changed); ``flagged_passages``, ``fallbacks``, ``trace`` and ``turns`` append.
 """
 
 from __future__ import annotations
@@ -77,6 +77,24 @@ def merge_dicts(left: dict | None, right: dict | None) -> dict:
     return {**(left or {}), **(right or {})}
 
 
+class Turn(TypedDict, total=False):
+    """One question asked on a thread, as the thread keeps it for the follow-ups (``turns``)."""
+
+    question: str
+    """The question as the user typed it."""
+    facts: list[str]
+    """Every fact the thread had stated by this turn (the earlier turns' and its own)."""
+    asked: str
+    reading: dict[str, Any]
+    """The classifier's reading: query_type, legal, area, topic."""
+    issues: list[str]
+    steps: list[PlanStep]
+    """The completed research steps, their passages in ``passages``."""
+    passages: dict[str, dict[str, Any]]
+    answer: dict[str, Any]
+    """The turn's answer record."""
+
+
 class AgentState(TypedDict, total=False):
     question: str
     """The user's input: the question, with the MC choices as "(A) ..." lines when present."""
@@ -84,6 +102,12 @@ class AgentState(TypedDict, total=False):
     """The question read once (``question.Question``): text, choices, facts, what is asked, kind."""
     answer_mode: Literal["auto", "research", "evidence", "lean"]
     """How the answer is made (ANSWER_MODE; a Studio run may set it in its input)."""
+    review: bool
+    """Input: pause after the planner for the user to keep, drop or add issues (``--review``;
+    LangGraph's ``interrupt``, resumed with ``Command(resume=...)``)."""
+    turns: Annotated[list[Turn], operator.add]
+    """The thread's conversation, one entry per question asked on it (the last node adds it): a
+    question after the first is a follow-up on the facts and research of those before it."""
     reading: Annotated[dict[str, Any], merge_dicts]
     """What the nodes read of the question before researching it: ``injection`` (the check's
     verdict), ``mode`` (the answer mode resolved), the classifier's ``query_type``, ``legal``,
