@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from langgraph.errors import GraphRecursionError
+from langgraph.types import Command
 
 import answer as answer_stage
 import filters
@@ -162,6 +163,7 @@ def run_agent(
     checkpointer: Any = None,
     thread_id: str | None = None,
     issues: Sequence[str] = (),
+    review: Callable[[dict], Any] | None = None,
 ) -> dict:
     """Research ``question`` (with optional MC ``choices``; ``issues``: the agenda, instead of
     the model's picks) and return the final state as a
@@ -170,7 +172,9 @@ def run_agent(
     now; ``on_event`` gets {node, decision, seconds, t_s} per node; ``keep_on_interrupt`` (the
     CLI): Ctrl-C ends the run like a failure (stop_reason "interrupted") instead of raising.
     With a ``checkpointer`` the run is kept on thread ``thread_id`` (a new one when None; the
-    result's ``thread_id``), which holds nothing of an earlier question's run but its history."""
+    result's ``thread_id``); a question after the first on a thread is a follow-up on its facts
+    and research.  ``review`` (needs a checkpointer): the run pauses after the planner and goes on
+    with the agenda ``review(pause)`` returns (:func:`nodes.review`)."""
     question = " ".join((question or "").split())
     if not question:
         raise InputError("the question is empty")
@@ -180,13 +184,16 @@ def run_agent(
         "question": parsed.objective,
         "parsed": parsed,
         "answer_mode": ctx.settings.agent.answer_mode,
+        "review": review is not None,
     }
+    if review is not None and checkpointer is None:
+        raise InputError("plan review pauses the run on its thread: CHECKPOINTS is off")
     graph = build_graph(checkpointer=checkpointer)
     config: dict[str, Any] = {"recursion_limit": recursion_limit(ctx.settings)}
     if checkpointer is not None:
         thread_id = thread_id or uuid.uuid4().hex
         config["configurable"] = {"thread_id": thread_id}
-    return _stream(graph, initial, config, ctx, dict(initial), on_event, keep_on_interrupt)
+    return _stream(graph, initial, config, ctx, dict(initial), on_event, keep_on_interrupt, review)
 
 
 def resume_agent(
@@ -196,10 +203,12 @@ def resume_agent(
     checkpointer: Any,
     on_event: Callable[[dict], None] | None = None,
     keep_on_interrupt: bool = False,
+    review: Callable[[dict], Any] | None = None,
 ) -> dict:
     """Continue the run kept on ``thread_id`` from its last checkpoint (one stopped by the run
-    deadline, a failed call, Ctrl-C or a killed process): the nodes that completed are not run
-    again.  InputError, naming the thread, when it holds no run or its run is finished."""
+    deadline, a failed call, Ctrl-C or a killed process, or paused for plan review: ``review``
+    answers the pause): the nodes that completed are not run again.  InputError, naming the
+    thread, when it holds no run or its run is finished."""
     graph = build_graph(checkpointer=checkpointer)
     config: dict[str, Any] = {"configurable": {"thread_id": thread_id}}
     try:
@@ -216,7 +225,12 @@ def resume_agent(
         )
     ctx = context.start_run()
     config["recursion_limit"] = recursion_limit(ctx.settings)
-    return _stream(graph, None, config, ctx, dict(saved.values), on_event, keep_on_interrupt)
+    resume = (
+        Command(resume=review(saved.interrupts[0].value)) if saved.interrupts and review else None
+    )
+    return _stream(
+        graph, resume, config, ctx, dict(saved.values), on_event, keep_on_interrupt, review
+    )
 
 
 def _stream(
@@ -227,27 +241,36 @@ def _stream(
     state: dict[str, Any],
     on_event: Callable[[dict], None] | None,
     keep_on_interrupt: bool,
+    review: Callable[[dict], Any] | None = None,
 ) -> dict:
-    """Run ``graph`` from ``initial`` (None: on from the thread's last checkpoint) to its end or
-    its first failure, and return the JSON-able final state (see :func:`run_agent`)."""
+    """Run ``graph`` from ``initial`` (None: on from the thread's last checkpoint; a Command: a
+    pause answered) to its end or its first failure, and return the JSON-able final state (see
+    :func:`run_agent`; ``paused``: what a pause that ``review`` did not answer asks)."""
     state = {**state, "error": None}
     # A new question's state on a thread holds the last question's run until the first node has
     # reset it: a failure before then reports this run's input alone.
-    current = initial is None
+    current = not isinstance(initial, dict)
     t0 = time.perf_counter()
     try:
-        for mode, chunk in graph.stream(
-            initial, config=config, context=ctx, stream_mode=["updates", "values"]
-        ):
-            if mode == "values":
-                state = dict(chunk) if current else state
-            else:
+        while True:
+            paused = None
+            for mode, chunk in graph.stream(
+                initial, config=config, context=ctx, stream_mode=["updates", "values"]
+            ):
+                if mode == "values":
+                    state = dict(chunk) if current else state
+                    continue
                 current = True
-            if mode == "updates" and on_event is not None:
-                for update in chunk.values():
-                    events = (update or {}).get("trace", [])
+                paused = chunk["__interrupt__"][0].value if "__interrupt__" in chunk else paused
+                for node, update in chunk.items():
+                    events = [] if node == "__interrupt__" else (update or {}).get("trace", [])
                     for event in getattr(events, "value", events):  # an Overwrite's too
-                        on_event({**event, "t_s": round(time.perf_counter() - t0, 3)})
+                        if on_event is not None:
+                            on_event({**event, "t_s": round(time.perf_counter() - t0, 3)})
+            if paused is None or review is None:
+                state["paused"] = paused
+                break
+            initial = Command(resume=review(paused))
     except LLMDeadlineError as exc:  # RUN_TIMEOUT, not a failing model
         state = _partial(state, ctx, f"run deadline reached: {exc}")
     except (LLMCallError, LLMConfigError) as exc:
@@ -401,9 +424,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--thread",
         metavar="ID",
         help="keep this run on thread ID (the id another run printed; default: a new thread). "
-        "Each run's state is checkpointed in CHECKPOINTS; a new question on a thread starts "
-        "from nothing of the last one's research",
+        "Each run's state is checkpointed in CHECKPOINTS; a question on a thread is a follow-up: "
+        "it is read after the thread's facts (a 'What if ...?' asks the last question again on "
+        "its new fact), and reuses the research of the issues researched on it",
     )
+    flag(
+        "--review",
+        help="pause after the planner: show the agenda and the other candidate issues, and read "
+        "from stdin the issues to research (Enter keeps the agenda)",
+    )
+    flag("--history", help="with --thread ID: print the questions asked on the thread and exit")
     flag("-q", "--quiet", help="do not stream the per-node progress lines")
     flag("-v", "--verbose", help="debug logging (and tracebacks on unexpected errors)")
     filters.add_arguments(parser)
@@ -438,6 +468,8 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
             "answers.)"
         )
     record = result.get("answer") or {}
+    if note := _follow_up_note(result):
+        out(note)
     if within := (result.get("reading") or {}).get("within"):
         out(f"(Searched {within} law only: the question asks what it provides.)")
     out(answer_stage.AnswerRecord.shown(record) or "(no answer)")
@@ -477,10 +509,69 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
         out("  node_latency_s: " + ", ".join(f"{k} {v:.2f}" for k, v in lat.items()))
 
 
+def ask_review(pause: dict) -> str:
+    """The plan review's question on stderr, the user's reply from stdin ("" at its end)."""
+    agenda, others = pause.get("agenda") or [], pause.get("candidates") or []
+    lines = ["", "PLAN REVIEW: the issues to research"]
+    lines += [f"  {n}. {issue}" for n, issue in enumerate(agenda, 1)]
+    if others:
+        lines.append("other candidates:")
+        lines += [f"  {n}. {c}" for n, c in enumerate(others, len(agenda) + 1)]
+    lines.append(pause.get("how") or "")
+    print("\n".join(lines), file=sys.stderr)
+    print("issues> ", end="", file=sys.stderr, flush=True)
+    return sys.stdin.readline().strip()
+
+
+def print_history(turns: list[dict], out: Callable[[str], None]) -> None:
+    """The questions asked on a thread, each with its agenda and its answer's first line."""
+    for n, turn in enumerate(turns, 1):
+        record = turn.get("answer") or {}
+        first = (answer_stage.AnswerRecord.shown(record) or "(no answer)").splitlines()[0]
+        out(f"{n}. {turn.get('question')}")
+        out(f"   issues: {'; '.join(turn.get('issues') or []) or 'none'}")
+        out(f"   answer: {first}")
+
+
+def _follow_up_note(result: dict) -> str:
+    """What a follow-up took from its thread, in one line ("" for a thread's first question)."""
+    parsed, record = result.get("parsed") or {}, result.get("answer") or {}
+    if not (result.get("reading") or {}).get("follow_up"):
+        return ""
+    note = f"(A follow-up: {len(parsed.get('earlier') or [])} fact(s) from earlier on the thread"
+    if reused := record.get("reused"):
+        note += (
+            f"; the application of {'; '.join(reused)} is the thread's earlier one: no new fact"
+            " bears on its rule"
+        )
+    return note + ".)"
+
+
 def _ensure_index(settings: Settings) -> None:
     added = load_corpus.ensure_starter_index(settings)
     if added:
         print(f"built the starter index: {added} passages", file=sys.stderr)
+
+
+def _history(settings: Settings, thread: str, as_json: bool) -> int:
+    """``--thread ID --history``: the thread's questions (exit 2 when it holds none)."""
+    try:
+        with open_checkpointer(settings) as checkpointer:
+            if checkpointer is None:
+                raise InputError("--history reads the checkpoint store: CHECKPOINTS is off")
+            saved = build_graph(checkpointer=checkpointer).get_state(
+                {"configurable": {"thread_id": thread}}
+            )
+    except InputError as exc:
+        return _error(exc)
+    turns = (saved.values or {}).get("turns") or []
+    if not turns:
+        return _error(f"no question has been answered on thread {thread}")
+    if as_json:
+        print(json.dumps(_jsonable(turns), indent=2, ensure_ascii=False))
+    else:
+        print_history(turns, print)
+    return 0
 
 
 def _error(message: object, status: int = 2) -> int:
@@ -511,7 +602,11 @@ def main(argv: list[str] | None = None) -> int:
             return _error(exc)
         print(f"cleared the QA memory: {n} cached answer(s) deleted")
         return 0
-    if args.query is None and not args.resume:
+    if args.history and (not args.thread or args.query is not None or args.resume):
+        return _error("--history prints a thread's questions: give --thread ID and no question")
+    if args.review and args.query == "-":
+        return _error("--review reads its reply from stdin: give the question as an argument")
+    if args.query is None and not (args.resume or args.history):
         parser.print_usage(sys.stderr)
         return _error("give a question, a demo name (simple, multi_hop, medium) or '-'")
     if args.resume and (args.query is not None or args.thread):
@@ -538,6 +633,9 @@ def main(argv: list[str] | None = None) -> int:
         rag_utils.require_reranker(settings)  # a missing model stops here, not mid-research
     except (InputError, SettingsError, LLMConfigError, rag_utils.ModelLoadError) as exc:
         return _error(exc)
+
+    if args.history:
+        return _history(settings, args.thread, args.json)
 
     def on_event(event: dict) -> None:
         line = f"{event['node']:<16} {event['decision']} ({event['seconds']:.1f}s)"
@@ -574,6 +672,7 @@ def main(argv: list[str] | None = None) -> int:
                     checkpointer=checkpointer,
                     on_event=events,
                     keep_on_interrupt=True,
+                    review=ask_review,
                 )
             else:
                 result = run_agent(
@@ -585,6 +684,7 @@ def main(argv: list[str] | None = None) -> int:
                     checkpointer=checkpointer,
                     thread_id=thread,
                     issues=(args.issues or "").split(";"),
+                    review=ask_review if args.review else None,
                 )
     except InputError as exc:
         return _error(exc)
