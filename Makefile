@@ -4,7 +4,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 # A CPU build of torch; override (e.g. TORCH_SPEC="torch") for a GPU machine.
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= local,dev
+# studio: `langgraph dev`, which tests/test_dev_server.py starts.
+EXTRAS ?= local,dev,studio
 
 .PHONY: setup demo test lint bench lock clean-index
 
