@@ -459,9 +459,9 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     # A question that asks what a state's law provides, which the sources hold, is researched in
     # that state's law alone: the general rules beside it are not what it asks for.
     within = q.law.code if q.law and q.law.held and ctx.scoped else ""
-    candidates = list(
-        dict.fromkeys([*thread_research(state), *candidate_doctrines(ctx, q.text, within)])
-    )
+    # the thread's issues first; a kept agenda searches for others only for the user to review
+    found = candidate_doctrines(ctx, q.text, within) if reading.get("review") or not kept else []
+    candidates = list(dict.fromkeys([*thread_research(state), *found]))
     fallbacks = []
     if kept:
         issues = list(last["issues"])

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from fakes import CutOff, Script, ScriptedChat
 
+import answer
 import main
 import nodes
 from context import AgentContext, StateLaw
@@ -1218,6 +1219,140 @@ def test_a_run_stopped_mid_research_resumes_from_its_last_checkpoint(tmp_setting
     assert script.roles()[done:] == ["apply", "apply", "bottom_line"]
     fresh, *_ = run(tmp_settings, fact_replies())
     assert resumed["answer"]["text"] == fresh["answer"]["text"] and not resumed.get("error")
+
+
+def _thread_context(tmp_settings, replies: dict[str, list[Any]]):
+    settings = tmp_settings.replace(
+        llm_max_retries=0,
+        skip_injection_check=True,
+        verdict_support=0.0,
+        checkpoints=str(Path(tmp_settings.retrieval.chroma_dir).parent / "threads.sqlite"),
+    )
+    script = Script(replies)
+    client = LLMClient(settings, llm_factory=lambda role: ScriptedChat(role=role, script=script))
+    retriever = FakeRetriever(LAW, ranked=True)
+    memory = Memory()
+    ctx = AgentContext(
+        settings=settings,
+        client=client,
+        retrieve=retriever,
+        embed=fake_embed,
+        check_memory=memory.check,
+        write_memory=memory.write,
+    )
+    return settings, ctx, script, retriever, memory
+
+
+WHAT_IF = "What if store employees met their duty to inspect with reasonable care?"
+"""A follow-up on FACTS whose new fact bears on the negligence rule ("A store owes its invitees
+reasonable care and a duty to inspect.") and not on comparative negligence's."""
+
+
+def test_a_follow_up_reads_the_threads_facts_and_redoes_only_what_its_new_fact_bears_on(
+    tmp_settings, monkeypatch
+):
+    """`main.py --thread ID "What if ...?"`: the thread's last question asked again on its facts
+    and the new one (listed as stated later), with no classify or plan call, no search and no QA
+    memory; the issue the new fact bears on is applied again, the other keeps its application."""
+    monkeypatch.setattr(answer, "FACT_FIT", 0.2)  # the facts of LAW raise both its issues
+    replies = fact_replies()
+    replies["apply"] += [
+        J(checks=[{"n": 1, "fact": 4, "met": "no"}, {"n": 2, "fact": 4, "met": "no"}])
+    ]
+    replies["bottom_line"] += [J(answer="no", conclusion=1)]
+    settings, ctx, script, retriever, memory = _thread_context(tmp_settings, replies)
+    with main.open_checkpointer(settings) as saver:
+        first = main.run_agent(FACTS, context=ctx, checkpointer=saver)
+        searches, asked_first = len(retriever.calls), len(script.roles())
+        memory.check = lambda q: pytest.fail("a follow-up consulted the QA memory")
+        second = main.run_agent(
+            WHAT_IF, context=ctx, checkpointer=saver, thread_id=first["thread_id"]
+        )
+    assert script.roles()[asked_first:] == ["apply", "bottom_line"]
+    assert len(retriever.calls) == searches  # the thread's passages, not a new search
+    new_fact = "Store employees met their duty to inspect with reasonable care."
+    assert second["parsed"]["facts"] == [*first["parsed"]["facts"], new_fact]
+    assert second["parsed"]["asked"] == "Is the store liable to Paula?"
+    assert second["reading"]["follow_up"] == "hypothetical"
+    assert f"F4.{answer.LATER_FACT} {new_fact}" in script.prompts("apply")[-1]
+    assert second["answer"]["reused"] == ["Comparative negligence"]
+    kept = [
+        i["checks"] for i in second["answer"]["issues"] if i["issue"] == "Comparative negligence"
+    ]
+    assert kept == [
+        i["checks"] for i in first["answer"]["issues"] if i["issue"] == "Comparative negligence"
+    ]
+    assert second["run_metrics"]["follow_up"] == "hypothetical"
+    assert "skip: a follow-up" in next(
+        e["decision"] for e in second["trace"] if e["node"] == "memory_writeback"
+    )
+    assert [t["question"] for t in second["turns"]] == [FACTS, WHAT_IF]
+
+
+def test_history_prints_a_threads_questions(tmp_settings, monkeypatch, capsys):
+    replies = fact_replies()
+    settings, ctx, *_ = _thread_context(tmp_settings, replies)
+    with main.open_checkpointer(settings) as saver:
+        thread = main.run_agent(FACTS, context=ctx, checkpointer=saver)["thread_id"]
+    monkeypatch.setenv("CHECKPOINTS", settings.agent.checkpoints)
+    assert main.main(["--thread", thread, "--history"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"1. {FACTS}\n   issues: Negligence; Comparative negligence\n   answer: ")
+    assert main.main(["--thread", "nope", "--history"]) == 2
+    assert "no question has been answered on thread nope" in capsys.readouterr().err
+    assert main.main(["--history"]) == 2
+
+
+def test_plan_review_pauses_after_the_planner_and_researches_the_agenda_the_user_sets(
+    tmp_settings,
+):
+    """`--review`: the run pauses (LangGraph's interrupt) with the agenda and the other candidates;
+    the reply's numbers and names set the agenda, and only it is searched and applied.  On a
+    server the same pause is resumed with ``Command(resume=...)``."""
+    from langgraph.types import Command
+
+    replies = fact_replies(apply=[COMPARE], bottom_line=[BOTTOM])
+    settings, ctx, script, retriever, _ = _thread_context(tmp_settings, replies)
+    pauses: list[dict] = []
+
+    def reply(pause: dict) -> str:
+        pauses.append(pause)
+        return "2"
+
+    with main.open_checkpointer(settings) as saver:
+        result = main.run_agent(FACTS, context=ctx, checkpointer=saver, review=reply)
+    assert pauses[0]["agenda"] == ["Negligence", "Comparative negligence"]
+    assert "Press Enter to keep the agenda" in pauses[0]["how"]
+    assert result["issues"] == ["Comparative negligence"]
+    assert [s["issue"] for s in result["planning_table"]] == ["Comparative negligence"]
+    assert script.roles() == ["classify", "plan", "apply", "bottom_line"]
+    review = next(e for e in result["trace"] if e["node"] == "review")
+    assert "reviewed by the user: Comparative negligence" in review["decision"]
+
+    # the server's way: the run ends paused, and a Command resumes it
+    settings, ctx, script, *_ = _thread_context(tmp_settings, fact_replies())
+    with main.open_checkpointer(settings) as saver:
+        graph = main.build_graph(checkpointer=saver)
+        config = {"configurable": {"thread_id": "t-review"}}
+        paused = graph.invoke({"question": FACTS, "review": True}, config, context=ctx)
+        assert paused["__interrupt__"][0].value["agenda"] == [
+            "Negligence",
+            "Comparative negligence",
+        ]
+        done = graph.invoke(Command(resume=""), config, context=ctx)  # Enter: the agenda kept
+        assert done["issues"] == ["Negligence", "Comparative negligence"]
+        assert not done["answer"]["abstained"] and done["review"] is False
+
+
+def test_a_review_reply_names_issues_by_number_or_in_the_users_words():
+    listed = ["Negligence", "Comparative negligence (Comparative fault)", "Conversion"]
+    assert nodes.reviewed_agenda("", listed) == []
+    assert nodes.reviewed_agenda(" 3 ; 1", listed) == ["Conversion", "Negligence"]
+    assert nodes.reviewed_agenda("comparative negligence; Trespass to chattels; 9", listed) == [
+        "Comparative negligence (Comparative fault)",
+        "Trespass to chattels",
+    ]
+    assert nodes.reviewed_agenda({"issues": ["2"]}, listed) == [listed[1]]
 
 
 def test_the_issues_a_user_sets_are_researched_instead_of_the_models_picks(tmp_settings):
