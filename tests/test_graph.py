@@ -8,7 +8,6 @@ import hashlib
 import json
 import math
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +17,6 @@ import main
 import nodes
 from context import AgentContext, StateLaw
 from llm_config import LLMClient
-from question import InputError, Question
 
 # ------------------------------------------------------------------------------------------------
 # Fakes
@@ -1112,112 +1110,6 @@ def test_ctrl_c_in_the_cli_keeps_the_research_so_far_and_an_eval_loop_still_stop
     result = main.run_agent(FACTS, context=ctx, keep_on_interrupt=True)
     assert result["stop_reason"] == "interrupted" and result["answer"]["abstained"] is True
     assert "Found before it stopped: Negligence: " in result["answer"]["text"]
-
-
-# ------------------------------------------------------------------------------------------------
-# Threads: a checkpointed thread keeps each run's state, and a new question starts clean
-# ------------------------------------------------------------------------------------------------
-
-
-SPANISH = "¿Cuáles son los elementos de una demanda por negligencia en Estados Unidos?"
-
-
-def _two_questions_replies() -> dict[str, list[Any]]:
-    replies = fact_replies()
-    spanish = J(topic="negligence", area="torts", legal=True, query_type="simple")
-    replies["classify"] = [spanish, *replies["classify"]]
-    return replies
-
-
-def test_a_second_question_on_a_thread_gets_its_own_answer_not_the_first_ones_decline(
-    tmp_settings, monkeypatch
-):
-    """Reproduced with the graph compiled with a checkpointer, as the LangGraph dev server runs
-    it: a question declined as off topic, then on the same thread an answerable one, was declined
-    with the first one's reason (the thread kept ``decline``, and the trace held both runs)."""
-    from langgraph.checkpoint.memory import InMemorySaver
-
-    settings = tmp_settings.replace(
-        llm_max_retries=0, skip_injection_check=True, verdict_support=0.0
-    )
-    script = Script(_two_questions_replies())
-    client = LLMClient(settings, llm_factory=lambda role: ScriptedChat(role=role, script=script))
-    ctx = fake_context(settings, client=client, retrieve=FakeRetriever(LAW, ranked=True))
-    monkeypatch.setattr(nodes, "default_context", lambda: ctx)
-    graph = main.build_graph(context_schema=None, checkpointer=InMemorySaver())
-    config = {"configurable": {"thread_id": "t1"}}
-    first = graph.invoke({"question": SPANISH}, config, context={})
-    assert first["answer"]["abstained"] and "not in English" in first["reading"]["decline"]
-    second = graph.invoke({"question": FACTS}, config, context={})
-    assert not second["answer"]["abstained"] and "decline" not in second["reading"]
-    assert "Is the store liable to Paula? Yes. Negligence:" in second["answer"]["text"]
-    assert second["stop_reason"] == "" and second["parsed"].text == FACTS
-    nodes_of_second = [e["node"] for e in second["trace"]]
-    assert (
-        nodes_of_second.count("detect_injection") == 1 and nodes_of_second[0] == "detect_injection"
-    )
-    assert [s["step_id"] for s in second["planning_table"]] == [1, 2]
-    # the thread keeps both runs in its history
-    history = list(graph.get_state_history(config))
-    asked = {h.values.get("question") for h in history}
-    assert {SPANISH, FACTS} <= asked
-
-
-def test_a_cli_run_is_checkpointed_on_a_thread_in_the_sqlite_store(tmp_settings):
-    """Every run is kept on a thread in CHECKPOINTS (SQLite): the id comes back with the result,
-    and the thread's state loads again in a new connection, the question read as it was."""
-    settings = tmp_settings.replace(
-        llm_max_retries=0,
-        skip_injection_check=True,
-        verdict_support=0.0,
-        checkpoints=str(Path(tmp_settings.retrieval.chroma_dir).parent / "threads.sqlite"),
-    )
-    script = Script(_two_questions_replies())
-    client = LLMClient(settings, llm_factory=lambda role: ScriptedChat(role=role, script=script))
-    ctx = fake_context(settings, client=client, retrieve=FakeRetriever(LAW, ranked=True))
-    with main.open_checkpointer(settings) as saver:
-        first = main.run_agent(SPANISH, context=ctx, checkpointer=saver)
-        thread = first["thread_id"]
-        second = main.run_agent(FACTS, context=ctx, checkpointer=saver, thread_id=thread)
-    assert thread and second["thread_id"] == thread and not second["answer"]["abstained"]
-    with main.open_checkpointer(settings) as saver:
-        saved = main.build_graph(checkpointer=saver).get_state(
-            {"configurable": {"thread_id": thread}}
-        )
-    assert saved.values["parsed"] == Question.read(FACTS)
-    assert saved.values["answer"]["text"] == second["answer"]["text"]
-    with main.open_checkpointer(settings.replace(checkpoints="off")) as saver:
-        assert saver is None
-
-
-def test_a_run_stopped_mid_research_resumes_from_its_last_checkpoint(tmp_settings):
-    """Ctrl-C during the first application: `--resume ID` goes on from the last checkpoint, so
-    classify and plan (and the searches) are not repeated, and the answer is the one an
-    uninterrupted run gives.  A thread with nothing to continue is refused with one clear line."""
-    settings = tmp_settings.replace(
-        llm_max_retries=0,
-        skip_injection_check=True,
-        verdict_support=0.0,
-        checkpoints=str(Path(tmp_settings.retrieval.chroma_dir).parent / "threads.sqlite"),
-    )
-    replies = fact_replies()
-    replies["apply"] = [KeyboardInterrupt(), *replies["apply"]]
-    script = Script(replies)
-    client = LLMClient(settings, llm_factory=lambda role: ScriptedChat(role=role, script=script))
-    ctx = fake_context(settings, client=client, retrieve=FakeRetriever(LAW, ranked=True))
-    with main.open_checkpointer(settings) as saver:
-        stopped = main.run_agent(FACTS, context=ctx, checkpointer=saver, keep_on_interrupt=True)
-        assert stopped["stop_reason"] == "interrupted"
-        done = len(script.roles())
-        resumed = main.resume_agent(stopped["thread_id"], context=ctx, checkpointer=saver)
-        with pytest.raises(InputError, match="is finished"):
-            main.resume_agent(stopped["thread_id"], context=ctx, checkpointer=saver)
-        with pytest.raises(InputError, match="no run is kept on thread nope"):
-            main.resume_agent("nope", context=ctx, checkpointer=saver)
-    assert script.roles()[:done] == ["classify", "plan", "apply"]
-    assert script.roles()[done:] == ["apply", "apply", "bottom_line"]
-    fresh, *_ = run(tmp_settings, fact_replies())
-    assert resumed["answer"]["text"] == fresh["answer"]["text"] and not resumed.get("error")
 
 
 def test_the_issues_a_user_sets_are_researched_instead_of_the_models_picks(tmp_settings):

@@ -1,0 +1,336 @@
+"""Threads and their checkpoint store (CHECKPOINTS): each run kept on a thread, a new question on
+a thread starting clean, a stopped run resumed — on a SQLite file and on a PostgreSQL server this
+file starts — and what a store shared by processes, or written by another version, does."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fakes import Script, ScriptedChat
+
+# The graph's fake world, and its autouse fixture (synthetic passages share no word with facts).
+from test_graph import (  # noqa: F401
+    FACTS,
+    LAW,
+    FakeRetriever,
+    J,
+    _facts_relate_to_synthetic_rules,
+    fact_replies,
+    fake_context,
+    run,
+)
+
+import main
+import nodes
+from llm_config import LLMClient
+from question import InputError, Question
+
+REPO = Path(__file__).resolve().parent.parent
+
+# ------------------------------------------------------------------------------------------------
+# The stores: a SQLite file, a PostgreSQL server of the test's own
+# ------------------------------------------------------------------------------------------------
+
+
+def _postgres_bin() -> Path | None:
+    """The folder of PostgreSQL's initdb and pg_ctl: on PATH, else where Debian installs them
+    (/usr/lib/postgresql/<version>/bin, off PATH), the newest version first."""
+    on_path = shutil.which("pg_ctl")
+    debian = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin"),
+        key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+        reverse=True,
+    )
+    folders = [Path(on_path).resolve().parent] if on_path else []
+    return next((f for f in folders + debian if (f / "initdb").exists()), None)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _as_server_user(folder: Path) -> list[str]:
+    """The command prefix that runs PostgreSQL's programs: the server refuses to run as root, so
+    a root test (CI) runs them as Debian's ``postgres`` user, which then owns ``folder``."""
+    if os.geteuid() != 0:
+        return []
+    runuser = shutil.which("runuser", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
+    user = next((u for u in pwd.getpwall() if u.pw_name == "postgres"), None)
+    if not (runuser and user):
+        pytest.skip("running as root, with no 'postgres' user (or no runuser) to run the server")
+    os.chown(folder, user.pw_uid, user.pw_gid)
+    return [runuser, "-u", "postgres", "--"]
+
+
+def _ok(command: list[str], cwd: Path) -> None:
+    proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{command} failed: {proc.stdout}{proc.stderr}"
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """A throwaway PostgreSQL server on a free port of 127.0.0.1 (its data in a temporary folder,
+    trust authentication), stopped and deleted afterwards: the URL of its ``postgres`` superuser,
+    without a database."""
+    bin_dir = _postgres_bin()
+    if bin_dir is None:
+        pytest.skip("PostgreSQL is not installed (no pg_ctl on PATH or in /usr/lib/postgresql)")
+    # Not below pytest's tmp_path: its root-owned 0700 parents would shut out the postgres user.
+    folder = Path(tempfile.mkdtemp(prefix="lra-pg-"))
+    port, data, started = _free_port(), str(folder / "data"), False
+    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+    try:
+        as_user = _as_server_user(folder)
+        pg_ctl = [*as_user, str(bin_dir / "pg_ctl"), "-D", data]
+        initdb = [*as_user, str(bin_dir / "initdb"), "-D", data, "-U", "postgres", "-A", "trust"]
+        _ok([*initdb, "--no-sync"], folder)
+        _ok([*pg_ctl, "-l", str(folder / "log"), "-w", "-o", options, "start"], folder)
+        started = True
+        yield f"postgresql://postgres@127.0.0.1:{port}"
+    finally:
+        if started:
+            subprocess.run([*pg_ctl, "-m", "immediate", "stop"], cwd=folder, capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request, tmp_path) -> str:
+    """CHECKPOINTS for the test: a SQLite file, or a new database on the PostgreSQL server."""
+    if request.param == "sqlite":
+        return str(tmp_path / "threads.sqlite")
+    import psycopg
+
+    server = request.getfixturevalue("postgres_server")
+    name = f"threads_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return f"{server}/{name}"
+
+
+def _agent(tmp_settings, store: str, replies: dict) -> tuple:
+    """Settings on ``store``, a scripted client answering ``replies`` and the fake context."""
+    settings = tmp_settings.replace(
+        llm_max_retries=0, skip_injection_check=True, verdict_support=0.0, checkpoints=store
+    )
+    script = Script(replies)
+    client = LLMClient(settings, llm_factory=lambda role: ScriptedChat(role=role, script=script))
+    ctx = fake_context(settings, client=client, retrieve=FakeRetriever(LAW, ranked=True))
+    return settings, script, ctx
+
+
+# ------------------------------------------------------------------------------------------------
+# Threads: a checkpointed thread keeps each run's state, and a new question starts clean
+# ------------------------------------------------------------------------------------------------
+
+
+SPANISH = "¿Cuáles son los elementos de una demanda por negligencia en Estados Unidos?"
+
+
+def _two_questions_replies() -> dict:
+    replies = fact_replies()
+    spanish = J(topic="negligence", area="torts", legal=True, query_type="simple")
+    replies["classify"] = [spanish, *replies["classify"]]
+    return replies
+
+
+def test_a_second_question_on_a_thread_gets_its_own_answer_not_the_first_ones_decline(
+    tmp_settings, monkeypatch, store
+):
+    """Reproduced with the graph compiled with a checkpointer, as the LangGraph dev server runs
+    it: a question declined as off topic, then on the same thread an answerable one, was declined
+    with the first one's reason (the thread kept ``decline``, and the trace held both runs)."""
+    settings, _, ctx = _agent(tmp_settings, store, _two_questions_replies())
+    monkeypatch.setattr(nodes, "default_context", lambda: ctx)
+    with main.open_checkpointer(settings) as saver:
+        graph = main.build_graph(context_schema=None, checkpointer=saver)
+        config = {"configurable": {"thread_id": "t1"}}
+        first = graph.invoke({"question": SPANISH}, config, context={})
+        assert first["answer"]["abstained"] and "not in English" in first["reading"]["decline"]
+        second = graph.invoke({"question": FACTS}, config, context={})
+        history = list(graph.get_state_history(config))
+    assert not second["answer"]["abstained"] and "decline" not in second["reading"]
+    assert "Is the store liable to Paula? Yes. Negligence:" in second["answer"]["text"]
+    assert second["stop_reason"] == "" and second["parsed"].text == FACTS
+    nodes_of_second = [e["node"] for e in second["trace"]]
+    assert (
+        nodes_of_second.count("detect_injection") == 1 and nodes_of_second[0] == "detect_injection"
+    )
+    assert [s["step_id"] for s in second["planning_table"]] == [1, 2]
+    # the thread keeps both runs in its history
+    assert {SPANISH, FACTS} <= {h.values.get("question") for h in history}
+
+
+def test_a_cli_run_is_checkpointed_on_a_thread_in_the_store(tmp_settings, store):
+    """Every run is kept on a thread in CHECKPOINTS: the id comes back with the result, and the
+    thread's state loads again in a new connection, the question read as it was."""
+    settings, _, ctx = _agent(tmp_settings, store, _two_questions_replies())
+    with main.open_checkpointer(settings) as saver:
+        first = main.run_agent(SPANISH, context=ctx, checkpointer=saver)
+        thread = first["thread_id"]
+        second = main.run_agent(FACTS, context=ctx, checkpointer=saver, thread_id=thread)
+    assert thread and second["thread_id"] == thread and not second["answer"]["abstained"]
+    with main.open_checkpointer(settings) as saver:
+        saved = main.build_graph(checkpointer=saver).get_state(main.thread_config(thread))
+    assert saved.values["parsed"] == Question.read(FACTS)
+    assert saved.values["answer"]["text"] == second["answer"]["text"]
+    with main.open_checkpointer(settings.replace(checkpoints="off")) as saver:
+        assert saver is None
+
+
+def test_a_run_stopped_mid_research_resumes_from_its_last_checkpoint(tmp_settings, store):
+    """Ctrl-C during the first application: `--resume ID` goes on from the last checkpoint, so
+    classify and plan (and the searches) are not repeated, and the answer is the one an
+    uninterrupted run gives.  A thread with nothing to continue is refused with one clear line."""
+    replies = fact_replies()
+    replies["apply"] = [KeyboardInterrupt(), *replies["apply"]]
+    settings, script, ctx = _agent(tmp_settings, store, replies)
+    with main.open_checkpointer(settings) as saver:
+        stopped = main.run_agent(FACTS, context=ctx, checkpointer=saver, keep_on_interrupt=True)
+        assert stopped["stop_reason"] == "interrupted"
+        done = len(script.roles())
+    with main.open_checkpointer(settings) as saver:  # as a later process resumes it
+        resumed = main.resume_agent(stopped["thread_id"], context=ctx, checkpointer=saver)
+        with pytest.raises(InputError, match="is finished"):
+            main.resume_agent(stopped["thread_id"], context=ctx, checkpointer=saver)
+        with pytest.raises(InputError, match="no run is kept on thread nope"):
+            main.resume_agent("nope", context=ctx, checkpointer=saver)
+    assert script.roles()[:done] == ["classify", "plan", "apply"]
+    assert script.roles()[done:] == ["apply", "apply", "bottom_line"]
+    fresh, *_ = run(tmp_settings, fact_replies())
+    assert resumed["answer"]["text"] == fresh["answer"]["text"] and not resumed.get("error")
+
+
+# ------------------------------------------------------------------------------------------------
+# The store as the command line meets it
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli_env(tmp_path, monkeypatch) -> Path:
+    """``main.main`` in this process with an index of one passage and a context it never uses
+    (the checks tested here come first); CHECKPOINTS is the returned SQLite file."""
+    monkeypatch.setattr(main.rag_utils, "corpus_count", lambda settings: 1)
+    monkeypatch.setattr(main, "AgentContext", type("C", (), {"from_settings": staticmethod(id)}))
+    monkeypatch.setenv("CHROMA_DIR", str(tmp_path / "chroma"))
+    monkeypatch.setenv("CHECKPOINTS", str(tmp_path / "threads.sqlite"))
+    return tmp_path / "threads.sqlite"
+
+
+def test_a_postgres_server_that_cannot_be_reached_is_one_line_naming_it_without_password(
+    cli_env, monkeypatch, capsys
+):
+    """Before any work (the index is not looked at), exit status 2, and the password stays out
+    of the line."""
+    url = f"postgresql://lra:s3cret@127.0.0.1:{_free_port()}/threads"  # nothing listens there
+    monkeypatch.setenv("CHECKPOINTS", url)
+    monkeypatch.setattr(main.rag_utils, "corpus_count", lambda settings: pytest.fail("indexed"))
+    assert main.main(["--no-index", "What is negligence?"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "s3cret" not in err[0], err
+    assert err[0].startswith(
+        f"main.py: error: CHECKPOINTS={url.replace('lra:s3cret', '***')}: cannot connect to the "
+        "PostgreSQL server: connection failed:"
+    )
+
+
+def _stopped_thread(tmp_settings, store: str) -> str:
+    """A run on ``store`` stopped by Ctrl-C in its first application: its thread's id."""
+    replies = fact_replies(apply=[KeyboardInterrupt()], bottom_line=[])
+    settings, _, ctx = _agent(tmp_settings, store, replies)
+    with main.open_checkpointer(settings) as saver:
+        return main.run_agent(FACTS, context=ctx, checkpointer=saver, keep_on_interrupt=True)[
+            "thread_id"
+        ]
+
+
+def test_a_checkpoint_that_does_not_load_is_one_line_and_exit_2(tmp_settings, cli_env, capsys):
+    import sqlite3
+
+    thread = _stopped_thread(tmp_settings, str(cli_env))
+    with contextlib.closing(sqlite3.connect(cli_env)) as conn, conn:
+        conn.execute("UPDATE checkpoints SET checkpoint = x'c1'")  # 0xc1: never valid msgpack
+    assert main.main(["--no-index", "--resume", thread]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"main.py: error: thread {thread} cannot be read (ValueError: invalid type Reserved): "
+        "start a new thread"
+    ]
+
+
+# ------------------------------------------------------------------------------------------------
+# Reliability: processes sharing one SQLite store
+# ------------------------------------------------------------------------------------------------
+
+
+WRITER = """
+import sys
+from typing import TypedDict
+
+from langgraph.graph import END, START, StateGraph
+
+import main
+from settings import Settings
+
+store, name, steps, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+
+
+class Count(TypedDict):
+    n: int
+
+
+graph = StateGraph(Count)
+graph.add_node("step", lambda state: {"n": state["n"] + 1})
+graph.add_edge(START, "step")
+graph.add_conditional_edges("step", lambda state: "step" if state["n"] < steps else END)
+with main.open_checkpointer(Settings.from_env(env={}, checkpoints=store)) as saver:
+    app = graph.compile(checkpointer=saver)
+    print("ready", flush=True)
+    sys.stdin.readline()  # both writers start together
+    for i in range(threads):
+        app.invoke({"n": 0}, main.thread_config(f"{name}-{i}") | {"recursion_limit": steps + 9})
+"""
+"""A process that checkpoints ``threads`` runs of a counting graph (``steps`` steps each) into
+the SQLite ``store``, each on thread ``name-i``."""
+
+
+def test_two_processes_writing_one_sqlite_store_at_once_lose_nothing(tmp_path):
+    """Two CLI runs (or an eval beside a run) checkpoint into one file at the same moment: a
+    writer waits for the other's transaction instead of failing with "database is locked", and
+    every checkpoint of both is kept."""
+    steps, threads = 40, 15
+    store = str(tmp_path / "threads.sqlite")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    writers = [
+        subprocess.Popen([sys.executable, "-c", WRITER, store, name, str(steps), str(threads)],
+                         env=env, text=True,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for name in ("a", "b")
+    ]  # fmt: skip
+    for w in writers:
+        assert w.stdout.readline() == "ready\n", w.communicate()[1]
+    for w in writers:
+        w.stdin.write("go\n")
+        w.stdin.flush()
+    for w in writers:
+        _, err = w.communicate(timeout=300)
+        assert w.returncode == 0, err[-2000:]
+    settings = main.Settings.from_env(env={}, checkpoints=store)
+    with main.open_checkpointer(settings) as saver:
+        for name in ("a", "b"):
+            for i in range(threads):
+                config = main.thread_config(f"{name}-{i}")
+                assert saver.get_tuple(config).checkpoint["channel_values"]["n"] == steps
+                assert len(list(saver.list(config))) == steps + 2  # the input, then each step
