@@ -46,7 +46,7 @@ from providers import (
 )
 from question import MAX_QUESTION_CHARS, InputError, Question, parse
 from settings import SEARCH_TYPES, Settings, SettingsError, load_dotenv_file, run_script
-from state import AgentState
+from state import STATE_VERSION, AgentState
 
 logger = logging.getLogger(__name__)
 
@@ -235,15 +235,16 @@ def run_agent(
 
 
 def thread_config(thread_id: str) -> dict[str, Any]:
-    """The run config that keeps a run on ``thread_id``."""
-    return {"configurable": {"thread_id": thread_id}}
+    """The run config that keeps a run on ``thread_id``, each checkpoint marked with the state's
+    version (LangGraph copies the config's metadata into the checkpoint's)."""
+    return {"configurable": {"thread_id": thread_id}, "metadata": {"state_version": STATE_VERSION}}
 
 
 def thread_state(graph: Any, config: dict[str, Any]) -> Any:
     """The state kept on ``config``'s thread (empty for a new one) when this version can go on
-    with it.  InputError, one line naming the thread, when it cannot: its checkpoint does not
-    load (a broken store, or one another version wrote), and a run on it would fail halfway or
-    misread it."""
+    with it.  InputError, one line naming the thread, when it cannot: another version of the
+    state wrote it, or its checkpoint does not load (a broken store), and a run on it would
+    fail halfway or misread it."""
     thread = config["configurable"]["thread_id"]
     try:
         saved = graph.get_state(config)
@@ -252,6 +253,13 @@ def thread_state(graph: Any, config: dict[str, Any]) -> Any:
         raise InputError(f"thread {thread} cannot be read ({reason}): start a new thread") from None
     if not saved.values:
         return saved
+    version = (saved.metadata or {}).get("state_version", 1)  # none recorded: v1
+    if version != STATE_VERSION:
+        older = isinstance(version, int) and version < STATE_VERSION
+        raise InputError(
+            f"thread {thread} was written by {'an older' if older else 'another'} version of "
+            f"LegalRagAgent (state v{version}; this is v{STATE_VERSION}): start a new thread"
+        )
     if not isinstance(saved.values.get("parsed"), Question):  # the serializer's fallback: a dict
         raise InputError(
             f"thread {thread} cannot be read: its question does not load as this version's "

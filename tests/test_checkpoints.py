@@ -256,6 +256,37 @@ def _stopped_thread(tmp_settings, store: str) -> str:
         ]
 
 
+def test_a_thread_another_state_version_wrote_is_refused_with_one_line(
+    tmp_settings, cli_env, monkeypatch, capsys
+):
+    """A thread kept by an older version: --resume and --thread say so in one line (exit 2)
+    instead of running on a state this version would misread."""
+    thread = _stopped_thread(tmp_settings, str(cli_env))
+    monkeypatch.setattr(main, "STATE_VERSION", 2)
+    line = (
+        f"main.py: error: thread {thread} was written by an older version of LegalRagAgent "
+        "(state v1; this is v2): start a new thread"
+    )
+    for args in (["--resume", thread], ["--thread", thread, "What is negligence?"]):
+        assert main.main(["--no-index", *args]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [line]
+
+
+def test_a_thread_kept_before_state_versions_loads_unless_its_question_does_not(tmp_settings):
+    """A thread with no state version was written by v1 (the state threads were introduced
+    with): it loads while its question reads back as a Question; one whose question comes back
+    as the serializer's fallback (a dict: a Question of another shape) is refused."""
+    settings = tmp_settings.replace(checkpoints=str(Path(tmp_settings.llm.cache_path).parent / "t.db"))  # fmt: skip
+    with main.open_checkpointer(settings) as saver:
+        graph = main.build_graph(checkpointer=saver)
+        for thread, parsed in (("kept", Question.read(FACTS)), ("other", {"text": FACTS})):
+            config = {"configurable": {"thread_id": thread}}  # no version in the metadata
+            graph.update_state(config, {"question": FACTS, "parsed": parsed}, as_node="planner")
+        assert main.thread_state(graph, main.thread_config("kept")).values["parsed"].text == FACTS
+        with pytest.raises(InputError, match="thread other cannot be read: its question does not"):
+            main.thread_state(graph, main.thread_config("other"))
+
+
 def test_a_checkpoint_that_does_not_load_is_one_line_and_exit_2(tmp_settings, cli_env, capsys):
     import sqlite3
 
