@@ -38,10 +38,16 @@ import nodes
 import rag_utils
 from context import AgentContext
 from llm_config import LLMCallError, LLMDeadlineError
-from providers import LLMConfigError, check_config, install_log_redaction
+from providers import (
+    LLMConfigError,
+    check_config,
+    install_log_redaction,
+    redact_url,
+    redact_urls_in_text,
+)
 from question import MAX_QUESTION_CHARS, InputError, Question, parse
 from settings import SEARCH_TYPES, Settings, SettingsError, load_dotenv_file, run_script
-from state import AgentState
+from state import STATE_VERSION, AgentState
 
 logger = logging.getLogger(__name__)
 
@@ -100,25 +106,62 @@ CHECKPOINT_TYPES = [("question", "Question"), ("question", "StateLaw")]
 """The project's types in the state, which a checkpoint may load back."""
 
 
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+"""CHECKPOINTS values that name a PostgreSQL server instead of a SQLite file."""
+
+
 @contextlib.contextmanager
 def open_checkpointer(settings: Settings) -> Iterator[Any]:
-    """The SQLite checkpoint store of CHECKPOINTS (None when "off"), open for the block."""
-    path = settings.agent.checkpoints
-    if path.strip().lower() in ("", "off", "none", "0"):
+    """The checkpoint store of CHECKPOINTS, open for the block: LangGraph's PostgreSQL
+    checkpointer for a postgresql:// URL (a server that runs on several machines can share), else
+    its SQLite checkpointer on that file; None when "off"."""
+    store = settings.agent.checkpoints.strip()
+    if store.lower() in ("", "off", "none", "0"):
         yield None
         return
     from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-    from langgraph.checkpoint.sqlite import SqliteSaver
 
-    Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(Path(path).expanduser(), check_same_thread=False)
-    try:
-        serde = JsonPlusSerializer(allowed_msgpack_modules=CHECKPOINT_TYPES)
-        saver = SqliteSaver(conn, serde=serde)
+    serde = JsonPlusSerializer(allowed_msgpack_modules=CHECKPOINT_TYPES)
+    opener = _open_postgres if store.lower().startswith(POSTGRES_SCHEMES) else _open_sqlite
+    with opener(store, serde) as saver:
         saver.setup()
         yield saver
-    finally:
-        conn.close()
+
+
+@contextlib.contextmanager
+def _open_sqlite(path: str, serde: Any) -> Iterator[Any]:
+    """A SQLite store that several processes can write at once (two CLI runs, an eval beside a
+    run): in WAL mode readers do not block the writer, and a writer waits up to 30 s for
+    another's transaction instead of failing with "database is locked"."""
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    file = Path(path).expanduser()
+    file.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.closing(sqlite3.connect(file, timeout=30, check_same_thread=False)) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+        yield SqliteSaver(conn, serde=serde)
+
+
+@contextlib.contextmanager
+def _open_postgres(url: str, serde: Any) -> Iterator[Any]:
+    """A PostgreSQL store on the server of ``url``.  A server that cannot be reached is a bad
+    setting (SettingsError naming the URL without its password), said before any work; a
+    connection attempt gives up after 10 s unless the URL sets ``connect_timeout``."""
+    import psycopg
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from psycopg.conninfo import conninfo_to_dict
+    from psycopg.rows import dict_row
+
+    try:  # the connection PostgresSaver.from_conn_string opens, which takes no serializer
+        params = {"connect_timeout": 10, **conninfo_to_dict(url)}
+        conn = psycopg.connect(**params, autocommit=True, prepare_threshold=0, row_factory=dict_row)
+    except psycopg.Error as exc:
+        reason = redact_urls_in_text(" ".join(str(exc).split()))
+        raise SettingsError(
+            f"CHECKPOINTS={redact_url(url)}: cannot connect to the PostgreSQL server: {reason}"
+        ) from None
+    with conn:
+        yield PostgresSaver(conn, serde=serde)
 
 
 def make_graph() -> Any:
@@ -172,13 +215,23 @@ def run_agent(
     now; ``on_event`` gets {node, decision, seconds, t_s} per node; ``keep_on_interrupt`` (the
     CLI): Ctrl-C ends the run like a failure (stop_reason "interrupted") instead of raising.
     With a ``checkpointer`` the run is kept on thread ``thread_id`` (a new one when None; the
-    result's ``thread_id``); a question after the first on a thread is a follow-up on its facts
+    result's ``thread_id``; InputError when this version cannot go on with the thread:
+    :func:`thread_state`); a question after the first on a thread is a follow-up on its facts
     and research.  ``review`` (needs a checkpointer): the run pauses after the planner and goes on
     with the agenda ``review(pause)`` returns (:func:`nodes.review`)."""
     question = " ".join((question or "").split())
     if not question:
         raise InputError("the question is empty")
+    if review is not None and checkpointer is None:
+        raise InputError("plan review pauses the run on its thread: CHECKPOINTS is off")
+    graph = build_graph(checkpointer=checkpointer)
+    config: dict[str, Any] = {}
+    if checkpointer is not None:
+        config = thread_config(thread_id or uuid.uuid4().hex)
+        if thread_id:
+            thread_state(graph, config)  # a thread this version cannot go on with stops here
     ctx = context.start_run()
+    config["recursion_limit"] = recursion_limit(ctx.settings)
     parsed = Question.read(question, choices, ctx.state_law, issues)
     initial: AgentState = {
         "question": parsed.objective,
@@ -186,14 +239,41 @@ def run_agent(
         "answer_mode": ctx.settings.agent.answer_mode,
         "review": review is not None,
     }
-    if review is not None and checkpointer is None:
-        raise InputError("plan review pauses the run on its thread: CHECKPOINTS is off")
-    graph = build_graph(checkpointer=checkpointer)
-    config: dict[str, Any] = {"recursion_limit": recursion_limit(ctx.settings)}
-    if checkpointer is not None:
-        thread_id = thread_id or uuid.uuid4().hex
-        config["configurable"] = {"thread_id": thread_id}
     return _stream(graph, initial, config, ctx, dict(initial), on_event, keep_on_interrupt, review)
+
+
+def thread_config(thread_id: str) -> dict[str, Any]:
+    """The run config that keeps a run on ``thread_id``, each checkpoint marked with the state's
+    version (LangGraph copies the config's metadata into the checkpoint's)."""
+    return {"configurable": {"thread_id": thread_id}, "metadata": {"state_version": STATE_VERSION}}
+
+
+def thread_state(graph: Any, config: dict[str, Any]) -> Any:
+    """The state kept on ``config``'s thread (empty for a new one) when this version can go on
+    with it.  InputError, one line naming the thread, when it cannot: another version of the
+    state wrote it, or its checkpoint does not load (a broken store), and a run on it would
+    fail halfway or misread it."""
+    thread = config["configurable"]["thread_id"]
+    try:
+        saved = graph.get_state(config)
+    except Exception as exc:  # noqa: BLE001 - whatever the store or the serializer raises
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())  # on one line
+        raise InputError(f"thread {thread} cannot be read ({reason}): start a new thread") from None
+    if not saved.values:
+        return saved
+    version = (saved.metadata or {}).get("state_version", 1)  # none recorded: v1
+    if version != STATE_VERSION:
+        older = isinstance(version, int) and version < STATE_VERSION
+        raise InputError(
+            f"thread {thread} was written by {'an older' if older else 'another'} version of "
+            f"LegalRagAgent (state v{version}; this is v{STATE_VERSION}): start a new thread"
+        )
+    if not isinstance(saved.values.get("parsed"), Question):  # the serializer's fallback: a dict
+        raise InputError(
+            f"thread {thread} cannot be read: its question does not load as this version's "
+            "(written by another version of LegalRagAgent?): start a new thread"
+        )
+    return saved
 
 
 def resume_agent(
@@ -208,15 +288,11 @@ def resume_agent(
     """Continue the run kept on ``thread_id`` from its last checkpoint (one stopped by the run
     deadline, a failed call, Ctrl-C or a killed process, or paused for plan review: ``review``
     answers the pause): the nodes that completed are not run again.  InputError, naming the
-    thread, when it holds no run or its run is finished."""
+    thread, when it holds no run, its run is finished or this version cannot go on with it
+    (:func:`thread_state`)."""
     graph = build_graph(checkpointer=checkpointer)
-    config: dict[str, Any] = {"configurable": {"thread_id": thread_id}}
-    try:
-        saved = graph.get_state(config)
-    except Exception as exc:  # noqa: BLE001 - a store another version wrote, or a broken file
-        raise InputError(
-            f"thread {thread_id} cannot be read: {type(exc).__name__}: {exc}"
-        ) from None
+    config = thread_config(thread_id)
+    saved = thread_state(graph, config)
     if not saved.values:
         raise InputError(f"no run is kept on thread {thread_id}")
     if not saved.next:
@@ -329,7 +405,9 @@ settings (environment variables or .env; a flag above wins over its variable):
   SEARCH_STRATEGY (auto)  auto | dense | keyword | hybrid (--strategy)
   RETRIEVAL_K (5)         passages per research step
   MEMORY_THRESHOLD (0.92) cosine at which a cached answer (QA memory) is reused
-  CHECKPOINTS             SQLite file of the runs' threads (~/.cache/legalragagent/checkpoints.sqlite); off = none
+  CHECKPOINTS             where the runs' threads are kept: a SQLite file
+                          (~/.cache/legalragagent/checkpoints.sqlite), or a postgresql:// URL
+                          (postgresql://user:password@host:5432/db) to use a PostgreSQL server; off = none
   CHROMA_DIR, CHROMA_HOST, CHROMA_PORT   vector store; EMBEDDING_MODEL (default all-MiniLM-L6-v2)
   RERANKER (auto|cross-encoder|hybrid|none), LOCAL_MODEL_DIR, LOCAL_THREADS, LOCAL_CTX_SIZE
 
@@ -559,9 +637,7 @@ def _history(settings: Settings, thread: str, as_json: bool) -> int:
         with open_checkpointer(settings) as checkpointer:
             if checkpointer is None:
                 raise InputError("--history reads the checkpoint store: CHECKPOINTS is off")
-            saved = build_graph(checkpointer=checkpointer).get_state(
-                {"configurable": {"thread_id": thread}}
-            )
+            saved = thread_state(build_graph(checkpointer=checkpointer), thread_config(thread))
     except InputError as exc:
         return _error(exc)
     turns = (saved.values or {}).get("turns") or []
@@ -578,6 +654,73 @@ def _error(message: object, status: int = 2) -> int:
     """Print the first line of ``main.py: error: message`` on stderr; return ``status``."""
     print(f"main.py: error: {message}".splitlines()[0], file=sys.stderr)
     return status
+
+
+def _index_problem(args: argparse.Namespace, settings: Settings) -> str | None:
+    """Why no run can start on the indexed passages (none for this embedding model, or none the
+    passage filters allow), checked before any model call, not mid-research; the starter index
+    is built first when the store is empty (unless --no-index).  None: a run can start."""
+    if not args.no_index:
+        _ensure_index(settings)
+    if rag_utils.corpus_count(settings) == 0:
+        where = settings.retrieval.chroma_host or settings.retrieval.chroma_dir
+        return (
+            f"no passages are indexed for the embedding model "
+            f"{rag_utils.embedder_name(settings)} in {where}: run `python load_corpus.py "
+            "starter` (or load your own), or drop --no-index"
+        )
+    flt = filters.passage_filter(settings)
+    if flt and not rag_utils.get_store(settings).allowed_ids(flt):
+        return (
+            f"no indexed passage matches the passage filters ({flt.describe()}): "
+            "`python load_corpus.py status` shows what is indexed"
+        )
+    return None
+
+
+def _print_event(event: dict) -> None:
+    """A node's progress line on stderr."""
+    line = f"{event['node']:<16} {event['decision']} ({event['seconds']:.1f}s)"
+    print(f"[{event['t_s']:7.1f}s] {line}", file=sys.stderr, flush=True)
+
+
+def _answer(
+    args: argparse.Namespace,
+    settings: Settings,
+    checkpointer: Any,
+    question: str,
+    choices: Mapping[str, str] | None,
+) -> dict:
+    """The run the command line asks for: ``question`` on a new thread or on --thread, or the
+    stopped run of --resume.  A new thread's id is printed first, so a killed run can be resumed
+    (--thread's id is the user's own: a thread refused is then one line on stderr)."""
+    context = AgentContext.from_settings(settings)
+    events = None if args.quiet else _print_event
+    if args.resume:
+        if checkpointer is None:
+            raise InputError("--resume needs the checkpoint store: CHECKPOINTS is off")
+        return resume_agent(
+            args.resume,
+            context=context,
+            checkpointer=checkpointer,
+            on_event=events,
+            keep_on_interrupt=True,
+            review=ask_review,
+        )
+    thread = args.thread or uuid.uuid4().hex
+    if checkpointer is not None and not args.thread:
+        print(f"thread: {thread}", file=sys.stderr, flush=True)
+    return run_agent(
+        question,
+        choices,
+        context=context,
+        on_event=events,
+        keep_on_interrupt=True,
+        checkpointer=checkpointer,
+        thread_id=thread,
+        issues=(args.issues or "").split(";"),
+        review=ask_review if args.review else None,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -637,56 +780,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.history:
         return _history(settings, args.thread, args.json)
 
-    def on_event(event: dict) -> None:
-        line = f"{event['node']:<16} {event['decision']} ({event['seconds']:.1f}s)"
-        print(f"[{event['t_s']:7.1f}s] {line}", file=sys.stderr, flush=True)
-
     try:
-        if not args.no_index:
-            _ensure_index(settings)
-        if rag_utils.corpus_count(settings) == 0:  # before any model call, not mid-research
-            where = settings.retrieval.chroma_host or settings.retrieval.chroma_dir
-            return _error(
-                f"no passages are indexed for the embedding model "
-                f"{rag_utils.embedder_name(settings)} in {where}: run `python load_corpus.py "
-                "starter` (or load your own), or drop --no-index"
-            )
-        flt = filters.passage_filter(settings)
-        if flt and not rag_utils.get_store(settings).allowed_ids(flt):
-            return _error(
-                f"no indexed passage matches the passage filters ({flt.describe()}): "
-                "`python load_corpus.py status` shows what is indexed"
-            )
-        with open_checkpointer(settings) as checkpointer:
-            context = AgentContext.from_settings(settings)
-            events = None if args.quiet else on_event
-            thread = args.resume or args.thread or uuid.uuid4().hex
-            if checkpointer is not None and not args.resume:  # a killed run resumes by it
-                print(f"thread: {thread}", file=sys.stderr, flush=True)
-            if args.resume:
-                if checkpointer is None:
-                    raise InputError("--resume needs the checkpoint store: CHECKPOINTS is off")
-                result = resume_agent(
-                    args.resume,
-                    context=context,
-                    checkpointer=checkpointer,
-                    on_event=events,
-                    keep_on_interrupt=True,
-                    review=ask_review,
-                )
-            else:
-                result = run_agent(
-                    question,
-                    choices,
-                    context=context,
-                    on_event=events,
-                    keep_on_interrupt=True,
-                    checkpointer=checkpointer,
-                    thread_id=thread,
-                    issues=(args.issues or "").split(";"),
-                    review=ask_review if args.review else None,
-                )
-    except InputError as exc:
+        with open_checkpointer(settings) as checkpointer:  # an unreachable server stops here
+            if problem := _index_problem(args, settings):
+                return _error(problem)
+            result = _answer(args, settings, checkpointer, question, choices)
+    except (InputError, SettingsError) as exc:
         return _error(exc)
     except KeyboardInterrupt:
         print("main.py: interrupted", file=sys.stderr)

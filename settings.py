@@ -164,7 +164,8 @@ class AgentSettings:
     on both halves of the fact patterns: docs/MEASUREMENTS.md, "Fact patterns"); every one with an
     API model (``answer.API_VERDICT_SUPPORT``; not measured offline)."""
     checkpoints: str = _data_var("CHECKPOINTS")
-    """The SQLite file where the CLI keeps each run's thread (LangGraph checkpoints); "off" = none."""
+    """Where the CLI keeps each run's thread (LangGraph checkpoints): a SQLite file, or a
+    ``postgresql://`` (``postgres://``) URL to keep them on a PostgreSQL server; "off" = none."""
     run_timeout: float = _var("RUN_TIMEOUT", 600.0, (0, None))
     """Seconds a whole question may take (0 = no limit): room for the embedded model on a slow
     laptop (~100 s for the multi_hop demo on 2 cores), a bound on a hung endpoint."""

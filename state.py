@@ -11,6 +11,12 @@ from typing import Annotated, Any, Literal, TypedDict
 
 from question import Question
 
+STATE_VERSION = 1
+"""The version of :class:`AgentState` a run writes in each checkpoint's metadata
+(``state_version``).  Raise it when a key changes its meaning or type: a thread kept by an earlier
+version is then refused with one line (``main.thread_state``) instead of misread halfway through a
+run.  Threads kept before the version was recorded carry none and are v1."""
+
 
 class Execution(TypedDict, total=False):
     """What the executor did for one step (no model call: the answer stage reads the passages)."""

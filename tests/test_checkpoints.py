@@ -1,0 +1,494 @@
+"""Threads and their checkpoint store (CHECKPOINTS): each run kept on a thread, a new question on
+a thread starting clean, a stopped run resumed — on a SQLite file and on a PostgreSQL server this
+file starts — and what a store shared by processes, or written by another version, does."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import pwd
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fakes import Script, ScriptedChat
+
+# The graph's fake world, and its autouse fixture (synthetic passages share no word with facts).
+from test_graph import (  # noqa: F401
+    BOTTOM,
+    COMPARE,
+    FACTS,
+    LAW,
+    FakeRetriever,
+    J,
+    _facts_relate_to_synthetic_rules,
+    fact_replies,
+    fake_context,
+    run,
+)
+
+import answer
+import main
+import nodes
+from llm_config import LLMClient
+from question import InputError, Question
+
+REPO = Path(__file__).resolve().parent.parent
+
+# ------------------------------------------------------------------------------------------------
+# The stores: a SQLite file, a PostgreSQL server of the test's own
+# ------------------------------------------------------------------------------------------------
+
+
+def _postgres_bin() -> Path | None:
+    """The folder of PostgreSQL's initdb and pg_ctl: on PATH, else where Debian installs them
+    (/usr/lib/postgresql/<version>/bin, off PATH), the newest version first."""
+    on_path = shutil.which("pg_ctl")
+    debian = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin"),
+        key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+        reverse=True,
+    )
+    folders = [Path(on_path).resolve().parent] if on_path else []
+    return next((f for f in folders + debian if (f / "initdb").exists()), None)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _as_server_user(folder: Path) -> list[str]:
+    """The command prefix that runs PostgreSQL's programs: the server refuses to run as root, so
+    a root test (CI) runs them as Debian's ``postgres`` user, which then owns ``folder``."""
+    if os.geteuid() != 0:
+        return []
+    runuser = shutil.which("runuser", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
+    user = next((u for u in pwd.getpwall() if u.pw_name == "postgres"), None)
+    if not (runuser and user):
+        pytest.skip("running as root, with no 'postgres' user (or no runuser) to run the server")
+    os.chown(folder, user.pw_uid, user.pw_gid)
+    return [runuser, "-u", "postgres", "--"]
+
+
+def _ok(command: list[str], cwd: Path) -> None:
+    proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{command} failed: {proc.stdout}{proc.stderr}"
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """A throwaway PostgreSQL server on a free port of 127.0.0.1 (its data in a temporary folder,
+    trust authentication), stopped and deleted afterwards: the URL of its ``postgres`` superuser,
+    without a database."""
+    bin_dir = _postgres_bin()
+    if bin_dir is None:
+        pytest.skip("PostgreSQL is not installed (no pg_ctl on PATH or in /usr/lib/postgresql)")
+    # Not below pytest's tmp_path: its root-owned 0700 parents would shut out the postgres user.
+    folder = Path(tempfile.mkdtemp(prefix="lra-pg-"))
+    port, data, started = _free_port(), str(folder / "data"), False
+    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+    try:
+        as_user = _as_server_user(folder)
+        pg_ctl = [*as_user, str(bin_dir / "pg_ctl"), "-D", data]
+        initdb = [*as_user, str(bin_dir / "initdb"), "-D", data, "-U", "postgres", "-A", "trust"]
+        _ok([*initdb, "--no-sync"], folder)
+        _ok([*pg_ctl, "-l", str(folder / "log"), "-w", "-o", options, "start"], folder)
+        started = True
+        yield f"postgresql://postgres@127.0.0.1:{port}"
+    finally:
+        if started:
+            subprocess.run([*pg_ctl, "-m", "immediate", "stop"], cwd=folder, capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request, tmp_path) -> str:
+    """CHECKPOINTS for the test: a SQLite file, or a new database on the PostgreSQL server."""
+    if request.param == "sqlite":
+        return str(tmp_path / "threads.sqlite")
+    import psycopg
+
+    server = request.getfixturevalue("postgres_server")
+    name = f"threads_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return f"{server}/{name}"
+
+
+def _agent(tmp_settings, store: str, replies: dict) -> tuple:
+    """Settings on ``store``, a scripted client answering ``replies`` and the fake context."""
+    settings = tmp_settings.replace(
+        llm_max_retries=0, skip_injection_check=True, verdict_support=0.0, checkpoints=store
+    )
+    script = Script(replies)
+    client = LLMClient(settings, llm_factory=lambda role: ScriptedChat(role=role, script=script))
+    ctx = fake_context(settings, client=client, retrieve=FakeRetriever(LAW, ranked=True))
+    return settings, script, ctx
+
+
+# ------------------------------------------------------------------------------------------------
+# Threads: a checkpointed thread keeps each run's state, and a new question starts clean
+# ------------------------------------------------------------------------------------------------
+
+
+SPANISH = "¿Cuáles son los elementos de una demanda por negligencia en Estados Unidos?"
+
+
+def _two_questions_replies() -> dict:
+    replies = fact_replies()
+    spanish = J(topic="negligence", area="torts", legal=True, query_type="simple")
+    replies["classify"] = [spanish, *replies["classify"]]
+    return replies
+
+
+def test_a_second_question_on_a_thread_gets_its_own_answer_not_the_first_ones_decline(
+    tmp_settings, monkeypatch, store
+):
+    """Reproduced with the graph compiled with a checkpointer, as the LangGraph dev server runs
+    it: a question declined as off topic, then on the same thread an answerable one, was declined
+    with the first one's reason (the thread kept ``decline``, and the trace held both runs)."""
+    settings, _, ctx = _agent(tmp_settings, store, _two_questions_replies())
+    monkeypatch.setattr(nodes, "default_context", lambda: ctx)
+    with main.open_checkpointer(settings) as saver:
+        graph = main.build_graph(context_schema=None, checkpointer=saver)
+        config = {"configurable": {"thread_id": "t1"}}
+        first = graph.invoke({"question": SPANISH}, config, context={})
+        assert first["answer"]["abstained"] and "not in English" in first["reading"]["decline"]
+        second = graph.invoke({"question": FACTS}, config, context={})
+        history = list(graph.get_state_history(config))
+    assert not second["answer"]["abstained"] and "decline" not in second["reading"]
+    assert "Is the store liable to Paula? Yes. Negligence:" in second["answer"]["text"]
+    assert second["stop_reason"] == "" and second["parsed"].text == FACTS
+    nodes_of_second = [e["node"] for e in second["trace"]]
+    assert (
+        nodes_of_second.count("detect_injection") == 1 and nodes_of_second[0] == "detect_injection"
+    )
+    assert [s["step_id"] for s in second["planning_table"]] == [1, 2]
+    # the thread keeps both runs in its history
+    assert {SPANISH, FACTS} <= {h.values.get("question") for h in history}
+
+
+def test_a_cli_run_is_checkpointed_on_a_thread_in_the_store(tmp_settings, store):
+    """Every run is kept on a thread in CHECKPOINTS: the id comes back with the result, and the
+    thread's state loads again in a new connection, the question read as it was."""
+    settings, _, ctx = _agent(tmp_settings, store, _two_questions_replies())
+    with main.open_checkpointer(settings) as saver:
+        first = main.run_agent(SPANISH, context=ctx, checkpointer=saver)
+        thread = first["thread_id"]
+        second = main.run_agent(FACTS, context=ctx, checkpointer=saver, thread_id=thread)
+    assert thread and second["thread_id"] == thread and not second["answer"]["abstained"]
+    with main.open_checkpointer(settings) as saver:
+        saved = main.build_graph(checkpointer=saver).get_state(main.thread_config(thread))
+    assert saved.values["parsed"] == Question.read(FACTS)
+    assert saved.values["answer"]["text"] == second["answer"]["text"]
+    with main.open_checkpointer(settings.replace(checkpoints="off")) as saver:
+        assert saver is None
+
+
+def test_a_run_stopped_mid_research_resumes_from_its_last_checkpoint(tmp_settings, store):
+    """Ctrl-C during the first application: `--resume ID` goes on from the last checkpoint, so
+    classify and plan (and the searches) are not repeated, and the answer is the one an
+    uninterrupted run gives.  A thread with nothing to continue is refused with one clear line."""
+    replies = fact_replies()
+    replies["apply"] = [KeyboardInterrupt(), *replies["apply"]]
+    settings, script, ctx = _agent(tmp_settings, store, replies)
+    with main.open_checkpointer(settings) as saver:
+        stopped = main.run_agent(FACTS, context=ctx, checkpointer=saver, keep_on_interrupt=True)
+        assert stopped["stop_reason"] == "interrupted"
+        done = len(script.roles())
+    with main.open_checkpointer(settings) as saver:  # as a later process resumes it
+        resumed = main.resume_agent(stopped["thread_id"], context=ctx, checkpointer=saver)
+        with pytest.raises(InputError, match="is finished"):
+            main.resume_agent(stopped["thread_id"], context=ctx, checkpointer=saver)
+        with pytest.raises(InputError, match="no run is kept on thread nope"):
+            main.resume_agent("nope", context=ctx, checkpointer=saver)
+    assert script.roles()[:done] == ["classify", "plan", "apply"]
+    assert script.roles()[done:] == ["apply", "apply", "bottom_line"]
+    fresh, *_ = run(tmp_settings, fact_replies())
+    assert resumed["answer"]["text"] == fresh["answer"]["text"] and not resumed.get("error")
+
+
+# ------------------------------------------------------------------------------------------------
+# Follow-ups and plan review: a thread's later questions build on its facts and research
+# ------------------------------------------------------------------------------------------------
+
+
+def tmp_path_of(settings) -> Path:
+    return Path(settings.retrieval.chroma_dir).parent / "threads.sqlite"
+
+
+WHAT_IF = "What if store employees met their duty to inspect with reasonable care?"
+"""A follow-up on FACTS whose new fact bears on the negligence rule ("A store owes its invitees
+reasonable care and a duty to inspect.") and not on comparative negligence's."""
+
+
+def test_a_follow_up_reads_the_threads_facts_and_redoes_only_what_its_new_fact_bears_on(
+    tmp_settings, monkeypatch, store
+):
+    """`main.py --thread ID "What if ...?"`: the thread's last question asked again on its facts
+    and the new one (listed as stated later), with no classify or plan call, no search and no QA
+    memory; the issue the new fact bears on is applied again, the other keeps its application."""
+    monkeypatch.setattr(answer, "FACT_FIT", 0.2)  # the facts of LAW raise both its issues
+    replies = fact_replies()
+    replies["apply"] += [
+        J(checks=[{"n": 1, "fact": 4, "met": "no"}, {"n": 2, "fact": 4, "met": "no"}])
+    ]
+    replies["bottom_line"] += [J(answer="no", conclusion=1)]
+    settings, script, ctx = _agent(tmp_settings, store, replies)
+    retriever = ctx.retrieve
+    with main.open_checkpointer(settings) as saver:
+        first = main.run_agent(FACTS, context=ctx, checkpointer=saver)
+        searches, asked_first = len(retriever.calls), len(script.roles())
+        ctx = dataclasses.replace(
+            ctx, check_memory=lambda q: pytest.fail("a follow-up consulted the QA memory")
+        )
+        second = main.run_agent(
+            WHAT_IF, context=ctx, checkpointer=saver, thread_id=first["thread_id"]
+        )
+    assert script.roles()[asked_first:] == ["apply", "bottom_line"]
+    assert len(retriever.calls) == searches  # the thread's passages, not a new search
+    new_fact = "Store employees met their duty to inspect with reasonable care."
+    assert second["parsed"]["facts"] == [*first["parsed"]["facts"], new_fact]
+    assert second["parsed"]["asked"] == "Is the store liable to Paula?"
+    assert second["reading"]["follow_up"] == "hypothetical"
+    assert f"F4.{answer.LATER_FACT} {new_fact}" in script.prompts("apply")[-1]
+    assert second["answer"]["reused"] == ["Comparative negligence"]
+    kept = [
+        i["checks"] for i in second["answer"]["issues"] if i["issue"] == "Comparative negligence"
+    ]
+    assert kept == [
+        i["checks"] for i in first["answer"]["issues"] if i["issue"] == "Comparative negligence"
+    ]
+    assert second["run_metrics"]["follow_up"] == "hypothetical"
+    assert "skip: a follow-up" in next(
+        e["decision"] for e in second["trace"] if e["node"] == "memory_writeback"
+    )
+    assert [t["question"] for t in second["turns"]] == [FACTS, WHAT_IF]
+
+
+def test_history_prints_a_threads_questions(tmp_settings, monkeypatch, capsys):
+    settings, _, ctx = _agent(tmp_settings, str(tmp_path_of(tmp_settings)), fact_replies())
+    with main.open_checkpointer(settings) as saver:
+        thread = main.run_agent(FACTS, context=ctx, checkpointer=saver)["thread_id"]
+    monkeypatch.setenv("CHECKPOINTS", settings.agent.checkpoints)
+    assert main.main(["--thread", thread, "--history"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"1. {FACTS}\n   issues: Negligence; Comparative negligence\n   answer: ")
+    assert main.main(["--thread", "nope", "--history"]) == 2
+    assert "no question has been answered on thread nope" in capsys.readouterr().err
+    assert main.main(["--history"]) == 2
+
+
+def test_plan_review_pauses_after_the_planner_and_researches_the_agenda_the_user_sets(
+    tmp_settings, store
+):
+    """`--review`: the run pauses (LangGraph's interrupt) with the agenda and the other candidates;
+    the reply's numbers and names set the agenda, and only it is searched and applied.  On a
+    server the same pause is resumed with ``Command(resume=...)``."""
+    from langgraph.types import Command
+
+    replies = fact_replies(apply=[COMPARE], bottom_line=[BOTTOM])
+    settings, script, ctx = _agent(tmp_settings, store, replies)
+    pauses: list[dict] = []
+
+    def reply(pause: dict) -> str:
+        pauses.append(pause)
+        return "2"
+
+    with main.open_checkpointer(settings) as saver:
+        result = main.run_agent(FACTS, context=ctx, checkpointer=saver, review=reply)
+    assert pauses[0]["agenda"] == ["Negligence", "Comparative negligence"]
+    assert "Press Enter to keep the agenda" in pauses[0]["how"]
+    assert result["issues"] == ["Comparative negligence"]
+    assert [s["issue"] for s in result["planning_table"]] == ["Comparative negligence"]
+    assert script.roles() == ["classify", "plan", "apply", "bottom_line"]
+    review = next(e for e in result["trace"] if e["node"] == "review")
+    assert "reviewed by the user: Comparative negligence" in review["decision"]
+
+    # the server's way: the run ends paused, and a Command resumes it
+    settings, script, ctx = _agent(tmp_settings, store, fact_replies())
+    with main.open_checkpointer(settings) as saver:
+        graph = main.build_graph(checkpointer=saver)
+        config = {"configurable": {"thread_id": "t-review"}}
+        paused = graph.invoke({"question": FACTS, "review": True}, config, context=ctx)
+        assert paused["__interrupt__"][0].value["agenda"] == [
+            "Negligence",
+            "Comparative negligence",
+        ]
+        done = graph.invoke(Command(resume=""), config, context=ctx)  # Enter: the agenda kept
+        assert done["issues"] == ["Negligence", "Comparative negligence"]
+        assert not done["answer"]["abstained"] and done["review"] is False
+
+
+def test_a_review_reply_names_issues_by_number_or_in_the_users_words():
+    listed = ["Negligence", "Comparative negligence (Comparative fault)", "Conversion"]
+    assert nodes.reviewed_agenda("", listed) == []
+    assert nodes.reviewed_agenda(" 3 ; 1", listed) == ["Conversion", "Negligence"]
+    assert nodes.reviewed_agenda("comparative negligence; Trespass to chattels; 9", listed) == [
+        "Comparative negligence (Comparative fault)",
+        "Trespass to chattels",
+    ]
+    assert nodes.reviewed_agenda({"issues": ["2"]}, listed) == [listed[1]]
+
+
+# ------------------------------------------------------------------------------------------------
+# The store as the command line meets it
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli_env(tmp_path, monkeypatch) -> Path:
+    """``main.main`` in this process with an index of one passage and a context it never uses
+    (the checks tested here come first); CHECKPOINTS is the returned SQLite file."""
+    monkeypatch.setattr(main.rag_utils, "corpus_count", lambda settings: 1)
+    monkeypatch.setattr(main, "AgentContext", type("C", (), {"from_settings": staticmethod(id)}))
+    monkeypatch.setenv("CHROMA_DIR", str(tmp_path / "chroma"))
+    monkeypatch.setenv("CHECKPOINTS", str(tmp_path / "threads.sqlite"))
+    return tmp_path / "threads.sqlite"
+
+
+def test_a_postgres_server_that_cannot_be_reached_is_one_line_naming_it_without_password(
+    cli_env, monkeypatch, capsys
+):
+    """Before any work (the index is not looked at), exit status 2, and the password stays out
+    of the line."""
+    url = f"postgresql://lra:s3cret@127.0.0.1:{_free_port()}/threads"  # nothing listens there
+    monkeypatch.setenv("CHECKPOINTS", url)
+    monkeypatch.setattr(main.rag_utils, "corpus_count", lambda settings: pytest.fail("indexed"))
+    assert main.main(["--no-index", "What is negligence?"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "s3cret" not in err[0], err
+    assert err[0].startswith(
+        f"main.py: error: CHECKPOINTS={url.replace('lra:s3cret', '***')}: cannot connect to the "
+        "PostgreSQL server: connection failed:"
+    )
+
+
+def _stopped_thread(tmp_settings, store: str) -> str:
+    """A run on ``store`` stopped by Ctrl-C in its first application: its thread's id."""
+    replies = fact_replies(apply=[KeyboardInterrupt()], bottom_line=[])
+    settings, _, ctx = _agent(tmp_settings, store, replies)
+    with main.open_checkpointer(settings) as saver:
+        stopped = main.run_agent(FACTS, context=ctx, checkpointer=saver, keep_on_interrupt=True)
+    return stopped["thread_id"]
+
+
+def test_a_thread_another_state_version_wrote_is_refused_with_one_line(
+    tmp_settings, cli_env, monkeypatch, capsys
+):
+    """A thread kept by an older version: --resume and --thread say so in one line (exit 2)
+    instead of running on a state this version would misread."""
+    thread = _stopped_thread(tmp_settings, str(cli_env))
+    monkeypatch.setattr(main, "STATE_VERSION", 2)
+    line = (
+        f"main.py: error: thread {thread} was written by an older version of LegalRagAgent "
+        "(state v1; this is v2): start a new thread"
+    )
+    for args in (["--resume", thread], ["--thread", thread, "What is negligence?"]):
+        assert main.main(["--no-index", *args]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [line]
+
+
+def test_a_thread_kept_before_state_versions_loads_unless_its_question_does_not(
+    tmp_settings, store
+):
+    """A thread with no state version was written by v1 (the state threads were introduced
+    with): it loads while its question reads back as a Question; one whose question comes back
+    as the serializer's fallback (a dict: a Question of another shape) is refused."""
+    with main.open_checkpointer(tmp_settings.replace(checkpoints=store)) as saver:
+        graph = main.build_graph(checkpointer=saver)
+        for thread, parsed in (("kept", Question.read(FACTS)), ("other", {"text": FACTS})):
+            config = {"configurable": {"thread_id": thread}}  # no version in the metadata
+            graph.update_state(config, {"question": FACTS, "parsed": parsed}, as_node="planner")
+        assert main.thread_state(graph, main.thread_config("kept")).values["parsed"].text == FACTS
+        with pytest.raises(InputError, match="thread other cannot be read: its question does not"):
+            main.thread_state(graph, main.thread_config("other"))
+
+
+def test_a_checkpoint_that_does_not_load_is_one_line_and_exit_2(tmp_settings, cli_env, capsys):
+    """A broken store (or one no version of LegalRagAgent wrote) stops --resume with one line
+    naming the thread and what failed, not a traceback."""
+    thread = _stopped_thread(tmp_settings, str(cli_env))
+    with contextlib.closing(sqlite3.connect(cli_env)) as conn, conn:
+        conn.execute("UPDATE checkpoints SET checkpoint = x'c1'")  # 0xc1: never valid msgpack
+    assert main.main(["--no-index", "--resume", thread]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith("): start a new thread"), err
+    assert err[0].startswith(f"main.py: error: thread {thread} cannot be read (ValueError: ")
+
+
+# ------------------------------------------------------------------------------------------------
+# Reliability: processes sharing one SQLite store
+# ------------------------------------------------------------------------------------------------
+
+
+WRITER = """
+import sys
+from typing import TypedDict
+
+from langgraph.graph import END, START, StateGraph
+
+import answer
+import main
+from settings import Settings
+
+store, name, steps, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+
+
+class Count(TypedDict):
+    n: int
+
+
+graph = StateGraph(Count)
+graph.add_node("step", lambda state: {"n": state["n"] + 1})
+graph.add_edge(START, "step")
+graph.add_conditional_edges("step", lambda state: "step" if state["n"] < steps else END)
+with main.open_checkpointer(Settings.from_env(env={}, checkpoints=store)) as saver:
+    app = graph.compile(checkpointer=saver)
+    print("ready", flush=True)
+    sys.stdin.readline()  # both writers start together
+    for i in range(threads):
+        app.invoke({"n": 0}, main.thread_config(f"{name}-{i}") | {"recursion_limit": steps + 9})
+"""
+"""A process that checkpoints ``threads`` runs of a counting graph (``steps`` steps each) into
+the SQLite ``store``, each on thread ``name-i``."""
+
+
+def test_two_processes_writing_one_sqlite_store_at_once_lose_nothing(tmp_path):
+    """Two CLI runs (or an eval beside a run) checkpoint into one file at the same moment: a
+    writer waits for the other's transaction instead of failing with "database is locked", and
+    every checkpoint of both is kept."""
+    steps, threads = 40, 15
+    store = str(tmp_path / "threads.sqlite")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    writers = [
+        subprocess.Popen([sys.executable, "-c", WRITER, store, name, str(steps), str(threads)],
+                         env=env, text=True,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for name in ("a", "b")
+    ]  # fmt: skip
+    for w in writers:
+        assert w.stdout.readline() == "ready\n", w.communicate()[1]
+    for w in writers:
+        w.stdin.write("go\n")
+        w.stdin.flush()
+    for w in writers:
+        _, err = w.communicate(timeout=300)
+        assert w.returncode == 0, err[-2000:]
+    settings = main.Settings.from_env(env={}, checkpoints=store)
+    with main.open_checkpointer(settings) as saver:
+        for name in ("a", "b"):
+            for i in range(threads):
+                config = main.thread_config(f"{name}-{i}")
+                assert saver.get_tuple(config).checkpoint["channel_values"]["n"] == steps
+                assert len(list(saver.list(config))) == steps + 2  # the input, then each step
