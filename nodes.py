@@ -58,10 +58,15 @@ def _traced(name: str) -> Callable:
 
     def wrap(fn: Callable[[AgentState, AgentContext], tuple]) -> Callable:
         def node(state: AgentState, runtime: Runtime[AgentContext]) -> dict | Command:
-            # A LangGraph server run brings an empty context ({}): use the default one.
-            ctx = (
-                runtime.context if isinstance(runtime.context, AgentContext) else default_context()
-            )
+            # A LangGraph server run brings an empty context ({}): use the default one, whose
+            # run (its deadline, and the LLM calls it counts) starts at the run's first node.
+            ctx = runtime.context
+            if not isinstance(ctx, AgentContext):
+                ctx = (
+                    default_context().start_run()
+                    if name == "detect_injection"
+                    else default_context()
+                )
             start = time.perf_counter()
             update, decision, *goto = fn(state, ctx)
             seconds = round(time.perf_counter() - start, 3)
@@ -237,8 +242,10 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         }, f"follow-up: read as the thread's last question ({kept.get('area')})"
     hit = None
     try:
-        # evidence answers are never cached; a follow-up's facts are its thread's, not a saved one's
-        if answer_mode(state, ctx) == "research" and not follow_up:
+        # evidence answers are never cached; a follow-up's facts are its thread's, not a saved
+        # one's; a run the user reviews is researched on the agenda the user sets
+        fresh = follow_up or (state.get("reading") or {}).get("review")
+        if answer_mode(state, ctx) == "research" and not fresh:
             hit = ctx.check_memory(question)
     except Exception as exc:  # noqa: BLE001 - a broken memory must not stop the research
         logger.warning("QA memory lookup failed: %s", exc)

@@ -227,3 +227,50 @@ def test_a_second_question_on_a_dev_server_thread_gets_its_own_answer(dev_server
     assert not second.interrupted
     assert second.state["values"]["question"] == ANSWERABLE
     assert second.state["values"]["answer"] == record
+
+
+BREACH = (
+    "A seller promised to deliver a printing press to a buyer for $10,000 by March 1 and never "
+    "delivered it, so the buyer lost the profits of a printing contract. "
+    "What damages can the buyer recover for the breach of contract?"
+)
+WHAT_IF = "What if the buyer had bought a substitute press from another seller for $12,000?"
+
+
+def test_a_follow_up_on_a_dev_server_thread_reads_the_earlier_facts(dev_server: DevServer):
+    """A question on a thread after the first is a follow-up: the server's thread gives it the
+    earlier facts, and the research of the issues researched before (no search, no plan call)."""
+    thread = dev_server.new_thread()
+    first = dev_server.ask(thread, input={"question": BREACH})
+    second = dev_server.ask(thread, input={"question": WHAT_IF})
+    parsed = second.values["parsed"]
+    assert parsed["earlier"] == first.values["parsed"]["facts"], parsed
+    assert parsed["facts"][-1] == (
+        "The buyer had bought a substitute press from another seller for $12,000."
+    )
+    assert parsed["asked"] == first.values["parsed"]["asked"]
+    assert second.values["reading"]["follow_up"] == "hypothetical"
+    planner = next(e for e in second.values["trace"] if e["node"] == "planner")
+    assert "the thread's last agenda" in planner["decision"], planner
+    calls = [t.values["run_metrics"]["llm_calls"] for t in (first, second)]
+    assert calls[1] < calls[0], calls
+    assert [t["question"] for t in second.values["turns"]] == [BREACH, WHAT_IF]
+
+
+def test_a_run_paused_for_plan_review_is_resumed_through_the_api(dev_server: DevServer):
+    """`review: true` in the input pauses the run after the planner (LangGraph's interrupt, as
+    Studio shows it); ``Command(resume=...)`` through the API goes on with the agenda it sets."""
+    thread = dev_server.new_thread()
+    paused = dev_server.ask(thread, input={"question": BREACH, "review": True})
+    assert paused.interrupted, paused.state
+    pause = paused.interrupts[0]["value"]
+    assert pause["agenda"] and "Press Enter to keep the agenda" in pause["how"]
+    done = dev_server.ask(thread, command={"resume": "1"})
+    assert not done.interrupted
+    assert done.values["issues"] == pause["agenda"][:1]
+    review = next(e for e in done.values["trace"] if e["node"] == "review")
+    assert (
+        review["decision"] in ("agenda kept by the user",)
+        or "reviewed by the user" in (review["decision"])
+    ), review
+    assert done.values["answer"], done.values
