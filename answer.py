@@ -898,6 +898,8 @@ class _Stage:
     earlier: Mapping[str, list[dict]] = field(default_factory=dict)
     """A follow-up's thread: each issue's application in the last answer (``IssueAnswer.checks``)."""
     reused: list[str] = field(default_factory=list)
+    bearing: set[str] = field(default_factory=set)
+    """The issues a follow-up's new facts bear on (:func:`borne_on`): applied anew."""
 
     def __post_init__(self) -> None:
         self.guards = dict.fromkeys(GUARDS, 0)
@@ -1021,7 +1023,7 @@ def _checks(stage: _Stage, issue: str, rule: list) -> tuple[list[Check] | None, 
     reqs, exceptions = rule_structure([s for _, s in rule])
     if not (reqs or exceptions):  # the rule is quoted, with nothing to apply
         return None, False
-    if (carried := _carried(stage, issue, [*reqs, *exceptions], rule)) is not None:
+    if (carried := _carried(stage, issue, [*reqs, *exceptions])) is not None:
         stage.reused.append(issue)
         return carried, True
     later = len(stage.q.earlier)
@@ -1032,17 +1034,34 @@ def _checks(stage: _Stage, issue: str, rule: list) -> tuple[list[Check] | None, 
     return applied, True
 
 
-def _carried(stage: _Stage, issue: str, items: list[str], rule: list) -> list[Check] | None:
+def _carried(stage: _Stage, issue: str, items: list[str]) -> list[Check] | None:
     """A follow-up's application of ``issue`` carried over from its thread: the same rule's
-    requirements were applied to the earlier facts, and no new fact bears on the rule (cosine
-    below :data:`FACT_FIT`, the floor at which facts raise an issue).  None: apply it anew."""
+    requirements were applied to the earlier facts, and no new fact bears on it
+    (:func:`borne_on`).  None: apply it anew."""
     earlier = stage.earlier.get(issue)
-    if not earlier or {c["requirement"] for c in earlier} != set(items):
-        return None
-    new = _rows(stage.embed, list(stage.q.new_facts))
-    if len(new) and fact_fit(rule, new, stage.embed) >= FACT_FIT:
+    if issue in stage.bearing or not earlier or {c["requirement"] for c in earlier} != set(items):
         return None
     return [Check(**c) for c in earlier]
+
+
+def borne_on(stage: _Stage, ruled: Sequence[Ruled]) -> set[str]:
+    """The issues a follow-up's new facts bear on: for each new fact, the issue whose rule it
+    fits best, and any other whose rule it fits at :data:`FACT_FIT` (the floor at which facts
+    raise an issue).  A new fact always bears on some issue: one sentence rarely reaches FACT_FIT
+    on its own ("The store had put a warning sign next to the puddle" fits an invitee's "...duty
+    to inspect and to fix or warn of dangers" at 0.21, comparative negligence at -0.02)."""
+    new = list(stage.q.new_facts) if stage.earlier else []
+    if not new or not ruled:
+        return set()
+    rows = _rows(stage.embed, new)
+    fits = np.array(
+        [
+            [fact_fit(rule, rows[i : i + 1], stage.embed) for *_, rule, _ in ruled]
+            for i in range(len(new))
+        ]
+    )
+    out = {ruled[int(j)][1].issue for j in fits.argmax(axis=1)}
+    return out | {r[1].issue for r, col in zip(ruled, fits.T, strict=True) if col.max() >= FACT_FIT}
 
 
 def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Ruled]) -> None:
@@ -1052,6 +1071,7 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
     rule_question = stage.q.kind == "rule_question"
     floor, guard = (ASKED_FIT, "not_asked") if rule_question else (FACT_FIT, "off_facts")
     best = max((fit for *_, fit in ruled), default=1.0)
+    stage.bearing = borne_on(stage, ruled)
     held = None  # the first issue not raised, answered after all if no other issue is
     for n, (slot, item, rule, fit) in enumerate(ruled):
         named = stage.q.kind == "fact_pattern" and named_in(item.issue, stage.q.asked)
