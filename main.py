@@ -326,12 +326,15 @@ def _stream(
     # A new question's state on a thread holds the last question's run until the first node has
     # reset it: a failure before then reports this run's input alone.
     current = not isinstance(initial, dict)
+    # On a thread, each step is on disk before the next starts: a killed run loses no completed
+    # node (LangGraph's default writes while the next step runs, and a kill then lost the plan).
+    durability = {"durability": "sync"} if "configurable" in config else {}
     t0 = time.perf_counter()
     try:
         while True:
             paused = None
             for mode, chunk in graph.stream(
-                initial, config=config, context=ctx, stream_mode=["updates", "values"]
+                initial, config, context=ctx, stream_mode=["updates", "values"], **durability
             ):
                 if mode == "values":
                     state = dict(chunk) if current else state
