@@ -82,7 +82,7 @@ def build_graph(
         nodes.make_evaluator(answer_mode),
         destinations=("executor", "replanner", "answer"),
     )
-    g.add_node("replanner", nodes.replanner)
+    g.add_node("replanner", nodes.replanner, destinations=("executor", "answer"))
     g.add_sequence(
         [
             ("answer", nodes.answer_node),
@@ -97,7 +97,6 @@ def build_graph(
     g.add_conditional_edges("planner", nodes.route_after_planner)
     g.add_edge("review", "executor")
     g.add_edge("executor", "evaluator")
-    g.add_edge("replanner", "executor")
     g.add_edge("observability", END)
     return g.compile(checkpointer=checkpointer)
 
@@ -405,6 +404,8 @@ settings (environment variables or .env; a flag above wins over its variable):
   SKIP_INJECTION_CHECK    1 = skip the LLM injection check, 0 = run it (the pattern screens always
                           run); unset: skipped on the embedded model, run with an API model
   ANSWER_MODE (auto)      auto | research | evidence | lean (--mode); auto = lean with choices
+  RESEARCH_POLICY (agenda) agenda | adaptive (--policy): the planner's issues, or the model's next
+                          step after each step's findings
   SEARCH_STRATEGY (auto)  auto | dense | keyword | hybrid (--strategy)
   RETRIEVAL_K (5)         passages per research step
   MEMORY_THRESHOLD (0.92) cosine at which a cached answer (QA memory) is reused
@@ -463,6 +464,13 @@ def build_parser() -> argparse.ArgumentParser:
         "each rule sentence first verified by the grounding gate (one more call per issue); lean "
         "(multiple choice only) = one retrieval, the LEAN_GATE on its evidence, one answer: at "
         "most 3 LLM calls",
+    )
+    add(
+        "--policy",
+        choices=["agenda", "adaptive"],
+        help="RESEARCH_POLICY for this run: agenda (default) = the planner's issues, one step each, "
+        "fixed before any search; adaptive = after each step the model reads the findings "
+        "(evidence, passages, leads) and picks the next step, a retry or the end",
     )
     add(
         "--strategy",
@@ -767,6 +775,7 @@ def main(argv: list[str] | None = None) -> int:
             skip_injection_check=args.skip_injection_check,
             run_timeout=args.deadline,
             search_strategy=args.strategy,
+            research_policy=args.policy,
             answer_mode=args.mode,
             **filters.overrides(args),
         )

@@ -484,8 +484,14 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     if not issues:
         fallbacks.append("planner: no issues named or linked (the question itself is researched)")
         issues = [q.text]
-    update = plan_steps(state, ctx, issues)
+    adaptive = ctx.settings.agent.research_policy == "adaptive" and not kept
+    update = plan_steps(state, ctx, issues[:1] if adaptive else issues)
     update["reading"] = {"candidates": candidates, **({"within": within} if within else {})}
+    if adaptive:  # the first step; the replanner picks the next from the findings
+        update["reading"]["suggested"] = issues[1:]
+        for step in update["planning_table"]:
+            if not step.get("execution"):  # not one the thread researched before
+                step["strategy"] = {**step["strategy"], "rewrite": True}
     if fallbacks:
         update["fallbacks"] = fallbacks
     given = ", set by the user" if q.issues else ", the thread's last agenda" if kept else ""
@@ -553,6 +559,36 @@ def _memory_entry(
     }
 
 
+LEADS = 3
+"""Leads a step records: the titles of its passages on other doctrines than its issue's."""
+
+
+def leads(issue: str, docs: Sequence[Passage]) -> list[str]:
+    """The doctrines a step's passages point to beyond its issue: their titles, when a title names
+    another doctrine (:func:`doctrine_key`), the first :data:`LEADS`."""
+    own = {doctrine_key(n) for n in issue_names(issue)}
+    titles = (" ".join((d.get("title") or "").split()) for d in docs)
+    return list(dict.fromkeys(t for t in titles if t and doctrine_key(t) not in own))[:LEADS]
+
+
+def _rewritten(
+    state: AgentState, ctx: AgentContext, step: PlanStep
+) -> tuple[list[str], list[str], list[str]]:
+    """An adaptive step's own queries (the ``rewrite`` call: a primary query and two alternatives in
+    other legal vocabulary; a retry has none), the passages earlier steps used (excluded from its
+    search), and a fallback note when the reply was unusable.  An agenda step: none of these."""
+    if ctx.settings.agent.research_policy != "adaptive":
+        return [], [], []
+    used = [i for s in _executed(state) for i in s["execution"].get("retrieved_doc_ids") or []]
+    if not (step.get("strategy") or {}).get("rewrite"):  # a retry: another search type
+        return [], used, []
+    result = prompts.call(ctx.client, "rewrite", question=step["question"])
+    if result.parsed is None:
+        return [], used, ["executor: unparseable rewrite (the issue's names and facts searched)"]
+    written = [result.parsed.primary, *result.parsed.alternatives[:2]]
+    return [" ".join(w.split()) for w in written if w.strip()], used, []
+
+
 @_traced("executor")
 def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """Run ONE pending step, without a model call: its search -> drop passages that carry
@@ -567,10 +603,12 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     search_type = strategy.get("search_type") or FIRST_SEARCH
     queries = list(strategy.get("queries") or [step["question"]])
     k = ctx.settings.agent.retrieval_k
+    written, exclude, fallbacks = _rewritten(state, ctx, step)
+    queries = [*written, *queries]
     # A few extra candidates replace passages the injection screen drops, so a planted passage
     # changes neither how many passages the step reads nor which.
     within = (state.get("reading") or {}).get("within") or ""
-    retrieved = ctx.search(search_type, queries, k + ctx.flag_headroom, [], within)
+    retrieved = ctx.search(search_type, queries, k + ctx.flag_headroom, exclude, within)
     docs, flagged = ctx.keep_clean(retrieved, k)
     asked = issue_question(issue_names(step.get("issue") or step["question"])[0])
     scores = ctx.gate_scores(asked, docs, queries)  # the search's cosines when it searched asked
@@ -584,6 +622,8 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         "rerank_top_score": docs[0].get("rerank_score") if docs else None,
         "flagged_passages": flagged,
     }
+    if written:
+        execution.update(optimized_query=written[0], alternatives=written[1:])
     step["execution"] = execution
     passages = {**(state.get("passages") or {}), **{d["id"]: _passage_record(d) for d in docs}}
     dead_ends = []
@@ -592,11 +632,14 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     elif gated:
         dead_ends.append(f"evidence score {score:.2f} below LEAN_GATE")
     entry = _memory_entry(step, {**strategy, "executed_as": search_type}, docs, ctx, dead_ends)
+    entry["leads"] = leads(step.get("issue") or "", docs)
     update: dict[str, Any] = {
         "planning_table": [step],
         "passages": passages,
         "chain_of_thought": [*(state.get("chain_of_thought") or []), entry],
     }
+    if fallbacks:
+        update["fallbacks"] = fallbacks
     seen = {f["id"] for f in state.get("flagged_passages") or []}
     if new := [f for f in flagged if f["id"] not in seen]:  # each passage once, however often found
         update["flagged_passages"] = new
@@ -667,14 +710,17 @@ def make_evaluator(forced_mode: str | None = None) -> Callable:
         pending = [p for p in table if p["status"] == "pending" and not p["execution"]]
         failed = [p for p in graded if p["status"] == "failed" and p.get("phase") != "retry"]
         left = ctx.time_left()
+        adaptive = ctx.settings.agent.research_policy == "adaptive"
         stop = None
         route: AnswerRoute
         if left is not None and left < MC_RESERVE_S:
             route, stop = "answer", f"deadline: {max(left, 0):.0f}s of RUN_TIMEOUT left"
-        elif iterations >= cap and (pending or failed):
+        elif iterations >= cap and (pending or failed or adaptive):
             route, stop = "answer", f"iteration limit {cap} reached"
         elif failed and not _retried({**state, "planning_table": table}, failed[0]):
             route = "replanner"
+        elif graded and not pending and adaptive:
+            route = "replanner"  # the model picks the next step from the findings
         elif pending:
             route = "executor"
         else:
@@ -693,28 +739,106 @@ def make_evaluator(forced_mode: str | None = None) -> Callable:
 evaluator = make_evaluator()
 
 
-@_traced("replanner")
-def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """A failed step's other angle: the same issue searched by BM25 over its facts and names
-    (:data:`RETRY_SEARCH`), or dense search when BM25 was the first angle.  Decided in code: the
-    agenda already says what to research, and a step fails on its passages, not its wording."""
+def _retry(state: AgentState, ctx: AgentContext, step: PlanStep) -> tuple[PlanStep, str]:
+    """``step``'s other angle: its issue searched by BM25 over its facts and names
+    (:data:`RETRY_SEARCH`), or dense search when BM25 was the first angle."""
     table = state.get("planning_table") or []
-    failed = [s for s in table if s["status"] == "failed" and s.get("phase") != "retry"]
-    step = failed[-1]
     first = (step.get("strategy") or {}).get("search_type")
     search_type = "dense" if first == RETRY_SEARCH else RETRY_SEARCH
     if ctx.settings.agent.search_strategy != "auto":
         search_type = ctx.settings.agent.search_strategy
     facts = list(step.get("facts") or [])
-    step_id = max(s["step_id"] for s in table) + 1
-    retry = step_for(step_id, step["issue"], facts, search_type, phase="retry")
+    retry = step_for(
+        max(s["step_id"] for s in table) + 1, step["issue"], facts, search_type, "retry"
+    )
     names = issue_names(step["issue"])
     retry["strategy"]["queries"] = [" ".join([*names, *facts]), *names]
+    return retry, search_type
+
+
+def _noted(state: AgentState, move: str) -> list[MemoryEntry]:
+    """The working memory with ``move`` as the last entry's next step."""
     memory = [dict(e) for e in state.get("chain_of_thought") or []]
     if memory:
-        memory[-1]["next_steps"] = [f"retry [{search_type}]: {step['issue']}"]
-    decision = f"retry step {step['step_id']} as step {retry['step_id']} [{search_type}]"
-    return {"planning_table": [retry], "chain_of_thought": memory}, decision
+        memory[-1]["next_steps"] = [move]
+    return memory  # type: ignore[return-value]
+
+
+@_traced("replanner")
+def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]:
+    """The next step.  The agenda: a failed step's other angle (:func:`_retry`), decided in code
+    (the agenda already says what to research, and a step fails on its passages, not its
+    wording).  The adaptive policy: the model's move from the findings (:func:`adaptive_move`)."""
+    if ctx.settings.agent.research_policy == "adaptive":
+        return adaptive_move(state, ctx)
+    failed = [
+        s
+        for s in state.get("planning_table") or []
+        if s["status"] == "failed" and s.get("phase") != "retry"
+    ]
+    retry, search_type = _retry(state, ctx, failed[-1])
+    memory = _noted(state, f"retry [{search_type}]: {retry['issue']}")
+    decision = f"retry step {failed[-1]['step_id']} as step {retry['step_id']} [{search_type}]"
+    return {"planning_table": [retry], "chain_of_thought": memory}, decision, "executor"
+
+
+def findings(memory: Sequence[MemoryEntry], issues: Sequence[str]) -> str:
+    """The adaptive replanner's view of the research so far: one line per step."""
+    lines = []
+    for e, issue in zip(memory, issues, strict=False):
+        r = e["results"]
+        line = f"- {issue}: evidence {r['top_score']:.2f}; found: {'; '.join(r.get('titles') or []) or 'nothing'}"
+        line += f"; leads: {'; '.join(e['leads']) or 'none'}; dead ends: {'; '.join(e['dead_ends']) or 'none'}"
+        lines.append(line)
+    return "\n".join(lines) or "(none)"
+
+
+def adaptive_move(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]:
+    """The adaptive policy's next move after a step: the ``replan`` call reads the findings (each
+    step's evidence, passages, leads and dead ends) and answers next_step (a candidate: the
+    planner's other picks, then the leads), retry or complete.  An unusable reply falls back to
+    the agenda's next issue.  Caps: MAX_STEPS issues, one retry per issue (MAX_ITERATIONS and the
+    deadline in the evaluator)."""
+    q, reading = state["parsed"], state.get("reading") or {}
+    issues, done = list(state.get("issues") or []), _executed(state)
+    memory = list(state.get("chain_of_thought") or [])
+    leads = [lead for e in memory for lead in e.get("leads") or []]
+    candidates = [
+        c for c in dict.fromkeys([*reading.get("suggested", []), *leads]) if c not in issues
+    ]
+    listed = "\n".join(f"{n}. {c}" for n, c in enumerate(candidates, 1)) or "(none)"
+    steps = [s.get("issue") or "" for s in done]
+    result = prompts.call(
+        ctx.client, "replan", objective=q.text, findings=findings(memory, steps), candidates=listed
+    )
+    move, update = result.parsed, {}
+    if move is None:  # the agenda's next issue, as the agenda policy would research it
+        update["fallbacks"] = ["replanner: unparseable reply (the agenda's next issue)"]
+        move = prompts.Replan(action="next_step" if candidates else "complete", issue=1)
+    last = done[-1]
+    retried = any(s.get("phase") == "retry" and s.get("issue") == last["issue"] for s in done)
+    if move.action == "retry" and not retried:  # one other angle per issue
+        retry, search_type = _retry(state, ctx, last)
+        note = f"retry [{search_type}]: {last['issue']} ({move.why})"
+        update.update(planning_table=[retry], chain_of_thought=_noted(state, note))
+        return update, f"retry {last['issue']} as step {retry['step_id']}: {move.why}", "executor"
+    picked = picked_issues([move.issue], candidates) if move.action == "next_step" else []
+    if not picked or picked[0] in issues or len(issues) >= ctx.settings.agent.max_steps:
+        why = move.why if move.action == "complete" else f"{move.action} {move.issue!r} not taken"
+        update["chain_of_thought"] = _noted(state, f"complete ({why})")
+        return update, f"complete: {why}", "answer"
+    issue = picked[0]
+    facts = answer_stage.issue_facts(issue, list(q.facts), ctx.embed) if q.facts else []
+    step = step_for(
+        max(s["step_id"] for s in state["planning_table"]) + 1, issue, facts, FIRST_SEARCH
+    )
+    step["strategy"]["rewrite"] = True
+    update.update(
+        planning_table=[step],
+        issues=[*issues, issue],
+        chain_of_thought=_noted(state, f"next_step: {issue} ({move.why})"),
+    )
+    return update, f"next step {step['step_id']}: {issue} ({move.why})", "executor"
 
 
 def issue_research(state: AgentState, why_not: str) -> list[answer_stage.IssueResearch]:

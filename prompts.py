@@ -303,6 +303,15 @@ class Rewrite(BaseModel):
     alternatives: list[str] = Field(default_factory=list)
 
 
+class Replan(BaseModel):
+    """The adaptive research's next move after a step (``skills/replan.md``)."""
+
+    action: Literal["next_step", "retry", "complete"]
+    issue: int | str = ""
+    """With next_step: a candidate's number, or a doctrine's name."""
+    why: str = ""
+
+
 # The call table: per role its skill, output schema and token budget.
 
 
@@ -322,6 +331,7 @@ CALLS: dict[str, Call] = {
     "classify": Call("classify_and_route", Classification, 40),
     "plan": Call("plan_synthesis", Plan, 80),
     "rewrite": Call("query_rewrite", Rewrite, 110),
+    "replan": Call("replan", Replan, 60),
     "apply": Call("apply_rule", Application, 160),
     "bottom_line": Call("bottom_line", BottomLine, 30),
     "verify": Call("verify_quotes", GateVerdicts, 90),

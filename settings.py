@@ -171,6 +171,10 @@ class AgentSettings:
     laptop (~100 s for the multi_hop demo on 2 cores), a bound on a hung endpoint."""
     answer_mode: str = _var("ANSWER_MODE", "auto", ("auto", "research", "evidence", "lean"))
     """auto = lean for a multiple-choice question, research for any other (answer.py)."""
+    research_policy: str = _var("RESEARCH_POLICY", "agenda", ("agenda", "adaptive"))
+    """How the research is steered: agenda = the planner's issues, one step each, fixed before any
+    search; adaptive = after each step the model reads the findings and picks the next step
+    (``nodes.replanner``), for models that can steer it."""
     search_strategy: str = _var("SEARCH_STRATEGY", "auto", ("auto", *SEARCH_TYPES))
     max_steps: int = _var("MAX_STEPS", 3, (1, None))
     max_iterations: int = _var("MAX_ITERATIONS", 6, (1, None))
