@@ -842,15 +842,17 @@ def adaptive_move(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]
 
 
 def issue_research(state: AgentState, why_not: str) -> list[answer_stage.IssueResearch]:
-    """Per agenda issue, what the answer stage gets: the passages of its completed step (the
-    latest), none when every angle missed the evidence gate, or not researched."""
+    """Per agenda issue, what the answer stage gets: the passages of its completed steps, none
+    when every angle missed the evidence gate, or not researched."""
     passages = state.get("passages") or {}
     out = []
     for issue in state.get("issues") or []:
         steps = [s for s in _executed(state) if s.get("issue") == issue]
         done = [s for s in steps if s["status"] == "completed"]
-        if done:
-            ids = done[-1]["execution"].get("retrieved_doc_ids") or []
+        if done:  # an adaptive retry of a completed step adds its passages to the first's
+            ids = dict.fromkeys(
+                i for s in done for i in s["execution"].get("retrieved_doc_ids") or []
+            )
             docs = [passages[i] for i in ids if i in passages]
             out.append(answer_stage.IssueResearch(issue, docs, facts=done[-1].get("facts")))
         elif steps:

@@ -24,6 +24,7 @@ SKILLS_DIR = Path(__file__).resolve().parent / "skills"
 
 SKILL_FIELDS: dict[str, frozenset[str]] = {
     "detect_prompt_injection": frozenset({"user_input"}),
+    "replan": frozenset({"objective", "findings", "candidates"}),
     "classify_and_route": frozenset({"question"}),
     "plan_synthesis": frozenset({"objective", "candidates"}),
     "query_rewrite": frozenset({"question"}),

@@ -1132,3 +1132,75 @@ def test_the_issues_a_user_sets_are_researched_instead_of_the_models_picks(tmp_s
     assert [s["issue"] for s in result["planning_table"]][:2] == result["issues"][:2]
     planner = next(e for e in result["trace"] if e["node"] == "planner")
     assert "set by the user" in planner["decision"]
+
+
+# ------------------------------------------------------------------------------------------------
+# The adaptive research policy: the model picks the next step from the findings
+# ------------------------------------------------------------------------------------------------
+
+
+def adaptive_replies(**over: list[Any]) -> dict[str, list[Any]]:
+    replies = fact_replies(
+        rewrite=[
+            J(primary="store duty to invitees", alternatives=["premises liability", "spill"]),
+            J(primary="comparative fault of the plaintiff", alternatives=["contributory"]),
+        ],
+        replan=[
+            J(action="next_step", issue=1, why="the facts raise her own fault"),
+            J(action="retry", why="weak evidence"),
+            J(action="complete", why="both issues researched"),
+        ],
+    )
+    replies.update(over)
+    return replies
+
+
+def test_the_adaptive_policy_steps_by_the_models_next_move_from_the_findings(tmp_settings):
+    """RESEARCH_POLICY=adaptive: the planner's first pick is the first step; after each step the
+    replan call reads the findings (leads included) and says next_step (the second step's issue
+    comes from its reply), retry (another angle) or complete.  Each adaptive step searches the
+    queries the rewrite call wrote, and no passage serves two steps."""
+    result, script, _, retriever = run(
+        tmp_settings, adaptive_replies(), research_policy="adaptive", retrieval_k=1
+    )
+    assert script.roles() == [
+        "classify", "plan", "rewrite", "replan", "rewrite", "replan", "replan", "apply", "apply",
+        "bottom_line",
+    ]  # fmt: skip
+    steps = result["planning_table"]
+    assert [(s["issue"], s["phase"]) for s in steps] == [
+        ("Negligence", "rule"),
+        ("Comparative negligence", "rule"),
+        ("Comparative negligence", "retry"),
+    ]
+    assert retriever.calls[-3][0][:3] == ["store duty to invitees", "premises liability", "spill"]
+    assert steps[1]["execution"]["optimized_query"] == "comparative fault of the plaintiff"
+    first_replan = script.prompts("replan")[0]
+    lead = result["chain_of_thought"][0]["leads"][0]
+    assert lead and f"leads: {lead}" in first_replan
+    assert "1. Comparative negligence" in first_replan  # the planner's other pick, a candidate
+    used = [s["execution"]["retrieved_doc_ids"] for s in steps]
+    assert len({i for ids in used for i in ids}) == sum(len(ids) for ids in used)  # disjoint
+    moves = [e["decision"] for e in result["trace"] if e["node"] == "replanner"]
+    assert moves[0].startswith("next step 2: Comparative negligence (the facts raise her own")
+    assert moves[1].startswith("retry Comparative negligence") and moves[2].startswith("complete")
+    assert [e["next_steps"][0].split(":")[0] for e in result["chain_of_thought"]] == [
+        "next_step", "retry [keyword]", "complete (both issues researched)",
+    ]  # fmt: skip
+
+
+def test_the_adaptive_loop_ends_at_its_caps_and_falls_back_to_the_agenda(tmp_settings):
+    """A replanner that never says complete is ended by MAX_STEPS (issues) and MAX_ITERATIONS;
+    an unparseable reply takes the agenda's next issue, counted as a fallback."""
+    never_done = adaptive_replies(
+        rewrite=[J(primary="q", alternatives=[])] * 2,
+        replan=["not json", J(action="next_step", issue="Battery", why="more")],
+    )
+    result, script, *_ = run(
+        tmp_settings, never_done, research_policy="adaptive", max_steps=2, retrieval_k=1
+    )
+    assert result["issues"] == ["Negligence", "Comparative negligence"]  # the agenda's next pick
+    assert "replanner: unparseable reply (the agenda's next issue)" in result["fallbacks"]
+    moves = [e["decision"] for e in result["trace"] if e["node"] == "replanner"]
+    assert moves[1].startswith("complete: next_step 'Battery' not taken")  # MAX_STEPS 2 reached
+    assert script.roles().count("replan") == 2
