@@ -40,8 +40,19 @@ MODES = {
     "gold_passage": "the gold passage as evidence (an upper bound for the reader)",
     "evidence": "the agent in evidence mode (coverage = share grounded, accuracy on the grounded "
     "items)",
+    "adaptive": "the full agent with RESEARCH_POLICY=adaptive (the model picks each next step "
+    "from the findings; not in the default list)",
 }
 """Phase 2's modes (``--modes``)."""
+AGENT_MODES = {
+    "pipeline": ("research", "agenda"),
+    "research": ("research", "agenda"),
+    "adaptive": ("research", "adaptive"),
+}
+"""An eval mode that runs the whole agent: its ANSWER_MODE and RESEARCH_POLICY (any other mode is
+its own ANSWER_MODE on the agenda)."""
+SLOW_MODES = ("pipeline", "evidence", "adaptive")
+"""Phase-2 modes that run the research (``--pipeline-n`` bounds them)."""
 QUERY_VARIANTS = ("question", "question+choices")
 """Phase-1 query variants scored on every run (no LLM)."""
 EXTRA_VARIANTS = {
@@ -157,7 +168,9 @@ def _run_agent(
 ) -> dict:
     """The agent's final state.  A run the model's API failed is a failed pair, not a wrong
     answer; a run cut by its deadline (RUN_TIMEOUT) is scored: answering in time is measured."""
-    context = ec.agent_context(settings.replace(answer_mode=answer_mode), client)
+    answer_mode, policy = AGENT_MODES.get(answer_mode, (answer_mode, "agenda"))
+    settings = settings.replace(answer_mode=answer_mode, research_policy=policy)
+    context = ec.agent_context(settings, client)
     state = agent.run_agent(question, choices, context=context, issues=issues)
     if state.get("stop_reason") == "error":
         raise AgentRunError(str(state.get("error") or "the run failed"))
@@ -193,9 +206,8 @@ def run_mc_item(
             evidence = prompts.format_evidence(docs)
         answered = mc.select_answer(client, question, choices, evidence)
         fields = _mc_fields(answered.to_dict(), answered.text)
-    elif mode in ("lean", "pipeline", "evidence"):
-        answer_mode = "research" if mode == "pipeline" else mode
-        state = _run_agent(settings, answer_mode, client, question, choices)
+    elif mode in ("lean", *SLOW_MODES):
+        state = _run_agent(settings, mode, client, question, choices)
         record = state.get("answer") or {}
         mc_answer = record.get("mc") or {}
         fields = _mc_fields(mc_answer, mc_answer.get("text"))
@@ -291,7 +303,7 @@ def summarize_mc(rows: Sequence[dict]) -> dict[str, dict]:
         if mode == "lean":
             entry["rag_share"] = ec.accuracy(r.get("route") == "rag" for r in rs)
             entry["gate"] = rs[0].get("gate")
-        if mode == "pipeline":  # closed-book when its research found nothing to stand on
+        if mode in ("pipeline", "adaptive"):  # closed-book when its research found nothing
             read = [r["correct"] for r in rs if not r.get("closed_book")]
             entry["closed_book_share"] = ec.accuracy(r.get("closed_book") for r in rs)
             entry["accuracy_with_evidence"] = ec.accuracy(read) if read else None
@@ -643,7 +655,9 @@ def run_injection(
 # --- Phase 3: open answers (research vs evidence mode) ------------------------------------------
 
 ANSWER_MODES = ("research", "evidence")
-FACT_MODES = (*ANSWER_MODES, "ceiling")
+"""Phase 3's default modes; ``adaptive`` (research on RESEARCH_POLICY=adaptive) is asked for."""
+OPEN_MODES = (*ANSWER_MODES, "adaptive")
+FACT_MODES = (*OPEN_MODES, "ceiling")
 """Fact-pattern modes: the agent per answer mode, and the ceiling (the model handed the gold
 passages and the facts in one IRAC call)."""
 
@@ -680,7 +694,9 @@ def build_answers_parser() -> argparse.ArgumentParser:
         default="all",
         help="with --facts: the half to run (tune what you change on one, report on the other)",
     )
-    p.add_argument("--modes", default=",".join(ANSWER_MODES), help="research,evidence[,ceiling]")
+    p.add_argument(
+        "--modes", default=",".join(ANSWER_MODES), help="research,evidence[,adaptive][,ceiling]"
+    )
     p.add_argument("--grade", action="store_true", help="grade every answer A-F with the judge")
     p.add_argument(
         "--issues-from",
@@ -812,7 +828,7 @@ def read_answer_items(args: argparse.Namespace) -> list[dict]:
 def run_answers_phase(
     args: argparse.Namespace, settings: Settings, *, llm_factory: ec.LLMFactory = None
 ) -> dict[str, Any]:
-    modes = ec.comma_list(args.modes, FACT_MODES if args.facts else ANSWER_MODES, "answer mode")
+    modes = ec.comma_list(args.modes, FACT_MODES if args.facts else OPEN_MODES, "answer mode")
     items = read_answer_items(args)  # bad input: no model, no index, no run folder
     ec.require_llm(settings, llm_factory)
     rag_utils.require_reranker(settings)
@@ -969,13 +985,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--passages", help="passages file to index first (load_corpus)")
     p.add_argument(
         "--modes",
-        default=",".join(MODES),
-        help="comma-separated phase-2 modes (default all): " + _described(MODES),
+        default=",".join(m for m in MODES if m != "adaptive"),
+        help="comma-separated phase-2 modes (default all but adaptive): " + _described(MODES),
     )
     p.add_argument(
         "--pipeline-n",
         type=int,
-        help="run the (slow) pipeline and evidence modes on only the first M of the N items",
+        help="run the (slow) pipeline, evidence and adaptive modes on only the first M of the N items",
     )
     p.add_argument(
         "--variants",
@@ -1107,7 +1123,7 @@ def run(
                 (it, m)
                 for i, it in enumerate(items)
                 for m in modes
-                if m not in ("pipeline", "evidence") or i < pipe_n
+                if m not in SLOW_MODES or i < pipe_n
             ]
             run_dir.run(
                 lambda t: run_mc_item(
