@@ -71,17 +71,25 @@ def _step_rows(state: dict, gold: Sequence[str]) -> list[dict]:
     the executor sent, the passages it kept (best first), the evidence gate's score; a step the
     run never reached has no passages and no score."""
     passages = state.get("passages") or {}
+    memory = {e["step_id"]: e for e in state.get("chain_of_thought") or []}
     rows = []
     for step in state.get("planning_table") or []:
         ex = step.get("execution") or {}
         strategy = step.get("strategy") or {}
         ids = ex.get("retrieved_doc_ids") or []
+        entry = memory.get(step.get("step_id")) or {}
         rows.append(
             {
                 **{k: step.get(k) for k in ("step_id", "phase", "issue", "question", "status")},
                 "facts": step.get("facts") or [],
                 "search_type": strategy.get("search_type"),
                 "queries": strategy.get("queries") or [],
+                # an adaptive step's own queries (the rewrite), searched with the others, pooled
+                "rewritten": [
+                    q for q in [ex.get("optimized_query"), *(ex.get("alternatives") or [])] if q
+                ],
+                "leads": entry.get("leads") or [],
+                "next_steps": entry.get("next_steps") or [],
                 "ran": bool(ex),
                 "passages": [_passage_row(i, pid, passages, gold) for i, pid in enumerate(ids, 1)],
                 "evidence_score": ex.get("evidence_score"),
@@ -133,9 +141,15 @@ def _print_steps(out: Callable[[str], None], steps: Sequence[dict], gate: float)
         out(
             f"{head}: {s['status']}, evidence {ec.fmt_num(s['evidence_score'])} (gate {gate}){below}"
         )
+        for q in s.get("rewritten") or []:
+            out(f"      query (rewritten): {ec.preview(q, 110)}")
         for q in s["queries"]:
             out(f"      query: {ec.preview(q, 110)}")
         _print_passages(out, s["passages"])
+        if s.get("leads"):
+            out(f"      leads: {'; '.join(s['leads'])}")
+        for move in s.get("next_steps") or []:
+            out(f"      next: {ec.preview(move, 110)}")
         for f in s["flagged_passages"]:
             out(f"      dropped by the injection screen: {f.get('id')}")
 
@@ -353,6 +367,13 @@ def build_parser() -> argparse.ArgumentParser:
         "product's default answers lean); evidence shows the grounding gate's verdict on each "
         "candidate rule sentence too",
     )
+    p.add_argument(
+        "--policy",
+        choices=["agenda", "adaptive"],
+        default="agenda",
+        help="research policy traced (RESEARCH_POLICY): adaptive shows each step's rewritten "
+        "queries, its leads and the replanner's next move",
+    )
     ec.add_cli_arguments(p, run_dir=False)
     return p
 
@@ -418,6 +439,7 @@ def main(argv: Sequence[str] | None = None, *, llm_factory: ec.LLMFactory = None
         args,
         lambda settings: run(args, settings, llm_factory=llm_factory, out=out),
         answer_mode=args.mode,
+        research_policy=args.policy,
     )
     if rc:
         return rc

@@ -823,8 +823,14 @@ def adaptive_move(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]
         update.update(planning_table=[retry], chain_of_thought=_noted(state, note))
         return update, f"retry {last['issue']} as step {retry['step_id']}: {move.why}", "executor"
     picked = picked_issues([move.issue], candidates) if move.action == "next_step" else []
-    if not picked or picked[0] in issues or len(issues) >= ctx.settings.agent.max_steps:
+    cap = ctx.settings.agent.max_steps
+    if not picked or picked[0] in issues or len(issues) >= cap:
         why = move.why if move.action == "complete" else f"{move.action} {move.issue!r} not taken"
+        why += (
+            f" (MAX_STEPS {cap} reached)"
+            if move.action == "next_step" and len(issues) >= cap
+            else ""
+        )
         update["chain_of_thought"] = _noted(state, f"complete ({why})")
         return update, f"complete: {why}", "answer"
     issue = picked[0]

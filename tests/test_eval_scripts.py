@@ -936,3 +936,34 @@ def test_phase_1_query_variants_hyde_and_per_choice(env, capsys):
     with pytest.raises(SystemExit) as info:
         comprehensive(["retrieval", "--variants", "colbert"], factory, env)
     assert info.value.code == 2
+
+
+def test_a_trace_of_the_adaptive_policy_shows_the_rewrite_the_leads_and_the_next_move(
+    fake_trace_env, capsys
+):
+    """`eval_trace.py --policy adaptive`: each step's rewritten queries (searched with the
+    issue's, pooled), the leads its passages point to, and the replanner's move."""
+    script = Script(
+        {
+            "rewrite": [
+                json.dumps({"primary": "battery harmful contact", "alternatives": ["intent"]})
+            ],
+            "replan": [
+                json.dumps({"action": "complete", "why": "the battery issue is researched"})
+            ],
+        }
+    )
+    base, _ = reader()
+
+    def factory(role: str) -> Any:
+        return ScriptedChat(role=role, script=script) if role in script.replies else base(role)
+
+    argv = ["1", "--qa", str(QA), "--passages", str(PASSAGES), "--policy", "adaptive", "--json"]
+    assert eval_trace.main(argv, llm_factory=factory) == 0
+    (case,) = json.loads(capsys.readouterr().out)
+    (step,) = case["steps"]
+    assert step["rewritten"] == ["battery harmful contact", "intent"]
+    assert step["next_steps"] == ["complete (the battery issue is researched)"]
+    replanner = [e for e in case["trace"] if e["node"] == "replanner"]
+    assert replanner and replanner[0]["decision"].startswith("complete: the battery issue")
+    assert script.roles() == ["rewrite", "replan"]
