@@ -85,8 +85,8 @@ search_passages = tool("search_passages", parse_docstring=True)(search)
 def research(question: str, thread: str = "") -> dict[str, Any]:
     """Research a legal question with the agent and return its answer record: the rules quoted
     and cited, their application to the facts, conclusions, a bottom line or a letter, or why it
-    abstained.  ``thread``: keep the run on that thread (the record says which); a question on a thread
-    that answered one before is a follow-up on its facts and research."""
+    abstained.  ``thread``: keep the run on that thread (the record says which); a question on a
+    thread that answered one before is a follow-up on its facts and research."""
     import main  # the agent's graph: imported on first use, not to list the tools
     from context import AgentContext
     from question import parse
