@@ -44,6 +44,9 @@ FORMATS = {
 QA_FIELDS = ("question", "choice_a", "choice_b", "choice_c", "choice_d", "answer")
 DEFAULT_BATCH = 256
 DEFAULT_PADDING = 500
+RECORD_EVERY_S = 60.0
+"""A long load adds its passages and seconds to the collection's record (``status``) this often,
+so a load that is killed keeps all but its last minute."""
 
 
 class CorpusError(ValueError):
@@ -376,6 +379,13 @@ def load_passages(
     )
     added = 0
     flagged: list[str] = []
+    recorded = [0, time.perf_counter()]  # passages added and the time, at the last record
+
+    def record() -> None:
+        now = time.perf_counter()
+        if added > recorded[0]:
+            _record_indexing(store, settings, added - recorded[0], now - recorded[1])
+        recorded[:] = [added, now]
 
     def commit(batch: list[dict[str, Any]], vecs: Any) -> None:
         nonlocal added
@@ -386,11 +396,12 @@ def load_passages(
         )
         added += len(batch)
         bar.update(len(batch))
+        if time.perf_counter() - recorded[1] >= RECORD_EVERY_S:  # a killed load keeps its rate
+            record()
 
     # Chroma's upsert runs beside the embedder (onnxruntime releases the GIL): the worker thread
     # screens and commits one batch while the next is embedded, each before the next is sent; an
     # interrupted load waits for the batch in flight (the pool's shutdown).
-    start = time.perf_counter()
     try:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="load_corpus") as pool:
             in_flight: Future | None = None
@@ -403,8 +414,7 @@ def load_passages(
             in_flight.result()
     finally:
         bar.close()
-        if added:
-            _record_indexing(store, settings, added, time.perf_counter() - start)
+        record()
         if flagged:
             logger.warning(
                 "%d of %d passages loaded look like prompt injections (metadata %r; e.g. %s)",
