@@ -44,6 +44,9 @@ FORMATS = {
 QA_FIELDS = ("question", "choice_a", "choice_b", "choice_c", "choice_d", "answer")
 DEFAULT_BATCH = 256
 DEFAULT_PADDING = 500
+RECORD_EVERY_S = 60.0
+"""A long load adds its passages and seconds to the collection's record (``status``) this often,
+so a load that is killed keeps all but its last minute."""
 
 
 class CorpusError(ValueError):
@@ -376,6 +379,13 @@ def load_passages(
     )
     added = 0
     flagged: list[str] = []
+    recorded = [0, time.perf_counter()]  # passages added and the time, at the last record
+
+    def record() -> None:
+        now = time.perf_counter()
+        if added > recorded[0]:
+            _record_indexing(store, settings, added - recorded[0], now - recorded[1])
+        recorded[:] = [added, now]
 
     def commit(batch: list[dict[str, Any]], vecs: Any) -> None:
         nonlocal added
@@ -386,6 +396,8 @@ def load_passages(
         )
         added += len(batch)
         bar.update(len(batch))
+        if time.perf_counter() - recorded[1] >= RECORD_EVERY_S:  # a killed load keeps its rate
+            record()
 
     # Chroma's upsert runs beside the embedder (onnxruntime releases the GIL): the worker thread
     # screens and commits one batch while the next is embedded, each before the next is sent; an
@@ -402,6 +414,7 @@ def load_passages(
             in_flight.result()
     finally:
         bar.close()
+        record()
         if flagged:
             logger.warning(
                 "%d of %d passages loaded look like prompt injections (metadata %r; e.g. %s)",
@@ -411,6 +424,17 @@ def load_passages(
                 ", ".join(flagged[:5]),
             )
     return added
+
+
+def _record_indexing(store: Any, settings: Settings, added: int, seconds: float) -> None:
+    """Record in the collection which backend and device embedded ``added`` passages in
+    ``seconds`` (``status`` shows it); a store that refuses it costs a warning, not the load."""
+    embedder = rag_utils.get_embedder(settings)
+    backend, device = (getattr(embedder, a, "unknown") for a in ("backend", "device"))
+    try:
+        store.record_indexing(backend, device, added, seconds)
+    except Exception as exc:  # noqa: BLE001 - the passages are stored; only the record is lost
+        logger.warning("cannot record the indexing rate: %s", rag_utils.short_error(exc))
 
 
 def load_documents(
@@ -533,7 +557,8 @@ def scan_metadata(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 def status(settings: Settings) -> dict[str, Any]:
     """What the store of ``settings`` holds, for ``load_corpus.py status``: passages by source,
-    type and jurisdiction, BM25 index freshness and memory entries. Creates nothing."""
+    type and jurisdiction, which backend and device embedded them at what rate, BM25 index
+    freshness and memory entries. Creates nothing."""
     r = settings.retrieval
     where = (
         f"{r.chroma_host}:{r.chroma_port}" if r.chroma_host else str(Path(r.chroma_dir).resolve())
@@ -544,9 +569,11 @@ def status(settings: Settings) -> dict[str, Any]:
         where += "" if existing or r.chroma_host else " (no store here)"
         collection, count, records, bm25 = f"{name} (absent)", 0, [], "absent"
         memory = rag_utils.collection_name(settings, prefix=rag_utils.MEMORY_PREFIX) in existing
+        indexed_by: list[dict[str, Any]] = []
     else:
         store = rag_utils.get_store(settings)
         collection, count, bm25, memory = store.name, store.count(), "absent", True
+        indexed_by = store.indexed_by()
         records = store.iter_all(include_text=False) if count else []
         with contextlib.suppress(ValueError, KeyError, OSError):
             saved = json.loads((store.bm25_dir / store.name / "ids.json").read_text())
@@ -556,6 +583,7 @@ def status(settings: Settings) -> dict[str, Any]:
         "collection": collection,
         "embedding_model": rag_utils.embedder_name(settings),
         "count": count,
+        "indexed_by": indexed_by,
         **scan_metadata(records),
         "bm25_index": bm25,
         "reranker": r.reranker,
@@ -636,6 +664,12 @@ def _print_status(info: dict[str, Any], as_json: bool) -> None:
     print(f"collection:      {info['collection']}")
     print(f"embedding model: {info['embedding_model']}")
     print(f"passages:        {info['count']}")
+    for row in info.get("indexed_by") or []:
+        rate = f", {row['passages_per_s']} passages/s" if row["passages_per_s"] else ""
+        print(
+            f"indexed by:      {row['backend']} on {row['device']}: "
+            f"{row['passages']} passages in {row['seconds']} s{rate}"
+        )
     print(f"BM25 index:      {info['bm25_index']}")
     print(f"QA memory:       {info['qa_memory_entries']} cached answer(s) (main.py --clear-memory)")
     flags, unscreened = _counts(info["injection_flags"]), info["injection_unscreened"]

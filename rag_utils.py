@@ -12,11 +12,14 @@ import atexit
 import contextlib
 import functools
 import hashlib
+import importlib.metadata
+import importlib.util
 import json
 import logging
 import os
 import re
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -122,6 +125,7 @@ class Embedder(_LocalEncoder):
     model: Any
     name: str
     batch_size: int = 16
+    device: str = "cpu"
 
     @property
     def dimension(self) -> int:
@@ -159,6 +163,7 @@ class OnnxEmbedder(_LocalEncoder):
     tokenize, transformer, mean pooling, L2 normalisation, without torch in the process."""
 
     backend = "onnx"
+    device = "cpu"
 
     def __init__(self, model_file: Path, source: Path, name: str) -> None:
         import onnxruntime as ort
@@ -337,12 +342,12 @@ def _load_model(cls: Any, name: str, kwargs: dict[str, Any], offline: bool = Fal
     return cls(name, local_files_only=False, **kwargs)
 
 
-def _load_sentence_transformer(name: str, settings: Settings) -> Any:
+def _load_sentence_transformer(name: str, settings: Settings, device: str | None = None) -> Any:
     from sentence_transformers import SentenceTransformer
 
     kwargs: dict[str, Any] = {"trust_remote_code": bool(settings.retrieval.trust_remote_code)}
-    if settings.retrieval.embedding_device:
-        kwargs["device"] = settings.retrieval.embedding_device
+    if device or settings.retrieval.embedding_device:
+        kwargs["device"] = device or settings.retrieval.embedding_device
     try:
         return _load_model(SentenceTransformer, name, kwargs)
     except Exception as exc:
@@ -375,6 +380,7 @@ class EmbeddingsAdapter:
     store searches by cosine and the thresholds assume unit vectors)."""
 
     backend = "langchain"
+    device = "unknown"
 
     def __init__(self, embeddings: Any, name: str) -> None:
         self.embeddings = embeddings
@@ -423,9 +429,60 @@ def as_langchain(embedder: Any) -> Any:
     return _LangChainEmbedder()
 
 
+GPU_BATCH_SIZE = 256
+"""Texts per forward pass at least, on a GPU (EMBEDDING_BATCH_SIZE's 16 suits a 2-core CPU)."""
+
+
+GPU_DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/kfd", "/dev/dxg")
+"""On Linux, torch sees a GPU only where one of these exists (NVIDIA, ROCm, WSL drivers)."""
+
+
+def _torch_may_see_gpu() -> bool:
+    """False when torch certainly sees no GPU here, decided without importing it (1.5 s and
+    200 MB on a 2-core CPU): torch is not installed, is a CPU-only wheel (``+cpu``), or runs on
+    Linux without an NVIDIA, ROCm or WSL GPU driver."""
+    if importlib.util.find_spec("torch") is None:
+        return False
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        if importlib.metadata.version("torch").endswith("+cpu"):
+            return False
+    if sys.platform.startswith("linux"):
+        return any(os.path.exists(p) for p in GPU_DRIVER_FILES)
+    return True
+
+
+@functools.cache
+def visible_accelerator() -> str:
+    """The device torch would embed on: ``cuda``, else ``mps``, else ``cpu`` (also when torch is
+    not installed, which is then not imported). Loads no model; asked once per process."""
+    if not _torch_may_see_gpu():
+        return "cpu"
+    try:
+        import torch
+    except Exception as exc:  # noqa: BLE001 - a torch that does not import sees no GPU
+        logger.debug("torch does not import (%s): embedding on the CPU", short_error(exc))
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    mps = getattr(torch.backends, "mps", None)
+    return "mps" if mps is not None and mps.is_available() else "cpu"
+
+
+def embedding_device(settings: Settings) -> str:
+    """EMBEDDING_DEVICE, else the device torch sees (:func:`visible_accelerator`)."""
+    asked = (settings.retrieval.embedding_device or "").strip().lower()
+    return asked or visible_accelerator()
+
+
+def on_gpu(device: str) -> bool:
+    """Whether ``device`` (``cuda``, ``cuda:1``, ``mps``, ``cpu``) is a GPU."""
+    return device.split(":")[0] in ("cuda", "mps")
+
+
 def resolve_embedding_backend(settings: Settings) -> str:
     """``onnx`` or ``torch`` as EMBEDDING_BACKEND asks (``langchain`` for a registered embedder);
-    ``auto`` is onnx for the default model on the CPU (the only int8 export), else torch."""
+    ``auto`` is onnx for the default model on the CPU (the only int8 export), torch on a GPU
+    (:func:`embedding_device`) and for any other model."""
     name = embedder_name(settings)
     if name in _registered:
         return "langchain"
@@ -436,9 +493,20 @@ def resolve_embedding_backend(settings: Settings) -> str:
             "EMBEDDING_BACKEND=onnx supports only EMBEDDING_MODEL=default; use torch or auto"
         )
     if backend == "auto":
-        on_cpu = (settings.retrieval.embedding_device or "cpu").lower() == "cpu"
-        return "onnx" if default and on_cpu else "torch"
+        return "onnx" if default and embedding_device(settings) == "cpu" else "torch"
     return backend
+
+
+def _torch_embedder(source: str, name: str, settings: Settings) -> Embedder:
+    """The torch backend on :func:`embedding_device`: on a GPU in fp16 with batches of at least
+    GPU_BATCH_SIZE, on the CPU in fp32 with EMBEDDING_BATCH_SIZE."""
+    device = embedding_device(settings)
+    model = _load_sentence_transformer(source, settings, device)
+    batch = settings.retrieval.embedding_batch_size
+    if on_gpu(device):
+        model.half()
+        batch = max(batch, GPU_BATCH_SIZE)
+    return Embedder(model, name, batch, device)
 
 
 def get_embedder(settings: Settings) -> Embedder | OnnxEmbedder | EmbeddingsAdapter:
@@ -450,7 +518,8 @@ def get_embedder(settings: Settings) -> Embedder | OnnxEmbedder | EmbeddingsAdap
     backend = resolve_embedding_backend(settings)
     asked = (r.embedding_backend or "auto").strip().lower()
     onnx_dir = onnx_cache_dir(settings)
-    key = (name, asked, backend, r.embedding_device, r.trust_remote_code, r.embedding_batch_size)
+    device = embedding_device(settings) if backend == "torch" else "cpu"
+    key = (name, asked, backend, device, r.trust_remote_code, r.embedding_batch_size)
     if backend == "onnx":
         key += (str(onnx_dir),)
     with _lock:
@@ -473,12 +542,16 @@ def get_embedder(settings: Settings) -> Embedder | OnnxEmbedder | EmbeddingsAdap
                         raise
                     logger.warning("ONNX embedder unavailable (%s); using torch", short_error(exc))
         if emb is None:
-            emb = Embedder(
-                _load_sentence_transformer(source, settings), name, r.embedding_batch_size
-            )
-        logger.info("embedder %s loaded (%s)", name, emb.backend)
+            emb = _torch_embedder(source, name, settings)
+        logger.info("embedder %s loaded (%s on %s)", name, emb.backend, emb.device)
         _embedders[key] = emb
         return emb
+
+
+def embedding_agreement(texts: Sequence[str], a: Any, b: Any) -> np.ndarray:
+    """The cosine of each text's vector from embedder ``a`` to its vector from ``b`` (same
+    model, two backends or devices): an index one built is searched with the other's queries."""
+    return (a.embed_documents(list(texts)) * b.embed_documents(list(texts))).sum(axis=1)
 
 
 def embed_passages(texts: Sequence[str], settings: Settings) -> np.ndarray:
@@ -646,6 +719,10 @@ def _open_collection(client: Any, name: str, model_name: str) -> Any:
     )
 
 
+INDEXED_BY = "indexed_by"
+"""Collection metadata: a JSON list of ``{backend, device, passages, seconds}``, one per backend
+and device that embedded passages into it, summed over its loads (``load_corpus.py status``)."""
+
 EXACT_SEARCH_MAX_PASSAGES = 20_000
 """Up to this many passages dense search is exact (stored vectors kept in memory, 30 MB at the
 limit), not Chroma's HNSW, whose results varied between runs
@@ -666,13 +743,28 @@ class PassageStore:
     _derived: dict[str, tuple[int, Any]] = field(default_factory=dict)  # -> (count, index)
     _allowed: dict[tuple[Any, int], frozenset[str]] = field(default_factory=dict)  # (filter, count)
     _masks: dict[frozenset[str], Any] = field(default_factory=dict)  # :func:`membership` rows
+    _pinned: threading.local = field(default_factory=threading.local, repr=False)
 
     @functools.cached_property
     def collection(self) -> Any:
         return _open_collection(self.client, self.name, self.model_name)
 
     def count(self) -> int:
-        return int(self.collection.count())
+        """The passages stored (the count :meth:`one_count` read, inside it)."""
+        pinned = getattr(self._pinned, "count", None)
+        return int(self.collection.count()) if pinned is None else pinned
+
+    @contextlib.contextmanager
+    def one_count(self) -> Iterator[int]:
+        """Inside it, in this thread, :meth:`count` answers from one read of the store: a
+        search sees the store at one size, and Chroma, which counts by scanning (47 ms at
+        686,000 passages), is asked once a search rather than four times."""
+        outer = getattr(self._pinned, "count", None)
+        self._pinned.count = int(self.collection.count()) if outer is None else outer
+        try:
+            yield self._pinned.count
+        finally:
+            self._pinned.count = outer
 
     def max_batch(self) -> int:
         try:
@@ -699,6 +791,32 @@ class PassageStore:
                 metadatas=[_clean_meta(m) or {"source": ""} for m in metadatas[i : i + step]],
                 embeddings=[list(map(float, e)) for e in embeddings[i : i + step]],
             )
+
+    def record_indexing(self, backend: str, device: str, passages: int, seconds: float) -> None:
+        """Add one load's embedded passages and its seconds to the collection's
+        :data:`INDEXED_BY` record, under its backend and device."""
+        done = {f"{r['backend']} on {r['device']}": r for r in self.indexed_by()}
+        row = done.get(f"{backend} on {device}", {"passages": 0, "seconds": 0.0})
+        done[f"{backend} on {device}"] = {
+            "backend": backend,
+            "device": device,
+            "passages": int(row["passages"]) + int(passages),
+            "seconds": round(float(row["seconds"]) + float(seconds), 3),
+        }
+        meta = dict(self.collection.metadata or {})
+        self.collection.modify(metadata={**meta, INDEXED_BY: json.dumps(list(done.values()))})
+
+    def indexed_by(self) -> list[dict[str, Any]]:
+        """Who embedded the stored passages: per backend and device, the passages and seconds
+        of its loads summed, and their rate (``passages_per_s``); [] when never recorded."""
+        try:
+            rows = json.loads((self.collection.metadata or {}).get(INDEXED_BY) or "[]")
+        except ValueError:
+            return []
+        for row in rows:
+            secs = float(row.get("seconds") or 0.0)
+            row["passages_per_s"] = round(row["passages"] / secs, 1) if secs > 0 else None
+        return rows
 
     def _by_ids(self, ids: Sequence[str], include: list[str]) -> Iterator[dict[str, Any]]:
         """Chroma ``get`` results for ``ids``, as many a call as the client takes."""
@@ -1271,16 +1389,31 @@ def retrieve_documents_multi_query(
     unless the reranker is none); ``exclude_ids`` are dropped.  ``fuse_keyword`` merges the ranking
     with the pool's BM25 ranking (:func:`rrf_merge`), so a doctrine's name that dense search
     misreads still counts.  ``metadata['reranker']`` names the reranker used."""
-    import numpy as np
 
     queries = [q for q in (str(q).strip() for q in queries) if q]
     if not queries or k <= 0:
         return []
     method = resolve_reranker(reranker, settings)
     store = get_store(settings)
-    if store.count() == 0:
-        logger.warning("the passage collection %s is empty: load a corpus first", store.name)
-        return []
+    with store.one_count() as count:
+        if count == 0:
+            logger.warning("the passage collection %s is empty: load a corpus first", store.name)
+            return []
+        return _retrieve(queries, k, exclude_ids, method, store, settings, fuse_keyword)
+
+
+def _retrieve(
+    queries: list[str],
+    k: int,
+    exclude_ids: Iterable[str],
+    method: str,
+    store: PassageStore,
+    settings: Settings,
+    fuse_keyword: bool,
+) -> list[Passage]:
+    """The search of :func:`retrieve_documents_multi_query` in a non-empty store."""
+    import numpy as np
+
     excluded = {str(i) for i in exclude_ids}
     per_query = max(k, settings.retrieval.overretrieve_factor * k) + len(excluded)
     qvecs, rank_vecs = (

@@ -74,11 +74,13 @@ class RetrievalSettings:
     embedding_model: str = _var("EMBEDDING_MODEL", "default")
     """'default' = all-MiniLM-L6-v2 (offline); else a sentence-transformers name or path."""
     embedding_device: str | None = _var("EMBEDDING_DEVICE", None)
-    """cpu, cuda, mps; empty = let sentence-transformers choose."""
+    """cpu, cuda, mps; empty = the GPU torch sees (CUDA, then MPS), else the CPU."""
     embedding_batch_size: int = _var("EMBEDDING_BATCH_SIZE", 16)
-    """Texts per forward pass of the torch backend (ONNX embeds one per pass)."""
+    """Texts per forward pass of the torch backend, at least 256 on a GPU (ONNX embeds one per
+    pass)."""
     embedding_backend: str = _var("EMBEDDING_BACKEND", "auto", ("auto", "onnx", "torch"))
-    """auto = onnx (an int8 export) for the default model on the CPU, torch otherwise."""
+    """auto = onnx (an int8 export) for the default model on the CPU, torch (fp16 on a GPU)
+    otherwise."""
     trust_remote_code: bool = _var("TRUST_REMOTE_CODE", False)
     """Needed by some hub models (e.g. Alibaba-NLP/gte-large-en-v1.5)."""
     reranker: str = _var("RERANKER", "auto", RERANKER_CHOICES)

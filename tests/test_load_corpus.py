@@ -270,6 +270,43 @@ def test_status_reports_size_model_and_sources(cli, tmp_settings):
     assert "QA memory:       1 cached answer(s)" in out
 
 
+def test_status_shows_which_backend_and_device_built_the_index_and_its_rate(cli, fake):
+    rc, out, _ = cli("status", "--json")
+    assert json.loads(out)["indexed_by"] == []  # nothing loaded yet
+    fake.backend, fake.device = "onnx", "cpu"
+    cli("5", "--passages", str(PASSAGES))
+    cli("10", "--passages", str(PASSAGES))  # a resumed load adds to the same row
+    fake.backend, fake.device = "torch", "cuda"
+    cli("--passages", str(PASSAGES))
+    rc, out, _ = cli("status", "--json")
+    rows = {f"{r['backend']} on {r['device']}": r for r in json.loads(out)["indexed_by"]}
+    assert rc == 0 and set(rows) == {"onnx on cpu", "torch on cuda"}
+    assert rows["onnx on cpu"]["passages"] == 10 and rows["torch on cuda"]["passages"] == 14
+    for row in rows.values():
+        assert row["seconds"] > 0
+        assert row["passages_per_s"] == pytest.approx(row["passages"] / row["seconds"], rel=0.01)
+    rc, out, _ = cli("status")
+    assert "indexed by:      onnx on cpu: 10 passages in " in out
+    assert "indexed by:      torch on cuda: 14 passages in " in out and "passages/s" in out
+
+
+def test_a_long_load_records_its_rate_as_it_goes_and_counts_each_passage_once(
+    tmp_settings, fake, monkeypatch
+):
+    fake.backend, fake.device = "onnx", "cpu"
+    monkeypatch.setattr(load_corpus, "RECORD_EVERY_S", 0.0)  # a record after every batch
+    store = rag_utils.get_store(tmp_settings)
+    records = []
+    real = store.record_indexing
+    monkeypatch.setattr(store, "record_indexing", lambda *a: records.append(a) or real(*a))
+    passages = load_corpus.read_passages(PASSAGES)
+    assert load_corpus.load_passages(passages, tmp_settings, batch_size=5, progress=False) == 24
+    assert [r[2] for r in records] == [5, 5, 5, 5, 4]  # kept up to the last batch if killed
+    (row,) = store.indexed_by()
+    assert row["passages"] == 24
+    assert row["seconds"] == pytest.approx(sum(r[3] for r in records), abs=0.01)
+
+
 def test_status_with_a_typo_creates_no_store_and_no_collection(cli, tmp_settings, tmp_path):
     assert cli("--passages", str(PASSAGES))[0] == 0
     before = rag_utils.existing_collections(tmp_settings)

@@ -38,7 +38,18 @@ def _ids(docs):
 # ------------------------------------------------------------------------------------------------
 
 
-def test_auto_backend_is_onnx_only_for_the_default_model_on_cpu(tmp_settings):
+@pytest.fixture
+def device_seen(monkeypatch):
+    """Stub the device torch sees (:func:`rag_utils.visible_accelerator`); returns the setter."""
+
+    def see(device: str) -> None:
+        monkeypatch.setattr(rag_utils, "visible_accelerator", lambda: device)
+
+    see("cpu")
+    return see
+
+
+def test_auto_backend_is_onnx_only_for_the_default_model_on_cpu(tmp_settings, device_seen):
     assert rag_utils.resolve_embedding_backend(tmp_settings) == "onnx"
     other = tmp_settings.replace(embedding_model="sentence-transformers/all-mpnet-base-v2")
     assert rag_utils.resolve_embedding_backend(other) == "torch"
@@ -50,6 +61,105 @@ def test_auto_backend_is_onnx_only_for_the_default_model_on_cpu(tmp_settings):
     )
     with pytest.raises(rag_utils.ModelLoadError, match="EMBEDDING_BACKEND=onnx supports only"):
         rag_utils.resolve_embedding_backend(other.replace(embedding_backend="onnx"))
+
+
+def test_auto_uses_torch_on_a_gpu_torch_sees_unless_the_device_is_set(tmp_settings, device_seen):
+    assert tmp_settings.retrieval.embedding_device is None
+    device_seen("cuda")
+    assert rag_utils.embedding_device(tmp_settings) == "cuda"
+    assert rag_utils.resolve_embedding_backend(tmp_settings) == "torch"
+    device_seen("mps")
+    assert rag_utils.resolve_embedding_backend(tmp_settings) == "torch"
+    device_seen("cpu")  # no GPU: the int8 ONNX path, as before
+    assert rag_utils.resolve_embedding_backend(tmp_settings) == "onnx"
+    device_seen("cuda")  # EMBEDDING_DEVICE=cpu keeps a GPU machine on the CPU path
+    pinned = tmp_settings.replace(embedding_device="cpu")
+    assert rag_utils.embedding_device(pinned) == "cpu"
+    assert rag_utils.resolve_embedding_backend(pinned) == "onnx"
+    assert rag_utils.resolve_embedding_backend(pinned.replace(embedding_backend="torch")) == "torch"
+
+
+class _FakeSentenceTransformer:
+    """Records what the torch embedder does to its model."""
+
+    def __init__(self, device):
+        self.device, self.halved = device, False
+
+    def half(self):
+        self.halved = True
+        return self
+
+
+def test_gpu_embedder_runs_fp16_with_large_batches_and_the_cpu_one_does_not(
+    tmp_settings, device_seen, monkeypatch
+):
+    loaded = []
+
+    def load(name, settings, device=None):
+        loaded.append(_FakeSentenceTransformer(device))
+        return loaded[-1]
+
+    monkeypatch.setattr(rag_utils, "_load_sentence_transformer", load)
+    monkeypatch.setattr(rag_utils, "_embedders", {})
+    device_seen("cuda")
+    emb = rag_utils.get_embedder(tmp_settings)
+    assert (emb.backend, emb.device, emb.batch_size) == ("torch", "cuda", rag_utils.GPU_BATCH_SIZE)
+    assert loaded[-1].device == "cuda" and loaded[-1].halved
+    big = rag_utils.get_embedder(tmp_settings.replace(embedding_batch_size=1024))
+    assert big.batch_size == 1024  # a larger EMBEDDING_BATCH_SIZE is kept
+    cpu = rag_utils.get_embedder(
+        tmp_settings.replace(embedding_backend="torch", embedding_device="cpu")
+    )
+    assert (cpu.device, cpu.batch_size) == ("cpu", 16) and not loaded[-1].halved
+
+
+@pytest.fixture
+def fresh_device_query():
+    rag_utils.visible_accelerator.cache_clear()
+    yield
+    rag_utils.visible_accelerator.cache_clear()
+
+
+def test_the_device_query_reads_torch_and_does_not_import_it_needlessly(
+    monkeypatch, tmp_path, fresh_device_query
+):
+    import importlib.machinery
+    import importlib.metadata
+    import importlib.util
+    import sys
+    import types
+
+    class Untouchable(types.ModuleType):
+        def __getattr__(self, name):
+            raise AssertionError(f"torch.{name} was used")
+
+    untouchable = Untouchable("torch")
+    untouchable.__spec__ = importlib.machinery.ModuleSpec("torch", None)
+    monkeypatch.setitem(sys.modules, "torch", untouchable)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)  # not installed
+    assert rag_utils.visible_accelerator() == "cpu"
+    monkeypatch.undo()
+
+    rag_utils.visible_accelerator.cache_clear()
+    monkeypatch.setitem(sys.modules, "torch", untouchable)
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.13.0+cpu")  # CPU wheel
+    assert rag_utils.visible_accelerator() == "cpu"
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.13.0")
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(rag_utils, "GPU_DRIVER_FILES", (str(tmp_path / "no-driver"),))
+    assert rag_utils._torch_may_see_gpu() is False  # Linux without a GPU driver
+
+    def fake_torch(cuda, mps):
+        torch = types.ModuleType("torch")
+        torch.cuda = types.SimpleNamespace(is_available=lambda: cuda)
+        torch.backends = types.SimpleNamespace(mps=types.SimpleNamespace(is_available=lambda: mps))
+        return torch
+
+    monkeypatch.setattr(rag_utils, "_torch_may_see_gpu", lambda: True)
+    for cuda, mps, seen in ((True, True, "cuda"), (False, True, "mps"), (False, False, "cpu")):
+        monkeypatch.setitem(sys.modules, "torch", fake_torch(cuda, mps))
+        rag_utils.visible_accelerator.cache_clear()
+        assert rag_utils.visible_accelerator() == seen
 
 
 def test_onnx_cache_is_used_only_when_its_checksums_match(tmp_path):
@@ -74,12 +184,14 @@ def test_onnx_cache_is_used_only_when_its_checksums_match(tmp_path):
     assert rag_utils._valid_onnx_cache(cache, "a" * 64) is None
 
 
-def test_auto_falls_back_to_torch_when_the_onnx_export_fails(tmp_settings, monkeypatch, caplog):
+def test_auto_falls_back_to_torch_when_the_onnx_export_fails(
+    tmp_settings, monkeypatch, caplog, device_seen
+):
     def fail(*_a, **_k):
         raise rag_utils.ModelLoadError("cannot export the ONNX embedder: onnx is not installed")
 
     monkeypatch.setattr(rag_utils, "ensure_onnx_model", fail)
-    monkeypatch.setattr(rag_utils, "_load_sentence_transformer", lambda name, s: object())
+    monkeypatch.setattr(rag_utils, "_load_sentence_transformer", lambda name, s, d=None: object())
     monkeypatch.setattr(rag_utils, "_embedders", {})
     with caplog.at_level(logging.WARNING, logger="rag_utils"):
         emb = rag_utils.get_embedder(tmp_settings)
@@ -123,6 +235,26 @@ def test_multi_query_embeds_once_and_searches_chroma_and_bm25_once(loaded, monke
     assert emb.calls - before == 1  # one forward pass for the three queries
     assert chroma_calls == [3]  # one Chroma query with three embeddings
     assert bm25_calls == [3]  # the three queries scored as one matrix
+
+
+def test_a_search_counts_the_store_once_and_the_next_one_again(loaded, monkeypatch):
+    """Chroma counts by scanning (47 ms at 686,000 passages): one search, one count."""
+    settings, passages = loaded
+    monkeypatch.setattr(rag_utils, "EXACT_SEARCH_MAX_PASSAGES", 0)  # the HNSW path
+    store = rag_utils.get_store(settings)
+    counts = []
+    real_count = store.collection.count
+    monkeypatch.setattr(store.collection, "count", lambda: counts.append(1) or real_count())
+    queries = ["negligence duty breach", "battery transferred intent", "miranda custody"]
+    for s in (settings, settings.replace(reranker="none")):
+        counts.clear()
+        assert rag_utils.retrieve_documents_multi_query(queries, k=5, settings=s)
+        assert len(counts) == 1
+    assert store.count() == len(passages) and len(counts) == 2  # outside a search: read again
+    store.upsert(["new_1"], ["Negligence needs a duty."], [{"source": "t"}], [np.ones(256) / 16])
+    counts.clear()
+    docs = rag_utils.retrieve_documents_multi_query(["negligence duty"], k=30, settings=settings)
+    assert "new_1" in _ids(docs) and len(counts) == 1  # the next search sees the new passage
 
 
 def test_batched_pool_equals_one_search_per_query(loaded):
@@ -377,3 +509,22 @@ def test_centred_queries_are_unit_vectors_and_an_empty_centroid_changes_nothing(
     assert np.array_equal(rag_utils.centered_queries(q, np.zeros(0, dtype=np.float32)), q)
     same = rag_utils.centered_queries(q[:1], q[0])  # a query equal to the mean does not vanish
     assert np.allclose(same, q[:1])
+
+
+@pytest.mark.slow
+def test_vectors_of_the_gpu_and_cpu_paths_agree_per_passage(tmp_settings):
+    """An index built by torch (fp32, or fp16 as on a GPU) serves ONNX int8 queries and back.
+    Over the 2,476 passages of ../shared/data the ONNX-to-fp32 cosine is 0.983 at its lowest
+    (36 below 0.99; docs/MEASUREMENTS.md, "Indexing speed"); these 24 are all above 0.99."""
+    pytest.importorskip("torch", reason="the torch backend is not installed")
+    import copy
+
+    texts = [p["text"] for p in load_corpus.read_passages(PASSAGES)]
+    onnx_emb = rag_utils.get_embedder(tmp_settings.replace(embedding_backend="onnx"))
+    torch_emb = rag_utils.get_embedder(tmp_settings.replace(embedding_backend="torch"))
+    assert (onnx_emb.backend, torch_emb.backend, torch_emb.device) == ("onnx", "torch", "cpu")
+    cos = rag_utils.embedding_agreement(texts, onnx_emb, torch_emb)
+    assert cos.shape == (len(texts),) and cos.min() >= 0.99
+    half = rag_utils.Embedder(copy.deepcopy(torch_emb.model).half(), torch_emb.name, 16, "cpu")
+    assert rag_utils.embedding_agreement(texts, half, torch_emb).min() >= 0.999
+    assert rag_utils.embedding_agreement(texts, half, onnx_emb).min() >= 0.99
