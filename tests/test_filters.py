@@ -111,6 +111,32 @@ def test_the_hnsw_path_of_a_large_collection_is_filtered_too(store, monkeypatch)
     assert len(got) == 5 and all(pid.startswith("tx_case_") for pid in got)
 
 
+def test_what_a_filter_admits_is_scanned_once_and_kept_for_the_next_process(store, monkeypatch):
+    texas = filters.passage_filter(store.replace(filter_jurisdiction="texas"))
+    ca9 = filters.passage_filter(store.replace(filter_court="ca9"))
+    tx_ids, ca9_ids = CASES[0][1], CASES[1][1]
+    assert rag_utils.get_store(store).allowed_ids(texas) == tx_ids
+    assert rag_utils.get_store(store).allowed_ids(ca9) == ca9_ids  # each filter its own file
+    rag_utils.reset_caches()  # a new process: read back, no scan
+    fresh = rag_utils.get_store(store)
+    with monkeypatch.context() as m:
+        m.setattr(type(fresh), "iter_all", lambda *a, **k: pytest.fail("rescanned"))
+        assert fresh.allowed_ids(texas) == tx_ids and fresh.allowed_ids(ca9) == ca9_ids
+    # a delete and an add leave the count as it was: the saved sets are dropped, not reused
+    fresh.delete(["tx_case_0"])
+    load_corpus.load_passages(
+        [_passage("tx_case_9", 9, jurisdiction="CA", court="cal", authority_type="case")],
+        store,
+        progress=False,
+    )
+    rag_utils.reset_caches()
+    assert rag_utils.get_store(store).allowed_ids(texas) == tx_ids - {"tx_case_0"}
+    load_corpus.load_passages(
+        [_passage("tx_case_10", 10, jurisdiction="TX")], store, progress=False
+    )
+    assert rag_utils.get_store(store).allowed_ids(texas) == tx_ids - {"tx_case_0"} | {"tx_case_10"}
+
+
 def test_a_filter_that_admits_nothing_returns_nothing(store):
     assert _search(store.replace(filter_court="scotus"), "hybrid") == []
 
