@@ -1054,14 +1054,12 @@ def borne_on(stage: _Stage, ruled: Sequence[Ruled]) -> set[str]:
     if not new or not ruled:
         return set()
     rows = _rows(stage.embed, new)
+    # per issue (a row), each new fact's fit to its closest rule sentence: one embed per rule
     fits = np.array(
-        [
-            [fact_fit(rule, rows[i : i + 1], stage.embed) for *_, rule, _ in ruled]
-            for i in range(len(new))
-        ]
+        [(_rows(stage.embed, [s for _, s in rule]) @ rows.T).max(axis=0) for *_, rule, _ in ruled]
     )
-    out = {ruled[int(j)][1].issue for j in fits.argmax(axis=1)}
-    return out | {r[1].issue for r, col in zip(ruled, fits.T, strict=True) if col.max() >= FACT_FIT}
+    out = {ruled[int(i)][1].issue for i in fits.argmax(axis=0)}
+    return out | {r[1].issue for r, row in zip(ruled, fits, strict=True) if row.max() >= FACT_FIT}
 
 
 def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Ruled]) -> None:

@@ -235,7 +235,7 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     question = q.text
     follow_up = (state.get("reading") or {}).get("follow_up")
     if follow_up == "hypothetical":  # the thread's last question again, on changed facts
-        last = (state.get("turns") or [{}])[-1].get("reading") or {}
+        last = last_turn(state).get("reading") or {}
         kept = {k: last[k] for k in ("query_type", "legal", "area", "topic") if k in last}
         return {
             "reading": kept
@@ -396,6 +396,11 @@ def picked_issues(picks: list[int | str], candidates: list[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def last_turn(state: AgentState) -> Turn:
+    """The thread's last question before this one (empty on a thread's first)."""
+    return (state.get("turns") or [{}])[-1]
+
+
 def thread_research(state: AgentState) -> dict[str, tuple[PlanStep, dict[str, dict]]]:
     """Per issue researched on the thread before this question: its latest completed step and
     that step's passages (a follow-up reuses them instead of searching again)."""
@@ -455,7 +460,7 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     It sees the question without its choices.  A follow-up that asks the thread's last question
     on changed facts keeps that question's agenda; any other lists the thread's issues first."""
     q, reading = state["parsed"], state.get("reading") or {}
-    last = (state.get("turns") or [{}])[-1]
+    last = last_turn(state)
     kept = reading.get("follow_up") == "hypothetical" and not q.issues and last.get("issues")
     legal, area, topic = (
         reading.get(k, d) for k, d in (("legal", True), ("area", ""), ("topic", ""))
@@ -914,7 +919,7 @@ def earlier_applications(state: AgentState) -> dict[str, list[dict]]:
     """A follow-up's thread: each issue's application in the last answer on it."""
     if not (state.get("reading") or {}).get("follow_up"):
         return {}
-    last = (state.get("turns") or [{}])[-1].get("answer") or {}
+    last = last_turn(state).get("answer") or {}
     return {i["issue"]: i["checks"] for i in last.get("issues") or [] if i.get("checks")}
 
 

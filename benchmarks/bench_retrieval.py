@@ -48,7 +48,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import numpy as np
-from common import ms, peak_rss_mb, printer, save
+from common import ms, peak_rss_mb, printer, save, shared_paths
 
 import eval_common as ec
 import load_corpus
@@ -389,12 +389,9 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.WARNING)
 
-    data = Path(args.shared_data)
-    passages_path = data / "corpus" / "passages.jsonl"
-    qa_path = data / "qa" / "barexam_dev.jsonl"
-    if not passages_path.exists():
-        print(f"error: {passages_path} not found (give --shared-data)", file=sys.stderr)
+    if (paths := shared_paths(args.shared_data)) is None:
         return 2
+    passages_path, qa_path = paths
     if args.index_only:  # the child process of bench_backends: index, print one JSON line
         s = Settings.from_env(env={}, chroma_dir=args.chroma_dir, embedding_backend=args.index_only)
         print(json.dumps(bench_indexing(s, passages_path)))

@@ -56,7 +56,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from common import ms, peak_rss_mb, printer, save, saved
+from common import ms, peak_rss_mb, printer, save, saved, shared_paths
 
 DEFAULT_N = 686_000
 SUFFIX = re.compile(r" \(copy (\d+)\)$")
@@ -428,12 +428,9 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
-    data = Path(args.shared_data)
-    passages_path = data / "corpus" / "passages.jsonl"
-    qa_path = data / "qa" / "barexam_dev.jsonl"
-    if not passages_path.exists():
-        print(f"error: {passages_path} not found (give --shared-data)", file=sys.stderr)
+    if (paths := shared_paths(args.shared_data)) is None:
         return 2
+    passages_path, qa_path = paths
     if args.step:  # a child process: one step, one JSON line
         folder = Path(args.dir)
         steps = {

@@ -65,3 +65,16 @@ def printer(quiet: bool) -> Callable[[str], None]:
             print(msg, flush=True)
 
     return say
+
+
+def shared_paths(shared_data: str) -> tuple[Path, Path] | None:
+    """The shared corpus's passages and barexam_dev QA files under ``shared_data``; None (after
+    one line on stderr) when the passages are not there."""
+    import sys
+
+    data = Path(shared_data)
+    passages = data / "corpus" / "passages.jsonl"
+    if not passages.exists():
+        print(f"error: {passages} not found (give --shared-data)", file=sys.stderr)
+        return None
+    return passages, data / "qa" / "barexam_dev.jsonl"
