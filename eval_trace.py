@@ -234,13 +234,13 @@ def trace_query(
             "question_topic": reading.get("topic"),
             "legal_question": reading.get("legal"),
             "decline": reading.get("decline") or "",
-            "issues": state.get("issues") or [],
+            "issues": nodes.planned(state),  # type: ignore[arg-type]
             "researched_issues": [s["issue"] for s in steps if s.get("phase") == "rule"],
             "not_researched": nodes.unresearched_issues(state),  # type: ignore[arg-type]
             "jurisdiction": reading.get("within") or "",
             "steps": steps,
             "lean": lean,
-            "memory_hit": bool(state.get("recalled")),
+            "memory_hit": bool(nodes.recalled(state)),  # type: ignore[arg-type]
             "answer_record": record,
             "final_answer": answer_stage.AnswerRecord.shown(record),
             "abstained": bool(record.get("abstained")),

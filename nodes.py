@@ -135,10 +135,20 @@ def _executed(state: AgentState) -> list[PlanStep]:
     return [s for s in state.get("planning_table") or [] if s.get("execution")]
 
 
+def planned(state: AgentState) -> list[str]:
+    """The research agenda the planner (or the user, or the replanner) set: ``reading["agenda"]``."""
+    return list((state.get("reading") or {}).get("agenda") or [])
+
+
+def recalled(state: AgentState) -> dict[str, Any]:
+    """The QA-memory hit that answers this run (empty when none): ``reading["recalled"]``."""
+    return (state.get("reading") or {}).get("recalled") or {}
+
+
 def unresearched_issues(state: AgentState) -> list[str]:
     """Planned issues no executed step researched (a step planned but never run counts as none)."""
     done = {s.get("issue") for s in _executed(state)}
-    return [i for i in state.get("issues") or [] if i not in done]
+    return [i for i in planned(state) if i not in done]
 
 
 def _short(text: str, n: int = 80) -> str:
@@ -202,10 +212,8 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
 
 
 RUN_SCOPED: dict[str, Any] = {
-    "issues": [],
     "passages": {},
     "chain_of_thought": [],
-    "recalled": {},
     "answer": {},
     "stop_reason": "",
     "run_metrics": {},
@@ -261,12 +269,11 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         hit = None
     if hit:
         sources = list(hit.get("sources") or [])
+        saved = {k: hit.get(k) for k in ("question", "similarity", "timestamp")}
         return (
             {
-                "recalled": {
-                    **{k: hit.get(k) for k in ("question", "similarity", "timestamp")},
-                    "answer": hit.get("answer", ""),
-                    "sources": sources,
+                "reading": {
+                    "recalled": {**saved, "answer": hit.get("answer", ""), "sources": sources}
                 },
                 "passages": {s["id"]: _passage_record(s) for s in sources if s.get("id")},
                 "stop_reason": "memory_hit",
@@ -430,7 +437,7 @@ def plan_steps(state: AgentState, ctx: AgentContext, issues: list[str]) -> dict[
             continue
         kept = answer_stage.issue_facts(issue, facts, ctx.embed) if facts else []
         steps.append(step_for(n, issue, kept, first))
-    update: dict[str, Any] = {"planning_table": steps, "issues": issues}
+    update: dict[str, Any] = {"planning_table": steps, "reading": {"agenda": issues}}
     if passages:
         update["passages"] = {**(state.get("passages") or {}), **passages}
     return update
@@ -444,7 +451,7 @@ def user_agenda(names: Sequence[str], candidates: list[str]) -> list[str]:
 
 
 def _steps_decision(update: dict[str, Any], given: str = "") -> str:
-    issues, steps = update["issues"], update["planning_table"]
+    issues, steps = update["reading"]["agenda"], update["planning_table"]
     reused = sum(1 for s in steps if s.get("execution"))
     left = "; ".join(issues[len(steps) :])
     return (
@@ -491,7 +498,7 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         issues = [q.text]
     adaptive = ctx.settings.agent.research_policy == "adaptive" and not kept
     update = plan_steps(state, ctx, issues[:1] if adaptive else issues)
-    update["reading"] = {"candidates": candidates, **({"within": within} if within else {})}
+    update["reading"].update(candidates=candidates, **({"within": within} if within else {}))
     if adaptive:  # the first step; the replanner picks the next from the findings
         update["reading"]["suggested"] = issues[1:]
         for step in update["planning_table"]:
@@ -529,7 +536,7 @@ def reviewed_agenda(reply: Any, listed: list[str]) -> list[str]:
 def review(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """Plan review (``--review``; LangGraph's ``interrupt``): the run pauses with the agenda and
     the other candidates, and goes on with the agenda the reply sets (``Command(resume=...)``)."""
-    issues = list(state.get("issues") or [])
+    issues = planned(state)
     candidates = (state.get("reading") or {}).get("candidates") or []
     others = [c for c in candidates if c not in issues]
     reply = interrupt({"agenda": issues, "candidates": others, "how": REVIEW_HOW})
@@ -805,7 +812,7 @@ def adaptive_move(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]
     the agenda's next issue.  Caps: MAX_STEPS issues, one retry per issue (MAX_ITERATIONS and the
     deadline in the evaluator)."""
     q, reading = state["parsed"], state.get("reading") or {}
-    issues, done = list(state.get("issues") or []), _executed(state)
+    issues, done = planned(state), _executed(state)
     memory = list(state.get("chain_of_thought") or [])
     leads = [lead for e in memory for lead in e.get("leads") or []]
     candidates = [
@@ -846,7 +853,7 @@ def adaptive_move(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]
     step["strategy"]["rewrite"] = True
     update.update(
         planning_table=[step],
-        issues=[*issues, issue],
+        reading={"agenda": [*issues, issue]},
         chain_of_thought=_noted(state, f"next_step: {issue} ({move.why})"),
     )
     return update, f"next step {step['step_id']}: {issue} ({move.why})", "executor"
@@ -857,7 +864,7 @@ def issue_research(state: AgentState, why_not: str) -> list[answer_stage.IssueRe
     when every angle missed the evidence gate, or not researched."""
     passages = state.get("passages") or {}
     out = []
-    for issue in state.get("issues") or []:
+    for issue in planned(state):
         steps = [s for s in _executed(state) if s.get("issue") == issue]
         done = [s for s in steps if s["status"] == "completed"]
         if done:  # an adaptive retry of a completed step adds its passages to the first's
@@ -882,7 +889,7 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     found it off topic as asked (:func:`off_topic`), or when no issue's research found evidence;
     never because one step failed."""
     q = state["parsed"]
-    if state.get("recalled"):
+    if recalled(state):
         return {"answer": memory_record(state).to_dict()}, "memory hit"
     if answer_mode(state, ctx) == "lean":  # zero research steps: the letter reads lean's search
         record = answer_stage.AnswerRecord(q.kind, "", [], [], False, "lean mode: no research")
@@ -925,14 +932,14 @@ def earlier_applications(state: AgentState) -> dict[str, list[dict]]:
 
 def memory_record(state: AgentState) -> answer_stage.AnswerRecord:
     """The record of a QA-memory hit: the cached text and its cited passages."""
-    recalled = state.get("recalled") or {}
+    hit = recalled(state)
     citations = [
         answer_stage.Citation(
             n, s["id"], s.get("title") or "", s.get("support") or "", s.get("pin") or ""
         )
-        for n, s in enumerate(recalled.get("sources") or [], 1)
+        for n, s in enumerate(hit.get("sources") or [], 1)
     ]
-    text = recalled.get("answer") or ""
+    text = hit.get("answer") or ""
     kind = state["parsed"].kind
     return answer_stage.AnswerRecord(kind, text, [], citations, abstained=False, grounded=True)
 
@@ -1046,7 +1053,7 @@ def cache_blockers(state: AgentState, ctx: AgentContext) -> list[str]:
     failed or was not parsed."""
     why: list[str] = []
     record = state.get("answer") or {}
-    if state.get("recalled"):
+    if recalled(state):
         why.append("answer came from memory")
     if answer_mode(state, ctx) == "evidence":
         why.append("evidence-mode answers are not cached")
@@ -1124,7 +1131,7 @@ def compute_metrics(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
         "steps_failed": sum(1 for s in table if s["status"] == "failed"),
         "query_type": reading.get("query_type"),
         "answer_kind": record.get("kind"),
-        "memory_hit": bool(state.get("recalled")),
+        "memory_hit": bool(recalled(state)),
         "follow_up": reading.get("follow_up"),
         "applications_reused": len(record.get("reused") or []),
         "abstained": bool(record.get("abstained")),
@@ -1158,7 +1165,7 @@ def turn(state: AgentState) -> Turn:
         "reading": {
             k: reading[k] for k in ("query_type", "legal", "area", "topic") if k in reading
         },
-        "issues": list(state.get("issues") or []),
+        "issues": planned(state),
         "steps": steps,
         "passages": {i: passages[i] for i in ids if i in passages},
         "answer": state.get("answer") or {},
@@ -1189,7 +1196,7 @@ def route_after_injection(state: AgentState) -> Literal["classifier", "answer", 
 
 def route_after_classifier(state: AgentState) -> Literal["planner", "answer"]:
     """A question the QA memory answered is not planned."""
-    return "answer" if state.get("recalled") else "planner"
+    return "answer" if recalled(state) else "planner"
 
 
 def route_after_planner(state: AgentState) -> Literal["review", "executor", "answer"]:

@@ -11,11 +11,12 @@ from typing import Annotated, Any, Literal, TypedDict
 
 from question import Question
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 """The version of :class:`AgentState` a run writes in each checkpoint's metadata
 (``state_version``).  Raise it when a key changes its meaning or type: a thread kept by an earlier
 version is then refused with one line (``main.thread_state``) instead of misread halfway through a
-run.  Threads kept before the version was recorded carry none and are v1."""
+run.  Threads kept before the version was recorded carry none and are v1.  v2: the agenda and a
+QA-memory hit moved into ``reading``."""
 
 
 class Execution(TypedDict, total=False):
@@ -116,12 +117,12 @@ class AgentState(TypedDict, total=False):
     question after the first is a follow-up on the facts and research of those before it."""
     reading: Annotated[dict[str, Any], merge_dicts]
     """What the nodes read of the question before researching it: ``injection`` (the check's
-    verdict), ``mode`` (the answer mode resolved), the classifier's ``query_type``, ``legal``,
-    ``area`` and ``topic``, the planner's ``decline`` (why it is off topic) and ``within`` (the
-    state whose law alone is searched).  Like every key below but ``answer_mode``, it belongs to
+    verdict), ``mode`` (the answer mode resolved), ``recalled`` (a QA-memory hit: the question it
+    was saved for, similarity, timestamp, answer, sources), the classifier's ``query_type``,
+    ``legal``, ``area`` and ``topic``, the planner's ``agenda`` (the issues to research, one step
+    each; the replanner adds to it), ``candidates``, ``decline`` (why it is off topic) and
+    ``within`` (the state whose law alone is searched).  Like every key below but ``answer_mode``, it belongs to
     one question: the first node resets it (``nodes.RUN_SCOPED``)."""
-    issues: list[str]
-    """The legal issues the planner identified: the research agenda, one step each."""
     planning_table: Annotated[list[PlanStep], merge_steps]
     passages: dict[str, dict[str, Any]]
     """Every passage retrieved (or cited by a cached answer) by id: id, title, source, text, pin."""
@@ -129,8 +130,6 @@ class AgentState(TypedDict, total=False):
     """Passages the injection screen dropped: {"id", "patterns"}."""
     chain_of_thought: list[MemoryEntry]
     """The working memory: one entry per research iteration."""
-    recalled: dict[str, Any]
-    """A QA-memory hit: the question it was saved for, similarity, timestamp, answer, sources."""
     answer: dict[str, Any]
     """The answer record (``answer.AnswerRecord.to_dict()``) the CLI, memory and evals read."""
     stop_reason: str

@@ -309,7 +309,7 @@ def test_plan_review_pauses_after_the_planner_and_researches_the_agenda_the_user
         result = main.run_agent(FACTS, context=ctx, checkpointer=saver, review=reply)
     assert pauses[0]["agenda"] == ["Negligence", "Comparative negligence"]
     assert "Press Enter to keep the agenda" in pauses[0]["how"]
-    assert result["issues"] == ["Comparative negligence"]
+    assert result["reading"]["agenda"] == ["Comparative negligence"]
     assert [s["issue"] for s in result["planning_table"]] == ["Comparative negligence"]
     assert script.roles() == ["classify", "plan", "apply", "bottom_line"]
     review = next(e for e in result["trace"] if e["node"] == "review")
@@ -326,7 +326,7 @@ def test_plan_review_pauses_after_the_planner_and_researches_the_agenda_the_user
             "Comparative negligence",
         ]
         done = graph.invoke(Command(resume=""), config, context=ctx)  # Enter: the agenda kept
-        assert done["issues"] == ["Negligence", "Comparative negligence"]
+        assert done["reading"]["agenda"] == ["Negligence", "Comparative negligence"]
         assert not done["answer"]["abstained"] and done["review"] is False
 
 
@@ -389,30 +389,32 @@ def test_a_thread_another_state_version_wrote_is_refused_with_one_line(
     """A thread kept by an older version: --resume and --thread say so in one line (exit 2)
     instead of running on a state this version would misread."""
     thread = _stopped_thread(tmp_settings, str(cli_env))
-    monkeypatch.setattr(main, "STATE_VERSION", 2)
+    now = main.STATE_VERSION
+    monkeypatch.setattr(main, "STATE_VERSION", now + 1)
     line = (
         f"main.py: error: thread {thread} was written by an older version of LegalRagAgent "
-        "(state v1; this is v2): start a new thread"
+        f"(state v{now}; this is v{now + 1}): start a new thread"
     )
     for args in (["--resume", thread], ["--thread", thread, "What is negligence?"]):
         assert main.main(["--no-index", *args]) == 2
         assert capsys.readouterr().err.strip().splitlines() == [line]
 
 
-def test_a_thread_kept_before_state_versions_loads_unless_its_question_does_not(
-    tmp_settings, store
-):
-    """A thread with no state version was written by v1 (the state threads were introduced
-    with): it loads while its question reads back as a Question; one whose question comes back
-    as the serializer's fallback (a dict: a Question of another shape) is refused."""
+def test_a_thread_of_this_version_loads_unless_its_question_does_not(tmp_settings, store):
+    """A thread of this state version loads while its question reads back as a Question; one
+    whose question comes back as the serializer's fallback (a dict: a Question of another shape)
+    is refused.  One with no version recorded was written by v1, an older version."""
     with main.open_checkpointer(tmp_settings.replace(checkpoints=store)) as saver:
         graph = main.build_graph(checkpointer=saver)
         for thread, parsed in (("kept", Question.read(FACTS)), ("other", {"text": FACTS})):
-            config = {"configurable": {"thread_id": thread}}  # no version in the metadata
+            config = main.thread_config(thread)
             graph.update_state(config, {"question": FACTS, "parsed": parsed}, as_node="planner")
         assert main.thread_state(graph, main.thread_config("kept")).values["parsed"].text == FACTS
         with pytest.raises(InputError, match="thread other cannot be read: its question does not"):
             main.thread_state(graph, main.thread_config("other"))
+        graph.update_state({"configurable": {"thread_id": "v1"}}, {"question": FACTS}, as_node="planner")
+        with pytest.raises(InputError, match=r"older version of LegalRagAgent \(state v1;"):
+            main.thread_state(graph, main.thread_config("v1"))
 
 
 def test_a_checkpoint_that_does_not_load_is_one_line_and_exit_2(tmp_settings, cli_env, capsys):

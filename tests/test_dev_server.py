@@ -267,7 +267,7 @@ def test_a_run_paused_for_plan_review_is_resumed_through_the_api(dev_server: Dev
     assert pause["agenda"] and "Press Enter to keep the agenda" in pause["how"]
     done = dev_server.ask(thread, command={"resume": "1"})
     assert not done.interrupted
-    assert done.values["issues"] == pause["agenda"][:1]
+    assert done.values["reading"]["agenda"] == pause["agenda"][:1]
     review = next(e for e in done.values["trace"] if e["node"] == "review")
     assert (
         review["decision"] in ("agenda kept by the user",)

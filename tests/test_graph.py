@@ -304,7 +304,7 @@ def test_issues_beyond_max_steps_are_reported_as_not_answered(tmp_settings):
         plan=[J(issues=["Negligence", "Comparative negligence", "Free speech"])], apply=[APPLY]
     )
     result, *_ = run(tmp_settings, replies, max_steps=1)
-    assert result["issues"] == ["Negligence", "Comparative negligence", "Free speech"]
+    assert result["reading"]["agenda"] == ["Negligence", "Comparative negligence", "Free speech"]
     assert len(result["planning_table"]) == 1
     assert (
         "Not answered: Comparative negligence (MAX_STEPS 1 reached); Free speech"
@@ -634,7 +634,7 @@ def test_a_question_about_a_states_law_is_declined_unless_the_sources_hold_that_
             "How many days does Ohio law give him to return it with an itemized list?"
         }
         if ohio:  # the state's own passages are the first candidates and all the research reads
-            assert result["reading"]["within"] == "OH" and result["issues"][0] == deposit
+            assert result["reading"]["within"] == "OH" and result["reading"]["agenda"][0] == deposit
             assert set(scopes) == {"OH"} and len(scopes) == len(ohio_law.calls) >= 2
             assert set(result["passages"]) == {"orc"}  # every passage the research read
             lines: list[str] = []
@@ -666,7 +666,7 @@ def test_an_answer_saved_under_one_states_law_does_not_serve_another_states(tmp_
         check_memory=memory.check, state_law=state_law,
     )  # fmt: skip
     assert (
-        bool(result.get("recalled")) is False and "no source is Ohio law" in result["answer"]["why"]
+        bool(result["reading"].get("recalled")) is False and "no source is Ohio law" in result["answer"]["why"]
     )
     settings = tmp_settings.replace(skip_injection_check=True)
     client = LLMClient(
@@ -674,7 +674,7 @@ def test_an_answer_saved_under_one_states_law_does_not_serve_another_states(tmp_
     )
     ctx = fake_context(settings, client=client, check_memory=memory.check, state_law=state_law)
     result = main.run_agent(f"Under Colorado law, {asked}", None, context=ctx)
-    assert bool(result.get("recalled")) is True  # the same state's law: served
+    assert bool(result["reading"].get("recalled")) is True  # the same state's law: served
 
 
 def test_a_passage_about_another_doctrine_is_never_an_issues_rule(tmp_settings):
@@ -776,7 +776,7 @@ def test_memory_hit_skips_the_research_and_a_letter_is_still_picked(tmp_settings
     result, script, memory, _ = run(
         tmp_settings, replies, memory=memory, choices=CHOICES, answer_mode="research"
     )
-    assert bool(result.get("recalled")) is True and result["answer"]["mc"]["letter"] == "B"
+    assert bool(result["reading"].get("recalled")) is True and result["answer"]["mc"]["letter"] == "B"
     assert script.roles() == ["mc_select"]
     assert not {"planner", "executor"} & set(nodes_run(result))
     prompt = script.prompts("mc_select")[0]
@@ -1090,10 +1090,10 @@ def test_a_fact_patterns_saved_answer_serves_the_same_facts_only(tmp_settings):
     other = {"question": "Dan was stopped for speeding and arrested. Was the search lawful?",
              "answer": "Cached answer [1].", "similarity": 0.93, "sources": []}  # fmt: skip
     result, script, *_ = run(tmp_settings, fact_replies(), memory=Memory(other))
-    assert bool(result.get("recalled")) is False and "classify" in script.roles()
+    assert bool(result["reading"].get("recalled")) is False and "classify" in script.roles()
     same = {**other, "question": "  " + FACTS.upper()}  # the same facts, as typed again
     result, script, *_ = run(tmp_settings, {}, memory=Memory(same))
-    assert bool(result.get("recalled")) is True and "classify" not in script.roles()
+    assert bool(result["reading"].get("recalled")) is True and "classify" not in script.roles()
 
 
 def test_ctrl_c_in_the_cli_keeps_the_research_so_far_and_an_eval_loop_still_stops(tmp_settings):
@@ -1127,9 +1127,9 @@ def test_the_issues_a_user_sets_are_researched_instead_of_the_models_picks(tmp_s
     named = ["comparative negligence", " Tag (transient) jurisdiction "]
     result = main.run_agent(FACTS, context=ctx, issues=named)
     assert "plan" not in script.roles()
-    assert result["issues"][1] == "Tag transient jurisdiction"  # its words, not linked doctrines
+    assert result["reading"]["agenda"][1] == "Tag transient jurisdiction"  # its words, not linked doctrines
     assert result["parsed"]["issues"] == ["comparative negligence", "Tag (transient) jurisdiction"]
-    assert [s["issue"] for s in result["planning_table"]][:2] == result["issues"][:2]
+    assert [s["issue"] for s in result["planning_table"]][:2] == result["reading"]["agenda"][:2]
     planner = next(e for e in result["trace"] if e["node"] == "planner")
     assert "set by the user" in planner["decision"]
 
@@ -1199,7 +1199,7 @@ def test_the_adaptive_loop_ends_at_its_caps_and_falls_back_to_the_agenda(tmp_set
     result, script, *_ = run(
         tmp_settings, never_done, research_policy="adaptive", max_steps=2, retrieval_k=1
     )
-    assert result["issues"] == ["Negligence", "Comparative negligence"]  # the agenda's next pick
+    assert result["reading"]["agenda"] == ["Negligence", "Comparative negligence"]  # the agenda's next pick
     assert "replanner: unparseable reply (the agenda's next issue)" in result["fallbacks"]
     moves = [e["decision"] for e in result["trace"] if e["node"] == "replanner"]
     assert moves[1].startswith("complete: next_step 'Battery' not taken")  # MAX_STEPS 2 reached

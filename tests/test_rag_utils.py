@@ -494,7 +494,7 @@ def test_a_memory_hit_keeps_the_sentence_and_pin_each_citation_rests_on(loaded):
              "support": "Possession must be open and notorious.", "pin": "§ 2(a)", "ref": "[1]"}  # fmt: skip
     rag_utils.write_to_memory("What is adverse possession?", "A.", 0.7, settings, sources=[cited])
     hit = rag_utils.check_memory("What is adverse possession?", settings=settings)
-    state = {"recalled": hit, "parsed": Question.read("What is adverse possession?")}
+    state = {"reading": {"recalled": hit}, "parsed": Question.read("What is adverse possession?")}
     record = nodes.memory_record(state)
     assert [(c.support, c.pin) for c in record.citations] == [(cited["support"], "§ 2(a)")]
 
