@@ -44,13 +44,9 @@ MODES = {
     "from the findings; not in the default list)",
 }
 """Phase 2's modes (``--modes``)."""
-AGENT_MODES = {
-    "pipeline": ("research", "agenda"),
-    "research": ("research", "agenda"),
-    "adaptive": ("research", "adaptive"),
-}
-"""An eval mode that runs the whole agent: its ANSWER_MODE and RESEARCH_POLICY (any other mode is
-its own ANSWER_MODE on the agenda)."""
+AGENT_MODES = {"pipeline": ("research", "agenda"), "adaptive": ("research", "adaptive")}
+"""An eval mode named for how it runs the whole agent: its ANSWER_MODE and RESEARCH_POLICY (any
+other mode is its own ANSWER_MODE on the agenda)."""
 SLOW_MODES = ("pipeline", "evidence", "adaptive")
 """Phase-2 modes that run the research (``--pipeline-n`` bounds them)."""
 QUERY_VARIANTS = ("question", "question+choices")
@@ -142,15 +138,15 @@ def run_retrieval_item(
 # --- Phase 2: MC accuracy per mode --------------------------------------------------------------
 
 
-def _mc_fields(answer: Mapping[str, Any], reply: str | None) -> dict:
+def _mc_fields(answer: Mapping[str, Any]) -> dict:
     """A row's answer fields from an ``mc.MCResult.to_dict()`` ({} when the agent ended before
-    mc_select) and the reply to show."""
+    mc_select)."""
     return {
         "predicted": answer.get("letter"),
         "strategy": answer.get("strategy", "none"),
         "parse_failed": bool(answer.get("parse_failed", True)),
         "retried": bool(answer.get("retried", False)),
-        "reply": ec.preview(reply, 300),
+        "reply": ec.preview(answer.get("text"), 300),
     }
 
 
@@ -204,13 +200,12 @@ def run_mc_item(
             if mode == "rag":
                 extra["gold_in_evidence"] = any(d["id"] in gold for d in docs)
             evidence = prompts.format_evidence(docs)
-        answered = mc.select_answer(client, question, choices, evidence)
-        fields = _mc_fields(answered.to_dict(), answered.text)
+        fields = _mc_fields(mc.select_answer(client, question, choices, evidence).to_dict())
     elif mode in ("lean", *SLOW_MODES):
         state = _run_agent(settings, mode, client, question, choices)
         record = state.get("answer") or {}
         mc_answer = record.get("mc") or {}
-        fields = _mc_fields(mc_answer, mc_answer.get("text"))
+        fields = _mc_fields(mc_answer)
         sources = list(mc_answer.get("evidence_ids") or [])  # what the letter read
         table = state.get("planning_table") or []
         lean = record.get("lean") or {}
@@ -230,7 +225,6 @@ def run_mc_item(
             "error": state.get("error"),
         }
         if mode == "evidence":
-            record = state.get("answer") or {}
             extra["abstained"] = bool(record.get("abstained"))
             extra["grounded"] = bool(record.get("grounded")) and not extra["abstained"]
     else:
@@ -858,7 +852,7 @@ def run_answers_phase(
         issues_of = {str(it["question"]): [i["name"] for i in it["issues"]] for it in items}
     fns = {m: agent_answer_fn(settings, m, llm_factory, issues_of) for m in modes if m != "ceiling"}
     scorer = eval_answers.score_fact_pattern if args.facts else eval_answers.score_answer
-    score = functools.partial(scorer, same_doctrine=same_doctrine_fn(settings))
+    same_doctrine = same_doctrine_fn(settings)
     if "ceiling" in modes:
         by_question = {str(it["question"]): it for it in items}
         client = LLMClient(settings, llm_factory=llm_factory)
@@ -870,15 +864,21 @@ def run_answers_phase(
             return eval_answers.ceiling_answer(client, item, gold)
 
         fns["ceiling"] = ceiling
-    interrupted, failed = False, []
+
+    def answer(task: tuple[dict, str]) -> dict:
+        item, mode = task
+        start = time.perf_counter()
+        result = fns[mode](str(item["question"]))
+        row = scorer(item, mode, result, time.perf_counter() - start, same_doctrine=same_doctrine)
+        return {**row, "item": row["id"], "phase": "answers"}
+
+    interrupted = False
     try:
-        eval_answers.run_answers(
-            items,
-            {mode: fns[mode] for mode in modes},
-            on_row=lambda row: run_dir.append({**row, "item": row["id"], "phase": "answers"}),
-            skip=run_dir.done(),  # its grade rows share the keys of its answer rows
-            score=score,
-            on_error=lambda item, mode, exc: failed.append(run_dir.record_error(item, mode, exc)),
+        run_dir.run(  # one item's modes in a row, so a run cut short stays paired
+            answer,
+            [(item, mode) for item in items for mode in modes],
+            key=lambda task: (str(task[0]["id"]), task[1]),
+            desc="answers",
         )
         if args.grade:
             judge = LLMClient(settings, llm_factory=llm_factory)
@@ -892,7 +892,7 @@ def run_answers_phase(
     ]
     summarize = eval_answers.summarize_facts if args.facts else eval_answers.summarize_answers
     summary = {"run_id": run_dir.run_id, "config": config, "answers": summarize(rows)}
-    summary |= {"interrupted": interrupted, "failed": len(failed)}
+    summary |= {"interrupted": interrupted, "failed": len(run_dir.errors)}
     run_dir.write_json("summary.json", summary)
     return summary
 
