@@ -702,33 +702,29 @@ def build_answers_parser() -> argparse.ArgumentParser:
     return p
 
 
-def agent_answer_fn(
+def agent_answer(
     settings: Settings,
     mode: str,
+    question: str,
+    issues: Sequence[str] = (),
     llm_factory: ec.LLMFactory = None,
-    issues_of: Mapping[str, Sequence[str]] | None = None,
-) -> Callable[[str], dict]:
-    """``question -> answer dict`` (eval_answers' shape) running the whole agent in ``mode``;
-    ``issues_of``: the agenda a user sets for each question (``--issues-from gold``)."""
-
-    def answer(question: str) -> dict:
-        client = LLMClient(settings, llm_factory=llm_factory)
-        issues = (issues_of or {}).get(question, ())
-        state = _run_agent(settings, mode, client, question, None, issues)
-        record = state.get("answer") or {}
-        return {
-            "answer": record.get("text") or "",
-            "abstained": bool(record.get("abstained")),
-            "verdict": record.get("verdict"),
-            "reading": record.get("reading"),
-            "support": record.get("support"),
-            "sentences": record_sentences(record),
-            "passages": {pid: p["text"] for pid, p in (state.get("passages") or {}).items()},
-            "quotes": record.get("quotes") or [],
-            "llm_calls": client.summary()["llm_calls"],
-        }
-
-    return answer
+) -> dict:
+    """The answer dict (eval_answers' shape) of the whole agent in ``mode``; ``issues``: the agenda
+    a user sets (``--issues-from gold``)."""
+    client = LLMClient(settings, llm_factory=llm_factory)
+    state = _run_agent(settings, mode, client, question, None, issues)
+    record = state.get("answer") or {}
+    return {
+        "answer": record.get("text") or "",
+        "abstained": bool(record.get("abstained")),
+        "verdict": record.get("verdict"),
+        "reading": record.get("reading"),
+        "support": record.get("support"),
+        "sentences": record_sentences(record),
+        "passages": {pid: p["text"] for pid, p in (state.get("passages") or {}).items()},
+        "quotes": record.get("quotes") or [],
+        "llm_calls": client.summary()["llm_calls"],
+    }
 
 
 def record_sentences(record: Mapping[str, Any]) -> list[dict]:
@@ -763,8 +759,12 @@ def same_doctrine_fn(settings: Settings) -> Callable[[str, Sequence[str]], bool]
     return same
 
 
-def answer_rows_with_grades(run_dir: ec.RunDir) -> list[dict]:
-    """The run's answer rows, each with its grade when one was written (``answers_grade`` rows)."""
+def answer_rows(
+    run_dir: ec.RunDir, items: Sequence[Mapping[str, Any]], modes: Sequence[str]
+) -> list[dict]:
+    """The run's answer rows of ``items`` in ``modes``, each with its grade when one was written
+    (``answers_grade`` rows)."""
+    wanted = {it["id"] for it in items}
     grades = {
         (r["item"], r["mode"]): {"grade": r.get("grade"), "reason": r.get("reason")}
         for r in run_dir.rows
@@ -773,7 +773,7 @@ def answer_rows_with_grades(run_dir: ec.RunDir) -> list[dict]:
     return [
         {**r, **grades.get((r["item"], r["mode"]), {})}
         for r in run_dir.rows
-        if r.get("phase") == "answers"
+        if r.get("phase") == "answers" and r["item"] in wanted and r["mode"] in modes
     ]
 
 
@@ -786,12 +786,8 @@ def grade_answer_rows(
 ) -> None:
     """Grade every answer row of the run that has no grade yet (answered now or by an earlier,
     ungraded run), one ``answers_grade`` row each, so grading resumes too."""
-    by_id = {str(it["id"]): it for it in items}
-    todo = [
-        r
-        for r in answer_rows_with_grades(run_dir)
-        if "grade" not in r and r["item"] in by_id and r["mode"] in modes
-    ]
+    by_id = {it["id"]: it for it in items}
+    todo = [r for r in answer_rows(run_dir, items, modes) if "grade" not in r]
     grade = lambda row: eval_answers.grade_answer(judge, by_id[row["item"]], row["answer"])  # noqa: E731
     for row, graded, err in ec.run_tasks(grade, todo, desc="grading"):
         if err is not None:  # ungraded now, graded by the next resume
@@ -847,28 +843,20 @@ def run_answers_phase(
         "settings": ec.settings_record(settings),
     }
     run_dir.check_config(config, ("qa", "llm", "facts", "split"))
-    issues_of = None
-    if args.issues_from == "gold":  # the gold doctrines, as a user who knows the field names them
-        issues_of = {str(it["question"]): [i["name"] for i in it["issues"]] for it in items}
-    fns = {m: agent_answer_fn(settings, m, llm_factory, issues_of) for m in modes if m != "ceiling"}
     scorer = eval_answers.score_fact_pattern if args.facts else eval_answers.score_answer
     same_doctrine = same_doctrine_fn(settings)
-    if "ceiling" in modes:
-        by_question = {str(it["question"]): it for it in items}
-        client = LLMClient(settings, llm_factory=llm_factory)
-
-        def ceiling(question: str) -> dict:
-            item = by_question[question]
-            ids = [g for issue in item["issues"] for g in issue["gold_ids"]]
-            gold = list(ec.fetch_passages(ids, settings).values())
-            return eval_answers.ceiling_answer(client, item, gold)
-
-        fns["ceiling"] = ceiling
 
     def answer(task: tuple[dict, str]) -> dict:
         item, mode = task
         start = time.perf_counter()
-        result = fns[mode](str(item["question"]))
+        if mode == "ceiling":
+            ids = [g for issue in item["issues"] for g in issue["gold_ids"]]
+            gold = list(ec.fetch_passages(ids, settings).values())
+            client = LLMClient(settings, llm_factory=llm_factory)
+            result = eval_answers.ceiling_answer(client, item, gold)
+        else:  # --issues-from gold: the gold doctrines, as a user who knows the field names them
+            issues = [i["name"] for i in item["issues"]] if args.issues_from == "gold" else ()
+            result = agent_answer(settings, mode, str(item["question"]), issues, llm_factory)
         row = scorer(item, mode, result, time.perf_counter() - start, same_doctrine=same_doctrine)
         return {**row, "item": row["id"], "phase": "answers"}
 
@@ -886,12 +874,9 @@ def run_answers_phase(
     except KeyboardInterrupt:
         interrupted = True
         logger.warning("interrupted: rerun with --run-id %s to finish", run_dir.run_id)
-    wanted = {it["id"] for it in items}
-    rows = [
-        r for r in answer_rows_with_grades(run_dir) if r["item"] in wanted and r["mode"] in modes
-    ]
     summarize = eval_answers.summarize_facts if args.facts else eval_answers.summarize_answers
-    summary = {"run_id": run_dir.run_id, "config": config, "answers": summarize(rows)}
+    answers = summarize(answer_rows(run_dir, items, modes))
+    summary = {"run_id": run_dir.run_id, "config": config, "answers": answers}
     summary |= {"interrupted": interrupted, "failed": len(run_dir.errors)}
     run_dir.write_json("summary.json", summary)
     return summary
