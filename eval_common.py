@@ -138,24 +138,21 @@ def fetch_passages(ids: Iterable[str], settings: Settings) -> dict[str, dict]:
     return {str(p["id"]): p for p in rag_utils.get_store(settings).get(list(ids))}
 
 
-def split_by_gold_in_store(
-    items: Sequence[dict], settings: Settings
-) -> tuple[list[dict], list[dict]]:
-    """(items with at least one gold passage in the store, the others)."""
+def with_gold_in_store(items: Sequence[dict], settings: Settings) -> list[dict]:
+    """The items with at least one gold passage in the store."""
     present = rag_utils.get_store(settings).existing_ids([g for it in items for g in gold_ids(it)])
-    with_gold = [it for it in items if present.intersection(gold_ids(it))]
-    return with_gold, [it for it in items if not present.intersection(gold_ids(it))]
+    return [it for it in items if present.intersection(gold_ids(it))]
 
 
 def items_with_gold(items: Sequence[dict], settings: Settings, qa_path: Path) -> list[dict]:
     """The items with a gold passage in the store (the others skipped with a warning); a
     ValueError when there is none."""
-    with_gold, without = split_by_gold_in_store(items, settings)
-    if without:
+    with_gold = with_gold_in_store(items, settings)
+    if len(with_gold) < len(items):
         logger.warning(
             "%d of %d items have no gold passage in the store and are skipped "
             "(index their passages with --passages)",
-            len(without),
+            len(items) - len(with_gold),
             len(items),
         )
     if not with_gold:

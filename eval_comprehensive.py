@@ -101,9 +101,8 @@ def retrieval_queries(item: dict, variant: str, client: Any = None) -> list[str]
         # the question itself when the model's paragraph is empty
         reply = " ".join((prompts.call(client, "hyde", question=question).text or "").split())
         return [reply or question] if variant == "hyde" else [question, reply or question]
-    if variant == "per_choice":
-        return [f"{question}\n{text}" for _, text in sorted(ec.item_choices(item).items())]
-    raise ValueError(f"unknown query variant {variant!r}")
+    # per_choice
+    return [f"{question}\n{text}" for _, text in sorted(ec.item_choices(item).items())]
 
 
 def run_retrieval_item(
@@ -201,7 +200,7 @@ def run_mc_item(
                 extra["gold_in_evidence"] = any(d["id"] in gold for d in docs)
             evidence = prompts.format_evidence(docs)
         fields = _mc_fields(mc.select_answer(client, question, choices, evidence).to_dict())
-    elif mode in ("lean", *SLOW_MODES):
+    else:  # lean and the modes that run the research
         state = _run_agent(settings, mode, client, question, choices)
         record = state.get("answer") or {}
         mc_answer = record.get("mc") or {}
@@ -227,9 +226,6 @@ def run_mc_item(
         if mode == "evidence":
             extra["abstained"] = bool(record.get("abstained"))
             extra["grounded"] = bool(record.get("grounded")) and not extra["abstained"]
-    else:
-        raise ValueError(f"unknown mode {mode!r}")
-    seconds = time.perf_counter() - start
     answer = ec.item_answer(item)
     return {
         "item": ec.item_id(item),
@@ -241,7 +237,7 @@ def run_mc_item(
         "correct": fields["predicted"] == answer,
         **extra,
         **ec.usage_of(client),
-        "seconds": round(seconds, 3),
+        "seconds": round(time.perf_counter() - start, 3),
     }
 
 
@@ -322,11 +318,14 @@ def summarize_mc(rows: Sequence[dict]) -> dict[str, dict]:
     return out
 
 
-def build_summary(run: ec.RunDir, config: dict[str, Any], started: float) -> dict[str, Any]:
+def write_summary(
+    run: ec.RunDir, config: dict[str, Any], started: float, interrupted: bool
+) -> dict[str, Any]:
+    """The run's summary, written with its markdown page and plots."""
     rows, open_errors = run.rows, run.open_errors()
     mc_items = {r["item"]: r["answer"] for r in rows if r.get("phase") == "mc"}
     letters = Counter(mc_items.values())
-    return {
+    summary = {
         "run_id": run.run_id,
         "config": config,
         "answer_letters": dict(sorted(letters.items())),
@@ -338,7 +337,16 @@ def build_summary(run: ec.RunDir, config: dict[str, Any], started: float) -> dic
         "unresolved_errors": len({(e["item"], e["mode"]) for e in open_errors}),
         "error_examples": [e.get("error") for e in open_errors[:5]],
         "wall_seconds_this_invocation": round(time.time() - started, 2),
+        "interrupted": interrupted,
     }
+    run.write_json("summary.json", summary)
+    run.write_text("summary.md", render_markdown(summary))
+    if summary["mc"]:
+        ec.plot_accuracy(summary["mc"], run.path / "accuracy.png", f"MC accuracy — {run.run_id}")
+    if summary["retrieval"]:
+        curves = {v: m["recall_curve"] for v, m in summary["retrieval"].items()}
+        ec.plot_recall_curve(curves, run.path / "recall_at_k.png", f"Recall@k — {run.run_id}")
+    return summary
 
 
 def render_markdown(summary: dict[str, Any]) -> str:
@@ -442,16 +450,6 @@ def render_markdown(summary: dict[str, Any]) -> str:
 
 def _or_na(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
-
-
-def write_outputs(run: ec.RunDir, summary: dict[str, Any]) -> None:
-    run.write_json("summary.json", summary)
-    run.write_text("summary.md", render_markdown(summary))
-    if summary["mc"]:
-        ec.plot_accuracy(summary["mc"], run.path / "accuracy.png", f"MC accuracy — {run.run_id}")
-    if summary["retrieval"]:
-        curves = {v: m["recall_curve"] for v, m in summary["retrieval"].items()}
-        ec.plot_recall_curve(curves, run.path / "recall_at_k.png", f"Recall@k — {run.run_id}")
 
 
 # --- Injection detection: recall and false-positive rate of injection.detect on a labelled set ---
@@ -1127,10 +1125,7 @@ def run(
             len(run_dir.rows),
             run_dir.run_id,
         )
-    summary = build_summary(run_dir, config, started)
-    summary["interrupted"] = interrupted
-    write_outputs(run_dir, summary)
-    return summary
+    return write_summary(run_dir, config, started, interrupted)
 
 
 def _without(tokens: Sequence[str], option: str) -> list[str]:
