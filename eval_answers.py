@@ -1,18 +1,16 @@
 """Phase 3: how good are the answers to open questions, per answer mode (research vs evidence).
 
-Pure metrics over answer dicts, the A–F grader and :func:`run_answers`, which takes each mode as
-a callable ``answer_fn(question) -> dict``: ``answer`` (text), ``abstained``, ``sentences``
-(``{"text", "passage_ids"}`` per legal sentence), ``passages`` ({id: text} the run saw), and
-optionally ``quotes``, ``verdict``, ``llm_calls``.  Shares get Wilson 95% intervals, means
-bootstrap ones.
+Pure metrics over answer dicts and the A–F grader.  An answer dict (one mode's answer to one
+question) has ``answer`` (text), ``abstained``, ``sentences`` (``{"text", "passage_ids"}`` per
+legal sentence), ``passages`` ({id: text} the run saw), and optionally ``quotes``, ``verdict``,
+``llm_calls``.  Shares get Wilson 95% intervals, means bootstrap ones.
 """
 
 from __future__ import annotations
 
 import re
-import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import zip_longest
 from pathlib import Path
 from typing import Any, Literal
@@ -290,45 +288,6 @@ def summarize_mode(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def summarize_answers(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """:func:`summarize_mode` per mode."""
     return _per_mode(rows, summarize_mode)
-
-
-# --- Running ------------------------------------------------------------------------------------
-
-
-def run_answers(
-    items: Sequence[Mapping[str, Any]],
-    answer_fns: Mapping[str, Callable[[str], Mapping[str, Any]]],
-    *,
-    on_row: Callable[[dict], None],
-    on_error: Callable[[str, str, Exception], None],
-    skip: Iterable[tuple[str, str]] = (),
-    score: Callable[..., dict] = score_answer,
-) -> list[dict]:
-    """The rows ``score(item, mode, result, seconds)`` of every item through every mode
-    (``answer_fns[mode](question)``), one item's modes in a row so a cut run stays paired;
-    ``on_row`` sees each finished row; ``(item id, mode)`` pairs in ``skip`` are not run.  A pair
-    whose answer fails (the model's API down) gets no row, so it is neither scored as a wrong
-    answer nor skipped by a rerun; ``on_error(item id, mode, exception)`` sees it."""
-    skipped = {(str(i), str(m)) for i, m in skip}
-    pairs = [
-        (item, mode)
-        for item in items
-        for mode in answer_fns
-        if (str(item["id"]), mode) not in skipped
-    ]
-
-    def answer(pair: tuple[Mapping[str, Any], str]) -> tuple[dict, float]:
-        t0 = time.perf_counter()
-        return dict(answer_fns[pair[1]](str(pair[0]["question"]))), time.perf_counter() - t0
-
-    rows: list[dict] = []
-    for (item, mode), answered, exc in ec.run_tasks(answer, pairs, desc="answers"):
-        if exc is not None:  # one failing item must not end a long eval run
-            on_error(str(item["id"]), mode, exc)
-            continue
-        rows.append(score(item, mode, *answered))
-        on_row(rows[-1])
-    return rows
 
 
 # --- Fact patterns: issues found, conclusions reached, misgrounded sentences --------------------

@@ -138,24 +138,21 @@ def fetch_passages(ids: Iterable[str], settings: Settings) -> dict[str, dict]:
     return {str(p["id"]): p for p in rag_utils.get_store(settings).get(list(ids))}
 
 
-def split_by_gold_in_store(
-    items: Sequence[dict], settings: Settings
-) -> tuple[list[dict], list[dict]]:
-    """(items with at least one gold passage in the store, the others)."""
+def with_gold_in_store(items: Sequence[dict], settings: Settings) -> list[dict]:
+    """The items with at least one gold passage in the store."""
     present = rag_utils.get_store(settings).existing_ids([g for it in items for g in gold_ids(it)])
-    with_gold = [it for it in items if present.intersection(gold_ids(it))]
-    return with_gold, [it for it in items if not present.intersection(gold_ids(it))]
+    return [it for it in items if present.intersection(gold_ids(it))]
 
 
 def items_with_gold(items: Sequence[dict], settings: Settings, qa_path: Path) -> list[dict]:
     """The items with a gold passage in the store (the others skipped with a warning); a
     ValueError when there is none."""
-    with_gold, without = split_by_gold_in_store(items, settings)
-    if without:
+    with_gold = with_gold_in_store(items, settings)
+    if len(with_gold) < len(items):
         logger.warning(
             "%d of %d items have no gold passage in the store and are skipped "
             "(index their passages with --passages)",
-            len(without),
+            len(items) - len(with_gold),
             len(items),
         )
     if not with_gold:
@@ -501,7 +498,8 @@ def comma_list(value: str, allowed: Iterable[str], what: str) -> list[str]:
 class RunDir:
     """``<root>/<run_id>/`` with an append-only ``results.jsonl`` keyed by (item, mode).  Opening
     an existing run resumes it: its rows are kept (a half-written last line is cut off) and
-    ``done`` names the pairs to skip.  Only the main thread writes (:func:`run_tasks`): no lock."""
+    ``done`` names the pairs to skip.  ``errors``: the pairs that failed in this process.  Only
+    the main thread writes (:func:`run_tasks`): no lock."""
 
     def __init__(self, run_id: str, root: str | os.PathLike[str] = DEFAULT_RESULTS_DIR) -> None:
         if not run_id or "/" in run_id or run_id.startswith("."):
@@ -512,6 +510,7 @@ class RunDir:
         self.resumed = self.results_path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
         self.rows: list[dict] = self._read_rows()
+        self.errors: list[dict] = []
 
     def _read_rows(self) -> list[dict]:
         if not self.resumed:
@@ -550,23 +549,19 @@ class RunDir:
         fatal: tuple[type[BaseException], ...] = (),
     ) -> None:
         """``fn`` over the ``tasks`` whose ``key(task)`` = (item id, mode) has no row yet
-        (:func:`run_tasks`), each row appended as it ends; a task that fails is logged and written
-        to errors.jsonl under its key, and retried on resume."""
+        (:func:`run_tasks`), each row appended as it ends.  A task that fails gets no row, so a
+        rerun with the same run id tries it again: it is logged and written to errors.jsonl."""
         done = self.done()
         tasks = [task for task in tasks if key(task) not in done]
         for task, row, err in run_tasks(fn, tasks, workers=workers, desc=desc, fatal=fatal):
             if err is None:
                 self.append(row)
                 continue
-            self.record_error(*key(task), err)
-
-    def record_error(self, item: str, mode: str, err: BaseException) -> dict[str, str]:
-        """A failed (item, mode) pair, logged and written to errors.jsonl (and returned): it has
-        no row, so a rerun with the same run id tries it again."""
-        logger.warning("%s / %s failed: %s", item, mode, err)
-        error = {"item": item, "mode": mode, "error": f"{err.__class__.__name__}: {err}"}
-        _append_line(self.path / "errors.jsonl", error)
-        return error
+            item, mode = key(task)
+            logger.warning("%s / %s failed: %s", item, mode, err)
+            error = {"item": item, "mode": mode, "error": f"{err.__class__.__name__}: {err}"}
+            _append_line(self.path / "errors.jsonl", error)
+            self.errors.append(error)
 
     def open_errors(self) -> list[dict]:
         """The errors.jsonl entries whose (item, mode) pair still has no row."""

@@ -44,13 +44,9 @@ MODES = {
     "from the findings; not in the default list)",
 }
 """Phase 2's modes (``--modes``)."""
-AGENT_MODES = {
-    "pipeline": ("research", "agenda"),
-    "research": ("research", "agenda"),
-    "adaptive": ("research", "adaptive"),
-}
-"""An eval mode that runs the whole agent: its ANSWER_MODE and RESEARCH_POLICY (any other mode is
-its own ANSWER_MODE on the agenda)."""
+AGENT_MODES = {"pipeline": ("research", "agenda"), "adaptive": ("research", "adaptive")}
+"""An eval mode named for how it runs the whole agent: its ANSWER_MODE and RESEARCH_POLICY (any
+other mode is its own ANSWER_MODE on the agenda)."""
 SLOW_MODES = ("pipeline", "evidence", "adaptive")
 """Phase-2 modes that run the research (``--pipeline-n`` bounds them)."""
 QUERY_VARIANTS = ("question", "question+choices")
@@ -105,9 +101,8 @@ def retrieval_queries(item: dict, variant: str, client: Any = None) -> list[str]
         # the question itself when the model's paragraph is empty
         reply = " ".join((prompts.call(client, "hyde", question=question).text or "").split())
         return [reply or question] if variant == "hyde" else [question, reply or question]
-    if variant == "per_choice":
-        return [f"{question}\n{text}" for _, text in sorted(ec.item_choices(item).items())]
-    raise ValueError(f"unknown query variant {variant!r}")
+    # per_choice
+    return [f"{question}\n{text}" for _, text in sorted(ec.item_choices(item).items())]
 
 
 def run_retrieval_item(
@@ -142,15 +137,15 @@ def run_retrieval_item(
 # --- Phase 2: MC accuracy per mode --------------------------------------------------------------
 
 
-def _mc_fields(answer: Mapping[str, Any], reply: str | None) -> dict:
+def _mc_fields(answer: Mapping[str, Any]) -> dict:
     """A row's answer fields from an ``mc.MCResult.to_dict()`` ({} when the agent ended before
-    mc_select) and the reply to show."""
+    mc_select)."""
     return {
         "predicted": answer.get("letter"),
         "strategy": answer.get("strategy", "none"),
         "parse_failed": bool(answer.get("parse_failed", True)),
         "retried": bool(answer.get("retried", False)),
-        "reply": ec.preview(reply, 300),
+        "reply": ec.preview(answer.get("text"), 300),
     }
 
 
@@ -204,13 +199,12 @@ def run_mc_item(
             if mode == "rag":
                 extra["gold_in_evidence"] = any(d["id"] in gold for d in docs)
             evidence = prompts.format_evidence(docs)
-        answered = mc.select_answer(client, question, choices, evidence)
-        fields = _mc_fields(answered.to_dict(), answered.text)
-    elif mode in ("lean", *SLOW_MODES):
+        fields = _mc_fields(mc.select_answer(client, question, choices, evidence).to_dict())
+    else:  # lean and the modes that run the research
         state = _run_agent(settings, mode, client, question, choices)
         record = state.get("answer") or {}
         mc_answer = record.get("mc") or {}
-        fields = _mc_fields(mc_answer, mc_answer.get("text"))
+        fields = _mc_fields(mc_answer)
         sources = list(mc_answer.get("evidence_ids") or [])  # what the letter read
         table = state.get("planning_table") or []
         lean = record.get("lean") or {}
@@ -230,12 +224,8 @@ def run_mc_item(
             "error": state.get("error"),
         }
         if mode == "evidence":
-            record = state.get("answer") or {}
             extra["abstained"] = bool(record.get("abstained"))
             extra["grounded"] = bool(record.get("grounded")) and not extra["abstained"]
-    else:
-        raise ValueError(f"unknown mode {mode!r}")
-    seconds = time.perf_counter() - start
     answer = ec.item_answer(item)
     return {
         "item": ec.item_id(item),
@@ -247,7 +237,7 @@ def run_mc_item(
         "correct": fields["predicted"] == answer,
         **extra,
         **ec.usage_of(client),
-        "seconds": round(seconds, 3),
+        "seconds": round(time.perf_counter() - start, 3),
     }
 
 
@@ -328,11 +318,14 @@ def summarize_mc(rows: Sequence[dict]) -> dict[str, dict]:
     return out
 
 
-def build_summary(run: ec.RunDir, config: dict[str, Any], started: float) -> dict[str, Any]:
+def write_summary(
+    run: ec.RunDir, config: dict[str, Any], started: float, interrupted: bool
+) -> dict[str, Any]:
+    """The run's summary, written with its markdown page and plots."""
     rows, open_errors = run.rows, run.open_errors()
     mc_items = {r["item"]: r["answer"] for r in rows if r.get("phase") == "mc"}
     letters = Counter(mc_items.values())
-    return {
+    summary = {
         "run_id": run.run_id,
         "config": config,
         "answer_letters": dict(sorted(letters.items())),
@@ -344,7 +337,16 @@ def build_summary(run: ec.RunDir, config: dict[str, Any], started: float) -> dic
         "unresolved_errors": len({(e["item"], e["mode"]) for e in open_errors}),
         "error_examples": [e.get("error") for e in open_errors[:5]],
         "wall_seconds_this_invocation": round(time.time() - started, 2),
+        "interrupted": interrupted,
     }
+    run.write_json("summary.json", summary)
+    run.write_text("summary.md", render_markdown(summary))
+    if summary["mc"]:
+        ec.plot_accuracy(summary["mc"], run.path / "accuracy.png", f"MC accuracy — {run.run_id}")
+    if summary["retrieval"]:
+        curves = {v: m["recall_curve"] for v, m in summary["retrieval"].items()}
+        ec.plot_recall_curve(curves, run.path / "recall_at_k.png", f"Recall@k — {run.run_id}")
+    return summary
 
 
 def render_markdown(summary: dict[str, Any]) -> str:
@@ -448,16 +450,6 @@ def render_markdown(summary: dict[str, Any]) -> str:
 
 def _or_na(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
-
-
-def write_outputs(run: ec.RunDir, summary: dict[str, Any]) -> None:
-    run.write_json("summary.json", summary)
-    run.write_text("summary.md", render_markdown(summary))
-    if summary["mc"]:
-        ec.plot_accuracy(summary["mc"], run.path / "accuracy.png", f"MC accuracy — {run.run_id}")
-    if summary["retrieval"]:
-        curves = {v: m["recall_curve"] for v, m in summary["retrieval"].items()}
-        ec.plot_recall_curve(curves, run.path / "recall_at_k.png", f"Recall@k — {run.run_id}")
 
 
 # --- Injection detection: recall and false-positive rate of injection.detect on a labelled set ---
@@ -708,33 +700,29 @@ def build_answers_parser() -> argparse.ArgumentParser:
     return p
 
 
-def agent_answer_fn(
+def agent_answer(
     settings: Settings,
     mode: str,
+    question: str,
+    issues: Sequence[str] = (),
     llm_factory: ec.LLMFactory = None,
-    issues_of: Mapping[str, Sequence[str]] | None = None,
-) -> Callable[[str], dict]:
-    """``question -> answer dict`` (eval_answers' shape) running the whole agent in ``mode``;
-    ``issues_of``: the agenda a user sets for each question (``--issues-from gold``)."""
-
-    def answer(question: str) -> dict:
-        client = LLMClient(settings, llm_factory=llm_factory)
-        issues = (issues_of or {}).get(question, ())
-        state = _run_agent(settings, mode, client, question, None, issues)
-        record = state.get("answer") or {}
-        return {
-            "answer": record.get("text") or "",
-            "abstained": bool(record.get("abstained")),
-            "verdict": record.get("verdict"),
-            "reading": record.get("reading"),
-            "support": record.get("support"),
-            "sentences": record_sentences(record),
-            "passages": {pid: p["text"] for pid, p in (state.get("passages") or {}).items()},
-            "quotes": record.get("quotes") or [],
-            "llm_calls": client.summary()["llm_calls"],
-        }
-
-    return answer
+) -> dict:
+    """The answer dict (eval_answers' shape) of the whole agent in ``mode``; ``issues``: the agenda
+    a user sets (``--issues-from gold``)."""
+    client = LLMClient(settings, llm_factory=llm_factory)
+    state = _run_agent(settings, mode, client, question, None, issues)
+    record = state.get("answer") or {}
+    return {
+        "answer": record.get("text") or "",
+        "abstained": bool(record.get("abstained")),
+        "verdict": record.get("verdict"),
+        "reading": record.get("reading"),
+        "support": record.get("support"),
+        "sentences": record_sentences(record),
+        "passages": {pid: p["text"] for pid, p in (state.get("passages") or {}).items()},
+        "quotes": record.get("quotes") or [],
+        "llm_calls": client.summary()["llm_calls"],
+    }
 
 
 def record_sentences(record: Mapping[str, Any]) -> list[dict]:
@@ -769,8 +757,12 @@ def same_doctrine_fn(settings: Settings) -> Callable[[str, Sequence[str]], bool]
     return same
 
 
-def answer_rows_with_grades(run_dir: ec.RunDir) -> list[dict]:
-    """The run's answer rows, each with its grade when one was written (``answers_grade`` rows)."""
+def answer_rows(
+    run_dir: ec.RunDir, items: Sequence[Mapping[str, Any]], modes: Sequence[str]
+) -> list[dict]:
+    """The run's answer rows of ``items`` in ``modes``, each with its grade when one was written
+    (``answers_grade`` rows)."""
+    wanted = {it["id"] for it in items}
     grades = {
         (r["item"], r["mode"]): {"grade": r.get("grade"), "reason": r.get("reason")}
         for r in run_dir.rows
@@ -779,7 +771,7 @@ def answer_rows_with_grades(run_dir: ec.RunDir) -> list[dict]:
     return [
         {**r, **grades.get((r["item"], r["mode"]), {})}
         for r in run_dir.rows
-        if r.get("phase") == "answers"
+        if r.get("phase") == "answers" and r["item"] in wanted and r["mode"] in modes
     ]
 
 
@@ -792,12 +784,8 @@ def grade_answer_rows(
 ) -> None:
     """Grade every answer row of the run that has no grade yet (answered now or by an earlier,
     ungraded run), one ``answers_grade`` row each, so grading resumes too."""
-    by_id = {str(it["id"]): it for it in items}
-    todo = [
-        r
-        for r in answer_rows_with_grades(run_dir)
-        if "grade" not in r and r["item"] in by_id and r["mode"] in modes
-    ]
+    by_id = {it["id"]: it for it in items}
+    todo = [r for r in answer_rows(run_dir, items, modes) if "grade" not in r]
     grade = lambda row: eval_answers.grade_answer(judge, by_id[row["item"]], row["answer"])  # noqa: E731
     for row, graded, err in ec.run_tasks(grade, todo, desc="grading"):
         if err is not None:  # ungraded now, graded by the next resume
@@ -853,32 +841,30 @@ def run_answers_phase(
         "settings": ec.settings_record(settings),
     }
     run_dir.check_config(config, ("qa", "llm", "facts", "split"))
-    issues_of = None
-    if args.issues_from == "gold":  # the gold doctrines, as a user who knows the field names them
-        issues_of = {str(it["question"]): [i["name"] for i in it["issues"]] for it in items}
-    fns = {m: agent_answer_fn(settings, m, llm_factory, issues_of) for m in modes if m != "ceiling"}
     scorer = eval_answers.score_fact_pattern if args.facts else eval_answers.score_answer
-    score = functools.partial(scorer, same_doctrine=same_doctrine_fn(settings))
-    if "ceiling" in modes:
-        by_question = {str(it["question"]): it for it in items}
-        client = LLMClient(settings, llm_factory=llm_factory)
+    same_doctrine = same_doctrine_fn(settings)
 
-        def ceiling(question: str) -> dict:
-            item = by_question[question]
+    def answer(task: tuple[dict, str]) -> dict:
+        item, mode = task
+        start = time.perf_counter()
+        if mode == "ceiling":
             ids = [g for issue in item["issues"] for g in issue["gold_ids"]]
             gold = list(ec.fetch_passages(ids, settings).values())
-            return eval_answers.ceiling_answer(client, item, gold)
+            client = LLMClient(settings, llm_factory=llm_factory)
+            result = eval_answers.ceiling_answer(client, item, gold)
+        else:  # --issues-from gold: the gold doctrines, as a user who knows the field names them
+            issues = [i["name"] for i in item["issues"]] if args.issues_from == "gold" else ()
+            result = agent_answer(settings, mode, str(item["question"]), issues, llm_factory)
+        row = scorer(item, mode, result, time.perf_counter() - start, same_doctrine=same_doctrine)
+        return {**row, "item": row["id"], "phase": "answers"}
 
-        fns["ceiling"] = ceiling
-    interrupted, failed = False, []
+    interrupted = False
     try:
-        eval_answers.run_answers(
-            items,
-            {mode: fns[mode] for mode in modes},
-            on_row=lambda row: run_dir.append({**row, "item": row["id"], "phase": "answers"}),
-            skip=run_dir.done(),  # its grade rows share the keys of its answer rows
-            score=score,
-            on_error=lambda item, mode, exc: failed.append(run_dir.record_error(item, mode, exc)),
+        run_dir.run(  # one item's modes in a row, so a run cut short stays paired
+            answer,
+            [(item, mode) for item in items for mode in modes],
+            key=lambda task: (str(task[0]["id"]), task[1]),
+            desc="answers",
         )
         if args.grade:
             judge = LLMClient(settings, llm_factory=llm_factory)
@@ -886,13 +872,10 @@ def run_answers_phase(
     except KeyboardInterrupt:
         interrupted = True
         logger.warning("interrupted: rerun with --run-id %s to finish", run_dir.run_id)
-    wanted = {it["id"] for it in items}
-    rows = [
-        r for r in answer_rows_with_grades(run_dir) if r["item"] in wanted and r["mode"] in modes
-    ]
     summarize = eval_answers.summarize_facts if args.facts else eval_answers.summarize_answers
-    summary = {"run_id": run_dir.run_id, "config": config, "answers": summarize(rows)}
-    summary |= {"interrupted": interrupted, "failed": len(failed)}
+    answers = summarize(answer_rows(run_dir, items, modes))
+    summary = {"run_id": run_dir.run_id, "config": config, "answers": answers}
+    summary |= {"interrupted": interrupted, "failed": len(run_dir.errors)}
     run_dir.write_json("summary.json", summary)
     return summary
 
@@ -1142,10 +1125,7 @@ def run(
             len(run_dir.rows),
             run_dir.run_id,
         )
-    summary = build_summary(run_dir, config, started)
-    summary["interrupted"] = interrupted
-    write_outputs(run_dir, summary)
-    return summary
+    return write_summary(run_dir, config, started, interrupted)
 
 
 def _without(tokens: Sequence[str], option: str) -> list[str]:

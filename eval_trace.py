@@ -399,8 +399,7 @@ def run(
     if args.query is not None:
         targets = [(args.query.strip(), None)]
     elif qa_items is not None:
-        with_gold, _ = ec.split_by_gold_in_store(qa_items, settings)
-        items = (with_gold or qa_items)[: args.n or DEFAULT_N]
+        items = (ec.with_gold_in_store(qa_items, settings) or qa_items)[: args.n or DEFAULT_N]
         targets = [(ec.item_question(it), it) for it in items]
     else:
         targets = [(ec.item_question(it), it) for it in load_trace_questions()[: args.n]]

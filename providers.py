@@ -187,9 +187,8 @@ PROVIDER_ALIASES: dict[str, str] = {
 
 
 FAST_ROLES = frozenset({"classify", "rewrite", "injection"})
-"""Roles that use LLM_PROVIDER_FAST / LLM_MODEL_FAST when set (cheap, short calls)."""
-JUDGE_ROLES = frozenset({"judge"})
-"""Roles that use JUDGE_PROVIDER / JUDGE_MODEL when set (the answer grader of the eval)."""
+"""Roles that use LLM_PROVIDER_FAST / LLM_MODEL_FAST when set (cheap, short calls); the ``judge``
+role (the answer grader of the eval) uses JUDGE_PROVIDER / JUDGE_MODEL when set."""
 
 
 @dataclass(frozen=True)
@@ -244,7 +243,7 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
     """Which provider, URL, model and key ``role`` uses; raises LLMConfigError when unusable.
     LLM_BASE_URL, LLM_API_KEY and LLM_MODEL belong to the main provider: a fast or judge provider
     takes its own registry URL and key."""
-    fast, judge = role in FAST_ROLES, role in JUDGE_ROLES
+    fast, judge = role in FAST_ROLES, role == "judge"
     given, var = settings.llm.provider, "LLM_PROVIDER"
     if judge and settings.llm.judge_provider:
         given, var = settings.llm.judge_provider, "JUDGE_PROVIDER"
