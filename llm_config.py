@@ -268,7 +268,6 @@ class LLMClient:
                 "(RUN_TIMEOUT / --deadline)",
                 role=role,
                 provider=cfg.provider,
-                attempts=0,
             )
         msgs = convert_to_messages(list(messages))
         if not cfg.supports_system_messages:

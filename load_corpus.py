@@ -353,7 +353,8 @@ def load_passages(
     """Embed and upsert the passages not yet stored (by id), ``batch_size`` at a time, each batch
     committed before the next; returns how many were added. Each passage's injection screen
     (:func:`injection.screen_passage`) is stored in its metadata."""
-    rag_utils.get_embedder(settings)  # a model that cannot load leaves no empty collection behind
+    embedder = rag_utils.get_embedder(settings)  # one that cannot load leaves no empty collection
+    backend, device = (getattr(embedder, a, "unknown") for a in ("backend", "device"))
     store = rag_utils.get_store(settings)
     ids = [str(p["idx"]) for p in passages]
     if (dup := next((i for i, n in Counter(ids).items() if n > 1), None)) is not None:
@@ -382,9 +383,15 @@ def load_passages(
     recorded = [0, time.perf_counter()]  # passages added and the time, at the last record
 
     def record() -> None:
+        """Add the passages embedded since the last record to the collection's record of which
+        backend and device embedded it at what rate (``status``); a store that refuses it costs
+        a warning, not the load."""
         now = time.perf_counter()
-        if added > recorded[0]:
-            _record_indexing(store, settings, added - recorded[0], now - recorded[1])
+        try:
+            if added > recorded[0]:
+                store.record_indexing(backend, device, added - recorded[0], now - recorded[1])
+        except Exception as exc:  # noqa: BLE001 - the passages are stored; only the record is lost
+            logger.warning("cannot record the indexing rate: %s", rag_utils.short_error(exc))
         recorded[:] = [added, now]
 
     def commit(batch: list[dict[str, Any]], vecs: Any) -> None:
@@ -424,17 +431,6 @@ def load_passages(
                 ", ".join(flagged[:5]),
             )
     return added
-
-
-def _record_indexing(store: Any, settings: Settings, added: int, seconds: float) -> None:
-    """Record in the collection which backend and device embedded ``added`` passages in
-    ``seconds`` (``status`` shows it); a store that refuses it costs a warning, not the load."""
-    embedder = rag_utils.get_embedder(settings)
-    backend, device = (getattr(embedder, a, "unknown") for a in ("backend", "device"))
-    try:
-        store.record_indexing(backend, device, added, seconds)
-    except Exception as exc:  # noqa: BLE001 - the passages are stored; only the record is lost
-        logger.warning("cannot record the indexing rate: %s", rag_utils.short_error(exc))
 
 
 def load_documents(

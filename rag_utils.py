@@ -342,12 +342,10 @@ def _load_model(cls: Any, name: str, kwargs: dict[str, Any], offline: bool = Fal
     return cls(name, local_files_only=False, **kwargs)
 
 
-def _load_sentence_transformer(name: str, settings: Settings, device: str | None = None) -> Any:
+def _load_sentence_transformer(name: str, settings: Settings, device: str) -> Any:
     from sentence_transformers import SentenceTransformer
 
-    kwargs: dict[str, Any] = {"trust_remote_code": bool(settings.retrieval.trust_remote_code)}
-    if device or settings.retrieval.embedding_device:
-        kwargs["device"] = device or settings.retrieval.embedding_device
+    kwargs = {"trust_remote_code": bool(settings.retrieval.trust_remote_code), "device": device}
     try:
         return _load_model(SentenceTransformer, name, kwargs)
     except Exception as exc:
@@ -464,19 +462,13 @@ def visible_accelerator() -> str:
         return "cpu"
     if torch.cuda.is_available():
         return "cuda"
-    mps = getattr(torch.backends, "mps", None)
-    return "mps" if mps is not None and mps.is_available() else "cpu"
+    return "mps" if torch.backends.mps.is_available() else "cpu"
 
 
 def embedding_device(settings: Settings) -> str:
     """EMBEDDING_DEVICE, else the device torch sees (:func:`visible_accelerator`)."""
     asked = (settings.retrieval.embedding_device or "").strip().lower()
     return asked or visible_accelerator()
-
-
-def on_gpu(device: str) -> bool:
-    """Whether ``device`` (``cuda``, ``cuda:1``, ``mps``, ``cpu``) is a GPU."""
-    return device.split(":")[0] in ("cuda", "mps")
 
 
 def resolve_embedding_backend(settings: Settings) -> str:
@@ -503,7 +495,7 @@ def _torch_embedder(source: str, name: str, settings: Settings) -> Embedder:
     device = embedding_device(settings)
     model = _load_sentence_transformer(source, settings, device)
     batch = settings.retrieval.embedding_batch_size
-    if on_gpu(device):
+    if device.split(":")[0] in ("cuda", "mps"):  # cuda, cuda:1 or mps: a GPU
         model.half()
         batch = max(batch, GPU_BATCH_SIZE)
     return Embedder(model, name, batch, device)
