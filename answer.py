@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+from langchain_core.runnables.config import ContextThreadPoolExecutor
 
 import mc
 import prompts
@@ -1015,23 +1016,40 @@ def _answered(
     return answer
 
 
-def _checks(stage: _Stage, issue: str, rule: list) -> tuple[list[Check] | None, bool]:
-    """The application of a fact pattern's rule to its facts (None: nothing to apply, or an
-    unusable reply), and whether the rule was cut into requirements."""
+Applied = tuple[list[Check] | None, bool]
+"""An issue's application (None: nothing to apply, or an unusable reply), and whether its rule
+was cut into requirements."""
+
+
+def _checks(stage: _Stage, issue: str, rule: list) -> tuple[Applied, int, bool]:
+    """The application of a fact pattern's rule to its facts, the checks dropped as unrelated
+    (guard ``unrelated_fact``), and whether it is the thread's earlier one (:func:`_carried`)."""
     if stage.q.kind == "rule_question" or not stage.q.facts:
-        return None, False
+        return (None, False), 0, False
     reqs, exceptions = rule_structure([s for _, s in rule])
     if not (reqs or exceptions):  # the rule is quoted, with nothing to apply
-        return None, False
+        return (None, False), 0, False
     if (carried := _carried(stage, issue, [*reqs, *exceptions])) is not None:
-        stage.reused.append(issue)
-        return carried, True
+        return (carried, True), 0, True
     later = len(stage.q.earlier)
     applied = apply_rule(stage.client, issue, reqs, stage.q.facts, exceptions, later=later)
-    if applied is not None:
-        applied, unrelated = related_checks(applied, stage.embed)
+    if applied is None:
+        return (None, True), 0, False
+    applied, unrelated = related_checks(applied, stage.embed)
+    return (applied, True), unrelated, False
+
+
+def _applications(stage: _Stage, todo: Sequence[tuple[str, list]]) -> list[Applied]:
+    """The applications of the (issue, rule) pairs ``todo``: at once when the model answers calls
+    in parallel (an API's), in turn on the embedded model (one call at a time: threads would only
+    queue for it)."""
+    workers = 1 if stage.client.is_local("apply") else max(1, len(todo))
+    with ContextThreadPoolExecutor(max_workers=workers) as pool:
+        done = list(pool.map(lambda pair: _checks(stage, *pair), todo))
+    for (issue, _), (_, unrelated, carried) in zip(todo, done, strict=True):
         stage.guards["unrelated_fact"] += unrelated
-    return applied, True
+        stage.reused += [issue] if carried else []
+    return [applied for applied, *_ in done]
 
 
 def _carried(stage: _Stage, issue: str, items: list[str]) -> list[Check] | None:
@@ -1070,17 +1088,22 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
     floor, guard = (ASKED_FIT, "not_asked") if rule_question else (FACT_FIT, "off_facts")
     best = max((fit for *_, fit in ruled), default=1.0)
     stage.bearing = borne_on(stage, ruled)
+    asked = stage.q.asked if stage.q.kind == "fact_pattern" else ""
+    named = [bool(asked) and named_in(item.issue, asked) for _, item, *_ in ruled]
+    low = min(floor, best)
+    unfit = [n > 0 and fit < low and not named[n] for n, (*_, fit) in enumerate(ruled)]
+    todo = [(r[1].issue, r[2]) for r, out in zip(ruled, unfit, strict=True) if not out]
+    applications = iter(_applications(stage, todo))
     held = None  # the first issue not raised, answered after all if no other issue is
     for n, (slot, item, rule, fit) in enumerate(ruled):
-        named = stage.q.kind == "fact_pattern" and named_in(item.issue, stage.q.asked)
-        if n and fit < min(floor, best) and not named:
+        if unfit[n]:
             stage.guards[guard] += 1
             what = "what the question asks" if rule_question else "the stated facts"
             why = f"its rule does not fit {what} (cosine {fit:.2f} < {floor})"
             issues[slot] = IssueAnswer(item.issue, "not_raised", why=why)
             continue
-        applied, cut = _checks(stage, item.issue, rule)
-        if applied is not None and not raised(applied) and not named:
+        applied, cut = next(applications)
+        if applied is not None and not raised(applied) and not named[n]:
             stage.guards["not_raised"] += 1
             issues[slot] = IssueAnswer(item.issue, "not_raised", why="no stated fact bears on it")
             held = held or (slot, item.issue, rule, applied)

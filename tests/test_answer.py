@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -821,3 +822,39 @@ def test_a_short_clause_is_joined_back_to_its_neighbour_with_its_own_punctuation
     fact = "Lena, a trespasser, climbed a locked fence at night into a construction site to take photos."  # fmt: skip
     part = answer.fact_part(fact, EMBED(["Lena is a trespasser"])[0], EMBED)
     assert part == "Lena, a trespasser…"
+
+
+AUTOMOBILE = {
+    "id": "auto",
+    "title": "Automobile exception",
+    "text": "Automobile exception. Police may search a car without a warrant when they have "
+    "probable cause to believe the car holds evidence of a crime.",
+}
+
+
+@pytest.mark.parametrize(("provider", "at_once"), [("ollama", 2), ("local", 1)])
+def test_an_api_model_applies_the_issues_at_once_and_each_reply_stays_with_its_issue(
+    tmp_settings, provider, at_once
+):
+    """With a model that answers calls in parallel, each issue's application is asked at once
+    (a 3-issue answer waits for one call, not three); the embedded model takes them in turn."""
+    barrier = threading.Barrier(at_once, timeout=10)  # sequential calls would wait here in vain
+
+    def apply(prompt: str) -> str:
+        barrier.wait()
+        if "probable cause" in prompt:
+            return json.dumps({"checks": [{"n": 1, "fact": "it holds evidence", "met": "yes"}]})
+        handcuffed = {"n": 2, "fact": "he was handcuffed in the patrol car", "met": "no"}
+        return json.dumps({"checks": [handcuffed]})
+
+    settings = tmp_settings.replace(llm_provider=provider)
+    client, script = scripted_client(settings, {"apply": [apply, apply], "bottom_line": ["{}"]})
+    research = [
+        answer.IssueResearch("Search incident to arrest", [GANT]),
+        answer.IssueResearch("Automobile exception", [AUTOMOBILE]),
+    ]
+    record = answer.build_record(client, Question.read(FACTS), research, EMBED)
+    facts = {i.issue: {c["fact"] for c in i.checks} for i in record.issues if i.checks}
+    assert facts["Automobile exception"] == {"it holds evidence"}
+    assert "he was handcuffed in the patrol car" in facts["Search incident to arrest"]
+    assert len(script.prompts("apply")) == 2
