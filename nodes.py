@@ -280,6 +280,8 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
             },
             f"memory hit (similarity {hit.get('similarity', 0):.3f})",
         )
+    if why := reading_moot(q, ctx):
+        return {}, f"not classified: {why}"
     result = prompts.call(ctx.client, "classify", question=question)
     if result.parsed is not None:
         got = result.parsed
@@ -289,6 +291,21 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     fallback = "multi_hop" if q.choices or len(question.split()) > 60 else "simple"
     update = {"reading": {"query_type": fallback}, "fallbacks": ["classifier: unparseable reply"]}
     return update, f"{fallback} (fallback: unparseable reply)"
+
+
+def reading_moot(q: Question, ctx: AgentContext) -> str:
+    """Why the classifier's reading could not change the run ("" when it could): its field, topic
+    and "is it law" decide only whether the planner declines the question as off topic
+    (:func:`off_topic`), which a multiple-choice question never is, nor a fact pattern whose
+    sentences' closest passages score at FIELD_EVIDENCE and LEAN_GATE or above (each test the
+    reading feeds declines only below them)."""
+    if q.choices:
+        return "a multiple-choice question is researched as asked"
+    if q.kind != "fact_pattern":
+        return ""
+    floor = max(FIELD_EVIDENCE, ctx.settings.agent.lean_gate)
+    score = ctx.question_score(q.text)
+    return f"its facts' closest passages score {score:.2f}, in scope" if score >= floor else ""
 
 
 def agenda(ctx: AgentContext, question: str, issues: list[str]) -> list[str]:

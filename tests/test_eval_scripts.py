@@ -558,9 +558,8 @@ def test_a_trace_shows_the_pipeline_that_runs_and_saves_it_as_a_case_study(fake_
     # The fake reader answers right exactly when the gold passage reached the MC prompt.
     assert case["mc"]["correct"] is case["mc"]["gold_in_sources"]
     assert case["mc"]["gold_in_lean"] is any(p["gold"] for p in case["lean"]["passages"])
-    assert (
-        case["llm"]["llm_calls"] == 4
-    )  # classify, plan, apply, mc_select (no injection call: embedded)
+    # plan, apply, mc_select: no injection call (embedded), no classify call (multiple choice)
+    assert case["llm"]["llm_calls"] == 3
     assert all({"id", "preview"} <= set(s) for s in case["sources"])
     assert "rewrite" not in case and "raw_retrieval" not in case
 

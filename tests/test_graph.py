@@ -313,13 +313,34 @@ def test_issues_beyond_max_steps_are_reported_as_not_answered(tmp_settings):
     assert result["run_metrics"]["issues_not_answered"] == 2
 
 
+@pytest.mark.parametrize(
+    ("score", "lean_gate", "classified"),
+    [(0.9, 0.33, False), (0.5, 0.33, True), (0.6, 0.7, True)],
+)
+def test_a_fact_pattern_is_classified_only_when_the_reading_could_decline_it(
+    tmp_settings, score, lean_gate, classified
+):
+    """The classifier's reading decides only whether the question is off topic, and no test it
+    feeds declines a fact pattern whose passages score at FIELD_EVIDENCE and LEAN_GATE: such a
+    pattern goes to the planner without the call."""
+    researched = score >= lean_gate  # else every step misses the gate: nothing to apply
+    replies = fact_replies(**({} if researched else {"apply": [], "bottom_line": []}))
+    replies["classify"] = replies["classify"] if classified else []
+    result, script, *_ = run(
+        tmp_settings, replies, evidence_score=lambda q, docs: score, lean_gate=lean_gate
+    )
+    assert ("classify" in script.roles()) is classified and "plan" in script.roles()
+    decision = next(e["decision"] for e in result["_events"] if e["node"] == "classifier")
+    assert decision.startswith("not classified") is not classified
+
+
 def test_a_step_below_the_gate_gets_another_angle_before_it_is_given_up(tmp_settings):
     """The first angle (hybrid and BM25, fused) misses the evidence gate; the retry searches BM25
     over the issue's names and facts joined, and its passages answer the issue."""
     scores = iter([0.1, 0.9, 0.9, 0.9])
     result, script, _, retriever = run(
         tmp_settings,
-        fact_replies(),
+        fact_replies(classify=[]),  # its facts' passages score 0.9: in scope, not classified
         evidence_score=lambda q, docs: next(scores, 0.9) if "rule and elements" in q else 0.9,
         lean_gate=0.5,
         search_strategy="auto",
@@ -340,7 +361,7 @@ def test_a_step_below_the_gate_gets_another_angle_before_it_is_given_up(tmp_sett
 
 def test_one_issue_without_evidence_does_not_decline_the_question(tmp_settings):
     scores = iter([0.1, 0.9, 0.1, 0.9])  # Negligence misses the gate at both angles
-    replies = fact_replies(apply=[COMPARE])
+    replies = fact_replies(classify=[], apply=[COMPARE])  # in scope: not classified
     result, *_ = run(
         tmp_settings,
         replies,
@@ -355,10 +376,7 @@ def test_one_issue_without_evidence_does_not_decline_the_question(tmp_settings):
 
 
 def test_no_issue_with_evidence_declines_plainly_and_is_not_cached(tmp_settings):
-    replies = {
-        "classify": [J(topic="law", area="torts", legal=True, query_type="simple")],
-        "plan": [J(issues=["Negligence"])],
-    }
+    replies = {"plan": [J(issues=["Negligence"])]}
     result, script, memory, _ = run(  # the question as asked is on topic; both angles miss
         tmp_settings,
         replies,
@@ -666,7 +684,8 @@ def test_an_answer_saved_under_one_states_law_does_not_serve_another_states(tmp_
         check_memory=memory.check, state_law=state_law,
     )  # fmt: skip
     assert (
-        bool(result["reading"].get("recalled")) is False and "no source is Ohio law" in result["answer"]["why"]
+        bool(result["reading"].get("recalled")) is False
+        and "no source is Ohio law" in result["answer"]["why"]
     )
     settings = tmp_settings.replace(skip_injection_check=True)
     client = LLMClient(
@@ -721,8 +740,7 @@ def test_an_application_cut_off_at_its_budget_keeps_its_complete_checks(tmp_sett
 MC_QUESTION = (
     "A public university suspended a student for her speech without a hearing. Was it lawful?"
 )
-MC_REPLIES = {
-    "classify": [J(topic="law", area="torts", legal=True, query_type="multi_hop")],
+MC_REPLIES = {  # no classify call: a multiple-choice question is never declined as off topic
     "plan": [J(issues=["Free speech at public universities"])],
     "apply": [J(checks=[{"n": 1, "fact": "suspended for her speech", "met": "yes"}])],
     "mc_select": ["**Answer: (C)**"],
@@ -744,7 +762,8 @@ def test_a_researched_multiple_choice_letter_reads_what_lean_reads(tmp_settings)
     prompt = script.prompts("mc_select")[0]
     assert "notice and a hearing" in prompt  # found by lean's query (question + choices)
     assert any("(C) Yes, because she had no hearing." in " ".join(c[0]) for c in retriever.calls)
-    for role in ("classify", "plan", "apply"):
+    assert "classify" not in script.roles()
+    for role in ("plan", "apply"):
         for p in script.prompts(role):
             assert "Yes, because the speech was protected" not in p
     assert len(memory.writes) == 1 and "Answer: (C)" not in memory.writes[0][1]
@@ -776,7 +795,9 @@ def test_memory_hit_skips_the_research_and_a_letter_is_still_picked(tmp_settings
     result, script, memory, _ = run(
         tmp_settings, replies, memory=memory, choices=CHOICES, answer_mode="research"
     )
-    assert bool(result["reading"].get("recalled")) is True and result["answer"]["mc"]["letter"] == "B"
+    assert (
+        bool(result["reading"].get("recalled")) is True and result["answer"]["mc"]["letter"] == "B"
+    )
     assert script.roles() == ["mc_select"]
     assert not {"planner", "executor"} & set(nodes_run(result))
     prompt = script.prompts("mc_select")[0]
@@ -925,10 +946,7 @@ def test_evidence_mode_abstains_when_the_gate_reply_is_unusable(tmp_settings):
 
 
 def test_every_step_failing_stops_at_the_iteration_cap(tmp_settings):
-    replies = {
-        "classify": [J(topic="law", area="torts", legal=True, query_type="multi_hop")],
-        "plan": [J(issues=["Negligence", "Comparative negligence", "Free speech"])],
-    }
+    replies = {"plan": [J(issues=["Negligence", "Comparative negligence", "Free speech"])]}
     result, *_ = run(
         tmp_settings,
         replies,
@@ -946,6 +964,7 @@ def test_worst_case_call_budget(tmp_settings):
     settings = tmp_settings.replace(max_steps=3)
     assert nodes.worst_case_calls(settings) == 2 + 3 + 1 + 2
     replies = fact_replies(
+        classify=[],  # multiple choice: not classified
         plan=[J(issues=["Negligence", "Comparative negligence", "Free speech"])],
         apply=["bad", "bad", "bad"],
         bottom_line=[],
@@ -959,7 +978,9 @@ def test_worst_case_call_budget(tmp_settings):
 
 
 def test_run_deadline_stops_research_early_and_still_picks_a_letter(tmp_settings):
-    replies = fact_replies(apply=[APPLY], bottom_line=[], mc_select=["**Answer: (A)**"])
+    replies = fact_replies(
+        classify=[], apply=[APPLY], bottom_line=[], mc_select=["**Answer: (A)**"]
+    )
     replies["plan"] = [J(issues=["Negligence", "Comparative negligence"])]
     result, *_ = run(
         tmp_settings,
@@ -1127,7 +1148,9 @@ def test_the_issues_a_user_sets_are_researched_instead_of_the_models_picks(tmp_s
     named = ["comparative negligence", " Tag (transient) jurisdiction "]
     result = main.run_agent(FACTS, context=ctx, issues=named)
     assert "plan" not in script.roles()
-    assert result["reading"]["agenda"][1] == "Tag transient jurisdiction"  # its words, not linked doctrines
+    assert (
+        result["reading"]["agenda"][1] == "Tag transient jurisdiction"
+    )  # its words, not linked doctrines
     assert result["parsed"]["issues"] == ["comparative negligence", "Tag (transient) jurisdiction"]
     assert [s["issue"] for s in result["planning_table"]][:2] == result["reading"]["agenda"][:2]
     planner = next(e for e in result["trace"] if e["node"] == "planner")
@@ -1199,7 +1222,10 @@ def test_the_adaptive_loop_ends_at_its_caps_and_falls_back_to_the_agenda(tmp_set
     result, script, *_ = run(
         tmp_settings, never_done, research_policy="adaptive", max_steps=2, retrieval_k=1
     )
-    assert result["reading"]["agenda"] == ["Negligence", "Comparative negligence"]  # the agenda's next pick
+    assert result["reading"]["agenda"] == [
+        "Negligence",
+        "Comparative negligence",
+    ]  # the agenda's next pick
     assert "replanner: unparseable reply (the agenda's next issue)" in result["fallbacks"]
     moves = [e["decision"] for e in result["trace"] if e["node"] == "replanner"]
     assert moves[1].startswith("complete: next_step 'Battery' not taken")  # MAX_STEPS 2 reached
