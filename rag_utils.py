@@ -720,6 +720,12 @@ EXACT_SEARCH_MAX_PASSAGES = 20_000
 limit), not Chroma's HNSW, whose results varied between runs
 (docs/MEASUREMENTS_HISTORY.md)."""
 
+EXACT_FILTER_MAX_PASSAGES = 200_000
+"""A filter that admits at most this many passages of a larger store is searched exactly over
+the admitted passages' vectors (1.5 KB a passage, kept per admitted set and passage count in
+memory and in ``CHROMA_DIR/filters/``): Chroma's own id filter cost ~138 ms a search with
+83,248 passages admitted of 686,000 (docs/MEASUREMENTS.md, "Scale")."""
+
 
 @dataclass(eq=False)
 class PassageStore:
@@ -923,6 +929,11 @@ class PassageStore:
             return [[] for _ in range(len(embeddings))]
         if count <= EXACT_SEARCH_MAX_PASSAGES:
             return self._exact_ids(embeddings, min(n, total), count, allowed)
+        if allowed is not None and len(allowed) <= EXACT_FILTER_MAX_PASSAGES:
+            ids, mat = self._admitted_vectors(allowed)
+            if not ids:
+                return [[] for _ in range(len(embeddings))]
+            return _nearest(embeddings, ids, mat, min(n, len(ids)))
         got = self.collection.query(
             query_embeddings=[list(map(float, e)) for e in embeddings],
             n_results=min(n, total),
@@ -943,15 +954,38 @@ class PassageStore:
             mat = _unit(np.asarray(got["embeddings"], dtype=np.float32)[order])
             self._matrix = (total, [got["ids"][i] for i in order], mat)
         _, ids, mat = self._matrix
-        scores = np.asarray(embeddings, dtype=np.float32) @ mat.T
-        if allowed is not None:
-            scores[:, ~membership(ids, allowed, self._masks)] = -np.inf
-        out = []
-        for row in scores:
-            top = np.argpartition(-row, n - 1)[:n] if n < len(row) else np.arange(len(row))
-            top = top[np.lexsort((top, -row[top]))]  # best first; ties by id, so runs agree
-            out.append([ids[j] for j in top])
-        return out
+        mask = None if allowed is None else membership(ids, allowed, self._masks)
+        return _nearest(embeddings, ids, mat, n, mask)
+
+    def _admitted_vectors(self, allowed: frozenset[str]) -> tuple[list[str], Any]:
+        """The admitted passages' ids (sorted) and unit vectors, read from the store once per
+        admitted set and passage count (:meth:`derived`)."""
+        import numpy as np
+
+        ids = sorted(allowed)
+        key = hashlib.sha1("\n".join(ids).encode()).hexdigest()[:12]
+        path = self._filters_dir() / f"{self.name}-vectors-{key}.npz"
+
+        def load(count: int) -> tuple[int, Any] | None:
+            with contextlib.suppress(OSError, ValueError, KeyError), np.load(path) as saved:
+                if int(saved["count"]) == count:
+                    return count, ([str(i) for i in saved["ids"]], saved["mat"])
+            return None
+
+        def build(count: int) -> tuple[int, Any]:
+            rows: dict[str, Any] = {}
+            for got in self._by_ids(ids, ["embeddings"]):
+                rows.update(zip(got["ids"], got["embeddings"], strict=True))
+            found = [i for i in ids if i in rows]  # an id deleted since the filter was read
+            return count, (found, _unit(np.asarray([rows[i] for i in found], dtype=np.float32)))
+
+        def save(count: int, value: Any) -> None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.with_suffix(".tmp").open("wb") as fh:
+                np.savez(fh, count=count, ids=np.asarray(value[0]), mat=value[1])
+            path.with_suffix(".tmp").replace(path)
+
+        return self.derived(f"vectors admitted ({key})", path, load, build, save)
 
     def _holds(self, where: dict[str, Any]) -> bool:
         return bool(self.collection.get(where=where, limit=1, include=[])["ids"])
@@ -990,7 +1024,7 @@ class PassageStore:
         self._derived.clear()
         shutil.rmtree(self.bm25_dir / self.name, ignore_errors=True)
         (self.bm25_dir.parent / "centroid" / f"{self.name}.json").unlink(missing_ok=True)
-        for saved in self._filters_dir().glob(f"{self.name}-*.json"):
+        for saved in self._filters_dir().glob(f"{self.name}-*"):  # admitted ids and vectors
             saved.unlink(missing_ok=True)
 
     def derived(
@@ -1407,6 +1441,24 @@ def rrf_merge(rankings: Sequence[Sequence[Passage]], k: int) -> list[Passage]:
     score = rrf_scores([d["id"] for d in ranking] for ranking in rankings)
     order = sorted(score, key=lambda i: -score[i])[:k]
     return [{**first[i], "rrf_score": score[i], "rank": r} for r, i in enumerate(order, start=1)]
+
+
+def _nearest(
+    embeddings: Any, ids: Sequence[str], mat: Any, n: int, mask: Any = None
+) -> list[list[str]]:
+    """Ids of the ``n`` rows of ``mat`` (unit vectors, in ``ids`` order, sorted) nearest each of
+    ``embeddings`` by cosine, among the rows ``mask`` admits; ties go to the lower id."""
+    import numpy as np
+
+    scores = np.asarray(embeddings, dtype=np.float32) @ mat.T
+    if mask is not None:
+        scores[:, ~mask] = -np.inf
+    out = []
+    for row in scores:
+        top = np.argpartition(-row, n - 1)[:n] if n < len(row) else np.arange(len(row))
+        top = top[np.lexsort((top, -row[top]))]  # best first; ties by id, so runs agree
+        out.append([ids[j] for j in top])
+    return out
 
 
 def membership(ids: Sequence[str], allowed: frozenset[str], cache: dict) -> np.ndarray:

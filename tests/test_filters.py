@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import filters
@@ -104,11 +105,42 @@ def test_unfiltered_search_returns_passages_of_every_kind(store):
     assert got == set(BY_ID)
 
 
-def test_the_hnsw_path_of_a_large_collection_is_filtered_too(store, monkeypatch):
+@pytest.mark.parametrize("exact_filter", [0, rag_utils.EXACT_FILTER_MAX_PASSAGES])
+def test_the_hnsw_path_of_a_large_collection_is_filtered_too(store, monkeypatch, exact_filter):
+    """Above EXACT_SEARCH_MAX_PASSAGES a filter goes to Chroma's id filter, or, when it admits at
+    most EXACT_FILTER_MAX_PASSAGES, to an exact search over the admitted passages' vectors."""
     monkeypatch.setattr(rag_utils, "EXACT_SEARCH_MAX_PASSAGES", 0)
+    monkeypatch.setattr(rag_utils, "EXACT_FILTER_MAX_PASSAGES", exact_filter)
     settings = store.replace(filter_court="tex")
     got = [d["id"] for d in _search(settings, "dense")]
     assert len(got) == 5 and all(pid.startswith("tx_case_") for pid in got)
+
+
+def test_a_filter_admitting_few_passages_is_searched_exactly_and_its_vectors_kept(
+    store, monkeypatch
+):
+    """The nearest admitted passages by cosine, as a search of every admitted vector finds them;
+    the vectors are read from the store once and read back by the next process, and a delete
+    drops them."""
+    monkeypatch.setattr(rag_utils, "EXACT_SEARCH_MAX_PASSAGES", 0)
+    texas = filters.passage_filter(store.replace(filter_jurisdiction="texas"))
+    chroma = rag_utils.get_store(store)
+    allowed = chroma.allowed_ids(texas)
+    query = rag_utils.get_embedder(store).embed_documents(["expectation damages for breach"])
+    rows = {p["id"]: p["embedding"] for p in chroma.get(sorted(allowed), with_embeddings=True)}
+    mat = rag_utils._unit(np.asarray([rows[i] for i in sorted(rows)], dtype=np.float32))
+    scores = mat @ np.asarray(query[0], dtype=np.float32)
+    nearest = [sorted(rows)[i] for i in np.argsort(-scores, kind="stable")[:4]]
+    with monkeypatch.context() as m:
+        m.setattr(chroma.collection, "query", lambda **kw: pytest.fail("Chroma's id filter"))
+        assert chroma.query_ids(query, 4, allowed) == [nearest]
+    rag_utils.reset_caches()  # a new process: the vectors are read back, not fetched
+    fresh = rag_utils.get_store(store)
+    with monkeypatch.context() as m:
+        m.setattr(type(fresh), "_by_ids", lambda *a, **k: pytest.fail("fetched again"))
+        assert fresh.query_ids(query, 4, allowed) == [nearest]
+    fresh.delete(["tx_case_0"])
+    assert not list(fresh._filters_dir().glob(f"{fresh.name}-*"))
 
 
 def test_what_a_filter_admits_is_scanned_once_and_kept_for_the_next_process(store, monkeypatch):
