@@ -743,6 +743,7 @@ class PassageStore:
     _matrix: tuple[int, list[str], Any] | None = None
     _derived: dict[str, tuple[int, Any]] = field(default_factory=dict)  # -> (count, index)
     _masks: dict[frozenset[str], Any] = field(default_factory=dict)  # :func:`membership` rows
+    _sorted: dict[frozenset[str], tuple[list[str], str]] = field(default_factory=dict)
     _pinned: threading.local = field(default_factory=threading.local, repr=False)
     _counted: tuple[tuple[int, int], int] | None = None  # (db_file's mtime and size, count)
 
@@ -962,8 +963,10 @@ class PassageStore:
         admitted set and passage count (:meth:`derived`)."""
         import numpy as np
 
-        ids = sorted(allowed)
-        key = hashlib.sha1("\n".join(ids).encode()).hexdigest()[:12]
+        if allowed not in self._sorted:  # sorted and hashed once per admitted set
+            ids = sorted(allowed)
+            self._sorted[allowed] = (ids, hashlib.sha1("\n".join(ids).encode()).hexdigest()[:12])
+        ids, key = self._sorted[allowed]
         path = self._filters_dir() / f"{self.name}-vectors-{key}.npz"
 
         def load(count: int) -> tuple[int, Any] | None:
