@@ -18,6 +18,7 @@ import answer as answer_stage
 import filters
 import injection
 import legal_graph
+import load_corpus
 import mc
 import question as question_mod
 import rag_utils
@@ -294,11 +295,14 @@ _default: AgentContext | None = None
 
 
 def default_context() -> AgentContext:
-    """The context of runs that bring none (LangGraph Studio), built once from the environment
-    (the server's graph factory, ``main.make_graph``, indexes the starter corpus first)."""
+    """The context of runs that bring none (LangGraph Studio), built once from the environment,
+    with the starter corpus indexed when the store is empty (as ``python main.py`` does)."""
     global _default
     with _default_lock:
         if _default is None:
             load_dotenv_file()
-            _default = AgentContext.from_settings(Settings.from_env())
+            settings = Settings.from_env()
+            if added := load_corpus.ensure_starter_index(settings):
+                logger.info("built the starter index: %d passages", added)
+            _default = AgentContext.from_settings(settings)
         return _default

@@ -167,21 +167,12 @@ def make_graph() -> Any:
     """Graph factory for ``langgraph dev`` (langgraph.json); the nodes then use
     ``context.default_context()``.  No context schema: LangGraph would build an ``AgentContext``
     from the server's ``{}`` and fail."""
-    _index_for_server()
     return build_graph(context_schema=None)
 
 
 def make_evidence_graph() -> Any:
     """The same agent answering in evidence mode (langgraph.json's ``evidence_agent``)."""
-    _index_for_server()
     return build_graph("evidence", context_schema=None)
-
-
-def _index_for_server() -> None:
-    """The starter corpus indexed when the server's store is empty (as ``python main.py`` does),
-    when the server loads its graphs rather than in its first run."""
-    if added := load_corpus.ensure_starter_index(nodes.default_context().settings):
-        logger.info("built the starter index: %d passages", added)
 
 
 def recursion_limit(settings: Settings) -> int:

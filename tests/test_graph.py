@@ -1048,22 +1048,19 @@ def test_studio_graphs_accept_the_servers_empty_context(factory, tmp_settings, m
     client = LLMClient(settings, llm_factory=lambda role: ScriptedChat(role=role, script=script))
     ctx = fake_context(settings, client=client, retrieve=FakeRetriever(LAW, ranked=True))
     monkeypatch.setattr(nodes, "default_context", lambda: ctx)
-    monkeypatch.setattr(main.load_corpus, "ensure_starter_index", lambda settings: 0)
     out = factory().invoke({"question": FACTS}, context={})
     assert script.roles()[:2] == ["classify", "plan"]
     assert out["run_metrics"]["steps_completed"] == 2
 
 
-def test_the_studio_graph_factory_indexes_the_starter_corpus(tmp_path, monkeypatch, fake):
-    """A Studio server started on a fresh machine finds the starter corpus, as `python main.py`
-    does: its graph factory indexes it, and its runs' default context reads it."""
+def test_studio_default_context_indexes_the_starter_corpus(tmp_path, monkeypatch, fake):
+    """A first Studio run on a fresh machine finds the starter corpus, as `python main.py` does."""
     import context
     import rag_utils
 
     monkeypatch.chdir(tmp_path)  # no .env here
     monkeypatch.setenv("CHROMA_DIR", str(tmp_path / "chroma"))
     monkeypatch.setattr(context, "_default", None)
-    main.make_graph()
     ctx = context.default_context()
     assert rag_utils.corpus_count(ctx.settings) > 200
     assert context.default_context() is ctx
