@@ -296,7 +296,9 @@ _default: AgentContext | None = None
 
 def default_context() -> AgentContext:
     """The context of runs that bring none (LangGraph Studio), built once from the environment,
-    with the starter corpus indexed when the store is empty (as ``python main.py`` does)."""
+    with the starter corpus indexed when the store is empty (as ``python main.py`` does).  Here,
+    in the first run, not in the graph factory: ``langgraph dev`` calls the factory on its event
+    loop and refuses a blocking read there."""
     global _default
     with _default_lock:
         if _default is None:

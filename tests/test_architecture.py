@@ -49,6 +49,10 @@ def test_nodes_depend_only_on_context_state_prompts_mc_answer_and_llm_errors():
     assert deps.get("providers", set()) <= {"LLMConfigError"}
 
 
+def test_the_embedded_model_needs_nothing_of_retrieval():
+    assert not {"rag_utils", "load_corpus", "context"} & set(imports_of("local_llm"))
+
+
 def test_the_response_cache_imports_no_project_module():
     """llm_cache stores what LLMClient gives it; it needs neither the client nor the settings."""
     assert imports_of("llm_cache") == {}
