@@ -412,7 +412,9 @@ def test_a_thread_of_this_version_loads_unless_its_question_does_not(tmp_setting
         assert main.thread_state(graph, main.thread_config("kept")).values["parsed"].text == FACTS
         with pytest.raises(InputError, match="thread other cannot be read: its question does not"):
             main.thread_state(graph, main.thread_config("other"))
-        graph.update_state({"configurable": {"thread_id": "v1"}}, {"question": FACTS}, as_node="planner")
+        graph.update_state(
+            {"configurable": {"thread_id": "v1"}}, {"question": FACTS}, as_node="planner"
+        )
         with pytest.raises(InputError, match=r"older version of LegalRagAgent \(state v1;"):
             main.thread_state(graph, main.thread_config("v1"))
 
