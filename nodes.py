@@ -280,31 +280,35 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
             },
             f"memory hit (similarity {hit.get('similarity', 0):.3f})",
         )
-    if why := reading_moot(q, ctx):
-        return {}, f"not classified: {why}"
+    score = ctx.question_score(question) if q.kind == "fact_pattern" and not q.choices else None
+    kept = {"score": score} if score is not None else {}  # the planner's off-topic check reads it
+    if why := reading_moot(q, ctx, score):
+        return {"reading": kept}, f"not classified: {why}"
     result = prompts.call(ctx.client, "classify", question=question)
     if result.parsed is not None:
         got = result.parsed
         reading = {"query_type": got.query_type, "legal": got.legal, "area": got.area}
-        update = {"reading": {**reading, "topic": got.topic}}
+        update = {"reading": {**kept, **reading, "topic": got.topic}}
         return update, f"{got.query_type}, {got.area if got.legal else 'not law'}"
     fallback = "multi_hop" if q.choices or len(question.split()) > 60 else "simple"
-    update = {"reading": {"query_type": fallback}, "fallbacks": ["classifier: unparseable reply"]}
+    update = {
+        "reading": {**kept, "query_type": fallback},
+        "fallbacks": ["classifier: unparseable reply"],
+    }
     return update, f"{fallback} (fallback: unparseable reply)"
 
 
-def reading_moot(q: Question, ctx: AgentContext) -> str:
+def reading_moot(q: Question, ctx: AgentContext, score: float | None) -> str:
     """Why the classifier's reading could not change the run ("" when it could): its field, topic
     and "is it law" decide only whether the planner declines the question as off topic
     (:func:`off_topic`), which a multiple-choice question never is, nor a fact pattern whose
-    sentences' closest passages score at FIELD_EVIDENCE and LEAN_GATE or above (each test the
-    reading feeds declines only below them)."""
+    sentences' closest passages score (``score``: ``AgentContext.question_score``) at
+    FIELD_EVIDENCE and LEAN_GATE or above (each test the reading feeds declines only below them)."""
     if q.choices:
         return "a multiple-choice question is researched as asked"
-    if q.kind != "fact_pattern":
+    if q.kind != "fact_pattern" or score is None:
         return ""
     floor = max(FIELD_EVIDENCE, ctx.settings.agent.lean_gate)
-    score = ctx.question_score(q.text)
     return f"its facts' closest passages score {score:.2f}, in scope" if score >= floor else ""
 
 
@@ -362,6 +366,7 @@ def off_topic(
     area: str = "",
     topic: str = "",
     law: StateLaw | None = None,
+    score: float | None = None,
 ) -> str:
     """Why an open question is off topic as asked ("" when it is not), checked before any research
     (which can turn gibberish into a legal topic):
@@ -371,13 +376,15 @@ def off_topic(
     - it asks what a state's law provides (``law``) and no passage is that state's law;
     - a rule question whose subject (the classifier's ``topic``) uses words no passage uses;
     - every sentence's closest passages score below LEAN_GATE (a fact pattern only when the
-      classifier reads no question of law in it: lay words sit far from the rule's passages)."""
+      classifier reads no question of law in it: lay words sit far from the rule's passages).
+    ``score``: the question's ``AgentContext.question_score`` when the classifier has it."""
     if not prompts.in_english(question):
         return f"{OFF_TOPIC}: it is not in English, the language of the sources; ask it in English"
     outside = legal and area not in ("", "none", *prompts.COVERED_AREAS)
     fielded = outside and not (ctx.holds_documents and ctx.holds_documents())
-    score = ctx.question_score(question) if fielded else None  # searched for at most once
-    if score is not None and score < FIELD_EVIDENCE:
+    if score is None and fielded:  # searched for at most once
+        score = ctx.question_score(question)
+    if fielded and score is not None and score < FIELD_EVIDENCE:
         return (
             f"{OFF_TOPIC}: it is a question of {area}, and its closest passages score "
             f"{score:.2f}; the sources cover {', '.join(prompts.COVERED_AREAS)}"
@@ -489,7 +496,8 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     legal, area, topic = (
         reading.get(k, d) for k, d in (("legal", True), ("area", ""), ("topic", ""))
     )
-    decline = "" if q.choices or kept else off_topic(ctx, q.text, legal, area, topic, q.law)
+    score = reading.get("score")
+    decline = "" if q.choices or kept else off_topic(ctx, q.text, legal, area, topic, q.law, score)
     if decline:  # nothing to research: the answer stage declines and says why
         return {"reading": {"decline": decline}, "stop_reason": decline}, f"declined: {decline}"
     # A question that asks what a state's law provides, which the sources hold, is researched in

@@ -334,6 +334,22 @@ def test_a_fact_pattern_is_classified_only_when_the_reading_could_decline_it(
     assert decision.startswith("not classified") is not classified
 
 
+def test_a_fact_pattern_in_an_uncovered_field_is_scored_once_and_declined(
+    tmp_settings, monkeypatch
+):
+    """The score the classifier step read is the one the planner's field check uses: the
+    question's passages are searched once."""
+    scored = []
+    real = AgentContext.question_score
+    monkeypatch.setattr(
+        AgentContext, "question_score", lambda self, q: scored.append(q) or real(self, q)
+    )
+    tax = J(topic="deducting a truck", area="tax", legal=True, query_type="simple")
+    result, script, *_ = run(tmp_settings, {"classify": [tax]}, evidence_score=lambda q, docs: 0.4)
+    assert script.roles() == ["classify"] and "it is a question of tax" in result["answer"]["why"]
+    assert len(scored) == 1
+
+
 def test_a_step_below_the_gate_gets_another_angle_before_it_is_given_up(tmp_settings):
     """The first angle (hybrid and BM25, fused) misses the evidence gate; the retry searches BM25
     over the issue's names and facts joined, and its passages answer the issue."""
