@@ -23,6 +23,7 @@ import eval_common as ec
 import load_corpus
 import main as agent
 import mc
+import nodes
 import prompts
 import rag_utils
 from llm_config import LLMClient
@@ -217,7 +218,7 @@ def run_mc_item(
             "gate": lean.get("gate"),
             "gold_retrieved": any(d in gold for d in lean.get("retrieved_ids") or []),
             "query_type": (state.get("reading") or {}).get("query_type"),
-            "memory_hit": bool((state.get("reading") or {}).get("recalled")),
+            "memory_hit": bool(nodes.recalled(state)),  # type: ignore[arg-type]
             "steps": len(table),
             "steps_failed": sum(1 for s in table if s["status"] == "failed"),
             "run_metrics": state.get("run_metrics") or {},

@@ -550,7 +550,7 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
     for letter, text in (parsed.get("choices") or {}).items():
         out(f"  ({letter}) {text}")
     out("=" * 78)
-    if saved := (result.get("reading") or {}).get("recalled"):
+    if saved := nodes.recalled(result):  # type: ignore[arg-type]
         out(
             f'(From the QA memory: the answer saved for "{saved.get("question")}", similarity '
             f"{saved.get('similarity') or 0:.2f}; `python main.py --clear-memory` forgets saved "
