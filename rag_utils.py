@@ -909,10 +909,8 @@ class PassageStore:
             )
 
         def save(count: int, ids: frozenset[str]) -> None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"filter": spec, "count": count, "ids": sorted(ids)}))
-            tmp.replace(path)
+            saved = {"filter": spec, "count": count, "ids": sorted(ids)}
+            _write_whole(path, lambda fh: fh.write(json.dumps(saved).encode()))
 
         return self.derived(f"ids admitted by {spec}", path, load, build, save)
 
@@ -983,10 +981,10 @@ class PassageStore:
             return count, (found, _unit(np.asarray([rows[i] for i in found], dtype=np.float32)))
 
         def save(count: int, value: Any) -> None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with path.with_suffix(".tmp").open("wb") as fh:
-                np.savez(fh, count=count, ids=np.asarray(value[0]), mat=value[1])
-            path.with_suffix(".tmp").replace(path)
+            ids_found, mat = value
+            _write_whole(
+                path, lambda fh: np.savez(fh, count=count, ids=np.asarray(ids_found), mat=mat)
+            )
 
         return self.derived(f"vectors admitted ({key})", path, load, build, save)
 
@@ -1058,6 +1056,16 @@ class PassageStore:
                         logger.warning("cannot save the %s to %s: %s", what, where, exc)
             self._derived[what] = got
             return got[1]
+
+
+def _write_whole(path: Path, write: Callable[[Any], Any]) -> None:
+    """``write(binary file)`` into a file beside ``path``, renamed over it once written: a reader
+    (another process) finds the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("wb") as fh:
+        write(fh)
+    tmp.replace(path)
 
 
 def get_store(settings: Settings) -> PassageStore:
@@ -1252,10 +1260,8 @@ def get_centroid(settings: Settings, store: PassageStore | None = None) -> Any:
         return None
 
     def save(count: int, vec: Any) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"count": count, "mean": vec.tolist()}))
-        tmp.replace(path)
+        saved = {"count": count, "mean": vec.tolist()}
+        _write_whole(path, lambda fh: fh.write(json.dumps(saved).encode()))
 
     return store.derived(
         "mean passage vector", path, load, lambda n: (n, store.mean_embedding()), save
