@@ -234,6 +234,32 @@ def law_asked(ctx: AgentContext, question: str) -> str:
     return law.name if law else ""
 
 
+def _memory_hit(state: AgentState, ctx: AgentContext, q: Question) -> dict | None:
+    """The QA memory's answer that serves this very question (None: none does)."""
+    question = q.text
+    follow_up = (state.get("reading") or {}).get("follow_up")
+    hit = None
+    try:
+        # evidence answers are never cached; a follow-up's facts are its thread's, not a saved
+        # one's; a run the user reviews is researched on the agenda the user sets
+        fresh = follow_up or (state.get("reading") or {}).get("review")
+        if answer_mode(state, ctx) == "research" and not fresh:
+            hit = ctx.check_memory(question)
+    except Exception as exc:  # noqa: BLE001 - a broken memory must not stop the research
+        logger.warning("QA memory lookup failed: %s", exc)
+    # A fact pattern's answer applies the law to its facts: it serves those facts only ("Officer
+    # Reyes arrested Dan. ... Was the search lawful?" got another story's answer at 0.92).
+    texts = [" ".join(str(t).split()) for t in ((hit or {}).get("question"), question)]
+    kinds = {question_mod.question_kind(t) for t in texts} if hit else set()
+    if "fact_pattern" in kinds and texts[0].lower() != texts[1].lower():
+        hit = None
+    # Nor does an answer under one state's law serve another's ("Under Ohio law, ..." got the
+    # answer saved for "Under Colorado law, ..." at 0.92, though no source is Ohio law).
+    if hit and ctx.state_law and len({law_asked(ctx, t) for t in texts}) > 1:
+        hit = None
+    return hit
+
+
 @_traced("classifier")
 def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """QA memory first: a question answered before (a fact pattern: the same facts, word for
@@ -248,25 +274,7 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         return {
             "reading": kept
         }, f"follow-up: read as the thread's last question ({kept.get('area')})"
-    hit = None
-    try:
-        # evidence answers are never cached; a follow-up's facts are its thread's, not a saved
-        # one's; a run the user reviews is researched on the agenda the user sets
-        fresh = follow_up or (state.get("reading") or {}).get("review")
-        if answer_mode(state, ctx) == "research" and not fresh:
-            hit = ctx.check_memory(question)
-    except Exception as exc:  # noqa: BLE001 - a broken memory must not stop the research
-        logger.warning("QA memory lookup failed: %s", exc)
-    # A fact pattern's answer applies the law to its facts: it serves those facts only ("Officer
-    # Reyes arrested Dan. ... Was the search lawful?" got another story's answer at 0.92).
-    texts = [" ".join(str(q).split()) for q in ((hit or {}).get("question"), question)]
-    kinds = {question_mod.question_kind(t) for t in texts} if hit else set()
-    if "fact_pattern" in kinds and texts[0].lower() != texts[1].lower():
-        hit = None
-    # Nor does an answer under one state's law serve another's ("Under Ohio law, ..." got the
-    # answer saved for "Under Colorado law, ..." at 0.92, though no source is Ohio law).
-    if hit and ctx.state_law and len({law_asked(ctx, t) for t in texts}) > 1:
-        hit = None
+    hit = _memory_hit(state, ctx, q)
     if hit:
         sources = list(hit.get("sources") or [])
         saved = {k: hit.get(k) for k in ("question", "similarity", "timestamp")}
