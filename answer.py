@@ -29,7 +29,7 @@ import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 from langchain_core.runnables.config import ContextThreadPoolExecutor
@@ -87,20 +87,83 @@ API_VERDICT_SUPPORT = 0.0
 answers offline).  The embedded model shows none (:data:`NO_VERDICT`): its bottom line read "yes"
 on all 21 fact patterns it decided, and the support that made its tune-half verdicts 3/3 right
 (0.25) gave 1/4 on the report half (docs/MEASUREMENTS.md, "Fact patterns")."""
-GUARDS = (
-    "off_doctrine",
-    "off_facts",
-    "not_asked",
-    "off_question",
-    "same_rule",
-    "not_raised",
-    "unrelated_fact",
-    "unparsed_application",
-    "unparsed_bottom_line",
-    "unnamed_bottom_line",
-)
-"""The guards an answer counts (``AnswerRecord.guards``; ``unparsed_verdicts`` too under the
-evidence policy)."""
+
+
+class Guard(NamedTuple):
+    """One heuristic on model output or text: where it reads, what it does, the threshold it reads
+    and the measurement that keeps it (tune half decides, report half confirms; run ids and tables
+    in docs/MEASUREMENTS_HISTORY.md).  It fires through :meth:`_Stage.fire`, and every answer counts
+    it (``AnswerRecord.guards``, the run metrics' ``guards``)."""
+
+    stage: str
+    does: str
+    threshold: str
+    kept_by: str
+
+
+GUARDS: dict[str, Guard] = {
+    "off_doctrine": Guard(
+        "rules",
+        "a passage on another doctrine is never the issue's rule",
+        f"DOCTRINE_MATCH {DOCTRINE_MATCH}",
+        "ablation, stop 35: misgrounded tune 86/253 with, 105/267 without; report 106/242 with, "
+        "118/256 without; issues found 24/40 with, 25/40 without",
+    ),
+    "same_rule": Guard(
+        "rules",
+        "an issue whose rule is, sentence for sentence, an earlier issue's is not answered again",
+        "",
+        "stop 43 (fp_tune_s43_same): tune misgrounded 36/194 -> 36/183, issues found 23/40 kept",
+    ),
+    "off_facts": Guard(
+        "application",
+        "an issue whose rule is far from every stated fact is named, not applied",
+        f"FACT_FIT {FACT_FIT}",
+        "stop 33: the rule-to-fact cosine predicts a gold-doctrine citation (AUC 0.87 tune, "
+        "0.81 report); re-tuned stop 41 at 0.33: misgrounded tune 53/211 -> 36/194, report "
+        "90/210 -> 85/205",
+    ),
+    "not_asked": Guard(
+        "application",
+        "a rule question's issue whose rule is far from the question is named, not answered",
+        f"ASKED_FIT {ASKED_FIT}",
+        "stop 44, rule questions half A: misgrounded 31 -> 25, no gold issue lost",
+    ),
+    "not_raised": Guard(
+        "application",
+        "an issue no stated fact bears on is named, not answered",
+        "",
+        "ablation, stop 35: misgrounded tune 86/253 with, 91/258 without; report 106/242 with, "
+        "117/258 without; issues found unchanged",
+    ),
+    "unrelated_fact": Guard(
+        "application",
+        "a check whose fact is unrelated to its requirement decides nothing",
+        f"FACT_RELEVANCE {FACT_RELEVANCE}",
+        "stop 36, tune half: 22 of 86 decided checks named a fact below 0.10 to the requirement",
+    ),
+    "off_question": Guard(
+        "answer",
+        "an answer resting only on rules about other matters is declined",
+        f"QUESTION_FIT {QUESTION_FIT}",
+        "stop 37 (_s37b): misgrounded tune 65/226 -> 59/220, report 97/227 -> 85/215; gold "
+        "and issues found unchanged; declines only wrong-law answers",
+    ),
+    "unparsed_application": Guard(
+        "application", "an unreadable apply reply: the rule stands without an application", "", ""
+    ),
+    "unparsed_bottom_line": Guard(
+        "bottom line", "an unreadable bottom-line reply: no bottom line", "", ""
+    ),
+    "unnamed_bottom_line": Guard(
+        "bottom line", "a yes or no naming no conclusion rests on all of them", "", ""
+    ),
+    "unparsed_verdicts": Guard(
+        "rules (evidence policy)", "an unreadable grounding-gate reply verifies nothing", "", ""
+    ),
+}
+"""The guards of the answer stage.  A row with no measurement counts a reply the model got wrong
+in form (nothing to tune: the answer goes on without that part)."""
 
 
 # --- The record ---------------------------------------------------------------------------------
@@ -834,7 +897,7 @@ def bottom_line(
     client: Any,
     asked: str,
     applied: Sequence[IssueAnswer],
-    guards: dict[str, int],
+    fire: Callable[[str], None],
     bar: float = 0.0,
 ) -> Verdict | None:
     """The answer to the yes-or-no question ``asked`` (None: unparseable reply).  The model reads
@@ -860,7 +923,7 @@ def bottom_line(
         decisive = _conclusion_of(rests[0])
         said = Sentence(f"{asked} {head}. {decisive.text}", "bottom_line", list(decisive.cites))
     else:
-        guards["unnamed_bottom_line"] += 1
+        fire("unnamed_bottom_line")
         rests = decided
         said = Sentence(
             f"{asked} {head}, on the conclusions above.", "bottom_line", _all_cites(rests)
@@ -904,8 +967,12 @@ class _Stage:
 
     def __post_init__(self) -> None:
         self.guards = dict.fromkeys(GUARDS, 0)
-        if self.policy == "evidence":
-            self.guards["unparsed_verdicts"] = 0
+        if self.policy != "evidence":
+            del self.guards["unparsed_verdicts"]
+
+    def fire(self, name: str, times: int = 1) -> None:
+        """Count guard ``name`` (a row of :data:`GUARDS`) as fired ``times`` more."""
+        self.guards[name] += times
 
     def record(self, issues: list[IssueAnswer], abstained: bool, why: str = "") -> AnswerRecord:
         citations = [] if abstained else list(self.cited.values())
@@ -932,7 +999,7 @@ def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
     rule already quoted for an earlier issue (``same_rule``)."""
     scores = doctrine_scores(item.issue, item.docs, stage.embed)
     docs = [d for d, s in zip(item.docs, scores, strict=True) if s >= DOCTRINE_MATCH]
-    stage.guards["off_doctrine"] += len(item.docs) - len(docs)
+    stage.fire("off_doctrine", len(item.docs) - len(docs))
     if not docs:
         why = item.why or (
             "the passages found are about other doctrines" if item.docs else "no passage found"
@@ -950,7 +1017,7 @@ def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
     if stage.policy == "evidence":
         candidates = lead or select_rule(query, docs, stage.embed, VERIFY_CANDIDATES)
         rule, judged = verify_rule(stage.client, item.issue, candidates)
-        stage.guards["unparsed_verdicts"] += judged is None
+        stage.fire("unparsed_verdicts", judged is None)
         stage.quotes += judged or []
         rule = rule[: len(lead) or RULE_SENTENCES]
         if not rule:
@@ -960,7 +1027,7 @@ def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
         rule = lead or select_rule(query, docs, stage.embed)
     # The same law as earlier issues is said once, under them (guard ``same_rule``).
     if rule and all((d["id"], s) in stage.taken for d, s in rule):
-        stage.guards["same_rule"] += 1
+        stage.fire("same_rule")
         owners = ", ".join(dict.fromkeys(stage.taken[(d["id"], s)] for d, s in rule))
         why = f"its rule is the one already quoted for {owners}"
         return IssueAnswer(item.issue, "no_evidence", why=why)
@@ -1011,7 +1078,7 @@ def _answered(
         answer.finding = conclusion.text
         answer.sentences.append(conclusion if earned else _unsettled(issue, answer.turns_on, cites))
     elif cut:  # a fact pattern's rule cut into requirements, and no usable application
-        stage.guards["unparsed_application"] += 1
+        stage.fire("unparsed_application")
         answer.why = "the application could not be parsed"
     return answer
 
@@ -1047,7 +1114,7 @@ def _applications(stage: _Stage, todo: Sequence[tuple[str, list]]) -> list[Appli
     with ContextThreadPoolExecutor(max_workers=workers) as pool:
         done = list(pool.map(lambda pair: _checks(stage, *pair), todo))
     for (issue, _), (_, unrelated, carried) in zip(todo, done, strict=True):
-        stage.guards["unrelated_fact"] += unrelated
+        stage.fire("unrelated_fact", unrelated)
         stage.reused += [issue] if carried else []
     return [applied for applied, *_ in done]
 
@@ -1097,14 +1164,14 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
     held = None  # the first issue not raised, answered after all if no other issue is
     for n, (slot, item, rule, fit) in enumerate(ruled):
         if unfit[n]:
-            stage.guards[guard] += 1
+            stage.fire(guard)
             what = "what the question asks" if rule_question else "the stated facts"
             why = f"its rule does not fit {what} (cosine {fit:.2f} < {floor})"
             issues[slot] = IssueAnswer(item.issue, "not_raised", why=why)
             continue
         applied, cut = next(applications)
         if applied is not None and not raised(applied) and not named[n]:
-            stage.guards["not_raised"] += 1
+            stage.fire("not_raised")
             issues[slot] = IssueAnswer(item.issue, "not_raised", why="no stated fact bears on it")
             held = held or (slot, item.issue, rule, applied)
             continue
@@ -1112,7 +1179,7 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
     if held and not any(i.status == "answered" for i in issues):
         # The research found the rule: the application's finding that no stated fact bears on it
         # is the model's, and a question the corpus answers is not declined on it.
-        stage.guards["not_raised"] -= 1
+        stage.fire("not_raised", -1)
         slot, *rest = held
         issues[slot] = _answered(stage, *rest, True)
 
@@ -1131,7 +1198,7 @@ def _unanswerable(stage: _Stage, issues: list[IssueAnswer]) -> str:
         closest = float(cosines(stage.embed, stage.q.text, rules).max())
     if closest >= QUESTION_FIT:
         return ""
-    stage.guards["off_question"] += 1
+    stage.fire("off_question")
     titles = {c.n: c.title or c.passage_id for c in stage.cited.values()}
     found = "; ".join(
         f"{', '.join(dict.fromkeys(titles[n] for s in i.sentences for n in s.cites))}"
@@ -1155,9 +1222,9 @@ def _tail(stage: _Stage, applied: Sequence[IssueAnswer]) -> tuple[Verdict | None
         return None, []
     if not stage.q.yes_no:
         return None, [in_short(applied)]
-    decided = bottom_line(stage.client, stage.q.asked, applied, stage.guards, stage.bar)
+    decided = bottom_line(stage.client, stage.q.asked, applied, stage.fire, stage.bar)
     if decided is None:
-        stage.guards["unparsed_bottom_line"] += 1
+        stage.fire("unparsed_bottom_line")
         return None, []
     return decided, [decided[-1]]
 

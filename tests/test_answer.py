@@ -858,3 +858,16 @@ def test_an_api_model_applies_the_issues_at_once_and_each_reply_stays_with_its_i
     assert facts["Automobile exception"] == {"it holds evidence"}
     assert "he was handcuffed in the patrol car" in facts["Search incident to arrest"]
     assert len(script.prompts("apply")) == 2
+
+
+def test_every_guard_is_a_row_of_the_measurements_table():
+    """A reader of docs/MEASUREMENTS.md finds each guard an answer counts, with its threshold."""
+    from pathlib import Path
+
+    text = (Path(answer.__file__).parent / "docs" / "MEASUREMENTS.md").read_text()
+    rows = {line.split("|")[1].strip(" `"): line for line in text.splitlines() if line[:3] == "| `"}
+    for name, guard in answer.GUARDS.items():
+        assert name in rows, name
+        if guard.threshold:
+            constant, value = guard.threshold.split()
+            assert f"`{constant}` {value}" in rows[name], name
