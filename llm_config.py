@@ -297,8 +297,6 @@ class LLMClient:
                 "json_mode": json_mode,
                 "schema": schema.model_json_schema() if schema is not None else None,
             }  # fmt: skip
-            if cfg.local and json_mode == "schema":  # local_llm.json_grammar: replies on one line
-                request["json_layout"] = "one line"
             llm_string = json.dumps(request)
             hit = self._cache.lookup(prompt, llm_string)
         start = time.perf_counter()
@@ -371,12 +369,8 @@ class LLMClient:
         from langchain_openai.chat_models.base import BaseChatOpenAI
 
         llm = self._factory(role) if self._factory is not None else chat_model(cfg, self.settings)
-        local = cfg.local and self._factory is None
         if json_format is None:
             runnable = llm.bind(**kwargs)
-        elif local:  # the embedded server: a grammar that keeps the reply on one line
-            grammar = local_llm.json_grammar(json_format["schema"])
-            runnable = llm.bind(extra_body={"grammar": grammar}, **kwargs)
         elif isinstance(llm, BaseChatOpenAI):
             runnable = llm.with_structured_output(
                 json_format, method="json_schema", include_raw=True, **kwargs
@@ -387,6 +381,7 @@ class LLMClient:
         attempts = Attempts(deadline, rate_limiter(cfg), getattr(llm, "root_client", None))
         token = CALL.set(attempts)
         system = "".join(m.text for m in msgs[:1] if m.type == "system")
+        local = cfg.local and self._factory is None
         state = local_llm.prompt_state(cfg.provider, system) if local else contextlib.nullcontext()
         t0 = time.perf_counter()
         try:

@@ -22,7 +22,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -287,19 +287,6 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
-
-
-COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-"""llguidance's JSON options for the embedded model's replies: one line, the separators of the
-skills' examples.  Left free, the 1.5B pretty-prints (an ``apply`` reply of four checks took 118
-tokens on five lines a check, ~60 on one line), and every token is a decoding step."""
-
-
-def json_grammar(schema: Mapping[str, Any]) -> str:
-    """The llama.cpp ``grammar`` (llguidance syntax) for a reply matching ``schema``, written on
-    one line.  Sent instead of the OpenAI ``response_format``: llama.cpp's schema mode drops the
-    ``x-guidance`` options."""
-    return "%llguidance {}\nstart: %json " + json.dumps({**schema, "x-guidance": COMPACT_JSON})
 
 
 def prompt_state(name: str, system: str) -> contextlib.AbstractContextManager[None]:
