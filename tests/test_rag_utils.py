@@ -797,3 +797,49 @@ def test_unknown_terms_are_the_words_no_passage_uses_matched_by_stem(monkeypatch
     assert index.unknown_terms("What are the fair use factors in copyright law, under 17 USC 107?") == [
         "fair", "use", "factors", "copyright", "law", "usc",
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("size", [50, 5_000, 300_000])
+def test_bm25_top_of_is_the_best_scores_ties_to_the_lower_index(size):
+    """The block-maxima shortcut picks exactly what a full sort does: best score first, ties to
+    the lower index, zero scores never."""
+    import numpy as np
+
+    rng = np.random.default_rng(size)
+    sc = np.zeros(size, dtype=np.float32)
+    hit = rng.random(size) < 0.3
+    sc[hit] = rng.integers(1, 40, hit.sum()).astype(np.float32) / 4  # many ties
+    index = rag_utils.Bm25Index(None, [f"p{i}" for i in range(size)], size)
+    for n in (1, 5, 20, 200):
+        expected = sorted(np.flatnonzero(sc > 0), key=lambda i: (-sc[i], i))[:n]
+        assert index.top_of(sc, n) == [(f"p{i}", float(sc[i])) for i in expected]
+    assert index.top_of(np.zeros(size, dtype=np.float32), 5) == []
+
+
+def test_a_search_reading_vectors_first_returns_what_a_whole_read_does(loaded, monkeypatch):
+    """The passages a hybrid search returns are read whole after ranking on vectors alone: the
+    results, every field included, are those of reading every candidate whole."""
+    settings, _ = loaded
+    queries = ["battery transferred intent bottle", "hearsay statement", "adverse possession"]
+    lean = rag_utils.retrieve_documents_multi_query(queries, k=4, settings=settings)
+    whole = rag_utils._pool
+    monkeypatch.setattr(
+        rag_utils,
+        "_pool",
+        lambda s, ids, with_vectors, with_texts: whole(s, ids, with_vectors, True),
+    )
+    assert rag_utils.retrieve_documents_multi_query(queries, k=4, settings=settings) == lean
+    assert all(d["text"] and d["metadata"]["reranker"] for d in lean)
+
+
+def test_a_passage_deleted_between_the_two_reads_is_not_returned(loaded, monkeypatch):
+    settings, _ = loaded
+    q = ["battery transferred intent bottle"]
+    first = _ids(rag_utils.retrieve_documents_multi_query(q, k=3, settings=settings))
+    store = rag_utils.get_store(settings)
+    real_get = store.get
+    monkeypatch.setattr(
+        store, "get", lambda ids, **kw: [d for d in real_get(ids, **kw) if d["id"] != first[0]]
+    )
+    again = _ids(rag_utils.retrieve_documents_multi_query(q, k=3, settings=settings))
+    assert first[0] not in again and again[:2] == first[1:] and len(again) == 3
