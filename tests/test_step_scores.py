@@ -32,12 +32,19 @@ class Calls:
             self.texts.append(list(texts))
             return embed(texts)
 
+        vectors = rag_utils.PassageStore.vectors
+
         def counting_get(store, ids, with_embeddings=False):
             self.vector_reads += bool(with_embeddings)
             return get(store, ids, with_embeddings)
 
+        def counting_vectors(store, ids):
+            self.vector_reads += 1
+            return vectors(store, ids)
+
         monkeypatch.setattr(fake, "embed_documents", recording_embed)
         monkeypatch.setattr(rag_utils.PassageStore, "get", counting_get)
+        monkeypatch.setattr(rag_utils.PassageStore, "vectors", counting_vectors)
 
     def reset(self) -> None:
         self.texts, self.vector_reads = [], 0
