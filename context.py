@@ -18,7 +18,6 @@ import answer as answer_stage
 import filters
 import injection
 import legal_graph
-import load_corpus
 import mc
 import question as question_mod
 import rag_utils
@@ -292,19 +291,22 @@ def memory_scope(settings: Settings) -> dict[str, str]:
 
 _default_lock = threading.Lock()
 _default: AgentContext | None = None
+prepare_store: Callable[[Settings], int] | None = None
+"""What :func:`default_context` runs on the store first (passages added): the graph factory of
+``langgraph dev`` (``main.make_graph``) sets the loader's ``ensure_starter_index`` here, so the
+context stands below the loader and a fresh machine's first Studio run finds the starter corpus."""
 
 
 def default_context() -> AgentContext:
     """The context of runs that bring none (LangGraph Studio), built once from the environment,
-    with the starter corpus indexed when the store is empty (as ``python main.py`` does).  Here,
-    in the first run, not in the graph factory: ``langgraph dev`` calls the factory on its event
-    loop and refuses a blocking read there."""
+    after :data:`prepare_store`.  Here, in the first run, not in the graph factory: ``langgraph
+    dev`` calls the factory on its event loop and refuses a blocking read there."""
     global _default
     with _default_lock:
         if _default is None:
             load_dotenv_file()
             settings = Settings.from_env()
-            if added := load_corpus.ensure_starter_index(settings):
+            if prepare_store is not None and (added := prepare_store(settings)):
                 logger.info("built the starter index: %d passages", added)
             _default = AgentContext.from_settings(settings)
         return _default

@@ -32,6 +32,7 @@ from langgraph.errors import GraphRecursionError
 from langgraph.types import Command
 
 import answer as answer_stage
+import context
 import filters
 import load_corpus
 import nodes
@@ -165,13 +166,16 @@ def _open_postgres(url: str, serde: Any) -> Iterator[Any]:
 
 def make_graph() -> Any:
     """Graph factory for ``langgraph dev`` (langgraph.json); the nodes then use
-    ``context.default_context()``.  No context schema: LangGraph would build an ``AgentContext``
-    from the server's ``{}`` and fail."""
+    ``context.default_context()``, which indexes the starter corpus into an empty store first.
+    No context schema: LangGraph would build an ``AgentContext`` from the server's ``{}`` and
+    fail."""
+    context.prepare_store = load_corpus.ensure_starter_index
     return build_graph(context_schema=None)
 
 
 def make_evidence_graph() -> Any:
     """The same agent answering in evidence mode (langgraph.json's ``evidence_agent``)."""
+    context.prepare_store = load_corpus.ensure_starter_index
     return build_graph("evidence", context_schema=None)
 
 

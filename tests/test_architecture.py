@@ -49,6 +49,10 @@ def test_nodes_depend_only_on_context_state_prompts_mc_answer_and_llm_errors():
     assert deps.get("providers", set()) <= {"LLMConfigError"}
 
 
+def test_the_run_context_stands_below_the_loader():
+    assert "load_corpus" not in imports_of("context")
+
+
 def test_the_embedded_model_needs_nothing_of_retrieval():
     assert not {"rag_utils", "load_corpus", "context"} & set(imports_of("local_llm"))
 

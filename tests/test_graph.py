@@ -1077,6 +1077,8 @@ def test_studio_default_context_indexes_the_starter_corpus(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)  # no .env here
     monkeypatch.setenv("CHROMA_DIR", str(tmp_path / "chroma"))
     monkeypatch.setattr(context, "_default", None)
+    monkeypatch.setattr(context, "prepare_store", None)
+    main.make_graph()  # what langgraph dev calls first
     ctx = context.default_context()
     assert rag_utils.corpus_count(ctx.settings) > 200
     assert context.default_context() is ctx
