@@ -1109,10 +1109,12 @@ def _checks(stage: _Stage, issue: str, rule: list) -> tuple[Applied, int, bool]:
 def _applications(stage: _Stage, todo: Sequence[tuple[str, list]]) -> list[Applied]:
     """The applications of the (issue, rule) pairs ``todo``: at once when the model answers calls
     in parallel (an API's), in turn on the embedded model (one call at a time: threads would only
-    queue for it)."""
-    workers = 1 if stage.client.is_local("apply") else max(1, len(todo))
-    with ContextThreadPoolExecutor(max_workers=workers) as pool:
-        done = list(pool.map(lambda pair: _checks(stage, *pair), todo))
+    queue for it, and a Ctrl-C during one call would let a worker start the next)."""
+    if stage.client.is_local("apply") or len(todo) < 2:
+        done = [_checks(stage, *pair) for pair in todo]
+    else:
+        with ContextThreadPoolExecutor(max_workers=len(todo)) as pool:
+            done = list(pool.map(lambda pair: _checks(stage, *pair), todo))
     for (issue, _), (_, unrelated, carried) in zip(todo, done, strict=True):
         stage.fire("unrelated_fact", unrelated)
         stage.reused += [issue] if carried else []
