@@ -982,11 +982,8 @@ class PassageStore:
             return None
 
         def build(count: int) -> tuple[int, Any]:
-            rows: dict[str, Any] = {}
-            for got in self._by_ids(ids, ["embeddings"]):
-                rows.update(zip(got["ids"], got["embeddings"], strict=True))
-            found = [i for i in ids if i in rows]  # an id deleted since the filter was read
-            return count, (found, _unit(np.asarray([rows[i] for i in found], dtype=np.float32)))
+            rows = self.vectors(ids)  # without an id deleted since the filter was read
+            return count, (list(rows), _unit(np.asarray(list(rows.values()), dtype=np.float32)))
 
         def save(count: int, value: Any) -> None:
             ids_found, mat = value
@@ -1597,7 +1594,7 @@ def _retrieve(
 def _pool(store: PassageStore, ids: Sequence[str], with_vectors: bool, with_texts: bool) -> list:
     """The candidates ``ids`` present in the store, in that order: with their vectors (for the
     dense scores) and, with ``with_texts``, their texts and metadata.  Without them a search reads
-    the vectors alone (4 against 26 ms for 120 passages at 686,000) and :func:`_read_whole` then
+    the vectors alone (4 against 26 ms for 120 passages at 686,000) and :func:`_read_returned` then
     reads the few passages it returns."""
     if with_texts or not with_vectors:
         return store.get(ids, with_embeddings=with_vectors)
@@ -1639,8 +1636,7 @@ def passage_cosines(query: str, docs: Sequence[Passage], settings: Settings) -> 
     q = embedder.embed_query(query)
     ids = [str(d.get("id", "")) for d in docs]
     try:
-        got = get_store(settings).get(ids, with_embeddings=True)
-        stored = {p["id"]: p["embedding"] for p in got}
+        stored = get_store(settings).vectors(ids)
     except StoreError:
         stored = {}
     missing = [d.get("text", "") for d, pid in zip(docs, ids, strict=True) if pid not in stored]
