@@ -9,6 +9,7 @@ vectors are always passed. A read-only ``CHROMA_DIR`` is queried from a private 
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import contextlib
 import functools
 import hashlib
@@ -1475,7 +1476,8 @@ def _nearest(
     ``embeddings`` by cosine, among the rows ``mask`` admits; ties go to the lower id."""
     import numpy as np
 
-    scores = np.asarray(embeddings, dtype=np.float32) @ mat.T
+    # the matrix on the left: one pass down its rows (14 against 17 ms for 3 queries and 83,248)
+    scores = np.ascontiguousarray((mat @ np.asarray(embeddings, dtype=np.float32).T).T)
     if mask is not None:
         scores[:, ~mask] = -np.inf
     out = []
@@ -1524,6 +1526,9 @@ def retrieve_documents_multi_query(
         return _retrieve(queries, k, exclude_ids, method, store, settings, fuse_keyword)
 
 
+_LEXICAL = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="bm25")
+
+
 def _retrieve(
     queries: list[str],
     k: int,
@@ -1538,11 +1543,14 @@ def _retrieve(
 
     excluded = {str(i) for i in exclude_ids}
     per_query = max(k, settings.retrieval.overretrieve_factor * k) + len(excluded)
+    bm25 = get_bm25(settings, store) if method != "none" or fuse_keyword else None
+    # BM25 scores the queries in a worker while they are embedded (onnxruntime and numpy let go of
+    # the GIL): a bar question's 3-query search at 686,000 passages, 53 against 44 ms at p50
+    scoring = _LEXICAL.submit(bm25.scores_many, queries) if bm25 is not None else None
     qvecs, rank_vecs = (
         dense_query_vectors(queries, settings, store) if method != "bm25" else (None, None)
     )
-    bm25 = get_bm25(settings, store) if method != "none" or fuse_keyword else None
-    bm25_scores = bm25.scores_many(queries) if bm25 is not None else None
+    bm25_scores = scoring.result() if scoring is not None else None
     flt = filters.passage_filter(settings)
     allowed = store.allowed_ids(flt) if flt else None
     ids = candidate_pool(store, queries, rank_vecs, bm25, per_query, excluded, bm25_scores, allowed)

@@ -270,20 +270,28 @@ def step_bm25(folder: Path) -> dict[str, Any]:
     }
 
 
-def _timed(fn: Any, inputs: list[Any], repeats: int) -> dict[str, Any]:
-    fn(inputs[0])  # warm: any index a first call builds is not counted
-    times = []
+def _timed(fns: dict[str, Any], inputs: list[Any], repeats: int) -> dict[str, Any]:
+    """p50/p95 of each of ``fns`` over ``repeats`` of ``inputs``, the functions taking turns on
+    each input, so a machine that drifts slower during the run slows each of them alike."""
+    for fn in fns.values():
+        fn(inputs[0])  # warm: any index a first call builds is not counted
+    times: dict[str, list[float]] = {name: [] for name in fns}
     load = load_average()
     for i in range(repeats):
-        t = time.perf_counter()
-        fn(inputs[i % len(inputs)])
-        times.append(time.perf_counter() - t)
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn(inputs[i % len(inputs)])
+            times[name].append(time.perf_counter() - t)
+    after = load_average()
     return {
-        "p50_ms": ms(times, 0.5),
-        "p95_ms": ms(times, 0.95),
-        "n": len(times),
-        "load_average_before": load,
-        "load_average_after": load_average(),
+        name: {
+            "p50_ms": ms(ts, 0.5),
+            "p95_ms": ms(ts, 0.95),
+            "n": len(ts),
+            "load_average_before": load,
+            "load_average_after": after,
+        }
+        for name, ts in times.items()
     }
 
 
@@ -319,20 +327,21 @@ def step_query(folder: Path, qa_path: Path, repeats: int) -> dict[str, Any]:
         )
 
     for label, queries in (("bar_questions", bar), ("agent_rewrites", agent)):
-        out[label] = {
-            "hybrid": _timed(search(settings, "hybrid"), queries, repeats),
-            "hybrid, jurisdiction US": _timed(search(filtered, "hybrid"), queries, repeats),
-            "dense": _timed(search(settings, "none"), queries, repeats),
+        configurations = {
+            "hybrid": search(settings, "hybrid"),
+            "hybrid, jurisdiction US": search(filtered, "hybrid"),
+            "dense": search(settings, "none"),
         }
+        out[label] = _timed(configurations, queries, repeats)
     questions = [str(it.get("question") or "") for it in qa]
     for i, it in enumerate(qa[:100]):
         rag_utils.write_to_memory(
             questions[i], f"answer {i}", 0.8, settings, sources=[{"id": str(it["gold_idx"])}]
         )
-    out["qa_memory"] = {
-        "entries": rag_utils.memory_count(settings),
-        **_timed(lambda q: rag_utils.check_memory(q, settings=settings), questions, repeats),
-    }
+    lookup = _timed(
+        {"m": lambda q: rag_utils.check_memory(q, settings=settings)}, questions, repeats
+    )
+    out["qa_memory"] = {"entries": rag_utils.memory_count(settings), **lookup["m"]}
     out["peak_rss_mb"] = round(peak_rss_mb(), 1)
     return out
 
