@@ -335,6 +335,9 @@ def _start(name: str, settings: Settings) -> LocalServer:
     params.cpuparams_batch.n_threads = threads
     params.cache_prompt = True
     params.warmup = False
+    # llama.cpp's fitting of the context to the devices' free memory loads the model a first time
+    # to measure it: 0.4-0.7 s of a 2 s start here, and nothing to fit on a CPU (the same replies)
+    params.fit_params = False
     # llama.cpp logs every request to stderr at its default verbosity; keep it for DEBUG only.
     params.verbosity = 3 if logger.isEnabledFor(logging.DEBUG) else 0
     params.hostnames = ["127.0.0.1"]
