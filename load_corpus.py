@@ -561,15 +561,13 @@ def status(settings: Settings) -> dict[str, Any]:
     )
     existing = rag_utils.existing_collections(settings)
     name = rag_utils.collection_name(settings)
+    memory = rag_utils.collection_name(settings, prefix=rag_utils.MEMORY_PREFIX) in existing
+    collection, count, records, bm25, indexed_by = f"{name} (absent)", 0, [], "absent", []
     if name not in existing:  # a look creates nothing (a typo'd model or folder stays a typo)
         where += "" if existing or r.chroma_host else " (no store here)"
-        collection, count, records, bm25 = f"{name} (absent)", 0, [], "absent"
-        memory = rag_utils.collection_name(settings, prefix=rag_utils.MEMORY_PREFIX) in existing
-        indexed_by: list[dict[str, Any]] = []
     else:
         store = rag_utils.get_store(settings)
-        collection, count, bm25, memory = store.name, store.count(), "absent", True
-        indexed_by = store.indexed_by()
+        collection, count, indexed_by = store.name, store.count(), store.indexed_by()
         records = store.iter_all(include_text=False) if count else []
         with contextlib.suppress(ValueError, KeyError, OSError):
             saved = json.loads((store.bm25_dir / store.name / "ids.json").read_text())
@@ -697,6 +695,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         _print_status(status(settings), args.json)
         return 0
     if command in ("docs", "remove"):
+        if not args.rest:
+            raise CorpusError(
+                f"{command} needs at least one file or folder: load_corpus.py {command} PATH..."
+            )
         return (_run_docs if command == "docs" else _run_remove)(args, settings)
     if doc_overrides(args):
         raise CorpusError(
@@ -767,8 +769,6 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 def _run_docs(args: argparse.Namespace, settings: Settings) -> int:
     """``load_corpus.py docs PATH...``: exit 0 when every file loaded (or was unchanged), 1 when
     some could not be read (each named on stderr), 2 when none could."""
-    if not args.rest:
-        raise CorpusError("docs needs at least one file or folder: load_corpus.py docs PATH...")
     import documents
 
     flags = doc_overrides(args)
@@ -803,8 +803,6 @@ def _run_remove(args: argparse.Namespace, settings: Settings) -> int:
     when each path had chunks to remove, 1 when some had none, 2 when none had."""
     import documents
 
-    if not args.rest:
-        raise CorpusError("remove needs at least one file or folder: load_corpus.py remove PATH...")
     rag_utils.require_writable(settings, "remove documents")
     store = rag_utils.get_store(settings)
     report: dict[str, Any] = {"removed": [], "not_loaded": [], "chunks_removed": 0}

@@ -490,34 +490,20 @@ def resolve_embedding_backend(settings: Settings) -> str:
     return backend
 
 
-def _torch_embedder(source: str, name: str, settings: Settings) -> Embedder:
-    """The torch backend on :func:`embedding_device`: on a GPU in fp16 with batches of at least
-    GPU_BATCH_SIZE, on the CPU in fp32 with EMBEDDING_BATCH_SIZE."""
-    device = embedding_device(settings)
-    model = _load_sentence_transformer(source, settings, device)
-    batch = settings.retrieval.embedding_batch_size
-    if device.split(":")[0] in ("cuda", "mps"):  # cuda, cuda:1 or mps: a GPU
-        model.half()
-        batch = max(batch, GPU_BATCH_SIZE)
-    return Embedder(model, name, batch, device)
-
-
 def get_embedder(settings: Settings) -> Embedder | OnnxEmbedder | EmbeddingsAdapter:
     """The configured embedder, built once per settings: a registered LangChain ``Embeddings``,
     else the default model through ONNX or torch (``auto`` falls back to torch when the ONNX
     export fails), else a sentence-transformers model."""
-    r = settings.retrieval
     name = embedder_name(settings)
     backend = resolve_embedding_backend(settings)
+    if backend == "langchain":
+        return _registered[name]
+    r = settings.retrieval
     asked = (r.embedding_backend or "auto").strip().lower()
-    onnx_dir = onnx_cache_dir(settings)
     device = embedding_device(settings) if backend == "torch" else "cpu"
-    key = (name, asked, backend, device, r.trust_remote_code, r.embedding_batch_size)
-    if backend == "onnx":
-        key += (str(onnx_dir),)
+    onnx_dir = onnx_cache_dir(settings) if backend == "onnx" else None
+    key = (name, asked, backend, device, r.trust_remote_code, r.embedding_batch_size, onnx_dir)
     with _lock:
-        if name in _registered:
-            return _registered[name]
         if key in _embedders:
             return _embedders[key]
         emb: Embedder | OnnxEmbedder | None = None
@@ -534,8 +520,13 @@ def get_embedder(settings: Settings) -> Embedder | OnnxEmbedder | EmbeddingsAdap
                     if asked == "onnx":
                         raise
                     logger.warning("ONNX embedder unavailable (%s); using torch", short_error(exc))
-        if emb is None:
-            emb = _torch_embedder(source, name, settings)
+        if emb is None:  # torch: on a GPU in fp16, batches of GPU_BATCH_SIZE at least
+            model = _load_sentence_transformer(source, settings, device)
+            batch = r.embedding_batch_size
+            if device.split(":")[0] in ("cuda", "mps"):  # cuda, cuda:1 or mps: a GPU
+                model.half()
+                batch = max(batch, GPU_BATCH_SIZE)
+            emb = Embedder(model, name, batch, device)
         logger.info("embedder %s loaded (%s on %s)", name, emb.backend, emb.device)
         _embedders[key] = emb
         return emb
@@ -1675,11 +1666,6 @@ def _memory_collection(s: Settings) -> Any:
     return _open_collection(get_client(s), collection_name(s, MEMORY_PREFIX), embedder_name(s))
 
 
-def _memory_id(question: str, scope: Mapping[str, str] | None = None) -> str:
-    key = " ".join(question.lower().split()) + json.dumps(dict(scope or {}), sort_keys=True)
-    return hashlib.sha1(key.encode()).hexdigest()
-
-
 def memory_count(settings: Settings) -> int:
     """QA-memory entries stored for the current embedding model."""
     return int(_memory_collection(settings).count())
@@ -1781,8 +1767,9 @@ def write_to_memory(
         "sources": json.dumps(kept),
         **_scope_meta(scope),
     }
+    key = " ".join(question.lower().split()) + json.dumps(dict(scope or {}), sort_keys=True)
     _memory_collection(settings).upsert(
-        ids=[_memory_id(question, scope)],
+        ids=[hashlib.sha1(key.encode()).hexdigest()],
         documents=[question],
         embeddings=[list(map(float, q))],
         metadatas=[meta],
