@@ -243,13 +243,13 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
     """Which provider, URL, model and key ``role`` uses; raises LLMConfigError when unusable.
     LLM_BASE_URL, LLM_API_KEY and LLM_MODEL belong to the main provider: a fast or judge provider
     takes its own registry URL and key."""
-    fast, judge = role in FAST_ROLES, role == "judge"
-    given, var = settings.llm.provider, "LLM_PROVIDER"
-    if judge and settings.llm.judge_provider:
-        given, var = settings.llm.judge_provider, "JUDGE_PROVIDER"
-    elif fast and settings.llm.provider_fast:
-        given, var = settings.llm.provider_fast, "LLM_PROVIDER_FAST"
-    main = var == "LLM_PROVIDER"
+    llm, fast, judge = settings.llm, role in FAST_ROLES, role == "judge"
+    given, var = llm.provider, "LLM_PROVIDER"
+    if judge and llm.judge_provider:
+        given, var = llm.judge_provider, "JUDGE_PROVIDER"
+    elif fast and llm.provider_fast:
+        given, var = llm.provider_fast, "LLM_PROVIDER_FAST"
+    main = var == "LLM_PROVIDER"  # the raw overrides belong to the main provider
     key = given.strip().lower()
     provider = PROVIDERS.get(PROVIDER_ALIASES.get(key, key))
     if provider is None:
@@ -257,19 +257,13 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
             f"{var}={given!r} is not a known provider; choose one of: {', '.join(PROVIDERS)} "
             f"or the aliases {', '.join(PROVIDER_ALIASES)} (python llm_config.py lists them)"
         )
-    name, base_url, model = provider.name, provider.base_url, provider.model
-    api_key = provider.api_key(settings)
-    if main:  # the raw overrides belong to the main provider
-        base_url = settings.llm.base_url or base_url
-        model = settings.llm.model or model
-        api_key = settings.llm.api_key or api_key
-    if fast and settings.llm.model_fast:
-        model = settings.llm.model_fast
-    if judge and settings.llm.judge_model:
-        model = settings.llm.judge_model
-    local = provider.local and not (settings.llm.base_url and main)
-    if provider.local and not local:  # LLM_BASE_URL and LLM_MODEL alone: the user's own server
-        name = "openai-compatible"
+    base_url = (main and llm.base_url) or provider.base_url
+    model = (fast and llm.model_fast) or (judge and llm.judge_model) or (main and llm.model)
+    model = model or provider.model
+    api_key = (main and llm.api_key) or provider.api_key(settings)
+    local = provider.local and not (main and llm.base_url)
+    # LLM_BASE_URL and LLM_MODEL alone on an embedded provider: the user's own server
+    name = "openai-compatible" if provider.local and not local else provider.name
     if provider.api_key_env and not api_key:
         aliases = ", ".join(provider.api_key_env_aliases)
         raise LLMConfigError(
@@ -289,11 +283,11 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
         model=model,
         supports_system_messages=provider.supports_system_messages,
         supports_json_schema={"schema": True, "prompt": False}.get(
-            settings.llm.json_mode, provider.supports_json_schema
+            llm.json_mode, provider.supports_json_schema
         ),
         local=local,
         api_key=api_key,
-        requests_per_minute=settings.llm.requests_per_minute or provider.requests_per_minute,
+        requests_per_minute=llm.requests_per_minute or provider.requests_per_minute,
     )
 
 
