@@ -449,10 +449,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(format_listing(out))
-        if ping is not None and ping["ok"]:
-            print(f"ping: ok, replied {ping['reply']!r} in {ping['latency_s']} s")
-        elif ping is not None:
-            print(f"ping: failed: {ping['error']}")
+        if ping is not None:
+            ok = f"ok, replied {ping.get('reply')!r} in {ping.get('latency_s')} s"
+            print(f"ping: {ok if ping['ok'] else 'failed: ' + ping['error']}")
     return 0 if ping is None or ping["ok"] else 1
 
 

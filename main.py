@@ -646,15 +646,11 @@ def _ensure_index(settings: Settings) -> None:
         print(f"built the starter index: {added} passages", file=sys.stderr)
 
 
-def _history(settings: Settings, thread: str, as_json: bool) -> int:
+def _history(checkpointer: Any, thread: str, as_json: bool) -> int:
     """``--thread ID --history``: the thread's questions (exit 2 when it holds none)."""
-    try:
-        with open_checkpointer(settings) as checkpointer:
-            if checkpointer is None:
-                raise InputError("--history reads the checkpoint store: CHECKPOINTS is off")
-            saved = thread_state(build_graph(checkpointer=checkpointer), thread_config(thread))
-    except InputError as exc:
-        return _error(exc)
+    if checkpointer is None:
+        raise InputError("--history reads the checkpoint store: CHECKPOINTS is off")
+    saved = thread_state(build_graph(checkpointer=checkpointer), thread_config(thread))
     turns = (saved.values or {}).get("turns") or []
     if not turns:
         return _error(f"no question has been answered on thread {thread}")
@@ -793,11 +789,10 @@ def main(argv: list[str] | None = None) -> int:
     except (InputError, SettingsError, LLMConfigError, rag_utils.ModelLoadError) as exc:
         return _error(exc)
 
-    if args.history:
-        return _history(settings, args.thread, args.json)
-
     try:
         with open_checkpointer(settings) as checkpointer:  # an unreachable server stops here
+            if args.history:
+                return _history(checkpointer, args.thread, args.json)
             if problem := _index_problem(args, settings):
                 return _error(problem)
             result = _answer(args, settings, checkpointer, question, choices)
