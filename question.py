@@ -81,7 +81,9 @@ class Question:
         last question asked ``asked``: the thread's facts, then this question's own (a
         :data:`HYPOTHETICAL` follow-up states its new fact and asks ``asked`` again)."""
         what_if = HYPOTHETICAL.match(self.asked) if not self.choices and asked else None
-        new = [*self.facts, _statement(what_if.group(1))] if what_if else list(self.facts)
+        new = list(self.facts)
+        if what_if:  # its clause as a fact sentence
+            new.append(what_if[1][:1].upper() + what_if[1][1:] + ".")
         asked = asked if what_if else self.asked
         read = Question.read(" ".join([*facts, *new, asked]), self.choices, law, self.issues)
         return replace(  # the sentences as each turn stated them, however the splitter joins them
@@ -128,11 +130,6 @@ HYPOTHETICAL = re.compile(r"^(?:what if|suppose|assume|imagine)(?: that)?\s+(.+?
 """A follow-up that changes the facts and asks the same question again: "What if the university
 had given her notice first?" states "The university had given her notice first." (a run's
 ``follow_up`` metric counts them)."""
-
-
-def _statement(clause: str) -> str:
-    """A hypothetical's clause as a fact sentence."""
-    return clause[:1].upper() + clause[1:] + "."
 
 
 MIN_FACT_WORDS = 8
@@ -270,8 +267,7 @@ def parse(text: str) -> tuple[str, dict[str, str] | None]:
     if not choices:
         return question, None
     letters = "".join(choices)
-    expected = MC_LETTERS[: len(letters)]
-    if letters != expected:
+    if letters != MC_LETTERS[: len(letters)]:
         raise InputError(
             f"answer choices must be ({') ('.join(MC_LETTERS[:2])}) ... in order without gaps, "
             f"at most {len(MC_LETTERS)}; got ({') ('.join(letters)})"
