@@ -124,7 +124,7 @@ class Provider:
         return next((v for v in values if v), None)
 
 
-_PROVIDER_LIST = [
+PROVIDERS: dict[str, Provider] = {p.name: p for p in [
     Provider("local", None, "qwen2.5-coder-1.5b-instruct", None, supports_json_schema=True,
              local=True,
              notes="default; embedded Qwen2.5-Coder-1.5B Q4_K_M via xllamacpp, offline ('local' extra)"),
@@ -174,9 +174,7 @@ _PROVIDER_LIST = [
     Provider("llamacpp-server", "http://localhost:8080/v1", "local-model", None,
              supports_json_schema=True,
              notes="a separate llama.cpp llama-server; LLM_BASE_URL if not localhost:8080"),
-]  # fmt: skip
-
-PROVIDERS: dict[str, Provider] = {p.name: p for p in _PROVIDER_LIST}
+]}  # fmt: skip
 
 PROVIDER_ALIASES: dict[str, str] = {
     "gemma": "google-gemma",
