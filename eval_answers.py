@@ -207,14 +207,6 @@ def _mean(values: Sequence[float]) -> dict[str, Any]:
     }
 
 
-def _per_mode(
-    rows: Sequence[Mapping[str, Any]], summarize: Callable[[list], dict]
-) -> dict[str, dict[str, Any]]:
-    """``summarize`` of each mode's rows, the modes in the order they first occur."""
-    modes = dict.fromkeys(r["mode"] for r in rows)
-    return {mode: summarize([r for r in rows if r["mode"] == mode]) for mode in modes}
-
-
 def _graded(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The judge's A or B share of the graded rows."""
     graded = [r for r in rows if r.get("grade")]
@@ -285,9 +277,14 @@ def summarize_mode(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-def summarize_answers(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """:func:`summarize_mode` per mode."""
-    return _per_mode(rows, summarize_mode)
+def summarize_answers(
+    rows: Sequence[Mapping[str, Any]], facts: bool = False
+) -> dict[str, dict[str, Any]]:
+    """:func:`summarize_mode` (:func:`summarize_fact_mode` of fact-pattern rows) of each mode's
+    rows, the modes in the order they first occur."""
+    summarize = summarize_fact_mode if facts else summarize_mode
+    modes = dict.fromkeys(r["mode"] for r in rows)
+    return {mode: summarize([r for r in rows if r["mode"] == mode]) for mode in modes}
 
 
 # --- Fact patterns: issues found, conclusions reached, misgrounded sentences --------------------
@@ -375,11 +372,6 @@ def score_fact_pattern(
         "seconds": round(seconds, 3),
         "answer": str(result.get("answer") or ""),
     }
-
-
-def summarize_facts(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """:func:`summarize_fact_mode` per mode."""
-    return _per_mode(rows, summarize_fact_mode)
 
 
 def summarize_fact_mode(rs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -21,7 +21,6 @@ import numpy as np
 
 import filters
 import load_corpus
-import prompts
 import rag_utils
 from context import AgentContext
 from mc import format_choices
@@ -161,22 +160,6 @@ def items_with_gold(items: Sequence[dict], settings: Settings, qa_path: Path) ->
             "with --passages"
         )
     return with_gold
-
-
-def agent_rewrite(client: Any, question: str) -> tuple[str, list[str]]:
-    """(primary query, up to 2 alternatives) from ``skills/query_rewrite.md``: phase 1's
-    ``rewrite`` variant, a baseline only (the agent itself queries each issue's doctrine names
-    and facts).  The question itself when the reply cannot be parsed."""
-    parsed = prompts.call(client, "rewrite", question=question).parsed
-    if parsed is None:
-        return question, []
-    primary = " ".join(parsed.primary.split()) or question
-    alternatives: list[str] = []
-    for alt in parsed.alternatives:
-        alt = " ".join(str(alt).split())
-        if alt and alt.lower() not in {primary.lower(), *map(str.lower, alternatives)}:
-            alternatives.append(alt)
-    return primary, alternatives[:2]
 
 
 def preview(text: str | None, n: int = 160) -> str:
@@ -632,10 +615,6 @@ def _json_default(obj: Any) -> Any:
         return obj.item()
     if isinstance(obj, np.ndarray):
         return obj.tolist()
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.asdict(obj)
-    if hasattr(obj, "model_dump"):
-        return obj.model_dump()
     return str(obj)
 
 

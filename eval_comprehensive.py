@@ -95,9 +95,16 @@ def retrieval_queries(item: dict, variant: str, client: Any = None) -> list[str]
         return [question]
     if variant == "question+choices":
         return [ec.question_with_choices(item)]
-    if variant == "rewrite":
-        primary, alternatives = ec.agent_rewrite(client, question)
-        return [primary, *alternatives]
+    if variant == "rewrite":  # skills/query_rewrite.md: a baseline, the agent does not rewrite
+        parsed = prompts.call(client, "rewrite", question=question).parsed
+        if parsed is None:
+            return [question]
+        primary = " ".join(parsed.primary.split()) or question
+        unique = {primary.lower(): primary}  # then up to 2 distinct alternatives
+        for alt in parsed.alternatives:
+            if alt := " ".join(str(alt).split()):
+                unique.setdefault(alt.lower(), alt)
+        return list(unique.values())[:3]
     if variant in ("hyde", "hyde+question"):
         # the question itself when the model's paragraph is empty
         reply = " ".join((prompts.call(client, "hyde", question=question).text or "").split())
@@ -873,8 +880,7 @@ def run_answers_phase(
     except KeyboardInterrupt:
         interrupted = True
         logger.warning("interrupted: rerun with --run-id %s to finish", run_dir.run_id)
-    summarize = eval_answers.summarize_facts if args.facts else eval_answers.summarize_answers
-    answers = summarize(answer_rows(run_dir, items, modes))
+    answers = eval_answers.summarize_answers(answer_rows(run_dir, items, modes), args.facts)
     summary = {"run_id": run_dir.run_id, "config": config, "answers": answers}
     summary |= {"interrupted": interrupted, "failed": len(run_dir.errors)}
     run_dir.write_json("summary.json", summary)
