@@ -842,7 +842,7 @@ def run_answers_phase(
         "issues_from": args.issues_from,
         "modes": modes,
         "n_items": len(items),
-        "llm": ec.llm_record(settings, ("mc_select", "rewrite")),
+        "llm": ec.llm_record(settings),
         # Not checked on resume: a finished run can be graded later; each grade row names its judge.
         "judge": ec.llm_record(settings, ("judge",))["judge"] if args.grade else None,
         "retrieval": ec.retrieval_record(settings),
