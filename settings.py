@@ -209,22 +209,18 @@ class Settings:
         """``overrides`` (by variable name: ``retrieval_k=3``; None = not given) > ``env`` >
         defaults."""
         env = dict(os.environ if env is None else env)
-        values: dict[str, dict[str, Any]] = {group: {} for group in _GROUPS}
-        for name, (group, attr, hint) in VARIABLES.items():
-            if overrides.get(name) is not None:
-                values[group][attr] = overrides[name]
-                continue
-            raw = env.get(name.upper())
-            if raw is None or raw.strip() == "" and not _is_optional(hint):
-                continue
-            values[group][attr] = _parse(name.upper(), raw.strip(), hint)
-        _check_names(overrides)
         # Data paths follow the XDG_CACHE_HOME of ``env``, not only that of the process.
-        for var, leaf in _DATA_DIRS.items():
-            group, attr, _ = VARIABLES[var.lower()]
-            values[group].setdefault(attr, str(default_data_dir(env) / leaf))
-        groups = {group: _GROUPS[group](**kwargs) for group, kwargs in values.items()}
-        settings = cls(environ=env, **groups)
+        values = {
+            var.lower(): str(default_data_dir(env) / leaf) for var, leaf in _DATA_DIRS.items()
+        }
+        for name, (_, _, hint, _) in VARIABLES.items():
+            raw = env.get(name.upper())
+            if overrides.get(name) is not None:
+                values[name] = overrides[name]
+            elif raw is not None and (raw.strip() or _is_optional(hint)):
+                values[name] = _parse(name.upper(), raw.strip(), hint)
+        _check_names(overrides)
+        settings = cls().replace(environ=env, **values)
         settings.validate()
         return settings
 
@@ -234,21 +230,20 @@ class Settings:
         _check_names(changes)
         values: dict[str, dict[str, Any]] = {}
         for name, value in changes.items():
-            group, attr, _ = VARIABLES[name]
+            group, attr, *_ = VARIABLES[name]
             values.setdefault(group, {})[attr] = value
         groups = {g: dataclasses.replace(getattr(self, g), **kw) for g, kw in values.items()}
         return dataclasses.replace(self, environ=environ, **groups)
 
     def flat(self) -> dict[str, Any]:
         """Every setting by its variable name in lower case (``llm_provider``), in field order."""
-        return {name: getattr(getattr(self, g), attr) for name, (g, attr, _) in VARIABLES.items()}
+        return {name: getattr(getattr(self, g), attr) for name, (g, attr, *_) in VARIABLES.items()}
 
     def validate(self) -> None:
         """Raise SettingsError naming the first variable whose value breaks its rule."""
-        values = self.flat()
-        for var, rule in _RULES.items():
-            value = values[var.lower()]
-            if value is None:  # an optional setting left unset
+        for name, value in self.flat().items():
+            rule, var = VARIABLES[name][3], name.upper()
+            if rule is None or value is None:  # no rule, or an optional setting left unset
                 continue
             if isinstance(rule[0], str):
                 given = value.strip().lower() if var == "EMBEDDING_BACKEND" else value
@@ -272,18 +267,18 @@ _GROUPS: dict[str, type] = {
     name: cls for name, cls in typing.get_type_hints(Settings).items() if name != "environ"
 }
 
-VARIABLES: dict[str, tuple[str, str, Any]] = {
-    f.metadata["env"].lower(): (group, f.name, typing.get_type_hints(cls)[f.name])
+VARIABLES: dict[str, tuple[str, str, Any, tuple | None]] = {
+    f.metadata["env"].lower(): (
+        group,
+        f.name,
+        typing.get_type_hints(cls)[f.name],
+        f.metadata.get("rule"),
+    )
     for group, cls in _GROUPS.items()
     for f in dataclasses.fields(cls)
 }
-"""Variable name in lower case -> (group, field, type): ``llm_max_retries`` -> ("llm", ...)."""
-_RULES: dict[str, tuple] = {
-    f.metadata["env"]: f.metadata["rule"]
-    for cls in _GROUPS.values()
-    for f in dataclasses.fields(cls)
-    if f.metadata.get("rule")
-}
+"""Variable name in lower case -> (group, field, type, rule of :func:`_var`): ``llm_max_retries``
+-> ("llm", ...)."""
 
 
 def _check_names(names: Iterable[str]) -> None:
