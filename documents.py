@@ -475,13 +475,12 @@ def _read_pdf(path: Path, data: bytes) -> _Read:
         raise _fail(path, "not a readable PDF (no PDF header)")
     try:
         reader = PdfReader(io.BytesIO(data))
-        if reader.is_encrypted and not reader.decrypt(""):  # no password: the empty one
-            raise _fail(path, "encrypted PDF (a password is needed)")
-        n = len(reader.pages)
-    except DocumentError:
-        raise
+        locked = reader.is_encrypted and not reader.decrypt("")  # no password: the empty one
+        n = 0 if locked else len(reader.pages)
     except Exception as exc:
         raise _fail(path, f"not a readable PDF (corrupt: {exc})") from None
+    if locked:
+        raise _fail(path, "encrypted PDF (a password is needed)")
     if n > MAX_PDF_PAGES:
         raise _fail(path, f"too many pages: {n} > {MAX_PDF_PAGES} limit")
     hidden: list[str] = []

@@ -491,9 +491,8 @@ _COURTROOM = re.compile(r"\bjur(?:y|ors?)\b|\bcharge\b|\bjudge\b|\bcourt\b", _I)
 def _reported_in_caselaw(name: str, text: str, match: re.Match[str]) -> bool:
     """The passage veto: an ``ignore_instructions`` match in a sentence of the courtroom, as
     caselaw reports that "the judge told the jurors to disregard all prior instructions"."""
-    if name != "ignore_instructions":
-        return False
-    return bool(_COURTROOM.search(text, *_sentence_bounds(text, match.start(), match.end())))
+    bounds = _sentence_bounds(text, match.start(), match.end())
+    return name == "ignore_instructions" and bool(_COURTROOM.search(text, *bounds))
 
 
 def screen_passage(text: str) -> list[str]:
@@ -612,8 +611,7 @@ def detect(text: str, client: Any, *, skip_llm: bool) -> InjectionCheck:
     failed call or an unparsed reply pass on the pre-screen alone (``prescreen_only``); else the
     model's verdict decides (``skills/detect_prompt_injection.md``), but an 'injection' verdict on
     text that never addresses the assistant (:func:`addresses_the_assistant`) is overruled."""
-    hits = screen_user_input(text)
-    if hits:
+    if hits := screen_user_input(text):
         return _check(False, "not_needed", f"pre-screen: {', '.join(hits)}", hits)
     if skip_llm:
         return _check(True, "skipped", "LLM check skipped; pre-screen clean")
