@@ -67,35 +67,23 @@ class RetrievalSettings:
     """The vector store, embeddings, reranking and the QA memory (``settings.retrieval``)."""
 
     chroma_dir: str = _data_var("CHROMA_DIR")
-    """Folder of the local Chroma store (the index and the QA memory)."""
     chroma_host: str | None = _var("CHROMA_HOST", None)
-    """When set, use a Chroma server (HttpClient) instead of the local folder."""
     chroma_port: int = _var("CHROMA_PORT", 8000)
     embedding_model: str = _var("EMBEDDING_MODEL", "default")
-    """'default' = all-MiniLM-L6-v2 (offline); else a sentence-transformers name or path."""
     embedding_device: str | None = _var("EMBEDDING_DEVICE", None)
-    """cpu, cuda, mps; empty = the GPU torch sees (CUDA, then MPS), else the CPU."""
     embedding_batch_size: int = _var("EMBEDDING_BATCH_SIZE", 16)
-    """Texts per forward pass of the torch backend, at least 256 on a GPU (ONNX embeds one per
-    pass)."""
     embedding_backend: str = _var("EMBEDDING_BACKEND", "auto", ("auto", "onnx", "torch"))
-    """auto = onnx (an int8 export) for the default model on the CPU, torch (fp16 on a GPU)
-    otherwise."""
     trust_remote_code: bool = _var("TRUST_REMOTE_CODE", False)
-    """Needed by some hub models (e.g. Alibaba-NLP/gte-large-en-v1.5)."""
     reranker: str = _var("RERANKER", "auto", RERANKER_CHOICES)
     reranker_model: str = _var("RERANKER_MODEL", "cross-encoder/ms-marco-MiniLM-L-6-v2")
     source_diverse: bool = _var("SOURCE_DIVERSE_RETRIEVAL", False)
-    """Interleave study material (3) and caselaw (2) passages in each top-5."""
     overretrieve_factor: int = _var("OVERRETRIEVE_FACTOR", 4, (1, None))
-    """Candidates pooled per query = factor x k."""
     dense_centering: bool = _var("DENSE_CENTERING", True)
     """Rank dense candidates by the query minus the corpus's mean passage vector; ``dense_score``
     stays the plain cosine the evidence gates were calibrated on."""
     fusion_dense_weight: float = _var("FUSION_DENSE_WEIGHT", 0.8, (0, 1))
     """Weight of the dense ranking in hybrid rank fusion (benchmarks/bench_retrieval.py)."""
     memory_threshold: float = _var("MEMORY_THRESHOLD", 0.92, (-1, 1))
-    """Cosine similarity at which a cached QA-memory answer is reused."""
 
 
 @dataclass(frozen=True)
@@ -103,14 +91,10 @@ class FilterSettings:
     """Passage filters (``settings.filters``; filters.py)."""
 
     jurisdiction: str = _var("FILTER_JURISDICTION", "")
-    """Comma-separated: US (federal) or a state (TX, Texas)."""
     court: str = _var("FILTER_COURT", "")
-    """Comma-separated courts-db ids (scotus, ca9, tex)."""
     source_type: str = _var("FILTER_SOURCE_TYPE", "")
-    """Comma-separated: constitution, statute, regulation, court_rule, case, secondary."""
     after: str = _var("FILTER_AFTER", "")
     before: str = _var("FILTER_BEFORE", "")
-    """Dates of the passages kept (inclusive; YYYY, YYYY-MM or YYYY-MM-DD)."""
 
 
 @dataclass(frozen=True)
@@ -118,34 +102,25 @@ class LLMSettings:
     """The LLM providers, the client's limits and cache, the embedded model (``settings.llm``)."""
 
     provider: str = _var("LLM_PROVIDER", "local")
-    """Name from the provider registry (python llm_config.py lists them)."""
     base_url: str | None = _var("LLM_BASE_URL", None)
     api_key: str | None = _var("LLM_API_KEY", None, repr=False)
     model: str | None = _var("LLM_MODEL", None)
     provider_fast: str | None = _var("LLM_PROVIDER_FAST", None)
-    """Provider for cheap calls (classify, rewrite); empty = same as LLM_PROVIDER."""
     model_fast: str | None = _var("LLM_MODEL_FAST", None)
     judge_provider: str | None = _var("JUDGE_PROVIDER", None)
-    """Provider of the answer grader (eval_comprehensive.py answers --grade); empty = LLM_PROVIDER."""
     judge_model: str | None = _var("JUDGE_MODEL", None)
     json_mode: str = _var("LLM_JSON_MODE", "auto", ("auto", "schema", "prompt"))
-    """auto = as the provider's registry entry says; schema = ``response_format``; prompt = the
-    schema in the prompt."""
     temperature: float = _var("LLM_TEMPERATURE", 0.0)
     timeout: float = _var("LLM_TIMEOUT", 0.0, (0, None))
     """Seconds per LLM call attempt; 0 = auto (providers.call_timeout)."""
     max_retries: int = _var("LLM_MAX_RETRIES", 4, (0, None))
     requests_per_minute: int = _var("LLM_REQUESTS_PER_MINUTE", 0)
-    """Shared by eval workers; 0 = the provider's published limit from the registry."""
     cache: bool = _var("LLM_CACHE", False)
-    """Cache LLM responses in SQLite (the eval scripts turn this on)."""
     cache_path: str = _data_var("LLM_CACHE_PATH")
     local_model_dir: str = _data_var("LOCAL_MODEL_DIR")
-    """Where the embedded GGUF model is assembled once."""
     local_ctx_size: int = _var("LOCAL_CTX_SIZE", 8192, (2048, None))
     """At least the longest prompt (a fact pattern's apply call, ~1,000 tokens) and its reply."""
     local_threads: int = _var("LOCAL_THREADS", 0)
-    """0 = all cores."""
 
 
 @dataclass(frozen=True)
@@ -153,30 +128,17 @@ class AgentSettings:
     """How the agent answers: mode, gates, bounds (``settings.agent``)."""
 
     lean_gate: float = _var("LEAN_GATE", 0.33, (-1, 1))
-    """Evidence whose best cosine to the question is below this is not used (0 = never gate;
-    calibrated by ``benchmarks/bench_agent.py gate``)."""
     skip_injection_check: bool | None = _var("SKIP_INJECTION_CHECK", None)
-    """Skip the LLM injection check (the pattern screens always run); unset = skip it on the
-    embedded model, which adds nothing measured there (docs/MEASUREMENTS.md, "Injection check"),
-    and run it with an API model."""
     verdict_support: float | None = _var("VERDICT_SUPPORT", None, (0, 1))
-    """The support (the least fit of a stated fact to a requirement it decides) a reading of the
-    facts needs to be shown as a conclusion or a yes/no verdict; 0 = show every reading.  Unset:
-    none is shown on the embedded model (its verdicts reached 4 in 5 right at no support that held
-    on both halves of the fact patterns: docs/MEASUREMENTS.md, "Fact patterns"); every one with an
-    API model (``answer.API_VERDICT_SUPPORT``; not measured offline)."""
+    """Unset: no reading of the facts is shown as a verdict on the embedded model, every one with
+    an API model (``answer.API_VERDICT_SUPPORT``)."""
     checkpoints: str = _data_var("CHECKPOINTS")
     """Where the CLI keeps each run's thread (LangGraph checkpoints): a SQLite file, or a
     ``postgresql://`` (``postgres://``) URL to keep them on a PostgreSQL server; "off" = none."""
     run_timeout: float = _var("RUN_TIMEOUT", 600.0, (0, None))
-    """Seconds a whole question may take (0 = no limit): room for the embedded model on a slow
-    laptop (~100 s for the multi_hop demo on 2 cores), a bound on a hung endpoint."""
     answer_mode: str = _var("ANSWER_MODE", "auto", ("auto", "research", "evidence", "lean"))
     """auto = lean for a multiple-choice question, research for any other (answer.py)."""
     research_policy: str = _var("RESEARCH_POLICY", "agenda", ("agenda", "adaptive"))
-    """How the research is steered: agenda = the planner's issues, one step each, fixed before any
-    search; adaptive = after each step the model reads the findings and picks the next step
-    (``nodes.replanner``), for models that can steer it."""
     search_strategy: str = _var("SEARCH_STRATEGY", "auto", ("auto", *SEARCH_TYPES))
     max_steps: int = _var("MAX_STEPS", 3, (1, None))
     max_iterations: int = _var("MAX_ITERATIONS", 6, (1, None))
