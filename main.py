@@ -632,6 +632,9 @@ def _follow_up_note(result: dict) -> str:
     if not (result.get("reading") or {}).get("follow_up"):
         return ""
     note = f"(A follow-up: {len(parsed.get('earlier') or [])} fact(s) from earlier on the thread"
+    if parsed.get("hypothetical") and not parsed.get("issues"):  # the planner kept the agenda
+        issues = "; ".join((result.get("reading") or {}).get("agenda") or [])
+        note += f"; its issues again ({issues}): --issues 'A; B' researches others"
     if reused := record.get("reused"):
         note += (
             f"; the application of {'; '.join(reused)} is the thread's earlier one: no new fact"

@@ -274,6 +274,12 @@ def test_a_follow_up_reads_the_threads_facts_and_redoes_only_what_its_new_fact_b
         e["decision"] for e in second["trace"] if e["node"] == "memory_writeback"
     )
     assert [t["question"] for t in second["turns"]] == [FACTS, WHAT_IF]
+    # the CLI says the agenda is the thread's, and how to research another issue
+    assert main._follow_up_note(second).startswith(
+        "(A follow-up: 3 fact(s) from earlier on the thread; its issues again (Negligence; "
+        "Comparative negligence): --issues 'A; B' researches others; the application of "
+        "Comparative negligence is the thread's earlier one"
+    )
 
 
 def test_history_prints_a_threads_questions(tmp_settings, monkeypatch, capsys):
