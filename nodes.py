@@ -151,6 +151,11 @@ def unresearched_issues(state: AgentState) -> list[str]:
     return [i for i in planned(state) if i not in done]
 
 
+def _classified(reading: dict[str, Any]) -> dict[str, Any]:
+    """The classifier's part of a reading (what a thread keeps of it for a follow-up)."""
+    return {k: reading[k] for k in ("query_type", "legal", "area", "topic") if k in reading}
+
+
 def _short(text: str, n: int = 80) -> str:
     text = " ".join((text or "").split())
     return text if len(text) <= n else text[: n - 1] + "…"
@@ -178,7 +183,7 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     ``prescreen_only`` when the model's verdict was unavailable)."""
     q = state.get("parsed")
     if q is None or q.objective != state["question"]:  # a new question on the thread
-        q = read_question(state["question"], ctx)
+        q = Question.read(*question_mod.parse(state["question"]), ctx.state_law)
     check = ctx.check_injection(q.objective)  # what the user typed, not the thread's facts
     if turns := state.get("turns"):
         last = turns[-1]
@@ -222,12 +227,6 @@ RUN_SCOPED: dict[str, Any] = {
 checkpointed thread keeps its state between runs)."""
 
 
-def read_question(text: str, ctx: AgentContext) -> Question:
-    """The user's input (choices as "(A) ..." lines) read once, with the law it asks for."""
-    stem, choices = question_mod.parse(text)
-    return Question.read(stem, choices, ctx.state_law)
-
-
 def law_asked(ctx: AgentContext, question: str) -> str:
     """The name of the state or country whose law ``question`` asks for ("" for none)."""
     law = ctx.state_law(question_mod.split_question(question)[1]) if ctx.state_law else None
@@ -236,27 +235,28 @@ def law_asked(ctx: AgentContext, question: str) -> str:
 
 def _memory_hit(state: AgentState, ctx: AgentContext, q: Question) -> dict | None:
     """The QA memory's answer that serves this very question (None: none does)."""
-    question = q.text
-    follow_up = (state.get("reading") or {}).get("follow_up")
-    hit = None
+    reading = state.get("reading") or {}
+    # evidence answers are never cached; a follow-up's facts are its thread's, not a saved
+    # one's; a run the user reviews is researched on the agenda the user sets
+    if answer_mode(state, ctx) != "research" or reading.get("follow_up") or reading.get("review"):
+        return None
     try:
-        # evidence answers are never cached; a follow-up's facts are its thread's, not a saved
-        # one's; a run the user reviews is researched on the agenda the user sets
-        fresh = follow_up or (state.get("reading") or {}).get("review")
-        if answer_mode(state, ctx) == "research" and not fresh:
-            hit = ctx.check_memory(question)
+        hit = ctx.check_memory(q.text)
     except Exception as exc:  # noqa: BLE001 - a broken memory must not stop the research
         logger.warning("QA memory lookup failed: %s", exc)
+        return None
+    if not hit:
+        return None
     # A fact pattern's answer applies the law to its facts: it serves those facts only ("Officer
     # Reyes arrested Dan. ... Was the search lawful?" got another story's answer at 0.92).
-    texts = [" ".join(str(t).split()) for t in ((hit or {}).get("question"), question)]
-    kinds = {question_mod.question_kind(t) for t in texts} if hit else set()
+    texts = [" ".join(str(t).split()) for t in (hit.get("question"), q.text)]
+    kinds = {question_mod.question_kind(t) for t in texts}
     if "fact_pattern" in kinds and texts[0].lower() != texts[1].lower():
-        hit = None
+        return None
     # Nor does an answer under one state's law serve another's ("Under Ohio law, ..." got the
     # answer saved for "Under Colorado law, ..." at 0.92, though no source is Ohio law).
-    if hit and ctx.state_law and len({law_asked(ctx, t) for t in texts}) > 1:
-        hit = None
+    if ctx.state_law and len({law_asked(ctx, t) for t in texts}) > 1:
+        return None
     return hit
 
 
@@ -267,27 +267,20 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     else its kind, field of law and topic."""
     q = state["parsed"]
     question = q.text
-    follow_up = (state.get("reading") or {}).get("follow_up")
-    if follow_up == "hypothetical":  # the thread's last question again, on changed facts
-        last = last_turn(state).get("reading") or {}
-        kept = {k: last[k] for k in ("query_type", "legal", "area", "topic") if k in last}
-        return {
-            "reading": kept
-        }, f"follow-up: read as the thread's last question ({kept.get('area')})"
-    hit = _memory_hit(state, ctx, q)
-    if hit:
+    if (state.get("reading") or {}).get("follow_up") == "hypothetical":
+        # the thread's last question again, on changed facts
+        kept = _classified(last_turn(state).get("reading") or {})
+        decision = f"follow-up: read as the thread's last question ({kept.get('area')})"
+        return {"reading": kept}, decision
+    if hit := _memory_hit(state, ctx, q):
         sources = list(hit.get("sources") or [])
         saved = {k: hit.get(k) for k in ("question", "similarity", "timestamp")}
-        return (
-            {
-                "reading": {
-                    "recalled": {**saved, "answer": hit.get("answer", ""), "sources": sources}
-                },
-                "passages": {s["id"]: _passage_record(s) for s in sources if s.get("id")},
-                "stop_reason": "memory_hit",
-            },
-            f"memory hit (similarity {hit.get('similarity', 0):.3f})",
-        )
+        update = {
+            "reading": {"recalled": {**saved, "answer": hit.get("answer", ""), "sources": sources}},
+            "passages": {s["id"]: _passage_record(s) for s in sources if s.get("id")},
+            "stop_reason": "memory_hit",
+        }
+        return update, f"memory hit (similarity {hit.get('similarity', 0):.3f})"
     score = ctx.question_score(question) if q.kind == "fact_pattern" and not q.choices else None
     kept = {"score": score} if score is not None else {}  # the planner's off-topic check reads it
     if why := reading_moot(q, ctx, score):
@@ -728,14 +721,6 @@ def answer_mode(state: AgentState, ctx: AgentContext) -> str:
     return mode
 
 
-def _retried(state: AgentState, step: PlanStep) -> bool:
-    """True when ``step``'s issue already has a later step (its other angle)."""
-    return any(
-        s.get("issue") == step.get("issue") and s["step_id"] > step["step_id"]
-        for s in state.get("planning_table") or []
-    )
-
-
 def make_evaluator(forced_mode: str | None = None) -> Callable:
     """The evaluator node; ``forced_mode`` fixes the answer mode (the evidence graph of
     langgraph.json), else the state's or ANSWER_MODE decides."""
@@ -762,7 +747,10 @@ def make_evaluator(forced_mode: str | None = None) -> Callable:
             route, stop = "answer", f"deadline: {max(left, 0):.0f}s of RUN_TIMEOUT left"
         elif iterations >= cap and (pending or failed or adaptive):
             route, stop = "answer", f"iteration limit {cap} reached"
-        elif failed and not _retried({**state, "planning_table": table}, failed[0]):
+        elif failed and not any(  # its other angle is not planned yet
+            s.get("issue") == failed[0].get("issue") and s["step_id"] > failed[0]["step_id"]
+            for s in table
+        ):
             route = "replanner"
         elif graded and not pending and adaptive:
             route = "replanner"  # the model picks the next step from the findings
@@ -787,18 +775,19 @@ evaluator = make_evaluator()
 def _retry(state: AgentState, ctx: AgentContext, step: PlanStep) -> tuple[PlanStep, str]:
     """``step``'s other angle: its issue searched by BM25 over its facts and names
     (:data:`RETRY_SEARCH`), or dense search when BM25 was the first angle."""
-    table = state.get("planning_table") or []
     first = (step.get("strategy") or {}).get("search_type")
     search_type = "dense" if first == RETRY_SEARCH else RETRY_SEARCH
     if ctx.settings.agent.search_strategy != "auto":
         search_type = ctx.settings.agent.search_strategy
     facts = list(step.get("facts") or [])
-    retry = step_for(
-        max(s["step_id"] for s in table) + 1, step["issue"], facts, search_type, "retry"
-    )
+    retry = step_for(_next_id(state), step["issue"], facts, search_type, "retry")
     names = issue_names(step["issue"])
     retry["strategy"]["queries"] = [" ".join([*names, *facts]), *names]
     return retry, search_type
+
+
+def _next_id(state: AgentState) -> int:
+    return max(s["step_id"] for s in state["planning_table"]) + 1
 
 
 def _noted(state: AgentState, move: str) -> list[MemoryEntry]:
@@ -871,18 +860,13 @@ def adaptive_move(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]
     cap = ctx.settings.agent.max_steps
     if not picked or picked[0] in issues or len(issues) >= cap:
         why = move.why if move.action == "complete" else f"{move.action} {move.issue!r} not taken"
-        why += (
-            f" (MAX_STEPS {cap} reached)"
-            if move.action == "next_step" and len(issues) >= cap
-            else ""
-        )
+        if move.action == "next_step" and len(issues) >= cap:
+            why += f" (MAX_STEPS {cap} reached)"
         update["chain_of_thought"] = _noted(state, f"complete ({why})")
         return update, f"complete: {why}", "answer"
     issue = picked[0]
     facts = answer_stage.issue_facts(issue, list(q.facts), ctx.embed) if q.facts else []
-    step = step_for(
-        max(s["step_id"] for s in state["planning_table"]) + 1, issue, facts, FIRST_SEARCH
-    )
+    step = step_for(_next_id(state), issue, facts)
     step["strategy"]["rewrite"] = True
     update.update(
         planning_table=[step],
@@ -1195,9 +1179,7 @@ def turn(state: AgentState) -> Turn:
         "question": state["question"],
         "facts": list(q.facts),
         "asked": q.asked,
-        "reading": {
-            k: reading[k] for k in ("query_type", "legal", "area", "topic") if k in reading
-        },
+        "reading": _classified(reading),
         "issues": planned(state),
         "steps": steps,
         "passages": {i: passages[i] for i in ids if i in passages},
