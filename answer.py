@@ -37,12 +37,7 @@ from langchain_core.runnables.config import ContextThreadPoolExecutor
 import mc
 import prompts
 from prompts import Application, Check, Finding, Met
-from question import (
-    AUX,
-    Kind,
-    Question,
-    split_sentences,
-)
+from question import AUX, Kind, Question, split_sentences
 
 Policy = Literal["research", "evidence"]
 EmbedFn = Callable[[list[str]], Any]
@@ -594,12 +589,6 @@ def _turns_on_text(items: Sequence[str]) -> str:
     return f"; it turns on {'; '.join(items)}." if items else "."
 
 
-def _unsettled(issue: str, items: Sequence[str], cites: list[int]) -> Sentence:
-    """The conclusion of an issue whose reading the research does not support: what decides it."""
-    text = f"{issue}: not settled by this research{_turns_on_text(items)}"
-    return Sentence(text, "conclusion", list(cites))
-
-
 _ENUMERATION = re.compile(r"\(\d+\)\s*")
 MAX_REQUIREMENTS = 4
 _HEADING_PREFIX = re.compile(r"^[^:;]+:\s+(?=\S)")
@@ -870,10 +859,6 @@ def _all_cites(issues: Sequence[IssueAnswer]) -> list[int]:
     return sorted({n for i in issues for s in i.sentences for n in s.cites})
 
 
-def _conclusion_of(issue: IssueAnswer) -> Sentence:
-    return next(s for s in issue.sentences if s.role == "conclusion")
-
-
 def _finding(n: int, issue: IssueAnswer) -> str:
     """One numbered line of the bottom line's input: the conclusion of the issue's reading and the
     rule it applied (the rule says what follows: "...is strictly liable", "...is admissible")."""
@@ -920,7 +905,7 @@ def bottom_line(
     head = line.answer.capitalize()
     if 1 <= line.conclusion <= len(decided):
         rests = [decided[line.conclusion - 1]]
-        decisive = _conclusion_of(rests[0])
+        decisive = next(s for s in rests[0].sentences if s.role == "conclusion")
         said = Sentence(f"{asked} {head}. {decisive.text}", "bottom_line", list(decisive.cites))
     else:
         fire("unnamed_bottom_line")
@@ -1076,7 +1061,10 @@ def _answered(
         answer.sentences += _application_sentences(applied, [s for _, s in rule], cites, stage.bar)
         conclusion = _conclusion(issue, answer.reading, applied, cites)
         answer.finding = conclusion.text
-        answer.sentences.append(conclusion if earned else _unsettled(issue, answer.turns_on, cites))
+        if not earned:  # the research does not support the reading: say what decides it
+            text = f"{issue}: not settled by this research{_turns_on_text(answer.turns_on)}"
+            conclusion = Sentence(text, "conclusion", list(cites))
+        answer.sentences.append(conclusion)
     elif cut:  # a fact pattern's rule cut into requirements, and no usable application
         stage.fire("unparsed_application")
         answer.why = "the application could not be parsed"
@@ -1231,6 +1219,9 @@ def _tail(stage: _Stage, applied: Sequence[IssueAnswer]) -> tuple[Verdict | None
     return decided, [decided[-1]]
 
 
+NO_ANSWER = "No answer"
+
+
 def build_record(
     client: Any,
     question: Question,
@@ -1259,28 +1250,24 @@ def build_record(
     why = _unanswerable(stage, issues)
     if why:
         record = stage.record(issues, True, why)
-        record.text = _abstain_text(why)
+        record.text = (
+            f"{NO_ANSWER}: the research found nothing in the sources that answers this question "
+            f"({why})."
+        )
         return record
     applied = [i for i in issues if i.status == "answered" and i.outcome is not None]
     decided, tail = _tail(stage, applied)
     record = stage.record(issues, False)
     if decided:
         record.verdict, record.reading, record.support = decided[:3]
-    verdict = record.verdict
     record.grounded = all(s.cites for s in record.sentences) and all(s.cites for s in tail)
     record.text = render(record, tail)
     if tail:
-        record.issues.append(IssueAnswer("Bottom line", "answered", tail, outcome=verdict))
+        record.issues.append(IssueAnswer("Bottom line", "answered", tail, outcome=record.verdict))
     return record
 
 
 # --- Rendering ----------------------------------------------------------------------------------
-
-NO_ANSWER = "No answer"
-
-
-def _abstain_text(why: str) -> str:
-    return f"{NO_ANSWER}: the research found nothing in the sources that answers this question ({why})."
 
 
 def _refs(cites: Sequence[int]) -> str:
