@@ -135,14 +135,18 @@ def _executed(state: AgentState) -> list[PlanStep]:
     return [s for s in state.get("planning_table") or [] if s.get("execution")]
 
 
+def _reading(state: AgentState, key: str) -> Any:
+    return (state.get("reading") or {}).get(key)
+
+
 def planned(state: AgentState) -> list[str]:
     """The research agenda the planner (or the user, or the replanner) set: ``reading["agenda"]``."""
-    return list((state.get("reading") or {}).get("agenda") or [])
+    return list(_reading(state, "agenda") or [])
 
 
 def recalled(state: AgentState) -> dict[str, Any]:
     """The QA-memory hit that answers this run (empty when none): ``reading["recalled"]``."""
-    return (state.get("reading") or {}).get("recalled") or {}
+    return _reading(state, "recalled") or {}
 
 
 def unresearched_issues(state: AgentState) -> list[str]:
@@ -267,7 +271,7 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     else its kind, field of law and topic."""
     q = state["parsed"]
     question = q.text
-    if (state.get("reading") or {}).get("follow_up") == "hypothetical":
+    if _reading(state, "follow_up") == "hypothetical":
         # the thread's last question again, on changed facts
         kept = _classified(last_turn(state).get("reading") or {})
         decision = f"follow-up: read as the thread's last question ({kept.get('area')})"
@@ -563,7 +567,7 @@ def review(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """Plan review (``--review``; LangGraph's ``interrupt``): the run pauses with the agenda and
     the other candidates, and goes on with the agenda the reply sets (``Command(resume=...)``)."""
     issues = planned(state)
-    candidates = (state.get("reading") or {}).get("candidates") or []
+    candidates = _reading(state, "candidates") or []
     others = [c for c in candidates if c not in issues]
     reply = interrupt({"agenda": issues, "candidates": others, "how": REVIEW_HOW})
     agenda = reviewed_agenda(reply, issues + others)
@@ -645,7 +649,7 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     queries = [*written, *queries]
     # A few extra candidates replace passages the injection screen drops, so a planted passage
     # changes neither how many passages the step reads nor which.
-    within = (state.get("reading") or {}).get("within") or ""
+    within = _reading(state, "within") or ""
     retrieved = ctx.search(search_type, queries, k + ctx.flag_headroom, exclude, within)
     docs, flagged = ctx.keep_clean(retrieved, k)
     asked = issue_question(issue_names(step.get("issue") or step["question"])[0])
@@ -714,7 +718,7 @@ AnswerRoute = Literal["executor", "replanner", "answer"]
 def answer_mode(state: AgentState, ctx: AgentContext) -> str:
     """research, evidence or lean: the run's input may choose, else ANSWER_MODE; auto is lean for
     a multiple-choice question and research for any other."""
-    mode = (state.get("reading") or {}).get("mode")
+    mode = _reading(state, "mode")
     mode = mode or state.get("answer_mode") or ctx.settings.agent.answer_mode
     if mode == "auto":  # chosen by measurement: README, "Which mode answers which question"
         return "lean" if state["parsed"].choices else "research"
@@ -911,7 +915,7 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     if answer_mode(state, ctx) == "lean":  # zero research steps: the letter reads lean's search
         record = answer_stage.AnswerRecord(q.kind, "", [], [], False, "lean mode: no research")
         return {"answer": record.to_dict()}, "lean: no research steps"
-    decline = (state.get("reading") or {}).get("decline") or ""
+    decline = _reading(state, "decline") or ""
     stop = state.get("stop_reason") or ""
     why_not = stop or f"MAX_STEPS {ctx.settings.agent.max_steps} reached"
     research = issue_research(state, why_not)
@@ -941,7 +945,7 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
 
 def earlier_applications(state: AgentState) -> dict[str, list[dict]]:
     """A follow-up's thread: each issue's application in the last answer on it."""
-    if not (state.get("reading") or {}).get("follow_up"):
+    if not _reading(state, "follow_up"):
         return {}
     last = last_turn(state).get("answer") or {}
     return {i["issue"]: i["checks"] for i in last.get("issues") or [] if i.get("checks")}
@@ -1096,7 +1100,7 @@ def cache_blockers(state: AgentState, ctx: AgentContext) -> list[str]:
 def memory_writeback(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """Cache the answer (never the MC selection) when it is trustworthy and new."""
     blockers = cache_blockers(state, ctx)
-    if (state.get("reading") or {}).get("follow_up"):
+    if _reading(state, "follow_up"):
         blockers.insert(0, "a follow-up: its facts are its thread's")
     if blockers:
         return {}, f"skip: {blockers[0]}"
@@ -1204,9 +1208,9 @@ def observability(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
 
 def route_after_injection(state: AgentState) -> Literal["classifier", "answer", "observability"]:
     """A rejected input ends the run; lean mode answers with zero research steps."""
-    if not ((state.get("reading") or {}).get("injection") or {}).get("is_safe"):
+    if not (_reading(state, "injection") or {}).get("is_safe"):
         return "observability"
-    return "answer" if (state.get("reading") or {}).get("mode") == "lean" else "classifier"
+    return "answer" if _reading(state, "mode") == "lean" else "classifier"
 
 
 def route_after_classifier(state: AgentState) -> Literal["planner", "answer"]:
