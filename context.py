@@ -209,7 +209,7 @@ class AgentContext:
         passages replaced by the next ones, at most RETRIEVAL_K."""
         k = self.settings.agent.retrieval_k
         query = f"{' '.join(question.split())}\n{mc.format_choices(choices)}"
-        docs, flagged = self.keep_clean(self.retrieve([query], k + injection.FLAG_HEADROOM, []), k)
+        docs, flagged = self.keep_clean(self.retrieve([query], k + self.flag_headroom, []), k)
         return docs, flagged, self.score_evidence(question, docs)
 
     def check_injection(self, text: str) -> injection.InjectionCheck:

@@ -216,8 +216,8 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         # the model's reason for a plain "safe" says nothing (the embedded model copies its
         # prompt's first example, "criminal law question", onto any question)
         return update, "safe"
-    mode = "" if check["injection_check"] == "full" else f", {check['injection_check']}"
-    return update, f"{check['verdict']} ({check['reason'] or check['llm_verdict']}{mode})"
+    how = "" if check["injection_check"] == "full" else f", {check['injection_check']}"
+    return update, f"{check['verdict']} ({check['reason'] or check['llm_verdict']}{how})"
 
 
 RUN_SCOPED: dict[str, Any] = {
