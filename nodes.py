@@ -553,13 +553,13 @@ def reviewed_agenda(reply: Any, listed: list[str]) -> list[str]:
     if isinstance(reply, dict):
         reply = reply.get("issues")
     items = reply.split(";") if isinstance(reply, str) else list(reply or [])
-    names = []
+    agenda = []  # a number is that listed item itself, even where another shares its doctrine
     for item in (" ".join(str(i).split()) for i in items):
         if item.isdigit() and 1 <= int(item) <= len(listed):
-            names.append(listed[int(item) - 1])
+            agenda.append(listed[int(item) - 1])
         elif item and not item.isdigit():
-            names.append(item)
-    return user_agenda(names, listed)
+            agenda += user_agenda([item], listed)
+    return list(dict.fromkeys(agenda))
 
 
 @_traced("review")

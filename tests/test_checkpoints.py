@@ -345,6 +345,10 @@ def test_a_review_reply_names_issues_by_number_or_in_the_users_words():
         "Trespass to chattels",
     ]
     assert nodes.reviewed_agenda({"issues": ["2"]}, listed) == [listed[1]]
+    # "1" is the first listed item even where a later one is of the same doctrine (it was the later)
+    same = ["Arrest", "Arrest (Exceptions to the warrant requirement)"]
+    assert nodes.reviewed_agenda("1", same) == ["Arrest"]
+    assert nodes.reviewed_agenda("2; 1", same) == [same[1], "Arrest"]
 
 
 # ------------------------------------------------------------------------------------------------
