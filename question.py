@@ -84,6 +84,7 @@ class Question:
         new = list(self.facts)
         if what_if:  # its clause as a fact sentence
             new.append(what_if[1][:1].upper() + what_if[1][1:] + ".")
+        new = [f for f in new if f not in facts]  # "What if ...?" asked again (say with --issues)
         asked = asked if what_if else self.asked
         read = Question.read(" ".join([*facts, *new, asked]), self.choices, law, self.issues)
         return replace(  # the sentences as each turn stated them, however the splitter joins them

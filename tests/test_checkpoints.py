@@ -506,3 +506,14 @@ def test_two_processes_writing_one_sqlite_store_at_once_lose_nothing(tmp_path):
                 config = main.thread_config(f"{name}-{i}")
                 assert saver.get_tuple(config).checkpoint["channel_values"]["n"] == steps
                 assert len(list(saver.list(config))) == steps + 2  # the input, then each step
+
+
+def test_a_what_if_asked_again_on_its_thread_does_not_state_its_fact_twice():
+    """Asking "What if ...?" again (to set its issues with --issues) listed its new fact twice."""
+    first = Question.read("Dan was arrested. The police searched his car. Was the search lawful?")
+    what_if = "What if the police saw the drugs in plain view?"
+    once = Question.read(what_if).after(first.facts, first.asked)
+    again = Question.read(what_if).after(once.facts, once.asked)
+    assert once.new_facts == ("The police saw the drugs in plain view.",)
+    assert again.facts == once.facts and again.new_facts == ()
+    assert again.asked == first.asked and again.hypothetical
