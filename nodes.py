@@ -427,8 +427,8 @@ def picked_issues(picks: list[int | str], candidates: list[str]) -> list[str]:
         if text.isdigit():
             if 1 <= int(text) <= len(candidates):
                 out.append(candidates[int(text) - 1])
-        elif text:
-            out.append(by_name.get(doctrine_key(text), text))
+        elif text:  # a listed name is itself, even where a later one is of the same doctrine
+            out.append(text if text in candidates else by_name.get(doctrine_key(text), text))
     return list(dict.fromkeys(out))
 
 
@@ -553,13 +553,7 @@ def reviewed_agenda(reply: Any, listed: list[str]) -> list[str]:
     if isinstance(reply, dict):
         reply = reply.get("issues")
     items = reply.split(";") if isinstance(reply, str) else list(reply or [])
-    agenda = []  # a number is that listed item itself, even where another shares its doctrine
-    for item in (" ".join(str(i).split()) for i in items):
-        if item.isdigit() and 1 <= int(item) <= len(listed):
-            agenda.append(listed[int(item) - 1])
-        elif item and not item.isdigit():
-            agenda += user_agenda([item], listed)
-    return list(dict.fromkeys(agenda))
+    return user_agenda([i for i in items if str(i).strip()], listed)
 
 
 @_traced("review")

@@ -349,6 +349,7 @@ def test_a_review_reply_names_issues_by_number_or_in_the_users_words():
     same = ["Arrest", "Arrest (Exceptions to the warrant requirement)"]
     assert nodes.reviewed_agenda("1", same) == ["Arrest"]
     assert nodes.reviewed_agenda("2; 1", same) == [same[1], "Arrest"]
+    assert nodes.reviewed_agenda("Arrest", same) == ["Arrest"]  # by name too
 
 
 # ------------------------------------------------------------------------------------------------
