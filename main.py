@@ -629,12 +629,13 @@ def print_history(turns: list[dict], out: Callable[[str], None]) -> None:
 def _follow_up_note(result: dict) -> str:
     """What a follow-up took from its thread, in one line ("" for a thread's first question)."""
     parsed, record = result.get("parsed") or {}, result.get("answer") or {}
-    if not (result.get("reading") or {}).get("follow_up"):
+    reading = result.get("reading") or {}
+    if not reading.get("follow_up"):
         return ""
     note = f"(A follow-up: {len(parsed.get('earlier') or [])} fact(s) from earlier on the thread"
-    if parsed.get("hypothetical") and not parsed.get("issues"):  # the planner kept the agenda
-        issues = "; ".join((result.get("reading") or {}).get("agenda") or [])
-        note += f"; its issues again ({issues}): --issues 'A; B' researches others"
+    if reading.get("agenda_kept") and not reading.get("review"):  # the planner kept the agenda
+        note += f"; its issues again ({'; '.join(reading.get('agenda') or [])}): --issues 'A; B'"
+        note += " researches others"
     if reused := record.get("reused"):
         note += (
             f"; the application of {'; '.join(reused)} is the thread's earlier one: no new fact"

@@ -529,6 +529,8 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     adaptive = ctx.settings.agent.research_policy == "adaptive" and not kept
     update = plan_steps(state, ctx, issues[:1] if adaptive else issues)
     update["reading"].update(candidates=candidates, **({"within": within} if within else {}))
+    if kept:  # the CLI says so, and how to research another issue
+        update["reading"]["agenda_kept"] = True
     if adaptive:  # the first step; the replanner picks the next from the findings
         update["reading"]["suggested"] = issues[1:]
         for step in update["planning_table"]:
