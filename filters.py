@@ -158,7 +158,7 @@ def _foreign() -> tuple[re.Pattern[str], dict[str, str]]:
         rf"(?i:\bunder|\baccording\s+to|^\s*in)\s+(?:the\s+)?(?:laws?\s+of\s+(?:the\s+)?)?"
         rf"({alts})\b(?!\s+common\b)|\b({alts})\s+(?:law|laws|statutes?|code|legislation)\b"
         rf"|(?i:\b(?:an?|the|my|your|his|her|their|our)\s+((?:[\w-]+\s+){{1,2}})in\s+(?:the\s+)?)"
-        rf"({places})\b"
+        rf"({places})\b|\bthe\s+((?:[A-Z][\w-]*\s+){{1,3}})of\s+(?:the\s+)?({places})\b"
     ), demonym
 
 
@@ -171,10 +171,15 @@ _FOREIGN_FORUM = re.compile(r"\b(?:sue|sued|suing|suit|court|courts|jurisdiction
 def foreign_law_asked(asked: str) -> str | None:
     """The demonym ("French") of the country whose law ``asked`` asks for: under its law ("Under
     French law", "under the law of England"), the country first ("In Germany, can ..."), its law
-    named ("What does Canadian law say ..."), or a party there ("Can an employer in Sweden fire
+    named ("What does Canadian law say ..."), one of its institutions ("the Supreme Court of
+    Canada", unless asked where to sue or enforce), or a party there ("Can an employer in Sweden fire
     ...?", not "a contract made in France", nor where to sue); else None."""
     pattern, demonym = _foreign()
     for m in pattern.finditer(asked):
+        if m.group(6):  # one of its institutions ("the Council of the European Union")
+            if _FOREIGN_FORUM.search(asked[: m.start()] + asked[m.end() :]):
+                continue  # its judgment enforced here, or suing it here
+            return demonym[m.group(6)]
         if m.group(4):  # a party in the country ("Can an employer in Sweden fire ...?")
             gap = m.group(3).lower().split()
             if _FOREIGN_FORUM.search(asked) or any(_PARTICIPLE.fullmatch(w) for w in gap):

@@ -244,6 +244,8 @@ def _memory_hit(state: AgentState, ctx: AgentContext, q: Question) -> dict | Non
     # one's; a run the user reviews is researched on the agenda the user sets
     if answer_mode(state, ctx) != "research" or reading.get("follow_up") or reading.get("review"):
         return None
+    if q.law and not q.law.held:  # law no source holds: declined, whatever was saved before
+        return None
     try:
         hit = ctx.check_memory(q.text)
     except Exception as exc:  # noqa: BLE001 - a broken memory must not stop the research

@@ -325,6 +325,11 @@ def test_which_questions_ask_a_states_own_law(item):
         ("Can I sue him in New Mexico?", None),
         ("Does federal Indian law apply on the reservation?", None),
         ("What is the English rule on attorney's fees?", None),
+        # a stop-56 user trial, answered with US separation-of-powers rules
+        ("What is the voting threshold of the Council of the European Union?", "EU"),
+        ("Can the Supreme Court of Canada strike down a statute?", "Canadian"),
+        ("Is a judgment of the Supreme Court of Canada enforceable in a US court?", None),
+        ("Can the citizens of France sue in federal court?", None),
     ],
 )
 def test_which_questions_ask_another_countrys_law(asked, country):

@@ -712,6 +712,22 @@ def test_an_answer_saved_under_one_states_law_does_not_serve_another_states(tmp_
     assert bool(result["reading"].get("recalled")) is True  # the same state's law: served
 
 
+def test_a_saved_answer_never_serves_a_question_on_law_no_source_holds(tmp_settings):
+    """A user trial: the Council of the European Union's voting threshold was answered with US
+    rules and saved, before the law reading knew an EU institution.  Asked again, word for word,
+    it is declined, not served from the QA memory."""
+    asked = "What is the voting threshold of the Council of the European Union?"
+    saved = {"question": asked, "answer": "Legislation must pass both houses [1].",
+             "similarity": 1.0, "sources": []}  # fmt: skip
+    classify = J(topic="voting", area="constitutional law", legal=True, query_type="simple")
+    result = declined_before_research(
+        tmp_settings, asked, classify, declined=True, check_memory=Memory(saved).check,
+        state_law=lambda text: StateLaw("EU", "", False),
+    )  # fmt: skip
+    assert not result["reading"].get("recalled")
+    assert "no source is EU law" in result["answer"]["why"]
+
+
 def test_a_passage_about_another_doctrine_is_never_an_issues_rule(tmp_settings):
     """The wrong law: retrieval for a slip-and-fall found only a products-liability passage."""
     wrong = [{"id": "prod", "title": "Products liability", "text": "Products liability. A seller of a defective product is strictly liable."}]  # fmt: skip
