@@ -5,7 +5,8 @@ writes the answer in the shape of a bar essay:
 
 - **Rule**: per issue, sentences of its passages quoted verbatim (chosen by embedding cosine to
   the issue and its facts), each cited.  Guards: a passage on another doctrine is never a rule
-  (``off_doctrine``); a rule already quoted for an earlier issue is not repeated (``same_rule``);
+  (``off_doctrine``); an issue whose closest sentences an earlier issue quotes quotes what else
+  its passages say, or is not answered again (``same_rule``);
   a rule far from every stated fact (``off_facts``, :data:`FACT_FIT`) or from what a rule
   question asks (``not_asked``, :data:`ASKED_FIT`) is named, not applied; an answer none of whose
   rules is near the question is declined (``off_question``, :data:`QUESTION_FIT`).
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, NamedTuple
 
@@ -106,9 +107,12 @@ GUARDS: dict[str, Guard] = {
     ),
     "same_rule": Guard(
         "rules",
-        "an issue whose rule is, sentence for sentence, an earlier issue's is not answered again",
+        "an issue whose closest sentences an earlier issue quotes quotes the closest ones no "
+        "earlier issue does; with none left, it is not answered again",
         "",
-        "stop 43 (fp_tune_s43_same): tune misgrounded 36/194 -> 36/183, issues found 23/40 kept",
+        "stop 43 (fp_tune_s43_same): tune misgrounded 36/194 -> 36/183, issues found 23/40 kept; "
+        "stop 57, the sentences left (fp_s57_leftover): issues found tune 21/40 kept, report "
+        "17 -> 18/34, misgrounded unchanged (29, 87)",
     ),
     "off_facts": Guard(
         "application",
@@ -367,12 +371,17 @@ def fact_fit(
 
 
 def select_rule(
-    query: str, docs: Sequence[Mapping[str, Any]], embed: EmbedFn, n: int = RULE_SENTENCES
+    query: str,
+    docs: Sequence[Mapping[str, Any]],
+    embed: EmbedFn,
+    n: int = RULE_SENTENCES,
+    taken: Container[tuple[str, str]] = (),
 ) -> list[tuple[Mapping[str, Any], str]]:
     """(passage, sentence) pairs that state the rule for ``query`` (the issue and its facts): the
     ``n`` sentences of all the issue's passages closest to it, verbatim, in passage order (the
-    fitting rule is often the search's third or fourth passage: docs/MEASUREMENTS_HISTORY.md, stop 32)."""
-    pool = [(d, s) for d in docs for s in candidate_sentences(d)]
+    fitting rule is often the search's third or fourth passage: docs/MEASUREMENTS_HISTORY.md, stop 32),
+    except the (passage id, sentence) pairs ``taken``."""
+    pool = [(d, s) for d in docs for s in candidate_sentences(d) if (d["id"], s) not in taken]
     if not pool:
         return []
     keep = sorted(np.argsort(-cosines(embed, query, [s for _, s in pool]))[:n])
@@ -980,8 +989,8 @@ Ruled = tuple[int, IssueResearch, list[tuple[Mapping[str, Any], str]], float]
 
 def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
     """The (passage, sentence) pairs quoted as ``item``'s rule, or the issue's answer when it has
-    none: no passage on its doctrine (``off_doctrine``), none verified (evidence policy), or the
-    rule already quoted for an earlier issue (``same_rule``)."""
+    none: no passage on its doctrine (``off_doctrine``), none verified (evidence policy), or no
+    sentence beyond the rule already quoted for an earlier issue (``same_rule``)."""
     scores = doctrine_scores(item.issue, item.docs, stage.embed)
     docs = [d for d, s in zip(item.docs, scores, strict=True) if s >= DOCTRINE_MATCH]
     stage.fire("off_doctrine", len(item.docs) - len(docs))
@@ -1010,14 +1019,20 @@ def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
             return IssueAnswer(item.issue, "no_evidence", why=why)
     else:
         rule = lead or select_rule(query, docs, stage.embed)
+        if rule and all(r in stage.taken for r in _keys(rule)):  # what else its passages say
+            rule = select_rule(query, docs, stage.embed, taken=stage.taken) or rule
     # The same law as earlier issues is said once, under them (guard ``same_rule``).
-    if rule and all((d["id"], s) in stage.taken for d, s in rule):
+    if rule and all(r in stage.taken for r in _keys(rule)):
         stage.fire("same_rule")
-        owners = ", ".join(dict.fromkeys(stage.taken[(d["id"], s)] for d, s in rule))
+        owners = ", ".join(dict.fromkeys(stage.taken[r] for r in _keys(rule)))
         why = f"its rule is the one already quoted for {owners}"
         return IssueAnswer(item.issue, "no_evidence", why=why)
-    stage.taken.update({(d["id"], s): item.issue for d, s in rule})
+    stage.taken.update(dict.fromkeys(_keys(rule), item.issue))
     return rule
+
+
+def _keys(rule: Sequence[tuple[Mapping[str, Any], str]]) -> list[tuple[str, str]]:
+    return [(d["id"], s) for d, s in rule]
 
 
 def _ruled_issues(

@@ -573,21 +573,46 @@ def test_an_issue_the_question_names_is_applied_even_when_no_fact_decides_it(tmp
 
 
 def test_an_issue_whose_research_found_an_earlier_issues_rule_is_not_answered_twice(tmp_settings):
-    """An issue whose rule is the one quoted for an earlier issue is not answered again, and
-    says whose rule it is (guard ``same_rule``).  The cement plant's
+    """An issue whose passages say nothing beyond the rule quoted for an earlier issue is not
+    answered again, and says whose rule it is (guard ``same_rule``).  The cement plant's
     "Commerce power" repeated the Dormant Commerce Clause's rule and its "met" requirements."""
+    short = {**GANT, "text": GANT["text"].rsplit(" Police may", 1)[0]}
     checks = json.dumps({"checks": [{"n": 1, "fact": 2, "met": "no"}]})
     bottom = json.dumps({"answer": "yes", "conclusion": 1})
     client, script = scripted_client(tmp_settings, {"apply": [checks], "bottom_line": [bottom]})
     research = [
-        answer.IssueResearch("Search incident to arrest", [GANT]),
-        answer.IssueResearch("Search incident to arrest of a vehicle", [GANT]),
+        answer.IssueResearch("Search incident to arrest", [short]),
+        answer.IssueResearch("Search incident to arrest of a vehicle", [short]),
     ]
     record = answer.build_record(client, Question.read(FACTS), research, EMBED)
     assert [i.status for i in record.issues][:2] == ["answered", "no_evidence"]
     assert record.guards["same_rule"] == 1
     assert "the one already quoted for Search incident to arrest" in record.issues[1].why
     assert script.roles().count("apply") == 1
+
+
+def test_a_later_issue_quotes_what_its_passages_say_beyond_an_earlier_issues_rule(
+    tmp_settings, monkeypatch
+):
+    """A user trial: "Defamation: constitutional limits" was set aside as "its rule is the one
+    already quoted for Defamation", though its passages held the negligence rule for a private
+    plaintiff.  A later issue whose closest sentences an earlier issue quotes quotes the closest
+    ones no earlier issue quotes."""
+    monkeypatch.setattr(answer, "FACT_FIT", 0.2)  # the new sentence fits the facts at 0.21
+    short = {**GANT, "text": GANT["text"].rsplit(" Police may", 1)[0]}
+    more = "Evidence found in an unlawful search of a car is suppressed."
+    passage = {**short, "text": f"{short['text']} {more}"}
+    checks = json.dumps({"checks": [{"n": 1, "fact": 2, "met": "no"}]})
+    bottom = json.dumps({"answer": "no", "conclusion": 1})
+    client, _ = scripted_client(tmp_settings, {"apply": [checks, checks], "bottom_line": [bottom]})
+    research = [
+        answer.IssueResearch("Search incident to arrest", [short]),
+        answer.IssueResearch("Search incident to arrest of a vehicle", [passage]),
+    ]
+    record = answer.build_record(client, Question.read(FACTS), research, EMBED)
+    first, second = ([s.text for s in i.sentences if s.role == "rule"] for i in record.issues[:2])
+    assert len(first) == 2 and more in second and not set(first) & set(second)
+    assert record.guards["same_rule"] == 0
 
 
 def test_a_fact_pattern_is_not_declined_because_no_stated_fact_seemed_to_bear_on_its_rule(
