@@ -48,7 +48,7 @@ from providers import (
 )
 from question import MAX_QUESTION_CHARS, InputError, Question, parse
 from settings import SEARCH_TYPES, Settings, SettingsError, load_dotenv_file, run_script
-from state import STATE_VERSION, AgentState
+from state import STATE_VERSION, AgentState, AnswerStageInput, AnswerStageOutput
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,25 @@ DEMOS: dict[str, str] = {
     ),
     "medium": "What must a party show to obtain a preliminary injunction?",
 }
+
+
+def build_answer_stage(context_schema: type | None = AgentContext) -> Any:
+    """The answer stage as a subgraph, one node of the agent's graph: the record (each issue's
+    rule, its application and conclusion, the bottom line), then a multiple-choice question's
+    letter (lean mode: the record of zero issues, then the letter).  Nothing after it edits the
+    record.  It reads the run through ``AnswerStageInput`` and hands back ``AnswerStageOutput``:
+    with the whole state as its output, LangGraph would add the run's trace to itself again."""
+    from langgraph.graph import START, StateGraph
+
+    g = StateGraph(
+        AgentState,
+        context_schema=context_schema,
+        input_schema=AnswerStageInput,
+        output_schema=AnswerStageOutput,
+    )
+    g.add_sequence([("record", nodes.answer_node), ("letter", nodes.mc_select)])
+    g.add_edge(START, "record")
+    return g.compile()
 
 
 def build_graph(
@@ -86,8 +105,7 @@ def build_graph(
     g.add_node("replanner", nodes.replanner, destinations=("executor", "answer"))
     g.add_sequence(
         [
-            ("answer", nodes.answer_node),
-            ("mc_select", nodes.mc_select),
+            ("answer", build_answer_stage(context_schema)),
             ("memory_writeback", nodes.memory_writeback),
             ("observability", nodes.observability),
         ]
@@ -336,16 +354,26 @@ def _stream(
     try:
         while True:
             paused = None
-            for mode, chunk in graph.stream(
-                initial, config, context=ctx, stream_mode=["updates", "values"], **durability
+            for inside, mode, chunk in graph.stream(
+                initial,
+                config,
+                context=ctx,
+                stream_mode=["updates", "values"],
+                subgraphs=True,  # the answer stage's steps as they end, its record once written
+                **durability,
             ):
                 if mode == "values":
-                    state = dict(chunk) if current else state
+                    if not inside:
+                        state = dict(chunk) if current else state
+                    elif current:  # a letter whose call fails leaves the stage's record standing
+                        state.update({k: v for k, v in chunk.items() if k != "trace"})
                     continue
                 current = True
                 paused = chunk["__interrupt__"][0].value if "__interrupt__" in chunk else paused
                 for node, update in chunk.items():
-                    events = [] if node == "__interrupt__" else (update or {}).get("trace", [])
+                    if node == "__interrupt__" or (node == "answer" and not inside):
+                        continue  # the stage's events came from inside it
+                    events = (update or {}).get("trace", [])
                     for event in getattr(events, "value", events):  # an Overwrite's too
                         if on_event is not None:
                             on_event({**event, "t_s": round(time.perf_counter() - t0, 3)})
@@ -748,7 +776,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     install_log_redaction()  # request URLs in debug logs lose any user:password / ?key=
     if args.graph:
-        print(build_graph().get_graph().draw_mermaid())
+        print(build_graph().get_graph(xray=True).draw_mermaid())
         return 0
     if args.clear_memory:
         if args.query is not None:

@@ -137,3 +137,26 @@ class AgentState(TypedDict, total=False):
     """Where a node fell back because a model reply was unusable (such research is not cached)."""
     run_metrics: dict[str, Any]
     trace: Annotated[list[TraceEvent], operator.add]
+
+
+class AnswerStageInput(TypedDict, total=False):
+    """What the answer stage reads of the run (``main.answer_stage``): the question, the reading,
+    the research, the thread's turns.  Not the trace: the stage's own events are its output."""
+
+    question: str
+    parsed: Question
+    answer_mode: Literal["auto", "research", "evidence", "lean"]
+    reading: Annotated[dict[str, Any], merge_dicts]
+    planning_table: Annotated[list[PlanStep], merge_steps]
+    passages: dict[str, dict[str, Any]]
+    chain_of_thought: list[MemoryEntry]
+    stop_reason: str
+    turns: Annotated[list[Turn], operator.add]
+
+
+class AnswerStageOutput(TypedDict, total=False):
+    """What the answer stage hands back: the record, decided once, and its nodes' trace events."""
+
+    answer: dict[str, Any]
+    stop_reason: str
+    trace: Annotated[list[TraceEvent], operator.add]

@@ -24,6 +24,7 @@ from fakes import Script, ScriptedChat
 # The graph's fake world, and its autouse fixture (synthetic passages share no word with facts).
 from test_graph import (  # noqa: F401
     BOTTOM,
+    CHOICES,
     COMPARE,
     FACTS,
     LAW,
@@ -216,6 +217,25 @@ def test_a_run_stopped_mid_research_resumes_from_its_last_checkpoint(tmp_setting
     assert script.roles()[done:] == ["apply", "apply", "bottom_line"]
     fresh, *_ = run(tmp_settings, fact_replies())
     assert resumed["answer"]["text"] == fresh["answer"]["text"] and not resumed.get("error")
+
+
+def test_a_run_stopped_at_the_letter_resumes_at_the_letter(tmp_settings, store):
+    """The answer stage keeps its own checkpoints: Ctrl-C during a multiple-choice question's
+    letter, after its research answer was written, resumes with the letter call alone."""
+    replies = {**fact_replies(classify=[], bottom_line=[]), "mc_select": [KeyboardInterrupt()]}
+    replies["mc_select"].append("**Answer: (B)**")
+    research = tmp_settings.replace(answer_mode="research")
+    settings, script, ctx = _agent(research, store, replies)
+    with main.open_checkpointer(settings) as saver:
+        stopped = main.run_agent(
+            FACTS, CHOICES, context=ctx, checkpointer=saver, keep_on_interrupt=True
+        )
+        done = len(script.roles())
+        assert stopped["stop_reason"] == "interrupted" and "Rule:" in stopped["answer"]["text"]
+        resumed = main.resume_agent(stopped["thread_id"], context=ctx, checkpointer=saver)
+    assert script.roles()[done - 1 :] == ["mc_select", "mc_select"]
+    assert resumed["answer"]["letter"] == "B" and not resumed.get("error")
+    assert resumed["answer"]["issues"] == stopped["answer"]["issues"]
 
 
 # ------------------------------------------------------------------------------------------------

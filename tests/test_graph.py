@@ -1061,9 +1061,11 @@ def test_search_strategy_setting_forces_one_type_for_every_step(tmp_settings):
 
 
 def test_graph_is_one_graph_with_one_answer_stage():
-    mermaid = main.build_graph().get_graph().draw_mermaid()
-    for node in ("planner", "executor", "evaluator", "replanner", "answer", "mc_select"):
+    """The answer stage is one node, a subgraph: the record, then the letter."""
+    mermaid = main.build_graph().get_graph(xray=True).draw_mermaid()
+    for node in ("planner", "executor", "evaluator", "replanner", "record", "letter"):
         assert node in mermaid
+    assert "subgraph answer" in mermaid and "answer\\3arecord --> answer\\3aletter" in mermaid
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1136,6 +1138,18 @@ def test_a_multiple_choice_run_the_api_failed_has_an_abstaining_record(tmp_setti
     assert result["error"].startswith("LLM failure") and result["answer"]["abstained"] is True
     record = result["answer"]
     assert record["abstained"] and record["why"].startswith("LLM failure") and record["text"]
+
+
+def test_a_letter_whose_call_failed_keeps_the_research_answer(tmp_settings):
+    """The letter is the answer stage's last step: when its call fails, the run still shows the
+    answer the stage wrote before it, with the failure, and lists the events of both steps."""
+    replies = {**fact_replies(classify=[], bottom_line=[]), "mc_select": [RuntimeError("HTTP 500")]}
+    replies["mc_select_strict"] = []
+    result, *_ = run(tmp_settings, replies, choices=CHOICES, answer_mode="research")
+    assert result["error"].startswith("LLM failure")
+    record = result["answer"]
+    assert not record["abstained"] and "Rule:" in record["text"] and record["citations"]
+    assert [e["node"] for e in result["_events"]][-1] == "answer"
 
 
 def test_a_fact_patterns_saved_answer_serves_the_same_facts_only(tmp_settings):

@@ -89,7 +89,7 @@ def test_graph_prints_mermaid(tmp_path):
     assert proc.returncode == 0
     out = proc.stdout.decode()
     assert out.lstrip().startswith(("graph", "---", "%%"))
-    assert "mc_select" in out and "replanner" in out
+    assert "subgraph answer" in out and "letter" in out and "replanner" in out
 
 
 @pytest.mark.parametrize(
