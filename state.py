@@ -140,8 +140,9 @@ class AgentState(TypedDict, total=False):
 
 
 class AnswerStageInput(TypedDict, total=False):
-    """What the answer stage reads of the run (``main.answer_stage``): the question, the reading,
-    the research, the thread's turns.  Not the trace: the stage's own events are its output."""
+    """What the answer stage reads of the run (``main.build_answer_stage``): the question, the
+    reading, the research, the thread's turns.  Not the trace: the stage's own events are its
+    output."""
 
     question: str
     parsed: Question
