@@ -241,8 +241,9 @@ def _memory_hit(state: AgentState, ctx: AgentContext, q: Question) -> dict | Non
     """The QA memory's answer that serves this very question (None: none does)."""
     reading = state.get("reading") or {}
     # evidence answers are never cached; a follow-up's facts are its thread's, not a saved
-    # one's; a run the user reviews is researched on the agenda the user sets
-    if answer_mode(state, ctx) != "research" or reading.get("follow_up") or reading.get("review"):
+    # one's; a run the user reviews, or whose issues the user set, is researched on them
+    steered = reading.get("review") or q.issues
+    if answer_mode(state, ctx) != "research" or reading.get("follow_up") or steered:
         return None
     if q.law and not q.law.held:  # law no source holds: declined, whatever was saved before
         return None
@@ -343,13 +344,17 @@ def doctrine_key(name: str) -> str:
     return " ".join(sorted(mc.content_words(name.split(" (")[0])))
 
 
-def candidate_doctrines(ctx: AgentContext, question: str, within: str = "") -> list[str]:
+def candidate_doctrines(
+    ctx: AgentContext, question: str, within: str = ""
+) -> tuple[list[str], str]:
     """Doctrine names the planner may pick from: the doctrines the question links to in the legal
     taxonomy (first: the 1.5B picks the first ones), then the titles of the passages retrieved for
-    the question.  A question researched in one state's law (``within``, a USPS code) lists only
-    that state's passage titles: general law finds nothing in a state's statute."""
+    the question; and the title of the user's own document when the closest of those passages is
+    one ("" when none is).  A question researched in one state's law (``within``, a USPS code)
+    lists only that state's passage titles: general law finds nothing in a state's statute."""
     linked = [i for i in agenda(ctx, question, []) if i]
     titles: list[str] = []
+    own = ""
     try:
         found = (
             ctx.search("hybrid", [question], CANDIDATE_PASSAGES, [], within)
@@ -357,13 +362,20 @@ def candidate_doctrines(ctx: AgentContext, question: str, within: str = "") -> l
             else ctx.retrieve([question], CANDIDATE_PASSAGES, [])
         )
         titles = [d.get("title") or "" for d in found]
+        own = " ".join(titles[0].split()) if found and is_document(found[0]) else ""
     except Exception as exc:  # noqa: BLE001 - candidates are an aid; the plan still runs
         logger.warning("candidate retrieval failed: %s", exc)
     out: dict[str, str] = {}  # one candidate per doctrine (doctrine_key)
     for name in (titles or linked) if within else linked + titles:
         if key := doctrine_key(name):
             out.setdefault(key, " ".join(name.split()))
-    return list(out.values())
+    return list(out.values()), own
+
+
+def is_document(passage: Passage) -> bool:
+    """Whether a passage is of the user's own documents (``load_corpus.py docs``: metadata
+    ``doc_id``)."""
+    return bool((passage.get("metadata") or {}).get("doc_id"))
 
 
 def off_topic(
@@ -511,7 +523,9 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     # that state's law alone: the general rules beside it are not what it asks for.
     within = q.law.code if q.law and q.law.held and ctx.scoped else ""
     # the thread's issues first; a kept agenda searches for others only for the user to review
-    found = candidate_doctrines(ctx, q.text, within) if reading.get("review") or not kept else []
+    found, own = (
+        candidate_doctrines(ctx, q.text, within) if reading.get("review") or not kept else ([], "")
+    )
     candidates = list(dict.fromkeys([*thread_research(state), *found]))
     fallbacks = []
     if kept:
@@ -522,6 +536,9 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         listed = "\n".join(f"{n}. {c}" for n, c in enumerate(candidates, 1)) or "(none)"
         result = prompts.call(ctx.client, "plan", objective=q.text, candidates=listed)
         issues = picked_issues(result.parsed.issues if result.parsed else [], candidates)
+        # A question closest to the user's own document is researched in it first: the 1.5B
+        # passed over a lease that settles a deposit question for the general rules.
+        issues = list(dict.fromkeys([own, *issues] if own else issues))
     if not issues:
         fallbacks.append("planner: no issues named (the linked doctrines are researched)")
         issues = agenda(ctx, q.text, [])

@@ -8,6 +8,7 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -204,6 +205,7 @@ def run(
     retriever: FakeRetriever | None = None,
     embed: Any = fake_embed,
     evidence_score: Any = None,
+    issues: Sequence[str] = (),
     **settings_changes: Any,
 ) -> tuple[dict, Script, Memory, FakeRetriever]:
     # VERDICT_SUPPORT=0 shows every reading of the facts; the embedded model's default shows none
@@ -224,7 +226,7 @@ def run(
         evidence_score=evidence_score,
     )
     events: list[dict] = []
-    result = main.run_agent(question, choices, context=ctx, on_event=events.append)
+    result = main.run_agent(question, choices, context=ctx, on_event=events.append, issues=issues)
     result["_events"] = events
     for role, queue in script.replies.items():
         assert not queue, f"unused scripted replies for {role}: {queue}"
@@ -630,8 +632,32 @@ def test_research_in_one_states_law_picks_among_that_states_passages_only(tmp_se
         ),
     )
     question = "Under Ohio law, can my neighbor fly a drone over my yard to photograph me?"
-    assert nodes.candidate_doctrines(ctx, question, "OH") == [statute["title"]]
-    assert nodes.candidate_doctrines(ctx, question)[:2] == ["Consent as a defense", "Trespass to chattels"]  # fmt: skip
+    assert nodes.candidate_doctrines(ctx, question, "OH")[0] == [statute["title"]]
+    assert nodes.candidate_doctrines(ctx, question)[0][:2] == ["Consent as a defense", "Trespass to chattels"]  # fmt: skip
+
+
+def test_a_question_closest_to_the_users_own_document_is_researched_in_it_first(tmp_settings):
+    """A user trial: a tenant's loaded lease settles "Can he keep my deposit?", and its title was
+    among the plan's candidates, but the 1.5B picked the general landlord-tenant rules and the
+    lease was never read.  The document the question is closest to is now the first issue."""
+    lease = {
+        "id": "lease#1",
+        "title": "Maple Street Lease",
+        "text": "Landlord shall return the security deposit, less itemized deductions, within 21 "
+        "days after Tenant leaves. A landlord who sends no itemized statement within 21 days "
+        "forfeits the right to withhold any part of the deposit.",
+        "metadata": {"kind": "statute", "doc_id": "lease"},
+    }
+    question = (
+        "My landlord kept my whole security deposit. He sent no itemized statement of "
+        "deductions until 30 days after I left. Can he keep the deposit?"
+    )
+    replies = fact_replies(plan=[J(issues=[2])], apply=[APPLY, APPLY])
+    result, script, *_ = run(
+        tmp_settings, replies, question, retriever=FakeRetriever([lease, *LAW], ranked=True)
+    )
+    assert result["reading"]["agenda"][0] == "Maple Street Lease"
+    assert "forfeits the right to withhold" in result["answer"]["text"]
 
 
 def test_a_question_about_a_states_law_is_declined_unless_the_sources_hold_that_law(
@@ -818,6 +844,20 @@ def test_when_leans_retrieval_falls_below_the_gate_the_letter_reads_the_research
     prompt = script.prompts("mc_select")[0]
     assert "may not punish a student's speech" in prompt  # the research's passage
     assert result["answer"]["mc"]["closed_book"] is False
+
+
+def test_a_question_whose_issues_the_user_set_is_researched_not_recalled(tmp_settings):
+    """A user trial: `--issues 'Maple Street Lease; Landlord and tenant'` was answered from the QA
+    memory with the answer saved for the same question, on the model's agenda: the issues the
+    user set were never researched."""
+    memory = Memory({"question": FACTS, "answer": "Cached answer [1].", "similarity": 1.0, "sources": []})  # fmt: skip
+    replies = fact_replies(plan=[])  # the user's agenda: no plan call
+    result, script, *_ = run(
+        tmp_settings, replies, memory=memory, issues=["Negligence", "Comparative negligence"]
+    )
+    assert not result["reading"].get("recalled")
+    assert result["reading"]["agenda"] == ["Negligence", "Comparative negligence"]
+    assert "Cached answer" not in result["answer"]["text"]
 
 
 def test_memory_hit_skips_the_research_and_a_letter_is_still_picked(tmp_settings):
@@ -1126,7 +1166,7 @@ def test_a_doctrine_is_one_candidate_however_many_times_it_is_named(tmp_settings
         retrieve=FakeRetriever(titled),
         link_issues=lambda question, issues: ["Stop and frisk", "Arrest (Stop and frisk)", "Strict liability for animals"],
     )  # fmt: skip
-    assert nodes.candidate_doctrines(ctx, "A pat-down. Can he suppress it?") == [
+    assert nodes.candidate_doctrines(ctx, "A pat-down. Can he suppress it?")[0] == [
         "Stop and frisk", "Arrest (Stop and frisk)", "Strict liability for animals", "Plain view",
     ]  # fmt: skip
 
