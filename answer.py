@@ -994,6 +994,9 @@ def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
     scores = doctrine_scores(item.issue, item.docs, stage.embed)
     docs = [d for d, s in zip(item.docs, scores, strict=True) if s >= DOCTRINE_MATCH]
     stage.fire("off_doctrine", len(item.docs) - len(docs))
+    # An issue that is one of the user's documents (its title) is answered from that document.
+    mine = [d for d in docs if d.get("doc_id") and " ".join(d["title"].split()) == item.issue]
+    docs = mine or docs
     if not docs:
         why = item.why or (
             "the passages found are about other doctrines" if item.docs else "no passage found"
@@ -1007,7 +1010,7 @@ def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
     near = [stage.q.text] if rule_question else item.facts
     if near is None:
         near = issue_facts(item.issue, stage.q.facts, stage.embed)
-    query = " ".join([item.issue, *near])
+    query = " ".join([item.issue, *near] if not mine else [stage.q.text])  # a title says nothing
     if stage.policy == "evidence":
         candidates = lead or select_rule(query, docs, stage.embed, VERIFY_CANDIDATES)
         rule, judged = verify_rule(stage.client, item.issue, candidates)

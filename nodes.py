@@ -174,6 +174,7 @@ def _passage_record(doc: dict) -> dict:
         "text": doc.get("text") or "",
         "heading": (doc.get("metadata") or {}).get("heading") or "",
         "pin": answer_stage.pin_cite(doc),
+        "doc_id": (doc.get("metadata") or {}).get("doc_id") or "",  # the user's own document
     }
 
 
@@ -547,6 +548,9 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         issues = [q.text]
     adaptive = ctx.settings.agent.research_policy == "adaptive" and not kept
     update = plan_steps(state, ctx, issues[:1] if adaptive else issues)
+    for step in update["planning_table"]:  # a document's title says nothing of what it holds
+        if own and step["issue"] == own and not step.get("execution"):
+            step["strategy"] = {**step["strategy"], "queries": [q.text]}
     update["reading"].update(candidates=candidates, **({"within": within} if within else {}))
     if kept:  # the CLI says so, and how to research another issue
         update["reading"]["agenda_kept"] = True

@@ -657,7 +657,11 @@ def test_a_question_closest_to_the_users_own_document_is_researched_in_it_first(
         tmp_settings, replies, question, retriever=FakeRetriever([lease, *LAW], ranked=True)
     )
     assert result["reading"]["agenda"][0] == "Maple Street Lease"
-    assert "forfeits the right to withhold" in result["answer"]["text"]
+    step = result["planning_table"][0]  # its title says nothing: the question itself is searched
+    assert step["strategy"]["queries"] == [" ".join(question.split())]
+    lease_issue = result["answer"]["issues"][0]
+    assert lease_issue["issue"] == "Maple Street Lease"
+    assert any("forfeits the right to withhold" in s["text"] for s in lease_issue["sentences"])
 
 
 def test_a_question_about_a_states_law_is_declined_unless_the_sources_hold_that_law(
