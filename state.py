@@ -144,13 +144,11 @@ class AnswerStageInput(TypedDict, total=False):
     reading, the research, the thread's turns.  Not the trace: the stage's own events are its
     output."""
 
-    question: str
     parsed: Question
     answer_mode: Literal["auto", "research", "evidence", "lean"]
     reading: Annotated[dict[str, Any], merge_dicts]
     planning_table: Annotated[list[PlanStep], merge_steps]
     passages: dict[str, dict[str, Any]]
-    chain_of_thought: list[MemoryEntry]
     stop_reason: str
     turns: Annotated[list[Turn], operator.add]
 
