@@ -1022,14 +1022,20 @@ def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
             return IssueAnswer(item.issue, "no_evidence", why=why)
     else:
         rule = lead or select_rule(query, docs, stage.embed)
-        if rule and all(r in stage.taken for r in _keys(rule)):  # what else its passages say
-            rule = select_rule(query, docs, stage.embed, taken=stage.taken) or rule
-    # The same law as earlier issues is said once, under them (guard ``same_rule``).
+    # The same law as earlier issues is said once, under them (guard ``same_rule``); outside the
+    # evidence policy, an issue quotes what else its passages say when they say more.
     if rule and all(r in stage.taken for r in _keys(rule)):
-        stage.fire("same_rule")
-        owners = ", ".join(dict.fromkeys(stage.taken[r] for r in _keys(rule)))
-        why = f"its rule is the one already quoted for {owners}"
-        return IssueAnswer(item.issue, "no_evidence", why=why)
+        more = (
+            []
+            if stage.policy == "evidence"
+            else select_rule(query, docs, stage.embed, taken=stage.taken)
+        )
+        if not more:
+            stage.fire("same_rule")
+            owners = ", ".join(dict.fromkeys(stage.taken[r] for r in _keys(rule)))
+            why = f"its rule is the one already quoted for {owners}"
+            return IssueAnswer(item.issue, "no_evidence", why=why)
+        rule = more
     stage.taken.update(dict.fromkeys(_keys(rule), item.issue))
     return rule
 
