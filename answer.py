@@ -196,9 +196,9 @@ class IssueAnswer:
     status: Literal["answered", "no_evidence", "not_researched", "not_raised"]
     sentences: list[Sentence] = field(default_factory=list)
     outcome: Met | None = None
-    """The conclusion shown: yes, the rule's requirements are met on the facts; no, one fails or an
-    exception applies; unclear, the facts do not decide it or the research does not support the
-    reading (``support`` below the bar); None: no application (a rule question, no rule found)."""
+    """The conclusion shown: yes, the rule's requirements are met on the facts; no, one fails;
+    unclear, the facts do not decide it or the research does not support the reading (``support``
+    below the bar); None: no application (a rule question, no rule found)."""
     why: str = ""
     reading: Met | None = None
     """The application's reading of the facts, shown as ``outcome`` only when it is earned."""
@@ -211,7 +211,7 @@ class IssueAnswer:
     """What decides the issue: each requirement the reading rests on and the fact said to meet or
     fail it, or a requirement no stated fact decides."""
     checks: list[dict[str, Any]] = field(default_factory=list)
-    """The application: per requirement (and exception), the stated fact that decides it and how
+    """The application: per requirement, the stated fact that decides it and how
     (:class:`prompts.Check` as a dict); a follow-up on the thread may carry it over."""
 
 
@@ -466,18 +466,15 @@ def raised(checks: Sequence[Check]) -> bool:
 
 
 def _outcome(checks: Sequence[Check]) -> Met:
-    """The rule's outcome from its structure: an exception that applies, or a requirement that
-    fails -> no; every requirement met -> yes; else unclear.  An exception the facts do not show
-    leaves the rule as its requirements decide it."""
-    elements = [c for c in checks if not c.exception]
-    if any(c.met == "yes" for c in checks if c.exception) or any(c.met == "no" for c in elements):
+    """The rule's outcome: a requirement that fails -> no; every requirement met -> yes; else
+    unclear."""
+    if any(c.met == "no" for c in checks):
         return "no"
-    return "yes" if elements and all(c.met == "yes" for c in elements) else "unclear"
+    return "yes" if checks and all(c.met == "yes" for c in checks) else "unclear"
 
 
-_ELEMENT_VERDICT = {"yes": "met", "no": "not met", "unclear": "not decided by the facts"}
+_VERDICT = {"yes": "met", "no": "not met", "unclear": "not decided by the facts"}
 UNSETTLED_CHECK = "not settled; the stated fact"
-_EXCEPTION_VERDICT = {"yes": "applies", "no": "does not apply", "unclear": "not shown by the facts"}
 
 
 def _words(text: str) -> str:
@@ -495,7 +492,7 @@ def _sources(requirement: str, rule: Sequence[str], cites: list[int]) -> list[in
 def _application_sentences(
     checks: Sequence[Check], rule: Sequence[str], cites: list[int], bar: float = 0.0
 ) -> list[Sentence]:
-    """One sentence per requirement or exception a stated fact bears on (whether the facts meet
+    """One sentence per requirement a stated fact bears on (whether the facts meet
     it, when the fact's support reaches ``bar``, and the fact), citing the rule sentence it comes
     from; then one listing those no stated fact bears on; each said once."""
     out, open_items, seen, open_cites = [], [], set(), set()
@@ -505,25 +502,15 @@ def _application_sentences(
             continue
         seen.add(requirement.lower())
         fact = _clean(c.fact)
-        if fact.lower() in NOT_STATED:
-            if c.exception:  # quoted as the rule states it, as the conclusion quotes it
-                open_items.append(f'the exception "{requirement}"')
-            else:  # "An offer", "A school's" -> lower case; "UCC" stays
-                first = requirement.split()[0]
-                lower = first == "A" or first[1:].islower()
-                open_items.append(
-                    requirement[:1].lower() + requirement[1:] if lower else requirement
-                )
+        if fact.lower() in NOT_STATED:  # "An offer", "A school's" -> lower case; "UCC" stays
+            first = requirement.split()[0]
+            lower = first == "A" or first[1:].islower()
+            open_items.append(requirement[:1].lower() + requirement[1:] if lower else requirement)
             open_cites.update(_sources(requirement, rule, cites))
             continue
         fact += "" if fact.endswith("…") else "."
-        verdict = (_EXCEPTION_VERDICT if c.exception else _ELEMENT_VERDICT)[c.met]
-        if (c.support or 0.0) < bar:
-            verdict = UNSETTLED_CHECK
-        if c.exception:
-            text = f"Exception: {requirement} — {verdict}: {fact}"
-        else:
-            text = f"{requirement[:1].upper()}{requirement[1:]} — {verdict}: {fact}"
+        verdict = _VERDICT[c.met] if (c.support or 0.0) >= bar else UNSETTLED_CHECK
+        text = f"{requirement[:1].upper()}{requirement[1:]} — {verdict}: {fact}"
         out.append(Sentence(text, "application", _sources(requirement, rule, cites)))
     if open_items:
         text = f"No stated fact decides: {'; '.join(open_items)}."
@@ -532,16 +519,11 @@ def _application_sentences(
 
 
 def _conclusion(issue: str, outcome: Met, checks: Sequence[Check], cites: list[int]) -> Sentence:
-    """The issue's conclusion, following from the rule's structure (:func:`_outcome`): it names
-    the exception that applies or the requirement the facts fail, without a double negative
-    ("the rule does not apply" of a rule that says who is *not* liable)."""
-    applies = [c for c in checks if c.exception and c.met == "yes"]
-    failed = [c for c in checks if not c.exception and c.met == "no"]
+    """The issue's conclusion, following from its checks (:func:`_outcome`): it names the
+    requirement the facts fail."""
+    failed = [c for c in checks if c.met == "no"]
     if outcome == "yes":
         text = f"{issue}: every requirement is met on these facts, so the rule applies."
-    elif applies:  # quoted: the clause as the rule states it ("unless he knows ...")
-        exception = _clean(applies[0].requirement)
-        text = f'{issue}: on these facts the exception "{exception}" applies.'
     elif outcome == "no":
         requirement = _clean(failed[0].requirement)
         text = f'{issue}: the rule does not apply: the facts do not meet "{requirement}".'
@@ -551,14 +533,12 @@ def _conclusion(issue: str, outcome: Met, checks: Sequence[Check], cites: list[i
 
 
 def _deciding(checks: Sequence[Check], reading: Met) -> list[Check]:
-    """The checks a reading rests on: every requirement for "yes"; for "no", the exception that
-    applies or else the requirement the facts fail (the one :func:`_conclusion` names)."""
-    elements = [c for c in checks if not c.exception]
+    """The checks a reading rests on: every requirement for "yes"; for "no", the requirement the
+    facts fail (the one :func:`_conclusion` names)."""
     if reading == "yes":
-        return elements
+        return list(checks)
     if reading == "no":
-        applies = [c for c in checks if c.exception and c.met == "yes"]
-        return applies[:1] or [c for c in elements if c.met == "no"][:1]
+        return [c for c in checks if c.met == "no"][:1]
     return []
 
 
@@ -598,111 +578,12 @@ def _turns_on_text(items: Sequence[str]) -> str:
     return f"; it turns on {'; '.join(items)}." if items else "."
 
 
-_ENUMERATION = re.compile(r"\(\d+\)\s*")
-MAX_REQUIREMENTS = 4
-_HEADING_PREFIX = re.compile(r"^[^:;]+:\s+(?=\S)")
-HEADING_PREFIX_WORDS = 10
-"""A passage's opening "Doctrine name: ..." of at most this many words is its heading, not part of
-a requirement."""
-_TRAILING_CONJUNCTION = re.compile(r"[;,]?\s*\b(?:and|or)\s*$")
-_DEFENSE = (
-    r"\b(?:is|are|as|has|have)\s+(?:not\s+)?(?:a\s+|an\s+|no\s+)?(?:\w+\s+)?defen[cs]es?\b"
-    r"|\bdefen[cs]es?\s*:|\bdefen[cs]es?\s+(?:to|against|include)\b"
-    r"|\bdefen[cs]es?\b[^.;]{0,120}\bbar\b|\bnot\s+a\s+(?:\w+\s+)?defen[cs]e\b"
-)
-"""A clause that names a defense ("... is a defense", "Defenses: ...", "defenses ... can bar
-relief"), not one that only uses the word ("any party's claim or defense") or a doctrine named
-for it ("Defense of others: ...")."""
-NOT_AN_ELEMENT = re.compile(
-    r"\b(?:examples?|exceptions?|unless|need not|"
-    r"does not (?:apply|require)|is not (?:required|enough|sufficient|necessary)|not enough)\b"
-    rf"|{_DEFENSE}"
-    r"|\b(?:is|are) not$",  # "... is a defense, but intent to repay money is not"
-    re.I,
-)
-"""A clause that gives examples, a defense, an exception or what does not suffice: part of the
-rule as quoted, but not a requirement the facts must meet ("blasting and crop dusting are classic
-examples"; "knowing assumption of the risk is a defense")."""
-MIN_CLAUSE_WORDS = 6
-"""Words of a clause kept from a sentence that also gives examples or a defense: shorter pieces
-are the start of an example list ("blasting, storing explosives, and crop dusting are ...")."""
-_CLAUSE_JOIN = re.compile(r",\s+(?:and|but)\s+")
-_UNLESS = re.compile(r",?\s+\bunless\b\s+", re.I)
-_EXCEPT = re.compile(r",\s+except\b,?\s+(?!that\b)", re.I)
-"""", except ..." after a rule: what follows are its exceptions, one per ";" ("Offers are generally
-revocable ..., except an option contract ...; a UCC firm offer ..."); ", except that ..." qualifies
-the rule instead."""
-EXCEPTION = re.compile(
-    r"\b(?:exceptions?|unless|privileged|does not apply|not liable|"
-    r"(?:no|neither)\b[^.;]{0,40}\bappl(?:y|ies))\b"
-    rf"|{_DEFENSE}",
-    re.I,
-)
-"""A clause that states an exception or defense: when the facts show it, the rule does not apply
-("the market-participant exception when the state buys or sells as a market actor"; "neither
-privilege applies when one spouse is charged with a crime against the other")."""
-NO_DEFENSE = re.compile(r"\bno defen[cs]es?\b|\bnot a (?:\w+ )?defen[cs]e\b", re.I)
-"""A clause that says an argument is *not* a defense ("Factual impossibility is no defense"):
-neither a requirement nor an exception (as one, an empty safe defeated the rule it upholds)."""
-MAX_EXCEPTIONS = 2
-
-
-def _item_text(item: str) -> str:
-    item = _TRAILING_CONJUNCTION.sub("", " ".join(item.split())).strip(" ;,.")
-    head = _HEADING_PREFIX.match(item)  # "Due process in discipline: Students have ..."
-    if head and len(head.group(0).split()) <= HEADING_PREFIX_WORDS:
-        item = item[head.end() :]
-    for lead in ("and ", "or "):
-        item = item.removeprefix(lead)
-    return item
-
-
-def rule_structure(sentences: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(requirements, exceptions) of a rule, cut in code from its verbatim sentences: the items of
-    an enumeration or the clauses between semicolons, without examples, defenses and exceptions
-    (:data:`NOT_AN_ELEMENT`); and the clauses that state an exception or a defense
-    (:data:`EXCEPTION`, "unless ...", ", except ..."), at most :data:`MAX_EXCEPTIONS`."""
-    reqs: list[str] = []
-    exceptions: list[str] = []
-    for sentence in sentences:
-        head = _HEADING_PREFIX.match(sentence)
-        if head and NOT_AN_ELEMENT.search(head.group(0)):  # "Defenses: ...", "Exceptions: ..."
-            if EXCEPTION.search(head.group(0)) and not NO_DEFENSE.search(head.group(0)):
-                exceptions.append(" ".join(sentence[head.end() :].split()).rstrip(" ;,."))
-            continue
-        parts = _ENUMERATION.split(sentence)
-        if len(parts) > 2:  # an enumeration: an item's "except ..." is that item's
-            items = parts[1:]
-        else:
-            sentence, *excepted = _EXCEPT.split(sentence, maxsplit=1)
-            for clause in map(_item_text, excepted[0].split(";") if excepted else []):
-                if len(clause.split()) >= 2:
-                    exceptions.append(f"except {clause}")
-            items = sentence.split(";")
-        for item in map(_item_text, items):
-            element, *unless = _UNLESS.split(item, maxsplit=1)
-            exceptions += [f"unless {u}" for u in unless if len(u.split()) >= 2]
-            element, *excepted = _EXCEPT.split(element, maxsplit=1)
-            exceptions += [f"except {e}" for e in excepted if len(e.split()) >= 2]
-            clauses = _CLAUSE_JOIN.split(element)
-            exceptions += [
-                c
-                for c in clauses
-                if EXCEPTION.search(c)
-                and not re.search(r"\bexamples?\b", c)
-                and not NO_DEFENSE.search(c)
-            ]
-            if NOT_AN_ELEMENT.search(element) or EXCEPTION.search(element):
-                element = ", and ".join(  # its clauses that state an element
-                    c
-                    for c in clauses
-                    if not (NOT_AN_ELEMENT.search(c) or EXCEPTION.search(c))
-                    and len(c.split()) >= MIN_CLAUSE_WORDS
-                )
-            # an enumeration's item may be one word ("(3) causation"); a clause is two or more
-            if len(element.split()) >= 2 or len(parts) > 2 and re.fullmatch(r"[a-z]{4,}", element):
-                reqs.append(element)
-    return reqs, list(dict.fromkeys(exceptions))[:MAX_EXCEPTIONS]
+def requirements(sentences: Sequence[str]) -> list[str]:
+    """What the facts must meet: each quoted rule sentence, whole.  The clauses, exceptions and
+    defenses that code once cut from them (15 patterns) gained nothing on either half of the fact
+    patterns (docs/MEASUREMENTS.md, "Fact patterns")."""
+    out = [" ".join(s.split()).rstrip(" ;,.") for s in sentences]
+    return [r for r in out if len(r.split()) >= 2]
 
 
 LATER_FACT = " (stated later: where it conflicts with an earlier fact, it holds)"
@@ -710,22 +591,13 @@ LATER_FACT = " (stated later: where it conflicts with an earlier fact, it holds)
 
 
 def apply_rule(
-    client: Any,
-    issue: str,
-    reqs: Sequence[str],
-    facts: Sequence[str],
-    exceptions: Sequence[str] = (),
-    later: int = 0,
+    client: Any, issue: str, reqs: Sequence[str], facts: Sequence[str], later: int = 0
 ) -> list[Check] | None:
-    """The ``apply`` call: for each requirement and exception, the stated fact that decides it
-    (None: unusable reply; a reply cut off at its token budget keeps its complete checks).  A
-    requirement past :data:`MAX_REQUIREMENTS`, or left unanswered, is not decided by the facts.
-    A follow-up's facts after the first ``later`` are marked as stated later, to win a conflict."""
-    asked, unasked = list(reqs[:MAX_REQUIREMENTS]), reqs[MAX_REQUIREMENTS:]
-    items = [*asked, *exceptions]
-    numbered = "\n".join(
-        f"{n}. {'(exception) ' if n > len(asked) else ''}{r}" for n, r in enumerate(items, 1)
-    )
+    """The ``apply`` call: for each requirement, the stated fact that decides it (None: unusable
+    reply; a reply cut off at its token budget keeps its complete checks).  A requirement left
+    unanswered is not decided by the facts.  A follow-up's facts after the first ``later`` are
+    marked as stated later, to win a conflict."""
+    numbered = "\n".join(f"{n}. {r}" for n, r in enumerate(reqs, 1))
     mark = LATER_FACT if later else ""
     listed = "\n".join(f"F{n}.{mark if n > later else ''} {f}" for n, f in enumerate(facts, 1))
     result = prompts.call(client, "apply", issue=issue, rule=numbered, facts=listed)
@@ -736,18 +608,15 @@ def apply_rule(
         return None
     checks: dict[int, Check] = {}
     for f in parsed.checks:
-        if 1 <= f.n <= len(items) and f.n not in checks:
+        if 1 <= f.n <= len(reqs) and f.n not in checks:
             fact = _fact_text(f.fact, facts)
             met = "unclear" if fact == NOT_STATED_FACT else f.met
-            checks[f.n] = Check(
-                requirement=items[f.n - 1], fact=fact, met=met, exception=f.n > len(asked)
-            )
+            checks[f.n] = Check(requirement=reqs[f.n - 1], fact=fact, met=met)
     if not checks:
         return None
-    for n, r in enumerate(asked, 1):  # a requirement the reply left out is not decided
+    for n, r in enumerate(reqs, 1):  # a requirement the reply left out is not decided
         checks.setdefault(n, Check(requirement=r, fact=NOT_STATED_FACT, met="unclear"))
-    rest = [Check(requirement=r, fact=NOT_STATED_FACT, met="unclear") for r in unasked]
-    return [checks[n] for n in sorted(checks)] + rest
+    return [checks[n] for n in sorted(checks)]
 
 
 def related_checks(checks: Sequence[Check], embed: EmbedFn) -> tuple[list[Check], int]:
@@ -1105,13 +974,13 @@ def _checks(stage: _Stage, issue: str, rule: list) -> tuple[Applied, int, bool]:
     (guard ``unrelated_fact``), and whether it is the thread's earlier one (:func:`_carried`)."""
     if stage.q.kind == "rule_question" or not stage.q.facts:
         return (None, False), 0, False
-    reqs, exceptions = rule_structure([s for _, s in rule])
-    if not (reqs or exceptions):  # the rule is quoted, with nothing to apply
+    reqs = requirements([s for _, s in rule])
+    if not reqs:  # the rule is quoted, with nothing to apply
         return (None, False), 0, False
-    if (carried := _carried(stage, issue, [*reqs, *exceptions])) is not None:
+    if (carried := _carried(stage, issue, reqs)) is not None:
         return (carried, True), 0, True
     later = len(stage.q.earlier)
-    applied = apply_rule(stage.client, issue, reqs, stage.q.facts, exceptions, later=later)
+    applied = apply_rule(stage.client, issue, reqs, stage.q.facts, later=later)
     if applied is None:
         return (None, True), 0, False
     applied, unrelated = related_checks(applied, stage.embed)

@@ -248,8 +248,6 @@ class Check(BaseModel):
     fact: str = Field(min_length=1)
     """The fact sentence as the user wrote it, or the model's words for it (at most 120 characters)."""
     met: Met
-    exception: bool = False
-    """An exception or defense of the rule: met "yes" means it applies, and the rule does not."""
     support: float | None = None
     """How far the research supports the finding: the cosine of the requirement to the fact that
     decides it (None: no fact decides it)."""

@@ -140,47 +140,6 @@ def test_the_issue_outcome_follows_from_its_requirements(mets, outcome):
     assert answer._outcome(checks) == outcome
 
 
-@pytest.mark.parametrize(
-    "mets, exception, outcome",
-    [
-        (["yes"], "yes", "no"),  # the exception applies: the rule does not
-        (["yes"], "unclear", "yes"),  # an exception the facts do not show changes nothing
-        (["yes"], "no", "yes"),
-        (["no"], "no", "no"),
-    ],
-)
-def test_an_exception_that_applies_defeats_the_rule(mets, exception, outcome):
-    checks = [Check(requirement=f"r{i}", fact="f", met=m) for i, m in enumerate(mets)]
-    checks.append(Check(requirement="market participant", fact="f", met=exception, exception=True))
-    assert answer._outcome(checks) == outcome
-
-
-def test_a_rules_exceptions_and_defenses_are_asked_about_apart_from_its_requirements():
-    """The cement-plant answer never asked whether the market-participant exception applied (it
-    was dropped with the examples), so "the contractor will prevail" followed."""
-    rules = [
-        "Dormant Commerce Clause: Even when Congress has not acted, states may not discriminate "
-        "against or unduly burden interstate commerce.",
-        "Exceptions: the market-participant exception when the state buys or sells as a market "
-        "actor, and laws Congress has authorized.",
-        "Neither privilege applies when one spouse is charged with a crime against the other.",
-        "A seller is liable for the defect unless the buyer inspected the goods before the sale.",
-        "Intent to return the very same property is a defense, but intent to repay equivalent "
-        "money is not.",  # the clause after "but" says what is no defense: not an element
-    ]
-    reqs, exceptions = answer.rule_structure(rules)
-    assert reqs == [
-        "Even when Congress has not acted, states may not discriminate against or unduly burden "
-        "interstate commerce",
-        "A seller is liable for the defect",
-    ]
-    assert exceptions == [
-        "the market-participant exception when the state buys or sells as a market actor, and "
-        "laws Congress has authorized",
-        "Neither privilege applies when one spouse is charged with a crime against the other",
-    ]  # at most MAX_EXCEPTIONS: the "unless" clause is the third
-
-
 def test_an_application_cut_off_mid_check_keeps_the_complete_ones():
     full = {"checks": [{"n": 1, "fact": "b", "met": "no"}, {"n": 2, "fact": "d", "met": "yes"}]}  # fmt: skip
     text = json.dumps(full)
@@ -334,14 +293,6 @@ def test_requirements_no_stated_fact_bears_on_are_listed_once_not_each_as_an_app
         [Check(requirement=school, fact="not stated", met="unclear")], [f"{school}."], [1]
     )
     assert said[0].text == f"No stated fact decides: a{school[1:]}."
-    # an exception no fact bears on is named as one, quoted, even when it opens with "unless"
-    unless = "unless the student is dangerous or disruptive"
-    said = answer._application_sentences(
-        [Check(requirement=unless, fact="not stated", met="unclear", exception=True)],
-        [f"A school must give notice, {unless}."],
-        [1],
-    )
-    assert said[0].text == f'No stated fact decides: the exception "{unless}".'
 
 
 def test_an_application_cites_the_rule_sentence_its_requirement_comes_from():
@@ -388,134 +339,22 @@ def test_a_check_names_its_fact_by_number_and_a_check_without_one_is_not_met(tmp
     assert "F1. Police arrested Dan.\nF2. They locked him" in script.prompts("apply")[0]
 
 
-def test_a_requirement_the_model_was_not_asked_or_did_not_answer_is_not_met(tmp_settings):
-    """A user trial's negligence rule had five elements; the model was asked about four (duty,
-    breach, actual and proximate cause), marked them met, and the conclusion read "every
-    requirement is met on these facts" with damages never checked."""
-    rule = ("A plaintiff must prove (1) a duty of care; (2) breach of that duty; (3) actual cause; "
-            "(4) proximate cause; and (5) damages.")  # fmt: skip
-    reqs, _ = answer.rule_structure([rule])
-    assert len(reqs) == answer.MAX_REQUIREMENTS + 1
-    met = [{"n": n, "fact": 1, "met": "yes"} for n in range(1, answer.MAX_REQUIREMENTS + 1)]
-    client, script = scripted_client(tmp_settings, {"apply": [json.dumps({"checks": met})]})
-    got = answer.apply_rule(client, "Negligence", reqs, ["The store left the spill for hours."])
-    assert "5. damages" not in script.prompts("apply")[0]  # asked about the first four only
-    assert [c.met for c in got] == ["yes"] * answer.MAX_REQUIREMENTS + ["unclear"]
-    assert answer._outcome(got) == "unclear"
+def test_a_requirement_the_model_did_not_answer_is_not_met(tmp_settings):
+    """A rule sentence the apply reply leaves out is not decided by the facts, so the issue is
+    not read as met on every requirement."""
+    reqs = answer.requirements(
+        ["Negligence: A plaintiff must prove a duty of care and its breach.",
+         "The breach must cause actual damages."]
+    )  # fmt: skip
+    assert reqs == [
+        "Negligence: A plaintiff must prove a duty of care and its breach",
+        "The breach must cause actual damages",
+    ]  # each sentence whole, as quoted
     skipped = [{"n": 1, "fact": 1, "met": "yes"}]  # the reply leaves out the second one
     client, _ = scripted_client(tmp_settings, {"apply": [json.dumps({"checks": skipped})]})
-    got = answer.apply_rule(client, "Negligence", reqs[:2], ["The store left the spill."])
+    got = answer.apply_rule(client, "Negligence", reqs, ["The store left the spill."])
     assert [(c.requirement, c.met) for c in got] == [(reqs[0], "yes"), (reqs[1], "unclear")]
-
-
-def test_requirements_are_the_rules_own_clauses():
-    rule = (
-        "A plaintiff must prove (1) a duty of care owed to the plaintiff; (2) breach of that duty; "
-        "(3) actual cause; and (4) actual damages, such as physical injury."
-    )
-    assert answer.rule_structure([rule])[0] == [
-        "a duty of care owed to the plaintiff", "breach of that duty", "actual cause",
-        "actual damages, such as physical injury",
-    ]  # fmt: skip
-    headed = "Due process in school discipline: Students have a property interest in education."
-    assert answer.rule_structure([headed])[0] == ["Students have a property interest in education"]
-    assert answer.rule_structure(["A licensee must be warned of known dangers; no duty to inspect."])[0] == [
-        "A licensee must be warned of known dangers", "no duty to inspect",
-    ]  # fmt: skip
-
-
-def test_what_is_no_defense_is_neither_a_requirement_nor_an_exception():
-    """ "Factual impossibility is no defense: a defendant who picks an empty pocket ... is guilty
-    of attempt" was asked about as an exception: had the facts shown it (the safe was empty), the
-    attempt rule would have been read as not applying, the opposite of what it says."""
-    reqs, exceptions = answer.rule_structure(
-        [
-            "The MPC requires a substantial step strongly corroborative of criminal purpose.",
-            "Factual impossibility is no defense: a defendant who picks an empty pocket is guilty "
-            "of attempt because the crime would have been completed had the facts been as he "
-            "believed.",
-            "Renunciation is no defense at common law, but under the MPC a solicitor who prevents "
-            "the crime with a complete and voluntary renunciation has a defense.",
-        ]
-    )
-    assert reqs == [
-        "The MPC requires a substantial step strongly corroborative of criminal purpose"
-    ]
-    assert exceptions == [
-        "under the MPC a solicitor who prevents the crime with a complete and voluntary "
-        "renunciation has a defense"
-    ]
-
-
-def test_a_clause_that_only_uses_the_word_defense_is_not_a_defense():
-    """The discovery rule's "relevant to any party's claim or defense" was asked about as an
-    exception that applied ("Exception: Under Rule 26(b)(1), parties may discover ... —
-    applies"), and so were the self-defense privilege's own rules.  A clause that names a
-    defense still is one."""
-    reqs, exceptions = answer.rule_structure(
-        [
-            "Under Rule 26(b)(1), parties may discover any nonprivileged matter relevant to any "
-            "party's claim or defense and proportional to the needs of the case.",
-            "Defense of others: A person may use reasonable force to defend a third person who "
-            "could lawfully use that force in self-defense.",
-            "Specific performance requires an inadequate legal remedy, and equitable defenses "
-            "(laches, unclean hands, unconscionability, or sale to a bona fide purchaser) can "
-            "bar relief.",
-        ]
-    )
-    assert reqs == [
-        "Under Rule 26(b)(1), parties may discover any nonprivileged matter relevant to any "
-        "party's claim or defense and proportional to the needs of the case",
-        "A person may use reasonable force to defend a third person who could lawfully use that "
-        "force in self-defense",
-        "Specific performance requires an inadequate legal remedy",
-    ]
-    assert exceptions == [
-        "equitable defenses (laches, unclean hands, unconscionability, or sale to a bona fide "
-        "purchaser) can bar relief"
-    ]
-
-
-def test_what_follows_except_is_a_list_of_exceptions_not_requirements():
-    """A user's tractor offer was asked whether "a UCC firm offer, a signed writing by a merchant"
-    and "offers the offeree has reasonably relied on" were met, as if they were requirements of
-    the revocability rule, which they are the exceptions to."""
-    reqs, exceptions = answer.rule_structure(
-        [
-            "Offers are generally revocable even if they promise to stay open, except an option "
-            "contract supported by consideration; a UCC firm offer, a signed writing by a "
-            "merchant; and offers the offeree has reasonably relied on.",
-            "An expert may testify to an ultimate issue, except that in a criminal case the "
-            "expert may not state the defendant's mental state.",  # qualifies, lists nothing
-        ]
-    )
-    assert reqs == [
-        "Offers are generally revocable even if they promise to stay open",
-        "An expert may testify to an ultimate issue, except that in a criminal case the expert "
-        "may not state the defendant's mental state",
-    ]
-    assert exceptions == [
-        "except an option contract supported by consideration",
-        "except a UCC firm offer, a signed writing by a merchant",
-    ]  # at most MAX_EXCEPTIONS
-
-
-def test_examples_defenses_and_exceptions_are_not_requirements_to_meet():
-    """A rule's examples, defenses and exceptions stay in its quoted text, but the facts are not
-    asked to meet them (the blasting answer had "met" on "crop dusting is a classic example")."""
-    rules = [
-        "An activity is abnormally dangerous when it creates a highly significant risk of harm "
-        "that reasonable care cannot eliminate; blasting, storing explosives, and crop dusting "
-        "are classic examples.",
-        "The harm must flow from the risk that made the activity dangerous, and the plaintiff's "
-        "knowing assumption of risk is a defense.",
-        "Defenses: unforeseeable misuse defeats liability; the plaintiff's fault reduces recovery.",
-    ]
-    assert answer.rule_structure(rules)[0] == [
-        "An activity is abnormally dangerous when it creates a highly significant risk of harm "
-        "that reasonable care cannot eliminate",
-        "The harm must flow from the risk that made the activity dangerous",
-    ]
+    assert answer._outcome(got) == "unclear"
 
 
 RILEY = {
@@ -770,40 +609,6 @@ def test_a_citation_of_the_users_documents_carries_a_pin_cite(title, meta, expec
     assert answer.pin_cite(doc) == expected
     line = answer.render_sources([{"n": 1, "passage_id": "d#1", "title": title, "support": "s", "pin": expected}])  # fmt: skip
     assert line == [f'[1] {expected or title} (d#1): "s"']
-
-
-def test_an_exception_the_facts_show_decides_the_issue_and_the_bottom_line_reads_it(tmp_settings):
-    plant = {
-        "id": "dcc",
-        "title": "Dormant Commerce Clause",
-        "text": "Dormant Commerce Clause. Even when Congress has not acted, states may not "
-        "discriminate against interstate commerce. Exceptions: the market-participant exception "
-        "when the state buys or sells as a market actor.",
-    }
-    facts = (
-        "State Y owns a cement plant and sells cement only to buyers in State Y. A contractor "
-        "from State Z sued, claiming the state discriminates against interstate commerce. "
-        "Will the contractor prevail?"
-    )
-    applied = json.dumps({"checks": [{"n": 1, "fact": 1, "met": "yes"}, {"n": 2, "fact": 1, "met": "yes"}]})  # fmt: skip
-    bottom = json.dumps({"answer": "no", "conclusion": 1})
-    client, script = scripted_client(tmp_settings, {"apply": [applied], "bottom_line": [bottom]})
-    research = [answer.IssueResearch("Dormant Commerce Clause", [plant])]
-    record = answer.build_record(client, Question.read(facts), research, EMBED)
-    assert (
-        "2. (exception) the market-participant exception when the state"
-        in script.prompts("apply")[0]
-    )
-    issue = record.issues[0]
-    assert issue.outcome == "no"
-    assert (
-        "Exception: the market-participant exception when the state buys or sells as a market "
-        "actor — applies: …" in record.text  # the part of the fact closest to it (fact_part)
-    )
-    exception = 'the exception "the market-participant exception when the state buys or sells'
-    assert f"Dormant Commerce Clause: on these facts {exception}" in record.text
-    assert exception in script.prompts("bottom_line")[0]
-    assert record.verdict == "no"
 
 
 def test_an_application_quotes_the_part_of_a_long_fact_that_bears_on_the_requirement():
