@@ -148,6 +148,15 @@ GUARDS: dict[str, Guard] = {
         "stop 37 (_s37b): misgrounded tune 65/226 -> 59/220, report 97/227 -> 85/215; gold "
         "and issues found unchanged; declines only wrong-law answers",
     ),
+    "named_issue": Guard(
+        "application",
+        "an issue the question names is applied even where off_facts or not_raised would set "
+        "it aside",
+        "",
+        'user trial (stop 47): "Has she committed larceny or embezzlement?" set embezzlement '
+        "aside as not raised; ablation, stop 58 (fp_s58_nonamed): no fact pattern changes on "
+        "the tune half (they rarely name a doctrine), report misgrounded 65 -> 61 without",
+    ),
     "unparsed_application": Guard(
         "application", "an unreadable apply reply: the rule stands without an application", "", ""
     ),
@@ -1046,6 +1055,7 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
     applications = iter(_applications(stage, todo))
     held = None  # the first issue not raised, answered after all if no other issue is
     for n, (slot, item, rule, fit) in enumerate(ruled):
+        stage.fire("named_issue", named[n] and n > 0 and fit < low)  # kept though unfit
         if unfit[n]:
             stage.fire(guard)
             what = "what the question asks" if rule_question else "the stated facts"
@@ -1053,7 +1063,9 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
             issues[slot] = IssueAnswer(item.issue, "not_raised", why=why)
             continue
         applied, cut = next(applications)
-        if applied is not None and not raised(applied) and not named[n]:
+        unraised = applied is not None and not raised(applied)
+        stage.fire("named_issue", unraised and named[n] and not (n > 0 and fit < low))
+        if unraised and not named[n]:
             stage.fire("not_raised")
             issues[slot] = IssueAnswer(item.issue, "not_raised", why="no stated fact bears on it")
             held = held or (slot, item.issue, rule, applied)

@@ -1082,7 +1082,7 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     return {"answer": record}, decision
 
 
-ROUTINE_GUARDS = frozenset({"off_doctrine", "off_facts"})
+ROUTINE_GUARDS = frozenset({"off_doctrine", "off_facts", "named_issue"})
 """Guards that sort the research (a passage or an issue set aside) rather than repair a reply:
 an answer where they fired may still be cached."""
 

@@ -403,6 +403,7 @@ def test_an_issue_the_question_names_is_applied_even_when_no_fact_decides_it(tmp
     record = answer.build_record(client, Question.read(asked), research, EMBED)
     assert [i.status for i in record.issues][:2] == ["answered", "answered"]
     assert record.guards["not_raised"] == 0 and "Considered, but" not in record.text
+    assert record.guards["named_issue"] == 1  # counted where it changed the answer
     assert "Cell phones: not settled by this research; it turns on" in record.text
     # a word of a longer name is not that name: "What rights does she have?"
     assert not answer.named_in("Rights and duties of cotenants", "What rights does she have?")
