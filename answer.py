@@ -501,9 +501,9 @@ def _sources(requirement: str, rule: Sequence[str], cites: list[int]) -> list[in
 def _application_sentences(
     checks: Sequence[Check], rule: Sequence[str], cites: list[int], bar: float = 0.0
 ) -> list[Sentence]:
-    """One sentence per requirement a stated fact bears on (whether the facts meet
-    it, when the fact's support reaches ``bar``, and the fact), citing the rule sentence it comes
-    from; then one listing those no stated fact bears on; each said once."""
+    """One sentence per rule sentence a stated fact bears on: its opening words (it is quoted whole
+    just above), whether the facts meet it when the fact's support reaches ``bar``, and the fact,
+    citing that rule sentence; then one naming those no stated fact bears on; each said once."""
     out, open_items, seen, open_cites = [], [], set(), set()
     for c in checks:
         requirement = _clean(c.requirement)
@@ -511,15 +511,13 @@ def _application_sentences(
             continue
         seen.add(requirement.lower())
         fact = _clean(c.fact)
-        if fact.lower() in NOT_STATED:  # "An offer", "A school's" -> lower case; "UCC" stays
-            first = requirement.split()[0]
-            lower = first == "A" or first[1:].islower()
-            open_items.append(requirement[:1].lower() + requirement[1:] if lower else requirement)
+        if fact.lower() in NOT_STATED:
+            open_items.append(f'"{_gist(requirement)}"')
             open_cites.update(_sources(requirement, rule, cites))
             continue
         fact += "" if fact.endswith("…") else "."
         verdict = _VERDICT[c.met] if (c.support or 0.0) >= bar else UNSETTLED_CHECK
-        text = f"{requirement[:1].upper()}{requirement[1:]} — {verdict}: {fact}"
+        text = f'"{_gist(requirement)}" — {verdict}: {fact}'
         out.append(Sentence(text, "application", _sources(requirement, rule, cites)))
     if open_items:
         text = f"No stated fact decides: {'; '.join(open_items)}."
@@ -534,7 +532,7 @@ def _conclusion(issue: str, outcome: Met, checks: Sequence[Check], cites: list[i
     if outcome == "yes":
         text = f"{issue}: every requirement is met on these facts, so the rule applies."
     elif outcome == "no":
-        requirement = _clean(failed[0].requirement)
+        requirement = _gist(failed[0].requirement)
         text = f'{issue}: the rule does not apply: the facts do not meet "{requirement}".'
     else:
         text = f"{issue}: the facts stated do not settle whether the rule applies."
@@ -574,7 +572,8 @@ def turns_on(checks: Sequence[Check], reading: Met) -> list[str]:
 
 
 GIST_WORDS = 10
-"""Words of a requirement that name it where it was already quoted whole (the application)."""
+"""Words of a rule sentence that name it where it was already quoted whole (the application and
+the conclusion)."""
 
 
 def _gist(requirement: str) -> str:

@@ -160,7 +160,11 @@ def test_a_record_applies_the_rule_and_answers_the_question(tmp_settings):
     ]
     record = answer.build_record(client, Question.read(FACTS), research, EMBED)
     assert record.verdict == "yes" and not record.abstained and record.grounded
-    assert "is inside — not met: he was handcuffed in the patrol car." in record.text
+    # the application names the rule sentence by its opening words: it is quoted whole above it
+    assert (
+        'Application: "For vehicles, police may search the passenger compartment incident to…" '
+        "— not met: he was handcuffed in the patrol car. [2]" in record.text
+    )
     assert (
         'rule does not apply: the facts do not meet "For vehicles, police may search' in record.text
     )
@@ -280,11 +284,8 @@ def test_requirements_no_stated_fact_bears_on_are_listed_once_not_each_as_an_app
     record = answer.build_record(client, Question.read(FACTS), research, EMBED)
     applications = [s.text for s in record.sentences if s.role == "application"]
     assert applications == [
-        "No stated fact decides: after a lawful custodial arrest, police may search the "
-        "arrestee's person and the area within his immediate control; for vehicles, police may "
-        "search the passenger compartment incident to arrest only if the arrestee is unsecured "
-        "and within reaching distance, or if it is reasonable to believe evidence of the crime "
-        "of arrest is inside."
+        'No stated fact decides: "After a lawful custodial arrest, police may search the '
+        'arrestee\'s…"; "For vehicles, police may search the passenger compartment incident to…".'
     ]
     assert "not stated" not in record.text
     assert "Search incident to arrest: not settled by this research; it turns on " in record.text
@@ -292,7 +293,7 @@ def test_requirements_no_stated_fact_bears_on_are_listed_once_not_each_as_an_app
     said = answer._application_sentences(
         [Check(requirement=school, fact="not stated", met="unclear")], [f"{school}."], [1]
     )
-    assert said[0].text == f"No stated fact decides: a{school[1:]}."
+    assert said[0].text == f'No stated fact decides: "{school}".'
 
 
 def test_an_application_cites_the_rule_sentence_its_requirement_comes_from():
