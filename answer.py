@@ -486,16 +486,11 @@ _VERDICT = {"yes": "met", "no": "not met", "unclear": "not decided by the facts"
 UNSETTLED_CHECK = "not settled; the stated fact"
 
 
-def _words(text: str) -> str:
-    return " " + " ".join(re.findall(r"\w+", text.lower())) + " "
-
-
 def _sources(requirement: str, rule: Sequence[str], cites: list[int]) -> list[int]:
-    """The citation of the rule sentence a requirement was cut from (every one when its first
-    words are in none of them, or in several)."""
-    words = " ".join(_words(requirement).split()[:6])
-    hits = [n for s, n in zip(rule, cites, strict=True) if f" {words} " in _words(s)]
-    return hits if len(hits) == 1 else list(cites)
+    """The citation of the rule sentence a requirement is (every rule sentence's for a requirement
+    that is none of them: a follow-up's checks carried over from an older version's answer)."""
+    hits = [n for s, n in zip(rule, cites, strict=True) if _clean(s) == requirement]
+    return hits[:1] or list(cites)
 
 
 def _application_sentences(
