@@ -585,8 +585,7 @@ def requirements(sentences: Sequence[str]) -> list[str]:
     """What the facts must meet: each quoted rule sentence, whole.  The clauses, exceptions and
     defenses that code once cut from them (15 patterns) gained nothing on either half of the fact
     patterns (docs/MEASUREMENTS.md, "Fact patterns")."""
-    out = [" ".join(s.split()).rstrip(" ;,.") for s in sentences]
-    return [r for r in out if len(r.split()) >= 2]
+    return [r for r in map(_clean, sentences) if len(r.split()) >= 2]
 
 
 LATER_FACT = " (stated later: where it conflicts with an earlier fact, it holds)"
@@ -1044,12 +1043,13 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
     asked = stage.q.asked if stage.q.kind == "fact_pattern" else ""
     named = [bool(asked) and named_in(item.issue, asked) for _, item, *_ in ruled]
     low = min(floor, best)
-    unfit = [n > 0 and fit < low and not named[n] for n, (*_, fit) in enumerate(ruled)]
+    low_fit = [n > 0 and fit < low for n, (*_, fit) in enumerate(ruled)]
+    unfit = [far and not name for far, name in zip(low_fit, named, strict=True)]
     todo = [(r[1].issue, r[2]) for r, out in zip(ruled, unfit, strict=True) if not out]
     applications = iter(_applications(stage, todo))
     held = None  # the first issue not raised, answered after all if no other issue is
     for n, (slot, item, rule, fit) in enumerate(ruled):
-        stage.fire("named_issue", named[n] and n > 0 and fit < low)  # kept though unfit
+        stage.fire("named_issue", named[n] and low_fit[n])  # applied though unfit
         if unfit[n]:
             stage.fire(guard)
             what = "what the question asks" if rule_question else "the stated facts"
@@ -1058,7 +1058,7 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
             continue
         applied, cut = next(applications)
         unraised = applied is not None and not raised(applied)
-        stage.fire("named_issue", unraised and named[n] and not (n > 0 and fit < low))
+        stage.fire("named_issue", unraised and named[n] and not low_fit[n])
         if unraised and not named[n]:
             stage.fire("not_raised")
             issues[slot] = IssueAnswer(item.issue, "not_raised", why="no stated fact bears on it")
