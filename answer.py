@@ -260,6 +260,9 @@ class AnswerRecord:
     reused: list[str] = field(default_factory=list)
     """A follow-up's issues whose application is the thread's earlier one: none of the new facts
     bears on their rule (cosine below :data:`FACT_FIT`)."""
+    others: list[str] = field(default_factory=list)
+    """Doctrines the planner had as candidates and left off the agenda, named at the end of an
+    answer: the user's next step (``--issues``, ``--review``) where the research missed."""
 
     @classmethod
     def declined(cls, kind: Kind, text: str, why: str) -> AnswerRecord:
@@ -1131,6 +1134,7 @@ def build_record(
     policy: Policy = "research",
     verdict_support: float = 0.0,
     earlier: Mapping[str, list[dict]] | None = None,
+    others: Sequence[str] = (),
 ) -> AnswerRecord:
     """The answer to ``question`` (read once: :class:`question.Question`) from the research of each issue (see the module docstring).
 
@@ -1138,7 +1142,8 @@ def build_record(
     record then abstains without a model call.  ``policy="evidence"``: every rule sentence passes
     the grounding gate first (:func:`verify_rule`).  ``verdict_support``: the support a reading of
     the facts needs to be shown as a conclusion or verdict (above 1: none is).  ``earlier``: a
-    follow-up's thread, each issue's application in its last answer (:func:`_carried`)."""
+    follow-up's thread, each issue's application in its last answer (:func:`_carried`).
+    ``others``: doctrines the research passed over, named after an answer (not after a decline)."""
     stage = _Stage(client, question, embed, policy, verdict_support, earlier=earlier or {})
     if decline:
         record = stage.record([], True, decline)
@@ -1157,6 +1162,7 @@ def build_record(
     applied = [i for i in issues if i.status == "answered" and i.outcome is not None]
     decided, tail = _tail(stage, applied)
     record = stage.record(issues, False)
+    record.others = list(others)
     if decided:
         record.verdict, record.reading, record.support = decided[:3]
     record.grounded = all(s.cites for s in record.sentences) and all(s.cites for s in tail)
@@ -1197,6 +1203,10 @@ def render(record: AnswerRecord, tail: Sequence[Sentence] = ()) -> str:
             "\nNot answered: "
             + "; ".join(f"{i.issue} ({i.why or i.status.replace('_', ' ')})" for i in missing)
             + "."
+        )
+    if record.others:
+        lines.append(
+            f"\nOther doctrines the sources hold, not researched: {'; '.join(record.others)}."
         )
     return "\n".join(lines).strip()
 

@@ -594,6 +594,10 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
     if within := (result.get("reading") or {}).get("within"):
         out(f"(Searched {within} law only: the question asks what it provides.)")
     out(answer_stage.AnswerRecord.shown(record) or "(no answer)")
+    if others := record.get("others"):
+        out(
+            f'(To research one: the same question with --issues "{others[0]}", or --review to pick.)'
+        )
     if flagged := result.get("flagged_passages"):
         ids = ", ".join(f["id"] for f in flagged[:5]) + (", ..." if len(flagged) > 5 else "")
         out(

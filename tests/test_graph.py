@@ -1322,3 +1322,23 @@ def test_the_adaptive_loop_ends_at_its_caps_and_falls_back_to_the_agenda(tmp_set
     moves = [e["decision"] for e in result["trace"] if e["node"] == "replanner"]
     assert moves[1].startswith("complete: next_step 'Battery' not taken")  # MAX_STEPS 2 reached
     assert script.roles().count("replan") == 2
+
+
+def test_an_answer_names_the_candidate_doctrines_its_agenda_passed_over(tmp_settings):
+    """The 1.5B put "Liability insurance" on a blasting question's agenda and passed over
+    "Abnormally dangerous activities", its first candidate: the answer names the candidates it
+    did not research, which the user can research with --issues; a user's own agenda lists none."""
+    result, *_ = run(tmp_settings, fact_replies(plan=[J(issues=["Negligence"])], apply=[APPLY]))
+    record = result["answer"]
+    names = [c.split(" (")[0] for c in result["reading"]["candidates"]]
+    others = [n for n in names if nodes.doctrine_key(n) != nodes.doctrine_key("Negligence")]
+    assert record["others"] == others[: nodes.PASSED_OVER] and len(others) > nodes.PASSED_OVER
+    assert "Negligence" not in record["others"]
+    assert record["text"].endswith(
+        f"Other doctrines the sources hold, not researched: {'; '.join(record['others'])}."
+    )
+    replies = fact_replies(apply=[APPLY])
+    del replies["plan"]
+    steered, *_ = run(tmp_settings, replies, issues=["Negligence"])
+    assert steered["answer"]["others"] == []
+    assert "not researched" not in steered["answer"]["text"]
