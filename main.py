@@ -532,7 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="'A; B'",
         help="research these issues (doctrine names, separated by ';') instead of the ones the "
         "model picks: each is matched to a doctrine of the taxonomy it names, else searched as "
-        "written (up to MAX_STEPS)",
+        "written (up to MAX_STEPS); with --thread ID and no question, the thread's last question",
     )
     add(
         "--resume",
@@ -595,9 +595,8 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
         out(f"(Searched {within} law only: the question asks what it provides.)")
     out(answer_stage.AnswerRecord.shown(record) or "(no answer)")
     if others := record.get("others"):
-        out(
-            f'(To research one: the same question with --issues "{others[0]}", or --review to pick.)'
-        )
+        on = f"--thread {result['thread_id']}" if result.get("thread_id") else "the question and"
+        out(f'(To research one: {on} --issues "{others[0]}"; --review to pick.)')
     if flagged := result.get("flagged_passages"):
         ids = ", ".join(f["id"] for f in flagged[:5]) + (", ..." if len(flagged) > 5 else "")
         out(
@@ -682,14 +681,20 @@ def _ensure_index(settings: Settings) -> None:
         print(f"built the starter index: {added} passages", file=sys.stderr)
 
 
-def _history(checkpointer: Any, thread: str, as_json: bool) -> int:
-    """``--thread ID --history``: the thread's questions (exit 2 when it holds none)."""
+def _turns(checkpointer: Any, thread: str, flag: str) -> list[dict]:
+    """The questions answered on ``thread`` (InputError when none was: ``flag`` needs one)."""
     if checkpointer is None:
-        raise InputError("--history reads the checkpoint store: CHECKPOINTS is off")
+        raise InputError(f"{flag} reads the checkpoint store: CHECKPOINTS is off")
     saved = thread_state(build_graph(checkpointer=checkpointer), thread_config(thread))
     turns = (saved.values or {}).get("turns") or []
     if not turns:
-        return _error(f"no question has been answered on thread {thread}")
+        raise InputError(f"no question has been answered on thread {thread}")
+    return turns
+
+
+def _history(checkpointer: Any, thread: str, as_json: bool) -> int:
+    """``--thread ID --history``: the thread's questions (exit 2 when it holds none)."""
+    turns = _turns(checkpointer, thread, "--history")
     if as_json:
         print(json.dumps(_jsonable(turns), indent=2, ensure_ascii=False))
     else:
@@ -796,7 +801,8 @@ def main(argv: list[str] | None = None) -> int:
         return _error("--history prints a thread's questions: give --thread ID and no question")
     if args.review and args.query == "-":
         return _error("--review reads its reply from stdin: give the question as an argument")
-    if args.query is None and not (args.resume or args.history):
+    again = args.thread and args.issues and args.query is None  # the last question, on them
+    if args.query is None and not (args.resume or args.history or again):
         parser.print_usage(sys.stderr)
         return _error("give a question, a demo name (simple, multi_hop, medium) or '-'")
     if args.resume and (args.query is not None or args.thread):
@@ -831,6 +837,9 @@ def main(argv: list[str] | None = None) -> int:
                 return _history(checkpointer, args.thread, args.json)
             if problem := _index_problem(args, settings):
                 return _error(problem)
+            if again:
+                last = _turns(checkpointer, args.thread, "--thread ID --issues")[-1]["question"]
+                question, choices = parse(last)
             result = _answer(args, settings, checkpointer, question, choices)
     except (InputError, SettingsError) as exc:
         return _error(exc)

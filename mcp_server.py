@@ -82,11 +82,13 @@ search_passages = tool("search_passages", parse_docstring=True)(search)
 """``search`` as a LangChain tool."""
 
 
-def research(question: str, thread: str = "") -> dict[str, Any]:
+def research(question: str, thread: str = "", issues: str = "") -> dict[str, Any]:
     """Research a legal question with the agent and return its answer record: the rules quoted
     and cited, their application to the facts, conclusions, a bottom line or a letter, or why it
     abstained.  ``thread``: keep the run on that thread (the record says which); a question on a
-    thread that answered one before is a follow-up on its facts and research."""
+    thread that answered one before is a follow-up on its facts and research.  ``issues``: the
+    doctrines to research instead of the planner's picks, separated by ';' (for one the record's
+    ``others`` names: candidates the research passed over)."""
     import main  # the agent's graph: imported on first use, not to list the tools
     from context import AgentContext
     from question import parse
@@ -100,6 +102,7 @@ def research(question: str, thread: str = "") -> dict[str, Any]:
             context=AgentContext.from_settings(settings),
             checkpointer=checkpointer,
             thread_id=thread or None,
+            issues=issues.split(";"),
         )
     if result.get("error"):
         raise RuntimeError(result["error"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import pwd
 import shutil
@@ -23,6 +24,7 @@ from fakes import Script, ScriptedChat
 
 # The graph's fake world, and its autouse fixture (synthetic passages share no word with facts).
 from test_graph import (  # noqa: F401
+    APPLY,
     BOTTOM,
     CHOICES,
     COMPARE,
@@ -313,6 +315,33 @@ def test_history_prints_a_threads_questions(tmp_settings, monkeypatch, capsys):
     assert main.main(["--thread", "nope", "--history"]) == 2
     assert "no question has been answered on thread nope" in capsys.readouterr().err
     assert main.main(["--history"]) == 2
+
+
+def test_a_passed_over_doctrine_is_researched_on_the_thread_without_asking_again(
+    tmp_settings, monkeypatch, capsys
+):
+    """An answer names the candidates it did not research and how to research one on its
+    thread: `--thread ID --issues NAME` with no question asks the thread's last question again
+    on that agenda (a user had to paste a blasting fact pattern again to research "Abnormally
+    dangerous activities")."""
+    replies = fact_replies(plan=[J(issues=["Negligence"])], apply=[APPLY, APPLY])
+    replies = {role: queue * 2 if role != "plan" else queue for role, queue in replies.items()}
+    settings, script, ctx = _agent(tmp_settings, str(tmp_path_of(tmp_settings)), replies)
+    with main.open_checkpointer(settings) as saver:
+        first = main.run_agent(FACTS, context=ctx, checkpointer=saver)
+    main._print_result(first, print)
+    thread, other = first["thread_id"], first["answer"]["others"][0]
+    assert f'(To research one: --thread {thread} --issues "{other}"' in capsys.readouterr().out
+    monkeypatch.setattr(main, "AgentContext", type("C", (), {"from_settings": lambda s: ctx}))
+    monkeypatch.setattr(main.rag_utils, "corpus_count", lambda settings: 1)
+    monkeypatch.setenv("CHECKPOINTS", settings.agent.checkpoints)
+    assert main.main(["-q", "--json", "--thread", thread, "--issues", other]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["thread_id"] == thread and again["reading"]["agenda"] == [other]
+    assert again["parsed"]["facts"] == first["parsed"]["facts"]
+    assert again["parsed"]["asked"] == first["parsed"]["asked"]
+    assert main.main(["--thread", "nope", "--issues", other]) == 2
+    assert "no question has been answered on thread nope" in capsys.readouterr().err
 
 
 def test_plan_review_pauses_after_the_planner_and_researches_the_agenda_the_user_sets(

@@ -66,6 +66,8 @@ def test_the_mcp_server_over_stdio_lists_its_tools_searches_with_a_filter_and_re
 
     tools, found, empty = asyncio.run(session_calls())
     assert {t.name for t in tools.tools} == {"search_passages", "research"}
+    research = next(t for t in tools.tools if t.name == "research")
+    assert {"question", "thread", "issues"} <= set(research.inputSchema["properties"])
     assert not found.isError
     passages = found.structuredContent["result"]
     assert len(passages) == 4 and all(p["id"].startswith("tx_case_") for p in passages)
