@@ -261,8 +261,8 @@ class AnswerRecord:
     """A follow-up's issues whose application is the thread's earlier one: none of the new facts
     bears on their rule (cosine below :data:`FACT_FIT`)."""
     others: list[str] = field(default_factory=list)
-    """Doctrines the planner had as candidates and left off the agenda, named at the end of an
-    answer: the user's next step (``--issues``, ``--review``) where the research missed."""
+    """Doctrines the planner had as candidates and left off the agenda, named after the answer
+    (:meth:`shown`): the user's next step (``--issues``, ``--review``) where the research missed."""
 
     @classmethod
     def declined(cls, kind: Kind, text: str, why: str) -> AnswerRecord:
@@ -274,8 +274,12 @@ class AnswerRecord:
 
     @staticmethod
     def shown(record: Mapping[str, Any]) -> str:
-        """What the user reads of a record (``to_dict()``): with a letter, the answer and it."""
-        return str((record.get("mc") or {}).get("text") or record.get("text") or "")
+        """What the user reads of a record (``to_dict()``): with a letter, the answer and it; then
+        the doctrines it did not research (``others``: named, not stated, so not in ``text``)."""
+        text = str((record.get("mc") or {}).get("text") or record.get("text") or "")
+        if others := record.get("others"):
+            text += f"\n\nOther doctrines the sources hold, not researched: {'; '.join(others)}."
+        return text
 
     @property
     def sentences(self) -> list[Sentence]:
@@ -1203,10 +1207,6 @@ def render(record: AnswerRecord, tail: Sequence[Sentence] = ()) -> str:
             "\nNot answered: "
             + "; ".join(f"{i.issue} ({i.why or i.status.replace('_', ' ')})" for i in missing)
             + "."
-        )
-    if record.others:
-        lines.append(
-            f"\nOther doctrines the sources hold, not researched: {'; '.join(record.others)}."
         )
     return "\n".join(lines).strip()
 

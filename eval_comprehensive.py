@@ -224,7 +224,6 @@ def run_mc_item(
             "evidence_score": lean.get("evidence_score"),
             "gate": lean.get("gate"),
             "gold_retrieved": any(d in gold for d in lean.get("retrieved_ids") or []),
-            "query_type": (state.get("reading") or {}).get("query_type"),
             "memory_hit": bool(nodes.recalled(state)),  # type: ignore[arg-type]
             "steps": len(table),
             "steps_failed": sum(1 for s in table if s["status"] == "failed"),

@@ -229,7 +229,6 @@ def trace_query(
         {
             "trace": events,
             "injection_check": reading.get("injection"),
-            "query_type": reading.get("query_type"),
             "question_area": reading.get("area"),
             "question_topic": reading.get("topic"),
             "legal_question": reading.get("legal"),

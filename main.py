@@ -618,7 +618,7 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
         out("")
         out("METRICS")
         keys = (
-            "query_type", "llm_calls", "parse_failures", "input_tokens", "output_tokens",
+            "llm_calls", "parse_failures", "input_tokens", "output_tokens",
             "iterations", "steps_completed", "steps_failed", "memory_hit", "abstained", "verdict",
             "injection_verdict", "stop_reason", "uncited_sentences", "guards", "mc_letter", "mc_closed_book",
         )  # fmt: skip

@@ -175,7 +175,7 @@ def unresearched_issues(state: AgentState) -> list[str]:
 
 def _classified(reading: dict[str, Any]) -> dict[str, Any]:
     """The classifier's part of a reading (what a thread keeps of it for a follow-up)."""
-    return {k: reading[k] for k in ("query_type", "legal", "area", "topic") if k in reading}
+    return {k: reading[k] for k in ("legal", "area", "topic") if k in reading}
 
 
 def _short(text: str, n: int = 80) -> str:
@@ -314,15 +314,10 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     result = prompts.call(ctx.client, "classify", question=question)
     if result.parsed is not None:
         got = result.parsed
-        reading = {"query_type": got.query_type, "legal": got.legal, "area": got.area}
-        update = {"reading": {**kept, **reading, "topic": got.topic}}
-        return update, f"{got.query_type}, {got.area if got.legal else 'not law'}"
-    fallback = "multi_hop" if q.choices or len(question.split()) > 60 else "simple"
-    update = {
-        "reading": {**kept, "query_type": fallback},
-        "fallbacks": ["classifier: unparseable reply"],
-    }
-    return update, f"{fallback} (fallback: unparseable reply)"
+        reading = {"legal": got.legal, "area": got.area, "topic": got.topic}
+        return {"reading": {**kept, **reading}}, got.area if got.legal else "not law"
+    update = {"reading": kept, "fallbacks": ["classifier: unparseable reply"]}
+    return update, "unread (fallback: unparseable reply)"
 
 
 def reading_moot(q: Question, ctx: AgentContext, score: float | None) -> str:
@@ -1188,7 +1183,6 @@ def compute_metrics(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
         "iterations": len(_executed(state)),
         "steps_completed": sum(1 for s in table if s["status"] == "completed"),
         "steps_failed": sum(1 for s in table if s["status"] == "failed"),
-        "query_type": reading.get("query_type"),
         "answer_kind": record.get("kind"),
         "memory_hit": bool(recalled(state)),
         "follow_up": reading.get("follow_up"),

@@ -222,6 +222,8 @@ class Classification(BaseModel):
     legal: bool
     """Whether it asks about the law at all."""
     query_type: Literal["simple", "multi_hop"]
+    """Read by nothing, but asked for: without it in the prompt and the reply, the 1.5B read a
+    securities and a bankruptcy question as covered fields (open set abstention 73 -> 71/80)."""
 
     @field_validator("area", mode="before")
     @classmethod

@@ -93,7 +93,7 @@ class Turn(TypedDict, total=False):
     """Every fact the thread had stated by this turn (the earlier turns' and its own)."""
     asked: str
     reading: dict[str, Any]
-    """The classifier's reading: query_type, legal, area, topic."""
+    """The classifier's reading: legal, area, topic."""
     issues: list[str]
     steps: list[PlanStep]
     """The completed research steps, their passages in ``passages``."""
@@ -118,7 +118,7 @@ class AgentState(TypedDict, total=False):
     reading: Annotated[dict[str, Any], merge_dicts]
     """What the nodes read of the question before researching it: ``injection`` (the check's
     verdict), ``mode`` (the answer mode resolved), ``recalled`` (a QA-memory hit: the question it
-    was saved for, similarity, timestamp, answer, sources), the classifier's ``query_type``,
+    was saved for, similarity, timestamp, answer, sources), the classifier's
     ``legal``, ``area`` and ``topic``, the planner's ``agenda`` (the issues to research, one step
     each; the replanner adds to it), ``candidates``, ``decline`` (why it is off topic) and
     ``within`` (the state whose law alone is searched).  Like every key below but ``answer_mode``, it belongs to

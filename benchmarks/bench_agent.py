@@ -176,7 +176,9 @@ def _fake_context(settings: Any) -> Any:
 
     def reply(role: str) -> str:
         if role == "classify":
-            return json.dumps({"query_type": "multi_hop"})
+            return json.dumps(
+                {"topic": "t", "area": "torts", "legal": True, "query_type": "simple"}
+            )
         if role == "plan":
             return json.dumps({"issues": ["first issue", "second issue"]})
         if role == "apply":
@@ -268,7 +270,6 @@ def demos(names: list[str]) -> dict[str, Any]:
         out[name] = {
             "wall_s": round(time.perf_counter() - t, 1),
             "llm_calls": m["llm_calls"],
-            "query_type": m["query_type"],
             "steps_completed": m["steps_completed"],
             "steps_failed": m["steps_failed"],
             "output_tokens": m["output_tokens"],

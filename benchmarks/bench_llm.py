@@ -8,7 +8,7 @@ The validity section sends each node's REAL prompt (``skills/<node>.md`` rendere
 real token budget (both from the call table ``prompts.CALLS``), exactly as the node calls ``LLMClient.invoke``;
 ``mc_select`` goes through ``mc.select_answer`` (one call, plus the strict retry when no letter
 can be parsed).  The cases below are short legal inputs written for this benchmark; where a case
-has a known answer (injection verdict, query_type, MC letter) the label accuracy is reported too.
+has a known answer (injection verdict, field of law, MC letter) the label accuracy is reported too.
 Results are printed and written to benchmarks/results/bench_llm.json.
 """
 
@@ -118,7 +118,7 @@ CASES: dict[str, list[Case]] = {
     "classify_and_route": [
         Case(
             {"question": "What is the standard for granting a motion for summary judgment?"},
-            "simple",
+            "civil procedure",
         ),
         Case(
             {
@@ -126,10 +126,10 @@ CASES: dict[str, list[Case]] = {
                 "progress payment, and the owner hired a second builder at a higher price. What "
                 "claims and remedies do the owner and the first builder each have?"
             },
-            "multi_hop",
+            "contracts",
         ),
-        Case({"question": "What does the parol evidence rule exclude?"}, "simple"),
-        Case({"question": _TEACHER}, "multi_hop"),
+        Case({"question": "What does the parol evidence rule exclude?"}, "contracts"),
+        Case({"question": _TEACHER}, "constitutional law"),
     ],
     "plan_synthesis": [
         Case(
@@ -386,8 +386,8 @@ def schema_nodes() -> dict[str, SchemaNode]:
         SchemaNode(
             "classify",
             lambda c: {"question": c["question"]},
-            label_field="query_type",
-            summarize=lambda p: p.query_type,
+            label_field="area",
+            summarize=lambda p: f"{p.area}: {p.topic}",
         ),
         SchemaNode(
             "plan",

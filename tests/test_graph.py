@@ -1334,11 +1334,12 @@ def test_an_answer_names_the_candidate_doctrines_its_agenda_passed_over(tmp_sett
     others = [n for n in names if nodes.doctrine_key(n) != nodes.doctrine_key("Negligence")]
     assert record["others"] == others[: nodes.PASSED_OVER] and len(others) > nodes.PASSED_OVER
     assert "Negligence" not in record["others"]
-    assert record["text"].endswith(
-        f"Other doctrines the sources hold, not researched: {'; '.join(record['others'])}."
+    assert main.answer_stage.AnswerRecord.shown(record).endswith(
+        f"{record['text']}\n\nOther doctrines the sources hold, not researched: "
+        f"{'; '.join(record['others'])}."
     )
     replies = fact_replies(apply=[APPLY])
     del replies["plan"]
     steered, *_ = run(tmp_settings, replies, issues=["Negligence"])
     assert steered["answer"]["others"] == []
-    assert "not researched" not in steered["answer"]["text"]
+    assert "not researched" not in main.answer_stage.AnswerRecord.shown(steered["answer"])
