@@ -126,7 +126,6 @@ def step_for(
         "execution": None,
         "strategy": {"search_type": search_type, "queries": queries},
         "issue": issue,
-        "addresses": issue,
         "facts": list(facts),
     }
 
@@ -693,7 +692,6 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         "confidence": round(confidence, 4),
         "evidence_score": round(score, 4),
         "gated": gated,
-        "rerank_top_score": docs[0].get("rerank_score") if docs else None,
         "flagged_passages": flagged,
     }
     if written:

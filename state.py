@@ -32,7 +32,6 @@ class Execution(TypedDict, total=False):
     """Best cosine of the issue's question to a passage (the evidence gate's score)."""
     gated: bool
     """True when no passage reached LEAN_GATE (the step fails)."""
-    rerank_top_score: float | None
     flagged_passages: list[dict[str, Any]]
     """Retrieved passages dropped by the injection screen: {"id", "patterns"}."""
 
@@ -48,7 +47,6 @@ class PlanStep(TypedDict, total=False):
     strategy: dict[str, Any]
     """search_type and queries (the doctrine's names and the issue's facts)."""
     issue: str
-    addresses: str
     facts: list[str]
     """The fact sentences that raise the issue (its queries carry them)."""
 
