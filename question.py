@@ -144,12 +144,23 @@ def split_sentences(text: str) -> list[str]:
     return [s.strip() for s in sent_tokenize(" ".join(str(text).split())) if s.strip()]
 
 
+_MISSED_END = re.compile(r"(?<=[a-z]{3}[.!])\s+(?=[A-Z])")
+"""A sentence end the splitter missed in front of a question: Punkt reads "Is" after "...no fault
+of hers." or "...for a month." as inside the sentence (a word of three lowercase letters or more
+before the stop is no abbreviation such as "v." or "U.S.")."""
+
+
 def split_question(question: str) -> tuple[list[str], str]:
-    """(fact sentences, what is asked): the asked part is the closing sentences that end in '?'."""
+    """(fact sentences, what is asked): the asked part is the closing sentences that end in '?';
+    a fact the splitter left in front of one is a fact (:data:`_MISSED_END`)."""
     sentences = split_sentences(question)
     asked: list[str] = []
     while sentences and sentences[-1].endswith("?"):
-        asked.insert(0, sentences.pop())
+        *front, last = _MISSED_END.split(sentences.pop())
+        asked.insert(0, last)
+        if front:  # the facts end here
+            sentences.extend(front)
+            break
     return sentences, " ".join(asked) or (sentences.pop() if sentences else question.strip())
 
 
@@ -176,7 +187,8 @@ _SENTENCE_END = re.compile(r"(?<=[.!])\s+(?=[A-Z])")
 def asks_yes_or_no(asked: str) -> bool:
     """Whether the question as asked takes a yes or a no: its last sentence asks with an auxiliary
     verb (:data:`_YES_NO`) and offers no alternatives ("Is it embezzlement or larceny?").  The
-    part after the last sentence end is read too: the splitter can leave a fact in front."""
+    part after the last sentence end is read too: the splitter can leave a fact in front (one
+    :data:`_MISSED_END` does not cut: "Smith v. Jones held X. Is that right?")."""
     last = (split_sentences(asked)[-1] if asked.strip() else "").strip()
     asks = _YES_NO.match(last) or _YES_NO.match(_SENTENCE_END.split(last)[-1])
     return bool(asks) and not _EITHER_OR.search(last)

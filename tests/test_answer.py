@@ -48,6 +48,28 @@ def test_the_question_splits_into_facts_and_what_is_asked():
     assert question_mod.question_kind(FACTS, {"A": "x", "B": "y"}) == "multiple_choice"
 
 
+@pytest.mark.parametrize(
+    ("question", "fact"),
+    [
+        (
+            "Lena borrowed her neighbor's ladder. It broke while she was using it, through no "
+            "fault of hers. Is she liable to the neighbor?",
+            "It broke while she was using it, through no fault of hers.",
+        ),
+        ("Ann lent Bo her car. He kept it for a month. Is he liable?", "He kept it for a month."),
+    ],
+)
+def test_a_fact_the_sentence_splitter_leaves_in_front_of_the_question_is_a_fact(question, fact):
+    """Punkt reads "Is" after "...no fault of hers." as inside the sentence: the fact that
+    decides a user's ladder question was read as part of what is asked, not as a fact."""
+    facts, asked = question_mod.split_question(question)
+    assert facts[-1] == fact and asked.startswith("Is ")
+    # an abbreviation before the question is not cut
+    assert question_mod.split_question("Was Smith v. Jones overruled?")[1] == (
+        "Was Smith v. Jones overruled?"
+    )
+
+
 def test_the_rule_is_the_passages_own_sentences_closest_to_the_issue_and_its_facts():
     rule = answer.select_rule("vehicle passenger compartment arrestee handcuffed", [GANT], EMBED)
     sentences = [s for _, s in rule]
