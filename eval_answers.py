@@ -368,6 +368,8 @@ def score_fact_pattern(
             )
             for issue in dict.fromkeys(s.get("issue") for s in sentences)
         },
+        # the doctrines the answer names as not researched (the user's next step: --issues)
+        "others": list(result.get("others") or []),
         "llm_calls": result.get("llm_calls"),
         "seconds": round(seconds, 3),
         "answer": str(result.get("answer") or ""),

@@ -728,6 +728,7 @@ def agent_answer(
         "sentences": record_sentences(record),
         "passages": {pid: p["text"] for pid, p in (state.get("passages") or {}).items()},
         "quotes": record.get("quotes") or [],
+        "others": record.get("others") or [],
         "llm_calls": client.summary()["llm_calls"],
     }
 

@@ -193,7 +193,9 @@ def test_a_fact_pattern_answer_counts_sentences_on_another_doctrine_as_misground
         {"issue": "Arson", "text": "Another doctrine.", "passage_ids": ["y"]},
     ]
     result = {"answer": "Bottom line: yes, the store is liable.", "sentences": sentences}
+    result["others"] = ["Products liability"]  # named, not researched: kept for the steer count
     row = ea.score_fact_pattern(item, "research", result, 1.0, lambda p, gold: p == "near_g1")
+    assert row["others"] == ["Products liability"]
     assert (row["gold_cited"], row["issues_found"], row["verdict"]) == (True, 1, "yes")
     assert row["conclusion_correct"]
     # the third sentence cites neither gold nor its doctrine; the Arson one is off the agenda
