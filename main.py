@@ -595,7 +595,7 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
         out(f"(Searched {within} law only: the question asks what it provides.)")
     out(answer_stage.AnswerRecord.shown(record) or "(no answer)")
     if others := record.get("others"):
-        on = f"--thread {result['thread_id']}" if result.get("thread_id") else "the question and"
+        on = f"--thread {result['thread_id']}" if result.get("thread_id") else "ask again with"
         out(f'(To research one: {on} --issues "{others[0]}"; --review to pick.)')
     if flagged := result.get("flagged_passages"):
         ids = ", ".join(f["id"] for f in flagged[:5]) + (", ..." if len(flagged) > 5 else "")
