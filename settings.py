@@ -115,7 +115,9 @@ class LLMSettings:
     """Seconds per LLM call attempt; 0 = auto (providers.call_timeout)."""
     max_retries: int = _var("LLM_MAX_RETRIES", 4, (0, None))
     requests_per_minute: int = _var("LLM_REQUESTS_PER_MINUTE", 0)
-    cache: bool = _var("LLM_CACHE", False)
+    cache: bool = _var("LLM_CACHE", True)
+    """A call made before is answered from the response cache (``llm_cache.py``): at temperature 0
+    the same reply, without starting the model (a multiple-choice question asked again: 18 -> 2 s)."""
     cache_path: str = _data_var("LLM_CACHE_PATH")
     local_model_dir: str = _data_var("LOCAL_MODEL_DIR")
     local_ctx_size: int = _var("LOCAL_CTX_SIZE", 8192, (2048, None))

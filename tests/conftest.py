@@ -31,6 +31,7 @@ def tmp_settings(tmp_path: Path) -> settings_mod.Settings:
         env={},
         chroma_dir=str(tmp_path / "chroma_db"),
         llm_cache_path=str(tmp_path / "llm_cache.sqlite"),
+        llm_cache=False,  # a scripted reply per call: a test that repeats a call scripts it twice
         # The evidence gate is calibrated on the real embedder's cosines; the fake embedders of the
         # unit tests have another scale, so it is off here and the gate's own tests set it.
         lean_gate=0.0,
