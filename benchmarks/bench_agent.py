@@ -112,7 +112,7 @@ def calibrate(k: int = 5, starter_only: bool = False) -> dict[str, Any]:
     for i, p in enumerate(passages):
         by_id.setdefault(str(p["idx"]), i)
     # The product's embedder and passage text (what the index and the step confidence use).
-    settings = Settings.from_env()
+    settings = Settings.from_env(llm_cache=False)  # timings of the model, not of the cache
     embedder = rag_utils.get_embedder(settings)
 
     def emb(texts: list[str]) -> np.ndarray:
@@ -232,7 +232,7 @@ def _fake_context(settings: Any) -> Any:
 
 
 def overhead(repeats: int = 20) -> dict[str, Any]:
-    settings = Settings.from_env(skip_injection_check=False)
+    settings = Settings.from_env(skip_injection_check=False, llm_cache=False)
     choices = {"A": "yes", "B": "no", "C": "maybe", "D": "never"}
     main.run_agent("warm up question about torts", choices, context=_fake_context(settings))
     times, calls = [], []
@@ -254,7 +254,7 @@ def overhead(repeats: int = 20) -> dict[str, Any]:
 
 
 def demos(names: list[str]) -> dict[str, Any]:
-    settings = Settings.from_env()
+    settings = Settings.from_env(llm_cache=False)  # timings of the model, not of the cache
     main._ensure_index(settings)
     out = {}
     for name in names:

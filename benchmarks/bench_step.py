@@ -178,7 +178,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace, say: Any) -> dict[str, Any]:
     load_dotenv_file()
-    settings = Settings.from_env()
+    settings = Settings.from_env(llm_cache=False)  # timings of the model, not of the cache
     added = load_corpus.ensure_starter_index(settings)
     if added:
         say(f"indexed the starter corpus: {added} passages")
