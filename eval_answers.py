@@ -397,6 +397,11 @@ def summarize_fact_mode(rs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             sum(r["misgrounded_sentences"] for r in rs), sum(r["sentences"] for r in rs)
         ),
         "misgrounded_off_agenda": sum(r.get("misgrounded_off_agenda", 0) for r in rs),
+        # of the answers citing no gold passage, those naming a passed-over doctrine that finds one
+        "steer_found": _share(
+            sum(bool(r.get("steer")) for r in rs if not r["gold_cited"]),
+            sum(not r["gold_cited"] for r in rs),
+        ),
         "judge_a_or_b": _graded(rs),
         **_cost(rs),
     }

@@ -201,6 +201,9 @@ def test_a_fact_pattern_answer_counts_sentences_on_another_doctrine_as_misground
     # the third sentence cites neither gold nor its doctrine; the Arson one is off the agenda
     assert (row["misgrounded_sentences"], row["misgrounded_off_agenda"]) == (2, 1)
     assert row["cited_by_issue"] == {"Negligence": ["g1", "near_g1", "x"], "Arson": ["y"]}
+    missed = {**row, "gold_cited": False, "steer": ["Products liability"]}
+    steered = ea.summarize_fact_mode([row, missed, {**missed, "steer": []}])["steer_found"]
+    assert (steered["k"], steered["n"]) == (1, 2)  # of the two answers citing no gold passage
     declined = ea.score_fact_pattern(item, "research", {"answer": "No answer", "abstained": True}, 1.0, lambda p, g: False)  # fmt: skip
     assert declined["sentences"] == declined["misgrounded_sentences"] == 0
     assert declined["cited_by_issue"] == {} and not declined["conclusion_correct"]

@@ -966,3 +966,18 @@ def test_a_trace_of_the_adaptive_policy_shows_the_rewrite_the_leads_and_the_next
     replanner = [e for e in case["trace"] if e["node"] == "replanner"]
     assert replanner and replanner[0]["decision"].startswith("complete: the battery issue")
     assert script.roles() == ["rewrite", "replan"]
+
+
+@pytest.mark.slow
+def test_a_passed_over_doctrine_whose_step_finds_the_gold_passage_counts_as_a_steer(tmp_settings):
+    """The blasting pattern's answer researched liability insurance and named "Abnormally
+    dangerous activities" as not researched: the search a step for it runs finds the gold
+    passage (the real embedder on the starter corpus), the researched doctrine's does not."""
+    load_corpus.ensure_starter_index(tmp_settings)
+    path = eval_trace.TRACE_QUESTIONS.parent / "fact_patterns.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines()
+    rows = [json.loads(line) for line in lines]
+    item = next(r for r in rows if r["id"] == "fp_torts_blasting_damage")
+    named = ["Liability insurance", "Abnormally dangerous activities"]
+    hits = eval_comprehensive.steer_hits(tmp_settings, item, named)
+    assert hits == ["Abnormally dangerous activities"]
