@@ -146,7 +146,8 @@ def planned(state: AgentState) -> list[str]:
 PASSED_OVER = 3
 """Candidates an answer names as not researched, in the planner's order: where the research cited
 no gold passage (13 of the 40 fact patterns), a named one's search finds it for 4 with the first
-3 as with all (about 4 a pattern), 3 with the first 2 (docs/MEASUREMENTS.md, "Fact patterns")."""
+3 as with all (about 4 a pattern), 3 with the first 2 (the fact-pattern eval's ``steer_found``;
+docs/MEASUREMENTS.md, "Fact patterns")."""
 
 
 def passed_over(state: AgentState) -> list[str]:
