@@ -765,19 +765,18 @@ def same_doctrine_fn(settings: Settings) -> Callable[[str, Sequence[str]], bool]
     return same
 
 
-def steer_hits(settings: Settings, item: Mapping[str, Any], others: Sequence[str]) -> list[str]:
+def steer_hits(context: Any, item: Mapping[str, Any], others: Sequence[str]) -> list[str]:
     """The doctrines an answer names as passed over whose research step would find a gold passage
-    (the search a step for it runs, as the agent's executor does): a user's ``--issues`` for one
-    of them researches the pattern's doctrine."""
+    (the search a step for it runs in ``context``, as the agent's executor does): a user's
+    ``--issues`` for one of them researches the pattern's doctrine."""
     import answer as answer_stage
     from question import Question
 
     if not others:
         return []
-    context = ec.agent_context(settings, LLMClient(settings))
     facts = list(Question.read(str(item["question"])).facts)
     gold = {g for issue in item["issues"] for g in issue["gold_ids"]}
-    k = settings.agent.retrieval_k
+    k = context.settings.agent.retrieval_k
     hits = []
     for name in others:
         step = nodes.step_for(1, name, answer_stage.issue_facts(name, facts, context.embed))
@@ -872,6 +871,8 @@ def run_answers_phase(
     run_dir.check_config(config, ("qa", "llm", "facts", "split"))
     scorer = eval_answers.score_fact_pattern if args.facts else eval_answers.score_answer
     same_doctrine = same_doctrine_fn(settings)
+    # the searches steer_hits runs, in one context built when first needed
+    steer_context = functools.cache(lambda: ec.agent_context(settings, LLMClient(settings)))
 
     def answer(task: tuple[dict, str]) -> dict:
         item, mode = task
@@ -886,7 +887,7 @@ def run_answers_phase(
             result = agent_answer(settings, mode, str(item["question"]), issues, llm_factory)
         row = scorer(item, mode, result, time.perf_counter() - start, same_doctrine=same_doctrine)
         if args.facts and not row["gold_cited"]:  # would a named, passed-over doctrine find it?
-            row["steer"] = steer_hits(settings, item, row.get("others") or [])
+            row["steer"] = steer_hits(steer_context(), item, row.get("others") or [])
         return {**row, "item": row["id"], "phase": "answers"}
 
     interrupted = False

@@ -18,11 +18,13 @@ from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 
+import eval_common
 import eval_comprehensive
 import eval_reranker
 import eval_trace
 import load_corpus
 import rag_utils
+from llm_config import LLMClient
 from settings import Settings
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -979,5 +981,6 @@ def test_a_passed_over_doctrine_whose_step_finds_the_gold_passage_counts_as_a_st
     rows = [json.loads(line) for line in lines]
     item = next(r for r in rows if r["id"] == "fp_torts_blasting_damage")
     named = ["Liability insurance", "Abnormally dangerous activities"]
-    hits = eval_comprehensive.steer_hits(tmp_settings, item, named)
+    context = eval_common.agent_context(tmp_settings, LLMClient(tmp_settings))
+    hits = eval_comprehensive.steer_hits(context, item, named)
     assert hits == ["Abnormally dangerous activities"]
