@@ -154,10 +154,11 @@ def passed_over(state: AgentState) -> list[str]:
     """The planner's candidates left off the agenda, one name a doctrine (the name before its
     linked doctrines' parentheses): what the user may research next where the agenda missed (the
     1.5B passed over "Abnormally dangerous activities", its first candidate, for a blasting
-    question).  None when the user set or reviewed the agenda: they chose from the candidates."""
+    question).  None when the user set or reviewed the agenda: they chose from the candidates;
+    nor an issue researched earlier on the thread (a follow-up's candidates list those first)."""
     if state["parsed"].issues or _reading(state, "review"):
         return []
-    agenda = {doctrine_key(i) for i in planned(state)}
+    agenda = {doctrine_key(i) for i in [*planned(state), *thread_research(state)]}
     names = (c.split(" (")[0] for c in _reading(state, "candidates") or [])
     return list(dict.fromkeys(n for n in names if doctrine_key(n) not in agenda))[:PASSED_OVER]
 

@@ -325,7 +325,7 @@ def test_a_passed_over_doctrine_is_researched_on_the_thread_without_asking_again
     on that agenda (a user had to paste a blasting fact pattern again to research "Abnormally
     dangerous activities")."""
     replies = fact_replies(plan=[J(issues=["Negligence"])], apply=[APPLY, APPLY])
-    replies = {role: queue * 2 if role != "plan" else queue for role, queue in replies.items()}
+    replies = {role: queue * 3 if role != "plan" else queue for role, queue in replies.items()}
     settings, script, ctx = _agent(tmp_settings, str(tmp_path_of(tmp_settings)), replies)
     with main.open_checkpointer(settings) as saver:
         first = main.run_agent(FACTS, context=ctx, checkpointer=saver)
@@ -342,6 +342,14 @@ def test_a_passed_over_doctrine_is_researched_on_the_thread_without_asking_again
     assert again["parsed"]["asked"] == first["parsed"]["asked"]
     assert main.main(["--thread", "nope", "--issues", other]) == 2
     assert "no question has been answered on thread nope" in capsys.readouterr().err
+    # A "What if" on the thread keeps its last agenda: the issue its first question researched is
+    # no doctrine "not researched" (it was named so, in a user's landlord-tenant thread).
+    with main.open_checkpointer(settings) as saver:
+        what_if = main.run_agent(WHAT_IF, context=ctx, checkpointer=saver, thread_id=thread)
+    assert (
+        what_if["reading"]["agenda"] == [other] and "Negligence" in what_if["reading"]["candidates"]
+    )
+    assert not what_if["answer"]["abstained"] and "Negligence" not in what_if["answer"]["others"]
 
 
 def test_plan_review_pauses_after_the_planner_and_researches_the_agenda_the_user_sets(
