@@ -78,6 +78,8 @@ class AgentContext:
     """statute/rule, caselaw or study material of a passage (for the working memory)."""
     link_issues: Callable[[str, list[str]], list[str]] | None = None
     """(question, the model's issues) -> the agenda merged with the taxonomy's linked doctrines."""
+    doctrine_named: Callable[[str], str | None] | None = None
+    """A user's words for an issue -> the taxonomy doctrine they name (None: none)."""
     unknown_terms: Callable[[str, str | None], list[str]] | None = None
     """(text, subject) -> its words no passage uses (``Bm25Index.unknown_terms``); None: none."""
     holds_documents: Callable[[], bool] | None = None
@@ -124,6 +126,7 @@ class AgentContext:
                 q, a, conf, settings=settings, sources=sources, scope=scope()
             ),
             searchers=searchers(settings),
+            doctrine_named=legal_graph.doctrine_named,
             link_issues=lambda q, issues: legal_graph.merge_agenda(
                 issues, legal_graph.link_doctrines(q, settings), max_items=4
             ),

@@ -261,6 +261,14 @@ def issue_doctrine(issue: str, tax: Taxonomy) -> str | None:
     return best.doctrine_ids[0] if best else None
 
 
+def doctrine_named(words: str) -> str | None:
+    """The name of the doctrine a user's words name ("propensity" -> "Character evidence"; the
+    name before its parentheses), or None."""
+    tax = load_taxonomy()
+    did = issue_doctrine(words, tax)
+    return tax[did].name.split(" (")[0] if did else None
+
+
 def merge_agenda(
     model_issues: Sequence[str],
     linked_doctrines: Sequence[Doctrine],

@@ -531,8 +531,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--issues",
         metavar="'A; B'",
         help="research these issues (doctrine names, separated by ';') instead of the ones the "
-        "model picks: each is matched to a doctrine of the taxonomy it names, else searched as "
-        "written (up to MAX_STEPS); with --thread ID and no question, the thread's last question",
+        "model picks: each is the candidate it names (--review lists them), else searched as "
+        "written and as the taxonomy doctrine it names ('propensity' also searches 'Character "
+        "evidence'; up to MAX_STEPS); with --thread ID and no question, the thread's last question",
     )
     add(
         "--resume",

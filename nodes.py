@@ -501,11 +501,22 @@ def plan_steps(state: AgentState, ctx: AgentContext, issues: list[str]) -> dict[
     return update
 
 
-def user_agenda(names: Sequence[str], candidates: list[str]) -> list[str]:
+def user_agenda(
+    names: Sequence[str], candidates: list[str], doctrine: Callable[[str], str | None] | None = None
+) -> list[str]:
     """Issues the user named: each as the candidate it names, else as written (its parentheses
-    are the user's words, not an agenda item's linked doctrines)."""
-    named = picked_issues(list(names), candidates)
-    return [i if i in candidates else " ".join(re.sub(r"[()]", " ", i).split()) for i in named]
+    are the user's words, not an agenda item's linked doctrines) with the taxonomy doctrine they
+    name beside them, which its step searches too ("propensity (Character evidence)"; with gold
+    issue names, 2 fewer tune patterns declined: docs/MEASUREMENTS.md, "Fact patterns")."""
+    out = []
+    for issue in picked_issues(list(names), candidates):
+        if issue in candidates:
+            out.append(issue)
+            continue
+        words = " ".join(re.sub(r"[()]", " ", issue).split())
+        name = doctrine(words) if doctrine else None
+        out.append(f"{words} ({name})" if name and name.lower() != words.lower() else words)
+    return out
 
 
 def _steps_decision(update: dict[str, Any], given: str = "") -> str:
@@ -546,7 +557,7 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     if kept:
         issues = list(last["issues"])
     elif q.issues:  # the user's agenda
-        issues = user_agenda(q.issues, candidates)
+        issues = user_agenda(q.issues, candidates, ctx.doctrine_named)
     else:
         listed = "\n".join(f"{n}. {c}" for n, c in enumerate(candidates, 1)) or "(none)"
         result = prompts.call(ctx.client, "plan", objective=q.text, candidates=listed)
@@ -585,14 +596,16 @@ REVIEW_HOW = (
 )
 
 
-def reviewed_agenda(reply: Any, listed: list[str]) -> list[str]:
+def reviewed_agenda(
+    reply: Any, listed: list[str], doctrine: Callable[[str], str | None] | None = None
+) -> list[str]:
     """The agenda a plan review's ``reply`` sets: "" or None keeps it (empty list back); else
     issues separated by ';' (a string, a list, or {"issues": [...]}), each a number of
     ``listed`` (the agenda, then the other candidates) or a name (:func:`user_agenda`)."""
     if isinstance(reply, dict):
         reply = reply.get("issues")
     items = reply.split(";") if isinstance(reply, str) else list(reply or [])
-    return user_agenda([i for i in items if str(i).strip()], listed)
+    return user_agenda([i for i in items if str(i).strip()], listed, doctrine)
 
 
 @_traced("review")
@@ -603,7 +616,7 @@ def review(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     candidates = _reading(state, "candidates") or []
     others = [c for c in candidates if c not in issues]
     reply = interrupt({"agenda": issues, "candidates": others, "how": REVIEW_HOW})
-    agenda = reviewed_agenda(reply, issues + others)
+    agenda = reviewed_agenda(reply, issues + others, ctx.doctrine_named)
     if not agenda or agenda == issues:
         return {}, "agenda kept by the user"
     update = plan_steps(state, ctx, agenda)

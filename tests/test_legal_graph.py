@@ -133,3 +133,20 @@ def test_demo_agenda_with_the_real_embedder(tmp_settings):
     assert {lg.load_taxonomy().root(d.id) for d in linked} >= DEMO_CLAIMS
     agenda = lg.merge_agenda([], linked, max_items=3)
     assert _claims(agenda) == DEMO_CLAIMS
+
+
+def test_an_issue_named_in_the_users_words_is_researched_under_the_doctrine_they_name_too():
+    """`--issues propensity`: the step searches "Character evidence" beside the user's word; a
+    candidate the user names is kept as it is, and words naming no doctrine are searched as
+    written."""
+    import nodes
+
+    agenda = nodes.user_agenda(
+        ["propensity", "Arrest", "zzyzx widgets"], ["Arrest"], lg.doctrine_named
+    )
+    assert agenda == ["propensity (Character evidence)", "Arrest", "zzyzx widgets"]
+    assert "Character evidence" in nodes.step_for(1, agenda[0], [])["strategy"]["queries"]
+    assert lg.doctrine_named("character evidence") == "Character evidence"
+    assert nodes.user_agenda(["character evidence"], [], lg.doctrine_named) == [
+        "character evidence"
+    ]
