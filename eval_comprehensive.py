@@ -767,22 +767,19 @@ def same_doctrine_fn(settings: Settings) -> Callable[[str, Sequence[str]], bool]
 
 def steer_hits(context: Any, item: Mapping[str, Any], others: Sequence[str]) -> list[str]:
     """The doctrines an answer names as passed over whose research step would find a gold passage
-    (the search a step for it runs in ``context``, as the agent's executor does): a user's
+    (``nodes.candidate_search`` in ``context``, the executor's first search): a user's
     ``--issues`` for one of them researches the pattern's doctrine."""
-    import answer as answer_stage
     from question import Question
 
     if not others:
         return []
     facts = list(Question.read(str(item["question"])).facts)
     gold = {g for issue in item["issues"] for g in issue["gold_ids"]}
-    k = context.settings.agent.retrieval_k
-    hits = []
-    for name in others:
-        step = nodes.step_for(1, name, answer_stage.issue_facts(name, facts, context.embed))
-        docs = context.search(nodes.FIRST_SEARCH, step["strategy"]["queries"], k, [], "")
-        hits += [name] if gold & {d["id"] for d in docs[:k]} else []
-    return hits
+    return [
+        name
+        for name in others
+        if gold & {d["id"] for d in nodes.candidate_search(context, name, facts)}
+    ]
 
 
 def answer_rows(
@@ -886,7 +883,7 @@ def run_answers_phase(
             issues = [i["name"] for i in item["issues"]] if args.issues_from == "gold" else ()
             result = agent_answer(settings, mode, str(item["question"]), issues, llm_factory)
         row = scorer(item, mode, result, time.perf_counter() - start, same_doctrine=same_doctrine)
-        if args.facts and not row["gold_cited"]:  # would a named, passed-over doctrine find it?
+        if args.facts:  # which named, passed-over doctrines would find a gold passage?
             row["steer"] = steer_hits(steer_context(), item, row.get("others") or [])
         return {**row, "item": row["id"], "phase": "answers"}
 

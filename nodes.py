@@ -150,17 +150,43 @@ no gold passage (13 of the 40 fact patterns), a named one's search finds it for 
 docs/MEASUREMENTS.md, "Fact patterns")."""
 
 
-def passed_over(state: AgentState) -> list[str]:
+OTHERS_FIT = 0.22
+"""The cosine a stated fact must reach to one of the first 3 passages a passed-over candidate's
+step would find for the answer to name it: on the tune half of the fact patterns, the highest
+floor that drops no candidate whose search finds a gold passage (it drops 9 of 56 names; on the
+report half 14 of 56, none of them gold-finding; docs/MEASUREMENTS.md, "Fact patterns")."""
+
+
+def candidate_search(ctx: AgentContext, name: str, facts: Sequence[str]) -> list[Passage]:
+    """The passages a research step for candidate ``name`` would find first (its first search)."""
+    kept = answer_stage.issue_facts(name, list(facts), ctx.embed) if facts else []
+    k = ctx.settings.agent.retrieval_k
+    return ctx.search(FIRST_SEARCH, step_for(1, name, kept)["strategy"]["queries"], k, [])[:k]
+
+
+def passed_over(state: AgentState, ctx: AgentContext) -> list[str]:
     """The planner's candidates left off the agenda, one name a doctrine (the name before its
     linked doctrines' parentheses): what the user may research next where the agenda missed (the
     1.5B passed over "Abnormally dangerous activities", its first candidate, for a blasting
-    question).  None when the user set or reviewed the agenda: they chose from the candidates;
-    nor an issue researched earlier on the thread (a follow-up's candidates list those first)."""
+    question); of a fact pattern, those whose search finds a passage some stated fact fits at
+    :data:`OTHERS_FIT`.  None when the user set or reviewed the agenda: they chose from the
+    candidates; nor an issue researched earlier on the thread (a follow-up's candidates list
+    those first)."""
+    facts = state["parsed"].facts
     if state["parsed"].issues or _reading(state, "review"):
         return []
     agenda = {doctrine_key(i) for i in [*planned(state), *thread_research(state)]}
     names = (c.split(" (")[0] for c in _reading(state, "candidates") or [])
-    return list(dict.fromkeys(n for n in names if doctrine_key(n) not in agenda))[:PASSED_OVER]
+    out: list[str] = []
+    for name in dict.fromkeys(n for n in names if doctrine_key(n) not in agenda):
+        if len(out) == PASSED_OVER:
+            break
+        top = candidate_search(ctx, name, facts)[:3] if facts else []
+        if not facts or any(
+            max(ctx.passage_cosines(f, top), default=0.0) >= OTHERS_FIT for f in facts
+        ):
+            out.append(name)
+    return out
 
 
 def recalled(state: AgentState) -> dict[str, Any]:
@@ -974,7 +1000,7 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         policy=policy,
         verdict_support=ctx.verdict_support(),
         earlier=earlier_applications(state),
-        others=passed_over(state),
+        others=passed_over(state, ctx),
     )
     update: dict[str, Any] = {"answer": record.to_dict()}
     if stop:
