@@ -1349,6 +1349,13 @@ def test_a_passed_over_doctrine_no_stated_fact_comes_near_is_not_named(tmp_setti
     assert nodes.passed_over(state, ctx) == ["Arrest", "Exclusionary rule", "Miranda warnings"]
     assert nodes.OTHERS_FIT > 0.05
 
+    def broken(queries: list[str], k: int, exclude: list[str]) -> list[dict]:
+        raise RuntimeError("the store is gone")
+
+    # a search that fails leaves the hint unchecked, not the answer broken
+    unchecked = nodes.passed_over(state, fake_context(tmp_settings, retrieve=broken))
+    assert unchecked == ["Arrest", far, "Exclusionary rule"]
+
 
 def test_an_answer_names_the_candidate_doctrines_its_agenda_passed_over(tmp_settings):
     """The 1.5B put "Liability insurance" on a blasting question's agenda and passed over
