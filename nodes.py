@@ -384,10 +384,19 @@ with 8 the 1.5B picked from the end of a 12-name list (docs/MEASUREMENTS_HISTORY
 
 
 def doctrine_key(name: str) -> str:
-    """The doctrine a candidate name stands for: the content words before " (", in any order
-    ("Offer (Firm offer (UCC 2-205))" is "Offer"; "Negligence damages" is "Damages in negligence";
-    "FRE 404(b)" stays whole)."""
-    return " ".join(sorted(mc.content_words(name.split(" (")[0])))
+    """The doctrine a candidate name stands for: the content words before " (", in any order and
+    in the singular ("Offer (Firm offer (UCC 2-205))" is "Offer"; "Negligence damages" is "Damages
+    in negligence"; "Prior statements of testifying witnesses" is "Prior statements of a
+    testifying witness"; "FRE 404(b)" stays whole)."""
+    return " ".join(sorted(map(_singular, mc.content_words(name.split(" (")[0]))))
+
+
+def _singular(word: str) -> str:
+    if len(word) <= 3 or word.endswith("ss"):
+        return word
+    if word.endswith(("sses", "ies")):
+        return word[:-2] if word.endswith("sses") else word[:-3] + "y"
+    return word.removesuffix("s")
 
 
 def candidate_doctrines(

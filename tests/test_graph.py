@@ -1325,6 +1325,19 @@ def test_the_adaptive_loop_ends_at_its_caps_and_falls_back_to_the_agenda(tmp_set
     assert script.roles().count("replan") == 2
 
 
+def test_a_doctrine_named_in_the_plural_and_in_the_singular_is_one_candidate():
+    """A user's robbery question listed "Prior statements of testifying witnesses" and "Prior
+    statements of a testifying witness" (a taxonomy name and a passage title) as two doctrines."""
+    same = [
+        ("Prior statements of testifying witnesses (Rule 801(d)(1))", "Prior statements of a testifying witness"),
+        ("Dying declarations", "Dying declaration"),
+        ("Duties of landowners", "Duty of a landowner"),
+    ]  # fmt: skip
+    assert all(nodes.doctrine_key(a) == nodes.doctrine_key(b) for a, b in same)
+    assert nodes.doctrine_key("Business process") != nodes.doctrine_key("Business")
+    assert nodes.doctrine_key("Negligence damages") == nodes.doctrine_key("Damages in negligence")
+
+
 def test_a_passed_over_doctrine_no_stated_fact_comes_near_is_not_named(tmp_settings):
     """The README's car search named "Rape shield rule" as a doctrine the sources hold: a
     candidate whose first passages no stated fact fits at OTHERS_FIT is left out, and the next
