@@ -1049,6 +1049,10 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
     stage.bearing = borne_on(stage, ruled)
     asked = stage.q.asked if stage.q.kind == "fact_pattern" else ""
     named = [bool(asked) and named_in(item.issue, asked) for _, item, *_ in ruled]
+    # A follow-up applies the issues its question names to the new facts as well: the embedder
+    # read "Dana had planned to keep the laptop" as closer to work product's "tangible things"
+    # than to larceny's intent to keep the item, so "Is Dana guilty of larceny?" kept its old one.
+    stage.bearing |= {item.issue for (_, item, *_), name in zip(ruled, named, strict=True) if name}
     low = min(floor, best)
     low_fit = [n > 0 and fit < low for n, (*_, fit) in enumerate(ruled)]
     unfit = [far and not name for far, name in zip(low_fit, named, strict=True)]

@@ -304,6 +304,27 @@ def test_a_follow_up_reads_the_threads_facts_and_redoes_only_what_its_new_fact_b
     )
 
 
+def test_a_follow_up_applies_again_the_issue_its_question_names(tmp_settings, monkeypatch, store):
+    """A user's "What if Dana had planned to keep the laptop?" kept larceny's earlier application
+    because the embedder put the new fact nearer another issue's rule: an issue the question
+    names ("Is Dana guilty of larceny?") is applied to the new facts whatever the embedder says."""
+    monkeypatch.setattr(answer, "FACT_FIT", 0.2)  # the facts of LAW raise both its issues
+    asks = FACTS.replace("Is the store liable to Paula?", "Does comparative negligence bar Paula?")
+    replies = fact_replies()
+    replies["apply"] += [J(checks=[{"n": 1, "fact": 4, "met": "no"}])] * 2
+    replies["bottom_line"] += [J(answer="no", conclusion=1)]
+    settings, script, ctx = _agent(tmp_settings, store, replies)
+    with main.open_checkpointer(settings) as saver:
+        first = main.run_agent(asks, context=ctx, checkpointer=saver)
+        asked_first = len(script.roles())
+        second = main.run_agent(
+            WHAT_IF, context=ctx, checkpointer=saver, thread_id=first["thread_id"]
+        )
+    assert second["parsed"]["asked"] == "Does comparative negligence bar Paula?"
+    assert script.roles()[asked_first:] == ["apply", "apply", "bottom_line"]
+    assert second["answer"]["reused"] == []
+
+
 def test_history_prints_a_threads_questions(tmp_settings, monkeypatch, capsys):
     settings, _, ctx = _agent(tmp_settings, str(tmp_path_of(tmp_settings)), fact_replies())
     with main.open_checkpointer(settings) as saver:
