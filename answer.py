@@ -139,7 +139,9 @@ GUARDS: dict[str, Guard] = {
         "application",
         "a check whose fact is unrelated to its requirement decides nothing",
         f"FACT_RELEVANCE {FACT_RELEVANCE}",
-        "stop 36, tune half: 22 of 86 decided checks named a fact below 0.10 to the requirement",
+        "stop 36, tune half: 22 of 86 decided checks named a fact below 0.10 to the requirement; "
+        "ablation, stop 60 (fp_s60_norel): misgrounded tune 33/169 with, 42/184 without, report "
+        "61/167 with, 72/178 without; issues found tune 22 -> 23/40 without, report 18/34 both",
     ),
     "off_question": Guard(
         "answer",
@@ -151,11 +153,13 @@ GUARDS: dict[str, Guard] = {
     "named_issue": Guard(
         "application",
         "an issue the question names is applied even where off_facts or not_raised would set "
-        "it aside",
+        "it aside, with the facts the model ties to it even where unrelated_fact would drop them",
         "",
         'user trial (stop 47): "Has she committed larceny or embezzlement?" set embezzlement '
         "aside as not raised; ablation, stop 58 (fp_s58_nonamed): no fact pattern changes on "
-        "the tune half (they rarely name a doctrine), report misgrounded 65 -> 61 without",
+        "the tune half (they rarely name a doctrine), report misgrounded 65 -> 61 without; user "
+        'trial (stop 60): "Is Dana guilty of larceny?" lost its laptop facts (cosine 0.06 to '
+        '"intent to permanently deprive") to unrelated_fact',
     ),
     "unparsed_application": Guard(
         "application", "an unreadable apply reply: the rule stands without an application", "", ""
@@ -628,19 +632,22 @@ def apply_rule(
     return [checks[n] for n in sorted(checks)]
 
 
-def related_checks(checks: Sequence[Check], embed: EmbedFn) -> tuple[list[Check], int]:
+def related_checks(
+    checks: Sequence[Check], embed: EmbedFn, keep: bool = False
+) -> tuple[list[Check], int]:
     """``checks`` with every decided one whose fact is unrelated to its requirement (cosine below
-    :data:`FACT_RELEVANCE`) made undecided, and how many were; each other decided check names the
-    part of its fact sentence that bears on the requirement (:func:`fact_part`)."""
+    :data:`FACT_RELEVANCE`) made undecided unless ``keep``, and how many are unrelated; each other
+    decided check names the part of its fact sentence that bears on the requirement
+    (:func:`fact_part`)."""
     judged = [i for i, c in enumerate(checks) if fact_decides(c)]
     out = list(checks)
     if not judged:
         return out, 0
     rows = _rows(embed, [t for i in judged for t in (checks[i].requirement, checks[i].fact)])
     unrelated = [i for n, i in enumerate(judged) if rows[2 * n] @ rows[2 * n + 1] < FACT_RELEVANCE]
-    for i in unrelated:
+    for i in [] if keep else unrelated:
         out[i] = checks[i].model_copy(update={"fact": NOT_STATED_FACT, "met": "unclear"})
-    kept = [(n, i) for n, i in enumerate(judged) if i not in unrelated]
+    kept = [(n, i) for n, i in enumerate(judged) if keep or i not in unrelated]
     # Checks often name the same fact sentence: its clauses are embedded once, not per check.
     clause_rows = functools.cache(lambda clauses: _rows(embed, list(clauses)))
     for n, i in kept:
@@ -836,6 +843,9 @@ class _Stage:
     reused: list[str] = field(default_factory=list)
     bearing: set[str] = field(default_factory=set)
     """The issues a follow-up's new facts bear on (:func:`borne_on`): applied anew."""
+    named: set[str] = field(default_factory=set)
+    """The issues the question names (:func:`named_in`): applied, and to every fact the model
+    ties to them (guard ``named_issue``)."""
 
     def __post_init__(self) -> None:
         self.guards = dict.fromkeys(GUARDS, 0)
@@ -992,7 +1002,7 @@ def _checks(stage: _Stage, issue: str, rule: list) -> tuple[Applied, int, bool]:
     applied = apply_rule(stage.client, issue, reqs, stage.q.facts, later=later)
     if applied is None:
         return (None, True), 0, False
-    applied, unrelated = related_checks(applied, stage.embed)
+    applied, unrelated = related_checks(applied, stage.embed, keep=issue in stage.named)
     return (applied, True), unrelated, False
 
 
@@ -1006,7 +1016,7 @@ def _applications(stage: _Stage, todo: Sequence[tuple[str, list]]) -> list[Appli
         with ContextThreadPoolExecutor(max_workers=len(todo)) as pool:
             done = list(pool.map(lambda pair: _checks(stage, *pair), todo))
     for (issue, _), (_, unrelated, carried) in zip(todo, done, strict=True):
-        stage.fire("unrelated_fact", unrelated)
+        stage.fire("named_issue" if issue in stage.named else "unrelated_fact", unrelated)
         stage.reused += [issue] if carried else []
     return [applied for applied, *_ in done]
 
@@ -1049,10 +1059,12 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
     stage.bearing = borne_on(stage, ruled)
     asked = stage.q.asked if stage.q.kind == "fact_pattern" else ""
     named = [bool(asked) and named_in(item.issue, asked) for _, item, *_ in ruled]
-    # A follow-up applies the issues its question names to the new facts as well: the embedder
-    # read "Dana had planned to keep the laptop" as closer to work product's "tangible things"
-    # than to larceny's intent to keep the item, so "Is Dana guilty of larceny?" kept its old one.
-    stage.bearing |= {item.issue for (_, item, *_), name in zip(ruled, named, strict=True) if name}
+    # The embedder reads "Dana took her coworker's laptop ..., intending to return it Monday" as
+    # unrelated to larceny's "intent to permanently deprive" (cosine 0.06), and a follow-up's
+    # "Dana had planned to keep the laptop" as nearer work product's "tangible things": an issue
+    # "Is Dana guilty of larceny?" names keeps the facts the model ties to it, new ones included.
+    stage.named = {item.issue for (_, item, *_), name in zip(ruled, named, strict=True) if name}
+    stage.bearing |= stage.named
     low = min(floor, best)
     low_fit = [n > 0 and fit < low for n, (*_, fit) in enumerate(ruled)]
     unfit = [far and not name for far, name in zip(low_fit, named, strict=True)]

@@ -516,6 +516,26 @@ def test_a_fact_unrelated_to_a_requirement_does_not_decide_it(tmp_settings):
     assert script.roles() == ["apply"]  # no conclusion decided: "not settled" without a call
 
 
+def test_an_issue_the_question_names_keeps_the_facts_the_model_ties_to_it(tmp_settings):
+    """ "Is Dana guilty of larceny?": the embedder put "Dana took her coworker's laptop ...,
+    intending to return it Monday" at 0.06 to "intent to permanently deprive", and the answer said
+    no stated fact decides larceny.  An issue the question names keeps the fact the model ties to
+    it (counted as ``named_issue``, not ``unrelated_fact``)."""
+    facts = "It was a rainy Tuesday in May. " + FACTS.replace(
+        "Can he get the cocaine suppressed?", "Was it a lawful search incident to arrest?"
+    )
+    checks = json.dumps(
+        {"checks": [{"n": 1, "fact": 3, "met": "yes"}, {"n": 2, "fact": 1, "met": "no"}]}
+    )
+    bottom = json.dumps({"answer": "no", "conclusion": 1})
+    client, _ = scripted_client(tmp_settings, {"apply": [checks], "bottom_line": [bottom]})
+    research = [answer.IssueResearch("Search incident to arrest", [GANT])]
+    record = answer.build_record(client, Question.read(facts), research, EMBED)
+    assert record.guards["unrelated_fact"] == 0 and record.guards["named_issue"] == 1
+    application = " ".join(s.text for s in record.sentences if s.role == "application")
+    assert "— not met: It was a rainy Tuesday in May." in application
+
+
 def test_an_issue_whose_rule_does_not_fit_the_facts_is_named_not_applied(tmp_settings):
     """Of two researched issues, the one whose quoted rule shares nothing with the facts (a design
     defect, for a vehicle search) gets no application call and no rule in the answer (guard
