@@ -156,8 +156,23 @@ def _open_sqlite(path: str, serde: Any) -> Iterator[Any]:
     file = Path(path).expanduser()
     file.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.closing(sqlite3.connect(file, timeout=30, check_same_thread=False)) as conn:
-        conn.execute("PRAGMA journal_mode=WAL")
+        _wal_mode(conn)
         yield SqliteSaver(conn, serde=serde)
+
+
+def _wal_mode(conn: sqlite3.Connection, wait: float = 30.0) -> None:
+    """Switch the store to WAL mode.  While another process switches a new file, SQLite answers
+    "database is locked" at once, without waiting (the busy timeout does not cover it): try
+    again for up to ``wait`` seconds (two runs starting together failed 1 time in 3 suites)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 @contextlib.contextmanager

@@ -557,6 +557,28 @@ with main.open_checkpointer(Settings.from_env(env={}, checkpoints=store)) as sav
 the SQLite ``store``, each on thread ``name-i``."""
 
 
+def test_a_store_another_process_is_switching_to_wal_mode_is_waited_for():
+    """Two runs opening a new store at once: SQLite answered the second's switch to WAL mode with
+    "database is locked" at once (5 of 40 rounds of 4 processes), and that run failed."""
+
+    class Busy:
+        def __init__(self, fails: int, error: str = "database is locked") -> None:
+            self.fails, self.error, self.calls = fails, error, 0
+
+        def execute(self, sql: str) -> None:
+            self.calls += 1
+            if self.calls <= self.fails:
+                raise sqlite3.OperationalError(self.error)
+
+    conn = Busy(fails=3)
+    main._wal_mode(conn)
+    assert conn.calls == 4
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        main._wal_mode(Busy(fails=1000), wait=0.2)
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
+        main._wal_mode(Busy(fails=1, error="disk I/O error"))  # not waited for
+
+
 def test_two_processes_writing_one_sqlite_store_at_once_lose_nothing(tmp_path):
     """Two CLI runs (or an eval beside a run) checkpoint into one file at the same moment: a
     writer waits for the other's transaction instead of failing with "database is locked", and
