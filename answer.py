@@ -422,6 +422,8 @@ class IssueResearch:
     why: str = ""
     facts: list[str] | None = None
     """The fact sentences the step kept for the issue (None: chosen here by cosine)."""
+    chosen: bool = False
+    """The user set it (``--issues`` or the plan review): applied as an issue the question names."""
 
 
 def _cite(cited: dict[tuple[str, str], Citation], doc: Mapping[str, Any], sentence: str) -> int:
@@ -1058,7 +1060,7 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
     best = max((fit for *_, fit in ruled), default=1.0)
     stage.bearing = borne_on(stage, ruled)
     asked = stage.q.asked if stage.q.kind == "fact_pattern" else ""
-    named = [bool(asked) and named_in(item.issue, asked) for _, item, *_ in ruled]
+    named = [item.chosen or bool(asked) and named_in(item.issue, asked) for _, item, *_ in ruled]
     # The embedder reads "Dana took her coworker's laptop ..., intending to return it Monday" as
     # unrelated to larceny's "intent to permanently deprive" (cosine 0.06), and a follow-up's
     # "Dana had planned to keep the laptop" as nearer work product's "tangible things": an issue

@@ -660,6 +660,7 @@ def review(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     if not agenda or agenda == issues:
         return {}, "agenda kept by the user"
     update = plan_steps(state, ctx, agenda)
+    update["reading"]["chosen"] = True  # the user's issues, applied as named ones
     decision = _steps_decision(update, ", reviewed by the user")
     update["planning_table"] = Overwrite(update["planning_table"])
     return update, decision
@@ -969,6 +970,7 @@ def issue_research(state: AgentState, why_not: str) -> list[answer_stage.IssueRe
     """Per agenda issue, what the answer stage gets: the passages of its completed steps, none
     when every angle missed the evidence gate, or not researched."""
     passages = state.get("passages") or {}
+    chosen = bool(state["parsed"].issues or _reading(state, "chosen"))
     out = []
     for issue in planned(state):
         steps = [s for s in _executed(state) if s.get("issue") == issue]
@@ -978,7 +980,8 @@ def issue_research(state: AgentState, why_not: str) -> list[answer_stage.IssueRe
                 i for s in done for i in s["execution"].get("retrieved_doc_ids") or []
             )
             docs = [passages[i] for i in ids if i in passages]
-            out.append(answer_stage.IssueResearch(issue, docs, facts=done[-1].get("facts")))
+            facts = done[-1].get("facts")
+            out.append(answer_stage.IssueResearch(issue, docs, facts=facts, chosen=chosen))
         elif steps:
             best = max(float(s["execution"].get("evidence_score") or 0) for s in steps)
             why = f"best evidence score {best:.2f}, below LEAN_GATE"

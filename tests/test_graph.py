@@ -1325,6 +1325,23 @@ def test_the_adaptive_loop_ends_at_its_caps_and_falls_back_to_the_agenda(tmp_set
     assert script.roles().count("replan") == 2
 
 
+def test_an_issue_the_user_sets_is_answered_even_where_the_model_ties_no_fact_to_it(tmp_settings):
+    """A user typed "prior bad acts" at the plan review of a bank robber's other robberies: the
+    1.5B tied no fact to FRE 404(b), and the answer only said "Considered, but no stated fact
+    raises it", without the rule.  An issue the user sets is applied like one the question names:
+    its rule is quoted, with what the facts leave open."""
+    no_fact = J(
+        checks=[{"n": 1, "fact": 0, "met": "unclear"}, {"n": 2, "fact": 0, "met": "unclear"}]
+    )
+    replies = fact_replies(apply=[no_fact, no_fact], bottom_line=[])
+    del replies["plan"]
+    result, *_ = run(tmp_settings, replies, issues=["Negligence", "Comparative negligence"])
+    issues = result["answer"]["issues"]
+    assert [i["status"] for i in issues[:2]] == ["answered", "answered"]
+    assert "Considered, but no stated fact raises it" not in result["answer"]["text"]
+    assert result["answer"]["guards"]["not_raised"] == 0
+
+
 def test_a_doctrine_named_in_the_plural_and_in_the_singular_is_one_candidate():
     """A user's robbery question listed "Prior statements of testifying witnesses" and "Prior
     statements of a testifying witness" (a taxonomy name and a passage title) as two doctrines."""
