@@ -152,8 +152,9 @@ GUARDS: dict[str, Guard] = {
     ),
     "named_issue": Guard(
         "application",
-        "an issue the question names is applied even where off_facts or not_raised would set "
-        "it aside, with the facts the model ties to it even where unrelated_fact would drop them",
+        "an issue the question names or the user sets is applied even where off_facts or "
+        "not_raised would set it aside, with the facts the model ties to it even where "
+        "unrelated_fact would drop them",
         "",
         'user trial (stop 47): "Has she committed larceny or embezzlement?" set embezzlement '
         "aside as not raised; ablation, stop 58 (fp_s58_nonamed): no fact pattern changes on "
@@ -846,8 +847,8 @@ class _Stage:
     bearing: set[str] = field(default_factory=set)
     """The issues a follow-up's new facts bear on (:func:`borne_on`): applied anew."""
     named: set[str] = field(default_factory=set)
-    """The issues the question names (:func:`named_in`): applied, and to every fact the model
-    ties to them (guard ``named_issue``)."""
+    """The issues the question names (:func:`named_in`) or the user set: applied, and to every
+    fact the model ties to them (guard ``named_issue``)."""
 
     def __post_init__(self) -> None:
         self.guards = dict.fromkeys(GUARDS, 0)
