@@ -1157,7 +1157,6 @@ def build_record(
     policy: Policy = "research",
     verdict_support: float = 0.0,
     earlier: Mapping[str, list[dict]] | None = None,
-    others: Sequence[str] = (),
 ) -> AnswerRecord:
     """The answer to ``question`` (read once: :class:`question.Question`) from the research of each issue (see the module docstring).
 
@@ -1165,8 +1164,7 @@ def build_record(
     record then abstains without a model call.  ``policy="evidence"``: every rule sentence passes
     the grounding gate first (:func:`verify_rule`).  ``verdict_support``: the support a reading of
     the facts needs to be shown as a conclusion or verdict (above 1: none is).  ``earlier``: a
-    follow-up's thread, each issue's application in its last answer (:func:`_carried`).
-    ``others``: doctrines the research passed over, named after an answer (not after a decline)."""
+    follow-up's thread, each issue's application in its last answer (:func:`_carried`)."""
     stage = _Stage(client, question, embed, policy, verdict_support, earlier=earlier or {})
     if decline:
         record = stage.record([], True, decline)
@@ -1185,7 +1183,6 @@ def build_record(
     applied = [i for i in issues if i.status == "answered" and i.outcome is not None]
     decided, tail = _tail(stage, applied)
     record = stage.record(issues, False)
-    record.others = list(others)
     if decided:
         record.verdict, record.reading, record.support = decided[:3]
     record.grounded = all(s.cites for s in record.sentences) and all(s.cites for s in tail)

@@ -19,7 +19,7 @@ import logging
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Literal
 
 from langgraph.runtime import Runtime
@@ -164,14 +164,16 @@ def candidate_search(ctx: AgentContext, name: str, facts: Sequence[str]) -> list
     return ctx.search(FIRST_SEARCH, step_for(1, name, kept)["strategy"]["queries"], k, [])[:k]
 
 
-def passed_over(state: AgentState, ctx: AgentContext) -> list[str]:
+def passed_over(state: AgentState, ctx: AgentContext, cited: Collection[str] = ()) -> list[str]:
     """The planner's candidates left off the agenda, one name a doctrine (the name before its
     linked doctrines' parentheses): what the user may research next where the agenda missed (the
     1.5B passed over "Abnormally dangerous activities", its first candidate, for a blasting
     question); of a fact pattern, those whose search finds a passage some stated fact fits at
-    :data:`OTHERS_FIT`.  None when the user set or reviewed the agenda: they chose from the
-    candidates; nor an issue researched earlier on the thread (a follow-up's candidates list
-    those first)."""
+    :data:`OTHERS_FIT`.  Not one whose search finds first a passage the answer cites (ids
+    ``cited``): the research is already there ("False imprisonment and shopkeeper's privilege"
+    after an issue "False imprisonment (Shopkeeper's privilege)" quoting that passage).  None when
+    the user set or reviewed the agenda: they chose from the candidates; nor an issue researched
+    earlier on the thread (a follow-up's candidates list those first)."""
     facts = state["parsed"].facts
     if state["parsed"].issues or _reading(state, "review"):
         return []
@@ -182,8 +184,9 @@ def passed_over(state: AgentState, ctx: AgentContext) -> list[str]:
         if len(out) == PASSED_OVER:
             break
         try:
-            top = candidate_search(ctx, name, facts)[:3] if facts else []
-            fits = not facts or any(
+            top = candidate_search(ctx, name, facts)[:3]
+            fits = bool(top) and str(top[0]["id"]) not in cited
+            fits &= not facts or any(
                 max(ctx.passage_cosines(f, top), default=0.0) >= OTHERS_FIT for f in facts
             )
         except Exception as exc:  # noqa: BLE001 - a hint, not the answer: name it unchecked
@@ -1017,8 +1020,9 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         policy=policy,
         verdict_support=ctx.verdict_support(),
         earlier=earlier_applications(state),
-        others=passed_over(state, ctx),
     )
+    if not record.abstained:
+        record.others = passed_over(state, ctx, {c.passage_id for c in record.citations})
     update: dict[str, Any] = {"answer": record.to_dict()}
     if stop:
         update["stop_reason"] = stop

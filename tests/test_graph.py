@@ -1387,6 +1387,29 @@ def test_a_passed_over_doctrine_no_stated_fact_comes_near_is_not_named(tmp_setti
     assert unchecked == ["Arrest", far, "Exclusionary rule"]
 
 
+def test_a_passed_over_doctrine_whose_search_begins_at_a_cited_passage_is_not_named(tmp_settings):
+    """A shoplifting question answered "False imprisonment (Shopkeeper's privilege)" from the
+    passage titled "False imprisonment and shopkeeper's privilege", then listed that title as a
+    doctrine not researched: a candidate whose search finds first a passage the answer cites is
+    left out, and the next one takes its place."""
+    from question import Question
+
+    def retrieve(queries: list[str], k: int, exclude: list[str]) -> list[dict]:
+        name = queries[0].removeprefix("What are the rule and elements of ").rstrip("?")
+        pid = "torts_020" if name.startswith("False imprisonment") else name
+        return [{"id": pid, "title": name, "text": f"The rule of {name}."}]
+
+    ctx = fake_context(tmp_settings, retrieve=retrieve, cosines=lambda q, docs: [0.4] * len(docs))
+    same = "False imprisonment and shopkeeper's privilege"
+    names = ["False imprisonment (Shopkeeper's privilege)", same, "Battery", "Assault", "Robbery"]
+    state = {
+        "parsed": Question.read("A manager locked a shopper in a room overnight. Can she recover?"),
+        "reading": {"agenda": names[:1], "candidates": names},
+    }
+    assert nodes.passed_over(state, ctx) == [same, "Battery", "Assault"]
+    assert nodes.passed_over(state, ctx, cited={"torts_020"}) == ["Battery", "Assault", "Robbery"]
+
+
 def test_an_answer_names_the_candidate_doctrines_its_agenda_passed_over(tmp_settings):
     """The 1.5B put "Liability insurance" on a blasting question's agenda and passed over
     "Abnormally dangerous activities", its first candidate: the answer names the candidates it
@@ -1395,7 +1418,11 @@ def test_an_answer_names_the_candidate_doctrines_its_agenda_passed_over(tmp_sett
     record = result["answer"]
     names = [c.split(" (")[0] for c in result["reading"]["candidates"]]
     others = [n for n in names if nodes.doctrine_key(n) != nodes.doctrine_key("Negligence")]
-    assert record["others"] == others[: nodes.PASSED_OVER] and len(others) > nodes.PASSED_OVER
+    # the two whose search finds first a passage the answer quotes are left out
+    cited = {c["passage_id"] for c in record["citations"]}
+    quoted = ["Negligence elements", "Comparative negligence"]
+    assert others[:2] == quoted and {"neg", "comp"} <= cited
+    assert record["others"] == others[2:] and len(others) > 2
     assert "Negligence" not in record["others"]
     assert main.answer_stage.AnswerRecord.shown(record).endswith(
         f"{record['text']}\n\nOther doctrines the sources hold, not researched: "
