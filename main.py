@@ -612,7 +612,10 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
     out(answer_stage.AnswerRecord.shown(record) or "(no answer)")
     if others := record.get("others"):
         on = f"--thread {result['thread_id']}" if result.get("thread_id") else "ask again with"
-        out(f'(To research one: {on} --issues "{others[0]}"; --review to pick.)')
+        # --issues splits at ";": a name with one ("Termination of offers; option contracts and
+        # firm offers") is given with a comma, which names the same candidate (nodes.doctrine_key)
+        name = others[0].replace(";", ",")
+        out(f'(To research one: {on} --issues "{name}"; --review to pick.)')
     if flagged := result.get("flagged_passages"):
         ids = ", ".join(f["id"] for f in flagged[:5]) + (", ..." if len(flagged) > 5 else "")
         out(
