@@ -169,24 +169,23 @@ def passed_over(state: AgentState, ctx: AgentContext, cited: Collection[str] = (
     linked doctrines' parentheses): what the user may research next where the agenda missed (the
     1.5B passed over "Abnormally dangerous activities", its first candidate, for a blasting
     question); of a fact pattern, those whose search finds a passage some stated fact fits at
-    :data:`OTHERS_FIT`.  Not one whose search finds first a passage the answer cites (ids
-    ``cited``): the research is already there ("False imprisonment and shopkeeper's privilege"
-    after an issue "False imprisonment (Shopkeeper's privilege)" quoting that passage).  None when
+    :data:`OTHERS_FIT`.  Not one that is the title of a passage the answer cites (``cited``):
+    its sources list it ("False imprisonment and shopkeeper's privilege" after an issue "False
+    imprisonment (Shopkeeper's privilege)" quoting that passage).  None when
     the user set or reviewed the agenda: they chose from the candidates; nor an issue researched
     earlier on the thread (a follow-up's candidates list those first)."""
     facts = state["parsed"].facts
     if state["parsed"].issues or _reading(state, "review"):
         return []
-    agenda = {doctrine_key(i) for i in [*planned(state), *thread_research(state)]}
+    agenda = {doctrine_key(i) for i in [*planned(state), *thread_research(state), *cited]}
     names = (c.split(" (")[0] for c in _reading(state, "candidates") or [])
     out: list[str] = []
     for name in dict.fromkeys(n for n in names if doctrine_key(n) not in agenda):
         if len(out) == PASSED_OVER:
             break
         try:
-            top = candidate_search(ctx, name, facts)[:3]
-            fits = bool(top) and str(top[0]["id"]) not in cited
-            fits &= not facts or any(
+            top = candidate_search(ctx, name, facts)[:3] if facts else []
+            fits = not facts or any(
                 max(ctx.passage_cosines(f, top), default=0.0) >= OTHERS_FIT for f in facts
             )
         except Exception as exc:  # noqa: BLE001 - a hint, not the answer: name it unchecked
@@ -1022,7 +1021,7 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         earlier=earlier_applications(state),
     )
     if not record.abstained:
-        record.others = passed_over(state, ctx, {c.passage_id for c in record.citations})
+        record.others = passed_over(state, ctx, {c.title for c in record.citations})
     update: dict[str, Any] = {"answer": record.to_dict()}
     if stop:
         update["stop_reason"] = stop

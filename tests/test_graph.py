@@ -1387,11 +1387,11 @@ def test_a_passed_over_doctrine_no_stated_fact_comes_near_is_not_named(tmp_setti
     assert unchecked == ["Arrest", far, "Exclusionary rule"]
 
 
-def test_a_passed_over_doctrine_whose_search_begins_at_a_cited_passage_is_not_named(tmp_settings):
+def test_a_passed_over_doctrine_whose_passage_the_answer_cites_is_not_named(tmp_settings):
     """A shoplifting question answered "False imprisonment (Shopkeeper's privilege)" from the
     passage titled "False imprisonment and shopkeeper's privilege", then listed that title as a
-    doctrine not researched: a candidate whose search finds first a passage the answer cites is
-    left out, and the next one takes its place."""
+    doctrine not researched: a candidate that is the title of a passage the answer cites is left
+    out, and the next one takes its place."""
     from question import Question
 
     def retrieve(queries: list[str], k: int, exclude: list[str]) -> list[dict]:
@@ -1407,7 +1407,8 @@ def test_a_passed_over_doctrine_whose_search_begins_at_a_cited_passage_is_not_na
         "reading": {"agenda": names[:1], "candidates": names},
     }
     assert nodes.passed_over(state, ctx) == [same, "Battery", "Assault"]
-    assert nodes.passed_over(state, ctx, cited={"torts_020"}) == ["Battery", "Assault", "Robbery"]
+    quoted = nodes.passed_over(state, ctx, cited={same})
+    assert quoted == ["Battery", "Assault", "Robbery"]
 
 
 def test_an_answer_names_the_candidate_doctrines_its_agenda_passed_over(tmp_settings):
@@ -1418,10 +1419,10 @@ def test_an_answer_names_the_candidate_doctrines_its_agenda_passed_over(tmp_sett
     record = result["answer"]
     names = [c.split(" (")[0] for c in result["reading"]["candidates"]]
     others = [n for n in names if nodes.doctrine_key(n) != nodes.doctrine_key("Negligence")]
-    # the two whose search finds first a passage the answer quotes are left out
-    cited = {c["passage_id"] for c in record["citations"]}
+    # the two that are titles of passages the answer quotes are left out
+    cited = {c["title"] for c in record["citations"]}
     quoted = ["Negligence elements", "Comparative negligence"]
-    assert others[:2] == quoted and {"neg", "comp"} <= cited
+    assert others[:2] == quoted and set(quoted) <= cited
     assert record["others"] == others[2:] and len(others) > 2
     assert "Negligence" not in record["others"]
     assert main.answer_stage.AnswerRecord.shown(record).endswith(
