@@ -402,7 +402,8 @@ def summarize_fact_mode(rs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             sum(bool(r.get("steer")) for r in rs if not r["gold_cited"]),
             sum(not r["gold_cited"] for r in rs),
         ),
-        # of the passed-over doctrines answers name, those whose search finds a gold passage
+        # of the passed-over doctrines answers name, those whose search finds a gold passage the
+        # answer does not cite
         "others_gold": _share(
             sum(len(r.get("steer") or []) for r in rs), sum(len(r.get("others") or []) for r in rs)
         ),

@@ -14,7 +14,7 @@ import logging
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -765,16 +765,18 @@ def same_doctrine_fn(settings: Settings) -> Callable[[str, Sequence[str]], bool]
     return same
 
 
-def steer_hits(context: Any, item: Mapping[str, Any], others: Sequence[str]) -> list[str]:
+def steer_hits(
+    context: Any, item: Mapping[str, Any], others: Sequence[str], cited: Collection[str] = ()
+) -> list[str]:
     """The doctrines an answer names as passed over whose research step would find a gold passage
-    (``nodes.candidate_search`` in ``context``, the executor's first search): a user's
-    ``--issues`` for one of them researches the pattern's doctrine."""
+    the answer does not cite (ids ``cited``; ``nodes.candidate_search`` in ``context``, the
+    executor's first search): a user's ``--issues`` for one of them researches what it missed."""
     from question import Question
 
     if not others:
         return []
     facts = list(Question.read(str(item["question"])).facts)
-    gold = {g for issue in item["issues"] for g in issue["gold_ids"]}
+    gold = {g for issue in item["issues"] for g in issue["gold_ids"]} - set(cited)
     return [
         name
         for name in others
@@ -884,7 +886,8 @@ def run_answers_phase(
             result = agent_answer(settings, mode, str(item["question"]), issues, llm_factory)
         row = scorer(item, mode, result, time.perf_counter() - start, same_doctrine=same_doctrine)
         if args.facts:  # which named, passed-over doctrines would find a gold passage?
-            row["steer"] = steer_hits(steer_context(), item, row.get("others") or [])
+            cited = {p for ids in row["cited_by_issue"].values() for p in ids}
+            row["steer"] = steer_hits(steer_context(), item, row.get("others") or [], cited)
         return {**row, "item": row["id"], "phase": "answers"}
 
     interrupted = False

@@ -984,3 +984,6 @@ def test_a_passed_over_doctrine_whose_step_finds_the_gold_passage_counts_as_a_st
     context = eval_common.agent_context(tmp_settings, LLMClient(tmp_settings))
     hits = eval_comprehensive.steer_hits(context, item, named)
     assert hits == ["Abnormally dangerous activities"]
+    # a gold passage the answer cites already is nothing a steer finds
+    gold = [g for issue in item["issues"] for g in issue["gold_ids"]]
+    assert eval_comprehensive.steer_hits(context, item, named, cited=gold) == []
