@@ -576,8 +576,17 @@ def turns_on(checks: Sequence[Check], reading: Met) -> list[str]:
     deciding = _deciding(checks, reading) or [c for c in checks if fact_decides(c)]
     open_items = [c for c in checks if not fact_decides(c) and c not in deciding]
     out = [f'"{_gist(c.requirement)}" (stated: "{_clean(c.fact)}")' for c in deciding]
-    out += [f'"{_gist(c.requirement)}" (no stated fact)' for c in open_items]
+    out += [f'"{_gist(c.requirement)}"{NO_FACT_ITEM}' for c in open_items]
     return list(dict.fromkeys(out))[:TURNS_ON]
+
+
+NO_FACT_ITEM = " (no stated fact)"
+"""How a :func:`turns_on` item ends when no stated fact decides its requirement."""
+
+
+def _requirement_of(item: str) -> str:
+    """The quoted requirement a :func:`turns_on` item names."""
+    return item.split('" (', 1)[0]
 
 
 GIST_WORDS = 10
@@ -766,7 +775,11 @@ def _finding(n: int, issue: IssueAnswer) -> str:
 def _unsettled_line(asked: str, issues: Sequence[IssueAnswer], why: str = "") -> Sentence:
     """A bottom line that gives no verdict: the question, that the research does not settle it,
     and the facts that would (what each issue turns on)."""
-    items = list(dict.fromkeys(t for i in issues for t in i.turns_on))[:TURNS_ON]
+    items = [t for i in issues for t in i.turns_on]
+    # A requirement two issues quote is named once, with the fact one of them ties to it (an
+    # offer question's bottom line named the offer rule with "no stated fact", then with one).
+    tied = {_requirement_of(t): t for t in reversed(items) if not t.endswith(NO_FACT_ITEM)}
+    items = list(dict.fromkeys(tied.get(_requirement_of(t), t) for t in items))[:TURNS_ON]
     text = f"{asked} Not settled by this research{why}{_turns_on_text(items)}"
     return Sentence(text, "bottom_line", _all_cites(issues))
 

@@ -610,6 +610,23 @@ def test_only_a_yes_or_no_question_gets_a_yes_or_no_bottom_line(asked, yes_no):
     assert question_mod.asks_yes_or_no(asked) is yes_no
 
 
+def test_a_requirement_two_issues_quote_is_named_once_in_an_unsettled_bottom_line():
+    """A user's offer question: the bottom line said it turns on the offer rule with "no stated
+    fact", then on the same rule with the fact the second issue tied to it."""
+    offer = '"An offer is a manifestation of willingness to enter a…"'
+    tied = f'{offer} (stated: "…promised to keep the offer open until Friday")'
+    first = answer.IssueAnswer("Offer", "answered")
+    first.turns_on = [
+        '"The offeror controls the manner…" (stated: "Ben accepted")',
+        f"{offer}{answer.NO_FACT_ITEM}",
+    ]
+    second = answer.IssueAnswer("Firm offers", "answered")
+    second.turns_on = [tied, '"Preliminary negotiations are not offers"' + answer.NO_FACT_ITEM]
+    line = answer._unsettled_line("Is there a contract?", [first, second]).text
+    assert line.count(offer) == 1 and tied in line
+    assert line.index("The offeror controls") < line.index(offer)  # the order of the issues
+
+
 def test_a_which_question_gets_its_issues_by_conclusion_as_the_bottom_line(tmp_settings):
     """ "Which rights were violated?" takes no yes or no: the bottom line names the issues by
     their conclusions, cited, and no model call restates them."""
