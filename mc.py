@@ -84,6 +84,22 @@ def content_words(text: str) -> set[str]:
     return {w for w in WORD.findall(text.lower()) if w not in STOPWORDS and len(w) > 1}
 
 
+def doctrine_key(name: str) -> str:
+    """The doctrine a candidate name stands for: the content words before " (", in any order and
+    in the singular ("Offer (Firm offer (UCC 2-205))" is "Offer"; "Negligence damages" is "Damages
+    in negligence"; "Prior statements of testifying witnesses" is "Prior statements of a
+    testifying witness"; "FRE 404(b)" stays whole)."""
+    return " ".join(sorted(map(_singular, content_words(name.split(" (")[0]))))
+
+
+def _singular(word: str) -> str:
+    if len(word) <= 3 or word.endswith("ss"):
+        return word
+    if word.endswith(("sses", "ies")):
+        return word[:-2] if word.endswith("sses") else word[:-3] + "y"
+    return word.removesuffix("s")
+
+
 def parse_mc_answer(text: str, choices: Mapping[str, str]) -> tuple[str | None, str]:
     """(letter or None, strategy) of a reply; letters outside ``choices`` are ignored."""
     valid = {k.upper() for k in choices}

@@ -30,6 +30,7 @@ import mc
 import prompts
 import question as question_mod
 from context import AgentContext, Passage, default_context
+from mc import doctrine_key
 from question import Question, StateLaw
 from state import AgentState, Execution, MemoryEntry, PlanStep, Turn, merge_steps
 
@@ -383,22 +384,6 @@ def agenda(ctx: AgentContext, question: str, issues: list[str]) -> list[str]:
 CANDIDATE_PASSAGES = 4
 """Passages retrieved for the question as asked whose titles the planner sees as candidates:
 with 8 the 1.5B picked from the end of a 12-name list (docs/MEASUREMENTS_HISTORY.md, stop 39)."""
-
-
-def doctrine_key(name: str) -> str:
-    """The doctrine a candidate name stands for: the content words before " (", in any order and
-    in the singular ("Offer (Firm offer (UCC 2-205))" is "Offer"; "Negligence damages" is "Damages
-    in negligence"; "Prior statements of testifying witnesses" is "Prior statements of a
-    testifying witness"; "FRE 404(b)" stays whole)."""
-    return " ".join(sorted(map(_singular, mc.content_words(name.split(" (")[0]))))
-
-
-def _singular(word: str) -> str:
-    if len(word) <= 3 or word.endswith("ss"):
-        return word
-    if word.endswith(("sses", "ies")):
-        return word[:-2] if word.endswith("sses") else word[:-3] + "y"
-    return word.removesuffix("s")
 
 
 def candidate_doctrines(

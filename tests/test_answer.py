@@ -610,6 +610,22 @@ def test_only_a_yes_or_no_question_gets_a_yes_or_no_bottom_line(asked, yes_no):
     assert question_mod.asks_yes_or_no(asked) is yes_no
 
 
+def test_an_issue_the_step_cap_left_is_not_unanswered_when_a_quoted_source_is_on_it():
+    """ "When is an acceptance by mail effective?" quoted the mailbox rule's passage under
+    "Acceptance (Mailbox rule)" and ended "Not answered: Mailbox rule (MAX_STEPS 3 reached)"."""
+    mailbox = answer.Citation(1, "contracts_004", "Mailbox rule", "An acceptance is effective…")
+    first = answer.IssueAnswer("Acceptance (Mailbox rule)", "answered")
+    first.sentences = [answer.Sentence("An acceptance is effective when dispatched.", "rule", [1])]
+    cut = "MAX_STEPS 3 reached"
+    issues = [
+        first,
+        answer.IssueAnswer("Mailbox rules", "not_researched", why=cut),
+        answer.IssueAnswer("Authentication", "not_researched", why=cut),
+    ]
+    record = answer.AnswerRecord("rule_question", "", issues, [mailbox], False)
+    assert answer.render(record).endswith("\nNot answered: Authentication (MAX_STEPS 3 reached).")
+
+
 def test_a_requirement_two_issues_quote_is_named_once_in_an_unsettled_bottom_line():
     """A user's offer question: the bottom line said it turns on the offer rule with "no stated
     fact", then on the same rule with the fact the second issue tied to it."""
