@@ -1230,14 +1230,15 @@ def render(record: AnswerRecord, tail: Sequence[Sentence] = ()) -> str:
         rule_question = record.kind == "rule_question"
         why = "not what the question asks" if rule_question else "no stated fact raises it"
         lines.append(f"\nConsidered, but {why}: {'; '.join(unraised)}.")
-    # an issue the step cap left unresearched is answered where a source the answer quotes is on
-    # its doctrine ("Not answered: Mailbox rule" under rules quoted from "Mailbox rule")
+    # an issue the step cap (not a deadline or failure) left unresearched is answered where a
+    # source the answer quotes is on its doctrine ("Not answered: Mailbox rule" under rules
+    # quoted from "Mailbox rule")
     quoted = {mc.doctrine_key(c.title) for c in record.citations}
     missing = [
         i
         for i in record.issues
         if i.status not in ("answered", "not_raised")
-        and not (i.status == "not_researched" and mc.doctrine_key(i.issue) in quoted)
+        and not (i.why.startswith("MAX_STEPS") and mc.doctrine_key(i.issue) in quoted)
     ]
     if missing:
         lines.append(

@@ -613,7 +613,7 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
     if others := record.get("others"):
         on = f"--thread {result['thread_id']}" if result.get("thread_id") else "ask again with"
         # --issues splits at ";": a name with one ("Termination of offers; option contracts and
-        # firm offers") is given with a comma, which names the same candidate (nodes.doctrine_key)
+        # firm offers") is given with a comma, which names the same candidate (mc.doctrine_key)
         name = others[0].replace(";", ",")
         out(f'(To research one: {on} --issues "{name}"; --review to pick.)')
     if flagged := result.get("flagged_passages"):
