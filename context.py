@@ -39,9 +39,6 @@ Retriever = Callable[[list[str], int, Sequence[str]], list[Passage]]
 """(queries, k, exclude_ids) -> passages for the queries (the first is primary), best first, none
 excluded; ``dense_score`` is the cosine to the first query (None: the search embedded none)."""
 
-ScoreFn = Callable[[str, list[Passage]], float]
-"""(question, passages) -> a score in [0, 1]."""
-
 CONFIDENCE_PASSAGES = 2
 """A step's confidence is the mean cosine of its question to this many best passages."""
 
@@ -90,10 +87,6 @@ class AgentContext:
     """USPS code -> :attr:`searchers` within that state's law (None: FILTER_JURISDICTION is set)."""
     cosines: Callable[[str, list[Passage]], Sequence[float]] | None = None
     """(question, passages) -> the question's cosine to each; None: computed with ``embed``."""
-    evidence_score: ScoreFn | None = None
-    """A scripted evidence score (tests, benchmarks) in place of the highest cosine."""
-    confidence: ScoreFn | None = None
-    """A scripted confidence (tests, benchmarks) in place of the mean cosine."""
     flag_headroom: ClassVar[int] = injection.FLAG_HEADROOM
     """Extra passages a search fetches to replace those the injection screen drops."""
     searchers: dict[str, Retriever] = field(default_factory=dict)
@@ -161,17 +154,12 @@ class AgentContext:
     def gate_scores(
         self, question: str, docs: list[Passage], queries: Sequence[str] = ()
     ) -> GateScores:
-        """:class:`GateScores` of ``docs`` from :meth:`passage_cosines` (or the scripted ones)."""
+        """:class:`GateScores` of ``docs`` from :meth:`passage_cosines`."""
         if not docs:
             return GateScores(0.0, 0.0)
-        top = docs[:CONFIDENCE_PASSAGES]
-        scripted = self.evidence_score and self.confidence
-        cos = [] if scripted else self.passage_cosines(question, docs, queries)
-        evidence = self.evidence_score(question, docs) if self.evidence_score else max(cos)
-        confidence = (
-            self.confidence(question, top) if self.confidence else sum(cos[: len(top)]) / len(top)
-        )
-        return GateScores(float(evidence), float(confidence))
+        cos = self.passage_cosines(question, docs, queries)
+        top = cos[:CONFIDENCE_PASSAGES]
+        return GateScores(float(max(cos)), float(sum(top) / len(top)))
 
     def score_evidence(
         self, question: str, docs: list[Passage], queries: Sequence[str] = ()

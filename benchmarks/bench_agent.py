@@ -224,7 +224,7 @@ def _fake_context(settings: Any) -> Any:
         settings=settings,
         client=LLMClient(settings, llm_factory=lambda role: Instant(role=role)),
         retrieve=retrieve,
-        confidence=lambda q, d: 0.6,
+        cosines=lambda q, docs: [0.6] * len(docs),
         embed=embed,
         check_memory=lambda q: None,
         write_memory=lambda q, a, c, sources: None,

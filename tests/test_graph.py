@@ -126,9 +126,12 @@ class FakeRetriever:
     a dense score of 0.5: a step's gate reads it, as it reads a real search's cosines, unless a
     test scripts the evidence score."""
 
-    def __init__(self, corpus: list[dict] | None = None, ranked: bool = False) -> None:
+    def __init__(
+        self, corpus: list[dict] | None = None, ranked: bool = False, dense: bool = True
+    ) -> None:
         self.corpus = CORPUS if corpus is None else corpus
         self.ranked = ranked
+        self.dense = dense
         self.calls: list[tuple[list[str], int, list[str]]] = []
 
     def __call__(self, queries: list[str], k: int, exclude_ids: Any) -> list[dict]:
@@ -140,7 +143,9 @@ class FakeRetriever:
             docs.sort(key=lambda d: -len(asked & set(_words(d["title"] + " " + d["text"]))))
         docs = docs[:k]
         for rank, d in enumerate(docs):
-            d.update(rank=rank, rerank_score=1.0 - rank / 10, dense_score=0.5)
+            d.update(rank=rank, rerank_score=1.0 - rank / 10)
+            if self.dense:
+                d["dense_score"] = 0.5
         return docs
 
 
@@ -158,8 +163,10 @@ class Memory:
         self.sources.append(sources)
 
 
-def fake_context(settings: Any = None, **fields: Any) -> AgentContext:
-    """A context whose every dependency is a fake (``fields`` replace any of them)."""
+def fake_context(settings: Any = None, evidence_score: Any = None, **fields: Any) -> AgentContext:
+    """A context whose every dependency is a fake (``fields`` replace any of them).
+    ``evidence_score`` (question, passages) -> score scripts every passage's cosine to the
+    question (the evidence gate reads the highest), in place of the searches' own."""
     defaults: dict[str, Any] = {
         "settings": settings,
         "client": None,
@@ -168,7 +175,12 @@ def fake_context(settings: Any = None, **fields: Any) -> AgentContext:
         "check_memory": Memory().check,
         "write_memory": Memory().write,
     }
-    return AgentContext(**{**defaults, **fields})
+    merged = {**defaults, **fields}
+    if evidence_score is not None:
+        merged["cosines"] = lambda q, docs: [evidence_score(q, docs)] * len(docs)
+        if isinstance(merged["retrieve"], FakeRetriever):
+            merged["retrieve"].dense = False
+    return AgentContext(**merged)
 
 
 def J(**kw: Any) -> str:
@@ -216,14 +228,14 @@ def run(
     client = LLMClient(settings, llm_factory=lambda role: ScriptedChat(role=role, script=script))
     memory = memory or Memory()
     retriever = retriever or FakeRetriever(LAW, ranked=True)
-    ctx = AgentContext(
-        settings=settings,
+    ctx = fake_context(
+        settings,
+        evidence_score,
         client=client,
         retrieve=retriever,
         embed=embed,
         check_memory=memory.check,
         write_memory=memory.write,
-        evidence_score=evidence_score,
     )
     events: list[dict] = []
     result = main.run_agent(question, choices, context=ctx, on_event=events.append, issues=issues)

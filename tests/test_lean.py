@@ -75,11 +75,10 @@ def _context(tmp_settings, replies, **changes):
         settings=tmp_settings.replace(**changes),
         client=client,
         retrieve=lambda queries, k, exclude: [dict(p) for p in PASSAGES[:k]],
-        confidence=lambda q, d: 0.5,
         embed=lambda texts: None,
         check_memory=lambda q: None,
         write_memory=lambda *a: None,
-        evidence_score=lambda q, docs: 0.7,
+        cosines=lambda q, docs: [0.7] * len(docs),
     )
     return ctx, script
 
@@ -100,7 +99,7 @@ def _lean(tmp_settings, replies, *, score=0.7, gate=0.5, k=2):
         calls.append((queries, k))
         return [dict(p) for p in PASSAGES[:k]]
 
-    ctx.retrieve, ctx.evidence_score = retrieve, lambda q, docs: score
+    ctx.retrieve, ctx.cosines = retrieve, lambda q, docs: [score] * len(docs)
     return main.run_agent(QUESTION, CHOICES, context=ctx), script, calls
 
 

@@ -73,7 +73,6 @@ def test_planted_passage_is_flagged_and_the_letter_is_unchanged(tmp_settings):
         ctx.searchers = {}
         ctx.check_memory = lambda q: None
         ctx.write_memory = lambda *a: None
-        ctx.confidence = lambda q, docs: 0.6
         ctx.embed = lambda texts: [[1.0] + [0.0] * 7 for _ in texts]
         return main.run_agent(item["question"], choices, context=ctx), prompts
 
