@@ -290,6 +290,12 @@ class AnswerRecord:
     def sentences(self) -> list[Sentence]:
         return [s for issue in self.issues for s in issue.sentences]
 
+    @property
+    def quoted_doctrines(self) -> set[str]:
+        """The doctrines of the sources the answer quotes (their titles' :func:`mc.doctrine_key`):
+        none of them is listed as not answered or not researched."""
+        return {mc.doctrine_key(c.title) for c in self.citations}
+
 
 # --- Facts and rules (no model calls) -----------------------------------------------------------
 
@@ -1233,7 +1239,7 @@ def render(record: AnswerRecord, tail: Sequence[Sentence] = ()) -> str:
     # an issue the step cap (not a deadline or failure) left unresearched is answered where a
     # source the answer quotes is on its doctrine ("Not answered: Mailbox rule" under rules
     # quoted from "Mailbox rule")
-    quoted = {mc.doctrine_key(c.title) for c in record.citations}
+    quoted = record.quoted_doctrines
     missing = [
         i
         for i in record.issues

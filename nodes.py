@@ -165,20 +165,21 @@ def candidate_search(ctx: AgentContext, name: str, facts: Sequence[str]) -> list
     return ctx.search(FIRST_SEARCH, step_for(1, name, kept)["strategy"]["queries"], k, [])[:k]
 
 
-def passed_over(state: AgentState, ctx: AgentContext, cited: Collection[str] = ()) -> list[str]:
+def passed_over(state: AgentState, ctx: AgentContext, quoted: Collection[str] = ()) -> list[str]:
     """The planner's candidates left off the agenda, one name a doctrine (the name before its
     linked doctrines' parentheses): what the user may research next where the agenda missed (the
     1.5B passed over "Abnormally dangerous activities", its first candidate, for a blasting
     question); of a fact pattern, those whose search finds a passage some stated fact fits at
-    :data:`OTHERS_FIT`.  Not one that is the title of a passage the answer cites (``cited``):
-    its sources list it ("False imprisonment and shopkeeper's privilege" after an issue "False
-    imprisonment (Shopkeeper's privilege)" quoting that passage).  None when
-    the user set or reviewed the agenda: they chose from the candidates; nor an issue researched
-    earlier on the thread (a follow-up's candidates list those first)."""
+    :data:`OTHERS_FIT`.  Not one of the doctrines the answer quotes a source on (``quoted``,
+    :attr:`answer.AnswerRecord.quoted_doctrines`): its sources list it ("False imprisonment and
+    shopkeeper's privilege" after an issue "False imprisonment (Shopkeeper's privilege)" quoting
+    that passage).  None when the user set or reviewed the agenda: they chose from the
+    candidates; nor an issue researched earlier on the thread (a follow-up's candidates list
+    those first)."""
     facts = state["parsed"].facts
     if state["parsed"].issues or _reading(state, "review"):
         return []
-    agenda = {doctrine_key(i) for i in [*planned(state), *thread_research(state), *cited]}
+    agenda = {doctrine_key(i) for i in [*planned(state), *thread_research(state)]} | set(quoted)
     names = (c.split(" (")[0] for c in _reading(state, "candidates") or [])
     out: list[str] = []
     for name in dict.fromkeys(n for n in names if doctrine_key(n) not in agenda):
@@ -1006,7 +1007,7 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         earlier=earlier_applications(state),
     )
     if not record.abstained:
-        record.others = passed_over(state, ctx, {c.title for c in record.citations})
+        record.others = passed_over(state, ctx, record.quoted_doctrines)
     update: dict[str, Any] = {"answer": record.to_dict()}
     if stop:
         update["stop_reason"] = stop

@@ -1420,7 +1420,7 @@ def test_a_passed_over_doctrine_whose_passage_the_answer_cites_is_not_named(tmp_
         "reading": {"agenda": names[:1], "candidates": names},
     }
     assert nodes.passed_over(state, ctx) == [same, "Battery", "Assault"]
-    quoted = nodes.passed_over(state, ctx, cited={same})
+    quoted = nodes.passed_over(state, ctx, quoted={nodes.doctrine_key(same)})
     assert quoted == ["Battery", "Assault", "Robbery"]
 
 
