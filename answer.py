@@ -227,6 +227,8 @@ class IssueAnswer:
     checks: list[dict[str, Any]] = field(default_factory=list)
     """The application: per requirement, the stated fact that decides it and how
     (:class:`prompts.Check` as a dict); a follow-up on the thread may carry it over."""
+    fit: float | None = None
+    """How near its rule is to the stated facts (:func:`fact_fit`; None: no rule found)."""
 
 
 @dataclass
@@ -780,14 +782,17 @@ def _finding(n: int, issue: IssueAnswer) -> str:
 
 def _unsettled_line(asked: str, issues: Sequence[IssueAnswer], why: str = "") -> Sentence:
     """A bottom line that gives no verdict: the question, that the research does not settle it,
-    and the facts that would (what each issue turns on)."""
-    items = [t for i in issues for t in i.turns_on]
+    and the facts that would (what the issues turn on, the issue whose rule is nearest the facts
+    first), citing the issues it names."""
+    issues = sorted(issues, key=lambda i: (i.reading not in ("yes", "no"), -(i.fit or 0.0)))
+    items = [(t, n) for n, i in enumerate(issues) for t in i.turns_on]
     # A requirement two issues quote is named once, with the fact one of them ties to it (an
     # offer question's bottom line named the offer rule with "no stated fact", then with one).
-    tied = {_requirement_of(t): t for t in reversed(items) if not t.endswith(NO_FACT_ITEM)}
-    items = list(dict.fromkeys(tied.get(_requirement_of(t), t) for t in items))[:TURNS_ON]
-    text = f"{asked} Not settled by this research{why}{_turns_on_text(items)}"
-    return Sentence(text, "bottom_line", _all_cites(issues))
+    tied = {_requirement_of(t): (t, n) for t, n in reversed(items) if not t.endswith(NO_FACT_ITEM)}
+    named = dict(tied.get(_requirement_of(t), (t, n)) for t, n in items)
+    listed = list(named.items())[:TURNS_ON]
+    text = f"{asked} Not settled by this research{why}{_turns_on_text([t for t, _ in listed])}"
+    return Sentence(text, "bottom_line", _all_cites([issues[n] for n in {n for _, n in listed}]))
 
 
 Verdict = tuple[Met | None, Met | None, float | None, Sentence]
@@ -810,14 +815,14 @@ def bottom_line(
     if not decided:
         why = ": the stated facts decide none of the issues above"
         return None, "unclear", None, _unsettled_line(asked, applied, why)
-    if bar > 1:
-        return None, None, None, _unsettled_line(asked, decided)
+    if bar > 1:  # no verdict is shown: the line names what the issues turn on, in their order
+        return None, None, None, _unsettled_line(asked, applied)
     findings = "\n".join(_finding(n, i) for n, i in enumerate(decided, 1))
     line = prompts.call(client, "bottom_line", question=asked, findings=findings).parsed
     if line is None:
         return None
     if line.answer == "unclear":
-        return None, "unclear", None, _unsettled_line(asked, decided)
+        return None, "unclear", None, _unsettled_line(asked, applied)
     head = line.answer.capitalize()
     if 1 <= line.conclusion <= len(decided):
         rests = [decided[line.conclusion - 1]]
@@ -1116,6 +1121,8 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
         stage.fire("not_raised", -1)
         slot, *rest = held
         issues[slot] = _answered(stage, *rest, True)
+    for slot, *_, fit in ruled:
+        issues[slot].fit = fit
 
 
 def _unanswerable(stage: _Stage, issues: list[IssueAnswer]) -> str:

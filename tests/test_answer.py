@@ -643,6 +643,31 @@ def test_a_requirement_two_issues_quote_is_named_once_in_an_unsettled_bottom_lin
     assert line.index("The offeror controls") < line.index(offer)  # the order of the issues
 
 
+def test_an_unsettled_bottom_line_names_an_issue_the_model_left_undecided():
+    """A user's milk-container law: the bottom line of "Is the law constitutional?" named only
+    what the Erie doctrine turns on (the one issue the model read as decided), never the dormant
+    Commerce Clause the research quoted; "Is Carl guilty of the robbery, and of conspiracy?"
+    named robbery alone.  It names the decided issues' requirements first, then the others', the
+    issue nearest the facts first, and cites only the issues it names."""
+
+    def issue(name: str, reading: str, fit: float, cite: int) -> answer.IssueAnswer:
+        out = answer.IssueAnswer(name, "answered", reading=reading, fit=fit)
+        out.turns_on = [f'"{name} requirement" (stated: "the law")']
+        out.sentences = [answer.Sentence(f"{name} rule.", "rule", [cite])]
+        return out
+
+    erie = issue("Erie", "yes", 0.35, 1)
+    commerce = issue("Dormant Commerce Clause", "unclear", 0.50, 2)
+    other = issue("Privileges and immunities", "unclear", 0.40, 3)
+    fourth = issue("Spending power", "unclear", 0.30, 4)
+    shown = answer.bottom_line(None, "Is it valid?", [erie, other, commerce, fourth], print, 2.0)
+    line = shown[-1]
+    assert shown[0] is None and line.text.index("Erie") < line.text.index("Dormant") < (
+        line.text.index("Privileges")
+    )
+    assert "Spending" not in line.text and line.cites == [1, 2, 3]
+
+
 def test_a_which_question_gets_its_issues_by_conclusion_as_the_bottom_line(tmp_settings):
     """ "Which rights were violated?" takes no yes or no: the bottom line names the issues by
     their conclusions, cited, and no model call restates them."""
