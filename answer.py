@@ -1238,7 +1238,14 @@ def render(record: AnswerRecord, tail: Sequence[Sentence] = ()) -> str:
             lines.append(f"   ({issue.why})")
     for s in tail:
         lines.append(f"\nBottom line: {s.text} {_refs(s.cites)}".rstrip())
-    unraised = [i.issue for i in record.issues if i.status == "not_raised"]
+    # an issue set aside is not listed as not raised where the answer quotes a source on its
+    # doctrine ("no stated fact raises" FRE 609 under its rule applied to a perjury conviction)
+    quoted = record.quoted_doctrines
+    unraised = [
+        i.issue
+        for i in record.issues
+        if i.status == "not_raised" and mc.doctrine_key(i.issue) not in quoted
+    ]
     if unraised:
         rule_question = record.kind == "rule_question"
         why = "not what the question asks" if rule_question else "no stated fact raises it"
@@ -1246,7 +1253,6 @@ def render(record: AnswerRecord, tail: Sequence[Sentence] = ()) -> str:
     # an issue the step cap (not a deadline or failure) left unresearched is answered where a
     # source the answer quotes is on its doctrine ("Not answered: Mailbox rule" under rules
     # quoted from "Mailbox rule")
-    quoted = record.quoted_doctrines
     missing = [
         i
         for i in record.issues

@@ -626,6 +626,24 @@ def test_an_issue_the_step_cap_left_is_not_unanswered_when_a_quoted_source_is_on
     assert answer.render(record).endswith("\nNot answered: Authentication (MAX_STEPS 3 reached).")
 
 
+def test_an_issue_set_aside_is_not_called_unraised_when_a_quoted_source_is_on_it():
+    """A user's impeachment question applied FRE 609's rule to "her 2019 conviction for perjury"
+    under the prior-statements issue, then ended "Considered, but no stated fact raises it:
+    Impeachment by criminal conviction: FRE 609"."""
+    rule = "Any witness may be impeached with a conviction for any crime of dishonesty."
+    fre609 = answer.Citation(1, "evidence_011", "Impeachment by criminal conviction: FRE 609", rule)
+    first = answer.IssueAnswer("Impeachment: prior inconsistent statements", "answered")
+    first.sentences = [answer.Sentence(rule, "rule", [1])]
+    why = "no stated fact bears on it"
+    issues = [
+        first,
+        answer.IssueAnswer("Impeachment by criminal conviction: FRE 609", "not_raised", why=why),
+        answer.IssueAnswer("Hearsay", "not_raised", why=why),
+    ]
+    record = answer.AnswerRecord("fact_pattern", "", issues, [fre609], False)
+    assert answer.render(record).endswith("\nConsidered, but no stated fact raises it: Hearsay.")
+
+
 def test_a_requirement_two_issues_quote_is_named_once_in_an_unsettled_bottom_line():
     """A user's offer question: the bottom line said it turns on the offer rule with "no stated
     fact", then on the same rule with the fact the second issue tied to it."""
