@@ -150,3 +150,9 @@ def test_an_issue_named_in_the_users_words_is_researched_under_the_doctrine_they
     assert nodes.user_agenda(["character evidence"], [], lg.doctrine_named) == [
         "character evidence"
     ]
+    # a user's "--issues 'Withdrawal from conspiracy; Accomplice liability'" researched the first
+    # as "Withdrawal from conspiracy (Accomplice liability)": "withdrawal" was accomplice
+    # liability's alias alone
+    assert nodes.user_agenda(["Withdrawal from conspiracy"], [], lg.doctrine_named) == [
+        "Withdrawal from conspiracy (Conspiracy)"
+    ]
