@@ -782,8 +782,8 @@ def _finding(n: int, issue: IssueAnswer) -> str:
 
 def _unsettled_line(asked: str, issues: Sequence[IssueAnswer], why: str = "") -> Sentence:
     """A bottom line that gives no verdict: the question, that the research does not settle it,
-    and the facts that would (what the issues turn on, the issue whose rule is nearest the facts
-    first), citing the issues it names."""
+    and the facts that would: what the issues turn on, those the model read as decided first,
+    each group by its rule's fit to the facts (:attr:`IssueAnswer.fit`), citing the issues named."""
     issues = sorted(issues, key=lambda i: (i.reading not in ("yes", "no"), -(i.fit or 0.0)))
     items = [(t, n) for n, i in enumerate(issues) for t in i.turns_on]
     # A requirement two issues quote is named once, with the fact one of them ties to it (an
