@@ -295,7 +295,7 @@ class AnswerRecord:
     @property
     def quoted_doctrines(self) -> set[str]:
         """The doctrines of the sources the answer quotes (their titles' :func:`mc.doctrine_key`):
-        none of them is listed as not answered or not researched."""
+        none of them is listed as set aside ("Considered, but …") or as not researched."""
         return {mc.doctrine_key(c.title) for c in self.citations}
 
 
@@ -1250,15 +1250,7 @@ def render(record: AnswerRecord, tail: Sequence[Sentence] = ()) -> str:
         rule_question = record.kind == "rule_question"
         why = "not what the question asks" if rule_question else "no stated fact raises it"
         lines.append(f"\nConsidered, but {why}: {'; '.join(unraised)}.")
-    # an issue the step cap (not a deadline or failure) left unresearched is answered where a
-    # source the answer quotes is on its doctrine ("Not answered: Mailbox rule" under rules
-    # quoted from "Mailbox rule")
-    missing = [
-        i
-        for i in record.issues
-        if i.status not in ("answered", "not_raised")
-        and not (i.why.startswith("MAX_STEPS") and mc.doctrine_key(i.issue) in quoted)
-    ]
+    missing = [i for i in record.issues if i.status not in ("answered", "not_raised")]
     if missing:
         lines.append(
             "\nNot answered: "

@@ -560,7 +560,8 @@ def _steps_decision(update: dict[str, Any], given: str = "") -> str:
 
 @_traced("planner")
 def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """The agenda: one step per issue, at most MAX_STEPS (the rest reported as not researched).
+    """The agenda: one step per issue, at most MAX_STEPS (the rest of a user's agenda reported as
+    not researched; the model's picks cut to MAX_STEPS).
     It sees the question without its choices.  A follow-up that asks the thread's last question
     on changed facts keeps that question's agenda; any other lists the thread's issues first."""
     q, reading = state["parsed"], state.get("reading") or {}
@@ -600,6 +601,11 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         fallbacks.append("planner: no issues named or linked (the question itself is researched)")
         issues = [q.text]
     adaptive = ctx.settings.agent.research_policy == "adaptive" and not kept
+    if not (kept or q.issues or adaptive):
+        # The model's picks beyond MAX_STEPS are not its agenda: its fourth was a doctrine the
+        # facts do not raise on 18 of the 19 fact patterns with one, and the answer had listed it
+        # as "Not answered"; it stays a candidate the answer may name as not researched.
+        issues = issues[: ctx.settings.agent.max_steps]
     update = plan_steps(state, ctx, issues[:1] if adaptive else issues)
     for step in update["planning_table"]:  # a document's title says nothing of what it holds
         if own and step["issue"] == own and not step.get("execution"):

@@ -610,38 +610,22 @@ def test_only_a_yes_or_no_question_gets_a_yes_or_no_bottom_line(asked, yes_no):
     assert question_mod.asks_yes_or_no(asked) is yes_no
 
 
-@pytest.mark.parametrize(
-    ("status", "why", "listed"),
-    [
-        (
-            "not_researched",
-            "MAX_STEPS 3 reached",
-            "Not answered: Authentication (MAX_STEPS 3 reached).",
-        ),
-        (
-            "not_raised",
-            "no stated fact bears on it",
-            "Considered, but no stated fact raises it: Authentication.",
-        ),
-    ],
-)
-def test_an_issue_left_out_is_not_listed_when_a_quoted_source_is_on_its_doctrine(
-    status, why, listed
-):
-    """ "When is an acceptance by mail effective?" quoted the mailbox rule's passage under
-    "Acceptance (Mailbox rule)" and ended "Not answered: Mailbox rule (MAX_STEPS 3 reached)"; an
-    impeachment answer applied FRE 609's rule to a perjury conviction under another issue, then
-    ended "Considered, but no stated fact raises it: Impeachment by criminal conviction: FRE 609"."""
-    mailbox = answer.Citation(1, "contracts_004", "Mailbox rule", "An acceptance is effective…")
-    first = answer.IssueAnswer("Acceptance (Mailbox rule)", "answered")
-    first.sentences = [answer.Sentence("An acceptance is effective when dispatched.", "rule", [1])]
+def test_an_issue_set_aside_is_not_listed_when_a_quoted_source_is_on_its_doctrine():
+    """An impeachment answer applied FRE 609's rule to a perjury conviction under another issue,
+    then ended "Considered, but no stated fact raises it: Impeachment by criminal conviction: FRE
+    609"."""
+    rule = "Any witness may be impeached with a conviction for any crime of dishonesty."
+    fre609 = answer.Citation(1, "evidence_011", "Impeachment by criminal conviction: FRE 609", rule)
+    first = answer.IssueAnswer("Impeachment: prior inconsistent statements", "answered")
+    first.sentences = [answer.Sentence(rule, "rule", [1])]
+    why = "no stated fact bears on it"
     issues = [
         first,
-        answer.IssueAnswer("Mailbox rules", status, why=why),
-        answer.IssueAnswer("Authentication", status, why=why),
+        answer.IssueAnswer("Impeachment by criminal conviction: FRE 609", "not_raised", why=why),
+        answer.IssueAnswer("Hearsay", "not_raised", why=why),
     ]
-    record = answer.AnswerRecord("fact_pattern", "", issues, [mailbox], False)
-    assert answer.render(record).endswith("\n" + listed)
+    record = answer.AnswerRecord("fact_pattern", "", issues, [fre609], False)
+    assert answer.render(record).endswith("\nConsidered, but no stated fact raises it: Hearsay.")
 
 
 def test_a_requirement_two_issues_quote_is_named_once_in_an_unsettled_bottom_line():

@@ -313,18 +313,26 @@ def test_a_rule_question_states_the_rule_without_an_application(tmp_settings):
     assert not result["answer"]["abstained"]
 
 
-def test_issues_beyond_max_steps_are_reported_as_not_answered(tmp_settings):
+def test_the_models_picks_beyond_max_steps_are_not_its_agenda(tmp_settings):
+    """The 1.5B's fourth pick was a doctrine the facts do not raise on 18 of the 19 fact patterns
+    with one, listed as "Not answered: ... (MAX_STEPS 3 reached)"; it stays a candidate."""
     replies = fact_replies(
         plan=[J(issues=["Negligence", "Comparative negligence", "Free speech"])], apply=[APPLY]
     )
     result, *_ = run(tmp_settings, replies, max_steps=1)
-    assert result["reading"]["agenda"] == ["Negligence", "Comparative negligence", "Free speech"]
+    assert result["reading"]["agenda"] == ["Negligence"]
     assert len(result["planning_table"]) == 1
-    # comparative negligence's rule is quoted under negligence (its passage came up): not listed
-    assert "[2] Comparative negligence" in "\n".join(
-        main.answer_stage.render_sources(result["answer"]["citations"])
-    )
-    assert "\nNot answered: Free speech (MAX_STEPS 1 reached)." in result["answer"]["text"]
+    assert "Not answered" not in result["answer"]["text"]
+
+
+def test_a_users_issues_beyond_max_steps_are_reported_as_not_answered(tmp_settings):
+    replies = fact_replies(plan=[], apply=[APPLY])
+    issues = ["Negligence", "Comparative negligence", "Free speech"]
+    result, *_ = run(tmp_settings, replies, issues=issues, max_steps=1)
+    assert result["reading"]["agenda"] == issues
+    assert len(result["planning_table"]) == 1
+    text = result["answer"]["text"]
+    assert "\nNot answered: Comparative negligence (MAX_STEPS 1 reached); Free speech" in text
     assert result["run_metrics"]["issues_not_answered"] == 2
 
 
