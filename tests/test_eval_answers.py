@@ -70,6 +70,20 @@ def test_key_point_coverage_and_quote_validity():
     assert ea.quote_validity(quotes, {"p": "An acceptance is effective when dispatched."}) == (1, 2)
 
 
+def test_a_key_point_named_only_in_a_list_of_issues_not_answered_is_not_covered():
+    """An answer ending "Not answered: Dying declarations (MAX_STEPS 3 reached)" had been counted
+    as covering the key point "dying declaration"."""
+    item = {"id": "x", "category": "in_corpus", "should_abstain": False}
+    item["key_points"] = ["dying declaration", "prior statement"]
+    text = "A prior statement of a testifying witness is not hearsay."
+    result = {
+        "answer": f"1. Prior statements\n   Rule: {text} [1]\n\nNot answered: Dying declarations.",
+        "abstained": False,
+        "sentences": [{"text": text, "passage_ids": ["p"]}],
+    }
+    assert ea.score_answer(item, "research", result, 1.0)["key_points_covered"] == 1
+
+
 class FakeGrader:
     def __init__(self, reply: str) -> None:
         self.reply = reply
