@@ -663,7 +663,10 @@ def ask_review(pause: dict) -> str:
     lines.append(pause.get("how") or "")
     print("\n".join(lines), file=sys.stderr)
     print("issues> ", end="", file=sys.stderr, flush=True)
-    return sys.stdin.readline().strip()
+    reply = sys.stdin.readline()
+    if not sys.stdin.isatty():  # a piped reply echoes nothing: the progress goes on below it
+        print(reply.strip(), file=sys.stderr)
+    return reply.strip()
 
 
 def print_history(turns: list[dict], out: Callable[[str], None]) -> None:

@@ -427,6 +427,17 @@ def test_plan_review_pauses_after_the_planner_and_researches_the_agenda_the_user
         assert not done["answer"]["abstained"] and done["review"] is False
 
 
+def test_a_piped_review_reply_is_echoed_so_the_progress_starts_on_its_own_line(monkeypatch, capsys):
+    """`printf '1; Mitigation of damages\\n' | main.py --review ...` printed the next progress line
+    right after the "issues> " prompt."""
+    import io
+
+    monkeypatch.setattr(main.sys, "stdin", io.StringIO("1; Mitigation of damages\n"))
+    pause = {"agenda": ["Landlord and tenant"], "candidates": ["Mitigation of damages"], "how": ""}
+    assert main.ask_review(pause) == "1; Mitigation of damages"
+    assert capsys.readouterr().err.endswith("issues> 1; Mitigation of damages\n")
+
+
 def test_a_review_reply_names_issues_by_number_or_in_the_users_words():
     listed = ["Negligence", "Comparative negligence (Comparative fault)", "Conversion"]
     assert nodes.reviewed_agenda("", listed) == []
