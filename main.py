@@ -331,7 +331,9 @@ def resume_agent(
     saved = thread_state(graph, config)
     if not saved.values:
         raise InputError(f"no run is kept on thread {thread_id}")
-    if not saved.next:
+    # A node that ended as Ctrl-C reached the CLI has its writes kept but no next checkpoint
+    # (LangGraph's next is then empty): its task is still listed, and the run goes on from it.
+    if not saved.next and not saved.tasks:
         raise InputError(
             f"the run on thread {thread_id} is finished: ask a new question with --thread"
         )
@@ -879,11 +881,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.show_memory:
             print("\nWORKING MEMORY")
             print(nodes.memory_lines(result) or "  (no research iterations)")
+    # the run is kept on its thread: it can go on from its last completed step
+    tid = result.get("thread_id")
+    resume = f"; to go on from where it stopped: python main.py --resume {tid}" if tid else ""
     if result.get("stop_reason") == "interrupted":
-        print("main.py: interrupted", file=sys.stderr)
+        print(f"main.py: interrupted{resume}", file=sys.stderr)
         return 130
     if result.get("error"):
-        return _error(result["error"], 1)
+        return _error(str(result["error"]).splitlines()[0] + resume, 1)
     metrics = result.get("run_metrics") or {}
     if (bad := metrics.get("parse_failures") or 0) >= max(2, (metrics.get("llm_calls") or 0) / 2):
         print(

@@ -221,6 +221,31 @@ def test_a_run_stopped_mid_research_resumes_from_its_last_checkpoint(tmp_setting
     assert resumed["answer"]["text"] == fresh["answer"]["text"] and not resumed.get("error")
 
 
+def test_ctrl_c_that_lands_while_a_step_ends_resumes_after_that_step(tmp_settings, store):
+    """Ctrl-C reaches the CLI's main thread while LangGraph runs the answer stage in a worker,
+    which ends and keeps its writes with no next checkpoint: `--resume` had refused the run as
+    finished, and the answer computed was lost.  It now goes on from those writes."""
+    import _thread
+    import time
+
+    replies = fact_replies()
+    last = replies["apply"][-1]
+
+    def interrupted(text: str) -> str:
+        _thread.interrupt_main()  # the user's Ctrl-C, while this call ends
+        time.sleep(0.3)
+        return last
+
+    replies["apply"][-1] = interrupted
+    settings, script, ctx = _agent(tmp_settings, store, replies)
+    with main.open_checkpointer(settings) as saver:
+        stopped = main.run_agent(FACTS, context=ctx, checkpointer=saver, keep_on_interrupt=True)
+        assert stopped["stop_reason"] == "interrupted"
+        resumed = main.resume_agent(stopped["thread_id"], context=ctx, checkpointer=saver)
+    fresh, *_ = run(tmp_settings, fact_replies())
+    assert resumed["answer"]["text"] == fresh["answer"]["text"] and not resumed.get("error")
+
+
 def test_a_run_stopped_at_the_letter_resumes_at_the_letter(tmp_settings, store):
     """The answer stage keeps its own checkpoints: Ctrl-C during a multiple-choice question's
     letter, after its research answer was written, resumes with the letter call alone."""

@@ -342,6 +342,28 @@ def test_a_model_whose_replies_are_mostly_not_json_is_warned_about(tmp_path, mon
     assert "warning" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("stopped", "status", "said"),
+    [
+        ({"stop_reason": "interrupted"}, 130, "main.py: interrupted; to go on"),
+        ({"error": "LLM failure: the server went away\nmore"}, 1, "the server went away; to go on"),
+    ],
+)
+def test_a_stopped_run_says_how_to_go_on_from_where_it_stopped(
+    tmp_path, monkeypatch, capsys, stopped, status, said
+):
+    """Ctrl-C printed "main.py: interrupted" and no word of `--resume`, which goes on from the
+    run's last completed step."""
+    result = {"question": "q", "answer": {"text": "", "abstained": True}, "thread_id": "t1"}
+    monkeypatch.setattr(main, "run_agent", lambda *a, **k: {**result, **stopped})
+    monkeypatch.setattr(main.rag_utils, "corpus_count", lambda settings: 1)
+    monkeypatch.setattr(main, "AgentContext", type("C", (), {"from_settings": staticmethod(id)}))
+    monkeypatch.setenv("CHROMA_DIR", str(tmp_path / "chroma"))
+    assert main.main(["--no-index", "-q", "What is negligence?"]) == status
+    err = capsys.readouterr().err
+    assert f"{said} from where it stopped: python main.py --resume t1" in err
+
+
 def test_resume_of_a_thread_with_no_run_is_one_clear_line_and_exit_2(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(main.rag_utils, "corpus_count", lambda settings: 1)
     monkeypatch.setattr(main, "AgentContext", type("C", (), {"from_settings": staticmethod(id)}))
