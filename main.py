@@ -786,6 +786,13 @@ def _answer(
     thread = args.thread or uuid.uuid4().hex
     if checkpointer is not None and not args.thread:
         print(f"thread: {thread}", file=sys.stderr, flush=True)
+    elif checkpointer is not None:  # a question after one stopped would drop its research
+        saved = thread_state(build_graph(checkpointer=checkpointer), thread_config(thread))
+        if saved.next or saved.tasks:
+            raise InputError(
+                f"the last run on thread {thread} stopped before its end: go on with --resume "
+                f"{thread}, then ask on the thread"
+            )
     return run_agent(
         question,
         choices,

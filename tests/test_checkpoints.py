@@ -246,6 +246,27 @@ def test_ctrl_c_that_lands_while_a_step_ends_resumes_after_that_step(tmp_setting
     assert resumed["answer"]["text"] == fresh["answer"]["text"] and not resumed.get("error")
 
 
+def test_a_question_on_a_thread_whose_last_run_stopped_says_to_resume_it_first(
+    tmp_settings, tmp_path, store, monkeypatch, capsys
+):
+    """A follow-up asked after Ctrl-C started over as a new question: the stopped run's research
+    was dropped, and "What if the restaurant had made the soup itself?" was declined as asking
+    no question of law.  The CLI now says to resume the stopped run first."""
+    replies = fact_replies()
+    replies["apply"] = [KeyboardInterrupt(), *replies["apply"]]
+    settings, script, ctx = _agent(tmp_settings, store, replies)
+    with main.open_checkpointer(settings) as saver:
+        tid = main.run_agent(FACTS, context=ctx, checkpointer=saver, keep_on_interrupt=True)[
+            "thread_id"
+        ]
+    monkeypatch.setenv("CHECKPOINTS", store)
+    monkeypatch.setenv("CHROMA_DIR", str(tmp_path / "chroma"))
+    monkeypatch.setattr(main.rag_utils, "corpus_count", lambda settings: 1)
+    monkeypatch.setattr(main, "run_agent", lambda *a, **k: pytest.fail("a run started"))
+    assert main.main(["--no-index", "-q", "--thread", tid, "What if he had looked?"]) == 2
+    assert f"stopped before its end: go on with --resume {tid}" in capsys.readouterr().err
+
+
 def test_a_run_stopped_at_the_letter_resumes_at_the_letter(tmp_settings, store):
     """The answer stage keeps its own checkpoints: Ctrl-C during a multiple-choice question's
     letter, after its research answer was written, resumes with the letter call alone."""
