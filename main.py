@@ -550,7 +550,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="research these issues (doctrine names, separated by ';') instead of the ones the "
         "model picks: each is the candidate it names (--review lists them), else searched as "
         "written and as the taxonomy doctrine it names ('propensity' also searches 'Character "
-        "evidence'; up to MAX_STEPS); with --thread ID and no question, the thread's last question",
+        "evidence'; up to MAX_STEPS; a multiple-choice question is then researched, not answered in "
+        "lean mode); with --thread ID and no question, the thread's last question",
     )
     add(
         "--resume",
@@ -853,6 +854,8 @@ def main(argv: list[str] | None = None) -> int:
             **filters.overrides(args),
         )
         filters.passage_filter(settings)  # a bad filter value stops here
+        if args.mode == "lean" and args.issues:
+            raise InputError("--mode lean does no research: --issues needs --mode auto or research")
         if args.mode == "lean" and not choices:
             raise InputError(
                 "--mode lean answers multiple-choice questions: give choices (A) ... (D)"

@@ -797,11 +797,13 @@ AnswerRoute = Literal["executor", "replanner", "answer"]
 
 def answer_mode(state: AgentState, ctx: AgentContext) -> str:
     """research, evidence or lean: the run's input may choose, else ANSWER_MODE; auto is lean for
-    a multiple-choice question and research for any other."""
+    a multiple-choice question and research for any other, or for one whose issues the user set
+    (lean does no research: a user's ``--issues`` on a multiple-choice question went unread)."""
     mode = _reading(state, "mode")
     mode = mode or state.get("answer_mode") or ctx.settings.agent.answer_mode
     if mode == "auto":  # chosen by measurement: README, "Which mode answers which question"
-        return "lean" if state["parsed"].choices else "research"
+        q = state["parsed"]
+        return "lean" if q.choices and not q.issues else "research"
     return mode
 
 
@@ -1125,7 +1127,8 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
             f"with {len(extra)} passages: {read}"
             if extra
             else f"evidence score {lean['evidence_score']:.3f} < LEAN_GATE {lean['gate']}: "
-            "answered closed-book (the passages were not shown)"
+            "answered closed-book (the passages were not shown; --issues 'A; B' researches "
+            "the doctrines you name, then picks the letter from what they find)"
         )
         # The reply's reasoning cites nothing: it is shown as the model's, not as the law.
         said = mc.reasoning(result.text)

@@ -860,6 +860,18 @@ def test_a_researched_multiple_choice_letter_reads_what_lean_reads(tmp_settings)
     assert lean_script.prompts("mc_select") == [prompt]
 
 
+def test_a_multiple_choice_question_whose_issues_the_user_set_is_researched(tmp_settings):
+    """`--issues 'Modification of contracts'` on a multiple-choice question went unread: auto mode
+    answered it in lean mode, closed-book, with no research.  It now researches the user's issues
+    (no plan call) before the letter."""
+    replies = {k: list(v) for k, v in MC_REPLIES.items() if k != "plan"}
+    result, script, *_ = run(
+        tmp_settings, replies, question=MC_QUESTION, choices=CHOICES, issues=["Free speech"]
+    )
+    assert [s["issue"] for s in result["planning_table"]] == ["Free speech"]
+    assert script.roles() == ["apply", "mc_select"] and result["answer"]["letter"] == "C"
+
+
 def test_when_leans_retrieval_falls_below_the_gate_the_letter_reads_the_research(tmp_settings):
     scores = iter([0.9] * 50 + [0.1] * 50)  # the research's gates pass; lean's (last) does not
     result, script, *_ = run(

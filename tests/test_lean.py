@@ -122,6 +122,8 @@ def test_weak_evidence_never_reaches_the_prompt(tmp_settings):
     assert "startling event" not in script.prompts()[0]
     assert lean_record["retrieved_ids"] == ["p1", "p2"]  # retrieved, shown in the trace only
     assert lean_record["evidence_ids"] == [] and result["answer"]["mc"]["closed_book"]
+    # a user's deck question answered closed-book had no word of how to have it researched
+    assert "--issues 'A; B' researches the doctrines you name" in result["answer"]["mc"]["text"]
 
 
 def test_a_passage_carrying_instructions_is_replaced_not_read(tmp_settings):

@@ -47,6 +47,7 @@ def cli(args: list[str], tmp_path: Path, stdin: bytes | None = None, **env: str)
         (["Which is right?\n(A) one\n(B) two\n(A) again"], None, "appears twice"),
         (["(A) one\n(B) two"], None, "no question text"),
         (["What is hearsay?", "--mode", "lean"], None, "--mode lean answers multiple-choice"),
+        (["Which?\n(A) a\n(B) b", "--mode", "lean", "--issues", "Hearsay"], None, "no research"),
         (["--clear-memory", "What is hearsay?"], None, "give it no question"),  # was ignored
     ],
 )
