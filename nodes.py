@@ -582,7 +582,7 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         candidate_doctrines(ctx, q.text, within) if reading.get("review") or not kept else ([], "")
     )
     candidates = list(dict.fromkeys([*thread_research(state), *found]))
-    fallbacks = []
+    fallbacks: list[str] = []
     if kept:
         issues = list(last["issues"])
     elif q.issues:  # the user's agenda
@@ -595,11 +595,7 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         # passed over a lease that settles a deposit question for the general rules.
         issues = list(dict.fromkeys([own, *issues] if own else issues))
     if not issues:
-        fallbacks.append("planner: no issues named (the linked doctrines are researched)")
-        issues = agenda(ctx, q.text, [])
-    if not issues:
-        fallbacks.append("planner: no issues named or linked (the question itself is researched)")
-        issues = [q.text]
+        issues, fallbacks = _fallback_agenda(ctx, q.text)
     adaptive = ctx.settings.agent.research_policy == "adaptive" and not kept
     if not (kept or q.issues or adaptive):
         # The model's picks beyond MAX_STEPS are not its agenda: its fourth was a doctrine the
@@ -622,6 +618,16 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         update["fallbacks"] = fallbacks
     given = ", set by the user" if q.issues else ", the thread's last agenda" if kept else ""
     return update, _steps_decision(update, given)
+
+
+def _fallback_agenda(ctx: AgentContext, question: str) -> tuple[list[str], list[str]]:
+    """The agenda when no issue was named, and the fallbacks taken: the doctrines the question
+    links to, else the question itself."""
+    taken = ["planner: no issues named (the linked doctrines are researched)"]
+    if issues := agenda(ctx, question, []):
+        return issues, taken
+    taken.append("planner: no issues named or linked (the question itself is researched)")
+    return [question], taken
 
 
 REVIEW_HOW = (
