@@ -243,6 +243,7 @@ def run_agent(
     thread_id: str | None = None,
     issues: Sequence[str] = (),
     review: Callable[[dict], Any] | None = None,
+    resume_first: bool = False,
 ) -> dict:
     """Research ``question`` (with optional MC ``choices``; ``issues``: the agenda, instead of
     the model's picks) and return the final state as a
@@ -254,7 +255,9 @@ def run_agent(
     result's ``thread_id``; InputError when this version cannot go on with the thread:
     :func:`thread_state`); a question after the first on a thread is a follow-up on its facts
     and research.  ``review`` (needs a checkpointer): the run pauses after the planner and goes on
-    with the agenda ``review(pause)`` returns (:func:`nodes.review`)."""
+    with the agenda ``review(pause)`` returns (:func:`nodes.review`).  ``resume_first`` (the CLI):
+    InputError when the thread's last run stopped before its end, naming ``--resume`` (a new
+    question would drop its research)."""
     question = " ".join((question or "").split())
     if not question:
         raise InputError("the question is empty")
@@ -264,8 +267,13 @@ def run_agent(
     config: dict[str, Any] = {}
     if checkpointer is not None:
         config = thread_config(thread_id or uuid.uuid4().hex)
-        if thread_id:
-            thread_state(graph, config)  # a thread this version cannot go on with stops here
+        if thread_id:  # a thread this version cannot go on with stops here
+            saved = thread_state(graph, config)
+            if resume_first and _unfinished(saved):
+                raise InputError(
+                    f"the last run on thread {thread_id} stopped before its end: go on with "
+                    f"--resume {thread_id}, then ask on the thread"
+                )
     ctx = context.start_run()
     config["recursion_limit"] = recursion_limit(ctx.settings)
     parsed = Question.read(question, choices, ctx.state_law, issues)
@@ -331,9 +339,7 @@ def resume_agent(
     saved = thread_state(graph, config)
     if not saved.values:
         raise InputError(f"no run is kept on thread {thread_id}")
-    # A node that ended as Ctrl-C reached the CLI has its writes kept but no next checkpoint
-    # (LangGraph's next is then empty): its task is still listed, and the run goes on from it.
-    if not saved.next and not saved.tasks:
+    if not _unfinished(saved):
         raise InputError(
             f"the run on thread {thread_id} is finished: ask a new question with --thread"
         )
@@ -345,6 +351,13 @@ def resume_agent(
     return _stream(
         graph, resume, config, ctx, dict(saved.values), on_event, keep_on_interrupt, review
     )
+
+
+def _unfinished(saved: Any) -> bool:
+    """Whether a thread's last run stopped before its end (or paused).  A step that ended as
+    Ctrl-C reached the CLI has its writes kept but no checkpoint after them: LangGraph's ``next``
+    is then empty, its task still listed, and the run goes on from those writes."""
+    return bool(saved.next or saved.tasks)
 
 
 def _stream(
@@ -787,13 +800,6 @@ def _answer(
     thread = args.thread or uuid.uuid4().hex
     if checkpointer is not None and not args.thread:
         print(f"thread: {thread}", file=sys.stderr, flush=True)
-    elif checkpointer is not None:  # a question after one stopped would drop its research
-        saved = thread_state(build_graph(checkpointer=checkpointer), thread_config(thread))
-        if saved.next or saved.tasks:
-            raise InputError(
-                f"the last run on thread {thread} stopped before its end: go on with --resume "
-                f"{thread}, then ask on the thread"
-            )
     return run_agent(
         question,
         choices,
@@ -804,6 +810,7 @@ def _answer(
         thread_id=thread,
         issues=(args.issues or "").split(";"),
         review=ask_review if args.review else None,
+        resume_first=True,
     )
 
 

@@ -262,7 +262,7 @@ def test_a_question_on_a_thread_whose_last_run_stopped_says_to_resume_it_first(
     monkeypatch.setenv("CHECKPOINTS", store)
     monkeypatch.setenv("CHROMA_DIR", str(tmp_path / "chroma"))
     monkeypatch.setattr(main.rag_utils, "corpus_count", lambda settings: 1)
-    monkeypatch.setattr(main, "run_agent", lambda *a, **k: pytest.fail("a run started"))
+    monkeypatch.setattr(main, "_stream", lambda *a, **k: pytest.fail("a run started"))
     assert main.main(["--no-index", "-q", "--thread", tid, "What if he had looked?"]) == 2
     assert f"stopped before its end: go on with --resume {tid}" in capsys.readouterr().err
 
