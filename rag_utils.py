@@ -86,8 +86,7 @@ def sha256_file(path: str | Path) -> str:
 
 
 def verify_sha256(path: str | Path, expected: str) -> None:
-    """Raise :class:`ModelLoadError` unless ``path`` hashes to ``expected`` (hashed once per
-    process for the same path, size and mtime)."""
+    """Raise :class:`ModelLoadError` unless ``path`` hashes to ``expected`` (cached by mtime)."""
     p = Path(path)
     try:
         st = p.stat()
@@ -437,8 +436,7 @@ def _torch_may_see_gpu() -> bool:
 
 @functools.cache
 def visible_accelerator() -> str:
-    """The device torch would embed on: ``cuda``, else ``mps``, else ``cpu`` (also when torch is
-    not installed, which is then not imported). Loads no model; asked once per process."""
+    """The device torch would embed on: ``cuda``, else ``mps``, else ``cpu``."""
     if not _torch_may_see_gpu():
         return "cpu"
     try:
@@ -476,9 +474,8 @@ def resolve_embedding_backend(settings: Settings) -> str:
 
 
 def get_embedder(settings: Settings) -> Embedder | OnnxEmbedder | EmbeddingsAdapter:
-    """The configured embedder, built once per settings: a registered LangChain ``Embeddings``,
-    else the default model through ONNX or torch (``auto`` falls back to torch when the ONNX
-    export fails), else a sentence-transformers model."""
+    """The configured embedder, built once per settings (``auto`` falls back to torch when the
+    ONNX export fails)."""
     name = embedder_name(settings)
     backend = resolve_embedding_backend(settings)
     if backend == "langchain":
@@ -690,8 +687,7 @@ and device that embedded passages into it, summed over its loads (``load_corpus.
 
 EXACT_SEARCH_MAX_PASSAGES = 20_000
 """Up to this many passages dense search is exact (stored vectors kept in memory, 30 MB at the
-limit), not Chroma's HNSW, whose results varied between runs
-(docs/MEASUREMENTS_HISTORY.md)."""
+limit), not Chroma's HNSW, whose results varied between runs (docs/MEASUREMENTS_HISTORY.md)."""
 
 EXACT_FILTER_MAX_PASSAGES = 200_000
 """A filter that admits at most this many passages of a larger store is searched exactly over
@@ -1480,7 +1476,6 @@ def retrieve_documents_multi_query(
     unless the reranker is none); ``exclude_ids`` are dropped.  ``fuse_keyword`` merges the ranking
     with the pool's BM25 ranking (:func:`rrf_merge`), so a doctrine's name that dense search
     misreads still counts.  ``metadata['reranker']`` names the reranker used."""
-
     queries = [q for q in (str(q).strip() for q in queries) if q]
     if not queries or k <= 0:
         return []
@@ -1601,8 +1596,7 @@ def retrieve_documents(query: str, **kw: Any) -> list[Passage]:
 
 
 def passage_cosines(query: str, docs: Sequence[Passage], settings: Settings) -> Any:
-    """Cosine of ``query`` to each of ``docs`` (an array): stored embeddings by id, the text
-    embedded for a passage not in the store."""
+    """Cosine of ``query`` to each of ``docs``; a passage not in the store has its text embedded."""
     import numpy as np
 
     if not docs:
@@ -1627,12 +1621,10 @@ def searched_cosines(
     ``queries`` set, or None when its first non-blank query is not ``question`` or a passage has
     no dense score (a keyword search)."""
     primary = next((q.strip() for q in map(str, queries) if q.strip()), None)
-    if primary is None or primary != question.strip():
+    if primary != question.strip():
         return None
     scores = [d.get("dense_score") for d in docs]
-    if not all(isinstance(s, float) for s in scores):
-        return None
-    return [float(s) for s in scores]
+    return [float(s) for s in scores] if all(isinstance(s, float) for s in scores) else None
 
 
 # --- QA memory ----------------------------------------------------------------------------------
@@ -1643,7 +1635,6 @@ def _memory_collection(s: Settings) -> Any:
 
 
 def memory_count(settings: Settings) -> int:
-    """QA-memory entries stored for the current embedding model."""
     return int(_memory_collection(settings).count())
 
 
