@@ -863,9 +863,8 @@ class PassageStore:
             {k: sorted(v) if isinstance(v, frozenset) else v for k, v in vars(flt).items()},
             sort_keys=True,
         )
-        path = (
-            self._filters_dir() / f"{self.name}-{hashlib.sha1(spec.encode()).hexdigest()[:12]}.json"
-        )
+        digest = hashlib.sha1(spec.encode()).hexdigest()[:12]
+        path = self._filters_dir() / f"{self.name}-{digest}.json"
 
         def load(count: int) -> tuple[int, frozenset[str]] | None:
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
@@ -1044,14 +1043,13 @@ def get_store(settings: Settings) -> PassageStore:
     key = (_client_key(settings), name)
     with _lock:
         if key not in _stores:
-            bm25_dir = Path(settings.retrieval.chroma_dir).expanduser().resolve() / "bm25"
-            client, model = get_client(settings), embedder_name(settings)
+            client = get_client(settings)  # first: it records a read-only folder's copy
             local = None if key[0][0] == "http" else Path(_read_only.get(key[0]) or key[0][1])
             _stores[key] = PassageStore(
                 client,
                 name,
-                model,
-                bm25_dir,
+                embedder_name(settings),
+                Path(settings.retrieval.chroma_dir).expanduser().resolve() / "bm25",
                 key[0] in _read_only,
                 db_file=local / "chroma.sqlite3" if local is not None else None,
             )
@@ -1327,11 +1325,10 @@ def resolve_reranker(name: str | None, settings: Settings) -> str:
     key = (r.reranker_model, r.embedding_device)
     with _lock:
         if key not in _auto_choice:
-            held = _held_locally(r.reranker_model)  # else not worth importing torch (~5 s)
-            try:
-                held = held and get_cross_encoder(settings, local_only=True) is not None
-            except ModelLoadError:
-                held = False
+            held = False
+            if _held_locally(r.reranker_model):  # else not worth importing torch (~5 s)
+                with contextlib.suppress(ModelLoadError):
+                    held = get_cross_encoder(settings, local_only=True) is not None
             if held:
                 _auto_choice[key] = "cross-encoder"
                 logger.info("RERANKER=auto: using cross-encoder %s", r.reranker_model)
