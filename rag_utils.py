@@ -55,6 +55,8 @@ _stores: dict[tuple, PassageStore] = {}
 _cross_encoders: dict[tuple, Any] = {}
 _auto_choice: dict[tuple, str] = {}
 _read_only: dict[tuple, Path] = {}  # client keys of read-only Chroma folders -> the copy read
+_registered: dict[str, EmbeddingsAdapter] = {}  # EMBEDDING_MODEL name -> register_embeddings
+_LEXICAL = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="bm25")  # _retrieve
 
 
 class ModelLoadError(RuntimeError):
@@ -389,9 +391,6 @@ class EmbeddingsAdapter:
         import numpy as np
 
         return _unit(np.asarray(self.embeddings.embed_query(text), dtype=np.float32))
-
-
-_registered: dict[str, EmbeddingsAdapter] = {}
 
 
 def register_embeddings(name: str, embeddings: Any) -> None:
@@ -1091,8 +1090,6 @@ def bm25_tokenize(texts: Sequence[str], stopwords: str = "en") -> list[list[str]
 
 MIN_VOCABULARY_PASSAGES = 100  # below this, a vocabulary is too small to call a word off topic
 TERM_PREFIX = 8  # letters of a word's stem compared when asking whether the corpus uses it
-
-
 TOP_BLOCK = 1024
 """Passages per block when :meth:`Bm25Index.top_of` reads a row's block maxima first."""
 
@@ -1483,9 +1480,6 @@ def retrieve_documents_multi_query(
             logger.warning("the passage collection %s is empty: load a corpus first", store.name)
             return []
         return _retrieve(queries, k, exclude_ids, method, store, settings, fuse_keyword)
-
-
-_LEXICAL = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="bm25")
 
 
 def _retrieve(
