@@ -55,7 +55,7 @@ _stores: dict[tuple, PassageStore] = {}
 _cross_encoders: dict[tuple, Any] = {}
 _auto_choice: dict[tuple, str] = {}
 _read_only: dict[tuple, Path] = {}  # client keys of read-only Chroma folders -> the copy read
-_registered: dict[str, EmbeddingsAdapter] = {}  # EMBEDDING_MODEL name -> register_embeddings
+_registered: dict[str, EmbeddingsAdapter] = {}  # name -> its adapter (register_embeddings)
 _LEXICAL = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="bm25")  # _retrieve
 
 
@@ -580,7 +580,7 @@ def is_read_only(settings: Settings) -> bool:
 
 
 def require_writable(settings: Settings, what: str) -> None:
-    """For an explicit write the user asked for."""
+    """Raise StoreError when the store is read-only (an explicit write the user asked for)."""
     if is_read_only(settings):
         raise StoreError(f"cannot {what}: CHROMA_DIR {settings.retrieval.chroma_dir} is read-only")
 
