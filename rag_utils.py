@@ -104,7 +104,6 @@ def verify_sha256(path: str | Path, expected: str) -> None:
 
 
 def embedder_name(settings: Settings) -> str:
-    """The name of the configured embedding model (without loading it)."""
     model = (settings.retrieval.embedding_model or "default").strip()
     return DEFAULT_MODEL_NAME if model.lower() == "default" else model
 
@@ -831,7 +830,6 @@ class PassageStore:
         return {pid: found[pid] for pid in ids if pid in found}
 
     def _pages(self, include: list[str]) -> Iterator[dict[str, Any]]:
-        """Chroma ``get`` results covering the whole collection, 5000 passages each."""
         offset = 0
         while (got := self.collection.get(include=include, limit=5000, offset=offset))["ids"]:
             yield got
