@@ -59,12 +59,13 @@ def starter_dir() -> Path:
 
 
 # --- Reading files ------------------------------------------------------------------------------
+# read for every format (pandas reads .zst for CSV, TSV and Parquet too)
+COMPRESSED = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+
+
 def file_format(path: Path) -> str:
-    suffixes = [s.lower() for s in path.suffixes]
-    if suffixes and suffixes[-1] in (".gz", ".bz2", ".xz", ".zst"):
-        suffixes = suffixes[:-1]
-    fmt = FORMATS.get(suffixes[-1]) if suffixes else None
-    if fmt is None:
+    inner = path.with_suffix("") if path.suffix.lower() in (*COMPRESSED, ".zst") else path
+    if (fmt := FORMATS.get(inner.suffix.lower())) is None:
         what = path.suffix or "(no extension)"
         raise CorpusError(f"{path}: unknown format {what!r} — use CSV, TSV, JSONL, JSON or Parquet")
     return fmt
@@ -73,10 +74,6 @@ def file_format(path: Path) -> str:
 def _is_blank(value: Any) -> bool:
     nan = isinstance(value, float) and value != value
     return value is None or nan or isinstance(value, str) and not value.strip()
-
-
-# read for every format (pandas reads .zst for CSV, TSV and Parquet too)
-COMPRESSED = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 
 
 def _open_binary(p: Path) -> Any:
@@ -465,9 +462,8 @@ def load_documents(
             given = store.document_flags(documents.document_id(path))
             report["kept_flags"] += [{"file": str(path), **given}] if given else []
         try:
-            chunks = documents.read_and_chunk(
-                path, overrides=given, max_tokens=limit, count_tokens=count_tokens
-            )
+            doc = documents.read_document(path, given)
+            chunks = documents.chunk_document(doc, limit, count_tokens=count_tokens)
         except documents.DocumentError as exc:
             print(f"skipped: {exc}", file=sys.stderr)
             report["failed"].append({"file": str(path), "error": str(exc)})
