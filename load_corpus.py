@@ -44,9 +44,9 @@ FORMATS = {
 QA_FIELDS = ("question", "choice_a", "choice_b", "choice_c", "choice_d", "answer")
 DEFAULT_BATCH = 256
 DEFAULT_PADDING = 500
+# a long load adds its passages and seconds to the collection's record (``status``) this often,
+# so a load that is killed keeps all but its last minute
 RECORD_EVERY_S = 60.0
-"""A long load adds its passages and seconds to the collection's record (``status``) this often,
-so a load that is killed keeps all but its last minute."""
 
 
 class CorpusError(ValueError):
@@ -54,7 +54,6 @@ class CorpusError(ValueError):
 
 
 def starter_dir() -> Path:
-    """The bundled starter corpus."""
     return HERE / "datasets" / "starter"
 
 
@@ -77,7 +76,6 @@ def _is_blank(value: Any) -> bool:
 
 
 def _open_binary(p: Path) -> Any:
-    """``p`` opened for reading bytes, decompressed by its last suffix (see COMPRESSED)."""
     suffix = p.suffix.lower()
     if suffix == ".zst":
         raise CorpusError(f"{p}: .zst is read for CSV, TSV and Parquet only; use .gz for JSON")
@@ -380,9 +378,8 @@ def load_passages(
     recorded = [0, time.perf_counter()]  # passages added and the time, at the last record
 
     def record() -> None:
-        """Add the passages embedded since the last record to the collection's record of which
-        backend and device embedded it at what rate (``status``); a store that refuses it costs
-        a warning, not the load."""
+        """Add the passages embedded since the last record to the collection's indexing record
+        (which backend and device, at what rate: ``status``)."""
         now = time.perf_counter()
         try:
             if added > recorded[0]:
@@ -478,8 +475,7 @@ def load_documents(
             report["unchanged"].append(str(path))
             continue
         store.delete(list(stored))
-        hidden = chunks[0].get("hidden_injection")
-        if hidden:
+        if hidden := chunks[0].get("hidden_injection"):
             report["quarantined"].append({"file": str(path), "flags": hidden})
             print(
                 f"quarantined: {path}: hidden text reads as instructions ({hidden})",
@@ -501,17 +497,6 @@ def ensure_starter_index(settings: Settings) -> int:
     passages = read_passages(starter_files()[0][0])
     logger.info("indexing the starter corpus (%d passages)", len(passages))
     return load_passages(passages, settings, progress=False)
-
-
-def curated_selection(
-    passages: Sequence[dict[str, Any]], qa: Sequence[dict[str, Any]], padding: int
-) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every gold passage of ``qa`` plus the first ``padding`` other passages; also the gold ids
-    not found among ``passages``."""
-    gold = {str(q["gold_idx"]) for q in qa if q.get("gold_idx")}
-    chosen = [p for p in passages if p["idx"] in gold]
-    pad = [p for p in passages if p["idx"] not in gold][: max(0, padding)]
-    return chosen + pad, sorted(gold - {p["idx"] for p in chosen})
 
 
 def scan_metadata(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -723,9 +708,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if command == "curated":
         if not qa_files:
             raise CorpusError("curated needs a QA file: give --qa PATH")
-        qa = read_many(qa_files, read_qa)
+        # every gold passage of the QA set, then the first N others
+        gold = {str(q["gold_idx"]) for q in read_many(qa_files, read_qa) if q.get("gold_idx")}
+        every = read_many(passage_files, read_passages)
+        passages = [p for p in every if p["idx"] in gold]
+        missing = sorted(gold - {p["idx"] for p in passages})
         padding = int(args.rest[0]) if args.rest else DEFAULT_PADDING
-        passages, missing = curated_selection(read_many(passage_files, read_passages), qa, padding)
+        passages += [p for p in every if p["idx"] not in gold][:padding]
         if missing:
             print(
                 f"warning: {len(missing)} gold passages are not in the passage files "
