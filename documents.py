@@ -797,14 +797,12 @@ def _authority(title: str, blocks: Sequence[Block], kind: str) -> dict[str, str]
             place = _court_jurisdiction(court)
     elif kind == "statute":
         both = f"{title}\n{head}"
-        if re.search(r"C\.F\.R\.|Code of Federal Regulations", both):
-            meta["authority_type"] = "regulation"
-        elif re.search(_RULES, both, re.M):
-            meta["authority_type"] = "court_rule"
-        elif "constitution" in both.lower() and re.search(_CONSTITUTION, both, re.M):
-            meta["authority_type"] = "constitution"
-        else:
-            meta["authority_type"] = "statute"
+        kinds = {
+            "regulation": re.search(r"C\.F\.R\.|Code of Federal Regulations", both),
+            "court_rule": re.search(_RULES, both, re.M),
+            "constitution": "constitution" in both.lower() and re.search(_CONSTITUTION, both, re.M),
+        }
+        meta["authority_type"] = next((k for k, found in kinds.items() if found), "statute")
         if law:
             g = law.groups
             # the standard name ("United States Code" -> "U.S.C."), but a state code keeps its
@@ -887,8 +885,7 @@ class _Unit:
     text: str
     pin: str
     block: Block
-    key: tuple
-    """Units with different keys are never in one chunk."""
+    key: tuple  # units with different keys are never in one chunk
     part: str = ""
     star: int | None = None
     tokens: int = 0
@@ -899,12 +896,10 @@ def _units(doc: Document) -> list[_Unit]:
     units: list[_Unit] = []
     stack: dict[int, str] = {}
     last: tuple[str, ...] | None = None
-    part = ""
-    star = None
-    n = 0
-    if doc.kind == "opinion" and any(_STAR.search(b.text) for b in doc.blocks):
-        first = re.search(r"\s(\d+)$", doc.meta.get("citation", ""))  # "392 U.S. 1": page *1
-        star = int(first.group(1)) if first else None
+    part, n = "", 0
+    first = re.search(r"\s(\d+)$", doc.meta.get("citation", ""))  # "392 U.S. 1": page *1
+    starred = doc.kind == "opinion" and any(_STAR.search(b.text) for b in doc.blocks)
+    star = int(first.group(1)) if first and starred else None
     for b in doc.blocks:
         text = " ".join(b.text.split())
         n += not b.is_heading  # paragraph number
