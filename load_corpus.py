@@ -273,9 +273,7 @@ def local_barexam(settings: Settings) -> tuple[list[Path], list[Path]] | None:
     found = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in FORMATS)
     files = {str(p.relative_to(root)): p for p in found}
     passages, qa = _split_files(list(files))
-    if not passages:
-        return None
-    return [files[n] for n in passages], [files[n] for n in qa]
+    return ([files[n] for n in passages], [files[n] for n in qa]) if passages else None
 
 
 def download_barexam(settings: Settings) -> tuple[list[Path], list[Path]]:
@@ -293,8 +291,7 @@ def download_barexam(settings: Settings) -> tuple[list[Path], list[Path]]:
     print(f"downloading {len(wanted)} files of {repo} into {root} ...", file=sys.stderr)
     for f in wanted:
         hf_hub_download(repo, f, repo_type="dataset", local_dir=str(root))
-    got = local_barexam(settings)
-    if got is None:
+    if (got := local_barexam(settings)) is None:
         raise FileNotFoundError(f"no passage files in {root} after downloading {repo}")
     return got
 
@@ -639,7 +636,7 @@ def _print_status(info: dict[str, Any], as_json: bool) -> None:
     print(f"collection:      {info['collection']}")
     print(f"embedding model: {info['embedding_model']}")
     print(f"passages:        {info['count']}")
-    for row in info.get("indexed_by") or []:
+    for row in info["indexed_by"]:
         rate = f", {row['passages_per_s']} passages/s" if row["passages_per_s"] else ""
         print(
             f"indexed by:      {row['backend']} on {row['device']}: "
@@ -656,8 +653,7 @@ def _print_status(info: dict[str, Any], as_json: bool) -> None:
     for key, label in (("authority_types", "by type"), ("jurisdictions", "by jurisdiction")):
         if info.get(key):
             print(f"{label + ':':<17}{_counts(info[key])}")
-    docs = info.get("documents") or {}
-    if docs.get("count"):
+    if (docs := info["documents"])["count"]:
         by = f"{_counts(docs['by_type'])}; {_counts(docs['by_jurisdiction'])}"
         print(f"documents:       {docs['count']} ({by})")
     if info["sources"]:
