@@ -151,14 +151,6 @@ def read_document(path: str | Path, overrides: dict[str, str] | None = None) -> 
     return Document(p, document_id(p), sha, title, kind, blocks, meta, hidden_text, flags, pages)
 
 
-def read_and_chunk(
-    path: str | Path, *, overrides: dict[str, str] | None = None, **chunking: Any
-) -> list[dict[str, Any]]:
-    """The passages of one file: :func:`read_document`, then :func:`chunk_document` with the
-    keywords ``max_tokens``, ``overlap_tokens`` and ``count_tokens``; never empty."""
-    return chunk_document(read_document(path, overrides), **chunking)
-
-
 # --- The structure of legal text ----------------------------------------------------------------
 
 _NUMBER = r"(\d+[A-Za-z]?(?:[.\-–]\d+[A-Za-z]?)*)"
@@ -178,6 +170,7 @@ _SECTION = re.compile(rf"(?:§§?|\bSec\.|\bSECTION|\bSection|{_CODE_SECTION})\s
 _RULE = re.compile(r"\bRule\s+(\d+(?:\.\d+)*)")
 _HEADING_LABELS = re.compile(r"(?:\([a-zA-Z0-9]{1,4}\))*")
 _LABEL = re.compile(r"\(([a-z]{1,4}|\d{1,3}|[A-Z]{1,3})\)\s*")
+_LABELS = re.compile(rf"(?:{_LABEL.pattern})*")
 _LIST_LABEL = re.compile(r"(?:[-•*]\s+)?(?=\()|(\d{1,3})\.\s+(?=[A-Z])")  # "- (A)", "1. Title"
 _STRUCTURE = re.compile(
     rf"^{_CODE}(?:§|Sec\.|SEC\.|Section|SECTION|Rule|RULE|Article|ARTICLE|Amendment|AMENDMENT"
@@ -236,12 +229,7 @@ def _labels(text: str) -> list[str]:
     lead = _LIST_LABEL.match(text)
     if lead and lead.group(1):
         return [lead.group(1)]
-    labels: list[str] = []
-    pos = lead.end() if lead else 0
-    while m := _LABEL.match(text, pos):
-        labels.append(m.group(1))
-        pos = m.end()
-    return labels
+    return _LABEL.findall(_LABELS.match(text, lead.end() if lead else 0).group(0))
 
 
 def _push_labels(text: str, stack: dict[int, str]) -> None:
@@ -809,14 +797,12 @@ def _authority(title: str, blocks: Sequence[Block], kind: str) -> dict[str, str]
             place = _court_jurisdiction(court)
     elif kind == "statute":
         both = f"{title}\n{head}"
-        if re.search(r"C\.F\.R\.|Code of Federal Regulations", both):
-            meta["authority_type"] = "regulation"
-        elif re.search(_RULES, both, re.M):
-            meta["authority_type"] = "court_rule"
-        elif "constitution" in both.lower() and re.search(_CONSTITUTION, both, re.M):
-            meta["authority_type"] = "constitution"
-        else:
-            meta["authority_type"] = "statute"
+        kinds = {
+            "regulation": re.search(r"C\.F\.R\.|Code of Federal Regulations", both),
+            "court_rule": re.search(_RULES, both, re.M),
+            "constitution": "constitution" in both.lower() and re.search(_CONSTITUTION, both, re.M),
+        }
+        meta["authority_type"] = next((k for k, found in kinds.items() if found), "statute")
         if law:
             g = law.groups
             # the standard name ("United States Code" -> "U.S.C."), but a state code keeps its
@@ -899,8 +885,7 @@ class _Unit:
     text: str
     pin: str
     block: Block
-    key: tuple
-    """Units with different keys are never in one chunk."""
+    key: tuple  # units with different keys are never in one chunk
     part: str = ""
     star: int | None = None
     tokens: int = 0
@@ -911,12 +896,10 @@ def _units(doc: Document) -> list[_Unit]:
     units: list[_Unit] = []
     stack: dict[int, str] = {}
     last: tuple[str, ...] | None = None
-    part = ""
-    star = None
-    n = 0
-    if doc.kind == "opinion" and any(_STAR.search(b.text) for b in doc.blocks):
-        first = re.search(r"\s(\d+)$", doc.meta.get("citation", ""))  # "392 U.S. 1": page *1
-        star = int(first.group(1)) if first else None
+    part, n = "", 0
+    first = re.search(r"\s(\d+)$", doc.meta.get("citation", ""))  # "392 U.S. 1": page *1
+    starred = doc.kind == "opinion" and any(_STAR.search(b.text) for b in doc.blocks)
+    star = int(first.group(1)) if first and starred else None
     for b in doc.blocks:
         text = " ".join(b.text.split())
         n += not b.is_heading  # paragraph number

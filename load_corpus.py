@@ -44,9 +44,9 @@ FORMATS = {
 QA_FIELDS = ("question", "choice_a", "choice_b", "choice_c", "choice_d", "answer")
 DEFAULT_BATCH = 256
 DEFAULT_PADDING = 500
+# a long load adds its passages and seconds to the collection's record (``status``) this often,
+# so a load that is killed keeps all but its last minute
 RECORD_EVERY_S = 60.0
-"""A long load adds its passages and seconds to the collection's record (``status``) this often,
-so a load that is killed keeps all but its last minute."""
 
 
 class CorpusError(ValueError):
@@ -54,17 +54,17 @@ class CorpusError(ValueError):
 
 
 def starter_dir() -> Path:
-    """The bundled starter corpus."""
     return HERE / "datasets" / "starter"
 
 
 # --- Reading files ------------------------------------------------------------------------------
+# read for every format (pandas reads .zst for CSV, TSV and Parquet too)
+COMPRESSED = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+
+
 def file_format(path: Path) -> str:
-    suffixes = [s.lower() for s in path.suffixes]
-    if suffixes and suffixes[-1] in (".gz", ".bz2", ".xz", ".zst"):
-        suffixes = suffixes[:-1]
-    fmt = FORMATS.get(suffixes[-1]) if suffixes else None
-    if fmt is None:
+    inner = path.with_suffix("") if path.suffix.lower() in (*COMPRESSED, ".zst") else path
+    if (fmt := FORMATS.get(inner.suffix.lower())) is None:
         what = path.suffix or "(no extension)"
         raise CorpusError(f"{path}: unknown format {what!r} — use CSV, TSV, JSONL, JSON or Parquet")
     return fmt
@@ -75,12 +75,7 @@ def _is_blank(value: Any) -> bool:
     return value is None or nan or isinstance(value, str) and not value.strip()
 
 
-# read for every format (pandas reads .zst for CSV, TSV and Parquet too)
-COMPRESSED = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
-
-
 def _open_binary(p: Path) -> Any:
-    """``p`` opened for reading bytes, decompressed by its last suffix (see COMPRESSED)."""
     suffix = p.suffix.lower()
     if suffix == ".zst":
         raise CorpusError(f"{p}: .zst is read for CSV, TSV and Parquet only; use .gz for JSON")
@@ -278,9 +273,7 @@ def local_barexam(settings: Settings) -> tuple[list[Path], list[Path]] | None:
     found = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in FORMATS)
     files = {str(p.relative_to(root)): p for p in found}
     passages, qa = _split_files(list(files))
-    if not passages:
-        return None
-    return [files[n] for n in passages], [files[n] for n in qa]
+    return ([files[n] for n in passages], [files[n] for n in qa]) if passages else None
 
 
 def download_barexam(settings: Settings) -> tuple[list[Path], list[Path]]:
@@ -298,8 +291,7 @@ def download_barexam(settings: Settings) -> tuple[list[Path], list[Path]]:
     print(f"downloading {len(wanted)} files of {repo} into {root} ...", file=sys.stderr)
     for f in wanted:
         hf_hub_download(repo, f, repo_type="dataset", local_dir=str(root))
-    got = local_barexam(settings)
-    if got is None:
+    if (got := local_barexam(settings)) is None:
         raise FileNotFoundError(f"no passage files in {root} after downloading {repo}")
     return got
 
@@ -383,9 +375,8 @@ def load_passages(
     recorded = [0, time.perf_counter()]  # passages added and the time, at the last record
 
     def record() -> None:
-        """Add the passages embedded since the last record to the collection's record of which
-        backend and device embedded it at what rate (``status``); a store that refuses it costs
-        a warning, not the load."""
+        """Add the passages embedded since the last record to the collection's indexing record
+        (which backend and device, at what rate: ``status``)."""
         now = time.perf_counter()
         try:
             if added > recorded[0]:
@@ -465,9 +456,8 @@ def load_documents(
             given = store.document_flags(documents.document_id(path))
             report["kept_flags"] += [{"file": str(path), **given}] if given else []
         try:
-            chunks = documents.read_and_chunk(
-                path, overrides=given, max_tokens=limit, count_tokens=count_tokens
-            )
+            doc = documents.read_document(path, given)
+            chunks = documents.chunk_document(doc, limit, count_tokens=count_tokens)
         except documents.DocumentError as exc:
             print(f"skipped: {exc}", file=sys.stderr)
             report["failed"].append({"file": str(path), "error": str(exc)})
@@ -482,8 +472,7 @@ def load_documents(
             report["unchanged"].append(str(path))
             continue
         store.delete(list(stored))
-        hidden = chunks[0].get("hidden_injection")
-        if hidden:
+        if hidden := chunks[0].get("hidden_injection"):
             report["quarantined"].append({"file": str(path), "flags": hidden})
             print(
                 f"quarantined: {path}: hidden text reads as instructions ({hidden})",
@@ -505,17 +494,6 @@ def ensure_starter_index(settings: Settings) -> int:
     passages = read_passages(starter_files()[0][0])
     logger.info("indexing the starter corpus (%d passages)", len(passages))
     return load_passages(passages, settings, progress=False)
-
-
-def curated_selection(
-    passages: Sequence[dict[str, Any]], qa: Sequence[dict[str, Any]], padding: int
-) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every gold passage of ``qa`` plus the first ``padding`` other passages; also the gold ids
-    not found among ``passages``."""
-    gold = {str(q["gold_idx"]) for q in qa if q.get("gold_idx")}
-    chosen = [p for p in passages if p["idx"] in gold]
-    pad = [p for p in passages if p["idx"] not in gold][: max(0, padding)]
-    return chosen + pad, sorted(gold - {p["idx"] for p in chosen})
 
 
 def scan_metadata(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -658,7 +636,7 @@ def _print_status(info: dict[str, Any], as_json: bool) -> None:
     print(f"collection:      {info['collection']}")
     print(f"embedding model: {info['embedding_model']}")
     print(f"passages:        {info['count']}")
-    for row in info.get("indexed_by") or []:
+    for row in info["indexed_by"]:
         rate = f", {row['passages_per_s']} passages/s" if row["passages_per_s"] else ""
         print(
             f"indexed by:      {row['backend']} on {row['device']}: "
@@ -675,8 +653,7 @@ def _print_status(info: dict[str, Any], as_json: bool) -> None:
     for key, label in (("authority_types", "by type"), ("jurisdictions", "by jurisdiction")):
         if info.get(key):
             print(f"{label + ':':<17}{_counts(info[key])}")
-    docs = info.get("documents") or {}
-    if docs.get("count"):
+    if (docs := info["documents"])["count"]:
         by = f"{_counts(docs['by_type'])}; {_counts(docs['by_jurisdiction'])}"
         print(f"documents:       {docs['count']} ({by})")
     if info["sources"]:
@@ -727,9 +704,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if command == "curated":
         if not qa_files:
             raise CorpusError("curated needs a QA file: give --qa PATH")
-        qa = read_many(qa_files, read_qa)
+        # every gold passage of the QA set, then the first N others
+        gold = {str(q["gold_idx"]) for q in read_many(qa_files, read_qa) if q.get("gold_idx")}
+        every = read_many(passage_files, read_passages)
+        passages = [p for p in every if p["idx"] in gold]
+        missing = sorted(gold - {p["idx"] for p in passages})
         padding = int(args.rest[0]) if args.rest else DEFAULT_PADDING
-        passages, missing = curated_selection(read_many(passage_files, read_passages), qa, padding)
+        passages += [p for p in every if p["idx"] not in gold][:padding]
         if missing:
             print(
                 f"warning: {len(missing)} gold passages are not in the passage files "

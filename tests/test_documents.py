@@ -121,8 +121,8 @@ def folder(tmp_path: Path) -> Path:
     return f
 
 
-def _chunks(path: Path, **kw) -> list[dict]:
-    return documents.read_and_chunk(path, **kw)
+def _chunks(path: Path, overrides: dict | None = None, **kw) -> list[dict]:
+    return documents.chunk_document(documents.read_document(path, overrides), **kw)
 
 
 # ------------------------------------------------------------------------------------------------

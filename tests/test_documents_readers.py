@@ -97,8 +97,8 @@ frisking petitioner and his companions for guns was a search.
 """
 
 
-def chunks_of(path: Path, **kw) -> list[dict]:
-    return documents.read_and_chunk(path, **kw)
+def chunks_of(path: Path, overrides: dict | None = None, **kw) -> list[dict]:
+    return documents.chunk_document(documents.read_document(path, overrides), **kw)
 
 
 def write(path: Path, text: str) -> Path:
@@ -350,9 +350,7 @@ def test_markdown_comments_are_hidden_and_a_clean_file_is_not_flagged(tmp_path):
     )
     assert PLANTED in planted.hidden_text and planted.hidden_flags
     assert all("Ignore" not in b.text for b in planted.blocks)
-    clean = documents.read_and_chunk(
-        write(tmp_path / "b.md", "# Notes\n\nStanding needs injury.\n")
-    )
+    clean = chunks_of(write(tmp_path / "b.md", "# Notes\n\nStanding needs injury.\n"))
     assert clean[0]["hidden_injection"] == ""
 
 
