@@ -4,6 +4,7 @@ the CLI scaffolding, tables and plots."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -160,6 +161,14 @@ def items_with_gold(items: Sequence[dict], settings: Settings, qa_path: Path) ->
             "with --passages"
         )
     return with_gold
+
+
+def group_by(rows: Iterable[Mapping[str, Any]], key: str) -> dict[Any, list]:
+    """``rows`` by their value of ``key``, in the order the values first occur."""
+    groups: dict[Any, list] = {}
+    for row in rows:
+        groups.setdefault(row[key], []).append(row)
+    return groups
 
 
 def preview(text: str | None, n: int = 160) -> str:
@@ -494,6 +503,7 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         self.rows: list[dict] = self._read_rows()
         self.errors: list[dict] = []
+        self.interrupted = False
 
     def _read_rows(self) -> list[dict]:
         if not self.resumed:
@@ -545,6 +555,21 @@ class RunDir:
             error = {"item": item, "mode": mode, "error": f"{err.__class__.__name__}: {err}"}
             _append_line(self.path / "errors.jsonl", error)
             self.errors.append(error)
+
+    @contextlib.contextmanager
+    def until_interrupted(self, resume_flag: str = "--run-id") -> Iterator[None]:
+        """Ctrl-C ends the block, not the command: the rows so far stay, ``interrupted`` is set
+        and the log says how to finish the run."""
+        try:
+            yield
+        except KeyboardInterrupt:
+            self.interrupted = True
+            logger.warning(
+                "interrupted: %d rows are saved; resume with %s %s",
+                len(self.rows),
+                resume_flag,
+                self.run_id,
+            )
 
     def open_errors(self) -> list[dict]:
         """The errors.jsonl entries whose (item, mode) pair still has no row."""

@@ -252,10 +252,7 @@ def run_mc_item(
 
 
 def summarize_retrieval(rows: Sequence[dict]) -> dict[str, dict]:
-    by_variant: dict[str, list[dict]] = defaultdict(list)
-    for r in rows:
-        if r.get("phase") == "retrieval":
-            by_variant[r["variant"]].append(r)
+    by_variant = ec.group_by((r for r in rows if r.get("phase") == "retrieval"), "variant")
     return {
         v: {
             **ec.summarize_rankings(by_variant[v], RETRIEVAL_K),
@@ -267,19 +264,16 @@ def summarize_retrieval(rows: Sequence[dict]) -> dict[str, dict]:
 
 
 def summarize_mc(rows: Sequence[dict]) -> dict[str, dict]:
-    by_mode: dict[str, dict[str, dict]] = defaultdict(dict)
-    for r in rows:
-        if r.get("phase") == "mc":
-            by_mode[r["mode"]][r["item"]] = r
+    by_mode = {
+        mode: {r["item"]: r for r in rs}
+        for mode, rs in ec.group_by((r for r in rows if r.get("phase") == "mc"), "mode").items()
+    }
     base = by_mode.get("llm_only", {})
     out: dict[str, dict] = {}
     for mode in [m for m in MODES if m in by_mode]:
         rs = list(by_mode[mode].values())
         correct = [bool(r["correct"]) for r in rs]
-        lo, hi = ec.bootstrap_ci([float(c) for c in correct])
-        subjects: dict[str, list[bool]] = defaultdict(list)
-        for r in rs:
-            subjects[r["subject"]].append(bool(r["correct"]))
+        lo, hi = ec.bootstrap_ci(correct)
         entry: dict[str, Any] = {
             "n": len(rs),
             "correct": sum(correct),
@@ -294,7 +288,8 @@ def summarize_mc(rows: Sequence[dict]) -> dict[str, dict]:
             "strategies": dict(Counter(r.get("strategy") or "none" for r in rs)),
             **{f"{k}_per_q": ec.mean(r.get(k) or 0 for r in rs) for k in PER_Q},
             "per_subject": {
-                s: {"n": len(v), "accuracy": ec.accuracy(v)} for s, v in sorted(subjects.items())
+                s: {"n": len(v), "accuracy": ec.accuracy(r["correct"] for r in v)}
+                for s, v in sorted(ec.group_by(rs, "subject").items())
             },
         }
         if mode == "lean":
@@ -311,8 +306,7 @@ def summarize_mc(rows: Sequence[dict]) -> dict[str, dict]:
             entry["accuracy_grounded"] = ec.accuracy(grounded) if grounded else None
         if any("gold_in_evidence" in r for r in rs):
             entry["gold_in_evidence_rate"] = ec.accuracy(r.get("gold_in_evidence") for r in rs)
-        common = sorted(set(by_mode[mode]) & set(base)) if mode != "llm_only" else []
-        if common:
+        if mode != "llm_only" and (common := sorted(set(by_mode[mode]) & set(base))):
             a = [bool(base[i]["correct"]) for i in common]
             b = [bool(by_mode[mode][i]["correct"]) for i in common]
             diff = [float(y) - float(x) for x, y in zip(a, b, strict=True)]
@@ -325,17 +319,15 @@ def summarize_mc(rows: Sequence[dict]) -> dict[str, dict]:
     return out
 
 
-def write_summary(
-    run: ec.RunDir, config: dict[str, Any], started: float, interrupted: bool
-) -> dict[str, Any]:
+def write_summary(run: ec.RunDir, config: dict[str, Any], started: float) -> dict[str, Any]:
     """The run's summary, written with its markdown page and plots."""
     rows, open_errors = run.rows, run.open_errors()
     mc_items = {r["item"]: r["answer"] for r in rows if r.get("phase") == "mc"}
-    letters = Counter(mc_items.values())
+    letters = dict(sorted(Counter(mc_items.values()).items()))
     summary = {
         "run_id": run.run_id,
         "config": config,
-        "answer_letters": dict(sorted(letters.items())),
+        "answer_letters": letters,
         "constant_letter_baseline": max(letters.values()) / len(mc_items) if mc_items else None,
         "retrieval": summarize_retrieval(rows),
         "mc": summarize_mc(rows),
@@ -344,7 +336,7 @@ def write_summary(
         "unresolved_errors": len({(e["item"], e["mode"]) for e in open_errors}),
         "error_examples": [e.get("error") for e in open_errors[:5]],
         "wall_seconds_this_invocation": round(time.time() - started, 2),
-        "interrupted": interrupted,
+        "interrupted": run.interrupted,
     }
     run.write_json("summary.json", summary)
     run.write_text("summary.md", render_markdown(summary))
@@ -624,18 +616,10 @@ def run_injection(
             row.update(ec.usage_of(client))
         return row
 
-    interrupted = False
-    try:
+    with run_dir.until_interrupted():
         run_dir.run(
-            one,
-            items,
-            key=lambda it: (it["id"], mode),
-            desc="injection",
-            fatal=ec.USER_ERRORS,
+            one, items, key=lambda it: (it["id"], mode), desc="injection", fatal=ec.USER_ERRORS
         )
-    except KeyboardInterrupt:
-        interrupted = True
-        logger.warning("interrupted: rerun with --run-id %s to finish", run_dir.run_id)
     wanted = {it["id"] for it in items}
     rows = [r for r in run_dir.rows if r["item"] in wanted and r["mode"] == mode]
     summary = {
@@ -643,7 +627,7 @@ def run_injection(
         "config": config,
         "injection": summarize_injection(rows),
         "items_without_result": len(wanted) - len(rows),
-        "interrupted": interrupted,
+        "interrupted": run_dir.interrupted,
         "wall_seconds_this_invocation": round(time.time() - started, 2),
     }
     run_dir.write_json("summary.json", summary)
@@ -890,8 +874,7 @@ def run_answers_phase(
             row["steer"] = steer_hits(steer_context(), item, row.get("others") or [], cited)
         return {**row, "item": row["id"], "phase": "answers"}
 
-    interrupted = False
-    try:
+    with run_dir.until_interrupted():
         run_dir.run(  # one item's modes in a row, so a run cut short stays paired
             answer,
             [(item, mode) for item in items for mode in modes],
@@ -901,12 +884,9 @@ def run_answers_phase(
         if args.grade:
             judge = LLMClient(settings, llm_factory=llm_factory)
             grade_answer_rows(run_dir, items, modes, judge, config["judge"])
-    except KeyboardInterrupt:
-        interrupted = True
-        logger.warning("interrupted: rerun with --run-id %s to finish", run_dir.run_id)
     answers = eval_answers.summarize_answers(answer_rows(run_dir, items, modes), args.facts)
     summary = {"run_id": run_dir.run_id, "config": config, "answers": answers}
-    summary |= {"interrupted": interrupted, "failed": len(run_dir.errors)}
+    summary |= {"interrupted": run_dir.interrupted, "failed": len(run_dir.errors)}
     run_dir.write_json("summary.json", summary)
     return summary
 
@@ -1115,8 +1095,7 @@ def run(
         mc_llm.get("model", mc_llm.get("error", "?")),
         run_dir.path,
     )
-    interrupted = False
-    try:
+    with run_dir.until_interrupted("--resume"):
         if args.phase in ("retrieval", "both") and variants:
             run_dir.run(
                 lambda t: run_retrieval_item(*t, settings=settings, llm_factory=llm_factory),
@@ -1149,14 +1128,7 @@ def run(
                 desc="MC",
                 fatal=(LLMConfigError,),
             )
-    except KeyboardInterrupt:
-        interrupted = True
-        logger.warning(
-            "interrupted: %d rows are saved; resume with --resume %s",
-            len(run_dir.rows),
-            run_dir.run_id,
-        )
-    return write_summary(run_dir, config, started, interrupted)
+    return write_summary(run_dir, config, started)
 
 
 def _without(tokens: Sequence[str], option: str) -> list[str]:
