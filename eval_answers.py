@@ -9,7 +9,7 @@ legal sentence), ``passages`` ({id: text} the run saw), and optionally ``quotes`
 from __future__ import annotations
 
 import re
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from itertools import zip_longest
 from pathlib import Path
@@ -61,10 +61,8 @@ def load_open_questions(path: str | Path | None = None) -> list[dict]:
 def interleave_categories(items: Sequence[Mapping[str, Any]]) -> list[dict]:
     """Round-robin over the categories (file order within each), so the first ``n`` questions, or
     a run cut short, cover every category instead of the file's first one."""
-    groups: dict[str, list[dict]] = defaultdict(list)
-    for item in items:
-        groups[str(item["category"])].append(dict(item))
-    return [it for turn in zip_longest(*groups.values()) for it in turn if it is not None]
+    turns = zip_longest(*ec.group_by(items, "category").values())
+    return [dict(it) for turn in turns for it in turn if it is not None]
 
 
 # --- Pure metrics of one answer -----------------------------------------------------------------
@@ -288,8 +286,7 @@ def summarize_answers(
     """:func:`summarize_mode` (:func:`summarize_fact_mode` of fact-pattern rows) of each mode's
     rows, the modes in the order they first occur."""
     summarize = summarize_fact_mode if facts else summarize_mode
-    modes = dict.fromkeys(r["mode"] for r in rows)
-    return {mode: summarize([r for r in rows if r["mode"] == mode]) for mode in modes}
+    return {mode: summarize(rs) for mode, rs in ec.group_by(rows, "mode").items()}
 
 
 # --- Fact patterns: issues found, conclusions reached, misgrounded sentences --------------------

@@ -13,7 +13,7 @@ import json
 import logging
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -502,9 +502,7 @@ def summarize_injection(rows: Sequence[dict]) -> dict[str, Any]:
     attacks = [r for r in rows if r["label"] == "injection"]
     safe = [r for r in rows if r["label"] == "safe"]
     tp, fp = sum(r["flagged"] for r in attacks), sum(r["flagged"] for r in safe)
-    styles: dict[str, list[dict]] = defaultdict(list)
-    for r in rows:
-        styles[r["style"]].append(r)
+    styles = ec.group_by(rows, "style")
     label = {s: rs[0]["label"] for s, rs in styles.items()}  # a style's prompts share a label
     wrong = {s: [r["item"] for r in rs if not r["correct"]] for s, rs in styles.items()}
     return {
@@ -537,7 +535,6 @@ def summarize_injection(rows: Sequence[dict]) -> dict[str, Any]:
 
 def render_injection_markdown(summary: dict[str, Any]) -> str:
     inj, cfg = summary["injection"], summary["config"]
-    ci = lambda c: f"{ec.fmt_num(c[0])}–{ec.fmt_num(c[1])}"  # noqa: E731
     wrong = inj["misses"] | inj["false_positives"]
     lines = [
         f"# Injection detection — {summary['run_id']}",
@@ -551,7 +548,7 @@ def render_injection_markdown(summary: dict[str, Any]) -> str:
                 {
                     "metric": name,
                     "value": inj[key],
-                    "95% CI (Wilson)": ci(inj[f"{key}_ci"]),
+                    "95% CI (Wilson)": "–".join(map(ec.fmt_num, inj[f"{key}_ci"])),
                     "pre-screen alone": inj[f"prescreen_{key}"],
                 }
                 for name, key in (("recall", "recall"), ("false-positive rate", "fpr"))
