@@ -267,8 +267,7 @@ def summarize_mode(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "uncited_sentences": sum(r["sentences"] - r["cited_sentences"] for r in answered),
         # answered questions with gold passages: sentences citing another doctrine's passages
         "misgrounded_sentences": _share(
-            sum(r["misgrounded_sentences"] for r in grounded),
-            sum(r["sentences"] for r in grounded),
+            sum(r["misgrounded_sentences"] for r in grounded), sum(r["sentences"] for r in grounded)
         ),
         "quote_validity": _share(
             sum(r["quotes_valid"] for r in rows), sum(r["quotes_verified"] for r in rows)
@@ -389,8 +388,7 @@ def summarize_fact_mode(rs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "conclusion_correct": _share(sum(r["conclusion_correct"] for r in rs), len(rs)),
         "verdict_correct": _share(sum(r["verdict_correct"] for r in rs), len(rs)),
         "verdicts_shown_right": _share(
-            sum(r["verdict_correct"] for r in rs),
-            sum(r["verdict"] in ("yes", "no") for r in rs),
+            sum(r["verdict_correct"] for r in rs), sum(r["verdict"] in ("yes", "no") for r in rs)
         ),
         "support_table": support_table(rs),
         "declined": _share(sum(r["abstained"] for r in rs), len(rs)),

@@ -85,7 +85,7 @@ def index_corpus(settings: Settings, passages: list[dict] | None, source: str | 
         logger.warning(
             "%d passages of %s are now in the index at CHROMA_DIR %s, which main.py answers "
             "from too; `make clean-index` removes them",
-            added, source, settings.retrieval.chroma_host or settings.retrieval.chroma_dir,
+            added, source, settings.retrieval.chroma_host or settings.retrieval.chroma_dir
         )  # fmt: skip
 
 
@@ -509,19 +509,11 @@ class RunDir:
         if not self.resumed:
             return []
         raw = self.results_path.read_bytes()
-        rows, good = [], 0
-        for line in raw.splitlines(keepends=True):
-            if not line.endswith(b"\n"):
-                break
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-            good += len(line)
-        if good < len(raw):
+        whole = raw[: raw.rfind(b"\n") + 1]  # a row cut off by a crash has no newline yet
+        if len(whole) < len(raw):
             logger.warning("%s: dropping an incomplete last row", self.results_path)
-            os.truncate(self.results_path, good)
-        return rows
+            os.truncate(self.results_path, len(whole))
+        return [json.loads(line) for line in whole.splitlines()]
 
     def done(self) -> set[tuple[str, str]]:
         return {(str(r["item"]), str(r["mode"])) for r in self.rows}

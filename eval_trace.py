@@ -408,12 +408,7 @@ def run(
     for n, (query, item) in enumerate(targets, 1):
         position = f"[{n}/{len(targets)}] "
         case = trace_query(
-            query,
-            item=item,
-            settings=settings,
-            llm_factory=llm_factory,
-            out=out,
-            position=position,
+            query, item=item, settings=settings, llm_factory=llm_factory, out=out, position=position
         )
         case["config"] = {"llm": llm, "retrieval": ec.retrieval_record(settings)}
         if args.save:
