@@ -39,8 +39,7 @@ class AnswerGrade(BaseModel):
 
 
 def _read_items(path: Path, fields: set[str]) -> list[dict]:
-    """The JSON objects of a JSONL file (``load_corpus.iter_rows`` names a bad row); a ValueError
-    names an item without one of ``fields``."""
+    """The items of a JSONL file; a ValueError names one without one of ``fields``."""
     items = [item for _, item in load_corpus.iter_rows(path)]
     for item in items:
         if missing := fields - set(item):
@@ -71,8 +70,7 @@ def interleave_categories(items: Sequence[Mapping[str, Any]]) -> list[dict]:
 def citation_counts(
     sentences: Sequence[Mapping[str, Any]], passages: Mapping[str, Any]
 ) -> dict[str, int]:
-    """Legal sentences, those citing a passage, and those whose every cited passage is one the run
-    saw (``passages``)."""
+    """Legal sentences, those citing a passage, and those citing only ``passages`` the run saw."""
     cited = [s for s in sentences if s.get("passage_ids")]
     valid = [s for s in cited if all(p in passages for p in s["passage_ids"])]
     return {"sentences": len(sentences), "cited": len(cited), "valid": len(valid)}
@@ -282,8 +280,7 @@ def summarize_mode(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def summarize_answers(
     rows: Sequence[Mapping[str, Any]], facts: bool = False
 ) -> dict[str, dict[str, Any]]:
-    """:func:`summarize_mode` (:func:`summarize_fact_mode` of fact-pattern rows) of each mode's
-    rows, the modes in the order they first occur."""
+    """Each mode's :func:`summarize_mode` (``facts``: :func:`summarize_fact_mode`)."""
     summarize = summarize_fact_mode if facts else summarize_mode
     return {mode: summarize(rs) for mode, rs in ec.group_by(rows, "mode").items()}
 

@@ -46,8 +46,7 @@ LLMFactory = Callable[[str], Any] | None
 
 
 def load_qa(path: str | os.PathLike[str]) -> list[dict]:
-    """The multiple-choice items of ``path``; items without four choices or an answer letter are
-    dropped with a warning."""
+    """The multiple-choice items of ``path`` (the others dropped with a warning)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"QA file not found: {path}")
@@ -74,8 +73,7 @@ def read_inputs(qa: str | None, passages: str | None) -> tuple[Path, list[dict],
 
 
 def index_corpus(settings: Settings, passages: list[dict] | None, source: str | None) -> None:
-    """Index the passages read from ``source`` (``--passages``), or the starter corpus when none
-    were given."""
+    """Index the ``--passages`` read from ``source``, or the starter corpus when None."""
     if passages is None:
         load_corpus.ensure_starter_index(settings)
         return
@@ -123,9 +121,8 @@ def gold_ids(item: dict) -> list[str]:
     raw = item.get("gold_idx")
     if _missing(raw):
         return []
-    if isinstance(raw, list | tuple):
-        return [str(x).strip() for x in raw if str(x).strip()]
-    return [p.strip() for p in re.split(r"[;,]", str(raw)) if p.strip()]
+    parts = raw if isinstance(raw, list | tuple) else re.split(r"[;,]", str(raw))
+    return [p for x in parts if (p := str(x).strip())]
 
 
 def question_with_choices(item: dict) -> str:
@@ -145,8 +142,7 @@ def with_gold_in_store(items: Sequence[dict], settings: Settings) -> list[dict]:
 
 
 def items_with_gold(items: Sequence[dict], settings: Settings, qa_path: Path) -> list[dict]:
-    """The items with a gold passage in the store (the others skipped with a warning); a
-    ValueError when there is none."""
+    """:func:`with_gold_in_store`, the others skipped with a warning; a ValueError if none."""
     with_gold = with_gold_in_store(items, settings)
     if len(with_gold) < len(items):
         logger.warning(
@@ -188,19 +184,15 @@ def gold_rank(ranked_ids: Sequence[str], gold: Iterable[str]) -> int | None:
 def recall_at_k(ranked_ids: Sequence[str], gold: Iterable[str], k: int) -> float:
     """Share of the gold passages found in the top k (0.0 when there is no gold)."""
     gold = set(gold)
-    if not gold:
-        return 0.0
-    return len(gold & set(ranked_ids[:k])) / len(gold)
+    return len(gold & set(ranked_ids[:k])) / len(gold) if gold else 0.0
 
 
 def ndcg_at_k(ranked_ids: Sequence[str], gold: Iterable[str], k: int = 10) -> float:
     """nDCG@k with binary relevance: sum 1/log2(rank+1) over gold hits, over the ideal value."""
     gold = set(gold)
-    if not gold:
-        return 0.0
     dcg = sum(1.0 / math.log2(i + 2) for i, d in enumerate(ranked_ids[:k]) if d in gold)
     ideal = sum(1.0 / math.log2(i + 2) for i in range(min(len(gold), k)))
-    return dcg / ideal
+    return dcg / ideal if gold else 0.0
 
 
 def retrieval_metrics(ranked_ids: Sequence[str], gold: Iterable[str]) -> dict[str, float]:
@@ -214,8 +206,7 @@ def retrieval_metrics(ranked_ids: Sequence[str], gold: Iterable[str]) -> dict[st
 
 
 def ranking_row(item: dict, mode: str, ranked: Sequence[str], **fields: Any) -> dict:
-    """One results.jsonl row of a ranking of ``item``'s query: its gold passages, the rank of the
-    first and :func:`retrieval_metrics`, after ``fields``."""
+    """The results.jsonl row of a ranking for ``item``: ``fields``, gold and its metrics."""
     gold = gold_ids(item)
     return {
         "item": item_id(item),
@@ -230,8 +221,7 @@ def ranking_row(item: dict, mode: str, ranked: Sequence[str], **fields: Any) -> 
 
 
 def summarize_rankings(rows: Sequence[dict], max_k: int = 10) -> dict[str, Any]:
-    """Recall@1/5/10, MRR with its bootstrap interval, nDCG@10 and the Recall@k curve of rows
-    made by :func:`ranking_row`."""
+    """Recall@1/5/10, MRR (bootstrap CI), nDCG@10, Recall@k curve of :func:`ranking_row` rows."""
     rr = [r["rr"] for r in rows]
     return {
         "n": len(rows),
@@ -247,9 +237,7 @@ def recall_curve(ranks: Sequence[int | None], max_k: int = 10) -> list[float]:
     """Recall@k for k = 1..max_k from the rank of the gold passage of each item (None = missed)."""
     if not ranks:
         return []
-    return [
-        sum(1 for r in ranks if r is not None and r <= k) / len(ranks) for k in range(1, max_k + 1)
-    ]
+    return [mean(r is not None and r <= k for r in ranks) for k in range(1, max_k + 1)]
 
 
 def mean(values: Iterable[float]) -> float:
@@ -274,8 +262,7 @@ def bootstrap_ci(values: Sequence[float]) -> tuple[float, float]:
 
 
 def wilson_ci(successes: int, n: int) -> tuple[float, float]:
-    """95% Wilson score interval of a proportion; unlike the bootstrap it is not degenerate at 0
-    or n."""
+    """95% Wilson interval of a proportion (unlike the bootstrap's, not degenerate at 0 or n)."""
     if n == 0:
         return (float("nan"), float("nan"))
     from scipy.stats import binomtest
@@ -343,8 +330,7 @@ def settings_record(settings: Settings) -> dict[str, Any]:
 
 
 def llm_record(settings: Settings, roles: Sequence[str] = ("mc_select", "rewrite")) -> dict:
-    """Provider, model and base URL (without credentials) each role resolves to — no key — or
-    the configuration error."""
+    """Provider, model and base URL (no credentials, no key) of each role, or its config error."""
 
     def record(role: str) -> dict[str, Any]:
         try:
@@ -377,8 +363,7 @@ def agent_context(settings: Settings, client: Any) -> AgentContext:
 
 
 def usage_of(client: Any) -> dict[str, Any]:
-    """``client.summary()`` of everything it recorded, without the per-role breakdown
-    (one flat row per eval item)."""
+    """``client.summary()`` without the per-role breakdown: one flat row per eval item."""
     return {k: v for k, v in client.summary().items() if k != "by_role"}
 
 
@@ -696,8 +681,7 @@ def markdown_table(records: Sequence[Mapping[str, Any]]) -> str:
 
 
 def text_table(records: Sequence[Mapping[str, Any]], rule: bool = True) -> str:
-    """A plain aligned table for the terminal, one row per record ("" for none); ``rule`` draws
-    a line of dashes under the header."""
+    """:func:`markdown_table` as aligned text; ``rule``: dashes under the header."""
     if not records:
         return ""
     cells = _cells(records)

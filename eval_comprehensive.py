@@ -146,8 +146,7 @@ def run_retrieval_item(
 
 
 def _mc_fields(answer: Mapping[str, Any]) -> dict:
-    """A row's answer fields from an ``mc.MCResult.to_dict()`` ({} when the agent ended before
-    mc_select)."""
+    """A row's answer fields from ``mc.MCResult.to_dict()`` ({}: the run ended before mc_select)."""
     return {
         "predicted": answer.get("letter"),
         "strategy": answer.get("strategy", "none"),
@@ -477,8 +476,7 @@ def build_injection_parser() -> argparse.ArgumentParser:
 
 
 def read_injection_set(path: Path, split: str | None = None) -> list[dict]:
-    """Rows of a labelled injection file; a missing file or bad row is a ValueError naming the
-    file (and row)."""
+    """Rows of a labelled injection file; a bad row is a ValueError naming the file and row."""
     rows, seen = [], set()
     for n, rec in load_corpus.iter_rows(path):
         if not str(rec.get("text") or "").strip():
@@ -715,8 +713,7 @@ def agent_answer(
 
 
 def record_sentences(record: Mapping[str, Any]) -> list[dict]:
-    """The answer record's legal sentences with the issue each answers and the passage ids it
-    cites."""
+    """The answer record's legal sentences, each with its issue and the passage ids it cites."""
     ids = {c["n"]: c["passage_id"] for c in record.get("citations") or []}
     return [
         {
@@ -768,8 +765,7 @@ def steer_hits(
 def answer_rows(
     run_dir: ec.RunDir, items: Sequence[Mapping[str, Any]], modes: Sequence[str]
 ) -> list[dict]:
-    """The run's answer rows of ``items`` in ``modes``, each with its grade when one was written
-    (``answers_grade`` rows)."""
+    """The run's answer rows of ``items`` in ``modes``, each with its ``answers_grade`` if any."""
     wanted = {it["id"] for it in items}
     grades = {
         (r["item"], r["mode"]): {"grade": r.get("grade"), "reason": r.get("reason")}
@@ -804,8 +800,7 @@ def grade_answer_rows(
 
 
 def read_answer_items(args: argparse.Namespace) -> list[dict]:
-    """The open questions (or with ``--facts`` the fact patterns of ``--split``), first N; a bad
-    file or no item is a one-line error naming the file."""
+    """The first N open questions (``--facts``: fact patterns of ``--split``); none is an error."""
     default = eval_answers.FACT_PATTERNS if args.facts else eval_answers.OPEN_QUESTIONS
     path = Path(args.qa) if args.qa else default
     if not path.exists():
@@ -916,8 +911,7 @@ SUBCOMMANDS = {
     "answers": (build_answers_parser, run_answers_phase, lambda s: answers_table(s["answers"])),
     "injection": (build_injection_parser, run_injection, render_injection_markdown),
 }
-"""The phases with their own parser (each is the first argument): the parser, the run, the
-summary as printed."""
+"""The phases with their own parser (the first argument): parser, run, summary as printed."""
 PHASES = {
     "retrieval": (
         "[N] [--variants V,...] [--columns C,...] [--reranker R]",

@@ -155,8 +155,7 @@ def _print_steps(out: Callable[[str], None], steps: Sequence[dict], gate: float)
 
 
 def _print_answer(out: Callable[[str], None], record: dict) -> None:
-    """The answer record per issue: its status and outcome, and how many rule, application and
-    conclusion sentences it has; then the bottom line and the guards that fired."""
+    """Per issue its status, outcome and sentences by role; the bottom line; the guards fired."""
     out("answer stage (per issue: rule, application, conclusion):")
     for issue in record.get("issues") or []:
         roles = Counter(s["role"] for s in issue.get("sentences") or [])
@@ -434,11 +433,9 @@ def main(argv: Sequence[str] | None = None, *, llm_factory: ec.LLMFactory = None
         answer_mode=args.mode,
         research_policy=args.policy,
     )
-    if rc:
-        return rc
-    if args.json:
+    if args.json and not rc:
         print(json.dumps(cases, indent=2, ensure_ascii=False, default=str))
-    return 0
+    return rc
 
 
 if __name__ == "__main__":
