@@ -224,45 +224,43 @@ def trace_query(
     record = state.get("answer") or {}
     reading = state.get("reading") or {}
     lean = _lean_row(state, gold, settings)
-    case.update(
-        {
-            "trace": events,
-            "injection_check": reading.get("injection"),
-            "question_area": reading.get("area"),
-            "question_topic": reading.get("topic"),
-            "legal_question": reading.get("legal"),
-            "decline": reading.get("decline") or "",
-            "issues": nodes.planned(state),  # type: ignore[arg-type]
-            "researched_issues": [s["issue"] for s in steps if s.get("phase") == "rule"],
-            "not_researched": nodes.unresearched_issues(state),  # type: ignore[arg-type]
-            "jurisdiction": reading.get("within") or "",
-            "steps": steps,
-            "lean": lean,
-            "memory_hit": bool(nodes.recalled(state)),  # type: ignore[arg-type]
-            "answer_record": record,
-            "final_answer": answer_stage.AnswerRecord.shown(record),
-            "abstained": bool(record.get("abstained")),
-            "sources": [
-                {
-                    "id": c.get("passage_id"),
-                    "title": c.get("title"),
-                    "gold": c.get("passage_id") in gold,
-                    "preview": ec.preview(c.get("support"), 200),
-                }
-                for c in record.get("citations") or []
-            ],
-            "steps_completed": sum(s["status"] == "completed" for s in steps),
-            "steps_failed": sum(s["status"] == "failed" for s in steps),
-            "gold_in_steps": any(p["gold"] for s in steps for p in s["passages"]),
-            "stop_reason": state.get("stop_reason") or "",
-            "error": state.get("error"),
-            "fallbacks": state.get("fallbacks") or [],
-            "agent_s": round(agent_s, 3),
-            "llm": usage,
-            "chain_of_thought": state.get("chain_of_thought") or [],
-            "run_metrics": state.get("run_metrics") or {},
-        }
-    )
+    case |= {
+        "trace": events,
+        "injection_check": reading.get("injection"),
+        "question_area": reading.get("area"),
+        "question_topic": reading.get("topic"),
+        "legal_question": reading.get("legal"),
+        "decline": reading.get("decline") or "",
+        "issues": nodes.planned(state),  # type: ignore[arg-type]
+        "researched_issues": [s["issue"] for s in steps if s.get("phase") == "rule"],
+        "not_researched": nodes.unresearched_issues(state),  # type: ignore[arg-type]
+        "jurisdiction": reading.get("within") or "",
+        "steps": steps,
+        "lean": lean,
+        "memory_hit": bool(nodes.recalled(state)),  # type: ignore[arg-type]
+        "answer_record": record,
+        "final_answer": answer_stage.AnswerRecord.shown(record),
+        "abstained": bool(record.get("abstained")),
+        "sources": [
+            {
+                "id": c.get("passage_id"),
+                "title": c.get("title"),
+                "gold": c.get("passage_id") in gold,
+                "preview": ec.preview(c.get("support"), 200),
+            }
+            for c in record.get("citations") or []
+        ],
+        "steps_completed": sum(s["status"] == "completed" for s in steps),
+        "steps_failed": sum(s["status"] == "failed" for s in steps),
+        "gold_in_steps": any(p["gold"] for s in steps for p in s["passages"]),
+        "stop_reason": state.get("stop_reason") or "",
+        "error": state.get("error"),
+        "fallbacks": state.get("fallbacks") or [],
+        "agent_s": round(agent_s, 3),
+        "llm": usage,
+        "chain_of_thought": state.get("chain_of_thought") or [],
+        "run_metrics": state.get("run_metrics") or {},
+    }
     _print_steps(out, steps, settings.agent.lean_gate)
     if case["not_researched"]:
         out(f"not researched (MAX_STEPS): {'; '.join(case['not_researched'])}")
