@@ -553,11 +553,9 @@ class RunDir:
         path, done = self.path / "errors.jsonl", self.done()
         lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
         errors = []
-        for line in lines:
-            try:
+        for line in lines:  # a line a crash cut short, and the next one appended to it, are skipped
+            with contextlib.suppress(json.JSONDecodeError):
                 errors.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
         return [e for e in errors if (str(e["item"]), e["mode"]) not in done]
 
     def check_config(self, config: dict[str, Any], keys: Sequence[str]) -> None:
@@ -613,11 +611,8 @@ def _append_line(path: Path, row: dict, sync: bool = False) -> None:
 
 
 def _json_default(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    return str(obj)
+    """numpy scalars and arrays as Python values, anything else as its str."""
+    return obj.tolist() if isinstance(obj, np.generic | np.ndarray) else str(obj)
 
 
 def run_tasks(
