@@ -130,9 +130,7 @@ def score_answer(
         misgrounded = len(_misgrounded(sentences, gold, same_doctrine))
     # what the answer states: its sentences, not the lists of issues it set aside or left
     # unresearched ("Not answered: Dying declarations" had covered "dying declaration")
-    stated = (
-        " ".join(str(s.get("text") or "") for s in sentences) if "sentences" in result else answer
-    )
+    stated = " ".join(str(s.get("text") or "") for s in sentences)
     points = item.get("key_points") or []
     hits = [False] * len(points) if abstained else key_point_hits(stated, points)
     q_ok, q_n = quote_validity(result.get("quotes") or [], result.get("passages") or {})
