@@ -9,7 +9,7 @@ legal sentence), ``passages`` ({id: text} the run saw), and optionally ``quotes`
 from __future__ import annotations
 
 import re
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from itertools import zip_longest
 from pathlib import Path
@@ -39,8 +39,7 @@ class AnswerGrade(BaseModel):
 
 
 def _read_items(path: Path, fields: set[str]) -> list[dict]:
-    """The JSON objects of a JSONL file (``load_corpus.iter_rows`` names a bad row); a ValueError
-    names an item without one of ``fields``."""
+    """The items of a JSONL file; a ValueError names one without one of ``fields``."""
     items = [item for _, item in load_corpus.iter_rows(path)]
     for item in items:
         if missing := fields - set(item):
@@ -61,10 +60,8 @@ def load_open_questions(path: str | Path | None = None) -> list[dict]:
 def interleave_categories(items: Sequence[Mapping[str, Any]]) -> list[dict]:
     """Round-robin over the categories (file order within each), so the first ``n`` questions, or
     a run cut short, cover every category instead of the file's first one."""
-    groups: dict[str, list[dict]] = defaultdict(list)
-    for item in items:
-        groups[str(item["category"])].append(dict(item))
-    return [it for turn in zip_longest(*groups.values()) for it in turn if it is not None]
+    turns = zip_longest(*ec.group_by(items, "category").values())
+    return [dict(it) for turn in turns for it in turn if it is not None]
 
 
 # --- Pure metrics of one answer -----------------------------------------------------------------
@@ -73,8 +70,7 @@ def interleave_categories(items: Sequence[Mapping[str, Any]]) -> list[dict]:
 def citation_counts(
     sentences: Sequence[Mapping[str, Any]], passages: Mapping[str, Any]
 ) -> dict[str, int]:
-    """Legal sentences, those citing a passage, and those whose every cited passage is one the run
-    saw (``passages``)."""
+    """Legal sentences, those citing a passage, and those citing only ``passages`` the run saw."""
     cited = [s for s in sentences if s.get("passage_ids")]
     valid = [s for s in cited if all(p in passages for p in s["passage_ids"])]
     return {"sentences": len(sentences), "cited": len(cited), "valid": len(valid)}
@@ -134,9 +130,7 @@ def score_answer(
         misgrounded = len(_misgrounded(sentences, gold, same_doctrine))
     # what the answer states: its sentences, not the lists of issues it set aside or left
     # unresearched ("Not answered: Dying declarations" had covered "dying declaration")
-    stated = (
-        " ".join(str(s.get("text") or "") for s in sentences) if "sentences" in result else answer
-    )
+    stated = " ".join(str(s.get("text") or "") for s in sentences)
     points = item.get("key_points") or []
     hits = [False] * len(points) if abstained else key_point_hits(stated, points)
     q_ok, q_n = quote_validity(result.get("quotes") or [], result.get("passages") or {})
@@ -269,8 +263,7 @@ def summarize_mode(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "uncited_sentences": sum(r["sentences"] - r["cited_sentences"] for r in answered),
         # answered questions with gold passages: sentences citing another doctrine's passages
         "misgrounded_sentences": _share(
-            sum(r["misgrounded_sentences"] for r in grounded),
-            sum(r["sentences"] for r in grounded),
+            sum(r["misgrounded_sentences"] for r in grounded), sum(r["sentences"] for r in grounded)
         ),
         "quote_validity": _share(
             sum(r["quotes_valid"] for r in rows), sum(r["quotes_verified"] for r in rows)
@@ -285,11 +278,9 @@ def summarize_mode(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def summarize_answers(
     rows: Sequence[Mapping[str, Any]], facts: bool = False
 ) -> dict[str, dict[str, Any]]:
-    """:func:`summarize_mode` (:func:`summarize_fact_mode` of fact-pattern rows) of each mode's
-    rows, the modes in the order they first occur."""
+    """Each mode's :func:`summarize_mode` (``facts``: :func:`summarize_fact_mode`)."""
     summarize = summarize_fact_mode if facts else summarize_mode
-    modes = dict.fromkeys(r["mode"] for r in rows)
-    return {mode: summarize([r for r in rows if r["mode"] == mode]) for mode in modes}
+    return {mode: summarize(rs) for mode, rs in ec.group_by(rows, "mode").items()}
 
 
 # --- Fact patterns: issues found, conclusions reached, misgrounded sentences --------------------
@@ -392,8 +383,7 @@ def summarize_fact_mode(rs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "conclusion_correct": _share(sum(r["conclusion_correct"] for r in rs), len(rs)),
         "verdict_correct": _share(sum(r["verdict_correct"] for r in rs), len(rs)),
         "verdicts_shown_right": _share(
-            sum(r["verdict_correct"] for r in rs),
-            sum(r["verdict"] in ("yes", "no") for r in rs),
+            sum(r["verdict_correct"] for r in rs), sum(r["verdict"] in ("yes", "no") for r in rs)
         ),
         "support_table": support_table(rs),
         "declined": _share(sum(r["abstained"] for r in rs), len(rs)),

@@ -4,6 +4,7 @@ the CLI scaffolding, tables and plots."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -45,8 +46,7 @@ LLMFactory = Callable[[str], Any] | None
 
 
 def load_qa(path: str | os.PathLike[str]) -> list[dict]:
-    """The multiple-choice items of ``path``; items without four choices or an answer letter are
-    dropped with a warning."""
+    """The multiple-choice items of ``path`` (the others dropped with a warning)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"QA file not found: {path}")
@@ -73,8 +73,7 @@ def read_inputs(qa: str | None, passages: str | None) -> tuple[Path, list[dict],
 
 
 def index_corpus(settings: Settings, passages: list[dict] | None, source: str | None) -> None:
-    """Index the passages read from ``source`` (``--passages``), or the starter corpus when none
-    were given."""
+    """Index the ``--passages`` read from ``source``, or the starter corpus when None."""
     if passages is None:
         load_corpus.ensure_starter_index(settings)
         return
@@ -84,7 +83,7 @@ def index_corpus(settings: Settings, passages: list[dict] | None, source: str | 
         logger.warning(
             "%d passages of %s are now in the index at CHROMA_DIR %s, which main.py answers "
             "from too; `make clean-index` removes them",
-            added, source, settings.retrieval.chroma_host or settings.retrieval.chroma_dir,
+            added, source, settings.retrieval.chroma_host or settings.retrieval.chroma_dir
         )  # fmt: skip
 
 
@@ -122,9 +121,8 @@ def gold_ids(item: dict) -> list[str]:
     raw = item.get("gold_idx")
     if _missing(raw):
         return []
-    if isinstance(raw, list | tuple):
-        return [str(x).strip() for x in raw if str(x).strip()]
-    return [p.strip() for p in re.split(r"[;,]", str(raw)) if p.strip()]
+    parts = raw if isinstance(raw, list | tuple) else re.split(r"[;,]", str(raw))
+    return [p for x in parts if (p := str(x).strip())]
 
 
 def question_with_choices(item: dict) -> str:
@@ -144,8 +142,7 @@ def with_gold_in_store(items: Sequence[dict], settings: Settings) -> list[dict]:
 
 
 def items_with_gold(items: Sequence[dict], settings: Settings, qa_path: Path) -> list[dict]:
-    """The items with a gold passage in the store (the others skipped with a warning); a
-    ValueError when there is none."""
+    """:func:`with_gold_in_store`, the others skipped with a warning; a ValueError if none."""
     with_gold = with_gold_in_store(items, settings)
     if len(with_gold) < len(items):
         logger.warning(
@@ -160,6 +157,14 @@ def items_with_gold(items: Sequence[dict], settings: Settings, qa_path: Path) ->
             "with --passages"
         )
     return with_gold
+
+
+def group_by(rows: Iterable[Mapping[str, Any]], key: str) -> dict[Any, list]:
+    """``rows`` by their value of ``key``, in the order the values first occur."""
+    groups: dict[Any, list] = {}
+    for row in rows:
+        groups.setdefault(row[key], []).append(row)
+    return groups
 
 
 def preview(text: str | None, n: int = 160) -> str:
@@ -179,19 +184,15 @@ def gold_rank(ranked_ids: Sequence[str], gold: Iterable[str]) -> int | None:
 def recall_at_k(ranked_ids: Sequence[str], gold: Iterable[str], k: int) -> float:
     """Share of the gold passages found in the top k (0.0 when there is no gold)."""
     gold = set(gold)
-    if not gold:
-        return 0.0
-    return len(gold & set(ranked_ids[:k])) / len(gold)
+    return len(gold & set(ranked_ids[:k])) / len(gold) if gold else 0.0
 
 
 def ndcg_at_k(ranked_ids: Sequence[str], gold: Iterable[str], k: int = 10) -> float:
     """nDCG@k with binary relevance: sum 1/log2(rank+1) over gold hits, over the ideal value."""
     gold = set(gold)
-    if not gold:
-        return 0.0
     dcg = sum(1.0 / math.log2(i + 2) for i, d in enumerate(ranked_ids[:k]) if d in gold)
     ideal = sum(1.0 / math.log2(i + 2) for i in range(min(len(gold), k)))
-    return dcg / ideal
+    return dcg / ideal if gold else 0.0
 
 
 def retrieval_metrics(ranked_ids: Sequence[str], gold: Iterable[str]) -> dict[str, float]:
@@ -205,8 +206,7 @@ def retrieval_metrics(ranked_ids: Sequence[str], gold: Iterable[str]) -> dict[st
 
 
 def ranking_row(item: dict, mode: str, ranked: Sequence[str], **fields: Any) -> dict:
-    """One results.jsonl row of a ranking of ``item``'s query: its gold passages, the rank of the
-    first and :func:`retrieval_metrics`, after ``fields``."""
+    """The results.jsonl row of a ranking for ``item``: ``fields``, gold and its metrics."""
     gold = gold_ids(item)
     return {
         "item": item_id(item),
@@ -221,8 +221,7 @@ def ranking_row(item: dict, mode: str, ranked: Sequence[str], **fields: Any) -> 
 
 
 def summarize_rankings(rows: Sequence[dict], max_k: int = 10) -> dict[str, Any]:
-    """Recall@1/5/10, MRR with its bootstrap interval, nDCG@10 and the Recall@k curve of rows
-    made by :func:`ranking_row`."""
+    """Recall@1/5/10, MRR (bootstrap CI), nDCG@10, Recall@k curve of :func:`ranking_row` rows."""
     rr = [r["rr"] for r in rows]
     return {
         "n": len(rows),
@@ -238,9 +237,7 @@ def recall_curve(ranks: Sequence[int | None], max_k: int = 10) -> list[float]:
     """Recall@k for k = 1..max_k from the rank of the gold passage of each item (None = missed)."""
     if not ranks:
         return []
-    return [
-        sum(1 for r in ranks if r is not None and r <= k) / len(ranks) for k in range(1, max_k + 1)
-    ]
+    return [mean(r is not None and r <= k for r in ranks) for k in range(1, max_k + 1)]
 
 
 def mean(values: Iterable[float]) -> float:
@@ -265,8 +262,7 @@ def bootstrap_ci(values: Sequence[float]) -> tuple[float, float]:
 
 
 def wilson_ci(successes: int, n: int) -> tuple[float, float]:
-    """95% Wilson score interval of a proportion; unlike the bootstrap it is not degenerate at 0
-    or n."""
+    """95% Wilson interval of a proportion (unlike the bootstrap's, not degenerate at 0 or n)."""
     if n == 0:
         return (float("nan"), float("nan"))
     from scipy.stats import binomtest
@@ -334,8 +330,7 @@ def settings_record(settings: Settings) -> dict[str, Any]:
 
 
 def llm_record(settings: Settings, roles: Sequence[str] = ("mc_select", "rewrite")) -> dict:
-    """Provider, model and base URL (without credentials) each role resolves to — no key — or
-    the configuration error."""
+    """Provider, model and base URL (no credentials, no key) of each role, or its config error."""
 
     def record(role: str) -> dict[str, Any]:
         try:
@@ -368,8 +363,7 @@ def agent_context(settings: Settings, client: Any) -> AgentContext:
 
 
 def usage_of(client: Any) -> dict[str, Any]:
-    """``client.summary()`` of everything it recorded, without the per-role breakdown
-    (one flat row per eval item)."""
+    """``client.summary()`` without the per-role breakdown: one flat row per eval item."""
     return {k: v for k, v in client.summary().items() if k != "by_role"}
 
 
@@ -494,24 +488,17 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         self.rows: list[dict] = self._read_rows()
         self.errors: list[dict] = []
+        self.interrupted = False
 
     def _read_rows(self) -> list[dict]:
         if not self.resumed:
             return []
         raw = self.results_path.read_bytes()
-        rows, good = [], 0
-        for line in raw.splitlines(keepends=True):
-            if not line.endswith(b"\n"):
-                break
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-            good += len(line)
-        if good < len(raw):
+        whole = raw[: raw.rfind(b"\n") + 1]  # a row cut off by a crash has no newline yet
+        if len(whole) < len(raw):
             logger.warning("%s: dropping an incomplete last row", self.results_path)
-            os.truncate(self.results_path, good)
-        return rows
+            os.truncate(self.results_path, len(whole))
+        return [json.loads(line) for line in whole.splitlines()]
 
     def done(self) -> set[tuple[str, str]]:
         return {(str(r["item"]), str(r["mode"])) for r in self.rows}
@@ -546,16 +533,29 @@ class RunDir:
             _append_line(self.path / "errors.jsonl", error)
             self.errors.append(error)
 
+    @contextlib.contextmanager
+    def until_interrupted(self, resume_flag: str = "--run-id") -> Iterator[None]:
+        """Ctrl-C ends the block, not the command: the rows so far stay, ``interrupted`` is set
+        and the log says how to finish the run."""
+        try:
+            yield
+        except KeyboardInterrupt:
+            self.interrupted = True
+            logger.warning(
+                "interrupted: %d rows are saved; resume with %s %s",
+                len(self.rows),
+                resume_flag,
+                self.run_id,
+            )
+
     def open_errors(self) -> list[dict]:
         """The errors.jsonl entries whose (item, mode) pair still has no row."""
         path, done = self.path / "errors.jsonl", self.done()
         lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
         errors = []
-        for line in lines:
-            try:
+        for line in lines:  # a line a crash cut short, and the next one appended to it, are skipped
+            with contextlib.suppress(json.JSONDecodeError):
                 errors.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
         return [e for e in errors if (str(e["item"]), e["mode"]) not in done]
 
     def check_config(self, config: dict[str, Any], keys: Sequence[str]) -> None:
@@ -611,11 +611,8 @@ def _append_line(path: Path, row: dict, sync: bool = False) -> None:
 
 
 def _json_default(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    return str(obj)
+    """numpy scalars and arrays as Python values, anything else as its str."""
+    return obj.tolist() if isinstance(obj, np.generic | np.ndarray) else str(obj)
 
 
 def run_tasks(
@@ -679,8 +676,7 @@ def markdown_table(records: Sequence[Mapping[str, Any]]) -> str:
 
 
 def text_table(records: Sequence[Mapping[str, Any]], rule: bool = True) -> str:
-    """A plain aligned table for the terminal, one row per record ("" for none); ``rule`` draws
-    a line of dashes under the header."""
+    """:func:`markdown_table` as aligned text; ``rule``: dashes under the header."""
     if not records:
         return ""
     cells = _cells(records)

@@ -13,7 +13,7 @@ import json
 import logging
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -146,8 +146,7 @@ def run_retrieval_item(
 
 
 def _mc_fields(answer: Mapping[str, Any]) -> dict:
-    """A row's answer fields from an ``mc.MCResult.to_dict()`` ({} when the agent ended before
-    mc_select)."""
+    """A row's answer fields from ``mc.MCResult.to_dict()`` ({}: the run ended before mc_select)."""
     return {
         "predicted": answer.get("letter"),
         "strategy": answer.get("strategy", "none"),
@@ -252,10 +251,7 @@ def run_mc_item(
 
 
 def summarize_retrieval(rows: Sequence[dict]) -> dict[str, dict]:
-    by_variant: dict[str, list[dict]] = defaultdict(list)
-    for r in rows:
-        if r.get("phase") == "retrieval":
-            by_variant[r["variant"]].append(r)
+    by_variant = ec.group_by((r for r in rows if r.get("phase") == "retrieval"), "variant")
     return {
         v: {
             **ec.summarize_rankings(by_variant[v], RETRIEVAL_K),
@@ -267,19 +263,16 @@ def summarize_retrieval(rows: Sequence[dict]) -> dict[str, dict]:
 
 
 def summarize_mc(rows: Sequence[dict]) -> dict[str, dict]:
-    by_mode: dict[str, dict[str, dict]] = defaultdict(dict)
-    for r in rows:
-        if r.get("phase") == "mc":
-            by_mode[r["mode"]][r["item"]] = r
+    by_mode = {
+        mode: {r["item"]: r for r in rs}
+        for mode, rs in ec.group_by((r for r in rows if r.get("phase") == "mc"), "mode").items()
+    }
     base = by_mode.get("llm_only", {})
     out: dict[str, dict] = {}
     for mode in [m for m in MODES if m in by_mode]:
         rs = list(by_mode[mode].values())
         correct = [bool(r["correct"]) for r in rs]
-        lo, hi = ec.bootstrap_ci([float(c) for c in correct])
-        subjects: dict[str, list[bool]] = defaultdict(list)
-        for r in rs:
-            subjects[r["subject"]].append(bool(r["correct"]))
+        lo, hi = ec.bootstrap_ci(correct)
         entry: dict[str, Any] = {
             "n": len(rs),
             "correct": sum(correct),
@@ -294,7 +287,8 @@ def summarize_mc(rows: Sequence[dict]) -> dict[str, dict]:
             "strategies": dict(Counter(r.get("strategy") or "none" for r in rs)),
             **{f"{k}_per_q": ec.mean(r.get(k) or 0 for r in rs) for k in PER_Q},
             "per_subject": {
-                s: {"n": len(v), "accuracy": ec.accuracy(v)} for s, v in sorted(subjects.items())
+                s: {"n": len(v), "accuracy": ec.accuracy(r["correct"] for r in v)}
+                for s, v in sorted(ec.group_by(rs, "subject").items())
             },
         }
         if mode == "lean":
@@ -311,8 +305,7 @@ def summarize_mc(rows: Sequence[dict]) -> dict[str, dict]:
             entry["accuracy_grounded"] = ec.accuracy(grounded) if grounded else None
         if any("gold_in_evidence" in r for r in rs):
             entry["gold_in_evidence_rate"] = ec.accuracy(r.get("gold_in_evidence") for r in rs)
-        common = sorted(set(by_mode[mode]) & set(base)) if mode != "llm_only" else []
-        if common:
+        if mode != "llm_only" and (common := sorted(set(by_mode[mode]) & set(base))):
             a = [bool(base[i]["correct"]) for i in common]
             b = [bool(by_mode[mode][i]["correct"]) for i in common]
             diff = [float(y) - float(x) for x, y in zip(a, b, strict=True)]
@@ -325,17 +318,15 @@ def summarize_mc(rows: Sequence[dict]) -> dict[str, dict]:
     return out
 
 
-def write_summary(
-    run: ec.RunDir, config: dict[str, Any], started: float, interrupted: bool
-) -> dict[str, Any]:
+def write_summary(run: ec.RunDir, config: dict[str, Any], started: float) -> dict[str, Any]:
     """The run's summary, written with its markdown page and plots."""
     rows, open_errors = run.rows, run.open_errors()
     mc_items = {r["item"]: r["answer"] for r in rows if r.get("phase") == "mc"}
-    letters = Counter(mc_items.values())
+    letters = dict(sorted(Counter(mc_items.values()).items()))
     summary = {
         "run_id": run.run_id,
         "config": config,
-        "answer_letters": dict(sorted(letters.items())),
+        "answer_letters": letters,
         "constant_letter_baseline": max(letters.values()) / len(mc_items) if mc_items else None,
         "retrieval": summarize_retrieval(rows),
         "mc": summarize_mc(rows),
@@ -344,7 +335,7 @@ def write_summary(
         "unresolved_errors": len({(e["item"], e["mode"]) for e in open_errors}),
         "error_examples": [e.get("error") for e in open_errors[:5]],
         "wall_seconds_this_invocation": round(time.time() - started, 2),
-        "interrupted": interrupted,
+        "interrupted": run.interrupted,
     }
     run.write_json("summary.json", summary)
     run.write_text("summary.md", render_markdown(summary))
@@ -485,8 +476,7 @@ def build_injection_parser() -> argparse.ArgumentParser:
 
 
 def read_injection_set(path: Path, split: str | None = None) -> list[dict]:
-    """Rows of a labelled injection file; a missing file or bad row is a ValueError naming the
-    file (and row)."""
+    """Rows of a labelled injection file; a bad row is a ValueError naming the file and row."""
     rows, seen = [], set()
     for n, rec in load_corpus.iter_rows(path):
         if not str(rec.get("text") or "").strip():
@@ -510,9 +500,7 @@ def summarize_injection(rows: Sequence[dict]) -> dict[str, Any]:
     attacks = [r for r in rows if r["label"] == "injection"]
     safe = [r for r in rows if r["label"] == "safe"]
     tp, fp = sum(r["flagged"] for r in attacks), sum(r["flagged"] for r in safe)
-    styles: dict[str, list[dict]] = defaultdict(list)
-    for r in rows:
-        styles[r["style"]].append(r)
+    styles = ec.group_by(rows, "style")
     label = {s: rs[0]["label"] for s, rs in styles.items()}  # a style's prompts share a label
     wrong = {s: [r["item"] for r in rs if not r["correct"]] for s, rs in styles.items()}
     return {
@@ -545,7 +533,6 @@ def summarize_injection(rows: Sequence[dict]) -> dict[str, Any]:
 
 def render_injection_markdown(summary: dict[str, Any]) -> str:
     inj, cfg = summary["injection"], summary["config"]
-    ci = lambda c: f"{ec.fmt_num(c[0])}–{ec.fmt_num(c[1])}"  # noqa: E731
     wrong = inj["misses"] | inj["false_positives"]
     lines = [
         f"# Injection detection — {summary['run_id']}",
@@ -559,7 +546,7 @@ def render_injection_markdown(summary: dict[str, Any]) -> str:
                 {
                     "metric": name,
                     "value": inj[key],
-                    "95% CI (Wilson)": ci(inj[f"{key}_ci"]),
+                    "95% CI (Wilson)": "–".join(map(ec.fmt_num, inj[f"{key}_ci"])),
                     "pre-screen alone": inj[f"prescreen_{key}"],
                 }
                 for name, key in (("recall", "recall"), ("false-positive rate", "fpr"))
@@ -624,18 +611,10 @@ def run_injection(
             row.update(ec.usage_of(client))
         return row
 
-    interrupted = False
-    try:
+    with run_dir.until_interrupted():
         run_dir.run(
-            one,
-            items,
-            key=lambda it: (it["id"], mode),
-            desc="injection",
-            fatal=ec.USER_ERRORS,
+            one, items, key=lambda it: (it["id"], mode), desc="injection", fatal=ec.USER_ERRORS
         )
-    except KeyboardInterrupt:
-        interrupted = True
-        logger.warning("interrupted: rerun with --run-id %s to finish", run_dir.run_id)
     wanted = {it["id"] for it in items}
     rows = [r for r in run_dir.rows if r["item"] in wanted and r["mode"] == mode]
     summary = {
@@ -643,7 +622,7 @@ def run_injection(
         "config": config,
         "injection": summarize_injection(rows),
         "items_without_result": len(wanted) - len(rows),
-        "interrupted": interrupted,
+        "interrupted": run_dir.interrupted,
         "wall_seconds_this_invocation": round(time.time() - started, 2),
     }
     run_dir.write_json("summary.json", summary)
@@ -734,8 +713,7 @@ def agent_answer(
 
 
 def record_sentences(record: Mapping[str, Any]) -> list[dict]:
-    """The answer record's legal sentences with the issue each answers and the passage ids it
-    cites."""
+    """The answer record's legal sentences, each with its issue and the passage ids it cites."""
     ids = {c["n"]: c["passage_id"] for c in record.get("citations") or []}
     return [
         {
@@ -787,8 +765,7 @@ def steer_hits(
 def answer_rows(
     run_dir: ec.RunDir, items: Sequence[Mapping[str, Any]], modes: Sequence[str]
 ) -> list[dict]:
-    """The run's answer rows of ``items`` in ``modes``, each with its grade when one was written
-    (``answers_grade`` rows)."""
+    """The run's answer rows of ``items`` in ``modes``, each with its ``answers_grade`` if any."""
     wanted = {it["id"] for it in items}
     grades = {
         (r["item"], r["mode"]): {"grade": r.get("grade"), "reason": r.get("reason")}
@@ -823,8 +800,7 @@ def grade_answer_rows(
 
 
 def read_answer_items(args: argparse.Namespace) -> list[dict]:
-    """The open questions (or with ``--facts`` the fact patterns of ``--split``), first N; a bad
-    file or no item is a one-line error naming the file."""
+    """The first N open questions (``--facts``: fact patterns of ``--split``); none is an error."""
     default = eval_answers.FACT_PATTERNS if args.facts else eval_answers.OPEN_QUESTIONS
     path = Path(args.qa) if args.qa else default
     if not path.exists():
@@ -890,8 +866,7 @@ def run_answers_phase(
             row["steer"] = steer_hits(steer_context(), item, row.get("others") or [], cited)
         return {**row, "item": row["id"], "phase": "answers"}
 
-    interrupted = False
-    try:
+    with run_dir.until_interrupted():
         run_dir.run(  # one item's modes in a row, so a run cut short stays paired
             answer,
             [(item, mode) for item in items for mode in modes],
@@ -901,12 +876,9 @@ def run_answers_phase(
         if args.grade:
             judge = LLMClient(settings, llm_factory=llm_factory)
             grade_answer_rows(run_dir, items, modes, judge, config["judge"])
-    except KeyboardInterrupt:
-        interrupted = True
-        logger.warning("interrupted: rerun with --run-id %s to finish", run_dir.run_id)
     answers = eval_answers.summarize_answers(answer_rows(run_dir, items, modes), args.facts)
     summary = {"run_id": run_dir.run_id, "config": config, "answers": answers}
-    summary |= {"interrupted": interrupted, "failed": len(run_dir.errors)}
+    summary |= {"interrupted": run_dir.interrupted, "failed": len(run_dir.errors)}
     run_dir.write_json("summary.json", summary)
     return summary
 
@@ -939,8 +911,7 @@ SUBCOMMANDS = {
     "answers": (build_answers_parser, run_answers_phase, lambda s: answers_table(s["answers"])),
     "injection": (build_injection_parser, run_injection, render_injection_markdown),
 }
-"""The phases with their own parser (each is the first argument): the parser, the run, the
-summary as printed."""
+"""The phases with their own parser (the first argument): parser, run, summary as printed."""
 PHASES = {
     "retrieval": (
         "[N] [--variants V,...] [--columns C,...] [--reranker R]",
@@ -1115,8 +1086,7 @@ def run(
         mc_llm.get("model", mc_llm.get("error", "?")),
         run_dir.path,
     )
-    interrupted = False
-    try:
+    with run_dir.until_interrupted("--resume"):
         if args.phase in ("retrieval", "both") and variants:
             run_dir.run(
                 lambda t: run_retrieval_item(*t, settings=settings, llm_factory=llm_factory),
@@ -1149,14 +1119,7 @@ def run(
                 desc="MC",
                 fatal=(LLMConfigError,),
             )
-    except KeyboardInterrupt:
-        interrupted = True
-        logger.warning(
-            "interrupted: %d rows are saved; resume with --resume %s",
-            len(run_dir.rows),
-            run_dir.run_id,
-        )
-    return write_summary(run_dir, config, started, interrupted)
+    return write_summary(run_dir, config, started)
 
 
 def _without(tokens: Sequence[str], option: str) -> list[str]:

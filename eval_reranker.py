@@ -14,7 +14,6 @@ import functools
 import logging
 import statistics
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,34 +43,26 @@ def run_item(item: dict, reranker: str, *, settings: Settings, query: str) -> di
     start = time.perf_counter()
     docs = rag_utils.retrieve_documents(text, k=K, reranker=reranker, settings=settings)
     seconds = time.perf_counter() - start
-    row = ec.ranking_row(item, reranker, [d["id"] for d in docs])
-    row["seconds"] = round(seconds, 5)
-    return row
+    return {**ec.ranking_row(item, reranker, [d["id"] for d in docs]), "seconds": round(seconds, 5)}
 
 
 def summarize(rows: Sequence[dict], rerankers: Sequence[str]) -> dict[str, dict]:
-    by: dict[str, dict[str, dict]] = defaultdict(dict)
-    for r in rows:
-        by[r["mode"]][r["item"]] = r
-    out: dict[str, dict] = {}
+    by = {name: {r["item"]: r for r in rs} for name, rs in ec.group_by(rows, "mode").items()}
     base = by.get(BASELINE, {})
-    for name in rerankers:
-        rs = list(by.get(name, {}).values())
-        if not rs:
-            continue
-        secs = sorted(r["seconds"] for r in rs)
-        entry: dict[str, Any] = {
-            **ec.summarize_rankings(rs, K),
+    out: dict[str, dict] = {}
+    for name in [n for n in rerankers if by.get(n)]:
+        secs = sorted(r["seconds"] for r in by[name].values())
+        out[name] = {
+            **ec.summarize_rankings(list(by[name].values()), K),
             "latency_mean_s": ec.mean(secs),
             "latency_median_s": statistics.median(secs),
             "latency_p95_s": secs[round(0.95 * (len(secs) - 1))],
         }
         if name != BASELINE and base:
             common = sorted(set(by[name]) & set(base))
-            entry["vs_" + BASELINE] = ec.paired_comparison(
+            out[name]["vs_" + BASELINE] = ec.paired_comparison(
                 [base[i]["rr"] for i in common], [by[name][i]["rr"] for i in common]
             )
-        out[name] = entry
     return out
 
 

@@ -155,8 +155,7 @@ def _print_steps(out: Callable[[str], None], steps: Sequence[dict], gate: float)
 
 
 def _print_answer(out: Callable[[str], None], record: dict) -> None:
-    """The answer record per issue: its status and outcome, and how many rule, application and
-    conclusion sentences it has; then the bottom line and the guards that fired."""
+    """Per issue its status, outcome and sentences by role; the bottom line; the guards fired."""
     out("answer stage (per issue: rule, application, conclusion):")
     for issue in record.get("issues") or []:
         roles = Counter(s["role"] for s in issue.get("sentences") or [])
@@ -225,45 +224,43 @@ def trace_query(
     record = state.get("answer") or {}
     reading = state.get("reading") or {}
     lean = _lean_row(state, gold, settings)
-    case.update(
-        {
-            "trace": events,
-            "injection_check": reading.get("injection"),
-            "question_area": reading.get("area"),
-            "question_topic": reading.get("topic"),
-            "legal_question": reading.get("legal"),
-            "decline": reading.get("decline") or "",
-            "issues": nodes.planned(state),  # type: ignore[arg-type]
-            "researched_issues": [s["issue"] for s in steps if s.get("phase") == "rule"],
-            "not_researched": nodes.unresearched_issues(state),  # type: ignore[arg-type]
-            "jurisdiction": reading.get("within") or "",
-            "steps": steps,
-            "lean": lean,
-            "memory_hit": bool(nodes.recalled(state)),  # type: ignore[arg-type]
-            "answer_record": record,
-            "final_answer": answer_stage.AnswerRecord.shown(record),
-            "abstained": bool(record.get("abstained")),
-            "sources": [
-                {
-                    "id": c.get("passage_id"),
-                    "title": c.get("title"),
-                    "gold": c.get("passage_id") in gold,
-                    "preview": ec.preview(c.get("support"), 200),
-                }
-                for c in record.get("citations") or []
-            ],
-            "steps_completed": sum(s["status"] == "completed" for s in steps),
-            "steps_failed": sum(s["status"] == "failed" for s in steps),
-            "gold_in_steps": any(p["gold"] for s in steps for p in s["passages"]),
-            "stop_reason": state.get("stop_reason") or "",
-            "error": state.get("error"),
-            "fallbacks": state.get("fallbacks") or [],
-            "agent_s": round(agent_s, 3),
-            "llm": usage,
-            "chain_of_thought": state.get("chain_of_thought") or [],
-            "run_metrics": state.get("run_metrics") or {},
-        }
-    )
+    case |= {
+        "trace": events,
+        "injection_check": reading.get("injection"),
+        "question_area": reading.get("area"),
+        "question_topic": reading.get("topic"),
+        "legal_question": reading.get("legal"),
+        "decline": reading.get("decline") or "",
+        "issues": nodes.planned(state),  # type: ignore[arg-type]
+        "researched_issues": [s["issue"] for s in steps if s.get("phase") == "rule"],
+        "not_researched": nodes.unresearched_issues(state),  # type: ignore[arg-type]
+        "jurisdiction": reading.get("within") or "",
+        "steps": steps,
+        "lean": lean,
+        "memory_hit": bool(nodes.recalled(state)),  # type: ignore[arg-type]
+        "answer_record": record,
+        "final_answer": answer_stage.AnswerRecord.shown(record),
+        "abstained": bool(record.get("abstained")),
+        "sources": [
+            {
+                "id": c.get("passage_id"),
+                "title": c.get("title"),
+                "gold": c.get("passage_id") in gold,
+                "preview": ec.preview(c.get("support"), 200),
+            }
+            for c in record.get("citations") or []
+        ],
+        "steps_completed": sum(s["status"] == "completed" for s in steps),
+        "steps_failed": sum(s["status"] == "failed" for s in steps),
+        "gold_in_steps": any(p["gold"] for s in steps for p in s["passages"]),
+        "stop_reason": state.get("stop_reason") or "",
+        "error": state.get("error"),
+        "fallbacks": state.get("fallbacks") or [],
+        "agent_s": round(agent_s, 3),
+        "llm": usage,
+        "chain_of_thought": state.get("chain_of_thought") or [],
+        "run_metrics": state.get("run_metrics") or {},
+    }
     _print_steps(out, steps, settings.agent.lean_gate)
     if case["not_researched"]:
         out(f"not researched (MAX_STEPS): {'; '.join(case['not_researched'])}")
@@ -408,12 +405,7 @@ def run(
     for n, (query, item) in enumerate(targets, 1):
         position = f"[{n}/{len(targets)}] "
         case = trace_query(
-            query,
-            item=item,
-            settings=settings,
-            llm_factory=llm_factory,
-            out=out,
-            position=position,
+            query, item=item, settings=settings, llm_factory=llm_factory, out=out, position=position
         )
         case["config"] = {"llm": llm, "retrieval": ec.retrieval_record(settings)}
         if args.save:
@@ -439,11 +431,9 @@ def main(argv: Sequence[str] | None = None, *, llm_factory: ec.LLMFactory = None
         answer_mode=args.mode,
         research_policy=args.policy,
     )
-    if rc:
-        return rc
-    if args.json:
+    if args.json and not rc:
         print(json.dumps(cases, indent=2, ensure_ascii=False, default=str))
-    return 0
+    return rc
 
 
 if __name__ == "__main__":
