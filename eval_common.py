@@ -494,11 +494,19 @@ class RunDir:
         if not self.resumed:
             return []
         raw = self.results_path.read_bytes()
-        whole = raw[: raw.rfind(b"\n") + 1]  # a row cut off by a crash has no newline yet
-        if len(whole) < len(raw):
+        rows, good = [], 0
+        for line in raw.splitlines(keepends=True):
+            if not line.endswith(b"\n"):
+                break
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+            good += len(line)
+        if good < len(raw):
             logger.warning("%s: dropping an incomplete last row", self.results_path)
-            os.truncate(self.results_path, len(whole))
-        return [json.loads(line) for line in whole.splitlines()]
+            os.truncate(self.results_path, good)
+        return rows
 
     def done(self) -> set[tuple[str, str]]:
         return {(str(r["item"]), str(r["mode"])) for r in self.rows}
