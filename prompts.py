@@ -99,15 +99,11 @@ def load_skills(directory: str | None = None) -> dict[str, Skill]:
     return skills
 
 
-def get_skill(name: str) -> Skill:
-    if (skill := load_skills().get(name)) is None:
-        raise SkillError(f"unknown skill {name!r}; known: {', '.join(load_skills())}")
-    return skill
-
-
 def render(name: str, **values: Any) -> list[tuple[str, str]]:
     """The (system, user) messages of skill ``name`` with ``values`` filled in."""
-    return get_skill(name).messages(**values)
+    if (skill := load_skills().get(name)) is None:
+        raise SkillError(f"unknown skill {name!r}; known: {', '.join(load_skills())}")
+    return skill.messages(**values)
 
 
 # Quoting untrusted text (retrieved passages, evidence, user input) as data.
@@ -164,18 +160,17 @@ class InjectionVerdict(BaseModel):
     reason: str = Field(default="", max_length=80)
 
 
-_ENGLISH_WORDS = (
+_ENGLISH = frozenset(
     "the a an of to in on at is are was were be been for and or not no what when who how why which "
     "does do did can could may must should would will with by from that this it its his her their "
-    "my i you he she they if under after before"
+    "my i you he she they if under after before".split()
 )
-_FOREIGN_WORDS = (
+_FOREIGN = frozenset(
     "el la los las un una unos del de por para con que qué cuál cuáles cómo es son está en y o "
     "le les des du une est sont dans sur pour avec qui quel quels quelle et ou "
     "der die das den dem des ein eine einer ist sind nicht und oder mit für wie welche "
-    "il lo gli della di che è per não uma os as com"
+    "il lo gli della di che è per não uma os as com".split()
 )
-_ENGLISH, _FOREIGN = frozenset(_ENGLISH_WORDS.split()), frozenset(_FOREIGN_WORDS.split())
 
 
 def in_english(text: str) -> bool:
@@ -350,8 +345,7 @@ def call(
     """The ``role`` call: its skill with ``values``, its schema and token budget.  Transport
     failures raise ``llm_config.LLMCallError``; an unparseable reply has ``parsed is None``."""
     spec = CALLS[role]
-    budget = spec.max_tokens
-    if spec.max_tokens_api is not None and not client.is_local(role):
-        budget = spec.max_tokens_api
+    api = spec.max_tokens_api is not None and not client.is_local(role)
+    budget = spec.max_tokens_api if api else spec.max_tokens
     messages = render(spec.skill, **values)
     return client.invoke(messages, role=role, schema=spec.schema, max_tokens=budget, accept=accept)
