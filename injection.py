@@ -619,10 +619,8 @@ def detect(text: str, client: Any, *, skip_llm: bool) -> InjectionCheck:
         result = prompts.call(client, "injection", user_input=prompts.quote("user_input", text))
     except LLMCallError as exc:
         logger.warning("injection check: the LLM call failed; passing on the pre-screen: %s", exc)
-        reason = f"LLM call failed; pre-screen clean ({exc})"[:200]
-        return _check(True, "error", reason)
-    parsed = result.parsed
-    if parsed is None:
+        return _check(True, "error", f"LLM call failed; pre-screen clean ({exc})"[:200])
+    if (parsed := result.parsed) is None:
         return _check(True, "unparsed", "LLM verdict unparsed; pre-screen clean")
     if parsed.verdict == "injection" and not addresses_the_assistant(text):
         reason = f"LLM verdict overruled: no instruction to the assistant ({parsed.reason})"
