@@ -477,8 +477,7 @@ def screen_user_input(text: str) -> list[str]:
     norm = normalize(text)
     hits = _matches(USER_PATTERNS, norm, _reported)
     for variant in _obfuscation_variants(norm):
-        inner = [n for n in _matches(USER_PATTERNS, normalize(variant)) if n not in hits]
-        if inner:
+        if inner := [n for n in _matches(USER_PATTERNS, normalize(variant)) if n not in hits]:
             logger.debug("decoded payload matches %s: %.80r", inner, variant)
             hits.append(ENCODED)
             break

@@ -272,13 +272,11 @@ def merge_agenda(
     claim (a doctrine, its elements and exceptions), named by the first and listing the others it
     absorbed in parentheses; issues that name no doctrine are kept, deduplicated by their words."""
     tax = load_taxonomy()
-    order: list[str] = []
-    label: dict[str, str] = {}
+    label: dict[str, str] = {}  # key -> the item's name, in the order first seen
     extra: dict[str, list[str]] = defaultdict(list)
 
     def add(key: str, text: str, doctrine_name: str | None) -> None:
         if key not in label:
-            order.append(key)
             label[key] = text
         elif (
             doctrine_name
@@ -295,8 +293,7 @@ def merge_agenda(
         key = f"doctrine:{tax.root(did)}" if did else f"text:{' '.join(tokens(text))}"
         add(key, text, tax[did].name if did else None)
     for d in linked_doctrines:
-        if d.id not in tax.doctrines:
-            continue
-        add(f"doctrine:{tax.root(d.id)}", d.name, d.name)
-    items = [f"{label[k]} ({'; '.join(extra[k][:3])})" if extra[k] else label[k] for k in order]
+        if d.id in tax.doctrines:
+            add(f"doctrine:{tax.root(d.id)}", d.name, d.name)
+    items = [f"{label[k]} ({'; '.join(extra[k][:3])})" if extra[k] else label[k] for k in label]
     return items[:max_items] if max_items else items
