@@ -573,7 +573,6 @@ _FABRICATION_CUES = re.compile(
     _I,
 )
 
-
 _QUOTED = re.compile(r"\"[^\"\n]{1,600}\"")
 _SECOND_PERSON = re.compile(r"\b(?:you|your|yours|yourself|u|ur)\b", _I)
 _U_ABBREVIATION = re.compile(r"\b(?:u|ur)\b(?=\s*\.)", _I)

@@ -128,7 +128,6 @@ HYPOTHETICAL = re.compile(r"^(?:what if|suppose|assume|imagine)(?: that)?\s+(.+?
 had given her notice first?" states "The university had given her notice first." (a run's
 ``follow_up`` metric counts them)."""
 
-
 MIN_FACT_WORDS = 8
 """A question with fewer words of facts before it asks is a rule question: one short sentence of
 what happened is facts ("Jake punched a stranger in a bar.") (docs/MEASUREMENTS_HISTORY.md, stop 41)."""
