@@ -119,8 +119,7 @@ class Question:
     @property
     def objective(self) -> str:
         """The question with its choices as "(A) ..." lines (what the injection screen reads)."""
-        lines = [f"({k}) {v}" for k, v in self.choices.items()]
-        return "\n".join([self.text, *lines])
+        return "\n".join([self.text, *(f"({k}) {v}" for k, v in self.choices.items())])
 
 
 HYPOTHETICAL = re.compile(r"^(?:what if|suppose|assume|imagine)(?: that)?\s+(.+?)[\s?.!]*$", re.I)
