@@ -107,7 +107,6 @@ def render(name: str, **values: Any) -> list[tuple[str, str]]:
 
 
 # Quoting untrusted text (retrieved passages, evidence, user input) as data.
-
 _TAGS = re.compile(r"</?\s*(passage|evidence|user_input|data)\b[^>]*>", re.IGNORECASE)
 
 
