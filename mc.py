@@ -29,10 +29,11 @@ _MARKER = re.compile(
 )
 _BARE = re.compile(r"^\W*\(?\s*([A-Ha-h])\s*\)?\W*$")
 WORD = re.compile(r"[a-z0-9]+")
-STOPWORDS = frozenset(
+_STOPWORDS = (
     "a an the of to in on for and or but is are was were be been by with as "
-    "at from that this it its his her their he she they not no any all which who whom whose".split()
+    "at from that this it its his her their he she they not no any all which who whom whose"
 )
+STOPWORDS = frozenset(_STOPWORDS.split())
 
 
 @dataclass

@@ -159,17 +159,18 @@ class InjectionVerdict(BaseModel):
     reason: str = Field(default="", max_length=80)
 
 
-_ENGLISH = frozenset(
+_ENGLISH_WORDS = (
     "the a an of to in on at is are was were be been for and or not no what when who how why which "
     "does do did can could may must should would will with by from that this it its his her their "
-    "my i you he she they if under after before".split()
+    "my i you he she they if under after before"
 )
-_FOREIGN = frozenset(
+_FOREIGN_WORDS = (
     "el la los las un una unos del de por para con que qué cuál cuáles cómo es son está en y o "
     "le les des du une est sont dans sur pour avec qui quel quels quelle et ou "
     "der die das den dem des ein eine einer ist sind nicht und oder mit für wie welche "
-    "il lo gli della di che è per não uma os as com".split()
+    "il lo gli della di che è per não uma os as com"
 )
+_ENGLISH, _FOREIGN = frozenset(_ENGLISH_WORDS.split()), frozenset(_FOREIGN_WORDS.split())
 
 
 def in_english(text: str) -> bool:
