@@ -192,8 +192,7 @@ def foreign_law_asked(asked: str) -> str | None:
 
 def normalize_jurisdiction(value: str) -> str:
     """:func:`jurisdiction_of`, raising ValueError for a value that names none."""
-    code = jurisdiction_of(value)
-    if code is None:
+    if (code := jurisdiction_of(value)) is None:
         raise ValueError(f"unknown jurisdiction {value!r}: use US (federal) or a state: TX, Texas")
     return code
 
@@ -214,11 +213,8 @@ def legacy_authority_type(pid: str, source: str) -> str:
     pid, source = pid.lower(), source.lower()
     if pid.startswith("const") or "constitution" in source:
         return "constitution"
-    if (
-        pid.startswith(("fre", "frcp", "frcmp", "rule_"))
-        or "federal rules" in source
-        or source.endswith(":fre")
-    ):
+    rule_id = pid.startswith(("fre", "frcp", "frcmp", "rule_"))
+    if rule_id or "federal rules" in source or source.endswith(":fre"):
         return "court_rule"
     if pid.startswith("cfr"):
         return "regulation"
@@ -287,19 +283,14 @@ class PassageFilter:
             raise SettingsError(
                 f"{_named('source_type')}={','.join(bad)}: use {', '.join(AUTHORITY_TYPES)}"
             )
-        out = cls(
-            jurisdictions,
-            courts,
-            kinds,
-            after=parse("after", lambda r: parse_date(r) if r else None),
-            before=parse("before", lambda r: parse_date(r, end=True) if r else None),
-        )
-        if out.after and out.before and out.after > out.before:
+        after = parse("after", lambda r: parse_date(r) if r else None)
+        before = parse("before", lambda r: parse_date(r, end=True) if r else None)
+        if after and before and after > before:
             raise SettingsError(
                 f"FILTER_AFTER={f.after.strip()} is later than FILTER_BEFORE={f.before.strip()} "
                 "(--after, --before): no passage could match"
             )
-        return out
+        return cls(jurisdictions, courts, kinds, after, before)
 
     def __bool__(self) -> bool:
         return any((self.jurisdictions, self.courts, self.source_types, self.after, self.before))

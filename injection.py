@@ -412,7 +412,6 @@ def _matches(
 
 
 # --- The screens --------------------------------------------------------------------------------
-
 _SENTENCE_END = re.compile(r"[.!?\n]")
 
 
@@ -477,8 +476,7 @@ def screen_user_input(text: str) -> list[str]:
     norm = normalize(text)
     hits = _matches(USER_PATTERNS, norm, _reported)
     for variant in _obfuscation_variants(norm):
-        inner = [n for n in _matches(USER_PATTERNS, normalize(variant)) if n not in hits]
-        if inner:
+        if inner := [n for n in _matches(USER_PATTERNS, normalize(variant)) if n not in hits]:
             logger.debug("decoded payload matches %s: %.80r", inner, variant)
             hits.append(ENCODED)
             break
@@ -574,7 +572,6 @@ _FABRICATION_CUES = re.compile(
     _I,
 )
 
-
 _QUOTED = re.compile(r"\"[^\"\n]{1,600}\"")
 _SECOND_PERSON = re.compile(r"\b(?:you|your|yours|yourself|u|ur)\b", _I)
 _U_ABBREVIATION = re.compile(r"\b(?:u|ur)\b(?=\s*\.)", _I)
@@ -619,10 +616,8 @@ def detect(text: str, client: Any, *, skip_llm: bool) -> InjectionCheck:
         result = prompts.call(client, "injection", user_input=prompts.quote("user_input", text))
     except LLMCallError as exc:
         logger.warning("injection check: the LLM call failed; passing on the pre-screen: %s", exc)
-        reason = f"LLM call failed; pre-screen clean ({exc})"[:200]
-        return _check(True, "error", reason)
-    parsed = result.parsed
-    if parsed is None:
+        return _check(True, "error", f"LLM call failed; pre-screen clean ({exc})"[:200])
+    if (parsed := result.parsed) is None:
         return _check(True, "unparsed", "LLM verdict unparsed; pre-screen clean")
     if parsed.verdict == "injection" and not addresses_the_assistant(text):
         reason = f"LLM verdict overruled: no instruction to the assistant ({parsed.reason})"

@@ -56,10 +56,6 @@ class Doctrine:
     exception_to: tuple[str, ...] = ()
     related_to: tuple[str, ...] = ()
 
-    def text_for_embedding(self) -> str:
-        """Name, description and the first aliases: the aliases carry the words fact patterns use."""
-        return f"{self.name}: {self.description} ({'; '.join(self.aliases[:8])})"
-
 
 class Match(NamedTuple):
     """A doctrine alias found in a text: token span [start, end)."""
@@ -77,7 +73,6 @@ class Taxonomy:
     def __init__(self, doctrines: Sequence[Doctrine], fingerprint: str) -> None:
         self.doctrines: dict[str, Doctrine] = {d.id: d for d in doctrines}
         self.fingerprint = fingerprint
-        self.subjects: list[str] = sorted({d.subject for d in doctrines})
         index: dict[tuple[str, ...], list[str]] = defaultdict(list)
         for d in doctrines:
             for alias in (d.name, *d.aliases):
@@ -87,9 +82,6 @@ class Taxonomy:
         self._aliases = {k: tuple(v) for k, v in index.items()}
         self._max_len = max((len(k) for k in index), default=0)
         self._first = {k[0] for k in index}
-
-    def __len__(self) -> int:
-        return len(self.doctrines)
 
     def __getitem__(self, doctrine_id: str) -> Doctrine:
         return self.doctrines[doctrine_id]
@@ -156,8 +148,7 @@ def _read_taxonomy(p: Path, mtime_ns: int) -> Taxonomy:
         except (ValueError, KeyError, TypeError) as exc:
             raise TaxonomyError(f"{p}: line {lineno}: not a doctrine record ({exc})") from None
     ids = Counter(d.id for d in doctrines)
-    dup = next((i for i, n in ids.items() if n > 1), None)
-    if dup is not None:
+    if (dup := next((i for i, n in ids.items() if n > 1), None)) is not None:
         raise TaxonomyError(f"{p}: duplicate doctrine id {dup!r}")
     for d in doctrines:
         for rel in RELATIONS:
@@ -188,10 +179,12 @@ def doctrine_vectors(settings: Settings) -> tuple[list[str], np.ndarray]:
     except (OSError, ValueError):
         vecs = None
     if vecs is None or vecs.shape[0] != len(ids):
-        embedder = rag_utils.get_embedder(settings)
-        vecs = np.asarray(
-            embedder.embed_documents([tax[i].text_for_embedding() for i in ids]), dtype=np.float32
-        )
+        # name, description and the first aliases: the aliases carry the words fact patterns use
+        texts = [
+            f"{d.name}: {d.description} ({'; '.join(d.aliases[:8])})"
+            for d in tax.doctrines.values()
+        ]
+        vecs = np.asarray(rag_utils.get_embedder(settings).embed_documents(texts), dtype=np.float32)
         try:
             folder.mkdir(parents=True, exist_ok=True)
             np.save(cache, vecs)
@@ -279,13 +272,11 @@ def merge_agenda(
     claim (a doctrine, its elements and exceptions), named by the first and listing the others it
     absorbed in parentheses; issues that name no doctrine are kept, deduplicated by their words."""
     tax = load_taxonomy()
-    order: list[str] = []
-    label: dict[str, str] = {}
+    label: dict[str, str] = {}  # key -> the item's name, in the order first seen
     extra: dict[str, list[str]] = defaultdict(list)
 
     def add(key: str, text: str, doctrine_name: str | None) -> None:
         if key not in label:
-            order.append(key)
             label[key] = text
         elif (
             doctrine_name
@@ -302,11 +293,7 @@ def merge_agenda(
         key = f"doctrine:{tax.root(did)}" if did else f"text:{' '.join(tokens(text))}"
         add(key, text, tax[did].name if did else None)
     for d in linked_doctrines:
-        if d.id not in tax.doctrines:
-            continue
-        add(f"doctrine:{tax.root(d.id)}", d.name, d.name)
-    items = []
-    for key in order:
-        names = extra.get(key, [])[:3]
-        items.append(f"{label[key]} ({'; '.join(names)})" if names else label[key])
+        if d.id in tax.doctrines:
+            add(f"doctrine:{tax.root(d.id)}", d.name, d.name)
+    items = [f"{label[k]} ({'; '.join(extra[k][:3])})" if extra[k] else label[k] for k in label]
     return items[:max_items] if max_items else items

@@ -19,7 +19,6 @@ import prompts
 
 logger = logging.getLogger(__name__)
 
-
 NO_EVIDENCE = "(No passages: answer from your own knowledge of the law.)"
 
 _MARKER = re.compile(

@@ -2,11 +2,10 @@
 
     python mcp_server.py        serve ``search_passages`` and ``research`` to an MCP client (stdio)
 
-An assistant of your own can search the indexed corpus with the same passage filters as the CLI
-(``search_passages``) or run the whole agent on a question and get its answer record as JSON
-(``research``, optionally on a thread).  Settings come from the environment and ``.env``, read when
-the server starts.  A bad input (an empty query, ``k`` out of range, an unknown filter value) is a
-tool error the client sees, not a crash of the server.
+``search_passages`` uses the CLI's passage filters; ``research`` returns the agent's answer record as
+JSON (optionally on a thread).  Settings come from the environment and ``.env``, read when the server
+starts.  A bad input (an empty query, ``k`` out of range, an unknown filter value) is a tool error
+the client sees, not a crash of the server.
 """
 
 from __future__ import annotations
@@ -20,8 +19,6 @@ from langchain_core.tools import tool
 import filters
 import rag_utils
 from settings import Settings, load_dotenv_file
-
-logger = logging.getLogger(__name__)
 
 MAX_K = 50
 """The most passages one search returns."""
@@ -61,8 +58,9 @@ def search(
         raise ValueError("query is empty: give the words to search for")
     if not 1 <= int(k) <= MAX_K:
         raise ValueError(f"k={k}: must be between 1 and {MAX_K}")
-    given = dict(jurisdiction=jurisdiction, court=court, source_type=source_type)
-    given |= dict(after=after, before=before)
+    given = dict(
+        jurisdiction=jurisdiction, court=court, source_type=source_type, after=after, before=before
+    )
     settings = _settings().replace(**{f"filter_{n}": v or "" for n, v in given.items()})
     filters.passage_filter(settings)  # SettingsError (a ValueError) names a bad filter value
     docs = rag_utils.retrieve_documents(query, k=int(k), settings=settings)
@@ -79,7 +77,6 @@ def search(
 
 
 search_passages = tool("search_passages", parse_docstring=True)(search)
-"""``search`` as a LangChain tool."""
 
 
 def research(question: str, thread: str = "", issues: str = "") -> dict[str, Any]:

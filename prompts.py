@@ -99,19 +99,14 @@ def load_skills(directory: str | None = None) -> dict[str, Skill]:
     return skills
 
 
-def get_skill(name: str) -> Skill:
-    if (skill := load_skills().get(name)) is None:
-        raise SkillError(f"unknown skill {name!r}; known: {', '.join(load_skills())}")
-    return skill
-
-
 def render(name: str, **values: Any) -> list[tuple[str, str]]:
     """The (system, user) messages of skill ``name`` with ``values`` filled in."""
-    return get_skill(name).messages(**values)
+    if (skill := load_skills().get(name)) is None:
+        raise SkillError(f"unknown skill {name!r}; known: {', '.join(load_skills())}")
+    return skill.messages(**values)
 
 
 # Quoting untrusted text (retrieved passages, evidence, user input) as data.
-
 _TAGS = re.compile(r"</?\s*(passage|evidence|user_input|data)\b[^>]*>", re.IGNORECASE)
 
 
@@ -350,8 +345,7 @@ def call(
     """The ``role`` call: its skill with ``values``, its schema and token budget.  Transport
     failures raise ``llm_config.LLMCallError``; an unparseable reply has ``parsed is None``."""
     spec = CALLS[role]
-    budget = spec.max_tokens
-    if spec.max_tokens_api is not None and not client.is_local(role):
-        budget = spec.max_tokens_api
+    api = spec.max_tokens_api is not None and not client.is_local(role)
+    budget = spec.max_tokens_api if api else spec.max_tokens
     messages = render(spec.skill, **values)
     return client.invoke(messages, role=role, schema=spec.schema, max_tokens=budget, accept=accept)

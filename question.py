@@ -1,9 +1,5 @@
-"""The user's question, read once at the start of a run (:class:`Question`): its text and
-multiple-choice options, its facts and what it asks, its kind, whether it takes a yes or a no, its
-language and the law it asks for.  Every node and the answer stage read these fields.
-
-:func:`parse` splits what a user typed into the question and its choices (the CLI's input rules).
-"""
+"""The user's question, read once at the start of a run (:class:`Question`) for every node and the
+answer stage; :func:`parse` splits what a user typed into the question and its choices."""
 
 from __future__ import annotations
 
@@ -123,15 +119,13 @@ class Question:
     @property
     def objective(self) -> str:
         """The question with its choices as "(A) ..." lines (what the injection screen reads)."""
-        lines = [f"({k}) {v}" for k, v in self.choices.items()]
-        return "\n".join([self.text, *lines])
+        return "\n".join([self.text, *(f"({k}) {v}" for k, v in self.choices.items())])
 
 
 HYPOTHETICAL = re.compile(r"^(?:what if|suppose|assume|imagine)(?: that)?\s+(.+?)[\s?.!]*$", re.I)
 """A follow-up that changes the facts and asks the same question again: "What if the university
 had given her notice first?" states "The university had given her notice first." (a run's
 ``follow_up`` metric counts them)."""
-
 
 MIN_FACT_WORDS = 8
 """A question with fewer words of facts before it asks is a rule question: one short sentence of
@@ -225,9 +219,8 @@ def _other_choice_lines(lines: list[str]) -> tuple[list[str], _Choices]:
     in order from A); else ``(lines, {})``: anything irregular leaves an open question."""
     found = [m for line in lines if (m := _OTHER_CHOICE_LINE.match(line))]
     letters = "".join(m.group(1) for m in found)
-    if len(found) < 2 or len({m.group(2) for m in found}) != 1:
-        return lines, {}
-    if letters != MC_LETTERS[: len(letters)]:
+    one_style = len({m.group(2) for m in found}) == 1
+    if len(found) < 2 or not one_style or letters != MC_LETTERS[: len(letters)]:
         return lines, {}
     stem, choices = _split_choices(lines, _OTHER_CHOICE_LINE)
     if not " ".join(stem).strip():
@@ -288,7 +281,6 @@ def parse(text: str) -> tuple[str, dict[str, str] | None]:
     if len(letters) < 2:
         raise InputError("a multiple-choice question needs at least two choices, (A) and (B)")
     out = {k: " ".join(" ".join(v).split()) for k, v in choices.items()}
-    empty = [k for k, v in out.items() if not v]
-    if empty:
+    if empty := [k for k, v in out.items() if not v]:
         raise InputError(f"choice ({empty[0]}) has no text")
     return question, out

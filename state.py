@@ -12,11 +12,10 @@ from typing import Annotated, Any, Literal, TypedDict
 from question import Question
 
 STATE_VERSION = 2
-"""The version of :class:`AgentState` a run writes in each checkpoint's metadata
-(``state_version``).  Raise it when a key changes its meaning or type: a thread kept by an earlier
-version is then refused with one line (``main.thread_state``) instead of misread halfway through a
-run.  Threads kept before the version was recorded carry none and are v1.  v2: the agenda and a
-QA-memory hit moved into ``reading``."""
+"""The :class:`AgentState` version in each checkpoint's metadata (``state_version``).  Raise it when
+a key changes its meaning or type: an older thread is then refused with one line
+(``main.thread_state``), not misread mid-run.  v1: none recorded; v2: the agenda and a QA-memory hit
+moved into ``reading``."""
 
 
 class Execution(TypedDict, total=False):
@@ -52,7 +51,7 @@ class PlanStep(TypedDict, total=False):
 
 
 class MemoryEntry(TypedDict):
-    """One research iteration in the working memory (``chain_of_thought``), computed in code."""
+    """One research iteration in the working memory (``chain_of_thought``)."""
 
     step_id: int
     query: str
@@ -86,7 +85,6 @@ class Turn(TypedDict, total=False):
     """One question asked on a thread, as the thread keeps it for the follow-ups (``turns``)."""
 
     question: str
-    """The question as the user typed it."""
     facts: list[str]
     """Every fact the thread had stated by this turn (the earlier turns' and its own)."""
     asked: str
@@ -115,12 +113,11 @@ class AgentState(TypedDict, total=False):
     question after the first is a follow-up on the facts and research of those before it."""
     reading: Annotated[dict[str, Any], merge_dicts]
     """What the nodes read of the question before researching it: ``injection`` (the check's
-    verdict), ``mode`` (the answer mode resolved), ``recalled`` (a QA-memory hit: the question it
-    was saved for, similarity, timestamp, answer, sources), the classifier's
-    ``legal``, ``area`` and ``topic``, the planner's ``agenda`` (the issues to research, one step
-    each; the replanner adds to it), ``candidates``, ``decline`` (why it is off topic) and
-    ``within`` (the state whose law alone is searched).  Like every key below but ``answer_mode``, it belongs to
-    one question: the first node resets it (``nodes.RUN_SCOPED``)."""
+    verdict), ``mode`` (the answer mode resolved), ``recalled`` (a QA-memory hit), the classifier's
+    ``legal``, ``area`` and ``topic``, the planner's ``agenda`` (one step per issue; the replanner
+    adds to it), ``candidates``, ``decline`` (why it is off topic) and ``within`` (the state whose
+    law alone is searched).  It and every key below belong to one question: the first node resets
+    them (``nodes.RUN_SCOPED``)."""
     planning_table: Annotated[list[PlanStep], merge_steps]
     passages: dict[str, dict[str, Any]]
     """Every passage retrieved (or cited by a cached answer) by id: id, title, source, text, pin."""

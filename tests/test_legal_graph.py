@@ -27,8 +27,9 @@ def _mentioned(text: str, tax: lg.Taxonomy) -> set[str]:
 
 def test_taxonomy_covers_the_mbe_subjects_with_several_hundred_doctrines():
     tax = lg.load_taxonomy()
-    assert len(tax) >= 300
-    assert tax.subjects == [
+    subjects = sorted({d.subject for d in tax.doctrines.values()})
+    assert len(tax.doctrines) >= 300
+    assert subjects == [
         "Civil Procedure",
         "Constitutional Law",
         "Contracts and Sales (UCC Article 2)",
@@ -37,7 +38,7 @@ def test_taxonomy_covers_the_mbe_subjects_with_several_hundred_doctrines():
         "Real Property",
         "Torts",
     ]
-    per_subject = {s: sum(d.subject == s for d in tax.doctrines.values()) for s in tax.subjects}
+    per_subject = {s: sum(d.subject == s for d in tax.doctrines.values()) for s in subjects}
     assert min(per_subject.values()) >= 30, per_subject
     for d in tax.doctrines.values():
         assert d.aliases and d.description and d.name, d.id

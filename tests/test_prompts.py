@@ -71,7 +71,7 @@ def test_quoted_text_cannot_close_its_quote_or_open_another():
 def test_the_classifier_is_offered_exactly_the_fields_its_schema_allows():
     """The skill lists each field of law on its own line; the schema's enum must match it, and
     the covered fields are the starter corpus' subjects ("real property" is "property")."""
-    system = prompts.get_skill("classify_and_route").system
+    system = prompts.load_skills()["classify_and_route"].system
     listed = [line[2:].split(" (")[0] for line in system.splitlines() if line.startswith("- ")]
     assert listed == list(typing.get_args(prompts.Area))
 
