@@ -50,13 +50,7 @@ class LLMCallError(RuntimeError):
     ``reason`` is the short cause its call record keeps."""
 
     def __init__(
-        self,
-        message: str,
-        *,
-        role: str = "",
-        provider: str = "",
-        attempts: int = 0,
-        reason: str = "",
+        self, message: str, *, role: str, provider: str, attempts: int = 0, reason: str = ""
     ) -> None:
         super().__init__(message)
         self.role, self.provider, self.attempts, self.reason = role, provider, attempts, reason
@@ -171,7 +165,6 @@ class CallRecord:
     """'schema' (provider JSON-schema mode), 'prompt' (instruction + parsing) or None."""
     parse_failed: bool = False
     empty: bool = False
-    """The reply had no text (see LLMResult.empty)."""
     error: str | None = None
 
 
@@ -272,7 +265,6 @@ class LLMClient:
         msgs = convert_to_messages(list(messages))
         if not cfg.supports_system_messages:
             msgs = fold_system_messages(msgs)
-        kwargs: dict[str, Any] = {} if max_tokens is None else {"max_tokens": max_tokens}
         json_format = None
         if schema is None:
             json_mode = None
@@ -287,37 +279,30 @@ class LLMClient:
             role=role, provider=cfg.provider, model=cfg.model, schema=schema and schema.__name__,
             json_mode=json_mode, in_chars=sum(len(m.text) for m in msgs),
         )  # fmt: skip
-        prompt = llm_string = ""
-        hit = None
-        if self._cache is not None:
-            prompt = json.dumps([[m.type, m.text] for m in msgs])
-            request = {
-                "provider": cfg.provider, "base_url": cfg.display_url, "model": cfg.model,
-                "temperature": self.settings.llm.temperature, "max_tokens": max_tokens,
-                "json_mode": json_mode,
-                "schema": schema.model_json_schema() if schema is not None else None,
-            }  # fmt: skip
-            llm_string = json.dumps(request)
-            hit = self._cache.lookup(prompt, llm_string)
+        prompt = json.dumps([[m.type, m.text] for m in msgs])
+        llm_string = json.dumps({
+            "provider": cfg.provider, "base_url": cfg.display_url, "model": cfg.model,
+            "temperature": self.settings.llm.temperature, "max_tokens": max_tokens,
+            "json_mode": json_mode,
+            "schema": schema.model_json_schema() if schema is not None else None,
+        })  # fmt: skip
+        hit = self._cache.lookup(prompt, llm_string) if self._cache is not None else None
         start = time.perf_counter()
         if hit is not None:
             message, retries = hit[0].message, 0
         else:
             try:
-                message, retries = self._call(msgs, kwargs, json_format, cfg, role, deadline)
+                message, retries = self._call(msgs, max_tokens, json_format, cfg, role, deadline)
             except LLMCallError as exc:
-                latency = round(time.perf_counter() - start, 4)
-                record.update(
-                    latency_s=latency, out_chars=0, retries=exc.attempts, error=exc.reason
-                )
+                took = round(time.perf_counter() - start, 4)
+                record.update(latency_s=took, out_chars=0, retries=exc.attempts, error=exc.reason)
                 self._records.append(CallRecord(**record))
                 raise
-        latency = 0.0 if hit is not None else time.perf_counter() - start
         usage = message.usage_metadata or {}
         result = LLMResult(
             text=message.text,
             cached=hit is not None,
-            latency_s=latency,
+            latency_s=0.0 if hit is not None else time.perf_counter() - start,
             input_tokens=usage.get("input_tokens"),
             output_tokens=usage.get("output_tokens"),
             cached_prompt_tokens=(usage.get("input_token_details") or {}).get("cache_read"),
@@ -357,7 +342,7 @@ class LLMClient:
     def _call(
         self,
         msgs: list[Any],
-        kwargs: dict[str, Any],
+        max_tokens: int | None,
         json_format: dict[str, Any] | None,
         cfg: ResolvedLLM,
         role: str,
@@ -369,6 +354,7 @@ class LLMClient:
         from langchain_openai.chat_models.base import BaseChatOpenAI
 
         llm = self._factory(role) if self._factory is not None else chat_model(cfg, self.settings)
+        kwargs = {} if max_tokens is None else {"max_tokens": max_tokens}
         if json_format is None:
             runnable = llm.bind(**kwargs)
         elif isinstance(llm, BaseChatOpenAI):
@@ -406,9 +392,8 @@ class LLMClient:
                     **about,
                 ) from None
             where = f" at {cfg.display_url}" if cfg.display_url and not cfg.local else ""
-            raise LLMCallError(
-                f"{prefix} failed after {n} attempt(s): {reason}{where}", **about
-            ) from None
+            message = f"{prefix} failed after {n} attempt(s): {reason}{where}"
+            raise LLMCallError(message, **about) from None
         finally:
             CALL.reset(token)
         return reply["raw"] if isinstance(reply, dict) else reply, max(0, attempts.count - 1)
