@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import hashlib
 import importlib
+import importlib.metadata
 import importlib.util
 import json
 import logging
@@ -86,12 +87,9 @@ def _sha256(path: Path) -> str:
 
 
 def _spec(name: str) -> LocalModelSpec:
-    try:
-        return LOCAL_MODELS[name]
-    except KeyError:
-        raise LocalModelError(
-            f"unknown local model {name!r}; choose one of {sorted(LOCAL_MODELS)}"
-        ) from None
+    if name not in LOCAL_MODELS:
+        raise LocalModelError(f"unknown local model {name!r}; choose one of {sorted(LOCAL_MODELS)}")
+    return LOCAL_MODELS[name]
 
 
 def _install_hint(spec: LocalModelSpec) -> str:
@@ -100,13 +98,10 @@ def _install_hint(spec: LocalModelSpec) -> str:
 
 def _require(spec: LocalModelSpec, modules: Sequence[str], what: str) -> None:
     """Raise LocalModelError naming the missing ``modules`` (found without importing them)."""
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    if missing:
-        shown = ", ".join(missing[:4]) + (
-            f" and {len(missing) - 4} more" if len(missing) > 4 else ""
-        )
+    if missing := [m for m in modules if importlib.util.find_spec(m) is None]:
+        more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
         raise LocalModelError(
-            f"LLM_PROVIDER={spec.name} needs {what} ({shown} missing); "
+            f"LLM_PROVIDER={spec.name} needs {what} ({', '.join(missing[:4])}{more} missing); "
             f"install them with: {_install_hint(spec)}"
         )
 
@@ -372,8 +367,6 @@ def _start(name: str, settings: Settings) -> LocalServer:
 def _prompt_state_dir(model_path: Path) -> Path | None:
     """The folder of saved prompt states, beside the model, one per model file and xllamacpp
     version (a state is only valid for both); None when it cannot be written."""
-    import importlib.metadata
-
     version = importlib.metadata.version("xllamacpp")
     folder = model_path.parent / "prompt-states" / f"{model_path.stem}-xllamacpp-{version}"
     try:

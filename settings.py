@@ -227,18 +227,11 @@ class Settings:
         return (self.environ.get(env_var, "").strip() or None) if env_var else None
 
 
-_GROUPS: dict[str, type] = {
-    name: cls for name, cls in typing.get_type_hints(Settings).items() if name != "environ"
-}
-
 VARIABLES: dict[str, tuple[str, str, Any, tuple | None]] = {
-    f.metadata["env"].lower(): (
-        group,
-        f.name,
-        typing.get_type_hints(cls)[f.name],
-        f.metadata.get("rule"),
-    )
-    for group, cls in _GROUPS.items()
+    f.metadata["env"].lower(): (group, f.name, hints[f.name], f.metadata.get("rule"))
+    for group, cls in typing.get_type_hints(Settings).items()
+    if group != "environ"
+    for hints in [typing.get_type_hints(cls)]
     for f in dataclasses.fields(cls)
 }
 """Variable name in lower case -> (group, field, type, rule of :func:`_var`): ``llm_max_retries``
