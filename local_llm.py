@@ -235,15 +235,10 @@ class LocalServer:
 
     def _slot_action(self, action: str, filename: str) -> None:
         """Ask llama.cpp to save or restore the slot's prompt state in ``filename`` (best effort)."""
-        root = self.base_url.removesuffix("/v1")
+        url = f"{self.base_url.removesuffix('/v1')}/slots/0?action={action}"
         body = json.dumps({"filename": filename}).encode()
-        request = urllib.request.Request(
-            f"{root}/slots/0?action={action}",
-            data=body,
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        try:
+        request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+        try:  # a POST, since it has a body
             with urllib.request.urlopen(request, timeout=30) as resp:
                 resp.read()
         except (OSError, ValueError) as exc:  # a cache: the call reads its prompt in full
