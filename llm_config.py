@@ -23,21 +23,8 @@ from langchain_core.utils.json import parse_partial_json
 from pydantic import BaseModel, ValidationError
 
 import local_llm
+import providers
 from llm_cache import ResponseCache
-from providers import (
-    CALL,
-    Attempts,
-    DeadlineReached,
-    LLMConfigError,
-    ResolvedLLM,
-    chat_model,
-    failure_reason,
-    fold_system_messages,
-    format_listing,
-    listing,
-    rate_limiter,
-    resolve,
-)
 from settings import Settings, SettingsError, load_dotenv_file, run_script
 
 logger = logging.getLogger(__name__)
@@ -230,7 +217,7 @@ class LLMClient:
 
     def is_local(self, role: str) -> bool:
         """True when ``role`` talks to the embedded local model (short reply budgets)."""
-        return resolve(role, self.settings).local
+        return providers.resolve(role, self.settings).local
 
     def invoke(
         self,
@@ -253,7 +240,7 @@ class LLMClient:
         """
         if json_mode not in (None, "schema", "prompt"):
             raise ValueError(f"json_mode must be 'schema', 'prompt' or None, not {json_mode!r}")
-        cfg = resolve(role, self.settings)
+        cfg = providers.resolve(role, self.settings)
         deadline = self.deadline
         if deadline is not None and time.monotonic() >= deadline:
             raise LLMDeadlineError(
@@ -264,7 +251,7 @@ class LLMClient:
             )
         msgs = convert_to_messages(list(messages))
         if not cfg.supports_system_messages:
-            msgs = fold_system_messages(msgs)
+            msgs = providers.fold_system_messages(msgs)
         json_format = None
         if schema is None:
             json_mode = None
@@ -344,7 +331,7 @@ class LLMClient:
         msgs: list[Any],
         max_tokens: int | None,
         json_format: dict[str, Any] | None,
-        cfg: ResolvedLLM,
+        cfg: providers.ResolvedLLM,
         role: str,
         deadline: float | None,
     ) -> tuple[Any, int]:
@@ -353,7 +340,7 @@ class LLMClient:
         import openai
         from langchain_openai.chat_models.base import BaseChatOpenAI
 
-        llm = self._factory(role) if self._factory is not None else chat_model(cfg, self.settings)
+        llm = self._factory(role) if self._factory else providers.chat_model(cfg, self.settings)
         kwargs = {} if max_tokens is None else {"max_tokens": max_tokens}
         if json_format is None:
             runnable = llm.bind(**kwargs)
@@ -364,8 +351,9 @@ class LLMClient:
         else:  # a test's fake model: the format goes along as a keyword
             fmt = {"type": "json_schema", "json_schema": json_format}
             runnable = llm.bind(response_format=fmt, **kwargs)
-        attempts = Attempts(deadline, rate_limiter(cfg), getattr(llm, "root_client", None))
-        token = CALL.set(attempts)
+        limiter = providers.rate_limiter(cfg)
+        attempts = providers.Attempts(deadline, limiter, getattr(llm, "root_client", None))
+        token = providers.CALL.set(attempts)
         system = "".join(m.text for m in msgs[:1] if m.type == "system")
         local = cfg.local and self._factory is None
         state = local_llm.prompt_state(cfg.provider, system) if local else contextlib.nullcontext()
@@ -381,8 +369,8 @@ class LLMClient:
         except Exception as exc:
             n = attempts.count if attempts.client is not None else 1  # a fake sends no request
             prefix = f"LLM call for role {role!r} to {cfg.provider} ({cfg.model})"
-            stopped = isinstance(exc, DeadlineReached)
-            reason = cfg.redact(str(exc) if stopped else failure_reason(exc))
+            stopped = isinstance(exc, providers.DeadlineReached)
+            reason = cfg.redact(str(exc) if stopped else providers.failure_reason(exc))
             about = {"role": role, "provider": cfg.provider, "attempts": n, "reason": reason}
             if stopped or (deadline is not None and time.monotonic() >= deadline):
                 raise LLMDeadlineError(
@@ -395,7 +383,7 @@ class LLMClient:
             message = f"{prefix} failed after {n} attempt(s): {reason}{where}"
             raise LLMCallError(message, **about) from None
         finally:
-            CALL.reset(token)
+            providers.CALL.reset(token)
         return reply["raw"] if isinstance(reply, dict) else reply, max(0, attempts.count - 1)
 
 
@@ -427,13 +415,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             ping = {"ok": True, "reply": res.text.strip(), "latency_s": round(res.latency_s, 2)}
             if res.empty:  # what the agent counts as a failed call (a thinking model, 8 tokens)
                 ping = {"ok": False, "error": f"empty reply (finish_reason {res.finish_reason})"}
-        except (LLMCallError, LLMConfigError) as exc:
+        except (LLMCallError, providers.LLMConfigError) as exc:
             ping = {"ok": False, "error": str(exc)}
-    out = {**listing(settings), "ping": ping}
+    out = {**providers.listing(settings), "ping": ping}
     if args.json:
         print(json.dumps(out, indent=2))
     else:
-        print(format_listing(out))
+        print(providers.format_listing(out))
         if ping is not None:
             ok = f"ok, replied {ping.get('reply')!r} in {ping.get('latency_s')} s"
             print(f"ping: {ok if ping['ok'] else 'failed: ' + ping['error']}")
