@@ -174,9 +174,8 @@ class Settings:
         defaults."""
         env = dict(os.environ if env is None else env)
         # Data paths follow the XDG_CACHE_HOME of ``env``, not only that of the process.
-        values = {
-            var.lower(): str(default_data_dir(env) / leaf) for var, leaf in _DATA_DIRS.items()
-        }
+        data = default_data_dir(env)
+        values = {var.lower(): str(data / leaf) for var, leaf in _DATA_DIRS.items()}
         for name, (_, _, hint, _) in VARIABLES.items():
             raw = env.get(name.upper())
             if overrides.get(name) is not None:
@@ -212,9 +211,8 @@ class Settings:
             if isinstance(rule[0], str):
                 given = value.strip().lower() if var == "EMBEDDING_BACKEND" else value
                 if given not in rule:
-                    raise SettingsError(
-                        f"{var}={value!r}: use {', '.join(rule[:-1])} or {rule[-1]}"
-                    )
+                    choices = f"{', '.join(rule[:-1])} or {rule[-1]}"
+                    raise SettingsError(f"{var}={value!r}: use {choices}")
                 continue
             low, high = rule
             if high is not None and not low <= value <= high:
