@@ -154,7 +154,6 @@ class AgentContext:
     def gate_scores(
         self, question: str, docs: list[Passage], queries: Sequence[str] = ()
     ) -> GateScores:
-        """:class:`GateScores` of ``docs`` from :meth:`passage_cosines`."""
         if not docs:
             return GateScores(0.0, 0.0)
         cos = self.passage_cosines(question, docs, queries)
@@ -224,7 +223,6 @@ class AgentContext:
         return self
 
     def time_left(self) -> float | None:
-        """Seconds before the run's deadline (None: no deadline)."""
         return None if self.deadline is None else self.deadline - time.monotonic()
 
 

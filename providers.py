@@ -519,7 +519,6 @@ def listing(settings: Settings) -> dict:
 
 
 def format_listing(listing: dict) -> str:
-    """:func:`listing` as the table ``python llm_config.py`` prints."""
     limits = ("requests_per_minute", "requests_per_day", "tokens_per_day")
     headers = ["name", "model", "key", "req/min", "req/day", "tokens/day", "schema", "notes"]
     table = [

@@ -157,8 +157,6 @@ class DataSettings:
 
 @dataclass(frozen=True)
 class Settings:
-    """All settings, in groups (see the module docstring)."""
-
     retrieval: RetrievalSettings = field(default_factory=RetrievalSettings)
     filters: FilterSettings = field(default_factory=FilterSettings)
     llm: LLMSettings = field(default_factory=LLMSettings)
