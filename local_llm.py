@@ -109,15 +109,13 @@ def _require(spec: LocalModelSpec, modules: Sequence[str], what: str) -> None:
 def part_paths(spec: LocalModelSpec) -> list[Path]:
     """The chunk files in order; raises LocalModelError naming the missing packages."""
     _require(spec, spec.part_modules, "the model chunk packages")
-    paths = []
-    for module_name in spec.part_modules:
-        path = Path(importlib.import_module(module_name).get_part_path())
+    paths = [Path(importlib.import_module(m).get_part_path()) for m in spec.part_modules]
+    for module_name, path in zip(spec.part_modules, paths, strict=True):
         if not path.is_file():
             raise LocalModelError(
                 f"{module_name} is installed but its data file {path.name} is missing; "
                 f"reinstall with: {_install_hint(spec)}"
             )
-        paths.append(path)
     return paths
 
 
@@ -294,10 +292,8 @@ def _wait_healthy(root_url: str, timeout_s: float) -> None:
     last = "no answer"
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(root_url + "/health", timeout=5) as resp:
-                if resp.status == 200:
-                    return
-                last = f"HTTP {resp.status}"
+            with urllib.request.urlopen(root_url + "/health", timeout=5):
+                return  # urlopen raises HTTPError for an error status
         except urllib.error.HTTPError as exc:  # 503 while the model loads
             last = f"HTTP {exc.code}"
         except OSError as exc:
