@@ -296,19 +296,17 @@ class LLMClient:
             retries=retries,
             finish_reason=message.response_metadata.get("finish_reason"),
         )
-        if schema is not None:
-            if result.finish_reason == "length" and result.empty:
-                result.parse_error = "reply cut off at max_tokens before any output"
-            else:
-                try:
-                    result.parsed = parse_json_reply(result.text, schema)
-                except JSONReplyError as exc:
-                    result.parse_error = str(exc)
-                    if result.finish_reason == "length":
-                        result.parse_error += " (reply cut off at max_tokens)"
-            if result.parse_error:
-                logger.info("LLM %s/%s parse failure: %s", cfg.provider, role, result.parse_error)
-                logger.debug("LLM %s/%s unparsed reply: %r", cfg.provider, role, result.text)
+        cut = result.finish_reason == "length"
+        if schema is not None and cut and result.empty:
+            result.parse_error = "reply cut off at max_tokens before any output"
+        elif schema is not None:
+            try:
+                result.parsed = parse_json_reply(result.text, schema)
+            except JSONReplyError as exc:
+                result.parse_error = f"{exc} (reply cut off at max_tokens)" if cut else str(exc)
+        if result.parse_error:
+            logger.info("LLM %s/%s parse failure: %s", cfg.provider, role, result.parse_error)
+            logger.debug("LLM %s/%s unparsed reply: %r", cfg.provider, role, result.text)
         if result.empty:
             logger.warning(
                 "LLM %s/%s returned an empty reply (finish_reason=%s)",
