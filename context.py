@@ -97,22 +97,17 @@ class AgentContext:
         """The real dependencies for ``settings`` (nothing heavy happens until first use)."""
         # The QA memory's scope, computed on first use (it counts the collection), then kept.
         scope = functools.cache(lambda: memory_scope(settings))
-
+        scoped = functools.cache(lambda code: searchers(settings.replace(filter_jurisdiction=code)))
+        holds_documents = functools.cache(lambda: rag_utils.get_store(settings).holds_documents())
         return cls(
             settings=settings,
             client=client or LLMClient(settings),
             retrieve=functools.partial(rag_utils.retrieve_documents_multi_query, settings=settings),
             cosines=functools.partial(rag_utils.passage_cosines, settings=settings),
             unknown_terms=lambda text, subj: rag_utils.get_bm25(settings).unknown_terms(text, subj),
-            holds_documents=functools.cache(
-                lambda: rag_utils.get_store(settings).holds_documents()
-            ),
+            holds_documents=holds_documents,
             state_law=functools.partial(state_law, settings=settings),
-            scoped=None
-            if settings.filters.jurisdiction
-            else functools.cache(
-                lambda code: searchers(settings.replace(filter_jurisdiction=code))
-            ),
+            scoped=None if settings.filters.jurisdiction else scoped,
             embed=lambda texts: rag_utils.get_embedder(settings).embed_documents(texts),
             check_memory=lambda q: rag_utils.check_memory(q, settings=settings, scope=scope()),
             write_memory=lambda q, a, conf, sources=(): rag_utils.write_to_memory(
