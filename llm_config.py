@@ -407,9 +407,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.ping:
         client = LLMClient(settings.replace(llm_cache=False))
         try:
-            res = client.invoke(
-                [("user", "Reply with the single word: ready")], role="ping", max_tokens=8
-            )
+            ask = [("user", "Reply with the single word: ready")]
+            res = client.invoke(ask, role="ping", max_tokens=8)
             ping = {"ok": True, "reply": res.text.strip(), "latency_s": round(res.latency_s, 2)}
             if res.empty:  # what the agent counts as a failed call (a thinking model, 8 tokens)
                 ping = {"ok": False, "error": f"empty reply (finish_reason {res.finish_reason})"}

@@ -311,9 +311,8 @@ def rate_limiter(cfg: ResolvedLLM) -> Any:
     key = (cfg.provider, cfg.base_url, cfg.model, cfg.requests_per_minute)
     with _models_lock:
         if key not in _limiters:
-            limiter = InMemoryRateLimiter(
-                requests_per_second=cfg.requests_per_minute / 60, check_every_n_seconds=0.05
-            )
+            rps = cfg.requests_per_minute / 60
+            limiter = InMemoryRateLimiter(requests_per_second=rps, check_every_n_seconds=0.05)
             limiter.available_tokens = 1.0
             _limiters[key] = limiter
         return _limiters[key]
@@ -347,9 +346,8 @@ def _check_completion(response: Any) -> None:
             message = f"the 200 response is not a chat completion: {' '.join(response.text.split())[:80]!r}"
         raise MalformedResponseError(message) from None
     if not isinstance(data, dict):
-        raise MalformedResponseError(
-            f"the 200 response is not a chat completion ({type(data).__name__})"
-        )
+        kind = type(data).__name__
+        raise MalformedResponseError(f"the 200 response is not a chat completion ({kind})")
     if data.get("error"):
         detail = " ".join(str(data["error"]).split())[:120]
         raise MalformedResponseError(f"the 200 response is an error object: {detail}")
