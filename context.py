@@ -97,22 +97,17 @@ class AgentContext:
         """The real dependencies for ``settings`` (nothing heavy happens until first use)."""
         # The QA memory's scope, computed on first use (it counts the collection), then kept.
         scope = functools.cache(lambda: memory_scope(settings))
-
+        scoped = functools.cache(lambda code: searchers(settings.replace(filter_jurisdiction=code)))
+        holds_documents = functools.cache(lambda: rag_utils.get_store(settings).holds_documents())
         return cls(
             settings=settings,
             client=client or LLMClient(settings),
             retrieve=functools.partial(rag_utils.retrieve_documents_multi_query, settings=settings),
             cosines=functools.partial(rag_utils.passage_cosines, settings=settings),
             unknown_terms=lambda text, subj: rag_utils.get_bm25(settings).unknown_terms(text, subj),
-            holds_documents=functools.cache(
-                lambda: rag_utils.get_store(settings).holds_documents()
-            ),
+            holds_documents=holds_documents,
             state_law=functools.partial(state_law, settings=settings),
-            scoped=None
-            if settings.filters.jurisdiction
-            else functools.cache(
-                lambda code: searchers(settings.replace(filter_jurisdiction=code))
-            ),
+            scoped=None if settings.filters.jurisdiction else scoped,
             embed=lambda texts: rag_utils.get_embedder(settings).embed_documents(texts),
             check_memory=lambda q: rag_utils.check_memory(q, settings=settings, scope=scope()),
             write_memory=lambda q, a, conf, sources=(): rag_utils.write_to_memory(
@@ -154,18 +149,11 @@ class AgentContext:
     def gate_scores(
         self, question: str, docs: list[Passage], queries: Sequence[str] = ()
     ) -> GateScores:
-        """:class:`GateScores` of ``docs`` from :meth:`passage_cosines`."""
         if not docs:
             return GateScores(0.0, 0.0)
         cos = self.passage_cosines(question, docs, queries)
         top = cos[:CONFIDENCE_PASSAGES]
         return GateScores(float(max(cos)), float(sum(top) / len(top)))
-
-    def score_evidence(
-        self, question: str, docs: list[Passage], queries: Sequence[str] = ()
-    ) -> float:
-        """The evidence gate's score of ``docs`` for ``question`` (0.0 for none)."""
-        return self.gate_scores(question, docs, queries).evidence
 
     def keep_clean(self, retrieved: list[Passage], k: int) -> tuple[list[Passage], list[dict]]:
         """``(kept, flagged)``: ``injection.keep_clean`` with this run's passage screen."""
@@ -184,7 +172,8 @@ class AgentContext:
         its own retrieval (3 of 32 fact patterns score 0.25-0.32 as a whole, 0.33+ by sentence)."""
         k = self.settings.agent.retrieval_k
         texts = question_mod.split_sentences(question) or [question]
-        return max(0.0, *(self.score_evidence(t, self.retrieve([t], k, []), [t]) for t in texts))
+        scores = (self.gate_scores(t, self.retrieve([t], k, []), [t]).evidence for t in texts)
+        return max(0.0, *scores)
 
     def off_topic_score(self, question: str, best: float | None = None) -> float | None:
         """:meth:`question_score` (``best`` when known) when below ``LEAN_GATE``, else None (the
@@ -201,7 +190,7 @@ class AgentContext:
         k = self.settings.agent.retrieval_k
         query = f"{' '.join(question.split())}\n{mc.format_choices(choices)}"
         docs, flagged = self.keep_clean(self.retrieve([query], k + self.flag_headroom, []), k)
-        return docs, flagged, self.score_evidence(question, docs)
+        return docs, flagged, self.gate_scores(question, docs).evidence
 
     def check_injection(self, text: str) -> injection.InjectionCheck:
         """The injection verdict on the user's input (``injection.detect``); the model's verdict
@@ -229,7 +218,6 @@ class AgentContext:
         return self
 
     def time_left(self) -> float | None:
-        """Seconds before the run's deadline (None: no deadline)."""
         return None if self.deadline is None else self.deadline - time.monotonic()
 
 
@@ -248,22 +236,20 @@ def searchers(settings: Settings) -> dict[str, Retriever]:
     """A retriever per search type (hybrid+keyword: a step's first angle) within the filter."""
     retrieve = functools.partial(rag_utils.retrieve_documents_multi_query, settings=settings)
 
-    def with_reranker(name: str, fuse_keyword: bool = False) -> Retriever:
-        def search(queries: list[str], k: int, exclude_ids: Sequence[str]) -> list[Passage]:
-            reranker = name
-            # A hybrid step reranks its dense + BM25 pool with the cross-encoder when RERANKER
-            # resolves to one (set, or auto with the model on disk).
-            if name == "hybrid" and rag_utils.resolve_reranker(None, settings) == "cross-encoder":
-                reranker = "cross-encoder"
-            return retrieve(queries, k, exclude_ids, reranker=reranker, fuse_keyword=fuse_keyword)
-
-        return search
+    def hybrid(
+        queries: list[str], k: int, exclude_ids: Sequence[str], fuse_keyword: bool = False
+    ) -> list[Passage]:
+        # A hybrid step reranks its dense + BM25 pool with the cross-encoder when RERANKER
+        # resolves to one (set, or auto with the model on disk).
+        cross = rag_utils.resolve_reranker(None, settings) == "cross-encoder"
+        reranker = "cross-encoder" if cross else "hybrid"
+        return retrieve(queries, k, exclude_ids, reranker=reranker, fuse_keyword=fuse_keyword)
 
     return {
-        "dense": with_reranker("none"),
-        "keyword": with_reranker("bm25"),
-        "hybrid": with_reranker("hybrid"),
-        "hybrid+keyword": with_reranker("hybrid", fuse_keyword=True),
+        "dense": functools.partial(retrieve, reranker="none"),
+        "keyword": functools.partial(retrieve, reranker="bm25"),
+        "hybrid": hybrid,
+        "hybrid+keyword": functools.partial(hybrid, fuse_keyword=True),
     }
 
 

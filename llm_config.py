@@ -23,21 +23,8 @@ from langchain_core.utils.json import parse_partial_json
 from pydantic import BaseModel, ValidationError
 
 import local_llm
+import providers
 from llm_cache import ResponseCache
-from providers import (
-    CALL,
-    Attempts,
-    DeadlineReached,
-    LLMConfigError,
-    ResolvedLLM,
-    chat_model,
-    failure_reason,
-    fold_system_messages,
-    format_listing,
-    listing,
-    rate_limiter,
-    resolve,
-)
 from settings import Settings, SettingsError, load_dotenv_file, run_script
 
 logger = logging.getLogger(__name__)
@@ -50,13 +37,7 @@ class LLMCallError(RuntimeError):
     ``reason`` is the short cause its call record keeps."""
 
     def __init__(
-        self,
-        message: str,
-        *,
-        role: str = "",
-        provider: str = "",
-        attempts: int = 0,
-        reason: str = "",
+        self, message: str, *, role: str, provider: str, attempts: int = 0, reason: str = ""
     ) -> None:
         super().__init__(message)
         self.role, self.provider, self.attempts, self.reason = role, provider, attempts, reason
@@ -171,7 +152,6 @@ class CallRecord:
     """'schema' (provider JSON-schema mode), 'prompt' (instruction + parsing) or None."""
     parse_failed: bool = False
     empty: bool = False
-    """The reply had no text (see LLMResult.empty)."""
     error: str | None = None
 
 
@@ -237,7 +217,7 @@ class LLMClient:
 
     def is_local(self, role: str) -> bool:
         """True when ``role`` talks to the embedded local model (short reply budgets)."""
-        return resolve(role, self.settings).local
+        return providers.resolve(role, self.settings).local
 
     def invoke(
         self,
@@ -260,7 +240,7 @@ class LLMClient:
         """
         if json_mode not in (None, "schema", "prompt"):
             raise ValueError(f"json_mode must be 'schema', 'prompt' or None, not {json_mode!r}")
-        cfg = resolve(role, self.settings)
+        cfg = providers.resolve(role, self.settings)
         deadline = self.deadline
         if deadline is not None and time.monotonic() >= deadline:
             raise LLMDeadlineError(
@@ -271,8 +251,7 @@ class LLMClient:
             )
         msgs = convert_to_messages(list(messages))
         if not cfg.supports_system_messages:
-            msgs = fold_system_messages(msgs)
-        kwargs: dict[str, Any] = {} if max_tokens is None else {"max_tokens": max_tokens}
+            msgs = providers.fold_system_messages(msgs)
         json_format = None
         if schema is None:
             json_mode = None
@@ -287,56 +266,47 @@ class LLMClient:
             role=role, provider=cfg.provider, model=cfg.model, schema=schema and schema.__name__,
             json_mode=json_mode, in_chars=sum(len(m.text) for m in msgs),
         )  # fmt: skip
-        prompt = llm_string = ""
-        hit = None
-        if self._cache is not None:
-            prompt = json.dumps([[m.type, m.text] for m in msgs])
-            request = {
-                "provider": cfg.provider, "base_url": cfg.display_url, "model": cfg.model,
-                "temperature": self.settings.llm.temperature, "max_tokens": max_tokens,
-                "json_mode": json_mode,
-                "schema": schema.model_json_schema() if schema is not None else None,
-            }  # fmt: skip
-            llm_string = json.dumps(request)
-            hit = self._cache.lookup(prompt, llm_string)
+        prompt = json.dumps([[m.type, m.text] for m in msgs])
+        llm_string = json.dumps({
+            "provider": cfg.provider, "base_url": cfg.display_url, "model": cfg.model,
+            "temperature": self.settings.llm.temperature, "max_tokens": max_tokens,
+            "json_mode": json_mode,
+            "schema": schema.model_json_schema() if schema is not None else None,
+        })  # fmt: skip
+        hit = self._cache.lookup(prompt, llm_string) if self._cache is not None else None
         start = time.perf_counter()
         if hit is not None:
             message, retries = hit[0].message, 0
         else:
             try:
-                message, retries = self._call(msgs, kwargs, json_format, cfg, role, deadline)
+                message, retries = self._call(msgs, max_tokens, json_format, cfg, role, deadline)
             except LLMCallError as exc:
-                latency = round(time.perf_counter() - start, 4)
-                record.update(
-                    latency_s=latency, out_chars=0, retries=exc.attempts, error=exc.reason
-                )
+                took = round(time.perf_counter() - start, 4)
+                record.update(latency_s=took, out_chars=0, retries=exc.attempts, error=exc.reason)
                 self._records.append(CallRecord(**record))
                 raise
-        latency = 0.0 if hit is not None else time.perf_counter() - start
         usage = message.usage_metadata or {}
         result = LLMResult(
             text=message.text,
             cached=hit is not None,
-            latency_s=latency,
+            latency_s=0.0 if hit is not None else time.perf_counter() - start,
             input_tokens=usage.get("input_tokens"),
             output_tokens=usage.get("output_tokens"),
             cached_prompt_tokens=(usage.get("input_token_details") or {}).get("cache_read"),
             retries=retries,
             finish_reason=message.response_metadata.get("finish_reason"),
         )
-        if schema is not None:
-            if result.finish_reason == "length" and result.empty:
-                result.parse_error = "reply cut off at max_tokens before any output"
-            else:
-                try:
-                    result.parsed = parse_json_reply(result.text, schema)
-                except JSONReplyError as exc:
-                    result.parse_error = str(exc)
-                    if result.finish_reason == "length":
-                        result.parse_error += " (reply cut off at max_tokens)"
-            if result.parse_error:
-                logger.info("LLM %s/%s parse failure: %s", cfg.provider, role, result.parse_error)
-                logger.debug("LLM %s/%s unparsed reply: %r", cfg.provider, role, result.text)
+        cut = result.finish_reason == "length"
+        if schema is not None and cut and result.empty:
+            result.parse_error = "reply cut off at max_tokens before any output"
+        elif schema is not None:
+            try:
+                result.parsed = parse_json_reply(result.text, schema)
+            except JSONReplyError as exc:
+                result.parse_error = f"{exc} (reply cut off at max_tokens)" if cut else str(exc)
+        if result.parse_error:
+            logger.info("LLM %s/%s parse failure: %s", cfg.provider, role, result.parse_error)
+            logger.debug("LLM %s/%s unparsed reply: %r", cfg.provider, role, result.text)
         if result.empty:
             logger.warning(
                 "LLM %s/%s returned an empty reply (finish_reason=%s)",
@@ -357,9 +327,9 @@ class LLMClient:
     def _call(
         self,
         msgs: list[Any],
-        kwargs: dict[str, Any],
+        max_tokens: int | None,
         json_format: dict[str, Any] | None,
-        cfg: ResolvedLLM,
+        cfg: providers.ResolvedLLM,
         role: str,
         deadline: float | None,
     ) -> tuple[Any, int]:
@@ -368,7 +338,8 @@ class LLMClient:
         import openai
         from langchain_openai.chat_models.base import BaseChatOpenAI
 
-        llm = self._factory(role) if self._factory is not None else chat_model(cfg, self.settings)
+        llm = self._factory(role) if self._factory else providers.chat_model(cfg, self.settings)
+        kwargs = {} if max_tokens is None else {"max_tokens": max_tokens}
         if json_format is None:
             runnable = llm.bind(**kwargs)
         elif isinstance(llm, BaseChatOpenAI):
@@ -378,8 +349,9 @@ class LLMClient:
         else:  # a test's fake model: the format goes along as a keyword
             fmt = {"type": "json_schema", "json_schema": json_format}
             runnable = llm.bind(response_format=fmt, **kwargs)
-        attempts = Attempts(deadline, rate_limiter(cfg), getattr(llm, "root_client", None))
-        token = CALL.set(attempts)
+        limiter = providers.rate_limiter(cfg)
+        attempts = providers.Attempts(deadline, limiter, getattr(llm, "root_client", None))
+        token = providers.CALL.set(attempts)
         system = "".join(m.text for m in msgs[:1] if m.type == "system")
         local = cfg.local and self._factory is None
         state = local_llm.prompt_state(cfg.provider, system) if local else contextlib.nullcontext()
@@ -395,8 +367,8 @@ class LLMClient:
         except Exception as exc:
             n = attempts.count if attempts.client is not None else 1  # a fake sends no request
             prefix = f"LLM call for role {role!r} to {cfg.provider} ({cfg.model})"
-            stopped = isinstance(exc, DeadlineReached)
-            reason = cfg.redact(str(exc) if stopped else failure_reason(exc))
+            stopped = isinstance(exc, providers.DeadlineReached)
+            reason = cfg.redact(str(exc) if stopped else providers.failure_reason(exc))
             about = {"role": role, "provider": cfg.provider, "attempts": n, "reason": reason}
             if stopped or (deadline is not None and time.monotonic() >= deadline):
                 raise LLMDeadlineError(
@@ -406,11 +378,10 @@ class LLMClient:
                     **about,
                 ) from None
             where = f" at {cfg.display_url}" if cfg.display_url and not cfg.local else ""
-            raise LLMCallError(
-                f"{prefix} failed after {n} attempt(s): {reason}{where}", **about
-            ) from None
+            message = f"{prefix} failed after {n} attempt(s): {reason}{where}"
+            raise LLMCallError(message, **about) from None
         finally:
-            CALL.reset(token)
+            providers.CALL.reset(token)
         return reply["raw"] if isinstance(reply, dict) else reply, max(0, attempts.count - 1)
 
 
@@ -436,19 +407,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.ping:
         client = LLMClient(settings.replace(llm_cache=False))
         try:
-            res = client.invoke(
-                [("user", "Reply with the single word: ready")], role="ping", max_tokens=8
-            )
+            ask = [("user", "Reply with the single word: ready")]
+            res = client.invoke(ask, role="ping", max_tokens=8)
             ping = {"ok": True, "reply": res.text.strip(), "latency_s": round(res.latency_s, 2)}
             if res.empty:  # what the agent counts as a failed call (a thinking model, 8 tokens)
                 ping = {"ok": False, "error": f"empty reply (finish_reason {res.finish_reason})"}
-        except (LLMCallError, LLMConfigError) as exc:
+        except (LLMCallError, providers.LLMConfigError) as exc:
             ping = {"ok": False, "error": str(exc)}
-    out = {**listing(settings), "ping": ping}
+    out = {**providers.listing(settings), "ping": ping}
     if args.json:
         print(json.dumps(out, indent=2))
     else:
-        print(format_listing(out))
+        print(providers.format_listing(out))
         if ping is not None:
             ok = f"ok, replied {ping.get('reply')!r} in {ping.get('latency_s')} s"
             print(f"ping: {ok if ping['ok'] else 'failed: ' + ping['error']}")

@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import hashlib
 import importlib
+import importlib.metadata
 import importlib.util
 import json
 import logging
@@ -86,12 +87,9 @@ def _sha256(path: Path) -> str:
 
 
 def _spec(name: str) -> LocalModelSpec:
-    try:
-        return LOCAL_MODELS[name]
-    except KeyError:
-        raise LocalModelError(
-            f"unknown local model {name!r}; choose one of {sorted(LOCAL_MODELS)}"
-        ) from None
+    if name not in LOCAL_MODELS:
+        raise LocalModelError(f"unknown local model {name!r}; choose one of {sorted(LOCAL_MODELS)}")
+    return LOCAL_MODELS[name]
 
 
 def _install_hint(spec: LocalModelSpec) -> str:
@@ -100,13 +98,10 @@ def _install_hint(spec: LocalModelSpec) -> str:
 
 def _require(spec: LocalModelSpec, modules: Sequence[str], what: str) -> None:
     """Raise LocalModelError naming the missing ``modules`` (found without importing them)."""
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    if missing:
-        shown = ", ".join(missing[:4]) + (
-            f" and {len(missing) - 4} more" if len(missing) > 4 else ""
-        )
+    if missing := [m for m in modules if importlib.util.find_spec(m) is None]:
+        more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
         raise LocalModelError(
-            f"LLM_PROVIDER={spec.name} needs {what} ({shown} missing); "
+            f"LLM_PROVIDER={spec.name} needs {what} ({', '.join(missing[:4])}{more} missing); "
             f"install them with: {_install_hint(spec)}"
         )
 
@@ -114,15 +109,13 @@ def _require(spec: LocalModelSpec, modules: Sequence[str], what: str) -> None:
 def part_paths(spec: LocalModelSpec) -> list[Path]:
     """The chunk files in order; raises LocalModelError naming the missing packages."""
     _require(spec, spec.part_modules, "the model chunk packages")
-    paths = []
-    for module_name in spec.part_modules:
-        path = Path(importlib.import_module(module_name).get_part_path())
+    paths = [Path(importlib.import_module(m).get_part_path()) for m in spec.part_modules]
+    for module_name, path in zip(spec.part_modules, paths, strict=True):
         if not path.is_file():
             raise LocalModelError(
                 f"{module_name} is installed but its data file {path.name} is missing; "
                 f"reinstall with: {_install_hint(spec)}"
             )
-        paths.append(path)
     return paths
 
 
@@ -240,15 +233,10 @@ class LocalServer:
 
     def _slot_action(self, action: str, filename: str) -> None:
         """Ask llama.cpp to save or restore the slot's prompt state in ``filename`` (best effort)."""
-        root = self.base_url.removesuffix("/v1")
+        url = f"{self.base_url.removesuffix('/v1')}/slots/0?action={action}"
         body = json.dumps({"filename": filename}).encode()
-        request = urllib.request.Request(
-            f"{root}/slots/0?action={action}",
-            data=body,
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        try:
+        request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+        try:  # a POST, since it has a body
             with urllib.request.urlopen(request, timeout=30) as resp:
                 resp.read()
         except (OSError, ValueError) as exc:  # a cache: the call reads its prompt in full
@@ -304,10 +292,8 @@ def _wait_healthy(root_url: str, timeout_s: float) -> None:
     last = "no answer"
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(root_url + "/health", timeout=5) as resp:
-                if resp.status == 200:
-                    return
-                last = f"HTTP {resp.status}"
+            with urllib.request.urlopen(root_url + "/health", timeout=5):
+                return  # urlopen raises HTTPError for an error status
         except urllib.error.HTTPError as exc:  # 503 while the model loads
             last = f"HTTP {exc.code}"
         except OSError as exc:
@@ -372,8 +358,6 @@ def _start(name: str, settings: Settings) -> LocalServer:
 def _prompt_state_dir(model_path: Path) -> Path | None:
     """The folder of saved prompt states, beside the model, one per model file and xllamacpp
     version (a state is only valid for both); None when it cannot be written."""
-    import importlib.metadata
-
     version = importlib.metadata.version("xllamacpp")
     folder = model_path.parent / "prompt-states" / f"{model_path.stem}-xllamacpp-{version}"
     try:

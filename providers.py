@@ -74,8 +74,6 @@ def redact_url(url: str | None) -> str | None:
 
 def redact_urls_in_text(text: str) -> str:
     """Every URL inside ``text`` passed through :func:`redact_url` (log lines, error messages)."""
-    if "://" not in text:
-        return text
     return _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)) or "", text)
 
 
@@ -102,8 +100,8 @@ def install_log_redaction() -> None:
 @dataclass(frozen=True)
 class Provider:
     """An OpenAI-compatible endpoint.  Limits: the published free tier, a guide (None = none
-    fixed).  ``local``: served in-process by local_llm.  ``api_key_env_aliases``: other variables
-    holding the same key, read when ``api_key_env`` is unset (GOOGLE_API_KEY)."""
+    fixed).  ``local``: served in-process by local_llm.  ``api_key_env_aliases``: read when
+    ``api_key_env`` is unset (GOOGLE_API_KEY)."""
 
     name: str
     base_url: str | None
@@ -119,7 +117,6 @@ class Provider:
     api_key_env_aliases: tuple[str, ...] = ()
 
     def api_key(self, settings: Settings) -> str | None:
-        """The key from ``api_key_env``, else from the first of its aliases that is set."""
         values = (settings.secret(var) for var in (self.api_key_env, *self.api_key_env_aliases))
         return next((v for v in values if v), None)
 
@@ -205,7 +202,6 @@ class ResolvedLLM:
 
     @property
     def display_url(self) -> str | None:
-        """The base URL without credentials (safe to print, log and save)."""
         return redact_url(self.base_url)
 
     def redact(self, text: str) -> str:
@@ -315,9 +311,8 @@ def rate_limiter(cfg: ResolvedLLM) -> Any:
     key = (cfg.provider, cfg.base_url, cfg.model, cfg.requests_per_minute)
     with _models_lock:
         if key not in _limiters:
-            limiter = InMemoryRateLimiter(
-                requests_per_second=cfg.requests_per_minute / 60, check_every_n_seconds=0.05
-            )
+            rps = cfg.requests_per_minute / 60
+            limiter = InMemoryRateLimiter(requests_per_second=rps, check_every_n_seconds=0.05)
             limiter.available_tokens = 1.0
             _limiters[key] = limiter
         return _limiters[key]
@@ -351,9 +346,8 @@ def _check_completion(response: Any) -> None:
             message = f"the 200 response is not a chat completion: {' '.join(response.text.split())[:80]!r}"
         raise MalformedResponseError(message) from None
     if not isinstance(data, dict):
-        raise MalformedResponseError(
-            f"the 200 response is not a chat completion ({type(data).__name__})"
-        )
+        kind = type(data).__name__
+        raise MalformedResponseError(f"the 200 response is not a chat completion ({kind})")
     if data.get("error"):
         detail = " ".join(str(data["error"]).split())[:120]
         raise MalformedResponseError(f"the 200 response is an error object: {detail}")
@@ -523,11 +517,7 @@ def listing(settings: Settings) -> dict:
 
 
 def format_listing(listing: dict) -> str:
-    """:func:`listing` as the table ``python llm_config.py`` prints."""
-
-    def limit(value: int | None) -> str:
-        return "-" if value is None else f"{value:,}"
-
+    limits = ("requests_per_minute", "requests_per_day", "tokens_per_day")
     headers = ["name", "model", "key", "req/min", "req/day", "tokens/day", "schema", "notes"]
     table = [
         [
@@ -536,9 +526,7 @@ def format_listing(listing: dict) -> str:
             f"{'/'.join([r['api_key_env'], *r['api_key_env_aliases']])}: {r['key']}"
             if r["api_key_env"]
             else r["key"],
-            limit(r["requests_per_minute"]),
-            limit(r["requests_per_day"]),
-            limit(r["tokens_per_day"]),
+            *("-" if r[k] is None else f"{r[k]:,}" for k in limits),
             "yes" if r["json_schema"] else "no",
             r["notes"],
         ]

@@ -157,8 +157,6 @@ class DataSettings:
 
 @dataclass(frozen=True)
 class Settings:
-    """All settings, in groups (see the module docstring)."""
-
     retrieval: RetrievalSettings = field(default_factory=RetrievalSettings)
     filters: FilterSettings = field(default_factory=FilterSettings)
     llm: LLMSettings = field(default_factory=LLMSettings)
@@ -174,9 +172,8 @@ class Settings:
         defaults."""
         env = dict(os.environ if env is None else env)
         # Data paths follow the XDG_CACHE_HOME of ``env``, not only that of the process.
-        values = {
-            var.lower(): str(default_data_dir(env) / leaf) for var, leaf in _DATA_DIRS.items()
-        }
+        data = default_data_dir(env)
+        values = {var.lower(): str(data / leaf) for var, leaf in _DATA_DIRS.items()}
         for name, (_, _, hint, _) in VARIABLES.items():
             raw = env.get(name.upper())
             if overrides.get(name) is not None:
@@ -212,9 +209,8 @@ class Settings:
             if isinstance(rule[0], str):
                 given = value.strip().lower() if var == "EMBEDDING_BACKEND" else value
                 if given not in rule:
-                    raise SettingsError(
-                        f"{var}={value!r}: use {', '.join(rule[:-1])} or {rule[-1]}"
-                    )
+                    choices = f"{', '.join(rule[:-1])} or {rule[-1]}"
+                    raise SettingsError(f"{var}={value!r}: use {choices}")
                 continue
             low, high = rule
             if high is not None and not low <= value <= high:
@@ -227,18 +223,11 @@ class Settings:
         return (self.environ.get(env_var, "").strip() or None) if env_var else None
 
 
-_GROUPS: dict[str, type] = {
-    name: cls for name, cls in typing.get_type_hints(Settings).items() if name != "environ"
-}
-
 VARIABLES: dict[str, tuple[str, str, Any, tuple | None]] = {
-    f.metadata["env"].lower(): (
-        group,
-        f.name,
-        typing.get_type_hints(cls)[f.name],
-        f.metadata.get("rule"),
-    )
-    for group, cls in _GROUPS.items()
+    f.metadata["env"].lower(): (group, f.name, hints[f.name], f.metadata.get("rule"))
+    for group, cls in typing.get_type_hints(Settings).items()
+    if group != "environ"
+    for hints in [typing.get_type_hints(cls)]
     for f in dataclasses.fields(cls)
 }
 """Variable name in lower case -> (group, field, type, rule of :func:`_var`): ``llm_max_retries``

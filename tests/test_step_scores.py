@@ -123,7 +123,7 @@ def test_the_off_topic_check_scores_each_sentence_with_its_own_search(real):
     assert calls.texts == [[question]] and calls.vector_reads == 1
     calls.reset()
     docs = ctx.retrieve([question], ctx.settings.agent.retrieval_k, [])
-    assert ctx.score_evidence(question, docs, [question]) == pytest.approx(
+    assert ctx.gate_scores(question, docs, [question]).evidence == pytest.approx(
         float(cosines(ctx, question, [d["id"] for d in docs]).max()), abs=1e-6
     )
 
