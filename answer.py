@@ -42,6 +42,8 @@ from question import AUX, Kind, Question, split_sentences
 
 Policy = Literal["research", "evidence"]
 EmbedFn = Callable[[list[str]], Any]
+Pair = tuple[Mapping[str, Any], str]
+"""A sentence quoted from a passage: (the passage, the sentence verbatim)."""
 
 RULE_SENTENCES = 2
 """Sentences quoted as an issue's rule (the best by cosine to the issue and its facts)."""
@@ -312,13 +314,12 @@ def cosines(embed: EmbedFn, query: str, texts: Sequence[str]) -> np.ndarray:
     return rows[1:] @ rows[0]
 
 
-def issue_facts(
-    issue: str, facts: Sequence[str], embed: EmbedFn, n: int = FACT_SENTENCES
-) -> list[str]:
-    """The ``n`` fact sentences closest to ``issue`` (by cosine), in the order the facts give them."""
-    if len(facts) <= n:
+def issue_facts(issue: str, facts: Sequence[str], embed: EmbedFn) -> list[str]:
+    """The :data:`FACT_SENTENCES` fact sentences closest to ``issue``, in the facts' order."""
+    if len(facts) <= FACT_SENTENCES:
         return list(facts)
-    return [facts[i] for i in sorted(np.argsort(-cosines(embed, issue, facts))[:n])]
+    closest = np.argsort(-cosines(embed, issue, facts))[:FACT_SENTENCES]
+    return [facts[i] for i in sorted(closest)]
 
 
 _AUXILIARY = re.compile(rf"\b{AUX}\b", re.IGNORECASE)
@@ -377,12 +378,11 @@ def doctrine_scores(issue: str, docs: Sequence[Mapping[str, Any]], embed: EmbedF
     return [float(s) for s in cosines(embed, issue, heads)]
 
 
-def lead_rule(
-    doc: Mapping[str, Any], question: str, embed: EmbedFn, n: int = RULE_QUESTION_SENTENCES
-) -> list[tuple[Mapping[str, Any], str]]:
-    """The rule as its source states it: a passage's first ``n`` candidate sentences, and the one
-    closest to ``question`` when it comes later, in the passage's order."""
+def lead_rule(doc: Mapping[str, Any], question: str, embed: EmbedFn) -> list[Pair]:
+    """The rule as its source states it: a passage's first :data:`RULE_QUESTION_SENTENCES`
+    candidate sentences, and the one closest to ``question`` when it comes later, in order."""
     sentences = candidate_sentences(doc)
+    n = RULE_QUESTION_SENTENCES
     keep = list(range(min(n, len(sentences))))
     if len(sentences) > n:
         closest = int(np.argmax(cosines(embed, question, sentences)))
@@ -390,9 +390,7 @@ def lead_rule(
     return [(doc, sentences[i]) for i in keep]
 
 
-def fact_fit(
-    rule: Sequence[tuple[Mapping[str, Any], str]], facts: np.ndarray, embed: EmbedFn
-) -> float:
+def fact_fit(rule: Sequence[Pair], facts: np.ndarray, embed: EmbedFn) -> float:
     """The cosine of a rule's closest sentence to the closest sentence of the facts (their rows)."""
     if not rule or not len(facts):
         return 1.0
@@ -405,7 +403,7 @@ def select_rule(
     embed: EmbedFn,
     n: int = RULE_SENTENCES,
     taken: Container[tuple[str, str]] = (),
-) -> list[tuple[Mapping[str, Any], str]]:
+) -> list[Pair]:
     """(passage, sentence) pairs that state the rule for ``query`` (the issue and its facts): the
     ``n`` sentences of all the issue's passages closest to it, verbatim, in passage order (the
     fitting rule is often the search's third or fourth passage: docs/MEASUREMENTS_HISTORY.md, stop 32),
@@ -469,7 +467,7 @@ def pin_cite(doc: Mapping[str, Any]) -> str:
 
 
 def _clean(text: str) -> str:
-    return " ".join(str(text).split()).strip().rstrip(".;,")
+    return " ".join(str(text).split()).rstrip(".;,")
 
 
 NOT_STATED_FACT = "not stated"
@@ -542,18 +540,18 @@ def _application_sentences(
     return out
 
 
+_CONCLUSION = {
+    "yes": "every requirement is met on these facts, so the rule applies.",
+    "no": 'the rule does not apply: the facts do not meet "{}".',
+    "unclear": "the facts stated do not settle whether the rule applies.",
+}
+
+
 def _conclusion(issue: str, outcome: Met, checks: Sequence[Check], cites: list[int]) -> Sentence:
     """The issue's conclusion, following from its checks (:func:`_outcome`): it names the
     requirement the facts fail."""
-    failed = [c for c in checks if c.met == "no"]
-    if outcome == "yes":
-        text = f"{issue}: every requirement is met on these facts, so the rule applies."
-    elif outcome == "no":
-        requirement = _gist(failed[0].requirement)
-        text = f'{issue}: the rule does not apply: the facts do not meet "{requirement}".'
-    else:
-        text = f"{issue}: the facts stated do not settle whether the rule applies."
-    return Sentence(text, "conclusion", list(cites))
+    failed = [_gist(c.requirement) for c in checks if c.met == "no"][:1]
+    return Sentence(f"{issue}: {_CONCLUSION[outcome].format(*failed)}", "conclusion", list(cites))
 
 
 def _deciding(checks: Sequence[Check], reading: Met) -> list[Check]:
@@ -746,8 +744,8 @@ def complete_checks(text: str) -> Application | None:
 
 
 def verify_rule(
-    client: Any, issue: str, pairs: Sequence[tuple[Mapping[str, Any], str]]
-) -> tuple[list[tuple[Mapping[str, Any], str]], list[dict] | None]:
+    client: Any, issue: str, pairs: Sequence[Pair]
+) -> tuple[list[Pair], list[dict] | None]:
     """The grounding gate (evidence policy): the ``verify`` call's verdict on each candidate rule
     sentence for ``issue``.  (the verified pairs, in order; one quote record per sentence), or
     (``[]``, None) when the reply is unusable: nothing is verified that was not judged."""
@@ -883,22 +881,15 @@ class _Stage:
         """Count guard ``name`` (a row of :data:`GUARDS`) as fired ``times`` more."""
         self.guards[name] += times
 
-    def record(self, issues: list[IssueAnswer], abstained: bool, why: str = "") -> AnswerRecord:
-        citations = [] if abstained else list(self.cited.values())
-        return AnswerRecord(
-            self.q.kind,
-            "",
-            issues,
-            citations,
-            abstained,
-            why,
-            quotes=self.quotes,
-            guards=self.guards,
-            reused=self.reused,
-        )
+    def record(self, issues: list[IssueAnswer], why: str = "", declined: str = "") -> AnswerRecord:
+        """The record; one that abstains (``why``) reads "No answer: ``declined`` (``why``)."."""
+        text = f"{NO_ANSWER}: {declined} ({why})." if why else ""
+        citations = [] if why else list(self.cited.values())
+        kept = dict(quotes=self.quotes, guards=self.guards, reused=self.reused)
+        return AnswerRecord(self.q.kind, text, issues, citations, bool(why), why, **kept)
 
 
-Ruled = tuple[int, IssueResearch, list[tuple[Mapping[str, Any], str]], float]
+Ruled = tuple[int, IssueResearch, list[Pair], float]
 """An issue with a rule: its slot in the answer, its research, its rule, the rule's fit."""
 
 
@@ -913,10 +904,8 @@ def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
     mine = [d for d in docs if d.get("doc_id") and " ".join(d["title"].split()) == item.issue]
     docs = mine or docs
     if not docs:
-        why = item.why or (
-            "the passages found are about other doctrines" if item.docs else "no passage found"
-        )
-        return IssueAnswer(item.issue, "no_evidence", why=why)
+        found = "the passages found are about other doctrines" if item.docs else "no passage found"
+        return IssueAnswer(item.issue, "no_evidence", why=item.why or found)
     # A rule question gets the rule as the issue's own passage (the one most about its doctrine)
     # states it; a fact pattern, what its passages say closest to issue and facts.
     rule_question = stage.q.kind == "rule_question"
@@ -926,7 +915,8 @@ def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
     if near is None:
         near = issue_facts(item.issue, stage.q.facts, stage.embed)
     query = " ".join([item.issue, *near] if not mine else [stage.q.text])  # a title says nothing
-    if stage.policy == "evidence":
+    evidence = stage.policy == "evidence"
+    if evidence:
         candidates = lead or select_rule(query, docs, stage.embed, VERIFY_CANDIDATES)
         rule, judged = verify_rule(stage.client, item.issue, candidates)
         stage.fire("unparsed_verdicts", judged is None)
@@ -940,11 +930,7 @@ def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
     # The same law as earlier issues is said once, under them (guard ``same_rule``); outside the
     # evidence policy, an issue quotes what else its passages say when they say more.
     if rule and all(r in stage.taken for r in _keys(rule)):
-        more = (
-            []
-            if stage.policy == "evidence"
-            else select_rule(query, docs, stage.embed, taken=stage.taken)
-        )
+        more = [] if evidence else select_rule(query, docs, stage.embed, taken=stage.taken)
         if not more:
             stage.fire("same_rule")
             owners = ", ".join(dict.fromkeys(stage.taken[r] for r in _keys(rule)))
@@ -955,7 +941,7 @@ def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
     return rule
 
 
-def _keys(rule: Sequence[tuple[Mapping[str, Any], str]]) -> list[tuple[str, str]]:
+def _keys(rule: Sequence[Pair]) -> list[tuple[str, str]]:
     return [(d["id"], s) for d, s in rule]
 
 
@@ -1010,27 +996,26 @@ def _answered(
     return answer
 
 
-Applied = tuple[list[Check] | None, bool]
-"""An issue's application (None: nothing to apply, or an unusable reply), and whether its rule
-was cut into requirements."""
+Applied = tuple[list[Check] | None, bool, int, bool]
+"""An issue's application (None: nothing to apply, or an unusable reply), whether its rule was cut
+into requirements, the checks dropped as unrelated (guard ``unrelated_fact``), and whether it is
+the thread's earlier one (:func:`_carried`)."""
 
 
-def _checks(stage: _Stage, issue: str, rule: list) -> tuple[Applied, int, bool]:
-    """The application of a fact pattern's rule to its facts, the checks dropped as unrelated
-    (guard ``unrelated_fact``), and whether it is the thread's earlier one (:func:`_carried`)."""
+def _checks(stage: _Stage, issue: str, rule: list) -> Applied:
+    """The application of a fact pattern's rule to its facts."""
     if stage.q.kind == "rule_question" or not stage.q.facts:
-        return (None, False), 0, False
+        return None, False, 0, False
     reqs = requirements([s for _, s in rule])
     if not reqs:  # the rule is quoted, with nothing to apply
-        return (None, False), 0, False
+        return None, False, 0, False
     if (carried := _carried(stage, issue, reqs)) is not None:
-        return (carried, True), 0, True
-    later = len(stage.q.earlier)
-    applied = apply_rule(stage.client, issue, reqs, stage.q.facts, later=later)
+        return carried, True, 0, True
+    applied = apply_rule(stage.client, issue, reqs, stage.q.facts, later=len(stage.q.earlier))
     if applied is None:
-        return (None, True), 0, False
+        return None, True, 0, False
     applied, unrelated = related_checks(applied, stage.embed, keep=issue in stage.named)
-    return (applied, True), unrelated, False
+    return applied, True, unrelated, False
 
 
 def _applications(stage: _Stage, todo: Sequence[tuple[str, list]]) -> list[Applied]:
@@ -1042,10 +1027,10 @@ def _applications(stage: _Stage, todo: Sequence[tuple[str, list]]) -> list[Appli
     else:
         with ContextThreadPoolExecutor(max_workers=len(todo)) as pool:
             done = list(pool.map(lambda pair: _checks(stage, *pair), todo))
-    for (issue, _), (_, unrelated, carried) in zip(todo, done, strict=True):
+    for (issue, _), (*_, unrelated, carried) in zip(todo, done, strict=True):
         stage.fire("named_issue" if issue in stage.named else "unrelated_fact", unrelated)
         stage.reused += [issue] if carried else []
-    return [applied for applied, *_ in done]
+    return done
 
 
 def _carried(stage: _Stage, issue: str, items: list[str]) -> list[Check] | None:
@@ -1106,7 +1091,7 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
             why = f"its rule does not fit {what} (cosine {fit:.2f} < {floor})"
             issues[slot] = IssueAnswer(item.issue, "not_raised", why=why)
             continue
-        applied, cut = next(applications)
+        applied, cut, *_ = next(applications)
         unraised = applied is not None and not raised(applied)
         stage.fire("named_issue", unraised and named[n] and not low_fit[n])
         if unraised and not named[n]:
@@ -1193,22 +1178,15 @@ def build_record(
     follow-up's thread, each issue's application in its last answer (:func:`_carried`)."""
     stage = _Stage(client, question, embed, policy, verdict_support, earlier=earlier or {})
     if decline:
-        record = stage.record([], True, decline)
-        record.text = f"{NO_ANSWER}: the sources do not cover this question as asked ({decline})."
-        return record
+        return stage.record([], decline, "the sources do not cover this question as asked")
     issues, ruled = _ruled_issues(stage, research)
     _apply_issues(stage, issues, ruled)
-    why = _unanswerable(stage, issues)
-    if why:
-        record = stage.record(issues, True, why)
-        record.text = (
-            f"{NO_ANSWER}: the research found nothing in the sources that answers this question "
-            f"({why})."
-        )
-        return record
+    if why := _unanswerable(stage, issues):
+        found = "the research found nothing in the sources that answers this question"
+        return stage.record(issues, why, found)
     applied = [i for i in issues if i.status == "answered" and i.outcome is not None]
     decided, tail = _tail(stage, applied)
-    record = stage.record(issues, False)
+    record = stage.record(issues)
     if decided:
         record.verdict, record.reading, record.support = decided[:3]
     record.grounded = all(s.cites for s in record.sentences) and all(s.cites for s in tail)
