@@ -61,13 +61,9 @@ def _traced(name: str) -> Callable:
         def node(state: AgentState, runtime: Runtime[AgentContext]) -> dict | Command:
             # A LangGraph server run brings an empty context ({}): use the default one, whose
             # run (its deadline, and the LLM calls it counts) starts at the run's first node.
-            ctx = runtime.context
-            if not isinstance(ctx, AgentContext):
-                ctx = (
-                    default_context().start_run()
-                    if name == "detect_injection"
-                    else default_context()
-                )
+            if not isinstance(ctx := runtime.context, AgentContext):
+                ctx = default_context()
+                ctx = ctx.start_run() if name == "detect_injection" else ctx
             start = time.perf_counter()
             update, decision, *goto = fn(state, ctx)
             seconds = round(time.perf_counter() - start, 3)
@@ -105,11 +101,7 @@ def issue_names(issue: str) -> list[str]:
 
 
 def step_for(
-    step_id: int,
-    issue: str,
-    facts: list[str],
-    search_type: str = FIRST_SEARCH,
-    phase: str = "rule",
+    step_id: int, issue: str, facts: list[str], search_type: str = FIRST_SEARCH, phase: str = "rule"
 ) -> PlanStep:
     """A pending research step for ``issue``: a self-contained question that keeps the facts that
     raise the issue, and queries built from the doctrine's names and those facts."""
@@ -166,16 +158,11 @@ def candidate_search(ctx: AgentContext, name: str, facts: Sequence[str]) -> list
 
 
 def passed_over(state: AgentState, ctx: AgentContext, quoted: Collection[str] = ()) -> list[str]:
-    """The planner's candidates left off the agenda, one name a doctrine (the name before its
-    linked doctrines' parentheses): what the user may research next where the agenda missed (the
-    1.5B passed over "Abnormally dangerous activities", its first candidate, for a blasting
-    question); of a fact pattern, those whose search finds a passage some stated fact fits at
-    :data:`OTHERS_FIT`.  Not one of the doctrines the answer quotes a source on (``quoted``,
-    :attr:`answer.AnswerRecord.quoted_doctrines`): its sources list it ("False imprisonment and
-    shopkeeper's privilege" after an issue "False imprisonment (Shopkeeper's privilege)" quoting
-    that passage).  None when the user set or reviewed the agenda: they chose from the
-    candidates; nor an issue researched earlier on the thread (a follow-up's candidates list
-    those first)."""
+    """The planner's candidates left off the agenda, by the name before their parentheses: what
+    the user may research next (the 1.5B passed over "Abnormally dangerous activities" for a
+    blasting question); of a fact pattern, those whose search finds a passage a stated fact fits
+    at :data:`OTHERS_FIT`.  Never a doctrine the answer quotes (``quoted``: its sources list it),
+    one researched earlier on the thread, or any when the user set or reviewed the agenda."""
     facts = state["parsed"].facts
     if state["parsed"].issues or _reading(state, "review"):
         return []
@@ -257,10 +244,7 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         "parsed": q,
         "review": False,  # asked for one run: the thread's next question is not paused
         "reading": Overwrite(reading),
-        "planning_table": Overwrite([]),
-        "flagged_passages": Overwrite([]),
-        "fallbacks": Overwrite([]),
-        "trace": Overwrite([]),
+        **{k: Overwrite([]) for k in ("planning_table", "flagged_passages", "fallbacks", "trace")},
     }
     if not check["is_safe"]:
         text = ctx.rejection_message(check)
@@ -298,9 +282,8 @@ def _memory_hit(state: AgentState, ctx: AgentContext, q: Question) -> dict | Non
     # evidence answers are never cached; a follow-up's facts are its thread's, not a saved
     # one's; a run the user reviews, or whose issues the user set, is researched on them
     steered = reading.get("review") or q.issues
-    if answer_mode(state, ctx) != "research" or reading.get("follow_up") or steered:
-        return None
-    if q.law and not q.law.held:  # law no source holds: declined, whatever was saved before
+    unheld = q.law and not q.law.held  # law no source holds: declined, whatever was saved before
+    if answer_mode(state, ctx) != "research" or reading.get("follow_up") or steered or unheld:
         return None
     try:
         hit = ctx.check_memory(q.text)
@@ -370,16 +353,16 @@ def reading_moot(q: Question, ctx: AgentContext, score: float | None) -> str:
     return f"its facts' closest passages score {score:.2f}, in scope" if score >= floor else ""
 
 
-def agenda(ctx: AgentContext, question: str, issues: list[str]) -> list[str]:
-    """The research agenda: the model's issues merged with the doctrines the question links to in
-    the legal taxonomy, one item per claim (the model's issues alone when linking fails)."""
+def linked_doctrines(ctx: AgentContext, question: str) -> list[str]:
+    """The doctrines the question links to in the legal taxonomy, one item per claim (none when
+    linking fails)."""
     if ctx.link_issues is None:
-        return issues
+        return []
     try:
-        return ctx.link_issues(question, issues) or issues
-    except Exception as exc:  # noqa: BLE001 - linking is an aid; the model's list still stands
+        return ctx.link_issues(question, []) or []
+    except Exception as exc:  # noqa: BLE001 - linking is an aid; the plan still runs
         logger.warning("doctrine linking failed; keeping the model's issues: %s", exc)
-        return issues
+        return []
 
 
 CANDIDATE_PASSAGES = 4
@@ -395,7 +378,7 @@ def candidate_doctrines(
     the question; and the title of the user's own document when the closest of those passages is
     one ("" when none is).  A question researched in one state's law (``within``, a USPS code)
     lists only that state's passage titles: general law finds nothing in a state's statute."""
-    linked = [i for i in agenda(ctx, question, []) if i]
+    linked = [i for i in linked_doctrines(ctx, question) if i]
     titles: list[str] = []
     own = ""
     try:
@@ -405,7 +388,9 @@ def candidate_doctrines(
             else ctx.retrieve([question], CANDIDATE_PASSAGES, [])
         )
         titles = [d.get("title") or "" for d in found]
-        own = " ".join(titles[0].split()) if found and is_document(found[0]) else ""
+        # the user's own document (``load_corpus.py docs``: metadata ``doc_id``)
+        mine = found and (found[0].get("metadata") or {}).get("doc_id")
+        own = " ".join(titles[0].split()) if mine else ""
     except Exception as exc:  # noqa: BLE001 - candidates are an aid; the plan still runs
         logger.warning("candidate retrieval failed: %s", exc)
     out: dict[str, str] = {}  # one candidate per doctrine (doctrine_key)
@@ -413,12 +398,6 @@ def candidate_doctrines(
         if key := doctrine_key(name):
             out.setdefault(key, " ".join(name.split()))
     return list(out.values()), own
-
-
-def is_document(passage: Passage) -> bool:
-    """Whether a passage is of the user's own documents (``load_corpus.py docs``: metadata
-    ``doc_id``)."""
-    return bool((passage.get("metadata") or {}).get("doc_id"))
 
 
 def off_topic(
@@ -624,7 +603,7 @@ def _fallback_agenda(ctx: AgentContext, question: str) -> tuple[list[str], list[
     """The agenda when no issue was named, and the fallbacks taken: the doctrines the question
     links to, else the question itself."""
     taken = ["planner: no issues named (the linked doctrines are researched)"]
-    if issues := agenda(ctx, question, []):
+    if issues := linked_doctrines(ctx, question):
         return issues, taken
     taken.append("planner: no issues named or linked (the question itself is researched)")
     return [question], taken
