@@ -194,8 +194,7 @@ class Citation:
     support: str
     """The sentence of the passage that the citing sentences rest on (verbatim)."""
     pin: str = ""
-    """Where a reader finds it in the source (:func:`pin_cite`); "" for a passage without
-    document metadata."""
+    """Where a reader finds it in the source (:func:`pin_cite`; "" without document metadata)."""
 
 
 @dataclass
@@ -212,23 +211,19 @@ class IssueAnswer:
     status: Literal["answered", "no_evidence", "not_researched", "not_raised"]
     sentences: list[Sentence] = field(default_factory=list)
     outcome: Met | None = None
-    """The conclusion shown: yes, the rule's requirements are met on the facts; no, one fails;
-    unclear, the facts do not decide it or the research does not support the reading (``support``
-    below the bar); None: no application (a rule question, no rule found)."""
+    """The conclusion shown: ``reading`` where ``support`` reaches the bar, else unclear; None: no
+    application (a rule question, no rule found)."""
     why: str = ""
     reading: Met | None = None
     """The application's reading of the facts, shown as ``outcome`` only when it is earned."""
     support: float | None = None
-    """How far the research supports the reading: the least fit of a fact to a requirement it
-    rests on (:func:`reading_support`; None: nothing decided)."""
+    """How far the research supports the reading (:func:`reading_support`)."""
     finding: str = ""
     """The conclusion the reading states (what the bottom-line call reads, shown or not)."""
     turns_on: list[str] = field(default_factory=list)
-    """What decides the issue: each requirement the reading rests on and the fact said to meet or
-    fail it, or a requirement no stated fact decides."""
+    """What decides the issue (:func:`turns_on`)."""
     checks: list[dict[str, Any]] = field(default_factory=list)
-    """The application: per requirement, the stated fact that decides it and how
-    (:class:`prompts.Check` as a dict); a follow-up on the thread may carry it over."""
+    """The application (:class:`prompts.Check` as dicts); a follow-up may carry it over."""
     fit: float | None = None
     """How near its rule is to the stated facts (:func:`fact_fit`; None: no rule found)."""
 
@@ -246,13 +241,11 @@ class AnswerRecord:
     why: str = ""
     """Why the answer abstained, or what it could not do."""
     verdict: Met | None = None
-    """The bottom line's answer to a yes/no question, shown only when earned (None: not asked, not
-    reached, or not earned)."""
+    """The bottom line's answer to a yes/no question: ``reading`` where ``support`` reaches
+    VERDICT_SUPPORT (None: not asked, not reached, or not earned)."""
     reading: Met | None = None
     """The model's answer to the yes/no question from the issues' readings, shown or not."""
     support: float | None = None
-    """The support of the conclusion ``reading`` rests on (``verdict`` is shown when it reaches
-    VERDICT_SUPPORT)."""
     letter: str | None = None
     grounded: bool = False
     """Every legal sentence cites a source (and, under the evidence policy, every rule sentence is
@@ -267,11 +260,10 @@ class AnswerRecord:
     lean: dict[str, Any] | None = None
     """Multiple choice: lean's retrieval for the letter (route, evidence_score, gate, ids)."""
     reused: list[str] = field(default_factory=list)
-    """A follow-up's issues whose application is the thread's earlier one: none of the new facts
-    bears on their rule (cosine below :data:`FACT_FIT`)."""
+    """A follow-up's issues whose application is the thread's earlier one (:func:`_carried`)."""
     others: list[str] = field(default_factory=list)
-    """Doctrines the planner had as candidates and left off the agenda, named after the answer
-    (:meth:`shown`): the user's next step (``--issues``, ``--review``) where the research missed."""
+    """Candidates left off the agenda, named after the answer (:meth:`shown`): the user's next
+    step (``--issues``, ``--review``) where the research missed."""
 
     @classmethod
     def declined(cls, kind: Kind, text: str, why: str) -> AnswerRecord:
@@ -326,9 +318,8 @@ _AUXILIARY = re.compile(rf"\b{AUX}\b", re.IGNORECASE)
 
 
 def is_heading(sentence: str, title: str) -> bool:
-    """Whether a passage's first sentence is its heading, not a rule: at most ``HEADING_WORDS``
-    words, or at most ``TITLED_HEADING_WORDS`` with no auxiliary verb, more than half of them (of
-    three letters or more) its title's."""
+    """Whether a passage's first sentence is its heading, not a rule: short, or a little longer
+    with no auxiliary verb and most of its words (of three letters or more) its title's."""
     n = len(sentence.split())
     if n <= HEADING_WORDS:
         return True
@@ -351,9 +342,8 @@ def _is_caption(line: str) -> bool:
 
 
 def candidate_sentences(doc: Mapping[str, Any]) -> list[str]:
-    """A passage's sentences that can state a rule: without its heading (:func:`is_heading`), its
-    caption lines, or leading lines that repeat its title, its ``heading`` path or a Markdown
-    heading."""
+    """A passage's sentences that can state a rule: not its heading (:func:`is_heading`), caption
+    lines, or leading lines that repeat its title, its ``heading`` path or a Markdown heading."""
     heads = {str(doc.get("title") or "").strip(), *str(doc.get("heading") or "").split(" > ")}
     lines = str(doc.get("text") or "").split("\n")
     while len(lines) > 1 and (lines[0].strip() in heads or lines[0].lstrip().startswith("#")):
@@ -404,10 +394,9 @@ def select_rule(
     n: int = RULE_SENTENCES,
     taken: Container[tuple[str, str]] = (),
 ) -> list[Pair]:
-    """(passage, sentence) pairs that state the rule for ``query`` (the issue and its facts): the
-    ``n`` sentences of all the issue's passages closest to it, verbatim, in passage order (the
-    fitting rule is often the search's third or fourth passage: docs/MEASUREMENTS_HISTORY.md, stop 32),
-    except the (passage id, sentence) pairs ``taken``."""
+    """The ``n`` sentences of all the issue's passages closest to ``query`` (the issue and its
+    facts), in passage order, but those ``taken`` (the fitting rule is often the search's third or
+    fourth passage: docs/MEASUREMENTS_HISTORY.md, stop 32)."""
     pool = [(d, s) for d in docs for s in candidate_sentences(d) if (d["id"], s) not in taken]
     if not pool:
         return []
@@ -420,8 +409,8 @@ def select_rule(
 
 @dataclass
 class IssueResearch:
-    """What the research hands over for one issue: its passages, best first (empty: none found or
-    none past the evidence gate), and whether a step ran for it."""
+    """What the research hands over for one issue: its passages, best first (empty: none past the
+    evidence gate), and whether a step ran for it."""
 
     issue: str
     docs: list[dict]
@@ -444,8 +433,8 @@ def _cite(cited: dict[tuple[str, str], Citation], doc: Mapping[str, Any], senten
 
 def pin_cite(doc: Mapping[str, Any]) -> str:
     """A pin cite to a passage of the user's documents, from its metadata ("Terry v. Ohio, 392
-    U.S. 1, 27 (1968)", "28 U.S.C. § 1441(b)(2)", "Brief for Appellant, p. 3"); "" without a pin.
-    A research record (``nodes._passage_record``) carries it already computed, as ``pin``."""
+    U.S. 1, 27 (1968)", "28 U.S.C. § 1441(b)(2)"); "" without one.  A research record
+    (``nodes._passage_record``) carries it already computed."""
     if doc.get("pin"):
         return str(doc["pin"])
     meta = doc.get("metadata") or {}
@@ -495,8 +484,7 @@ def raised(checks: Sequence[Check]) -> bool:
 
 
 def _outcome(checks: Sequence[Check]) -> Met:
-    """The rule's outcome: a requirement that fails -> no; every requirement met -> yes; else
-    unclear."""
+    """A requirement that fails -> no; every requirement met -> yes; else unclear."""
     if any(c.met == "no" for c in checks):
         return "no"
     return "yes" if checks and all(c.met == "yes" for c in checks) else "unclear"
@@ -516,9 +504,9 @@ def _sources(requirement: str, rule: Sequence[str], cites: list[int]) -> list[in
 def _application_sentences(
     checks: Sequence[Check], rule: Sequence[str], cites: list[int], bar: float = 0.0
 ) -> list[Sentence]:
-    """One sentence per rule sentence a stated fact bears on: its opening words (it is quoted whole
-    just above), whether the facts meet it when the fact's support reaches ``bar``, and the fact,
-    citing that rule sentence; then one naming those no stated fact bears on; each said once."""
+    """Per requirement a stated fact bears on, once: its opening words (quoted whole just above),
+    met or not when the fact's support reaches ``bar``, and the fact; then one sentence naming
+    those no stated fact bears on.  Each cites its rule sentence."""
     out, open_items, seen, open_cites = [], [], set(), set()
     for c in checks:
         requirement = _clean(c.requirement)
@@ -548,8 +536,7 @@ _CONCLUSION = {
 
 
 def _conclusion(issue: str, outcome: Met, checks: Sequence[Check], cites: list[int]) -> Sentence:
-    """The issue's conclusion, following from its checks (:func:`_outcome`): it names the
-    requirement the facts fail."""
+    """The issue's conclusion from its checks' outcome, naming the requirement the facts fail."""
     failed = [_gist(c.requirement) for c in checks if c.met == "no"][:1]
     return Sentence(f"{issue}: {_CONCLUSION[outcome].format(*failed)}", "conclusion", list(cites))
 
@@ -565,9 +552,8 @@ def _deciding(checks: Sequence[Check], reading: Met) -> list[Check]:
 
 
 def reading_support(checks: Sequence[Check], reading: Met) -> float | None:
-    """How far the research supports a reading: the least support of a check it rests on (a
-    requirement "met" by a fact far from it is the 1.5B's usual error); None when it rests on
-    none."""
+    """The least support of a check the reading rests on (a requirement "met" by a fact far from
+    it is the 1.5B's usual error); None when it rests on none."""
     deciding = _deciding(checks, reading)
     return min((c.support or 0.0) for c in deciding) if deciding else None
 
@@ -577,8 +563,8 @@ TURNS_ON = 3
 
 
 def turns_on(checks: Sequence[Check], reading: Met) -> list[str]:
-    """What decides the issue, for a reader to check against the facts: the requirements the
-    reading rests on with the fact said to decide each, then those no stated fact decides."""
+    """What decides the issue: the requirements the reading rests on with the fact said to decide
+    each, then those no stated fact decides."""
     deciding = _deciding(checks, reading) or [c for c in checks if fact_decides(c)]
     open_items = [c for c in checks if not fact_decides(c) and c not in deciding]
     out = [f'"{_gist(c.requirement)}" (stated: "{_clean(c.fact)}")' for c in deciding]
@@ -596,8 +582,7 @@ def _requirement_of(item: str) -> str:
 
 
 GIST_WORDS = 10
-"""Words of a rule sentence that name it where it was already quoted whole (the application and
-the conclusion)."""
+"""Words that name a rule sentence already quoted whole (in the application and conclusion)."""
 
 
 def _gist(requirement: str) -> str:
@@ -624,10 +609,9 @@ LATER_FACT = " (stated later: where it conflicts with an earlier fact, it holds)
 def apply_rule(
     client: Any, issue: str, reqs: Sequence[str], facts: Sequence[str], later: int = 0
 ) -> list[Check] | None:
-    """The ``apply`` call: for each requirement, the stated fact that decides it (None: unusable
-    reply; a reply cut off at its token budget keeps its complete checks).  A requirement left
-    unanswered is not decided by the facts.  A follow-up's facts after the first ``later`` are
-    marked as stated later, to win a conflict."""
+    """The ``apply`` call: per requirement, the stated fact that decides it, undecided where the
+    reply says nothing (None: unusable reply; one cut off keeps its complete checks).  Facts after
+    the first ``later`` (a follow-up's) are marked as stated later, to win a conflict."""
     numbered = "\n".join(f"{n}. {r}" for n, r in enumerate(reqs, 1))
     mark = LATER_FACT if later else ""
     listed = "\n".join(f"F{n}.{mark if n > later else ''} {f}" for n, f in enumerate(facts, 1))
@@ -653,10 +637,9 @@ def apply_rule(
 def related_checks(
     checks: Sequence[Check], embed: EmbedFn, keep: bool = False
 ) -> tuple[list[Check], int]:
-    """``checks`` with every decided one whose fact is unrelated to its requirement (cosine below
+    """``checks`` with each decided one whose fact is unrelated to its requirement (below
     :data:`FACT_RELEVANCE`) made undecided unless ``keep``, and how many are unrelated; each other
-    decided check names the part of its fact sentence that bears on the requirement
-    (:func:`fact_part`)."""
+    decided check names the part of its fact that bears on the requirement (:func:`fact_part`)."""
     judged = [i for i, c in enumerate(checks) if fact_decides(c)]
     out = list(checks)
     if not judged:
@@ -670,12 +653,8 @@ def related_checks(
     clause_rows = functools.cache(lambda clauses: _rows(embed, list(clauses)))
     for n, i in kept:
         others = [rows[2 * m] for m, j in kept if j != i]
-        part = fact_part(
-            checks[i].fact,
-            rows[2 * n],
-            lambda texts: clause_rows(tuple(texts)),
-            np.stack(others) if others else None,
-        )
+        rest = np.stack(others) if others else None
+        part = fact_part(checks[i].fact, rows[2 * n], lambda t: clause_rows(tuple(t)), rest)
         support = round(float(rows[2 * n] @ rows[2 * n + 1]), 4)
         out[i] = checks[i].model_copy(update={"fact": part, "support": support})
     return out, len(unrelated)
@@ -693,10 +672,10 @@ short to stand alone is joined back with ("Lena, a trespasser, climbed ...")."""
 def fact_part(
     fact: str, requirement: np.ndarray, embed: EmbedFn, others: np.ndarray | None = None
 ) -> str:
-    """The clause of a long fact sentence closest to a requirement (its embedding row), marked as
-    cut with "…", so an application says which fact meets which element.  Given ``others`` (rows
-    of the rule's other requirements), a clause scores its cosine to this one less its mean cosine
-    to those: a clause that names the parties is close to every requirement."""
+    """The clause of a long fact sentence closest to a requirement (its row), marked as cut with
+    "…", so an application says which fact meets which element.  Given ``others`` (the rule's other
+    requirements' rows), a clause scores its cosine to this one less its mean cosine to those: a
+    clause that names the parties is close to every requirement."""
     if len(fact.split()) <= FACT_PART_WORDS:
         return fact
     parts = _FACT_CLAUSE.split(fact)  # clause, separator, clause, ...
@@ -756,10 +735,8 @@ def verify_rule(
     result = prompts.call(client, "verify", issue=issue, quotes=numbered)
     if result.parsed is None:
         return [], None
-    verdicts: dict[int, str] = {}
-    for v in result.parsed.verdicts:
-        if 1 <= v.n <= len(pairs):
-            verdicts.setdefault(v.n, v.verdict)
+    # reversed: a sentence judged twice keeps its first verdict
+    verdicts = {v.n: v.verdict for v in reversed(result.parsed.verdicts) if 1 <= v.n <= len(pairs)}
     quotes = [
         dict(issue=issue, passage_id=str(d["id"]), text=s, verdict=verdicts.get(n, "not_judged"))
         for n, (d, s) in enumerate(pairs, 1)
@@ -779,9 +756,8 @@ def _finding(n: int, issue: IssueAnswer) -> str:
 
 
 def _unsettled_line(asked: str, issues: Sequence[IssueAnswer], why: str = "") -> Sentence:
-    """A bottom line that gives no verdict: the question, that the research does not settle it,
-    and the facts that would: what the issues turn on, those the model read as decided first,
-    each group by its rule's fit to the facts (:attr:`IssueAnswer.fit`), citing the issues named."""
+    """A bottom line with no verdict: the question, not settled, and what the issues turn on (those
+    the model read as decided first, each group by its rule's fit to the facts), citing them."""
     issues = sorted(issues, key=lambda i: (i.reading not in ("yes", "no"), -(i.fit or 0.0)))
     items = [(t, n) for n, i in enumerate(issues) for t in i.turns_on]
     # A requirement two issues quote is named once, with the fact one of them ties to it (an
@@ -804,11 +780,10 @@ def bottom_line(
     fire: Callable[[str], None],
     bar: float = 0.0,
 ) -> Verdict | None:
-    """The answer to the yes-or-no question ``asked`` (None: unparseable reply).  The model reads
-    the issues' readings and answers yes / no / unclear, naming the conclusion that decides it;
-    the verdict is shown, in the words of that conclusion, only when the conclusion's support
-    reaches ``bar`` (else the line says what decides it).  No call when no issue is decided, or
-    when ``bar`` is above 1 (no support reaches it)."""
+    """The answer to the yes-or-no question ``asked`` (None: unparseable reply): the model reads
+    the issues' readings and answers yes / no / unclear, naming the conclusion that decides it,
+    shown in its words when its support reaches ``bar`` (else the line says what decides it).  No
+    call when no issue is decided, or when ``bar`` is above 1 (no support reaches it)."""
     decided = [i for i in applied if i.reading in ("yes", "no")]
     if not decided:
         why = ": the stated facts decide none of the issues above"
@@ -829,9 +804,8 @@ def bottom_line(
     else:
         fire("unnamed_bottom_line")
         rests = decided
-        said = Sentence(
-            f"{asked} {head}, on the conclusions above.", "bottom_line", _all_cites(rests)
-        )
+        text = f"{asked} {head}, on the conclusions above."
+        said = Sentence(text, "bottom_line", _all_cites(rests))
     support = min((i.support or 0.0) for i in rests)
     if support < bar:
         return None, line.answer, support, _unsettled_line(asked, rests)
@@ -848,8 +822,7 @@ def in_short(applied: Sequence[IssueAnswer]) -> Sentence:
 
 @dataclass
 class _Stage:
-    """One answer's working set: the question, the model and embedder, the citations numbered so
-    far and the guard counters."""
+    """One answer's working set: the question, model, embedder, citations so far, guard counts."""
 
     client: Any
     q: Question
@@ -864,18 +837,16 @@ class _Stage:
     """(passage id, sentence) -> the issue it is a rule of (guard ``same_rule``)."""
     quotes: list[dict] = field(default_factory=list)
     earlier: Mapping[str, list[dict]] = field(default_factory=dict)
-    """A follow-up's thread: each issue's application in the last answer (``IssueAnswer.checks``)."""
+    """A follow-up's thread: each issue's last application (``IssueAnswer.checks``)."""
     reused: list[str] = field(default_factory=list)
     bearing: set[str] = field(default_factory=set)
     """The issues a follow-up's new facts bear on (:func:`borne_on`): applied anew."""
     named: set[str] = field(default_factory=set)
-    """The issues the question names (:func:`named_in`) or the user set: applied, and to every
-    fact the model ties to them (guard ``named_issue``)."""
+    """The issues the question names (:func:`named_in`) or the user set (guard ``named_issue``)."""
 
     def __post_init__(self) -> None:
-        self.guards = dict.fromkeys(GUARDS, 0)
-        if self.policy != "evidence":
-            del self.guards["unparsed_verdicts"]
+        evidence = self.policy == "evidence"  # only it has a grounding gate
+        self.guards = {g: 0 for g in GUARDS if evidence or g != "unparsed_verdicts"}
 
     def fire(self, name: str, times: int = 1) -> None:
         """Count guard ``name`` (a row of :data:`GUARDS`) as fired ``times`` more."""
