@@ -225,7 +225,7 @@ class IssueAnswer:
     checks: list[dict[str, Any]] = field(default_factory=list)
     """The application (:class:`prompts.Check` as dicts); a follow-up may carry it over."""
     fit: float | None = None
-    """How near its rule is to the stated facts (:func:`fact_fit`; None: no rule found)."""
+    """How near its rule is to the stated facts (:func:`_ruled_issues`; None: no rule found)."""
 
 
 @dataclass
@@ -380,13 +380,6 @@ def lead_rule(doc: Mapping[str, Any], question: str, embed: EmbedFn) -> list[Pai
     return [(doc, sentences[i]) for i in keep]
 
 
-def fact_fit(rule: Sequence[Pair], facts: np.ndarray, embed: EmbedFn) -> float:
-    """The cosine of a rule's closest sentence to the closest sentence of the facts (their rows)."""
-    if not rule or not len(facts):
-        return 1.0
-    return float((_rows(embed, [s for _, s in rule]) @ facts.T).max())
-
-
 def select_rule(
     query: str,
     docs: Sequence[Mapping[str, Any]],
@@ -420,15 +413,6 @@ class IssueResearch:
     """The fact sentences the step kept for the issue (None: chosen here by cosine)."""
     chosen: bool = False
     """The user set it (``--issues`` or the plan review): applied as an issue the question names."""
-
-
-def _cite(cited: dict[tuple[str, str], Citation], doc: Mapping[str, Any], sentence: str) -> int:
-    """The number of the citation of ``sentence`` of ``doc``, added to ``cited`` when new."""
-    key = (str(doc["id"]), sentence)
-    if key not in cited:
-        title = str(doc.get("title") or "")
-        cited[key] = Citation(len(cited) + 1, key[0], title, sentence, pin_cite(doc))
-    return cited[key].n
 
 
 def pin_cite(doc: Mapping[str, Any]) -> str:
@@ -533,17 +517,12 @@ _CONCLUSION = {
     "no": 'the rule does not apply: the facts do not meet "{}".',
     "unclear": "the facts stated do not settle whether the rule applies.",
 }
-
-
-def _conclusion(issue: str, outcome: Met, checks: Sequence[Check], cites: list[int]) -> Sentence:
-    """The issue's conclusion from its checks' outcome, naming the requirement the facts fail."""
-    failed = [_gist(c.requirement) for c in checks if c.met == "no"][:1]
-    return Sentence(f"{issue}: {_CONCLUSION[outcome].format(*failed)}", "conclusion", list(cites))
+"""An issue's conclusion per outcome (:func:`_outcome`); "no" names the requirement the facts fail."""
 
 
 def _deciding(checks: Sequence[Check], reading: Met) -> list[Check]:
     """The checks a reading rests on: every requirement for "yes"; for "no", the requirement the
-    facts fail (the one :func:`_conclusion` names)."""
+    facts fail (the one its conclusion names)."""
     if reading == "yes":
         return list(checks)
     if reading == "no":
@@ -574,11 +553,6 @@ def turns_on(checks: Sequence[Check], reading: Met) -> list[str]:
 
 NO_FACT_ITEM = " (no stated fact)"
 """How a :func:`turns_on` item ends when no stated fact decides its requirement."""
-
-
-def _requirement_of(item: str) -> str:
-    """The quoted requirement a :func:`turns_on` item names."""
-    return item.split('" (', 1)[0]
 
 
 GIST_WORDS = 10
@@ -762,8 +736,9 @@ def _unsettled_line(asked: str, issues: Sequence[IssueAnswer], why: str = "") ->
     items = [(t, n) for n, i in enumerate(issues) for t in i.turns_on]
     # A requirement two issues quote is named once, with the fact one of them ties to it (an
     # offer question's bottom line named the offer rule with "no stated fact", then with one).
-    tied = {_requirement_of(t): (t, n) for t, n in reversed(items) if not t.endswith(NO_FACT_ITEM)}
-    named = dict(tied.get(_requirement_of(t), (t, n)) for t, n in items)
+    quoted = {t: t.split('" (', 1)[0] for t, _ in items}  # the requirement each item quotes
+    tied = {quoted[t]: (t, n) for t, n in reversed(items) if not t.endswith(NO_FACT_ITEM)}
+    named = dict(tied.get(quoted[t], (t, n)) for t, n in items)
     listed = list(named.items())[:TURNS_ON]
     text = f"{asked} Not settled by this research{why}{_turns_on_text([t for t, _ in listed])}"
     return Sentence(text, "bottom_line", _all_cites([issues[n] for n in {n for _, n in listed}]))
@@ -935,7 +910,10 @@ def _ruled_issues(
         if isinstance(rule, IssueAnswer):
             issues.append(rule)
             continue
-        ruled.append((len(issues), item, rule, fact_fit(rule, fit_rows, stage.embed)))
+        fit = 1.0
+        if rule and len(fit_rows):  # its closest sentence's cosine to the closest it must fit
+            fit = float((_rows(stage.embed, [s for _, s in rule]) @ fit_rows.T).max())
+        ruled.append((len(issues), item, rule, fit))
         issues.append(IssueAnswer(item.issue, "answered"))  # its place, filled in below
     return issues, ruled
 
@@ -944,7 +922,11 @@ def _answered(
     stage: _Stage, issue: str, rule: list, applied: list[Check] | None, cut: bool
 ) -> IssueAnswer:
     """An issue's answer: its rule sentences, and its application and conclusion when applied."""
-    cites = [_cite(stage.cited, d, s) for d, s in rule]
+    for d, s in rule:  # a sentence is cited once, numbered in the order first quoted
+        if (key := (str(d["id"]), s)) not in stage.cited:
+            title = str(d.get("title") or "")
+            stage.cited[key] = Citation(len(stage.cited) + 1, key[0], title, s, pin_cite(d))
+    cites = [stage.cited[(str(d["id"]), s)].n for d, s in rule]
     answer = IssueAnswer(issue, "answered")
     answer.sentences = [Sentence(s, "rule", [n]) for (_, s), n in zip(rule, cites, strict=True)]
     if applied is not None:
@@ -955,12 +937,12 @@ def _answered(
         earned = answer.reading != "unclear" and (answer.support or 0.0) >= stage.bar
         answer.outcome = answer.reading if earned else "unclear"
         answer.sentences += _application_sentences(applied, [s for _, s in rule], cites, stage.bar)
-        conclusion = _conclusion(issue, answer.reading, applied, cites)
-        answer.finding = conclusion.text
-        if not earned:  # the research does not support the reading: say what decides it
-            text = f"{issue}: not settled by this research{_turns_on_text(answer.turns_on)}"
-            conclusion = Sentence(text, "conclusion", list(cites))
-        answer.sentences.append(conclusion)
+        failed = [_gist(c.requirement) for c in applied if c.met == "no"][:1]
+        answer.finding = f"{issue}: {_CONCLUSION[answer.reading].format(*failed)}"
+        # where the research does not support the reading, it says what decides it
+        unsettled = f"{issue}: not settled by this research{_turns_on_text(answer.turns_on)}"
+        said = answer.finding if earned else unsettled
+        answer.sentences.append(Sentence(said, "conclusion", list(cites)))
     elif cut:  # a fact pattern's rule cut into requirements, and no usable application
         stage.fire("unparsed_application")
         answer.why = "the application could not be parsed"
