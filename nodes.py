@@ -1,10 +1,9 @@
 """The nodes of the research agent and their routers.
 
-Every node takes ``(state, runtime)`` and reads its dependencies (settings, LLM client, retrieval,
-embedder, QA memory, deadline) from ``runtime.context`` (:class:`context.AgentContext`; LangGraph
-Studio runs without one get :func:`context.default_context`).  Each node appends one ``trace``
-event (node, what it decided, seconds) that the CLI streams.  Every LLM call goes through
-``prompts.call`` and the call table ``prompts.CALLS``.
+Every node takes ``(state, runtime)`` and reads its dependencies from ``runtime.context``
+(:class:`context.AgentContext`; a LangGraph Studio run gets :func:`context.default_context`).
+Each node appends one ``trace`` event (node, decision, seconds) that the CLI streams.  Every LLM
+call goes through ``prompts.call`` and the call table ``prompts.CALLS``.
 
 The research follows the facts: the planner names the issues the question raises, and each issue
 is one research step whose queries are its doctrine's names and the facts that raise it.  A step
@@ -340,11 +339,10 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
 
 
 def reading_moot(q: Question, ctx: AgentContext, score: float | None) -> str:
-    """Why the classifier's reading could not change the run ("" when it could): its field, topic
-    and "is it law" decide only whether the planner declines the question as off topic
-    (:func:`off_topic`), which a multiple-choice question never is, nor a fact pattern whose
-    sentences' closest passages score (``score``: ``AgentContext.question_score``) at
-    FIELD_EVIDENCE and LEAN_GATE or above (each test the reading feeds declines only below them)."""
+    """Why the classifier's reading could not change the run ("" when it could): it only decides
+    whether the planner declines the question as off topic (:func:`off_topic`), which a
+    multiple-choice question never is, nor a fact pattern whose sentences' closest passages score
+    (``score``) at FIELD_EVIDENCE and LEAN_GATE or above (each test declines only below them)."""
     if q.choices:
         return "a multiple-choice question is researched as asked"
     if q.kind != "fact_pattern" or score is None:
@@ -661,7 +659,7 @@ def _memory_entry(
             "top_score": execution.get("evidence_score", 0.0),
             "confidence": execution.get("confidence", 0.0),
         },
-        "leads": [],
+        "leads": leads(step.get("issue") or "", docs),
         "dead_ends": dead_ends,
         "next_steps": [],
     }
@@ -739,7 +737,6 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     elif gated:
         dead_ends.append(f"evidence score {score:.2f} below LEAN_GATE")
     entry = _memory_entry(step, {**strategy, "executed_as": search_type}, docs, ctx, dead_ends)
-    entry["leads"] = leads(step.get("issue") or "", docs)
     update: dict[str, Any] = {
         "planning_table": [step],
         "passages": passages,
@@ -989,6 +986,9 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     why_not = stop or f"MAX_STEPS {ctx.settings.agent.max_steps} reached"
     research = issue_research(state, why_not)
     policy = "evidence" if answer_mode(state, ctx) == "evidence" else "research"
+    # a follow-up's thread: each issue's application in the last answer on it
+    last = (last_turn(state).get("answer") or {}) if _reading(state, "follow_up") else {}
+    earlier = {i["issue"]: i["checks"] for i in last.get("issues") or [] if i.get("checks")}
     record = answer_stage.build_record(
         ctx.client,
         q,
@@ -997,7 +997,7 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         decline=decline,
         policy=policy,
         verdict_support=ctx.verdict_support(),
-        earlier=earlier_applications(state),
+        earlier=earlier,
     )
     if not record.abstained:
         record.others = passed_over(state, ctx, record.quoted_doctrines)
@@ -1012,14 +1012,6 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         + (f", bottom line {record.verdict}" if record.verdict else "")
     )
     return update, decision
-
-
-def earlier_applications(state: AgentState) -> dict[str, list[dict]]:
-    """A follow-up's thread: each issue's application in the last answer on it."""
-    if not _reading(state, "follow_up"):
-        return {}
-    last = last_turn(state).get("answer") or {}
-    return {i["issue"]: i["checks"] for i in last.get("issues") or [] if i.get("checks")}
 
 
 def memory_record(state: AgentState) -> answer_stage.AnswerRecord:
@@ -1079,8 +1071,7 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     lean's retrieval (the question with its choices, when it passes LEAN_GATE): the agent never
     reads less than lean mode does."""
     q = state["parsed"]
-    choices = q.choices
-    if not choices:
+    if not (choices := q.choices):
         return {}, "no choices: pass through"
     extra: list[Passage] = []
     lean: dict[str, Any] = {}
