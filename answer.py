@@ -1068,9 +1068,8 @@ def _unanswerable(stage: _Stage, issues: list[IssueAnswer]) -> str:
     is near the question (``off_question``); the answered issues are then marked as such."""
     answered = [i for i in issues if i.status == "answered"]
     if not answered:
-        return "no issue's research found a rule on its doctrine: " + "; ".join(
-            f"{i.issue} ({i.why or i.status})" for i in issues
-        )
+        why = "; ".join(f"{i.issue} ({i.why or i.status})" for i in issues)
+        return f"no issue's research found a rule on its doctrine: {why}"
     rules = [s.text for i in answered for s in i.sentences if s.role == "rule"]
     closest = 1.0
     if rules and not stage.q.choices:
@@ -1079,18 +1078,14 @@ def _unanswerable(stage: _Stage, issues: list[IssueAnswer]) -> str:
         return ""
     stage.fire("off_question")
     titles = {c.n: c.title or c.passage_id for c in stage.cited.values()}
-    found = "; ".join(
-        f"{', '.join(dict.fromkeys(titles[n] for s in i.sentences for n in s.cites))}"
-        f" (for {i.issue})"
-        for i in answered
-    )
+    cited = [dict.fromkeys(titles[n] for s in i.sentences for n in s.cites) for i in answered]
+    pairs = zip(answered, cited, strict=True)
+    found = "; ".join(f"{', '.join(t)} (for {i.issue})" for i, t in pairs)
     for n, i in enumerate(issues):
         if i.status == "answered":
             issues[n] = IssueAnswer(i.issue, "no_evidence", why="its rule is about another matter")
-    return (
-        f"the rules its research found are about other matters: {found}; closest "
-        f"cosine to the question {closest:.3f} < {QUESTION_FIT:.2f}"
-    )
+    closest_at = f"closest cosine to the question {closest:.3f} < {QUESTION_FIT:.2f}"
+    return f"the rules its research found are about other matters: {found}; {closest_at}"
 
 
 def _tail(stage: _Stage, applied: Sequence[IssueAnswer]) -> tuple[Verdict | None, list[Sentence]]:
@@ -1122,13 +1117,13 @@ def build_record(
     verdict_support: float = 0.0,
     earlier: Mapping[str, list[dict]] | None = None,
 ) -> AnswerRecord:
-    """The answer to ``question`` (read once: :class:`question.Question`) from the research of each issue (see the module docstring).
+    """The answer to ``question`` from the research of each issue (see the module docstring).
 
     ``decline``: why the research declines the question as a whole (off topic as asked); the
     record then abstains without a model call.  ``policy="evidence"``: every rule sentence passes
-    the grounding gate first (:func:`verify_rule`).  ``verdict_support``: the support a reading of
-    the facts needs to be shown as a conclusion or verdict (above 1: none is).  ``earlier``: a
-    follow-up's thread, each issue's application in its last answer (:func:`_carried`)."""
+    the grounding gate first (:func:`verify_rule`).  ``verdict_support``: the support a reading
+    needs to be shown as a conclusion or verdict (above 1: none is).  ``earlier``: a follow-up's
+    thread, each issue's application in its last answer (:func:`_carried`)."""
     stage = _Stage(client, question, embed, policy, verdict_support, earlier=earlier or {})
     if decline:
         return stage.record([], decline, "the sources do not cover this question as asked")
@@ -1172,22 +1167,16 @@ def render(record: AnswerRecord, tail: Sequence[Sentence] = ()) -> str:
     # an issue set aside is not listed as not raised where the answer quotes a source on its
     # doctrine ("no stated fact raises" FRE 609 under its rule applied to a perjury conviction)
     quoted = record.quoted_doctrines
-    unraised = [
-        i.issue
-        for i in record.issues
-        if i.status == "not_raised" and mc.doctrine_key(i.issue) not in quoted
-    ]
+    set_aside = [i.issue for i in record.issues if i.status == "not_raised"]
+    unraised = [i for i in set_aside if mc.doctrine_key(i) not in quoted]
     if unraised:
         rule_question = record.kind == "rule_question"
         why = "not what the question asks" if rule_question else "no stated fact raises it"
         lines.append(f"\nConsidered, but {why}: {'; '.join(unraised)}.")
     missing = [i for i in record.issues if i.status not in ("answered", "not_raised")]
     if missing:
-        lines.append(
-            "\nNot answered: "
-            + "; ".join(f"{i.issue} ({i.why or i.status.replace('_', ' ')})" for i in missing)
-            + "."
-        )
+        said = "; ".join(f"{i.issue} ({i.why or i.status.replace('_', ' ')})" for i in missing)
+        lines.append(f"\nNot answered: {said}.")
     return "\n".join(lines).strip()
 
 

@@ -781,8 +781,7 @@ def answer_mode(state: AgentState, ctx: AgentContext) -> str:
     """research, evidence or lean: the run's input may choose, else ANSWER_MODE; auto is lean for
     a multiple-choice question and research for any other, or for one whose issues the user set
     (lean does no research: a user's ``--issues`` on a multiple-choice question went unread)."""
-    mode = _reading(state, "mode")
-    mode = mode or state.get("answer_mode") or ctx.settings.agent.answer_mode
+    mode = _reading(state, "mode") or state.get("answer_mode") or ctx.settings.agent.answer_mode
     if mode == "auto":  # chosen by measurement: README, "Which mode answers which question"
         q = state["parsed"]
         return "lean" if q.choices and not q.issues else "research"
@@ -873,11 +872,8 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]:
     wording).  The adaptive policy: the model's move from the findings (:func:`adaptive_move`)."""
     if ctx.settings.agent.research_policy == "adaptive":
         return adaptive_move(state, ctx)
-    failed = [
-        s
-        for s in state.get("planning_table") or []
-        if s["status"] == "failed" and s.get("phase") != "retry"
-    ]
+    table = state.get("planning_table") or []
+    failed = [s for s in table if s["status"] == "failed" and s.get("phase") != "retry"]
     retry, search_type = _retry(state, ctx, failed[-1])
     memory = _noted(state, f"retry [{search_type}]: {retry['issue']}")
     decision = f"retry step {failed[-1]['step_id']} as step {retry['step_id']} [{search_type}]"
