@@ -95,8 +95,8 @@ class Guard(NamedTuple):
 
     stage: str
     does: str
-    threshold: str
-    kept_by: str
+    threshold: str = ""
+    kept_by: str = ""
 
 
 GUARDS: dict[str, Guard] = {
@@ -165,16 +165,14 @@ GUARDS: dict[str, Guard] = {
         '"intent to permanently deprive") to unrelated_fact',
     ),
     "unparsed_application": Guard(
-        "application", "an unreadable apply reply: the rule stands without an application", "", ""
+        "application", "an unreadable apply reply: the rule stands without an application"
     ),
-    "unparsed_bottom_line": Guard(
-        "bottom line", "an unreadable bottom-line reply: no bottom line", "", ""
-    ),
+    "unparsed_bottom_line": Guard("bottom line", "an unreadable bottom-line reply: no bottom line"),
     "unnamed_bottom_line": Guard(
-        "bottom line", "a yes or no naming no conclusion rests on all of them", "", ""
+        "bottom line", "a yes or no naming no conclusion rests on all of them"
     ),
     "unparsed_verdicts": Guard(
-        "rules (evidence policy)", "an unreadable grounding-gate reply verifies nothing", "", ""
+        "rules (evidence policy)", "an unreadable grounding-gate reply verifies nothing"
     ),
 }
 """The guards of the answer stage.  A row with no measurement counts a reply the model got wrong

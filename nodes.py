@@ -310,7 +310,6 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     word) is neither classified nor researched (a multiple-choice one still gets its letter);
     else its kind, field of law and topic."""
     q = state["parsed"]
-    question = q.text
     if _reading(state, "follow_up") == "hypothetical":
         # the thread's last question again, on changed facts
         kept = _classified(last_turn(state).get("reading") or {})
@@ -325,13 +324,12 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
             "stop_reason": "memory_hit",
         }
         return update, f"memory hit (similarity {hit.get('similarity', 0):.3f})"
-    score = ctx.question_score(question) if q.kind == "fact_pattern" and not q.choices else None
+    score = ctx.question_score(q.text) if q.kind == "fact_pattern" and not q.choices else None
     kept = {"score": score} if score is not None else {}  # the planner's off-topic check reads it
     if why := reading_moot(q, ctx, score):
         return {"reading": kept}, f"not classified: {why}"
-    result = prompts.call(ctx.client, "classify", question=question)
-    if result.parsed is not None:
-        got = result.parsed
+    result = prompts.call(ctx.client, "classify", question=q.text)
+    if (got := result.parsed) is not None:
         reading = {"legal": got.legal, "area": got.area, "topic": got.topic}
         return {"reading": {**kept, **reading}}, got.area if got.legal else "not law"
     update = {"reading": kept, "fallbacks": ["classifier: unparseable reply"]}
