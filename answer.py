@@ -4,12 +4,11 @@ The research hands over, per agenda issue, the passages its step found (or none)
 writes the answer in the shape of a bar essay:
 
 - **Rule**: per issue, sentences of its passages quoted verbatim (chosen by embedding cosine to
-  the issue and its facts), each cited.  Guards: a passage on another doctrine is never a rule
-  (``off_doctrine``); an issue whose closest sentences an earlier issue quotes quotes what else
-  its passages say, or is not answered again (``same_rule``);
-  a rule far from every stated fact (``off_facts``, :data:`FACT_FIT`) or from what a rule
-  question asks (``not_asked``, :data:`ASKED_FIT`) is named, not applied; an answer none of whose
-  rules is near the question is declined (``off_question``, :data:`QUESTION_FIT`).
+  the issue and its facts), each cited.  Guards (:data:`GUARDS`): a passage on another doctrine
+  is never a rule (``off_doctrine``); the rule an earlier issue quotes is not quoted again
+  (``same_rule``); a rule far from every stated fact (``off_facts``) or from what a rule question
+  asks (``not_asked``) is named, not applied; an answer none of whose rules is near the question
+  is declined (``off_question``).
 - **Application**: one call per issue (``skills/apply_rule.md``) names, per requirement, the
   stated fact that meets or fails it; a fact unrelated to its requirement decides nothing
   (``unrelated_fact``, :data:`FACT_RELEVANCE`).
@@ -551,7 +550,6 @@ def turns_on(checks: Sequence[Check], reading: Met) -> list[str]:
 
 NO_FACT_ITEM = " (no stated fact)"
 """How a :func:`turns_on` item ends when no stated fact decides its requirement."""
-
 
 GIST_WORDS = 10
 """Words that name a rule sentence already quoted whole (in the application and conclusion)."""

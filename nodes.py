@@ -141,7 +141,6 @@ no gold passage (13 of the 40 fact patterns), a named one's search finds it for 
 3 as with all (about 4 a pattern), 3 with the first 2 (the fact-pattern eval's ``steer_found``;
 docs/MEASUREMENTS.md, "Fact patterns")."""
 
-
 OTHERS_FIT = 0.22
 """The cosine a stated fact must reach to one of the first 3 passages a passed-over candidate's
 step would find for the answer to name it: on the tune half of the fact patterns, the highest
@@ -757,8 +756,7 @@ def memory_lines(state: AgentState) -> str:
     """The working memory, one compact line per iteration (the CLI's view)."""
     lines = []
     for e in state.get("chain_of_thought") or []:
-        r = e["results"]
-        s = e["strategy"]
+        r, s = e["results"], e["strategy"]
         line = (
             f"- step {e['step_id']} [{s.get('executed_as', s.get('search_type', '?'))}] "
             f"{_short(e['query'], 70)!r}: {r['count']} passages, evidence {r['top_score']:.2f}"
