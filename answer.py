@@ -356,13 +356,9 @@ def candidate_sentences(doc: Mapping[str, Any]) -> list[str]:
 def doctrine_scores(issue: str, docs: Sequence[Mapping[str, Any]], embed: EmbedFn) -> list[float]:
     """Per passage: the cosine of ``issue``'s name to its title and first sentence (at least
     :data:`DOCTRINE_MATCH` for a passage on that doctrine)."""
-    if not docs:
-        return []
-    heads = []
-    for d in docs:
-        first = (split_sentences(str(d.get("text") or "")) or [""])[0]
-        heads.append(f"{d.get('title') or ''}. {first}".strip(". "))
-    return [float(s) for s in cosines(embed, issue, heads)]
+    firsts = [(split_sentences(str(d.get("text") or "")) or [""])[0] for d in docs]
+    heads = [f"{d.get('title') or ''}. {f}".strip(". ") for d, f in zip(docs, firsts, strict=True)]
+    return [float(s) for s in cosines(embed, issue, heads)] if docs else []
 
 
 def lead_rule(doc: Mapping[str, Any], question: str, embed: EmbedFn) -> list[Pair]:
@@ -1016,7 +1012,6 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
     question names are always applied, and so is the first unraised one when no other is."""
     rule_question = stage.q.kind == "rule_question"
     floor, guard = (ASKED_FIT, "not_asked") if rule_question else (FACT_FIT, "off_facts")
-    best = max((fit for *_, fit in ruled), default=1.0)
     stage.bearing = borne_on(stage, ruled)
     asked = stage.q.asked if stage.q.kind == "fact_pattern" else ""
     named = [item.chosen or bool(asked) and named_in(item.issue, asked) for _, item, *_ in ruled]
@@ -1026,7 +1021,7 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
     # "Is Dana guilty of larceny?" names keeps the facts the model ties to it, new ones included.
     stage.named = {item.issue for (_, item, *_), name in zip(ruled, named, strict=True) if name}
     stage.bearing |= stage.named
-    low = min(floor, best)
+    low = min(floor, max((fit for *_, fit in ruled), default=1.0))  # the best fit is applied
     low_fit = [n > 0 and fit < low for n, (*_, fit) in enumerate(ruled)]
     unfit = [far and not name for far, name in zip(low_fit, named, strict=True)]
     todo = [(r[1].issue, r[2]) for r, out in zip(ruled, unfit, strict=True) if not out]

@@ -1033,9 +1033,8 @@ def mc_passages(state: AgentState, extra: list[Passage]) -> list[dict]:
     record = state.get("answer") or {}
     passages = state.get("passages") or {}
     cited = [c["passage_id"] for c in record.get("citations") or []] or list(passages)
-    cited = [i for i in cited if i in passages]
     lean_ids = {d["id"] for d in extra}
-    research = [passages[i] for i in dict.fromkeys(cited) if i not in lean_ids]
+    research = [passages[i] for i in dict.fromkeys(cited) if i in passages and i not in lean_ids]
     return [*extra, *(research[:MC_RESEARCH_PASSAGES] if extra else research)]
 
 
