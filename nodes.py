@@ -704,10 +704,9 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     step = dict(pending[0])
     strategy = dict(step.get("strategy") or {})
     search_type = strategy.get("search_type") or FIRST_SEARCH
-    queries = list(strategy.get("queries") or [step["question"]])
     k = ctx.settings.agent.retrieval_k
     written, exclude, fallbacks = _rewritten(state, ctx, step)
-    queries = [*written, *queries]
+    queries = [*written, *(strategy.get("queries") or [step["question"]])]
     # A few extra candidates replace passages the injection screen drops, so a planted passage
     # changes neither how many passages the step reads nor which.
     within = _reading(state, "within") or ""
