@@ -4,12 +4,11 @@ The research hands over, per agenda issue, the passages its step found (or none)
 writes the answer in the shape of a bar essay:
 
 - **Rule**: per issue, sentences of its passages quoted verbatim (chosen by embedding cosine to
-  the issue and its facts), each cited.  Guards: a passage on another doctrine is never a rule
-  (``off_doctrine``); an issue whose closest sentences an earlier issue quotes quotes what else
-  its passages say, or is not answered again (``same_rule``);
-  a rule far from every stated fact (``off_facts``, :data:`FACT_FIT`) or from what a rule
-  question asks (``not_asked``, :data:`ASKED_FIT`) is named, not applied; an answer none of whose
-  rules is near the question is declined (``off_question``, :data:`QUESTION_FIT`).
+  the issue and its facts), each cited.  Guards (:data:`GUARDS`): a passage on another doctrine
+  is never a rule (``off_doctrine``); the rule an earlier issue quotes is not quoted again
+  (``same_rule``); a rule far from every stated fact (``off_facts``) or from what a rule question
+  asks (``not_asked``) is named, not applied; an answer none of whose rules is near the question
+  is declined (``off_question``).
 - **Application**: one call per issue (``skills/apply_rule.md``) names, per requirement, the
   stated fact that meets or fails it; a fact unrelated to its requirement decides nothing
   (``unrelated_fact``, :data:`FACT_RELEVANCE`).
@@ -42,6 +41,8 @@ from question import AUX, Kind, Question, split_sentences
 
 Policy = Literal["research", "evidence"]
 EmbedFn = Callable[[list[str]], Any]
+Pair = tuple[Mapping[str, Any], str]
+"""A sentence quoted from a passage: (the passage, the sentence verbatim)."""
 
 RULE_SENTENCES = 2
 """Sentences quoted as an issue's rule (the best by cosine to the issue and its facts)."""
@@ -93,8 +94,8 @@ class Guard(NamedTuple):
 
     stage: str
     does: str
-    threshold: str
-    kept_by: str
+    threshold: str = ""
+    kept_by: str = ""
 
 
 GUARDS: dict[str, Guard] = {
@@ -163,16 +164,14 @@ GUARDS: dict[str, Guard] = {
         '"intent to permanently deprive") to unrelated_fact',
     ),
     "unparsed_application": Guard(
-        "application", "an unreadable apply reply: the rule stands without an application", "", ""
+        "application", "an unreadable apply reply: the rule stands without an application"
     ),
-    "unparsed_bottom_line": Guard(
-        "bottom line", "an unreadable bottom-line reply: no bottom line", "", ""
-    ),
+    "unparsed_bottom_line": Guard("bottom line", "an unreadable bottom-line reply: no bottom line"),
     "unnamed_bottom_line": Guard(
-        "bottom line", "a yes or no naming no conclusion rests on all of them", "", ""
+        "bottom line", "a yes or no naming no conclusion rests on all of them"
     ),
     "unparsed_verdicts": Guard(
-        "rules (evidence policy)", "an unreadable grounding-gate reply verifies nothing", "", ""
+        "rules (evidence policy)", "an unreadable grounding-gate reply verifies nothing"
     ),
 }
 """The guards of the answer stage.  A row with no measurement counts a reply the model got wrong
@@ -192,8 +191,7 @@ class Citation:
     support: str
     """The sentence of the passage that the citing sentences rest on (verbatim)."""
     pin: str = ""
-    """Where a reader finds it in the source (:func:`pin_cite`); "" for a passage without
-    document metadata."""
+    """Where a reader finds it in the source (:func:`pin_cite`; "" without document metadata)."""
 
 
 @dataclass
@@ -210,25 +208,21 @@ class IssueAnswer:
     status: Literal["answered", "no_evidence", "not_researched", "not_raised"]
     sentences: list[Sentence] = field(default_factory=list)
     outcome: Met | None = None
-    """The conclusion shown: yes, the rule's requirements are met on the facts; no, one fails;
-    unclear, the facts do not decide it or the research does not support the reading (``support``
-    below the bar); None: no application (a rule question, no rule found)."""
+    """The conclusion shown: ``reading`` where ``support`` reaches the bar, else unclear; None: no
+    application (a rule question, no rule found)."""
     why: str = ""
     reading: Met | None = None
     """The application's reading of the facts, shown as ``outcome`` only when it is earned."""
     support: float | None = None
-    """How far the research supports the reading: the least fit of a fact to a requirement it
-    rests on (:func:`reading_support`; None: nothing decided)."""
+    """How far the research supports the reading (:func:`reading_support`)."""
     finding: str = ""
     """The conclusion the reading states (what the bottom-line call reads, shown or not)."""
     turns_on: list[str] = field(default_factory=list)
-    """What decides the issue: each requirement the reading rests on and the fact said to meet or
-    fail it, or a requirement no stated fact decides."""
+    """What decides the issue (:func:`turns_on`)."""
     checks: list[dict[str, Any]] = field(default_factory=list)
-    """The application: per requirement, the stated fact that decides it and how
-    (:class:`prompts.Check` as a dict); a follow-up on the thread may carry it over."""
+    """The application (:class:`prompts.Check` as dicts); a follow-up may carry it over."""
     fit: float | None = None
-    """How near its rule is to the stated facts (:func:`fact_fit`; None: no rule found)."""
+    """How near its rule is to the stated facts (:func:`_ruled_issues`; None: no rule found)."""
 
 
 @dataclass
@@ -244,13 +238,11 @@ class AnswerRecord:
     why: str = ""
     """Why the answer abstained, or what it could not do."""
     verdict: Met | None = None
-    """The bottom line's answer to a yes/no question, shown only when earned (None: not asked, not
-    reached, or not earned)."""
+    """The bottom line's answer to a yes/no question: ``reading`` where ``support`` reaches
+    VERDICT_SUPPORT (None: not asked, not reached, or not earned)."""
     reading: Met | None = None
     """The model's answer to the yes/no question from the issues' readings, shown or not."""
     support: float | None = None
-    """The support of the conclusion ``reading`` rests on (``verdict`` is shown when it reaches
-    VERDICT_SUPPORT)."""
     letter: str | None = None
     grounded: bool = False
     """Every legal sentence cites a source (and, under the evidence policy, every rule sentence is
@@ -265,11 +257,10 @@ class AnswerRecord:
     lean: dict[str, Any] | None = None
     """Multiple choice: lean's retrieval for the letter (route, evidence_score, gate, ids)."""
     reused: list[str] = field(default_factory=list)
-    """A follow-up's issues whose application is the thread's earlier one: none of the new facts
-    bears on their rule (cosine below :data:`FACT_FIT`)."""
+    """A follow-up's issues whose application is the thread's earlier one (:func:`_carried`)."""
     others: list[str] = field(default_factory=list)
-    """Doctrines the planner had as candidates and left off the agenda, named after the answer
-    (:meth:`shown`): the user's next step (``--issues``, ``--review``) where the research missed."""
+    """Candidates left off the agenda, named after the answer (:meth:`shown`): the user's next
+    step (``--issues``, ``--review``) where the research missed."""
 
     @classmethod
     def declined(cls, kind: Kind, text: str, why: str) -> AnswerRecord:
@@ -312,22 +303,20 @@ def cosines(embed: EmbedFn, query: str, texts: Sequence[str]) -> np.ndarray:
     return rows[1:] @ rows[0]
 
 
-def issue_facts(
-    issue: str, facts: Sequence[str], embed: EmbedFn, n: int = FACT_SENTENCES
-) -> list[str]:
-    """The ``n`` fact sentences closest to ``issue`` (by cosine), in the order the facts give them."""
-    if len(facts) <= n:
+def issue_facts(issue: str, facts: Sequence[str], embed: EmbedFn) -> list[str]:
+    """The :data:`FACT_SENTENCES` fact sentences closest to ``issue``, in the facts' order."""
+    if len(facts) <= FACT_SENTENCES:
         return list(facts)
-    return [facts[i] for i in sorted(np.argsort(-cosines(embed, issue, facts))[:n])]
+    closest = np.argsort(-cosines(embed, issue, facts))[:FACT_SENTENCES]
+    return [facts[i] for i in sorted(closest)]
 
 
 _AUXILIARY = re.compile(rf"\b{AUX}\b", re.IGNORECASE)
 
 
 def is_heading(sentence: str, title: str) -> bool:
-    """Whether a passage's first sentence is its heading, not a rule: at most ``HEADING_WORDS``
-    words, or at most ``TITLED_HEADING_WORDS`` with no auxiliary verb, more than half of them (of
-    three letters or more) its title's."""
+    """Whether a passage's first sentence is its heading, not a rule: short, or a little longer
+    with no auxiliary verb and most of its words (of three letters or more) its title's."""
     n = len(sentence.split())
     if n <= HEADING_WORDS:
         return True
@@ -350,9 +339,8 @@ def _is_caption(line: str) -> bool:
 
 
 def candidate_sentences(doc: Mapping[str, Any]) -> list[str]:
-    """A passage's sentences that can state a rule: without its heading (:func:`is_heading`), its
-    caption lines, or leading lines that repeat its title, its ``heading`` path or a Markdown
-    heading."""
+    """A passage's sentences that can state a rule: not its heading (:func:`is_heading`), caption
+    lines, or leading lines that repeat its title, its ``heading`` path or a Markdown heading."""
     heads = {str(doc.get("title") or "").strip(), *str(doc.get("heading") or "").split(" > ")}
     lines = str(doc.get("text") or "").split("\n")
     while len(lines) > 1 and (lines[0].strip() in heads or lines[0].lstrip().startswith("#")):
@@ -368,35 +356,21 @@ def candidate_sentences(doc: Mapping[str, Any]) -> list[str]:
 def doctrine_scores(issue: str, docs: Sequence[Mapping[str, Any]], embed: EmbedFn) -> list[float]:
     """Per passage: the cosine of ``issue``'s name to its title and first sentence (at least
     :data:`DOCTRINE_MATCH` for a passage on that doctrine)."""
-    if not docs:
-        return []
-    heads = []
-    for d in docs:
-        first = (split_sentences(str(d.get("text") or "")) or [""])[0]
-        heads.append(f"{d.get('title') or ''}. {first}".strip(". "))
-    return [float(s) for s in cosines(embed, issue, heads)]
+    firsts = [(split_sentences(str(d.get("text") or "")) or [""])[0] for d in docs]
+    heads = [f"{d.get('title') or ''}. {f}".strip(". ") for d, f in zip(docs, firsts, strict=True)]
+    return [float(s) for s in cosines(embed, issue, heads)] if docs else []
 
 
-def lead_rule(
-    doc: Mapping[str, Any], question: str, embed: EmbedFn, n: int = RULE_QUESTION_SENTENCES
-) -> list[tuple[Mapping[str, Any], str]]:
-    """The rule as its source states it: a passage's first ``n`` candidate sentences, and the one
-    closest to ``question`` when it comes later, in the passage's order."""
+def lead_rule(doc: Mapping[str, Any], question: str, embed: EmbedFn) -> list[Pair]:
+    """The rule as its source states it: a passage's first :data:`RULE_QUESTION_SENTENCES`
+    candidate sentences, and the one closest to ``question`` when it comes later, in order."""
     sentences = candidate_sentences(doc)
+    n = RULE_QUESTION_SENTENCES
     keep = list(range(min(n, len(sentences))))
     if len(sentences) > n:
         closest = int(np.argmax(cosines(embed, question, sentences)))
         keep += [closest] if closest >= n else []
     return [(doc, sentences[i]) for i in keep]
-
-
-def fact_fit(
-    rule: Sequence[tuple[Mapping[str, Any], str]], facts: np.ndarray, embed: EmbedFn
-) -> float:
-    """The cosine of a rule's closest sentence to the closest sentence of the facts (their rows)."""
-    if not rule or not len(facts):
-        return 1.0
-    return float((_rows(embed, [s for _, s in rule]) @ facts.T).max())
 
 
 def select_rule(
@@ -405,11 +379,10 @@ def select_rule(
     embed: EmbedFn,
     n: int = RULE_SENTENCES,
     taken: Container[tuple[str, str]] = (),
-) -> list[tuple[Mapping[str, Any], str]]:
-    """(passage, sentence) pairs that state the rule for ``query`` (the issue and its facts): the
-    ``n`` sentences of all the issue's passages closest to it, verbatim, in passage order (the
-    fitting rule is often the search's third or fourth passage: docs/MEASUREMENTS_HISTORY.md, stop 32),
-    except the (passage id, sentence) pairs ``taken``."""
+) -> list[Pair]:
+    """The ``n`` sentences of all the issue's passages closest to ``query`` (the issue and its
+    facts), in passage order, but those ``taken`` (the fitting rule is often the search's third or
+    fourth passage: docs/MEASUREMENTS_HISTORY.md, stop 32)."""
     pool = [(d, s) for d in docs for s in candidate_sentences(d) if (d["id"], s) not in taken]
     if not pool:
         return []
@@ -422,8 +395,8 @@ def select_rule(
 
 @dataclass
 class IssueResearch:
-    """What the research hands over for one issue: its passages, best first (empty: none found or
-    none past the evidence gate), and whether a step ran for it."""
+    """What the research hands over for one issue: its passages, best first (empty: none past the
+    evidence gate), and whether a step ran for it."""
 
     issue: str
     docs: list[dict]
@@ -435,19 +408,10 @@ class IssueResearch:
     """The user set it (``--issues`` or the plan review): applied as an issue the question names."""
 
 
-def _cite(cited: dict[tuple[str, str], Citation], doc: Mapping[str, Any], sentence: str) -> int:
-    """The number of the citation of ``sentence`` of ``doc``, added to ``cited`` when new."""
-    key = (str(doc["id"]), sentence)
-    if key not in cited:
-        title = str(doc.get("title") or "")
-        cited[key] = Citation(len(cited) + 1, key[0], title, sentence, pin_cite(doc))
-    return cited[key].n
-
-
 def pin_cite(doc: Mapping[str, Any]) -> str:
     """A pin cite to a passage of the user's documents, from its metadata ("Terry v. Ohio, 392
-    U.S. 1, 27 (1968)", "28 U.S.C. § 1441(b)(2)", "Brief for Appellant, p. 3"); "" without a pin.
-    A research record (``nodes._passage_record``) carries it already computed, as ``pin``."""
+    U.S. 1, 27 (1968)", "28 U.S.C. § 1441(b)(2)"); "" without one.  A research record
+    (``nodes._passage_record``) carries it already computed."""
     if doc.get("pin"):
         return str(doc["pin"])
     meta = doc.get("metadata") or {}
@@ -469,7 +433,7 @@ def pin_cite(doc: Mapping[str, Any]) -> str:
 
 
 def _clean(text: str) -> str:
-    return " ".join(str(text).split()).strip().rstrip(".;,")
+    return " ".join(str(text).split()).rstrip(".;,")
 
 
 NOT_STATED_FACT = "not stated"
@@ -497,8 +461,7 @@ def raised(checks: Sequence[Check]) -> bool:
 
 
 def _outcome(checks: Sequence[Check]) -> Met:
-    """The rule's outcome: a requirement that fails -> no; every requirement met -> yes; else
-    unclear."""
+    """A requirement that fails -> no; every requirement met -> yes; else unclear."""
     if any(c.met == "no" for c in checks):
         return "no"
     return "yes" if checks and all(c.met == "yes" for c in checks) else "unclear"
@@ -518,9 +481,9 @@ def _sources(requirement: str, rule: Sequence[str], cites: list[int]) -> list[in
 def _application_sentences(
     checks: Sequence[Check], rule: Sequence[str], cites: list[int], bar: float = 0.0
 ) -> list[Sentence]:
-    """One sentence per rule sentence a stated fact bears on: its opening words (it is quoted whole
-    just above), whether the facts meet it when the fact's support reaches ``bar``, and the fact,
-    citing that rule sentence; then one naming those no stated fact bears on; each said once."""
+    """Per requirement a stated fact bears on, once: its opening words (quoted whole just above),
+    met or not when the fact's support reaches ``bar``, and the fact; then one sentence naming
+    those no stated fact bears on.  Each cites its rule sentence."""
     out, open_items, seen, open_cites = [], [], set(), set()
     for c in checks:
         requirement = _clean(c.requirement)
@@ -542,23 +505,17 @@ def _application_sentences(
     return out
 
 
-def _conclusion(issue: str, outcome: Met, checks: Sequence[Check], cites: list[int]) -> Sentence:
-    """The issue's conclusion, following from its checks (:func:`_outcome`): it names the
-    requirement the facts fail."""
-    failed = [c for c in checks if c.met == "no"]
-    if outcome == "yes":
-        text = f"{issue}: every requirement is met on these facts, so the rule applies."
-    elif outcome == "no":
-        requirement = _gist(failed[0].requirement)
-        text = f'{issue}: the rule does not apply: the facts do not meet "{requirement}".'
-    else:
-        text = f"{issue}: the facts stated do not settle whether the rule applies."
-    return Sentence(text, "conclusion", list(cites))
+_CONCLUSION = {
+    "yes": "every requirement is met on these facts, so the rule applies.",
+    "no": 'the rule does not apply: the facts do not meet "{}".',
+    "unclear": "the facts stated do not settle whether the rule applies.",
+}
+"""An issue's conclusion per outcome (:func:`_outcome`); "no" names the requirement the facts fail."""
 
 
 def _deciding(checks: Sequence[Check], reading: Met) -> list[Check]:
     """The checks a reading rests on: every requirement for "yes"; for "no", the requirement the
-    facts fail (the one :func:`_conclusion` names)."""
+    facts fail (the one its conclusion names)."""
     if reading == "yes":
         return list(checks)
     if reading == "no":
@@ -567,9 +524,8 @@ def _deciding(checks: Sequence[Check], reading: Met) -> list[Check]:
 
 
 def reading_support(checks: Sequence[Check], reading: Met) -> float | None:
-    """How far the research supports a reading: the least support of a check it rests on (a
-    requirement "met" by a fact far from it is the 1.5B's usual error); None when it rests on
-    none."""
+    """The least support of a check the reading rests on (a requirement "met" by a fact far from
+    it is the 1.5B's usual error); None when it rests on none."""
     deciding = _deciding(checks, reading)
     return min((c.support or 0.0) for c in deciding) if deciding else None
 
@@ -579,8 +535,8 @@ TURNS_ON = 3
 
 
 def turns_on(checks: Sequence[Check], reading: Met) -> list[str]:
-    """What decides the issue, for a reader to check against the facts: the requirements the
-    reading rests on with the fact said to decide each, then those no stated fact decides."""
+    """What decides the issue: the requirements the reading rests on with the fact said to decide
+    each, then those no stated fact decides."""
     deciding = _deciding(checks, reading) or [c for c in checks if fact_decides(c)]
     open_items = [c for c in checks if not fact_decides(c) and c not in deciding]
     out = [f'"{_gist(c.requirement)}" (stated: "{_clean(c.fact)}")' for c in deciding]
@@ -591,15 +547,8 @@ def turns_on(checks: Sequence[Check], reading: Met) -> list[str]:
 NO_FACT_ITEM = " (no stated fact)"
 """How a :func:`turns_on` item ends when no stated fact decides its requirement."""
 
-
-def _requirement_of(item: str) -> str:
-    """The quoted requirement a :func:`turns_on` item names."""
-    return item.split('" (', 1)[0]
-
-
 GIST_WORDS = 10
-"""Words of a rule sentence that name it where it was already quoted whole (the application and
-the conclusion)."""
+"""Words that name a rule sentence already quoted whole (in the application and conclusion)."""
 
 
 def _gist(requirement: str) -> str:
@@ -626,10 +575,9 @@ LATER_FACT = " (stated later: where it conflicts with an earlier fact, it holds)
 def apply_rule(
     client: Any, issue: str, reqs: Sequence[str], facts: Sequence[str], later: int = 0
 ) -> list[Check] | None:
-    """The ``apply`` call: for each requirement, the stated fact that decides it (None: unusable
-    reply; a reply cut off at its token budget keeps its complete checks).  A requirement left
-    unanswered is not decided by the facts.  A follow-up's facts after the first ``later`` are
-    marked as stated later, to win a conflict."""
+    """The ``apply`` call: per requirement, the stated fact that decides it, undecided where the
+    reply says nothing (None: unusable reply; one cut off keeps its complete checks).  Facts after
+    the first ``later`` (a follow-up's) are marked as stated later, to win a conflict."""
     numbered = "\n".join(f"{n}. {r}" for n, r in enumerate(reqs, 1))
     mark = LATER_FACT if later else ""
     listed = "\n".join(f"F{n}.{mark if n > later else ''} {f}" for n, f in enumerate(facts, 1))
@@ -655,10 +603,9 @@ def apply_rule(
 def related_checks(
     checks: Sequence[Check], embed: EmbedFn, keep: bool = False
 ) -> tuple[list[Check], int]:
-    """``checks`` with every decided one whose fact is unrelated to its requirement (cosine below
+    """``checks`` with each decided one whose fact is unrelated to its requirement (below
     :data:`FACT_RELEVANCE`) made undecided unless ``keep``, and how many are unrelated; each other
-    decided check names the part of its fact sentence that bears on the requirement
-    (:func:`fact_part`)."""
+    decided check names the part of its fact that bears on the requirement (:func:`fact_part`)."""
     judged = [i for i, c in enumerate(checks) if fact_decides(c)]
     out = list(checks)
     if not judged:
@@ -672,12 +619,8 @@ def related_checks(
     clause_rows = functools.cache(lambda clauses: _rows(embed, list(clauses)))
     for n, i in kept:
         others = [rows[2 * m] for m, j in kept if j != i]
-        part = fact_part(
-            checks[i].fact,
-            rows[2 * n],
-            lambda texts: clause_rows(tuple(texts)),
-            np.stack(others) if others else None,
-        )
+        rest = np.stack(others) if others else None
+        part = fact_part(checks[i].fact, rows[2 * n], lambda t: clause_rows(tuple(t)), rest)
         support = round(float(rows[2 * n] @ rows[2 * n + 1]), 4)
         out[i] = checks[i].model_copy(update={"fact": part, "support": support})
     return out, len(unrelated)
@@ -695,10 +638,10 @@ short to stand alone is joined back with ("Lena, a trespasser, climbed ...")."""
 def fact_part(
     fact: str, requirement: np.ndarray, embed: EmbedFn, others: np.ndarray | None = None
 ) -> str:
-    """The clause of a long fact sentence closest to a requirement (its embedding row), marked as
-    cut with "…", so an application says which fact meets which element.  Given ``others`` (rows
-    of the rule's other requirements), a clause scores its cosine to this one less its mean cosine
-    to those: a clause that names the parties is close to every requirement."""
+    """The clause of a long fact sentence closest to a requirement (its row), marked as cut with
+    "…", so an application says which fact meets which element.  Given ``others`` (the rule's other
+    requirements' rows), a clause scores its cosine to this one less its mean cosine to those: a
+    clause that names the parties is close to every requirement."""
     if len(fact.split()) <= FACT_PART_WORDS:
         return fact
     parts = _FACT_CLAUSE.split(fact)  # clause, separator, clause, ...
@@ -746,8 +689,8 @@ def complete_checks(text: str) -> Application | None:
 
 
 def verify_rule(
-    client: Any, issue: str, pairs: Sequence[tuple[Mapping[str, Any], str]]
-) -> tuple[list[tuple[Mapping[str, Any], str]], list[dict] | None]:
+    client: Any, issue: str, pairs: Sequence[Pair]
+) -> tuple[list[Pair], list[dict] | None]:
     """The grounding gate (evidence policy): the ``verify`` call's verdict on each candidate rule
     sentence for ``issue``.  (the verified pairs, in order; one quote record per sentence), or
     (``[]``, None) when the reply is unusable: nothing is verified that was not judged."""
@@ -758,10 +701,8 @@ def verify_rule(
     result = prompts.call(client, "verify", issue=issue, quotes=numbered)
     if result.parsed is None:
         return [], None
-    verdicts: dict[int, str] = {}
-    for v in result.parsed.verdicts:
-        if 1 <= v.n <= len(pairs):
-            verdicts.setdefault(v.n, v.verdict)
+    # reversed: a sentence judged twice keeps its first verdict
+    verdicts = {v.n: v.verdict for v in reversed(result.parsed.verdicts) if 1 <= v.n <= len(pairs)}
     quotes = [
         dict(issue=issue, passage_id=str(d["id"]), text=s, verdict=verdicts.get(n, "not_judged"))
         for n, (d, s) in enumerate(pairs, 1)
@@ -781,15 +722,15 @@ def _finding(n: int, issue: IssueAnswer) -> str:
 
 
 def _unsettled_line(asked: str, issues: Sequence[IssueAnswer], why: str = "") -> Sentence:
-    """A bottom line that gives no verdict: the question, that the research does not settle it,
-    and the facts that would: what the issues turn on, those the model read as decided first,
-    each group by its rule's fit to the facts (:attr:`IssueAnswer.fit`), citing the issues named."""
+    """A bottom line with no verdict: the question, not settled, and what the issues turn on (those
+    the model read as decided first, each group by its rule's fit to the facts), citing them."""
     issues = sorted(issues, key=lambda i: (i.reading not in ("yes", "no"), -(i.fit or 0.0)))
     items = [(t, n) for n, i in enumerate(issues) for t in i.turns_on]
     # A requirement two issues quote is named once, with the fact one of them ties to it (an
     # offer question's bottom line named the offer rule with "no stated fact", then with one).
-    tied = {_requirement_of(t): (t, n) for t, n in reversed(items) if not t.endswith(NO_FACT_ITEM)}
-    named = dict(tied.get(_requirement_of(t), (t, n)) for t, n in items)
+    quoted = {t: t.split('" (', 1)[0] for t, _ in items}  # the requirement each item quotes
+    tied = {quoted[t]: (t, n) for t, n in reversed(items) if not t.endswith(NO_FACT_ITEM)}
+    named = dict(tied.get(quoted[t], (t, n)) for t, n in items)
     listed = list(named.items())[:TURNS_ON]
     text = f"{asked} Not settled by this research{why}{_turns_on_text([t for t, _ in listed])}"
     return Sentence(text, "bottom_line", _all_cites([issues[n] for n in {n for _, n in listed}]))
@@ -806,11 +747,10 @@ def bottom_line(
     fire: Callable[[str], None],
     bar: float = 0.0,
 ) -> Verdict | None:
-    """The answer to the yes-or-no question ``asked`` (None: unparseable reply).  The model reads
-    the issues' readings and answers yes / no / unclear, naming the conclusion that decides it;
-    the verdict is shown, in the words of that conclusion, only when the conclusion's support
-    reaches ``bar`` (else the line says what decides it).  No call when no issue is decided, or
-    when ``bar`` is above 1 (no support reaches it)."""
+    """The answer to the yes-or-no question ``asked`` (None: unparseable reply): the model reads
+    the issues' readings and answers yes / no / unclear, naming the conclusion that decides it,
+    shown in its words when its support reaches ``bar`` (else the line says what decides it).  No
+    call when no issue is decided, or when ``bar`` is above 1 (no support reaches it)."""
     decided = [i for i in applied if i.reading in ("yes", "no")]
     if not decided:
         why = ": the stated facts decide none of the issues above"
@@ -831,9 +771,8 @@ def bottom_line(
     else:
         fire("unnamed_bottom_line")
         rests = decided
-        said = Sentence(
-            f"{asked} {head}, on the conclusions above.", "bottom_line", _all_cites(rests)
-        )
+        text = f"{asked} {head}, on the conclusions above."
+        said = Sentence(text, "bottom_line", _all_cites(rests))
     support = min((i.support or 0.0) for i in rests)
     if support < bar:
         return None, line.answer, support, _unsettled_line(asked, rests)
@@ -850,8 +789,7 @@ def in_short(applied: Sequence[IssueAnswer]) -> Sentence:
 
 @dataclass
 class _Stage:
-    """One answer's working set: the question, the model and embedder, the citations numbered so
-    far and the guard counters."""
+    """One answer's working set: the question, model, embedder, citations so far, guard counts."""
 
     client: Any
     q: Question
@@ -866,39 +804,30 @@ class _Stage:
     """(passage id, sentence) -> the issue it is a rule of (guard ``same_rule``)."""
     quotes: list[dict] = field(default_factory=list)
     earlier: Mapping[str, list[dict]] = field(default_factory=dict)
-    """A follow-up's thread: each issue's application in the last answer (``IssueAnswer.checks``)."""
+    """A follow-up's thread: each issue's last application (``IssueAnswer.checks``)."""
     reused: list[str] = field(default_factory=list)
     bearing: set[str] = field(default_factory=set)
     """The issues a follow-up's new facts bear on (:func:`borne_on`): applied anew."""
     named: set[str] = field(default_factory=set)
-    """The issues the question names (:func:`named_in`) or the user set: applied, and to every
-    fact the model ties to them (guard ``named_issue``)."""
+    """The issues the question names (:func:`named_in`) or the user set (guard ``named_issue``)."""
 
     def __post_init__(self) -> None:
-        self.guards = dict.fromkeys(GUARDS, 0)
-        if self.policy != "evidence":
-            del self.guards["unparsed_verdicts"]
+        evidence = self.policy == "evidence"  # only it has a grounding gate
+        self.guards = {g: 0 for g in GUARDS if evidence or g != "unparsed_verdicts"}
 
     def fire(self, name: str, times: int = 1) -> None:
         """Count guard ``name`` (a row of :data:`GUARDS`) as fired ``times`` more."""
         self.guards[name] += times
 
-    def record(self, issues: list[IssueAnswer], abstained: bool, why: str = "") -> AnswerRecord:
-        citations = [] if abstained else list(self.cited.values())
-        return AnswerRecord(
-            self.q.kind,
-            "",
-            issues,
-            citations,
-            abstained,
-            why,
-            quotes=self.quotes,
-            guards=self.guards,
-            reused=self.reused,
-        )
+    def record(self, issues: list[IssueAnswer], why: str = "", declined: str = "") -> AnswerRecord:
+        """The record; one that abstains (``why``) reads "No answer: ``declined`` (``why``)."."""
+        text = f"{NO_ANSWER}: {declined} ({why})." if why else ""
+        citations = [] if why else list(self.cited.values())
+        kept = dict(quotes=self.quotes, guards=self.guards, reused=self.reused)
+        return AnswerRecord(self.q.kind, text, issues, citations, bool(why), why, **kept)
 
 
-Ruled = tuple[int, IssueResearch, list[tuple[Mapping[str, Any], str]], float]
+Ruled = tuple[int, IssueResearch, list[Pair], float]
 """An issue with a rule: its slot in the answer, its research, its rule, the rule's fit."""
 
 
@@ -913,10 +842,8 @@ def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
     mine = [d for d in docs if d.get("doc_id") and " ".join(d["title"].split()) == item.issue]
     docs = mine or docs
     if not docs:
-        why = item.why or (
-            "the passages found are about other doctrines" if item.docs else "no passage found"
-        )
-        return IssueAnswer(item.issue, "no_evidence", why=why)
+        found = "the passages found are about other doctrines" if item.docs else "no passage found"
+        return IssueAnswer(item.issue, "no_evidence", why=item.why or found)
     # A rule question gets the rule as the issue's own passage (the one most about its doctrine)
     # states it; a fact pattern, what its passages say closest to issue and facts.
     rule_question = stage.q.kind == "rule_question"
@@ -926,7 +853,8 @@ def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
     if near is None:
         near = issue_facts(item.issue, stage.q.facts, stage.embed)
     query = " ".join([item.issue, *near] if not mine else [stage.q.text])  # a title says nothing
-    if stage.policy == "evidence":
+    evidence = stage.policy == "evidence"
+    if evidence:
         candidates = lead or select_rule(query, docs, stage.embed, VERIFY_CANDIDATES)
         rule, judged = verify_rule(stage.client, item.issue, candidates)
         stage.fire("unparsed_verdicts", judged is None)
@@ -940,11 +868,7 @@ def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
     # The same law as earlier issues is said once, under them (guard ``same_rule``); outside the
     # evidence policy, an issue quotes what else its passages say when they say more.
     if rule and all(r in stage.taken for r in _keys(rule)):
-        more = (
-            []
-            if stage.policy == "evidence"
-            else select_rule(query, docs, stage.embed, taken=stage.taken)
-        )
+        more = [] if evidence else select_rule(query, docs, stage.embed, taken=stage.taken)
         if not more:
             stage.fire("same_rule")
             owners = ", ".join(dict.fromkeys(stage.taken[r] for r in _keys(rule)))
@@ -955,7 +879,7 @@ def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
     return rule
 
 
-def _keys(rule: Sequence[tuple[Mapping[str, Any], str]]) -> list[tuple[str, str]]:
+def _keys(rule: Sequence[Pair]) -> list[tuple[str, str]]:
     return [(d["id"], s) for d, s in rule]
 
 
@@ -978,7 +902,10 @@ def _ruled_issues(
         if isinstance(rule, IssueAnswer):
             issues.append(rule)
             continue
-        ruled.append((len(issues), item, rule, fact_fit(rule, fit_rows, stage.embed)))
+        fit = 1.0
+        if rule and len(fit_rows):  # its closest sentence's cosine to the closest it must fit
+            fit = float((_rows(stage.embed, [s for _, s in rule]) @ fit_rows.T).max())
+        ruled.append((len(issues), item, rule, fit))
         issues.append(IssueAnswer(item.issue, "answered"))  # its place, filled in below
     return issues, ruled
 
@@ -987,7 +914,11 @@ def _answered(
     stage: _Stage, issue: str, rule: list, applied: list[Check] | None, cut: bool
 ) -> IssueAnswer:
     """An issue's answer: its rule sentences, and its application and conclusion when applied."""
-    cites = [_cite(stage.cited, d, s) for d, s in rule]
+    for d, s in rule:  # a sentence is cited once, numbered in the order first quoted
+        if (key := (str(d["id"]), s)) not in stage.cited:
+            title = str(d.get("title") or "")
+            stage.cited[key] = Citation(len(stage.cited) + 1, key[0], title, s, pin_cite(d))
+    cites = [stage.cited[(str(d["id"]), s)].n for d, s in rule]
     answer = IssueAnswer(issue, "answered")
     answer.sentences = [Sentence(s, "rule", [n]) for (_, s), n in zip(rule, cites, strict=True)]
     if applied is not None:
@@ -998,39 +929,38 @@ def _answered(
         earned = answer.reading != "unclear" and (answer.support or 0.0) >= stage.bar
         answer.outcome = answer.reading if earned else "unclear"
         answer.sentences += _application_sentences(applied, [s for _, s in rule], cites, stage.bar)
-        conclusion = _conclusion(issue, answer.reading, applied, cites)
-        answer.finding = conclusion.text
-        if not earned:  # the research does not support the reading: say what decides it
-            text = f"{issue}: not settled by this research{_turns_on_text(answer.turns_on)}"
-            conclusion = Sentence(text, "conclusion", list(cites))
-        answer.sentences.append(conclusion)
+        failed = [_gist(c.requirement) for c in applied if c.met == "no"][:1]
+        answer.finding = f"{issue}: {_CONCLUSION[answer.reading].format(*failed)}"
+        # where the research does not support the reading, it says what decides it
+        unsettled = f"{issue}: not settled by this research{_turns_on_text(answer.turns_on)}"
+        said = answer.finding if earned else unsettled
+        answer.sentences.append(Sentence(said, "conclusion", list(cites)))
     elif cut:  # a fact pattern's rule cut into requirements, and no usable application
         stage.fire("unparsed_application")
         answer.why = "the application could not be parsed"
     return answer
 
 
-Applied = tuple[list[Check] | None, bool]
-"""An issue's application (None: nothing to apply, or an unusable reply), and whether its rule
-was cut into requirements."""
+Applied = tuple[list[Check] | None, bool, int, bool]
+"""An issue's application (None: nothing to apply, or an unusable reply), whether its rule was cut
+into requirements, the checks dropped as unrelated (guard ``unrelated_fact``), and whether it is
+the thread's earlier one (:func:`_carried`)."""
 
 
-def _checks(stage: _Stage, issue: str, rule: list) -> tuple[Applied, int, bool]:
-    """The application of a fact pattern's rule to its facts, the checks dropped as unrelated
-    (guard ``unrelated_fact``), and whether it is the thread's earlier one (:func:`_carried`)."""
+def _checks(stage: _Stage, issue: str, rule: list) -> Applied:
+    """The application of a fact pattern's rule to its facts."""
     if stage.q.kind == "rule_question" or not stage.q.facts:
-        return (None, False), 0, False
+        return None, False, 0, False
     reqs = requirements([s for _, s in rule])
     if not reqs:  # the rule is quoted, with nothing to apply
-        return (None, False), 0, False
+        return None, False, 0, False
     if (carried := _carried(stage, issue, reqs)) is not None:
-        return (carried, True), 0, True
-    later = len(stage.q.earlier)
-    applied = apply_rule(stage.client, issue, reqs, stage.q.facts, later=later)
+        return carried, True, 0, True
+    applied = apply_rule(stage.client, issue, reqs, stage.q.facts, later=len(stage.q.earlier))
     if applied is None:
-        return (None, True), 0, False
+        return None, True, 0, False
     applied, unrelated = related_checks(applied, stage.embed, keep=issue in stage.named)
-    return (applied, True), unrelated, False
+    return applied, True, unrelated, False
 
 
 def _applications(stage: _Stage, todo: Sequence[tuple[str, list]]) -> list[Applied]:
@@ -1042,10 +972,10 @@ def _applications(stage: _Stage, todo: Sequence[tuple[str, list]]) -> list[Appli
     else:
         with ContextThreadPoolExecutor(max_workers=len(todo)) as pool:
             done = list(pool.map(lambda pair: _checks(stage, *pair), todo))
-    for (issue, _), (_, unrelated, carried) in zip(todo, done, strict=True):
+    for (issue, _), (*_, unrelated, carried) in zip(todo, done, strict=True):
         stage.fire("named_issue" if issue in stage.named else "unrelated_fact", unrelated)
         stage.reused += [issue] if carried else []
-    return [applied for applied, *_ in done]
+    return done
 
 
 def _carried(stage: _Stage, issue: str, items: list[str]) -> list[Check] | None:
@@ -1082,7 +1012,6 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
     question names are always applied, and so is the first unraised one when no other is."""
     rule_question = stage.q.kind == "rule_question"
     floor, guard = (ASKED_FIT, "not_asked") if rule_question else (FACT_FIT, "off_facts")
-    best = max((fit for *_, fit in ruled), default=1.0)
     stage.bearing = borne_on(stage, ruled)
     asked = stage.q.asked if stage.q.kind == "fact_pattern" else ""
     named = [item.chosen or bool(asked) and named_in(item.issue, asked) for _, item, *_ in ruled]
@@ -1092,7 +1021,7 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
     # "Is Dana guilty of larceny?" names keeps the facts the model ties to it, new ones included.
     stage.named = {item.issue for (_, item, *_), name in zip(ruled, named, strict=True) if name}
     stage.bearing |= stage.named
-    low = min(floor, best)
+    low = min(floor, max((fit for *_, fit in ruled), default=1.0))  # the best fit is applied
     low_fit = [n > 0 and fit < low for n, (*_, fit) in enumerate(ruled)]
     unfit = [far and not name for far, name in zip(low_fit, named, strict=True)]
     todo = [(r[1].issue, r[2]) for r, out in zip(ruled, unfit, strict=True) if not out]
@@ -1106,7 +1035,7 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
             why = f"its rule does not fit {what} (cosine {fit:.2f} < {floor})"
             issues[slot] = IssueAnswer(item.issue, "not_raised", why=why)
             continue
-        applied, cut = next(applications)
+        applied, cut, *_ = next(applications)
         unraised = applied is not None and not raised(applied)
         stage.fire("named_issue", unraised and named[n] and not low_fit[n])
         if unraised and not named[n]:
@@ -1130,9 +1059,8 @@ def _unanswerable(stage: _Stage, issues: list[IssueAnswer]) -> str:
     is near the question (``off_question``); the answered issues are then marked as such."""
     answered = [i for i in issues if i.status == "answered"]
     if not answered:
-        return "no issue's research found a rule on its doctrine: " + "; ".join(
-            f"{i.issue} ({i.why or i.status})" for i in issues
-        )
+        why = "; ".join(f"{i.issue} ({i.why or i.status})" for i in issues)
+        return f"no issue's research found a rule on its doctrine: {why}"
     rules = [s.text for i in answered for s in i.sentences if s.role == "rule"]
     closest = 1.0
     if rules and not stage.q.choices:
@@ -1141,18 +1069,14 @@ def _unanswerable(stage: _Stage, issues: list[IssueAnswer]) -> str:
         return ""
     stage.fire("off_question")
     titles = {c.n: c.title or c.passage_id for c in stage.cited.values()}
-    found = "; ".join(
-        f"{', '.join(dict.fromkeys(titles[n] for s in i.sentences for n in s.cites))}"
-        f" (for {i.issue})"
-        for i in answered
-    )
+    cited = [dict.fromkeys(titles[n] for s in i.sentences for n in s.cites) for i in answered]
+    pairs = zip(answered, cited, strict=True)
+    found = "; ".join(f"{', '.join(t)} (for {i.issue})" for i, t in pairs)
     for n, i in enumerate(issues):
         if i.status == "answered":
             issues[n] = IssueAnswer(i.issue, "no_evidence", why="its rule is about another matter")
-    return (
-        f"the rules its research found are about other matters: {found}; closest "
-        f"cosine to the question {closest:.3f} < {QUESTION_FIT:.2f}"
-    )
+    closest_at = f"closest cosine to the question {closest:.3f} < {QUESTION_FIT:.2f}"
+    return f"the rules its research found are about other matters: {found}; {closest_at}"
 
 
 def _tail(stage: _Stage, applied: Sequence[IssueAnswer]) -> tuple[Verdict | None, list[Sentence]]:
@@ -1184,31 +1108,24 @@ def build_record(
     verdict_support: float = 0.0,
     earlier: Mapping[str, list[dict]] | None = None,
 ) -> AnswerRecord:
-    """The answer to ``question`` (read once: :class:`question.Question`) from the research of each issue (see the module docstring).
+    """The answer to ``question`` from the research of each issue (see the module docstring).
 
     ``decline``: why the research declines the question as a whole (off topic as asked); the
     record then abstains without a model call.  ``policy="evidence"``: every rule sentence passes
-    the grounding gate first (:func:`verify_rule`).  ``verdict_support``: the support a reading of
-    the facts needs to be shown as a conclusion or verdict (above 1: none is).  ``earlier``: a
-    follow-up's thread, each issue's application in its last answer (:func:`_carried`)."""
+    the grounding gate first (:func:`verify_rule`).  ``verdict_support``: the support a reading
+    needs to be shown as a conclusion or verdict (above 1: none is).  ``earlier``: a follow-up's
+    thread, each issue's application in its last answer (:func:`_carried`)."""
     stage = _Stage(client, question, embed, policy, verdict_support, earlier=earlier or {})
     if decline:
-        record = stage.record([], True, decline)
-        record.text = f"{NO_ANSWER}: the sources do not cover this question as asked ({decline})."
-        return record
+        return stage.record([], decline, "the sources do not cover this question as asked")
     issues, ruled = _ruled_issues(stage, research)
     _apply_issues(stage, issues, ruled)
-    why = _unanswerable(stage, issues)
-    if why:
-        record = stage.record(issues, True, why)
-        record.text = (
-            f"{NO_ANSWER}: the research found nothing in the sources that answers this question "
-            f"({why})."
-        )
-        return record
+    if why := _unanswerable(stage, issues):
+        found = "the research found nothing in the sources that answers this question"
+        return stage.record(issues, why, found)
     applied = [i for i in issues if i.status == "answered" and i.outcome is not None]
     decided, tail = _tail(stage, applied)
-    record = stage.record(issues, False)
+    record = stage.record(issues)
     if decided:
         record.verdict, record.reading, record.support = decided[:3]
     record.grounded = all(s.cites for s in record.sentences) and all(s.cites for s in tail)
@@ -1241,22 +1158,16 @@ def render(record: AnswerRecord, tail: Sequence[Sentence] = ()) -> str:
     # an issue set aside is not listed as not raised where the answer quotes a source on its
     # doctrine ("no stated fact raises" FRE 609 under its rule applied to a perjury conviction)
     quoted = record.quoted_doctrines
-    unraised = [
-        i.issue
-        for i in record.issues
-        if i.status == "not_raised" and mc.doctrine_key(i.issue) not in quoted
-    ]
+    set_aside = [i.issue for i in record.issues if i.status == "not_raised"]
+    unraised = [i for i in set_aside if mc.doctrine_key(i) not in quoted]
     if unraised:
         rule_question = record.kind == "rule_question"
         why = "not what the question asks" if rule_question else "no stated fact raises it"
         lines.append(f"\nConsidered, but {why}: {'; '.join(unraised)}.")
     missing = [i for i in record.issues if i.status not in ("answered", "not_raised")]
     if missing:
-        lines.append(
-            "\nNot answered: "
-            + "; ".join(f"{i.issue} ({i.why or i.status.replace('_', ' ')})" for i in missing)
-            + "."
-        )
+        said = "; ".join(f"{i.issue} ({i.why or i.status.replace('_', ' ')})" for i in missing)
+        lines.append(f"\nNot answered: {said}.")
     return "\n".join(lines).strip()
 
 

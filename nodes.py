@@ -1,10 +1,9 @@
 """The nodes of the research agent and their routers.
 
-Every node takes ``(state, runtime)`` and reads its dependencies (settings, LLM client, retrieval,
-embedder, QA memory, deadline) from ``runtime.context`` (:class:`context.AgentContext`; LangGraph
-Studio runs without one get :func:`context.default_context`).  Each node appends one ``trace``
-event (node, what it decided, seconds) that the CLI streams.  Every LLM call goes through
-``prompts.call`` and the call table ``prompts.CALLS``.
+Every node takes ``(state, runtime)`` and reads its dependencies from ``runtime.context``
+(:class:`context.AgentContext`; a LangGraph Studio run gets :func:`context.default_context`).
+Each node appends one ``trace`` event (node, decision, seconds) that the CLI streams.  Every LLM
+call goes through ``prompts.call`` and the call table ``prompts.CALLS``.
 
 The research follows the facts: the planner names the issues the question raises, and each issue
 is one research step whose queries are its doctrine's names and the facts that raise it.  A step
@@ -61,13 +60,9 @@ def _traced(name: str) -> Callable:
         def node(state: AgentState, runtime: Runtime[AgentContext]) -> dict | Command:
             # A LangGraph server run brings an empty context ({}): use the default one, whose
             # run (its deadline, and the LLM calls it counts) starts at the run's first node.
-            ctx = runtime.context
-            if not isinstance(ctx, AgentContext):
-                ctx = (
-                    default_context().start_run()
-                    if name == "detect_injection"
-                    else default_context()
-                )
+            if not isinstance(ctx := runtime.context, AgentContext):
+                ctx = default_context()
+                ctx = ctx.start_run() if name == "detect_injection" else ctx
             start = time.perf_counter()
             update, decision, *goto = fn(state, ctx)
             seconds = round(time.perf_counter() - start, 3)
@@ -105,11 +100,7 @@ def issue_names(issue: str) -> list[str]:
 
 
 def step_for(
-    step_id: int,
-    issue: str,
-    facts: list[str],
-    search_type: str = FIRST_SEARCH,
-    phase: str = "rule",
+    step_id: int, issue: str, facts: list[str], search_type: str = FIRST_SEARCH, phase: str = "rule"
 ) -> PlanStep:
     """A pending research step for ``issue``: a self-contained question that keeps the facts that
     raise the issue, and queries built from the doctrine's names and those facts."""
@@ -150,7 +141,6 @@ no gold passage (13 of the 40 fact patterns), a named one's search finds it for 
 3 as with all (about 4 a pattern), 3 with the first 2 (the fact-pattern eval's ``steer_found``;
 docs/MEASUREMENTS.md, "Fact patterns")."""
 
-
 OTHERS_FIT = 0.22
 """The cosine a stated fact must reach to one of the first 3 passages a passed-over candidate's
 step would find for the answer to name it: on the tune half of the fact patterns, the highest
@@ -166,16 +156,11 @@ def candidate_search(ctx: AgentContext, name: str, facts: Sequence[str]) -> list
 
 
 def passed_over(state: AgentState, ctx: AgentContext, quoted: Collection[str] = ()) -> list[str]:
-    """The planner's candidates left off the agenda, one name a doctrine (the name before its
-    linked doctrines' parentheses): what the user may research next where the agenda missed (the
-    1.5B passed over "Abnormally dangerous activities", its first candidate, for a blasting
-    question); of a fact pattern, those whose search finds a passage some stated fact fits at
-    :data:`OTHERS_FIT`.  Not one of the doctrines the answer quotes a source on (``quoted``,
-    :attr:`answer.AnswerRecord.quoted_doctrines`): its sources list it ("False imprisonment and
-    shopkeeper's privilege" after an issue "False imprisonment (Shopkeeper's privilege)" quoting
-    that passage).  None when the user set or reviewed the agenda: they chose from the
-    candidates; nor an issue researched earlier on the thread (a follow-up's candidates list
-    those first)."""
+    """The planner's candidates left off the agenda, by the name before their parentheses: what
+    the user may research next (the 1.5B passed over "Abnormally dangerous activities" for a
+    blasting question); of a fact pattern, those whose search finds a passage a stated fact fits
+    at :data:`OTHERS_FIT`.  Never a doctrine the answer quotes (``quoted``: its sources list it),
+    one researched earlier on the thread, or any when the user set or reviewed the agenda."""
     facts = state["parsed"].facts
     if state["parsed"].issues or _reading(state, "review"):
         return []
@@ -257,10 +242,7 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         "parsed": q,
         "review": False,  # asked for one run: the thread's next question is not paused
         "reading": Overwrite(reading),
-        "planning_table": Overwrite([]),
-        "flagged_passages": Overwrite([]),
-        "fallbacks": Overwrite([]),
-        "trace": Overwrite([]),
+        **{k: Overwrite([]) for k in ("planning_table", "flagged_passages", "fallbacks", "trace")},
     }
     if not check["is_safe"]:
         text = ctx.rejection_message(check)
@@ -298,9 +280,8 @@ def _memory_hit(state: AgentState, ctx: AgentContext, q: Question) -> dict | Non
     # evidence answers are never cached; a follow-up's facts are its thread's, not a saved
     # one's; a run the user reviews, or whose issues the user set, is researched on them
     steered = reading.get("review") or q.issues
-    if answer_mode(state, ctx) != "research" or reading.get("follow_up") or steered:
-        return None
-    if q.law and not q.law.held:  # law no source holds: declined, whatever was saved before
+    unheld = q.law and not q.law.held  # law no source holds: declined, whatever was saved before
+    if answer_mode(state, ctx) != "research" or reading.get("follow_up") or steered or unheld:
         return None
     try:
         hit = ctx.check_memory(q.text)
@@ -328,7 +309,6 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     word) is neither classified nor researched (a multiple-choice one still gets its letter);
     else its kind, field of law and topic."""
     q = state["parsed"]
-    question = q.text
     if _reading(state, "follow_up") == "hypothetical":
         # the thread's last question again, on changed facts
         kept = _classified(last_turn(state).get("reading") or {})
@@ -343,13 +323,12 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
             "stop_reason": "memory_hit",
         }
         return update, f"memory hit (similarity {hit.get('similarity', 0):.3f})"
-    score = ctx.question_score(question) if q.kind == "fact_pattern" and not q.choices else None
+    score = ctx.question_score(q.text) if q.kind == "fact_pattern" and not q.choices else None
     kept = {"score": score} if score is not None else {}  # the planner's off-topic check reads it
     if why := reading_moot(q, ctx, score):
         return {"reading": kept}, f"not classified: {why}"
-    result = prompts.call(ctx.client, "classify", question=question)
-    if result.parsed is not None:
-        got = result.parsed
+    result = prompts.call(ctx.client, "classify", question=q.text)
+    if (got := result.parsed) is not None:
         reading = {"legal": got.legal, "area": got.area, "topic": got.topic}
         return {"reading": {**kept, **reading}}, got.area if got.legal else "not law"
     update = {"reading": kept, "fallbacks": ["classifier: unparseable reply"]}
@@ -357,11 +336,10 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
 
 
 def reading_moot(q: Question, ctx: AgentContext, score: float | None) -> str:
-    """Why the classifier's reading could not change the run ("" when it could): its field, topic
-    and "is it law" decide only whether the planner declines the question as off topic
-    (:func:`off_topic`), which a multiple-choice question never is, nor a fact pattern whose
-    sentences' closest passages score (``score``: ``AgentContext.question_score``) at
-    FIELD_EVIDENCE and LEAN_GATE or above (each test the reading feeds declines only below them)."""
+    """Why the classifier's reading could not change the run ("" when it could): it only decides
+    whether the planner declines the question as off topic (:func:`off_topic`), which a
+    multiple-choice question never is, nor a fact pattern whose sentences' closest passages score
+    (``score``) at FIELD_EVIDENCE and LEAN_GATE or above (each test declines only below them)."""
     if q.choices:
         return "a multiple-choice question is researched as asked"
     if q.kind != "fact_pattern" or score is None:
@@ -370,16 +348,16 @@ def reading_moot(q: Question, ctx: AgentContext, score: float | None) -> str:
     return f"its facts' closest passages score {score:.2f}, in scope" if score >= floor else ""
 
 
-def agenda(ctx: AgentContext, question: str, issues: list[str]) -> list[str]:
-    """The research agenda: the model's issues merged with the doctrines the question links to in
-    the legal taxonomy, one item per claim (the model's issues alone when linking fails)."""
+def linked_doctrines(ctx: AgentContext, question: str) -> list[str]:
+    """The doctrines the question links to in the legal taxonomy, one item per claim (none when
+    linking fails)."""
     if ctx.link_issues is None:
-        return issues
+        return []
     try:
-        return ctx.link_issues(question, issues) or issues
-    except Exception as exc:  # noqa: BLE001 - linking is an aid; the model's list still stands
+        return ctx.link_issues(question, []) or []
+    except Exception as exc:  # noqa: BLE001 - linking is an aid; the plan still runs
         logger.warning("doctrine linking failed; keeping the model's issues: %s", exc)
-        return issues
+        return []
 
 
 CANDIDATE_PASSAGES = 4
@@ -395,7 +373,7 @@ def candidate_doctrines(
     the question; and the title of the user's own document when the closest of those passages is
     one ("" when none is).  A question researched in one state's law (``within``, a USPS code)
     lists only that state's passage titles: general law finds nothing in a state's statute."""
-    linked = [i for i in agenda(ctx, question, []) if i]
+    linked = [i for i in linked_doctrines(ctx, question) if i]
     titles: list[str] = []
     own = ""
     try:
@@ -405,7 +383,9 @@ def candidate_doctrines(
             else ctx.retrieve([question], CANDIDATE_PASSAGES, [])
         )
         titles = [d.get("title") or "" for d in found]
-        own = " ".join(titles[0].split()) if found and is_document(found[0]) else ""
+        # the user's own document (``load_corpus.py docs``: metadata ``doc_id``)
+        mine = found and (found[0].get("metadata") or {}).get("doc_id")
+        own = " ".join(titles[0].split()) if mine else ""
     except Exception as exc:  # noqa: BLE001 - candidates are an aid; the plan still runs
         logger.warning("candidate retrieval failed: %s", exc)
     out: dict[str, str] = {}  # one candidate per doctrine (doctrine_key)
@@ -413,12 +393,6 @@ def candidate_doctrines(
         if key := doctrine_key(name):
             out.setdefault(key, " ".join(name.split()))
     return list(out.values()), own
-
-
-def is_document(passage: Passage) -> bool:
-    """Whether a passage is of the user's own documents (``load_corpus.py docs``: metadata
-    ``doc_id``)."""
-    return bool((passage.get("metadata") or {}).get("doc_id"))
 
 
 def off_topic(
@@ -624,7 +598,7 @@ def _fallback_agenda(ctx: AgentContext, question: str) -> tuple[list[str], list[
     """The agenda when no issue was named, and the fallbacks taken: the doctrines the question
     links to, else the question itself."""
     taken = ["planner: no issues named (the linked doctrines are researched)"]
-    if issues := agenda(ctx, question, []):
+    if issues := linked_doctrines(ctx, question):
         return issues, taken
     taken.append("planner: no issues named or linked (the question itself is researched)")
     return [question], taken
@@ -682,7 +656,7 @@ def _memory_entry(
             "top_score": execution.get("evidence_score", 0.0),
             "confidence": execution.get("confidence", 0.0),
         },
-        "leads": [],
+        "leads": leads(step.get("issue") or "", docs),
         "dead_ends": dead_ends,
         "next_steps": [],
     }
@@ -730,10 +704,9 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     step = dict(pending[0])
     strategy = dict(step.get("strategy") or {})
     search_type = strategy.get("search_type") or FIRST_SEARCH
-    queries = list(strategy.get("queries") or [step["question"]])
     k = ctx.settings.agent.retrieval_k
     written, exclude, fallbacks = _rewritten(state, ctx, step)
-    queries = [*written, *queries]
+    queries = [*written, *(strategy.get("queries") or [step["question"]])]
     # A few extra candidates replace passages the injection screen drops, so a planted passage
     # changes neither how many passages the step reads nor which.
     within = _reading(state, "within") or ""
@@ -760,7 +733,6 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     elif gated:
         dead_ends.append(f"evidence score {score:.2f} below LEAN_GATE")
     entry = _memory_entry(step, {**strategy, "executed_as": search_type}, docs, ctx, dead_ends)
-    entry["leads"] = leads(step.get("issue") or "", docs)
     update: dict[str, Any] = {
         "planning_table": [step],
         "passages": passages,
@@ -783,8 +755,7 @@ def memory_lines(state: AgentState) -> str:
     """The working memory, one compact line per iteration (the CLI's view)."""
     lines = []
     for e in state.get("chain_of_thought") or []:
-        r = e["results"]
-        s = e["strategy"]
+        r, s = e["results"], e["strategy"]
         line = (
             f"- step {e['step_id']} [{s.get('executed_as', s.get('search_type', '?'))}] "
             f"{_short(e['query'], 70)!r}: {r['count']} passages, evidence {r['top_score']:.2f}"
@@ -805,8 +776,7 @@ def answer_mode(state: AgentState, ctx: AgentContext) -> str:
     """research, evidence or lean: the run's input may choose, else ANSWER_MODE; auto is lean for
     a multiple-choice question and research for any other, or for one whose issues the user set
     (lean does no research: a user's ``--issues`` on a multiple-choice question went unread)."""
-    mode = _reading(state, "mode")
-    mode = mode or state.get("answer_mode") or ctx.settings.agent.answer_mode
+    mode = _reading(state, "mode") or state.get("answer_mode") or ctx.settings.agent.answer_mode
     if mode == "auto":  # chosen by measurement: README, "Which mode answers which question"
         q = state["parsed"]
         return "lean" if q.choices and not q.issues else "research"
@@ -897,11 +867,8 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]:
     wording).  The adaptive policy: the model's move from the findings (:func:`adaptive_move`)."""
     if ctx.settings.agent.research_policy == "adaptive":
         return adaptive_move(state, ctx)
-    failed = [
-        s
-        for s in state.get("planning_table") or []
-        if s["status"] == "failed" and s.get("phase") != "retry"
-    ]
+    table = state.get("planning_table") or []
+    failed = [s for s in table if s["status"] == "failed" and s.get("phase") != "retry"]
     retry, search_type = _retry(state, ctx, failed[-1])
     memory = _noted(state, f"retry [{search_type}]: {retry['issue']}")
     decision = f"retry step {failed[-1]['step_id']} as step {retry['step_id']} [{search_type}]"
@@ -1010,6 +977,9 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     why_not = stop or f"MAX_STEPS {ctx.settings.agent.max_steps} reached"
     research = issue_research(state, why_not)
     policy = "evidence" if answer_mode(state, ctx) == "evidence" else "research"
+    # a follow-up's thread: each issue's application in the last answer on it
+    last = (last_turn(state).get("answer") or {}) if _reading(state, "follow_up") else {}
+    earlier = {i["issue"]: i["checks"] for i in last.get("issues") or [] if i.get("checks")}
     record = answer_stage.build_record(
         ctx.client,
         q,
@@ -1018,7 +988,7 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         decline=decline,
         policy=policy,
         verdict_support=ctx.verdict_support(),
-        earlier=earlier_applications(state),
+        earlier=earlier,
     )
     if not record.abstained:
         record.others = passed_over(state, ctx, record.quoted_doctrines)
@@ -1033,14 +1003,6 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         + (f", bottom line {record.verdict}" if record.verdict else "")
     )
     return update, decision
-
-
-def earlier_applications(state: AgentState) -> dict[str, list[dict]]:
-    """A follow-up's thread: each issue's application in the last answer on it."""
-    if not _reading(state, "follow_up"):
-        return {}
-    last = last_turn(state).get("answer") or {}
-    return {i["issue"]: i["checks"] for i in last.get("issues") or [] if i.get("checks")}
 
 
 def memory_record(state: AgentState) -> answer_stage.AnswerRecord:
@@ -1070,9 +1032,8 @@ def mc_passages(state: AgentState, extra: list[Passage]) -> list[dict]:
     record = state.get("answer") or {}
     passages = state.get("passages") or {}
     cited = [c["passage_id"] for c in record.get("citations") or []] or list(passages)
-    cited = [i for i in cited if i in passages]
     lean_ids = {d["id"] for d in extra}
-    research = [passages[i] for i in dict.fromkeys(cited) if i not in lean_ids]
+    research = [passages[i] for i in dict.fromkeys(cited) if i in passages and i not in lean_ids]
     return [*extra, *(research[:MC_RESEARCH_PASSAGES] if extra else research)]
 
 
@@ -1100,8 +1061,7 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     lean's retrieval (the question with its choices, when it passes LEAN_GATE): the agent never
     reads less than lean mode does."""
     q = state["parsed"]
-    choices = q.choices
-    if not choices:
+    if not (choices := q.choices):
         return {}, "no choices: pass through"
     extra: list[Passage] = []
     lean: dict[str, Any] = {}
