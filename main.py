@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import functools
 import json
 import logging
@@ -30,6 +29,7 @@ from typing import Any
 
 from langgraph.errors import GraphRecursionError
 from langgraph.types import Command
+from pydantic_core import to_jsonable_python
 
 import answer as answer_stage
 import context
@@ -219,17 +219,8 @@ def recursion_limit(settings: Settings) -> int:
 
 
 def _jsonable(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _jsonable(dataclasses.asdict(value))
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, str | int | float | bool) or value is None:
-        return value
-    if hasattr(value, "item"):
-        return value.item()
-    return str(value)
+    """``value`` in JSON types (dataclasses as dicts); a numpy number as its Python number."""
+    return to_jsonable_python(value, fallback=lambda v: v.item() if hasattr(v, "item") else str(v))
 
 
 def run_agent(
