@@ -120,14 +120,6 @@ def build_graph(
     return g.compile(checkpointer=checkpointer)
 
 
-CHECKPOINT_TYPES = [("question", "Question"), ("question", "StateLaw")]
-"""The project's types in the state, which a checkpoint may load back."""
-
-
-POSTGRES_SCHEMES = ("postgresql://", "postgres://")
-"""CHECKPOINTS values that name a PostgreSQL server instead of a SQLite file."""
-
-
 @contextlib.contextmanager
 def open_checkpointer(settings: Settings) -> Iterator[Any]:
     """The checkpoint store of CHECKPOINTS, open for the block: LangGraph's PostgreSQL
@@ -139,8 +131,12 @@ def open_checkpointer(settings: Settings) -> Iterator[Any]:
         return
     from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-    serde = JsonPlusSerializer(allowed_msgpack_modules=CHECKPOINT_TYPES)
-    opener = _open_postgres if store.lower().startswith(POSTGRES_SCHEMES) else _open_sqlite
+    # the project's types in the state, which a checkpoint may load back
+    serde = JsonPlusSerializer(
+        allowed_msgpack_modules=[("question", q) for q in ("Question", "StateLaw")]
+    )
+    postgres = store.lower().startswith(("postgresql://", "postgres://"))
+    opener = _open_postgres if postgres else _open_sqlite
     with opener(store, serde) as saver:
         saver.setup()
         yield saver
@@ -236,19 +232,18 @@ def run_agent(
     review: Callable[[dict], Any] | None = None,
     resume_first: bool = False,
 ) -> dict:
-    """Research ``question`` (with optional MC ``choices``; ``issues``: the agenda, instead of
-    the model's picks) and return the final state as a
-    JSON-able dict (``answer``: the answer record; run_metrics, stop_reason; ``error``: None or
-    why the run ended early, the partial research kept).  ``context``'s RUN_TIMEOUT starts
-    now; ``on_event`` gets {node, decision, seconds, t_s} per node; ``keep_on_interrupt`` (the
-    CLI): Ctrl-C ends the run like a failure (stop_reason "interrupted") instead of raising.
-    With a ``checkpointer`` the run is kept on thread ``thread_id`` (a new one when None; the
-    result's ``thread_id``; InputError when this version cannot go on with the thread:
-    :func:`thread_state`); a question after the first on a thread is a follow-up on its facts
-    and research.  ``review`` (needs a checkpointer): the run pauses after the planner and goes on
-    with the agenda ``review(pause)`` returns (:func:`nodes.review`).  ``resume_first`` (the CLI):
-    InputError when the thread's last run stopped before its end, naming ``--resume`` (a new
-    question would drop its research)."""
+    """Research ``question`` (with optional MC ``choices``; ``issues``: the agenda instead of the
+    model's picks) and return the final state as a JSON-able dict (``answer``: the answer record;
+    run_metrics, stop_reason; ``error``: None or why the run ended early, the partial research
+    kept).  ``context``'s RUN_TIMEOUT starts now; ``on_event`` gets {node, decision, seconds,
+    t_s} per node; ``keep_on_interrupt`` (the CLI): Ctrl-C ends the run like a failure
+    (stop_reason "interrupted") instead of raising.  With a ``checkpointer`` the run is kept on
+    thread ``thread_id`` (a new one when None; the result's ``thread_id``; InputError when this
+    version cannot go on with the thread: :func:`thread_state`); a later question on a thread is
+    a follow-up on its facts and research.  ``review`` (needs a checkpointer): the run pauses
+    after the planner and goes on with the agenda ``review(pause)`` returns
+    (:func:`nodes.review`).  ``resume_first`` (the CLI): InputError, naming ``--resume``, when
+    the thread's last run stopped before its end (a new question would drop its research)."""
     question = " ".join((question or "").split())
     if not question:
         raise InputError("the question is empty")
@@ -265,16 +260,14 @@ def run_agent(
                     f"the last run on thread {thread_id} stopped before its end: go on with "
                     f"--resume {thread_id}, then ask on the thread"
                 )
-    ctx = context.start_run()
-    config["recursion_limit"] = recursion_limit(ctx.settings)
-    parsed = Question.read(question, choices, ctx.state_law, issues)
+    parsed = Question.read(question, choices, context.state_law, issues)
     initial: AgentState = {
         "question": parsed.objective,
         "parsed": parsed,
-        "answer_mode": ctx.settings.agent.answer_mode,
+        "answer_mode": context.settings.agent.answer_mode,
         "review": review is not None,
     }
-    return _stream(graph, initial, config, ctx, dict(initial), on_event, keep_on_interrupt, review)
+    return _stream(graph, initial, config, context, initial, on_event, keep_on_interrupt, review)
 
 
 def thread_config(thread_id: str) -> dict[str, Any]:
@@ -334,14 +327,8 @@ def resume_agent(
         raise InputError(
             f"the run on thread {thread_id} is finished: ask a new question with --thread"
         )
-    ctx = context.start_run()
-    config["recursion_limit"] = recursion_limit(ctx.settings)
-    resume = (
-        Command(resume=review(saved.interrupts[0].value)) if saved.interrupts and review else None
-    )
-    return _stream(
-        graph, resume, config, ctx, dict(saved.values), on_event, keep_on_interrupt, review
-    )
+    # a paused review node runs again up to its pause, which _stream hands to ``review``
+    return _stream(graph, None, config, context, saved.values, on_event, keep_on_interrupt, review)
 
 
 def _unfinished(saved: Any) -> bool:
@@ -356,14 +343,16 @@ def _stream(
     initial: AgentState | None,
     config: dict[str, Any],
     ctx: AgentContext,
-    state: dict[str, Any],
+    state: Mapping[str, Any],
     on_event: Callable[[dict], None] | None,
     keep_on_interrupt: bool,
     review: Callable[[dict], Any] | None = None,
 ) -> dict:
-    """Run ``graph`` from ``initial`` (None: on from the thread's last checkpoint; a Command: a
-    pause answered) to its end or its first failure, and return the JSON-able final state (see
+    """Run ``graph`` from ``initial`` (None: on from the thread's last checkpoint, whose values
+    are ``state``) to its end or its first failure, and return the JSON-able final state (see
     :func:`run_agent`; ``paused``: what a pause that ``review`` did not answer asks)."""
+    ctx.start_run()
+    config["recursion_limit"] = recursion_limit(ctx.settings)
     state = {**state, "error": None}
     # A new question's state on a thread holds the last question's run until the first node has
     # reset it: a failure before then reports this run's input alone.
