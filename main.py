@@ -47,7 +47,7 @@ from providers import (
     redact_urls_in_text,
 )
 from question import MAX_QUESTION_CHARS, InputError, Question, parse
-from settings import SEARCH_TYPES, Settings, SettingsError, load_dotenv_file, run_script
+from settings import SEARCH_TYPES, VARIABLES, Settings, SettingsError, load_dotenv_file, run_script
 from state import STATE_VERSION, AgentState, AnswerStageInput, AnswerStageOutput
 
 logger = logging.getLogger(__name__)
@@ -496,11 +496,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="delete every cached answer of the QA memory (for the current embedding model), "
         "say how many, and exit",
     )
-    add("--provider", help="LLM provider for this run (overrides LLM_PROVIDER)")
+    add(
+        "--provider",
+        dest="llm_provider",
+        metavar="PROVIDER",
+        help="LLM provider for this run (overrides LLM_PROVIDER)",
+    )
     add("--max-steps", type=int, help="MAX_STEPS for this run")
     add("--max-iterations", type=int, help="MAX_ITERATIONS for this run")
     add(
         "--mode",
+        dest="answer_mode",
         choices=["auto", "research", "evidence", "lean"],
         help="ANSWER_MODE for this run: auto (default) = lean for a multiple-choice question, research for any other; research = the issues researched and applied to the facts ([N] citations); evidence = the same, "
         "each rule sentence first verified by the grounding gate (one more call per issue); lean "
@@ -509,6 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--policy",
+        dest="research_policy",
         choices=["agenda", "adaptive"],
         help="RESEARCH_POLICY for this run: agenda (default) = the planner's issues, one step each, "
         "fixed before any search; adaptive = after each step the model reads the findings "
@@ -516,6 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--strategy",
+        dest="search_strategy",
         choices=["auto", *SEARCH_TYPES],
         help="SEARCH_STRATEGY for this run: force one search type for every research step",
     )
@@ -526,6 +534,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--deadline",
+        dest="run_timeout",
         type=float,
         metavar="SECONDS",
         help="RUN_TIMEOUT for this run: the whole question must end within this many seconds "
@@ -710,16 +719,6 @@ def _turns(checkpointer: Any, thread: str, flag: str) -> list[dict]:
     return turns
 
 
-def _history(checkpointer: Any, thread: str, as_json: bool) -> int:
-    """``--thread ID --history``: the thread's questions (exit 2 when it holds none)."""
-    turns = _turns(checkpointer, thread, "--history")
-    if as_json:
-        print(json.dumps(_jsonable(turns), indent=2, ensure_ascii=False))
-    else:
-        print_history(turns, print)
-    return 0
-
-
 def _error(message: object, status: int = 2) -> int:
     """Print the first line of ``main.py: error: message`` on stderr; return ``status``."""
     print(f"main.py: error: {message}".splitlines()[0], file=sys.stderr)
@@ -764,33 +763,23 @@ def _answer(
     """The run the command line asks for: ``question`` on a new thread or on --thread, or the
     stopped run of --resume.  A new thread's id is printed first, so a killed run can be resumed
     (--thread's id is the user's own: a thread refused is then one line on stderr)."""
-    context = AgentContext.from_settings(settings)
-    events = None if args.quiet else _print_event
+    run: dict[str, Any] = {
+        "context": AgentContext.from_settings(settings),
+        "checkpointer": checkpointer,
+        "on_event": None if args.quiet else _print_event,
+        "keep_on_interrupt": True,
+    }
     if args.resume:
         if checkpointer is None:
             raise InputError("--resume needs the checkpoint store: CHECKPOINTS is off")
-        return resume_agent(
-            args.resume,
-            context=context,
-            checkpointer=checkpointer,
-            on_event=events,
-            keep_on_interrupt=True,
-            review=ask_review,
-        )
+        return resume_agent(args.resume, review=ask_review, **run)
     thread = args.thread or uuid.uuid4().hex
     if checkpointer is not None and not args.thread:
         print(f"thread: {thread}", file=sys.stderr, flush=True)
+    issues = (args.issues or "").split(";")
+    review = ask_review if args.review else None
     return run_agent(
-        question,
-        choices,
-        context=context,
-        on_event=events,
-        keep_on_interrupt=True,
-        checkpointer=checkpointer,
-        thread_id=thread,
-        issues=(args.issues or "").split(";"),
-        review=ask_review if args.review else None,
-        resume_first=True,
+        question, choices, thread_id=thread, issues=issues, review=review, resume_first=True, **run
     )
 
 
@@ -829,21 +818,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         question, choices = parse(read_input(args.query)) if args.query else ("", None)
         load_dotenv_file()
-        settings = Settings.from_env(
-            llm_provider=args.provider,
-            max_steps=args.max_steps,
-            max_iterations=args.max_iterations,
-            skip_injection_check=args.skip_injection_check,
-            run_timeout=args.deadline,
-            search_strategy=args.strategy,
-            research_policy=args.policy,
-            answer_mode=args.mode,
-            **filters.overrides(args),
-        )
+        flags = {k: v for k, v in vars(args).items() if k in VARIABLES}  # dest: the setting
+        settings = Settings.from_env(**flags, **filters.overrides(args))
         filters.passage_filter(settings)  # a bad filter value stops here
-        if args.mode == "lean" and args.issues:
+        if args.answer_mode == "lean" and args.issues:
             raise InputError("--mode lean does no research: --issues needs --mode auto or research")
-        if args.mode == "lean" and not choices:
+        if args.answer_mode == "lean" and not choices:
             raise InputError(
                 "--mode lean answers multiple-choice questions: give choices (A) ... (D)"
             )
@@ -854,8 +834,13 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with open_checkpointer(settings) as checkpointer:  # an unreachable server stops here
-            if args.history:
-                return _history(checkpointer, args.thread, args.json)
+            if args.history:  # the thread's questions (exit 2 when it holds none)
+                turns = _turns(checkpointer, args.thread, "--history")
+                if args.json:
+                    print(json.dumps(_jsonable(turns), indent=2, ensure_ascii=False))
+                else:
+                    print_history(turns, print)
+                return 0
             if problem := _index_problem(args, settings):
                 return _error(problem)
             if again:
