@@ -64,11 +64,10 @@ DEMOS: dict[str, str] = {
 
 
 def build_answer_stage(context_schema: type | None = AgentContext) -> Any:
-    """The answer stage as a subgraph, one node of the agent's graph: the record (each issue's
-    rule, its application and conclusion, the bottom line), then a multiple-choice question's
-    letter (lean mode: the record of zero issues, then the letter).  Nothing after it edits the
-    record.  It reads the run through ``AnswerStageInput`` and hands back ``AnswerStageOutput``:
-    with the whole state as its output, LangGraph would add the run's trace to itself again."""
+    """The answer stage, one node of the graph: the record (each issue's rule, application and
+    conclusion, the bottom line; none in lean mode), then a multiple-choice letter; nothing after
+    it edits the record.  Its output is ``AnswerStageOutput``, not the whole state: LangGraph
+    would add the run's trace to itself again."""
     from langgraph.graph import START, StateGraph
 
     g = StateGraph(
@@ -88,10 +87,9 @@ def build_graph(
     context_schema: type | None = AgentContext,
     checkpointer: Any = None,
 ) -> Any:
-    """A freshly compiled graph (call once per run or test; nothing heavy happens here).
-    ``answer_mode`` fixes research or evidence answering; None: the input's ``answer_mode`` or
-    ANSWER_MODE decides.  ``context_schema=None`` is for the LangGraph server (see make_graph);
-    ``checkpointer`` keeps each run's state on its thread (:func:`open_checkpointer`)."""
+    """A freshly compiled graph (one per run or test; nothing heavy happens here).  ``answer_mode``
+    fixes research or evidence answering (None: the input's or ANSWER_MODE); ``context_schema``
+    None is for the LangGraph server (make_graph); ``checkpointer`` keeps runs on threads."""
     from langgraph.graph import END, START, StateGraph
 
     g = StateGraph(AgentState, context_schema=context_schema)
@@ -194,10 +192,9 @@ def _open_postgres(url: str, serde: Any) -> Iterator[Any]:
 
 
 def make_graph() -> Any:
-    """Graph factory for ``langgraph dev`` (langgraph.json); the nodes then use
-    ``context.default_context()``, which indexes the starter corpus into an empty store first.
-    No context schema: LangGraph would build an ``AgentContext`` from the server's ``{}`` and
-    fail."""
+    """Graph factory for ``langgraph dev`` (langgraph.json): the nodes use the default context,
+    which indexes the starter corpus into an empty store first.  No context schema: LangGraph
+    would build an ``AgentContext`` from the server's ``{}`` and fail."""
     context.prepare_store = load_corpus.ensure_starter_index
     return build_graph(context_schema=None)
 
@@ -277,10 +274,9 @@ def thread_config(thread_id: str) -> dict[str, Any]:
 
 
 def thread_state(graph: Any, config: dict[str, Any]) -> Any:
-    """The state kept on ``config``'s thread (empty for a new one) when this version can go on
-    with it.  InputError, one line naming the thread, when it cannot: another version of the
-    state wrote it, or its checkpoint does not load (a broken store), and a run on it would
-    fail halfway or misread it."""
+    """The state kept on ``config``'s thread (empty for a new one).  InputError, one line naming
+    the thread, when another version of the state wrote it or its checkpoint does not load (a
+    broken store): a run on it would fail halfway or misread it."""
     thread = config["configurable"]["thread_id"]
     try:
         saved = graph.get_state(config)
@@ -313,11 +309,10 @@ def resume_agent(
     keep_on_interrupt: bool = False,
     review: Callable[[dict], Any] | None = None,
 ) -> dict:
-    """Continue the run kept on ``thread_id`` from its last checkpoint (one stopped by the run
-    deadline, a failed call, Ctrl-C or a killed process, or paused for plan review: ``review``
-    answers the pause): the nodes that completed are not run again.  InputError, naming the
-    thread, when it holds no run, its run is finished or this version cannot go on with it
-    (:func:`thread_state`)."""
+    """Continue the run kept on ``thread_id`` (stopped by the deadline, a failed call, Ctrl-C or
+    a kill, or paused for plan review, which ``review`` answers) from its last checkpoint, without
+    running the completed nodes again.  InputError when the thread holds no run, its run is
+    finished or this version cannot go on with it (:func:`thread_state`)."""
     graph = build_graph(checkpointer=checkpointer)
     config = thread_config(thread_id)
     saved = thread_state(graph, config)
@@ -408,8 +403,7 @@ def _stream(
 
 
 def _partial(state: dict, ctx: AgentContext, message: str, reason: str = "") -> dict:
-    """The run so far after a failure, with the reason (``reason``: the stop_reason, by default
-    "deadline" or "error")."""
+    """The run so far after a failure (``reason``: the stop_reason; default deadline or error)."""
     logger.info("run stopped early: %s", message)
     left = nodes.unresearched_issues(state)  # type: ignore[arg-type]
     found = [  # the research done before the failure: what each issue's search found
@@ -496,12 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="delete every cached answer of the QA memory (for the current embedding model), "
         "say how many, and exit",
     )
-    add(
-        "--provider",
-        dest="llm_provider",
-        metavar="PROVIDER",
-        help="LLM provider for this run (overrides LLM_PROVIDER)",
-    )
+    add("--provider", dest="llm_provider", metavar="PROVIDER", help="LLM_PROVIDER for this run")
     add("--max-steps", type=int, help="MAX_STEPS for this run")
     add("--max-iterations", type=int, help="MAX_ITERATIONS for this run")
     add(
@@ -587,9 +576,8 @@ def read_input(query: str) -> str:
     if query in DEMOS:
         return DEMOS[query]
     if query == "-":
-        data = sys.stdin.buffer.read()
         try:
-            return data.decode("utf-8")
+            return sys.stdin.buffer.read().decode("utf-8")
         except UnicodeDecodeError:
             raise InputError("stdin is not valid UTF-8 text") from None
     return query
@@ -726,9 +714,9 @@ def _error(message: object, status: int = 2) -> int:
 
 
 def _index_problem(args: argparse.Namespace, settings: Settings) -> str | None:
-    """Why no run can start on the indexed passages (none for this embedding model, or none the
-    passage filters allow), checked before any model call, not mid-research; the starter index
-    is built first when the store is empty (unless --no-index).  None: a run can start."""
+    """Why no run can start (no passage indexed for this embedding model, or none the filters
+    allow; None: it can), said before any model call, after building the starter index into an
+    empty store (unless --no-index)."""
     if not args.no_index:
         _ensure_index(settings)
     if rag_utils.corpus_count(settings) == 0:
@@ -760,9 +748,8 @@ def _answer(
     question: str,
     choices: Mapping[str, str] | None,
 ) -> dict:
-    """The run the command line asks for: ``question`` on a new thread or on --thread, or the
-    stopped run of --resume.  A new thread's id is printed first, so a killed run can be resumed
-    (--thread's id is the user's own: a thread refused is then one line on stderr)."""
+    """``question`` on a new thread or on --thread, or the stopped run of --resume.  A new
+    thread's id is printed first, so that a killed run can be resumed (--thread's is the user's)."""
     run: dict[str, Any] = {
         "context": AgentContext.from_settings(settings),
         "checkpointer": checkpointer,
