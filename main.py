@@ -36,16 +36,11 @@ import context
 import filters
 import load_corpus
 import nodes
+import providers
 import rag_utils
 from context import AgentContext
 from llm_config import LLMCallError, LLMDeadlineError
-from providers import (
-    LLMConfigError,
-    check_config,
-    install_log_redaction,
-    redact_url,
-    redact_urls_in_text,
-)
+from providers import LLMConfigError, check_config, install_log_redaction
 from question import MAX_QUESTION_CHARS, InputError, Question, parse
 from settings import SEARCH_TYPES, VARIABLES, Settings, SettingsError, load_dotenv_file, run_script
 from state import STATE_VERSION, AgentState, AnswerStageInput, AnswerStageOutput
@@ -183,9 +178,10 @@ def _open_postgres(url: str, serde: Any) -> Iterator[Any]:
         params = {"connect_timeout": 10, **conninfo_to_dict(url)}
         conn = psycopg.connect(**params, autocommit=True, prepare_threshold=0, row_factory=dict_row)
     except psycopg.Error as exc:
-        reason = redact_urls_in_text(" ".join(str(exc).split()))
+        where, reason = providers.redact_url(url), " ".join(str(exc).split())
         raise SettingsError(
-            f"CHECKPOINTS={redact_url(url)}: cannot connect to the PostgreSQL server: {reason}"
+            f"CHECKPOINTS={where}: cannot connect to the PostgreSQL server: "
+            + providers.redact_urls_in_text(reason)
         ) from None
     with conn:
         yield PostgresSaver(conn, serde=serde)
@@ -352,21 +348,17 @@ def _stream(
     # A new question's state on a thread holds the last question's run until the first node has
     # reset it: a failure before then reports this run's input alone.
     current = not isinstance(initial, dict)
-    # On a thread, each step is on disk before the next starts: a killed run loses no completed
-    # node (LangGraph's default writes while the next step runs, and a kill then lost the plan).
-    durability = {"durability": "sync"} if "configurable" in config else {}
+    # subgraphs: the answer stage's steps as they end, its record once written.  On a thread,
+    # each step is on disk before the next starts: a killed run loses no completed node
+    # (LangGraph's default writes while the next step runs, and a kill then lost the plan).
+    options = {"context": ctx, "stream_mode": ["updates", "values"], "subgraphs": True}
+    if "configurable" in config:
+        options["durability"] = "sync"
     t0 = time.perf_counter()
     try:
         while True:
             paused = None
-            for inside, mode, chunk in graph.stream(
-                initial,
-                config,
-                context=ctx,
-                stream_mode=["updates", "values"],
-                subgraphs=True,  # the answer stage's steps as they end, its record once written
-                **durability,
-            ):
+            for inside, mode, chunk in graph.stream(initial, config, **options):
                 if mode == "values":
                     if not inside:
                         state = dict(chunk) if current else state
