@@ -115,9 +115,8 @@ def build_graph(
 
 @contextlib.contextmanager
 def open_checkpointer(settings: Settings) -> Iterator[Any]:
-    """The checkpoint store of CHECKPOINTS, open for the block: LangGraph's PostgreSQL
-    checkpointer for a postgresql:// URL (a server that runs on several machines can share), else
-    its SQLite checkpointer on that file; None when "off"."""
+    """The checkpoint store of CHECKPOINTS, open for the block: LangGraph's PostgreSQL saver for a
+    postgresql:// URL (which several machines can share), else its SQLite saver; None when off."""
     store = settings.agent.checkpoints.strip()
     if store.lower() in ("", "off", "none", "0"):
         yield None
@@ -225,18 +224,16 @@ def run_agent(
     review: Callable[[dict], Any] | None = None,
     resume_first: bool = False,
 ) -> dict:
-    """Research ``question`` (with optional MC ``choices``; ``issues``: the agenda instead of the
-    model's picks) and return the final state as a JSON-able dict (``answer``: the answer record;
-    run_metrics, stop_reason; ``error``: None or why the run ended early, the partial research
-    kept).  ``context``'s RUN_TIMEOUT starts now; ``on_event`` gets {node, decision, seconds,
-    t_s} per node; ``keep_on_interrupt`` (the CLI): Ctrl-C ends the run like a failure
-    (stop_reason "interrupted") instead of raising.  With a ``checkpointer`` the run is kept on
-    thread ``thread_id`` (a new one when None; the result's ``thread_id``; InputError when this
-    version cannot go on with the thread: :func:`thread_state`); a later question on a thread is
-    a follow-up on its facts and research.  ``review`` (needs a checkpointer): the run pauses
-    after the planner and goes on with the agenda ``review(pause)`` returns
-    (:func:`nodes.review`).  ``resume_first`` (the CLI): InputError, naming ``--resume``, when
-    the thread's last run stopped before its end (a new question would drop its research)."""
+    """Research ``question`` (``issues``: the agenda instead of the model's picks) and return the
+    final state as a JSON-able dict (``answer``: the record; run_metrics, stop_reason; ``error``:
+    why the run ended early, its research kept).  ``context``'s RUN_TIMEOUT starts now;
+    ``on_event`` gets {node, decision, seconds, t_s} per node; ``keep_on_interrupt`` (the CLI):
+    Ctrl-C ends the run like a failure (stop_reason "interrupted").  With a ``checkpointer`` the
+    run is kept on thread ``thread_id`` (default: a new one; :func:`thread_state` refuses one this
+    version cannot read), where a later question is a follow-up on its facts and research.
+    ``review``: the run pauses after the planner and goes on with the agenda ``review(pause)``
+    returns.  ``resume_first`` (the CLI): InputError, naming --resume, when the thread's last run
+    stopped before its end (a new question would drop its research)."""
     question = " ".join((question or "").split())
     if not question:
         raise InputError("the question is empty")
@@ -617,8 +614,7 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
         out("")
         counts = ", ".join(f"{v} {n}" for v, n in verdicts.most_common())
         out(f"GROUNDING GATE: {counts} (candidate rule sentences judged; verified ones quoted)")
-    metrics = result.get("run_metrics") or {}
-    if metrics:
+    if metrics := result.get("run_metrics") or {}:
         out("")
         out("METRICS")
         keys = (
@@ -648,10 +644,10 @@ def ask_review(pause: dict) -> str:
     lines.append(pause.get("how") or "")
     print("\n".join(lines), file=sys.stderr)
     print("issues> ", end="", file=sys.stderr, flush=True)
-    reply = sys.stdin.readline()
+    reply = sys.stdin.readline().strip()
     if not sys.stdin.isatty():  # a piped reply echoes nothing: the progress goes on below it
-        print(reply.strip(), file=sys.stderr)
-    return reply.strip()
+        print(reply, file=sys.stderr)
+    return reply
 
 
 def print_history(turns: list[dict], out: Callable[[str], None]) -> None:
@@ -683,8 +679,7 @@ def _follow_up_note(result: dict) -> str:
 
 
 def _ensure_index(settings: Settings) -> None:
-    added = load_corpus.ensure_starter_index(settings)
-    if added:
+    if added := load_corpus.ensure_starter_index(settings):
         print(f"built the starter index: {added} passages", file=sys.stderr)
 
 
@@ -765,10 +760,9 @@ def _answer(
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
+    logging.basicConfig(  # on stderr
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
     )
     install_log_redaction()  # request URLs in debug logs lose any user:password / ?key=
     if args.graph:
