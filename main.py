@@ -234,8 +234,7 @@ def run_agent(
     ``review``: the run pauses after the planner and goes on with the agenda ``review(pause)``
     returns.  ``resume_first`` (the CLI): InputError, naming --resume, when the thread's last run
     stopped before its end (a new question would drop its research)."""
-    question = " ".join((question or "").split())
-    if not question:
+    if not (question or "").strip():  # Question.read normalizes its spaces
         raise InputError("the question is empty")
     if review is not None and checkpointer is None:
         raise InputError("plan review pauses the run on its thread: CHECKPOINTS is off")
