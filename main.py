@@ -123,10 +123,8 @@ def open_checkpointer(settings: Settings) -> Iterator[Any]:
         return
     from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-    # the project's types in the state, which a checkpoint may load back
-    serde = JsonPlusSerializer(
-        allowed_msgpack_modules=[("question", q) for q in ("Question", "StateLaw")]
-    )
+    types = [("question", "Question"), ("question", "StateLaw")]  # ours a checkpoint may load
+    serde = JsonPlusSerializer(allowed_msgpack_modules=types)
     postgres = store.lower().startswith(("postgresql://", "postgres://"))
     opener = _open_postgres if postgres else _open_sqlite
     with opener(store, serde) as saver:
@@ -177,10 +175,10 @@ def _open_postgres(url: str, serde: Any) -> Iterator[Any]:
         params = {"connect_timeout": 10, **conninfo_to_dict(url)}
         conn = psycopg.connect(**params, autocommit=True, prepare_threshold=0, row_factory=dict_row)
     except psycopg.Error as exc:
-        where, reason = providers.redact_url(url), " ".join(str(exc).split())
+        reason = providers.redact_urls_in_text(" ".join(str(exc).split()))
         raise SettingsError(
-            f"CHECKPOINTS={where}: cannot connect to the PostgreSQL server: "
-            + providers.redact_urls_in_text(reason)
+            f"CHECKPOINTS={providers.redact_url(url)}: cannot connect to the PostgreSQL server: "
+            f"{reason}"
         ) from None
     with conn:
         yield PostgresSaver(conn, serde=serde)
