@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import functools
 import json
 import logging
@@ -30,24 +29,20 @@ from typing import Any
 
 from langgraph.errors import GraphRecursionError
 from langgraph.types import Command
+from pydantic_core import to_jsonable_python
 
 import answer as answer_stage
 import context
 import filters
 import load_corpus
 import nodes
+import providers
 import rag_utils
 from context import AgentContext
 from llm_config import LLMCallError, LLMDeadlineError
-from providers import (
-    LLMConfigError,
-    check_config,
-    install_log_redaction,
-    redact_url,
-    redact_urls_in_text,
-)
+from providers import LLMConfigError, check_config, install_log_redaction
 from question import MAX_QUESTION_CHARS, InputError, Question, parse
-from settings import SEARCH_TYPES, Settings, SettingsError, load_dotenv_file, run_script
+from settings import SEARCH_TYPES, VARIABLES, Settings, SettingsError, load_dotenv_file, run_script
 from state import STATE_VERSION, AgentState, AnswerStageInput, AnswerStageOutput
 
 logger = logging.getLogger(__name__)
@@ -64,11 +59,10 @@ DEMOS: dict[str, str] = {
 
 
 def build_answer_stage(context_schema: type | None = AgentContext) -> Any:
-    """The answer stage as a subgraph, one node of the agent's graph: the record (each issue's
-    rule, its application and conclusion, the bottom line), then a multiple-choice question's
-    letter (lean mode: the record of zero issues, then the letter).  Nothing after it edits the
-    record.  It reads the run through ``AnswerStageInput`` and hands back ``AnswerStageOutput``:
-    with the whole state as its output, LangGraph would add the run's trace to itself again."""
+    """The answer stage, one node of the graph: the record (each issue's rule, application and
+    conclusion, the bottom line; none in lean mode), then a multiple-choice letter; nothing after
+    it edits the record.  Its output is ``AnswerStageOutput``, not the whole state: LangGraph
+    would add the run's trace to itself again."""
     from langgraph.graph import START, StateGraph
 
     g = StateGraph(
@@ -88,10 +82,9 @@ def build_graph(
     context_schema: type | None = AgentContext,
     checkpointer: Any = None,
 ) -> Any:
-    """A freshly compiled graph (call once per run or test; nothing heavy happens here).
-    ``answer_mode`` fixes research or evidence answering; None: the input's ``answer_mode`` or
-    ANSWER_MODE decides.  ``context_schema=None`` is for the LangGraph server (see make_graph);
-    ``checkpointer`` keeps each run's state on its thread (:func:`open_checkpointer`)."""
+    """A freshly compiled graph (one per run or test; nothing heavy happens here).  ``answer_mode``
+    fixes research or evidence answering (None: the input's or ANSWER_MODE); ``context_schema``
+    None is for the LangGraph server (make_graph); ``checkpointer`` keeps runs on threads."""
     from langgraph.graph import END, START, StateGraph
 
     g = StateGraph(AgentState, context_schema=context_schema)
@@ -120,27 +113,20 @@ def build_graph(
     return g.compile(checkpointer=checkpointer)
 
 
-CHECKPOINT_TYPES = [("question", "Question"), ("question", "StateLaw")]
-"""The project's types in the state, which a checkpoint may load back."""
-
-
-POSTGRES_SCHEMES = ("postgresql://", "postgres://")
-"""CHECKPOINTS values that name a PostgreSQL server instead of a SQLite file."""
-
-
 @contextlib.contextmanager
 def open_checkpointer(settings: Settings) -> Iterator[Any]:
-    """The checkpoint store of CHECKPOINTS, open for the block: LangGraph's PostgreSQL
-    checkpointer for a postgresql:// URL (a server that runs on several machines can share), else
-    its SQLite checkpointer on that file; None when "off"."""
+    """The checkpoint store of CHECKPOINTS, open for the block: LangGraph's PostgreSQL saver for a
+    postgresql:// URL (which several machines can share), else its SQLite saver; None when off."""
     store = settings.agent.checkpoints.strip()
     if store.lower() in ("", "off", "none", "0"):
         yield None
         return
     from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-    serde = JsonPlusSerializer(allowed_msgpack_modules=CHECKPOINT_TYPES)
-    opener = _open_postgres if store.lower().startswith(POSTGRES_SCHEMES) else _open_sqlite
+    types = [("question", "Question"), ("question", "StateLaw")]  # ours a checkpoint may load
+    serde = JsonPlusSerializer(allowed_msgpack_modules=types)
+    postgres = store.lower().startswith(("postgresql://", "postgres://"))
+    opener = _open_postgres if postgres else _open_sqlite
     with opener(store, serde) as saver:
         saver.setup()
         yield saver
@@ -189,19 +175,19 @@ def _open_postgres(url: str, serde: Any) -> Iterator[Any]:
         params = {"connect_timeout": 10, **conninfo_to_dict(url)}
         conn = psycopg.connect(**params, autocommit=True, prepare_threshold=0, row_factory=dict_row)
     except psycopg.Error as exc:
-        reason = redact_urls_in_text(" ".join(str(exc).split()))
+        reason = providers.redact_urls_in_text(" ".join(str(exc).split()))
         raise SettingsError(
-            f"CHECKPOINTS={redact_url(url)}: cannot connect to the PostgreSQL server: {reason}"
+            f"CHECKPOINTS={providers.redact_url(url)}: cannot connect to the PostgreSQL server: "
+            f"{reason}"
         ) from None
     with conn:
         yield PostgresSaver(conn, serde=serde)
 
 
 def make_graph() -> Any:
-    """Graph factory for ``langgraph dev`` (langgraph.json); the nodes then use
-    ``context.default_context()``, which indexes the starter corpus into an empty store first.
-    No context schema: LangGraph would build an ``AgentContext`` from the server's ``{}`` and
-    fail."""
+    """Graph factory for ``langgraph dev`` (langgraph.json): the nodes use the default context,
+    which indexes the starter corpus into an empty store first.  No context schema: LangGraph
+    would build an ``AgentContext`` from the server's ``{}`` and fail."""
     context.prepare_store = load_corpus.ensure_starter_index
     return build_graph(context_schema=None)
 
@@ -219,17 +205,8 @@ def recursion_limit(settings: Settings) -> int:
 
 
 def _jsonable(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _jsonable(dataclasses.asdict(value))
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, str | int | float | bool) or value is None:
-        return value
-    if hasattr(value, "item"):
-        return value.item()
-    return str(value)
+    """``value`` in JSON types (dataclasses as dicts); a numpy number as its Python number."""
+    return to_jsonable_python(value, fallback=lambda v: v.item() if hasattr(v, "item") else str(v))
 
 
 def run_agent(
@@ -245,21 +222,17 @@ def run_agent(
     review: Callable[[dict], Any] | None = None,
     resume_first: bool = False,
 ) -> dict:
-    """Research ``question`` (with optional MC ``choices``; ``issues``: the agenda, instead of
-    the model's picks) and return the final state as a
-    JSON-able dict (``answer``: the answer record; run_metrics, stop_reason; ``error``: None or
-    why the run ended early, the partial research kept).  ``context``'s RUN_TIMEOUT starts
-    now; ``on_event`` gets {node, decision, seconds, t_s} per node; ``keep_on_interrupt`` (the
-    CLI): Ctrl-C ends the run like a failure (stop_reason "interrupted") instead of raising.
-    With a ``checkpointer`` the run is kept on thread ``thread_id`` (a new one when None; the
-    result's ``thread_id``; InputError when this version cannot go on with the thread:
-    :func:`thread_state`); a question after the first on a thread is a follow-up on its facts
-    and research.  ``review`` (needs a checkpointer): the run pauses after the planner and goes on
-    with the agenda ``review(pause)`` returns (:func:`nodes.review`).  ``resume_first`` (the CLI):
-    InputError when the thread's last run stopped before its end, naming ``--resume`` (a new
-    question would drop its research)."""
-    question = " ".join((question or "").split())
-    if not question:
+    """Research ``question`` (``issues``: the agenda instead of the model's picks) and return the
+    final state as a JSON-able dict (``answer``: the record; run_metrics, stop_reason; ``error``:
+    why the run ended early, its research kept).  ``context``'s RUN_TIMEOUT starts now;
+    ``on_event`` gets {node, decision, seconds, t_s} per node; ``keep_on_interrupt`` (the CLI):
+    Ctrl-C ends the run like a failure (stop_reason "interrupted").  With a ``checkpointer`` the
+    run is kept on thread ``thread_id`` (default: a new one; :func:`thread_state` refuses one this
+    version cannot read), where a later question is a follow-up on its facts and research.
+    ``review``: the run pauses after the planner and goes on with the agenda ``review(pause)``
+    returns.  ``resume_first`` (the CLI): InputError, naming --resume, when the thread's last run
+    stopped before its end (a new question would drop its research)."""
+    if not (question or "").strip():  # Question.read normalizes its spaces
         raise InputError("the question is empty")
     if review is not None and checkpointer is None:
         raise InputError("plan review pauses the run on its thread: CHECKPOINTS is off")
@@ -274,16 +247,14 @@ def run_agent(
                     f"the last run on thread {thread_id} stopped before its end: go on with "
                     f"--resume {thread_id}, then ask on the thread"
                 )
-    ctx = context.start_run()
-    config["recursion_limit"] = recursion_limit(ctx.settings)
-    parsed = Question.read(question, choices, ctx.state_law, issues)
+    parsed = Question.read(question, choices, context.state_law, issues)
     initial: AgentState = {
         "question": parsed.objective,
         "parsed": parsed,
-        "answer_mode": ctx.settings.agent.answer_mode,
+        "answer_mode": context.settings.agent.answer_mode,
         "review": review is not None,
     }
-    return _stream(graph, initial, config, ctx, dict(initial), on_event, keep_on_interrupt, review)
+    return _stream(graph, initial, config, context, initial, on_event, keep_on_interrupt, review)
 
 
 def thread_config(thread_id: str) -> dict[str, Any]:
@@ -293,10 +264,9 @@ def thread_config(thread_id: str) -> dict[str, Any]:
 
 
 def thread_state(graph: Any, config: dict[str, Any]) -> Any:
-    """The state kept on ``config``'s thread (empty for a new one) when this version can go on
-    with it.  InputError, one line naming the thread, when it cannot: another version of the
-    state wrote it, or its checkpoint does not load (a broken store), and a run on it would
-    fail halfway or misread it."""
+    """The state kept on ``config``'s thread (empty for a new one).  InputError, one line naming
+    the thread, when another version of the state wrote it or its checkpoint does not load (a
+    broken store): a run on it would fail halfway or misread it."""
     thread = config["configurable"]["thread_id"]
     try:
         saved = graph.get_state(config)
@@ -329,11 +299,10 @@ def resume_agent(
     keep_on_interrupt: bool = False,
     review: Callable[[dict], Any] | None = None,
 ) -> dict:
-    """Continue the run kept on ``thread_id`` from its last checkpoint (one stopped by the run
-    deadline, a failed call, Ctrl-C or a killed process, or paused for plan review: ``review``
-    answers the pause): the nodes that completed are not run again.  InputError, naming the
-    thread, when it holds no run, its run is finished or this version cannot go on with it
-    (:func:`thread_state`)."""
+    """Continue the run kept on ``thread_id`` (stopped by the deadline, a failed call, Ctrl-C or
+    a kill, or paused for plan review, which ``review`` answers) from its last checkpoint, without
+    running the completed nodes again.  InputError when the thread holds no run, its run is
+    finished or this version cannot go on with it (:func:`thread_state`)."""
     graph = build_graph(checkpointer=checkpointer)
     config = thread_config(thread_id)
     saved = thread_state(graph, config)
@@ -343,14 +312,8 @@ def resume_agent(
         raise InputError(
             f"the run on thread {thread_id} is finished: ask a new question with --thread"
         )
-    ctx = context.start_run()
-    config["recursion_limit"] = recursion_limit(ctx.settings)
-    resume = (
-        Command(resume=review(saved.interrupts[0].value)) if saved.interrupts and review else None
-    )
-    return _stream(
-        graph, resume, config, ctx, dict(saved.values), on_event, keep_on_interrupt, review
-    )
+    # a paused review node runs again up to its pause, which _stream hands to ``review``
+    return _stream(graph, None, config, context, saved.values, on_event, keep_on_interrupt, review)
 
 
 def _unfinished(saved: Any) -> bool:
@@ -365,33 +328,31 @@ def _stream(
     initial: AgentState | None,
     config: dict[str, Any],
     ctx: AgentContext,
-    state: dict[str, Any],
+    state: Mapping[str, Any],
     on_event: Callable[[dict], None] | None,
     keep_on_interrupt: bool,
     review: Callable[[dict], Any] | None = None,
 ) -> dict:
-    """Run ``graph`` from ``initial`` (None: on from the thread's last checkpoint; a Command: a
-    pause answered) to its end or its first failure, and return the JSON-able final state (see
+    """Run ``graph`` from ``initial`` (None: on from the thread's last checkpoint, whose values
+    are ``state``) to its end or its first failure, and return the JSON-able final state (see
     :func:`run_agent`; ``paused``: what a pause that ``review`` did not answer asks)."""
+    ctx.start_run()
+    config["recursion_limit"] = recursion_limit(ctx.settings)
     state = {**state, "error": None}
     # A new question's state on a thread holds the last question's run until the first node has
     # reset it: a failure before then reports this run's input alone.
     current = not isinstance(initial, dict)
-    # On a thread, each step is on disk before the next starts: a killed run loses no completed
-    # node (LangGraph's default writes while the next step runs, and a kill then lost the plan).
-    durability = {"durability": "sync"} if "configurable" in config else {}
+    # subgraphs: the answer stage's steps as they end, its record once written.  On a thread,
+    # each step is on disk before the next starts: a killed run loses no completed node
+    # (LangGraph's default writes while the next step runs, and a kill then lost the plan).
+    options = {"context": ctx, "stream_mode": ["updates", "values"], "subgraphs": True}
+    if "configurable" in config:
+        options["durability"] = "sync"
     t0 = time.perf_counter()
     try:
         while True:
             paused = None
-            for inside, mode, chunk in graph.stream(
-                initial,
-                config,
-                context=ctx,
-                stream_mode=["updates", "values"],
-                subgraphs=True,  # the answer stage's steps as they end, its record once written
-                **durability,
-            ):
+            for inside, mode, chunk in graph.stream(initial, config, **options):
                 if mode == "values":
                     if not inside:
                         state = dict(chunk) if current else state
@@ -428,8 +389,7 @@ def _stream(
 
 
 def _partial(state: dict, ctx: AgentContext, message: str, reason: str = "") -> dict:
-    """The run so far after a failure, with the reason (``reason``: the stop_reason, by default
-    "deadline" or "error")."""
+    """The run so far after a failure (``reason``: the stop_reason; default deadline or error)."""
     logger.info("run stopped early: %s", message)
     left = nodes.unresearched_issues(state)  # type: ignore[arg-type]
     found = [  # the research done before the failure: what each issue's search found
@@ -516,11 +476,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="delete every cached answer of the QA memory (for the current embedding model), "
         "say how many, and exit",
     )
-    add("--provider", help="LLM provider for this run (overrides LLM_PROVIDER)")
+    add("--provider", dest="llm_provider", metavar="PROVIDER", help="LLM_PROVIDER for this run")
     add("--max-steps", type=int, help="MAX_STEPS for this run")
     add("--max-iterations", type=int, help="MAX_ITERATIONS for this run")
     add(
         "--mode",
+        dest="answer_mode",
         choices=["auto", "research", "evidence", "lean"],
         help="ANSWER_MODE for this run: auto (default) = lean for a multiple-choice question, research for any other; research = the issues researched and applied to the facts ([N] citations); evidence = the same, "
         "each rule sentence first verified by the grounding gate (one more call per issue); lean "
@@ -529,6 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--policy",
+        dest="research_policy",
         choices=["agenda", "adaptive"],
         help="RESEARCH_POLICY for this run: agenda (default) = the planner's issues, one step each, "
         "fixed before any search; adaptive = after each step the model reads the findings "
@@ -536,6 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--strategy",
+        dest="search_strategy",
         choices=["auto", *SEARCH_TYPES],
         help="SEARCH_STRATEGY for this run: force one search type for every research step",
     )
@@ -546,6 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--deadline",
+        dest="run_timeout",
         type=float,
         metavar="SECONDS",
         help="RUN_TIMEOUT for this run: the whole question must end within this many seconds "
@@ -598,9 +562,8 @@ def read_input(query: str) -> str:
     if query in DEMOS:
         return DEMOS[query]
     if query == "-":
-        data = sys.stdin.buffer.read()
         try:
-            return data.decode("utf-8")
+            return sys.stdin.buffer.read().decode("utf-8")
         except UnicodeDecodeError:
             raise InputError("stdin is not valid UTF-8 text") from None
     return query
@@ -648,8 +611,7 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
         out("")
         counts = ", ".join(f"{v} {n}" for v, n in verdicts.most_common())
         out(f"GROUNDING GATE: {counts} (candidate rule sentences judged; verified ones quoted)")
-    metrics = result.get("run_metrics") or {}
-    if metrics:
+    if metrics := result.get("run_metrics") or {}:
         out("")
         out("METRICS")
         keys = (
@@ -679,10 +641,10 @@ def ask_review(pause: dict) -> str:
     lines.append(pause.get("how") or "")
     print("\n".join(lines), file=sys.stderr)
     print("issues> ", end="", file=sys.stderr, flush=True)
-    reply = sys.stdin.readline()
+    reply = sys.stdin.readline().strip()
     if not sys.stdin.isatty():  # a piped reply echoes nothing: the progress goes on below it
-        print(reply.strip(), file=sys.stderr)
-    return reply.strip()
+        print(reply, file=sys.stderr)
+    return reply
 
 
 def print_history(turns: list[dict], out: Callable[[str], None]) -> None:
@@ -714,8 +676,7 @@ def _follow_up_note(result: dict) -> str:
 
 
 def _ensure_index(settings: Settings) -> None:
-    added = load_corpus.ensure_starter_index(settings)
-    if added:
+    if added := load_corpus.ensure_starter_index(settings):
         print(f"built the starter index: {added} passages", file=sys.stderr)
 
 
@@ -730,16 +691,6 @@ def _turns(checkpointer: Any, thread: str, flag: str) -> list[dict]:
     return turns
 
 
-def _history(checkpointer: Any, thread: str, as_json: bool) -> int:
-    """``--thread ID --history``: the thread's questions (exit 2 when it holds none)."""
-    turns = _turns(checkpointer, thread, "--history")
-    if as_json:
-        print(json.dumps(_jsonable(turns), indent=2, ensure_ascii=False))
-    else:
-        print_history(turns, print)
-    return 0
-
-
 def _error(message: object, status: int = 2) -> int:
     """Print the first line of ``main.py: error: message`` on stderr; return ``status``."""
     print(f"main.py: error: {message}".splitlines()[0], file=sys.stderr)
@@ -747,9 +698,9 @@ def _error(message: object, status: int = 2) -> int:
 
 
 def _index_problem(args: argparse.Namespace, settings: Settings) -> str | None:
-    """Why no run can start on the indexed passages (none for this embedding model, or none the
-    passage filters allow), checked before any model call, not mid-research; the starter index
-    is built first when the store is empty (unless --no-index).  None: a run can start."""
+    """Why no run can start (no passage indexed for this embedding model, or none the filters
+    allow; None: it can), said before any model call, after building the starter index into an
+    empty store (unless --no-index)."""
     if not args.no_index:
         _ensure_index(settings)
     if rag_utils.corpus_count(settings) == 0:
@@ -781,46 +732,34 @@ def _answer(
     question: str,
     choices: Mapping[str, str] | None,
 ) -> dict:
-    """The run the command line asks for: ``question`` on a new thread or on --thread, or the
-    stopped run of --resume.  A new thread's id is printed first, so a killed run can be resumed
-    (--thread's id is the user's own: a thread refused is then one line on stderr)."""
-    context = AgentContext.from_settings(settings)
-    events = None if args.quiet else _print_event
+    """``question`` on a new thread or on --thread, or the stopped run of --resume.  A new
+    thread's id is printed first, so that a killed run can be resumed (--thread's is the user's)."""
+    run: dict[str, Any] = {
+        "context": AgentContext.from_settings(settings),
+        "checkpointer": checkpointer,
+        "on_event": None if args.quiet else _print_event,
+        "keep_on_interrupt": True,
+    }
     if args.resume:
         if checkpointer is None:
             raise InputError("--resume needs the checkpoint store: CHECKPOINTS is off")
-        return resume_agent(
-            args.resume,
-            context=context,
-            checkpointer=checkpointer,
-            on_event=events,
-            keep_on_interrupt=True,
-            review=ask_review,
-        )
+        return resume_agent(args.resume, review=ask_review, **run)
     thread = args.thread or uuid.uuid4().hex
     if checkpointer is not None and not args.thread:
         print(f"thread: {thread}", file=sys.stderr, flush=True)
+    issues = (args.issues or "").split(";")
+    review = ask_review if args.review else None
     return run_agent(
-        question,
-        choices,
-        context=context,
-        on_event=events,
-        keep_on_interrupt=True,
-        checkpointer=checkpointer,
-        thread_id=thread,
-        issues=(args.issues or "").split(";"),
-        review=ask_review if args.review else None,
-        resume_first=True,
+        question, choices, thread_id=thread, issues=issues, review=review, resume_first=True, **run
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
+    logging.basicConfig(  # on stderr
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
     )
     install_log_redaction()  # request URLs in debug logs lose any user:password / ?key=
     if args.graph:
@@ -849,21 +788,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         question, choices = parse(read_input(args.query)) if args.query else ("", None)
         load_dotenv_file()
-        settings = Settings.from_env(
-            llm_provider=args.provider,
-            max_steps=args.max_steps,
-            max_iterations=args.max_iterations,
-            skip_injection_check=args.skip_injection_check,
-            run_timeout=args.deadline,
-            search_strategy=args.strategy,
-            research_policy=args.policy,
-            answer_mode=args.mode,
-            **filters.overrides(args),
-        )
+        flags = {k: v for k, v in vars(args).items() if k in VARIABLES}  # dest: the setting
+        settings = Settings.from_env(**flags, **filters.overrides(args))
         filters.passage_filter(settings)  # a bad filter value stops here
-        if args.mode == "lean" and args.issues:
+        if args.answer_mode == "lean" and args.issues:
             raise InputError("--mode lean does no research: --issues needs --mode auto or research")
-        if args.mode == "lean" and not choices:
+        if args.answer_mode == "lean" and not choices:
             raise InputError(
                 "--mode lean answers multiple-choice questions: give choices (A) ... (D)"
             )
@@ -874,8 +804,13 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with open_checkpointer(settings) as checkpointer:  # an unreachable server stops here
-            if args.history:
-                return _history(checkpointer, args.thread, args.json)
+            if args.history:  # the thread's questions (exit 2 when it holds none)
+                turns = _turns(checkpointer, args.thread, "--history")
+                if args.json:
+                    print(json.dumps(_jsonable(turns), indent=2, ensure_ascii=False))
+                else:
+                    print_history(turns, print)
+                return 0
             if problem := _index_problem(args, settings):
                 return _error(problem)
             if again:
