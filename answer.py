@@ -721,6 +721,9 @@ def _finding(n: int, issue: IssueAnswer) -> str:
     return f"{n}. {issue.finding} (Rule: {rule[:400]})"
 
 
+NONE_DECIDED = ": the stated facts decide none of the issues above"
+
+
 def _unsettled_line(asked: str, issues: Sequence[IssueAnswer], why: str = "") -> Sentence:
     """A bottom line with no verdict: the question, not settled, and what the issues turn on (those
     the model read as decided first, each group by its rule's fit to the facts), citing them."""
@@ -753,8 +756,7 @@ def bottom_line(
     call when no issue is decided, or when ``bar`` is above 1 (no support reaches it)."""
     decided = [i for i in applied if i.reading in ("yes", "no")]
     if not decided:
-        why = ": the stated facts decide none of the issues above"
-        return None, "unclear", None, _unsettled_line(asked, applied, why)
+        return None, "unclear", None, _unsettled_line(asked, applied, NONE_DECIDED)
     if bar > 1:  # no verdict is shown: the line names what the issues turn on, in their order
         return None, None, None, _unsettled_line(asked, applied)
     findings = "\n".join(_finding(n, i) for n, i in enumerate(decided, 1))
@@ -779,8 +781,12 @@ def bottom_line(
     return line.answer, line.answer, support, said
 
 
-def in_short(applied: Sequence[IssueAnswer]) -> Sentence:
-    """The bottom line of a question that asks which or what: the issues by conclusion."""
+def in_short(asked: str, applied: Sequence[IssueAnswer]) -> Sentence:
+    """The bottom line of a question that asks which or what: the issues by conclusion, or where
+    no conclusion is shown, the question and what the issues turn on (as a yes-or-no one's)."""
+    if all(i.outcome not in ("yes", "no") for i in applied):
+        decided = any(i.reading in ("yes", "no") for i in applied)
+        return _unsettled_line(asked, applied, "" if decided else NONE_DECIDED)
     heads = ("yes", "Applies on these facts"), ("no", "Does not apply"), ("unclear", "Not settled")
     groups = [(h, [i.issue for i in applied if i.outcome == o]) for o, h in heads]
     text = " ".join(f"{head}: {'; '.join(names)}." for head, names in groups if names)
@@ -1086,7 +1092,7 @@ def _tail(stage: _Stage, applied: Sequence[IssueAnswer]) -> tuple[Verdict | None
     if stage.q.kind != "fact_pattern" or not applied:
         return None, []
     if not stage.q.yes_no:
-        return None, [in_short(applied)]
+        return None, [in_short(stage.q.asked, applied)]
     decided = bottom_line(stage.client, stage.q.asked, applied, stage.fire, stage.bar)
     if decided is None:
         stage.fire("unparsed_bottom_line")

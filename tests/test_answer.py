@@ -670,6 +670,18 @@ def test_an_unsettled_bottom_line_names_an_issue_the_model_left_undecided():
     assert "Spending" not in line.text and line.cites == [1, 2, 3]
 
 
+def test_a_which_question_with_no_conclusion_shown_names_what_its_issues_turn_on():
+    """A user's "Who owns the strip?" (12 years of open possession, a 10-year statute) ended
+    "Bottom line: Not settled: Adverse possession; Removal.": no question, no fact that would
+    settle it.  With no conclusion shown it now reads like a yes-or-no question's."""
+    possession = answer.IssueAnswer("Adverse possession", "answered", outcome="unclear", fit=0.5)
+    possession.turns_on = ['"continuous for the statutory period" (stated: "for 12 years")']
+    possession.sentences = [answer.Sentence("Adverse possession rule.", "rule", [1])]
+    line = answer.in_short("Who owns the strip?", [possession])
+    assert line.text.startswith("Who owns the strip? Not settled by this research")
+    assert '(stated: "for 12 years")' in line.text and line.cites == [1]
+
+
 def test_a_which_question_gets_its_issues_by_conclusion_as_the_bottom_line(tmp_settings):
     """ "Which rights were violated?" takes no yes or no: the bottom line names the issues by
     their conclusions, cited, and no model call restates them."""
