@@ -721,9 +721,6 @@ def _finding(n: int, issue: IssueAnswer) -> str:
     return f"{n}. {issue.finding} (Rule: {rule[:400]})"
 
 
-NONE_DECIDED = ": the stated facts decide none of the issues above"
-
-
 def _unsettled_line(asked: str, issues: Sequence[IssueAnswer], why: str = "") -> Sentence:
     """A bottom line with no verdict: the question, not settled, and what the issues turn on (those
     the model read as decided first, each group by its rule's fit to the facts), citing them."""
@@ -756,7 +753,8 @@ def bottom_line(
     call when no issue is decided, or when ``bar`` is above 1 (no support reaches it)."""
     decided = [i for i in applied if i.reading in ("yes", "no")]
     if not decided:
-        return None, "unclear", None, _unsettled_line(asked, applied, NONE_DECIDED)
+        why = ": the stated facts decide none of the issues above"
+        return None, "unclear", None, _unsettled_line(asked, applied, why)
     if bar > 1:  # no verdict is shown: the line names what the issues turn on, in their order
         return None, None, None, _unsettled_line(asked, applied)
     findings = "\n".join(_finding(n, i) for n, i in enumerate(decided, 1))
@@ -782,14 +780,11 @@ def bottom_line(
 
 
 def in_short(asked: str, applied: Sequence[IssueAnswer]) -> Sentence:
-    """The bottom line of a question that asks which or what: the issues by conclusion, or where
-    no conclusion is shown, the question and what the issues turn on (as a yes-or-no one's)."""
-    if all(i.outcome not in ("yes", "no") for i in applied):
-        decided = any(i.reading in ("yes", "no") for i in applied)
-        return _unsettled_line(asked, applied, "" if decided else NONE_DECIDED)
+    """The bottom line of a question that asks which or what: the question, then the issues by
+    conclusion."""
     heads = ("yes", "Applies on these facts"), ("no", "Does not apply"), ("unclear", "Not settled")
     groups = [(h, [i.issue for i in applied if i.outcome == o]) for o, h in heads]
-    text = " ".join(f"{head}: {'; '.join(names)}." for head, names in groups if names)
+    text = " ".join([asked, *(f"{head}: {'; '.join(names)}." for head, names in groups if names)])
     return Sentence(text, "bottom_line", _all_cites(applied))
 
 
