@@ -7,11 +7,13 @@ builds the real ones, :func:`default_context` those of LangGraph Studio runs; te
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar
 
 import answer as answer_stage
@@ -19,6 +21,7 @@ import filters
 import injection
 import legal_graph
 import mc
+import prompts
 import question as question_mod
 import rag_utils
 from llm_config import LLMClient
@@ -263,7 +266,22 @@ def memory_scope(settings: Settings) -> dict[str, str]:
         "embedding_model": rag_utils.embedder_name(settings),
         "corpus": rag_utils.corpus_fingerprint(settings),
         "answer_mode": settings.agent.answer_mode,
+        "code": answering_code(),
     }
+
+
+@functools.cache
+def answering_code() -> str:
+    """A digest of the code and prompts that write answers: after an upgrade that changes them,
+    the answers saved before are not served (a user was shown an earlier version's answer to the
+    demo, "Not answered: State action", as if it were this version's)."""
+    here = Path(__file__).parent
+    modules = ("answer", "context", "mc", "nodes", "prompts", "question", "rag_utils")
+    files = [here / f"{m}.py" for m in modules] + sorted(prompts.SKILLS_DIR.glob("*.md"))
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 _default_lock = threading.Lock()

@@ -843,3 +843,34 @@ def test_a_passage_deleted_between_the_two_reads_is_not_returned(loaded, monkeyp
     )
     again = _ids(rag_utils.retrieve_documents_multi_query(q, k=3, settings=settings))
     assert first[0] not in again and again[:2] == first[1:] and len(again) == 3
+
+
+def test_an_answer_saved_before_the_answering_code_changed_is_not_served(
+    loaded, monkeypatch, tmp_path
+):
+    """A user who ran an earlier version was shown its saved answer to the demo ("Not answered:
+    State action"), though this version answers it otherwise.  The memory's scope now holds a
+    digest of the answering code and prompts: a changed prompt file changes it, and an answer
+    saved under another digest is not served."""
+    import context
+    import prompts
+
+    settings, _ = loaded
+    q = "What are the elements of negligence?"
+    rag_utils.write_to_memory(
+        q, "Duty, breach.", 0.8, settings, scope=context.memory_scope(settings)
+    )
+    assert rag_utils.check_memory(q, settings=settings, scope=context.memory_scope(settings))
+    skills = shutil.copytree(prompts.SKILLS_DIR, tmp_path / "skills")
+    (skills / "apply_rule.md").write_text(
+        (skills / "apply_rule.md").read_text() + "\nOne more line."
+    )
+    monkeypatch.setattr(prompts, "SKILLS_DIR", skills)
+    context.answering_code.cache_clear()
+    try:
+        assert (
+            rag_utils.check_memory(q, settings=settings, scope=context.memory_scope(settings))
+            is None
+        )
+    finally:
+        context.answering_code.cache_clear()
