@@ -76,8 +76,8 @@ class AgentContext:
     """Names of the injection patterns a passage's text matches (empty: clean)."""
     source_type: Callable[[Passage], str] = rag_utils.source_type
     """statute/rule, caselaw or study material of a passage (for the working memory)."""
-    link_issues: Callable[[str, list[str]], list[str]] | None = None
-    """(question, the model's issues) -> the agenda merged with the taxonomy's linked doctrines."""
+    link_issues: Callable[[str], list[str]] | None = None
+    """question -> the taxonomy's doctrines it links to, one item per claim."""
     doctrine_named: Callable[[str], str | None] | None = None
     """A user's words for an issue -> the taxonomy doctrine they name (None: none)."""
     unknown_terms: Callable[[str, str | None], list[str]] | None = None
@@ -118,8 +118,8 @@ class AgentContext:
             ),
             searchers=searchers(settings),
             doctrine_named=legal_graph.doctrine_named,
-            link_issues=lambda q, issues: legal_graph.merge_agenda(
-                issues, legal_graph.link_doctrines(q, settings), max_items=4
+            link_issues=lambda q: legal_graph.merge_agenda(
+                [], legal_graph.link_doctrines(q, settings), max_items=4
             ),
         )
 

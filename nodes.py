@@ -354,9 +354,9 @@ def linked_doctrines(ctx: AgentContext, question: str) -> list[str]:
     if ctx.link_issues is None:
         return []
     try:
-        return ctx.link_issues(question, []) or []
+        return ctx.link_issues(question) or []
     except Exception as exc:  # noqa: BLE001 - linking is an aid; the plan still runs
-        logger.warning("doctrine linking failed; keeping the model's issues: %s", exc)
+        logger.warning("doctrine linking failed: %s", exc)
         return []
 
 

@@ -647,7 +647,7 @@ def test_research_in_one_states_law_picks_among_that_states_passages_only(tmp_se
     ctx = fake_context(
         tmp_settings,
         retrieve=FakeRetriever(LAW, ranked=True),
-        link_issues=lambda question, issues: ["Consent as a defense", "Trespass to chattels"],
+        link_issues=lambda question: ["Consent as a defense", "Trespass to chattels"],
         scoped=lambda code: dict.fromkeys(
             ("dense", "keyword", "hybrid", "hybrid+keyword"), ohio_law
         ),
@@ -1201,7 +1201,7 @@ def test_a_doctrine_is_one_candidate_however_many_times_it_is_named(tmp_settings
     ctx = fake_context(
         tmp_settings,
         retrieve=FakeRetriever(titled),
-        link_issues=lambda question, issues: ["Stop and frisk", "Arrest (Stop and frisk)", "Strict liability for animals"],
+        link_issues=lambda question: ["Stop and frisk", "Arrest (Stop and frisk)", "Strict liability for animals"],
     )  # fmt: skip
     assert nodes.candidate_doctrines(ctx, "A pat-down. Can he suppress it?")[0] == [
         "Stop and frisk", "Arrest (Stop and frisk)", "Strict liability for animals", "Plain view",
