@@ -10,6 +10,7 @@ the client sees, not a crash of the server.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import logging
 from typing import Any
@@ -116,6 +117,19 @@ def build_server() -> Any:
     return server
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(
+        prog="mcp_server.py",
+        description="Serve the research to an MCP client over stdio: search_passages (a search of "
+        "the corpus with the passage filters) and research (the agent's answer record as JSON, "
+        'optionally on a thread). Start it from the client\'s configuration, e.g. {"command": '
+        '"python", "args": ["mcp_server.py"], "cwd": "<this folder>"}; settings '
+        "come from the environment and .env.",
+    ).parse_args(argv)
     logging.basicConfig(level=logging.WARNING)  # stdout carries the protocol: logs go to stderr
     build_server().run("stdio")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -72,6 +72,19 @@ def test_help_explains_options_and_settings(tmp_path):
     assert "nothing on stdout" in " ".join(out.split())  # the exit-2 contract is documented
 
 
+SCRIPTS = sorted(p.name for p in REPO.glob("*.py") if '__name__ == "__main__"' in p.read_text())
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_script_explains_itself_with_help(tmp_path, script):
+    """``python mcp_server.py --help`` printed nothing and served the protocol on stdin instead
+    (a user trial): each script the user runs answers --help with its usage, and nothing else."""
+    proc = subprocess.run([sys.executable, str(REPO / script), "--help"], stdin=subprocess.DEVNULL,
+                          capture_output=True, cwd=tmp_path, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode().startswith("usage:") and script in proc.stdout.decode()
+
+
 @pytest.mark.parametrize("script", ["llm_config.py", "load_corpus.py", "main.py"])
 def test_output_piped_to_a_reader_that_stops_early_ends_quietly(tmp_path, script):
     """``load_corpus.py status | head -8`` ended in a BrokenPipeError traceback and exit status 1
