@@ -18,6 +18,7 @@ import contextlib
 import functools
 import json
 import logging
+import re
 import sqlite3
 import sys
 import time
@@ -551,6 +552,15 @@ def build_parser() -> argparse.ArgumentParser:
         "from stdin the issues to research (Enter keeps the agenda)",
     )
     flag("--history", help="with --thread ID: print the questions asked on the thread and exit")
+    add(
+        "--batch",
+        metavar="FILE",
+        help="answer every question of FILE, each on a new thread: JSON lines with a 'question' "
+        "(and an 'id'), or text with the questions separated by blank lines (ids 1, 2, ...); each "
+        "result is a line of --out as it ends, and the same command again skips the questions "
+        "answered (not those that failed)",
+    )
+    add("--out", metavar="FILE", help="with --batch: where the results go (FILE.answers.jsonl)")
     flag("-q", "--quiet", help="do not stream the per-node progress lines")
     flag("-v", "--verbose", help="debug logging (and tracebacks on unexpected errors)")
     filters.add_arguments(parser)
@@ -567,6 +577,95 @@ def read_input(query: str) -> str:
         except UnicodeDecodeError:
             raise InputError("stdin is not valid UTF-8 text") from None
     return query
+
+
+def read_batch(path: str) -> list[tuple[str, str]]:
+    """The (id, question) pairs of a --batch file, each question checked as the CLI checks one
+    (InputError names the file, the line or id, and what is wrong)."""
+    try:
+        text = Path(path).read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"--batch {path}: {exc}") from None
+    items: list[tuple[str, str]] = []
+    if path.endswith(".jsonl"):
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path}:{n}: not a JSON line ({exc.msg})") from None
+            if not isinstance(row, dict) or not str(row.get("question") or "").strip():
+                raise InputError(f'{path}:{n}: a line needs a "question"')
+            items.append((str(row.get("id", len(items) + 1)), str(row["question"])))
+    else:
+        blocks = [b.strip() for b in re.split(r"\n\s*\n", text) if b.strip()]
+        items = [(str(n), b) for n, b in enumerate(blocks, 1)]
+    if not items:
+        raise InputError(f"--batch {path}: no question in it")
+    for qid, count in Counter(i for i, _ in items).items():
+        if count > 1:
+            raise InputError(f"--batch {path}: the id {qid!r} is given {count} times")
+    for qid, q in items:
+        try:
+            parse(q)
+        except InputError as exc:
+            raise InputError(f"--batch {path}, question {qid}: {exc}") from None
+    return items
+
+
+def _answered(out: Path, items: Sequence[tuple[str, str]]) -> set[str]:
+    """The ids of ``items`` whose last line in ``out`` did not fail (a question asked again under
+    the same id is InputError: the file belongs to another batch)."""
+    asked = dict(items)
+    last: dict[str, dict] = {}
+    if out.exists():
+        for line in out.read_text("utf-8").splitlines():
+            with contextlib.suppress(json.JSONDecodeError):  # a line a killed run cut short
+                row = json.loads(line)
+                last[str(row.get("id"))] = row
+    for qid, row in last.items():
+        if qid in asked and row.get("question") != asked[qid]:
+            raise InputError(f"{out} holds another question under the id {qid}: give a new --out")
+    return {qid for qid, row in last.items() if qid in asked and row.get("status") != "failed"}
+
+
+def run_batch(
+    args: argparse.Namespace, items: list[tuple[str, str]], settings: Settings, checkpointer: Any
+) -> int:
+    """Every question of ``items`` (:func:`read_batch`) not yet in --out, each appended to it as it ends (what --json
+    prints, with ``id`` and ``status``: answered, no_answer or failed); one progress line each on
+    stderr.  Exit status 1 when one failed, 130 on Ctrl-C (the next run goes on from there)."""
+    out = Path(args.out or Path(args.batch).with_suffix(".answers.jsonl"))
+    done = _answered(out, items)
+    todo = [(qid, q) for qid, q in items if qid not in done]
+    say = functools.partial(print, file=sys.stderr, flush=True)
+    say(f"batch: {len(items)} questions, {len(done)} already answered in {out}; {len(todo)} to go")
+    ctx = AgentContext.from_settings(settings)
+    failed = 0
+    with out.open("a", encoding="utf-8") as sink:
+        if out.stat().st_size and not out.read_bytes().endswith(b"\n"):
+            sink.write("\n")  # after a line a killed run cut short
+        for n, (qid, q) in enumerate(todo, 1):
+            question, choices = parse(q)
+            result = run_agent(
+                question, choices, context=ctx, checkpointer=checkpointer, keep_on_interrupt=True
+            )
+            if result.get("stop_reason") == "interrupted":
+                say(f"main.py: interrupted at question {qid}; the same command goes on from it")
+                return 130
+            record = result.get("answer") or {}
+            shown = answer_stage.AnswerRecord.shown(record) and not record.get("abstained")
+            status = "failed" if result.get("error") else "answered" if shown else "no_answer"
+            failed += status == "failed"
+            row = {"id": qid, "question": q, "status": status, **result}
+            sink.write(json.dumps(row, ensure_ascii=False) + "\n")
+            sink.flush()
+            letter = f" ({record['letter']})" if record.get("letter") else ""
+            if not args.quiet:
+                say(f"[{n}/{len(todo)}] {qid}: {status}{letter} in {result.get('wall_s', 0):.1f}s")
+    say(f"batch: {len(todo) - failed} of {len(todo)} done, {failed} failed; results in {out}")
+    return 1 if failed else 0
 
 
 def _print_result(result: dict, out: Callable[[str], None]) -> None:
@@ -779,8 +878,15 @@ def main(argv: list[str] | None = None) -> int:
         return _error("--history prints a thread's questions: give --thread ID and no question")
     if args.review and args.query == "-":
         return _error("--review reads its reply from stdin: give the question as an argument")
+    batch_with = [f for f in ("thread", "resume", "review", "history", "issues", "json") if
+                  getattr(args, f)]  # fmt: skip
+    if args.batch and (args.query is not None or batch_with):
+        extra = f"--{batch_with[0]}" if batch_with else "question"
+        return _error(f"--batch answers the questions of its file: give it no {extra}")
+    if args.out and not args.batch:
+        return _error("--out names where --batch writes its results: give --batch FILE")
     again = args.thread and args.issues and args.query is None  # the last question, on them
-    if args.query is None and not (args.resume or args.history or again):
+    if args.query is None and not (args.resume or args.history or again or args.batch):
         parser.print_usage(sys.stderr)
         return _error("give a question, a demo name (simple, multi_hop, medium) or '-'")
     if args.resume and (args.query is not None or args.thread):
@@ -811,8 +917,11 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     print_history(turns, print)
                 return 0
+            items = read_batch(args.batch) if args.batch else []  # before the index or a model
             if problem := _index_problem(args, settings):
                 return _error(problem)
+            if items:
+                return run_batch(args, items, settings, checkpointer)
             if again:
                 last = _turns(checkpointer, args.thread, "--thread ID --issues")[-1]["question"]
                 question, choices = parse(last)

@@ -388,3 +388,137 @@ def test_resume_of_a_thread_with_no_run_is_one_clear_line_and_exit_2(tmp_path, m
     assert err == ["main.py: error: no run is kept on thread nope"]
     assert main.main(["--resume", "nope", "What is negligence?"]) == 2
     assert "give it no question" in capsys.readouterr().err
+
+
+BATCH = """What is negligence?
+
+A tenant moved out when the furnace failed. Is she liable for rent?
+
+Which is hearsay?
+(A) a statement offered for its truth
+(B) a verbal act
+"""
+
+
+def fake_batch_run(monkeypatch, tmp_path, outcomes: dict[str, dict]) -> list[str]:
+    """``main.run_agent`` answering each question with ``outcomes[its first word]`` (default: an
+    answer); the questions asked, in order."""
+    asked: list[str] = []
+
+    def run_agent(question, choices=None, **kw):
+        asked.append(question)
+        answer = {"text": "Rule: ... [1]", "abstained": False, "letter": "A" if choices else None}
+        return {"answer": answer, "thread_id": f"t{len(asked)}", "wall_s": 1.0,
+                **outcomes.get(question.split()[0], {})}  # fmt: skip
+
+    monkeypatch.setattr(main, "run_agent", run_agent)
+    monkeypatch.setattr(main.rag_utils, "corpus_count", lambda settings: 1)
+    monkeypatch.setattr(main, "AgentContext", type("C", (), {"from_settings": staticmethod(id)}))
+    monkeypatch.setenv("CHROMA_DIR", str(tmp_path / "chroma"))
+    monkeypatch.setenv("CHECKPOINTS", "off")
+    return asked
+
+
+def test_a_batch_writes_a_line_per_question_and_the_same_command_retries_only_what_failed(
+    tmp_path, monkeypatch, capsys
+):
+    """A user with a list of questions looped ``main.py --json`` in a shell: each question started
+    the model again, and a stopped loop left no record of what was done."""
+    (tmp_path / "qs.txt").write_text(BATCH)
+    fail = {"A": {"error": "LLM failure: the server went away"}}
+    asked = fake_batch_run(monkeypatch, tmp_path, fail)
+    args = ["--no-index", "--batch", str(tmp_path / "qs.txt")]
+    assert main.main(args) == 1  # one failed
+    rows = [json.loads(x) for x in (tmp_path / "qs.answers.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["status"]) for r in rows] == [("1", "answered"), ("2", "failed"),
+                                                      ("3", "answered")]  # fmt: skip
+    assert rows[2]["answer"]["letter"] == "A" and rows[0]["thread_id"] == "t1"
+    err = capsys.readouterr().err
+    assert "[3/3] 3: answered (A) in 1.0s" in err and "2 of 3 done, 1 failed" in err
+    asked.clear()
+    fail.clear()
+    assert main.main(args) == 0  # again: only the one that failed is asked
+    assert asked == ["A tenant moved out when the furnace failed. Is she liable for rent?"]
+    assert "3 questions, 2 already answered" in capsys.readouterr().err
+
+
+def test_a_batch_stopped_by_ctrl_c_keeps_what_it_answered_and_goes_on_from_there(
+    tmp_path, monkeypatch, capsys
+):
+    (tmp_path / "qs.jsonl").write_text(
+        "\n".join(
+            json.dumps({"id": i, "question": q})
+            for i, q in [
+                ("neg", "What is negligence?"),
+                ("rent", "Is rent due? The heat failed."),
+                ("ev", "What is hearsay?"),
+            ]
+        )  # fmt: skip
+    )
+    stop = {"Is": {"stop_reason": "interrupted"}}
+    asked = fake_batch_run(monkeypatch, tmp_path, stop)
+    args = ["--no-index", "-q", "--batch", str(tmp_path / "qs.jsonl"), "--out", "res.jsonl"]
+    monkeypatch.chdir(tmp_path)
+    assert main.main(args) == 130
+    assert "interrupted at question rent; the same command goes on from it" in (
+        capsys.readouterr().err
+    )
+    assert [json.loads(x)["id"] for x in Path("res.jsonl").read_text().splitlines()] == ["neg"]
+    asked.clear()
+    stop.clear()
+    assert main.main(args) == 0
+    assert asked == ["Is rent due? The heat failed.", "What is hearsay?"]
+    ids = [json.loads(x)["id"] for x in Path("res.jsonl").read_text().splitlines()]
+    assert ids == ["neg", "rent", "ev"]
+
+
+@pytest.mark.parametrize(
+    ("content", "extra", "message"),
+    [
+        (
+            '{"id": 1, "question": "What is x?"}\n{"id": 1, "question": "And y?"}\n',
+            [],
+            "the id '1' is given 2 times",
+        ),
+        ('{"id": 1, "question": "What is x?"}\n{"q": "And y?"}\n', [], 'needs a "question"'),
+        ('{"question": "Which?\\n(A) a\\n(C) c"}\n', [], "question 1: answer choices must"),
+        ('{"question": "What is x?"}\n', ["What is y?"], "give it no question"),
+        ('{"question": "What is x?"}\n', ["--thread", "t1"], "give it no --thread"),
+    ],
+    ids=["duplicate-id", "no-question", "bad-choices", "and-a-question", "and-a-thread"],
+)
+def test_a_bad_batch_stops_before_any_question_with_one_line(
+    tmp_path, monkeypatch, capsys, content, extra, message
+):
+    (tmp_path / "qs.jsonl").write_text(content)
+    asked = fake_batch_run(monkeypatch, tmp_path, {})
+    assert main.main(["--no-index", "--batch", str(tmp_path / "qs.jsonl"), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert asked == [] and not (tmp_path / "qs.answers.jsonl").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.local_llm
+def test_a_batch_on_the_offline_default_answers_each_question_as_the_cli_does(tmp_path):
+    """``main.py --batch`` with the embedded LLM and the starter index: a rule question answered
+    with starter citations, an off-topic one declined, one JSON line each."""
+    pytest.importorskip("xllamacpp")
+    (tmp_path / "qs.txt").write_text(
+        "What is the mailbox rule?\n\nWhat is the best recipe for banana bread?\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "main.py"), "--batch", "qs.txt"],
+        capture_output=True, cwd=tmp_path, timeout=900,
+        env={**os.environ, "CHROMA_DIR": str(tmp_path / "chroma"), "LLM_PROVIDER": "local",
+             "LLM_CACHE": "0", "CHECKPOINTS": str(tmp_path / "threads.sqlite")},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    rows = [json.loads(x) for x in (tmp_path / "qs.answers.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["status"]) for r in rows] == [("1", "answered"), ("2", "no_answer")]
+    rule, off = rows[0]["answer"], rows[1]["answer"]
+    assert rule["citations"] and all(
+        c["passage_id"].startswith("starter_") for c in rule["citations"]
+    )
+    assert "Mailbox rule" in rule["text"] and off["abstained"] and "off topic" in off["why"]
+    assert rows[0]["thread_id"] != rows[1]["thread_id"]  # each question on a thread of its own
