@@ -449,7 +449,8 @@ partial research is printed); 2 bad input, a bad setting or an unusable provider
 model that does not load), checked before any work: one line on stderr, nothing on stdout; 3 no
 answer (the request was rejected as a prompt injection, or the answer abstained: the question is
 off topic as asked, or no issue's research found a rule; "abstained": true and "why" in --json);
-130 interrupted (Ctrl-C: the research so far is printed, as for a failed run).
+130 interrupted (Ctrl-C: the research so far is printed, as for a failed run). With --batch: 0
+every question answered or declined, 1 one failed, 130 interrupted (run it again to go on).
 """
 
 
