@@ -217,8 +217,9 @@ class IssueAnswer:
     """How far the research supports the reading (:func:`reading_support`)."""
     finding: str = ""
     """The conclusion the reading states (what the bottom-line call reads, shown or not)."""
-    turns_on: list[str] = field(default_factory=list)
-    """What decides the issue (:func:`turns_on`)."""
+    turns_on: list[dict[str, str | None]] = field(default_factory=list)
+    """What decides the issue (:func:`turns_on`): each requirement's gist and the stated fact said
+    to decide it (None: no stated fact)."""
     checks: list[dict[str, Any]] = field(default_factory=list)
     """The application (:class:`prompts.Check` as dicts); a follow-up may carry it over."""
     fit: float | None = None
@@ -534,18 +535,15 @@ TURNS_ON = 3
 """Requirements named as what decides an issue the research does not settle."""
 
 
-def turns_on(checks: Sequence[Check], reading: Met) -> list[str]:
+def turns_on(checks: Sequence[Check], reading: Met) -> list[dict[str, str | None]]:
     """What decides the issue: the requirements the reading rests on with the fact said to decide
-    each, then those no stated fact decides."""
+    each, then those no stated fact decides (fact None)."""
     deciding = _deciding(checks, reading) or [c for c in checks if fact_decides(c)]
     open_items = [c for c in checks if not fact_decides(c) and c not in deciding]
-    out = [f'"{_gist(c.requirement)}" (stated: "{_clean(c.fact)}")' for c in deciding]
-    out += [f'"{_gist(c.requirement)}"{NO_FACT_ITEM}' for c in open_items]
-    return list(dict.fromkeys(out))[:TURNS_ON]
+    pairs = [(_gist(c.requirement), _clean(c.fact)) for c in deciding]
+    pairs += [(_gist(c.requirement), None) for c in open_items]
+    return [dict(requirement=r, fact=f) for r, f in dict.fromkeys(pairs)][:TURNS_ON]
 
-
-NO_FACT_ITEM = " (no stated fact)"
-"""How a :func:`turns_on` item ends when no stated fact decides its requirement."""
 
 GIST_WORDS = 10
 """Words that name a rule sentence already quoted whole (in the application and conclusion)."""
@@ -556,9 +554,14 @@ def _gist(requirement: str) -> str:
     return " ".join(words[:GIST_WORDS]) + ("…" if len(words) > GIST_WORDS else "")
 
 
-def _turns_on_text(items: Sequence[str]) -> str:
+def _turns_on_text(items: Sequence[dict[str, str | None]]) -> str:
     """How an unsettled conclusion or bottom line ends: what it turns on, if anything."""
-    return f"; it turns on {'; '.join(items)}." if items else "."
+    said = [
+        f'"{t["requirement"]}"'
+        + (f' (stated: "{t["fact"]}")' if t["fact"] is not None else " (no stated fact)")
+        for t in items
+    ]
+    return f"; it turns on {'; '.join(said)}." if said else "."
 
 
 def requirements(sentences: Sequence[str]) -> list[str]:
@@ -728,10 +731,9 @@ def _unsettled_line(asked: str, issues: Sequence[IssueAnswer], why: str = "") ->
     items = [(t, n) for n, i in enumerate(issues) for t in i.turns_on]
     # A requirement two issues quote is named once, with the fact one of them ties to it (an
     # offer question's bottom line named the offer rule with "no stated fact", then with one).
-    quoted = {t: t.split('" (', 1)[0] for t, _ in items}  # the requirement each item quotes
-    tied = {quoted[t]: (t, n) for t, n in reversed(items) if not t.endswith(NO_FACT_ITEM)}
-    named = dict(tied.get(quoted[t], (t, n)) for t, n in items)
-    listed = list(named.items())[:TURNS_ON]
+    tied = {t["requirement"]: (t, n) for t, n in reversed(items) if t["fact"] is not None}
+    named = {t["requirement"]: tied.get(t["requirement"], (t, n)) for t, n in items}
+    listed = list(named.values())[:TURNS_ON]
     text = f"{asked} Not settled by this research{why}{_turns_on_text([t for t, _ in listed])}"
     return Sentence(text, "bottom_line", _all_cites([issues[n] for n in {n for _, n in listed}]))
 

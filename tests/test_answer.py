@@ -631,17 +631,20 @@ def test_an_issue_set_aside_is_not_listed_when_a_quoted_source_is_on_its_doctrin
 def test_a_requirement_two_issues_quote_is_named_once_in_an_unsettled_bottom_line():
     """A user's offer question: the bottom line said it turns on the offer rule with "no stated
     fact", then on the same rule with the fact the second issue tied to it."""
-    offer = '"An offer is a manifestation of willingness to enter a…"'
-    tied = f'{offer} (stated: "…promised to keep the offer open until Friday")'
+    offer = "An offer is a manifestation of willingness to enter a…"
+    fact = "…promised to keep the offer open until Friday"
     first = answer.IssueAnswer("Offer", "answered")
     first.turns_on = [
-        '"The offeror controls the manner…" (stated: "Ben accepted")',
-        f"{offer}{answer.NO_FACT_ITEM}",
+        {"requirement": "The offeror controls the manner…", "fact": "Ben accepted"},
+        {"requirement": offer, "fact": None},
     ]
     second = answer.IssueAnswer("Firm offers", "answered")
-    second.turns_on = [tied, '"Preliminary negotiations are not offers"' + answer.NO_FACT_ITEM]
+    second.turns_on = [
+        {"requirement": offer, "fact": fact},
+        {"requirement": "Preliminary negotiations are not offers", "fact": None},
+    ]
     line = answer._unsettled_line("Is there a contract?", [first, second]).text
-    assert line.count(offer) == 1 and tied in line
+    assert line.count(offer) == 1 and f'"{offer}" (stated: "{fact}")' in line
     assert line.index("The offeror controls") < line.index(offer)  # the order of the issues
 
 
@@ -654,7 +657,7 @@ def test_an_unsettled_bottom_line_names_an_issue_the_model_left_undecided():
 
     def issue(name: str, reading: str, fit: float, cite: int) -> answer.IssueAnswer:
         out = answer.IssueAnswer(name, "answered", reading=reading, fit=fit)
-        out.turns_on = [f'"{name} requirement" (stated: "the law")']
+        out.turns_on = [{"requirement": f"{name} requirement", "fact": "the law"}]
         out.sentences = [answer.Sentence(f"{name} rule.", "rule", [cite])]
         return out
 

@@ -981,7 +981,7 @@ def test_the_embedded_model_shows_no_verdict_and_names_what_decides_it(tmp_setti
     )
     negligence = record["issues"][0]
     assert negligence["reading"] == "yes" and negligence["outcome"] == "unclear"
-    assert negligence["turns_on"] and all("(stated: " in t for t in negligence["turns_on"])
+    assert negligence["turns_on"] and all(t["fact"] for t in negligence["turns_on"])
     shown, *_ = run(tmp_settings, fact_replies(), verdict_support=0.0)
     assert shown["answer"]["verdict"] == "yes"
     assert "Is the store liable to Paula? Yes. Negligence:" in shown["answer"]["text"]
