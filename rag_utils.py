@@ -1060,10 +1060,8 @@ def corpus_count(settings: Settings) -> int:
 def reset_caches() -> None:
     """Forget cached clients, stores, BM25 indexes and reranker choices (tests; not the models)."""
     with _lock:
-        _clients.clear()
-        _stores.clear()
-        _auto_choice.clear()
-        _read_only.clear()
+        for cache in (_clients, _stores, _auto_choice, _read_only):
+            cache.clear()
 
 
 # --- BM25 over the whole collection, persisted beside the Chroma folder -------------------------
@@ -1124,20 +1122,6 @@ class Bm25Index:
         (tmp / "ids.json").write_text(json.dumps({"count": self.count, "ids": self.ids}))
         shutil.rmtree(folder, ignore_errors=True)
         tmp.rename(folder)
-
-    @classmethod
-    def load(cls, folder: Path) -> Bm25Index | None:
-        meta_path = folder / "ids.json"
-        if not meta_path.exists():
-            return None
-        bm25s = _bm25s()
-        try:
-            meta = json.loads(meta_path.read_text())
-            retriever = bm25s.BM25.load(str(folder), show_progress=False, verbosity=0)
-        except Exception as exc:  # a corrupt index is rebuilt
-            logger.warning("BM25 index at %s unreadable (%s); rebuilding", folder, short_error(exc))
-            return None
-        return cls(retriever, list(meta["ids"]), int(meta["count"]))
 
     def scores_many(self, queries: Sequence[str]) -> np.ndarray:
         """BM25 scores of every document for each query, shape (queries, documents), tokenized in
@@ -1205,8 +1189,17 @@ def get_bm25(settings: Settings, store: PassageStore | None = None) -> Bm25Index
     folder = store.bm25_dir / store.name
 
     def load(count: int) -> tuple[int, Bm25Index] | None:
-        index = Bm25Index.load(folder)
-        return None if index is None else (index.count, index)
+        meta_path = folder / "ids.json"
+        if not meta_path.exists():
+            return None
+        bm25s = _bm25s()
+        try:
+            meta = json.loads(meta_path.read_text())
+            retriever = bm25s.BM25.load(str(folder), show_progress=False, verbosity=0)
+        except Exception as exc:  # a corrupt index is rebuilt
+            logger.warning("BM25 index at %s unreadable (%s); rebuilding", folder, short_error(exc))
+            return None
+        return int(meta["count"]), Bm25Index(retriever, list(meta["ids"]), int(meta["count"]))
 
     def build(count: int) -> tuple[int, Bm25Index]:
         passages = [(p["id"], p["text"]) for p in store.iter_all()]
@@ -1320,15 +1313,14 @@ def resolve_reranker(name: str | None, settings: Settings) -> str:
     key = (r.reranker_model, r.embedding_device)
     with _lock:
         if key not in _auto_choice:
-            held = False
+            _auto_choice[key] = "hybrid"
             if _held_locally(r.reranker_model):  # else not worth importing torch (~5 s)
                 with contextlib.suppress(ModelLoadError):
-                    held = get_cross_encoder(settings, local_only=True) is not None
-            if held:
-                _auto_choice[key] = "cross-encoder"
+                    get_cross_encoder(settings, local_only=True)
+                    _auto_choice[key] = "cross-encoder"
+            if _auto_choice[key] == "cross-encoder":
                 logger.info("RERANKER=auto: using cross-encoder %s", r.reranker_model)
             else:
-                _auto_choice[key] = "hybrid"
                 logger.info(
                     "RERANKER=auto: cross-encoder %s not available offline; using hybrid "
                     "(dense + BM25 reciprocal rank fusion)",
@@ -1516,9 +1508,6 @@ def _retrieve(
         ranking = (mat @ rank_vecs[0]).astype(float).tolist()
     else:
         dense = ranking = [None] * len(docs)
-    for d, score in zip(docs, dense, strict=True):
-        d["dense_score"] = score
-
     lexical = bm25.scores_of(bm25_scores[0], [d["id"] for d in docs]) if bm25 is not None else []
     if method == "none":
         final = ranking
@@ -1531,8 +1520,8 @@ def _retrieve(
         raw = model.predict([(queries[0], d["text"]) for d in docs], show_progress_bar=False)
         final = [float(x) for x in np.asarray(raw).reshape(len(docs), -1)[:, -1]]
 
-    for d, score in zip(docs, final, strict=True):
-        d["rerank_score"] = float(score)
+    for d, cosine, score in zip(docs, dense, final, strict=True):
+        d.update(dense_score=cosine, rerank_score=float(score))
     best = sorted(range(len(docs)), key=lambda i: -final[i])
     keyword = []
     if fuse_keyword and method != "bm25":
