@@ -414,8 +414,7 @@ def as_langchain(embedder: Any) -> Any:
 
 
 GPU_BATCH_SIZE = 256  # texts per pass at least, on a GPU (EMBEDDING_BATCH_SIZE's 16 suits 2 cores)
-GPU_DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/kfd", "/dev/dxg")
-"""On Linux, torch sees a GPU only where one of these exists (NVIDIA, ROCm, WSL drivers)."""
+GPU_DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/kfd", "/dev/dxg")  # NVIDIA, ROCm, WSL
 
 
 def _torch_may_see_gpu() -> bool:
@@ -789,10 +788,7 @@ class PassageStore:
     def indexed_by(self) -> list[dict[str, Any]]:
         """Who embedded the stored passages: per backend and device, the passages and seconds
         of its loads summed, and their rate (``passages_per_s``); [] when never recorded."""
-        try:
-            rows = json.loads((self.collection.metadata or {}).get(INDEXED_BY) or "[]")
-        except ValueError:
-            return []
+        rows = json.loads((self.collection.metadata or {}).get(INDEXED_BY) or "[]")
         for row in rows:
             secs = float(row.get("seconds") or 0.0)
             row["passages_per_s"] = round(row["passages"] / secs, 1) if secs > 0 else None
@@ -856,10 +852,7 @@ class PassageStore:
         """Ids of the passages a :class:`filters.PassageFilter` admits: one scan of every
         passage's metadata per filter and passage count (83-110 s at 686,000 passages), kept in
         memory and in ``CHROMA_DIR/filters/`` for the next process (:meth:`derived`)."""
-        spec = json.dumps(
-            {k: sorted(v) if isinstance(v, frozenset) else v for k, v in vars(flt).items()},
-            sort_keys=True,
-        )
+        spec = json.dumps(vars(flt), sort_keys=True, default=sorted)  # its sets as sorted lists
         digest = hashlib.sha1(spec.encode()).hexdigest()[:12]
         path = self._filters_dir() / f"{self.name}-{digest}.json"
 
@@ -1114,15 +1107,6 @@ class Bm25Index:
         retriever.index(bm25_tokenize(texts), show_progress=False)
         return cls(retriever, list(ids), len(ids))
 
-    def save(self, folder: Path) -> None:
-        tmp = folder.with_name(folder.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        self.retriever.save(str(tmp), show_progress=False)
-        (tmp / "ids.json").write_text(json.dumps({"count": self.count, "ids": self.ids}))
-        shutil.rmtree(folder, ignore_errors=True)
-        tmp.rename(folder)
-
     def scores_many(self, queries: Sequence[str]) -> np.ndarray:
         """BM25 scores of every document for each query, shape (queries, documents), tokenized in
         one call (a row of zeros when no term of its query matches)."""
@@ -1208,7 +1192,16 @@ def get_bm25(settings: Settings, store: PassageStore | None = None) -> Bm25Index
         index = Bm25Index.build([i for i, _ in passages], [t for _, t in passages])
         return index.count, index
 
-    return store.derived("BM25 index", folder, load, build, lambda _, i: i.save(folder))
+    def save(count: int, index: Bm25Index) -> None:
+        tmp = folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        index.retriever.save(str(tmp), show_progress=False)
+        (tmp / "ids.json").write_text(json.dumps({"count": count, "ids": index.ids}))
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+
+    return store.derived("BM25 index", folder, load, build, save)
 
 
 def get_centroid(settings: Settings, store: PassageStore | None = None) -> Any:
@@ -1657,17 +1650,13 @@ def check_memory(
     similarity = 1.0 - float(got["distances"][0][0])
     if similarity < settings.retrieval.memory_threshold:
         return None
-    try:
-        sources = json.loads(meta.get("sources") or "[]")
-    except ValueError:
-        sources = []
     return {
         "question": meta.get("question", ""),
         "answer": meta.get("answer", ""),
         "confidence": float(meta.get("confidence", 0.0)),
         "similarity": similarity,
         "timestamp": meta.get("timestamp", ""),
-        "sources": sources,
+        "sources": json.loads(meta.get("sources") or "[]"),  # written by write_to_memory
     }
 
 
