@@ -471,8 +471,7 @@ def resolve_embedding_backend(settings: Settings) -> str:
 
 
 def get_embedder(settings: Settings) -> Embedder | OnnxEmbedder | EmbeddingsAdapter:
-    """The configured embedder, built once per settings (``auto`` falls back to torch when the
-    ONNX export fails)."""
+    """The configured embedder, built once per settings (``auto`` uses torch when ONNX fails)."""
     name = embedder_name(settings)
     backend = resolve_embedding_backend(settings)
     if backend == "langchain":
@@ -648,8 +647,7 @@ class _PassageFields(TypedDict):
 
 
 class Passage(_PassageFields, total=False):
-    """One passage as the store gives it and a search returns it: the stored fields, and the
-    scores and rank a search sets."""
+    """A passage as stored: its fields, and the scores and rank a search sets."""
 
     dense_score: float | None  # cosine to the search's primary query (None: a BM25 search)
     rerank_score: float  # what the search ranked by, higher is better
@@ -688,9 +686,9 @@ limit), not Chroma's HNSW, whose results varied between runs (docs/MEASUREMENTS_
 
 EXACT_FILTER_MAX_PASSAGES = 200_000
 """A filter that admits at most this many passages of a larger store is searched exactly over
-the admitted passages' vectors (1.5 KB a passage, kept per admitted set and passage count in
-memory and in ``CHROMA_DIR/filters/``): Chroma's own id filter cost ~138 ms a search with
-83,248 passages admitted of 686,000 (docs/MEASUREMENTS.md, "Scale")."""
+the admitted passages' vectors (1.5 KB a passage; :meth:`PassageStore._admitted_vectors`):
+Chroma's own id filter cost ~138 ms a search with 83,248 passages admitted of 686,000
+(docs/MEASUREMENTS.md, "Scale")."""
 
 
 @dataclass(eq=False)
@@ -772,8 +770,7 @@ class PassageStore:
             )
 
     def record_indexing(self, backend: str, device: str, passages: int, seconds: float) -> None:
-        """Add one load's embedded passages and its seconds to the collection's
-        :data:`INDEXED_BY` record, under its backend and device."""
+        """Add one load's passages and seconds to :data:`INDEXED_BY`, under backend and device."""
         done = {f"{r['backend']} on {r['device']}": r for r in self.indexed_by()}
         row = done.get(f"{backend} on {device}", {"passages": 0, "seconds": 0.0})
         done[f"{backend} on {device}"] = {
@@ -1243,8 +1240,7 @@ def centered_queries(qvecs: Any, centroid: Any) -> Any:
 def dense_query_vectors(
     queries: Sequence[str], settings: Settings, store: PassageStore | None = None
 ) -> tuple[Any, Any]:
-    """The queries embedded in one pass, and the vectors dense search ranks with (centred with
-    DENSE_CENTERING)."""
+    """The queries embedded in one pass, and the vectors dense search ranks (DENSE_CENTERING)."""
     plain = get_embedder(settings).embed_documents(list(queries))
     if not settings.retrieval.dense_centering:
         return plain, plain
@@ -1398,8 +1394,7 @@ def fuse_rankings(
 
 
 def rrf_merge(rankings: Sequence[Sequence[Passage]], k: int) -> list[Passage]:
-    """The best ``k`` of ranked passage lists by :func:`rrf_scores` (ties: first seen first), each
-    with ``rrf_score`` and ``rank``."""
+    """The best ``k`` of ranked passage lists by :func:`rrf_scores`, with rrf_score and rank."""
     first: dict[str, Passage] = {}
     for ranking in rankings:
         for doc in ranking:
@@ -1533,10 +1528,9 @@ def _retrieve(
 
 
 def _pool(store: PassageStore, ids: Sequence[str], with_vectors: bool, with_texts: bool) -> list:
-    """The candidates ``ids`` present in the store, in that order: with their vectors (for the
-    dense scores) and, with ``with_texts``, their texts and metadata.  Without them a search reads
-    the vectors alone (4 against 26 ms for 120 passages at 686,000) and :func:`_read_returned` then
-    reads the few passages it returns."""
+    """The candidates ``ids`` in the store, in that order, with their vectors and, ``with_texts``,
+    their texts and metadata; else :func:`_read_returned` reads only those returned (reading the
+    vectors alone: 4 against 26 ms for 120 passages at 686,000)."""
     if with_texts or not with_vectors:
         return store.get(ids, with_embeddings=with_vectors)
     return [{"id": pid, "embedding": vec} for pid, vec in store.vectors(ids).items()]
@@ -1618,8 +1612,7 @@ def existing_collections(settings: Settings) -> set[str]:
 
 
 def corpus_fingerprint(settings: Settings) -> str:
-    """The corpus an answer was researched in: the passage collection (it names the embedding
-    model) and its passage count."""
+    """The corpus an answer was researched in: its collection (naming the model) and size."""
     return f"{collection_name(settings)}:{corpus_count(settings)}"
 
 
