@@ -180,7 +180,6 @@ class OnnxEmbedder(_LocalEncoder):
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(model_file), options, ["CPUExecutionProvider"])
-        self._inputs = {i.name for i in self.session.get_inputs()}
         self.name = name
         self.dimension = int(json.loads((source / "config.json").read_text())["hidden_size"])
 
@@ -192,9 +191,7 @@ class OnnxEmbedder(_LocalEncoder):
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         for row, text in enumerate(texts):
             ids = np.asarray([self.tokenizer.encode(str(text)).ids], dtype=np.int64)
-            feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-            if "token_type_ids" in self._inputs:
-                feed["token_type_ids"] = np.zeros_like(ids)
+            feed = dict(zip(ONNX_INPUTS, (ids, np.ones_like(ids), np.zeros_like(ids)), strict=True))
             out[row] = _unit(self.session.run(None, feed)[0][0].mean(axis=0))
         return out
 
@@ -205,6 +202,7 @@ class OnnxEmbedder(_LocalEncoder):
 ONNX_RECIPE = 1  # version of the export recipe below; a cache written by another is rebuilt
 ONNX_FILE = "model_int8.onnx"
 ONNX_MANIFEST = "manifest.json"
+ONNX_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # exported, and fed in this order
 
 
 def onnx_cache_dir(settings: Settings) -> Path:
@@ -259,8 +257,8 @@ def ensure_onnx_model(source: Path, cache: Path, source_sha256: str) -> Path:
             def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
                 return self.inner(input_ids, attention_mask, token_type_ids).last_hidden_state
 
-        names = ["input_ids", "attention_mask", "token_type_ids"]
         dummy = torch.ones(2, 16, dtype=torch.long)
+        output = "last_hidden_state"
         fp32 = tmp / "model_fp32.onnx"
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
@@ -269,9 +267,9 @@ def ensure_onnx_model(source: Path, cache: Path, source_sha256: str) -> Path:
                 (dummy, torch.ones_like(dummy), torch.zeros_like(dummy)),
                 str(fp32),
                 dynamo=False,
-                input_names=names,
-                output_names=["last_hidden_state"],
-                dynamic_axes={n: {0: "batch", 1: "tokens"} for n in [*names, "last_hidden_state"]},
+                input_names=list(ONNX_INPUTS),
+                output_names=[output],
+                dynamic_axes={n: {0: "batch", 1: "tokens"} for n in [*ONNX_INPUTS, output]},
                 opset_version=17,
             )
         root = logging.getLogger()  # the quantizer warns through the root logger
@@ -853,11 +851,11 @@ class PassageStore:
         digest = hashlib.sha1(spec.encode()).hexdigest()[:12]
         path = self._filters_dir() / f"{self.name}-{digest}.json"
 
-        def load(count: int) -> tuple[int, frozenset[str]] | None:
+        def load() -> tuple[int, frozenset[str]] | None:
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
                 saved = json.loads(path.read_text())
-                if saved["filter"] == spec and int(saved["count"]) == count:
-                    return count, frozenset(saved["ids"])
+                if saved["filter"] == spec:
+                    return int(saved["count"]), frozenset(saved["ids"])
             return None
 
         def build(count: int) -> tuple[int, frozenset[str]]:
@@ -926,10 +924,9 @@ class PassageStore:
         ids, key = self._sorted[allowed]
         path = self._filters_dir() / f"{self.name}-vectors-{key}.npz"
 
-        def load(count: int) -> tuple[int, Any] | None:
+        def load() -> tuple[int, Any] | None:
             with contextlib.suppress(OSError, ValueError, KeyError), np.load(path) as saved:
-                if int(saved["count"]) == count:
-                    return count, ([str(i) for i in saved["ids"]], saved["mat"])
+                return int(saved["count"]), ([str(i) for i in saved["ids"]], saved["mat"])
             return None
 
         def build(count: int) -> tuple[int, Any]:
@@ -988,18 +985,18 @@ class PassageStore:
         self,
         what: str,
         where: Path,
-        load: Callable[[int], tuple[int, Any] | None],
+        load: Callable[[], tuple[int, Any] | None],
         build: Callable[[int], tuple[int, Any]],
         save: Callable[[int, Any], None],
     ) -> Any:
         """An index derived from the passages, as (passage count, value): kept here, else
-        ``load(count)`` from disk, else ``build(count)`` and ``save``d to ``where`` (unless
+        ``load()``ed from disk, else ``build(count)`` and ``save``d to ``where`` (unless
         read-only), whenever the count it was made at is not the collection's."""
         count = self.count()
         with _lock:
             got = self._derived.get(what)
             if got is None or got[0] != count:
-                got = load(count)
+                got = load()
             if got is None or got[0] != count:
                 logger.info("building the %s of %s (%d passages)", what, self.name, count)
                 got = build(count)
@@ -1169,7 +1166,7 @@ def get_bm25(settings: Settings, store: PassageStore | None = None) -> Bm25Index
     store = store or get_store(settings)
     folder = store.bm25_dir / store.name
 
-    def load(count: int) -> tuple[int, Bm25Index] | None:
+    def load() -> tuple[int, Bm25Index] | None:
         meta_path = folder / "ids.json"
         if not meta_path.exists():
             return None
@@ -1208,11 +1205,10 @@ def get_centroid(settings: Settings, store: PassageStore | None = None) -> Any:
     store = store or get_store(settings)
     path = store.bm25_dir.parent / "centroid" / f"{store.name}.json"
 
-    def load(count: int) -> tuple[int, Any] | None:
+    def load() -> tuple[int, Any] | None:
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             saved = json.loads(path.read_text())
-            if int(saved["count"]) == count:
-                return count, np.asarray(saved["mean"], dtype=np.float32)
+            return int(saved["count"]), np.asarray(saved["mean"], dtype=np.float32)
         return None
 
     def save(count: int, vec: Any) -> None:
