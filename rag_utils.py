@@ -180,7 +180,6 @@ class OnnxEmbedder(_LocalEncoder):
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(model_file), options, ["CPUExecutionProvider"])
-        self._inputs = {i.name for i in self.session.get_inputs()}
         self.name = name
         self.dimension = int(json.loads((source / "config.json").read_text())["hidden_size"])
 
@@ -192,9 +191,7 @@ class OnnxEmbedder(_LocalEncoder):
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         for row, text in enumerate(texts):
             ids = np.asarray([self.tokenizer.encode(str(text)).ids], dtype=np.int64)
-            feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-            if "token_type_ids" in self._inputs:
-                feed["token_type_ids"] = np.zeros_like(ids)
+            feed = dict(zip(ONNX_INPUTS, (ids, np.ones_like(ids), np.zeros_like(ids)), strict=True))
             out[row] = _unit(self.session.run(None, feed)[0][0].mean(axis=0))
         return out
 
@@ -205,6 +202,7 @@ class OnnxEmbedder(_LocalEncoder):
 ONNX_RECIPE = 1  # version of the export recipe below; a cache written by another is rebuilt
 ONNX_FILE = "model_int8.onnx"
 ONNX_MANIFEST = "manifest.json"
+ONNX_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # exported, and fed in this order
 
 
 def onnx_cache_dir(settings: Settings) -> Path:
@@ -259,8 +257,8 @@ def ensure_onnx_model(source: Path, cache: Path, source_sha256: str) -> Path:
             def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
                 return self.inner(input_ids, attention_mask, token_type_ids).last_hidden_state
 
-        names = ["input_ids", "attention_mask", "token_type_ids"]
         dummy = torch.ones(2, 16, dtype=torch.long)
+        output = "last_hidden_state"
         fp32 = tmp / "model_fp32.onnx"
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
@@ -269,9 +267,9 @@ def ensure_onnx_model(source: Path, cache: Path, source_sha256: str) -> Path:
                 (dummy, torch.ones_like(dummy), torch.zeros_like(dummy)),
                 str(fp32),
                 dynamo=False,
-                input_names=names,
-                output_names=["last_hidden_state"],
-                dynamic_axes={n: {0: "batch", 1: "tokens"} for n in [*names, "last_hidden_state"]},
+                input_names=list(ONNX_INPUTS),
+                output_names=[output],
+                dynamic_axes={n: {0: "batch", 1: "tokens"} for n in [*ONNX_INPUTS, output]},
                 opset_version=17,
             )
         root = logging.getLogger()  # the quantizer warns through the root logger
@@ -414,8 +412,7 @@ def as_langchain(embedder: Any) -> Any:
 
 
 GPU_BATCH_SIZE = 256  # texts per pass at least, on a GPU (EMBEDDING_BATCH_SIZE's 16 suits 2 cores)
-GPU_DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/kfd", "/dev/dxg")
-"""On Linux, torch sees a GPU only where one of these exists (NVIDIA, ROCm, WSL drivers)."""
+GPU_DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/kfd", "/dev/dxg")  # NVIDIA, ROCm, WSL
 
 
 def _torch_may_see_gpu() -> bool:
@@ -472,8 +469,7 @@ def resolve_embedding_backend(settings: Settings) -> str:
 
 
 def get_embedder(settings: Settings) -> Embedder | OnnxEmbedder | EmbeddingsAdapter:
-    """The configured embedder, built once per settings (``auto`` falls back to torch when the
-    ONNX export fails)."""
+    """The configured embedder, built once per settings (``auto`` uses torch when ONNX fails)."""
     name = embedder_name(settings)
     backend = resolve_embedding_backend(settings)
     if backend == "langchain":
@@ -649,8 +645,7 @@ class _PassageFields(TypedDict):
 
 
 class Passage(_PassageFields, total=False):
-    """One passage as the store gives it and a search returns it: the stored fields, and the
-    scores and rank a search sets."""
+    """A passage as stored: its fields, and the scores and rank a search sets."""
 
     dense_score: float | None  # cosine to the search's primary query (None: a BM25 search)
     rerank_score: float  # what the search ranked by, higher is better
@@ -689,9 +684,9 @@ limit), not Chroma's HNSW, whose results varied between runs (docs/MEASUREMENTS_
 
 EXACT_FILTER_MAX_PASSAGES = 200_000
 """A filter that admits at most this many passages of a larger store is searched exactly over
-the admitted passages' vectors (1.5 KB a passage, kept per admitted set and passage count in
-memory and in ``CHROMA_DIR/filters/``): Chroma's own id filter cost ~138 ms a search with
-83,248 passages admitted of 686,000 (docs/MEASUREMENTS.md, "Scale")."""
+the admitted passages' vectors (1.5 KB a passage; :meth:`PassageStore._admitted_vectors`):
+Chroma's own id filter cost ~138 ms a search with 83,248 passages admitted of 686,000
+(docs/MEASUREMENTS.md, "Scale")."""
 
 
 @dataclass(eq=False)
@@ -773,8 +768,7 @@ class PassageStore:
             )
 
     def record_indexing(self, backend: str, device: str, passages: int, seconds: float) -> None:
-        """Add one load's embedded passages and its seconds to the collection's
-        :data:`INDEXED_BY` record, under its backend and device."""
+        """Add one load's passages and seconds to :data:`INDEXED_BY`, under backend and device."""
         done = {f"{r['backend']} on {r['device']}": r for r in self.indexed_by()}
         row = done.get(f"{backend} on {device}", {"passages": 0, "seconds": 0.0})
         done[f"{backend} on {device}"] = {
@@ -789,10 +783,7 @@ class PassageStore:
     def indexed_by(self) -> list[dict[str, Any]]:
         """Who embedded the stored passages: per backend and device, the passages and seconds
         of its loads summed, and their rate (``passages_per_s``); [] when never recorded."""
-        try:
-            rows = json.loads((self.collection.metadata or {}).get(INDEXED_BY) or "[]")
-        except ValueError:
-            return []
+        rows = json.loads((self.collection.metadata or {}).get(INDEXED_BY) or "[]")
         for row in rows:
             secs = float(row.get("seconds") or 0.0)
             row["passages_per_s"] = round(row["passages"] / secs, 1) if secs > 0 else None
@@ -856,18 +847,15 @@ class PassageStore:
         """Ids of the passages a :class:`filters.PassageFilter` admits: one scan of every
         passage's metadata per filter and passage count (83-110 s at 686,000 passages), kept in
         memory and in ``CHROMA_DIR/filters/`` for the next process (:meth:`derived`)."""
-        spec = json.dumps(
-            {k: sorted(v) if isinstance(v, frozenset) else v for k, v in vars(flt).items()},
-            sort_keys=True,
-        )
+        spec = json.dumps(vars(flt), sort_keys=True, default=sorted)  # its sets as sorted lists
         digest = hashlib.sha1(spec.encode()).hexdigest()[:12]
         path = self._filters_dir() / f"{self.name}-{digest}.json"
 
-        def load(count: int) -> tuple[int, frozenset[str]] | None:
+        def load() -> tuple[int, frozenset[str]] | None:
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
                 saved = json.loads(path.read_text())
-                if saved["filter"] == spec and int(saved["count"]) == count:
-                    return count, frozenset(saved["ids"])
+                if saved["filter"] == spec:
+                    return int(saved["count"]), frozenset(saved["ids"])
             return None
 
         def build(count: int) -> tuple[int, frozenset[str]]:
@@ -936,10 +924,9 @@ class PassageStore:
         ids, key = self._sorted[allowed]
         path = self._filters_dir() / f"{self.name}-vectors-{key}.npz"
 
-        def load(count: int) -> tuple[int, Any] | None:
+        def load() -> tuple[int, Any] | None:
             with contextlib.suppress(OSError, ValueError, KeyError), np.load(path) as saved:
-                if int(saved["count"]) == count:
-                    return count, ([str(i) for i in saved["ids"]], saved["mat"])
+                return int(saved["count"]), ([str(i) for i in saved["ids"]], saved["mat"])
             return None
 
         def build(count: int) -> tuple[int, Any]:
@@ -998,18 +985,18 @@ class PassageStore:
         self,
         what: str,
         where: Path,
-        load: Callable[[int], tuple[int, Any] | None],
+        load: Callable[[], tuple[int, Any] | None],
         build: Callable[[int], tuple[int, Any]],
         save: Callable[[int, Any], None],
     ) -> Any:
         """An index derived from the passages, as (passage count, value): kept here, else
-        ``load(count)`` from disk, else ``build(count)`` and ``save``d to ``where`` (unless
+        ``load()``ed from disk, else ``build(count)`` and ``save``d to ``where`` (unless
         read-only), whenever the count it was made at is not the collection's."""
         count = self.count()
         with _lock:
             got = self._derived.get(what)
             if got is None or got[0] != count:
-                got = load(count)
+                got = load()
             if got is None or got[0] != count:
                 logger.info("building the %s of %s (%d passages)", what, self.name, count)
                 got = build(count)
@@ -1060,10 +1047,8 @@ def corpus_count(settings: Settings) -> int:
 def reset_caches() -> None:
     """Forget cached clients, stores, BM25 indexes and reranker choices (tests; not the models)."""
     with _lock:
-        _clients.clear()
-        _stores.clear()
-        _auto_choice.clear()
-        _read_only.clear()
+        for cache in (_clients, _stores, _auto_choice, _read_only):
+            cache.clear()
 
 
 # --- BM25 over the whole collection, persisted beside the Chroma folder -------------------------
@@ -1115,29 +1100,6 @@ class Bm25Index:
         retriever = _bm25s().BM25()
         retriever.index(bm25_tokenize(texts), show_progress=False)
         return cls(retriever, list(ids), len(ids))
-
-    def save(self, folder: Path) -> None:
-        tmp = folder.with_name(folder.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        self.retriever.save(str(tmp), show_progress=False)
-        (tmp / "ids.json").write_text(json.dumps({"count": self.count, "ids": self.ids}))
-        shutil.rmtree(folder, ignore_errors=True)
-        tmp.rename(folder)
-
-    @classmethod
-    def load(cls, folder: Path) -> Bm25Index | None:
-        meta_path = folder / "ids.json"
-        if not meta_path.exists():
-            return None
-        bm25s = _bm25s()
-        try:
-            meta = json.loads(meta_path.read_text())
-            retriever = bm25s.BM25.load(str(folder), show_progress=False, verbosity=0)
-        except Exception as exc:  # a corrupt index is rebuilt
-            logger.warning("BM25 index at %s unreadable (%s); rebuilding", folder, short_error(exc))
-            return None
-        return cls(retriever, list(meta["ids"]), int(meta["count"]))
 
     def scores_many(self, queries: Sequence[str]) -> np.ndarray:
         """BM25 scores of every document for each query, shape (queries, documents), tokenized in
@@ -1204,9 +1166,18 @@ def get_bm25(settings: Settings, store: PassageStore | None = None) -> Bm25Index
     store = store or get_store(settings)
     folder = store.bm25_dir / store.name
 
-    def load(count: int) -> tuple[int, Bm25Index] | None:
-        index = Bm25Index.load(folder)
-        return None if index is None else (index.count, index)
+    def load() -> tuple[int, Bm25Index] | None:
+        meta_path = folder / "ids.json"
+        if not meta_path.exists():
+            return None
+        bm25s = _bm25s()
+        try:
+            meta = json.loads(meta_path.read_text())
+            retriever = bm25s.BM25.load(str(folder), show_progress=False, verbosity=0)
+        except Exception as exc:  # a corrupt index is rebuilt
+            logger.warning("BM25 index at %s unreadable (%s); rebuilding", folder, short_error(exc))
+            return None
+        return int(meta["count"]), Bm25Index(retriever, list(meta["ids"]), int(meta["count"]))
 
     def build(count: int) -> tuple[int, Bm25Index]:
         passages = [(p["id"], p["text"]) for p in store.iter_all()]
@@ -1215,7 +1186,16 @@ def get_bm25(settings: Settings, store: PassageStore | None = None) -> Bm25Index
         index = Bm25Index.build([i for i, _ in passages], [t for _, t in passages])
         return index.count, index
 
-    return store.derived("BM25 index", folder, load, build, lambda _, i: i.save(folder))
+    def save(count: int, index: Bm25Index) -> None:
+        tmp = folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        index.retriever.save(str(tmp), show_progress=False)
+        (tmp / "ids.json").write_text(json.dumps({"count": count, "ids": index.ids}))
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+
+    return store.derived("BM25 index", folder, load, build, save)
 
 
 def get_centroid(settings: Settings, store: PassageStore | None = None) -> Any:
@@ -1225,11 +1205,10 @@ def get_centroid(settings: Settings, store: PassageStore | None = None) -> Any:
     store = store or get_store(settings)
     path = store.bm25_dir.parent / "centroid" / f"{store.name}.json"
 
-    def load(count: int) -> tuple[int, Any] | None:
+    def load() -> tuple[int, Any] | None:
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             saved = json.loads(path.read_text())
-            if int(saved["count"]) == count:
-                return count, np.asarray(saved["mean"], dtype=np.float32)
+            return int(saved["count"]), np.asarray(saved["mean"], dtype=np.float32)
         return None
 
     def save(count: int, vec: Any) -> None:
@@ -1257,8 +1236,7 @@ def centered_queries(qvecs: Any, centroid: Any) -> Any:
 def dense_query_vectors(
     queries: Sequence[str], settings: Settings, store: PassageStore | None = None
 ) -> tuple[Any, Any]:
-    """The queries embedded in one pass, and the vectors dense search ranks with (centred with
-    DENSE_CENTERING)."""
+    """The queries embedded in one pass, and the vectors dense search ranks (DENSE_CENTERING)."""
     plain = get_embedder(settings).embed_documents(list(queries))
     if not settings.retrieval.dense_centering:
         return plain, plain
@@ -1320,15 +1298,14 @@ def resolve_reranker(name: str | None, settings: Settings) -> str:
     key = (r.reranker_model, r.embedding_device)
     with _lock:
         if key not in _auto_choice:
-            held = False
+            _auto_choice[key] = "hybrid"
             if _held_locally(r.reranker_model):  # else not worth importing torch (~5 s)
                 with contextlib.suppress(ModelLoadError):
-                    held = get_cross_encoder(settings, local_only=True) is not None
-            if held:
-                _auto_choice[key] = "cross-encoder"
+                    get_cross_encoder(settings, local_only=True)
+                    _auto_choice[key] = "cross-encoder"
+            if _auto_choice[key] == "cross-encoder":
                 logger.info("RERANKER=auto: using cross-encoder %s", r.reranker_model)
             else:
-                _auto_choice[key] = "hybrid"
                 logger.info(
                     "RERANKER=auto: cross-encoder %s not available offline; using hybrid "
                     "(dense + BM25 reciprocal rank fusion)",
@@ -1413,8 +1390,7 @@ def fuse_rankings(
 
 
 def rrf_merge(rankings: Sequence[Sequence[Passage]], k: int) -> list[Passage]:
-    """The best ``k`` of ranked passage lists by :func:`rrf_scores` (ties: first seen first), each
-    with ``rrf_score`` and ``rank``."""
+    """The best ``k`` of ranked passage lists by :func:`rrf_scores`, with rrf_score and rank."""
     first: dict[str, Passage] = {}
     for ranking in rankings:
         for doc in ranking:
@@ -1516,9 +1492,6 @@ def _retrieve(
         ranking = (mat @ rank_vecs[0]).astype(float).tolist()
     else:
         dense = ranking = [None] * len(docs)
-    for d, score in zip(docs, dense, strict=True):
-        d["dense_score"] = score
-
     lexical = bm25.scores_of(bm25_scores[0], [d["id"] for d in docs]) if bm25 is not None else []
     if method == "none":
         final = ranking
@@ -1531,8 +1504,8 @@ def _retrieve(
         raw = model.predict([(queries[0], d["text"]) for d in docs], show_progress_bar=False)
         final = [float(x) for x in np.asarray(raw).reshape(len(docs), -1)[:, -1]]
 
-    for d, score in zip(docs, final, strict=True):
-        d["rerank_score"] = float(score)
+    for d, cosine, score in zip(docs, dense, final, strict=True):
+        d.update(dense_score=cosine, rerank_score=float(score))
     best = sorted(range(len(docs)), key=lambda i: -final[i])
     keyword = []
     if fuse_keyword and method != "bm25":
@@ -1551,10 +1524,9 @@ def _retrieve(
 
 
 def _pool(store: PassageStore, ids: Sequence[str], with_vectors: bool, with_texts: bool) -> list:
-    """The candidates ``ids`` present in the store, in that order: with their vectors (for the
-    dense scores) and, with ``with_texts``, their texts and metadata.  Without them a search reads
-    the vectors alone (4 against 26 ms for 120 passages at 686,000) and :func:`_read_returned` then
-    reads the few passages it returns."""
+    """The candidates ``ids`` in the store, in that order, with their vectors and, ``with_texts``,
+    their texts and metadata; else :func:`_read_returned` reads only those returned (reading the
+    vectors alone: 4 against 26 ms for 120 passages at 686,000)."""
     if with_texts or not with_vectors:
         return store.get(ids, with_embeddings=with_vectors)
     return [{"id": pid, "embedding": vec} for pid, vec in store.vectors(ids).items()]
@@ -1636,8 +1608,7 @@ def existing_collections(settings: Settings) -> set[str]:
 
 
 def corpus_fingerprint(settings: Settings) -> str:
-    """The corpus an answer was researched in: the passage collection (it names the embedding
-    model) and its passage count."""
+    """The corpus an answer was researched in: its collection (naming the model) and size."""
     return f"{collection_name(settings)}:{corpus_count(settings)}"
 
 
@@ -1668,17 +1639,13 @@ def check_memory(
     similarity = 1.0 - float(got["distances"][0][0])
     if similarity < settings.retrieval.memory_threshold:
         return None
-    try:
-        sources = json.loads(meta.get("sources") or "[]")
-    except ValueError:
-        sources = []
     return {
         "question": meta.get("question", ""),
         "answer": meta.get("answer", ""),
         "confidence": float(meta.get("confidence", 0.0)),
         "similarity": similarity,
         "timestamp": meta.get("timestamp", ""),
-        "sources": sources,
+        "sources": json.loads(meta.get("sources") or "[]"),  # written by write_to_memory
     }
 
 
