@@ -173,9 +173,8 @@ def _text(value: Any) -> str:
 def _read_items(
     path: Path, limit: int | None, what: str, item: str, *fields: str
 ) -> list[tuple[str, dict[str, Any]]]:
-    """``(id, record)`` of each record of a file: every record has an ``idx`` (or ``id``) and one
-    of ``fields``, no id twice, and there is one at least; else :class:`CorpusError` names the
-    file and the first bad row."""
+    """``(id, record)`` of each record of a file, each with an ``idx`` (or ``id``) of its own and
+    one of ``fields``; else :class:`CorpusError` names the file and the first bad row."""
     out: list[tuple[str, dict[str, Any]]] = []
     seen: dict[str, int] = {}
     for row, rec in iter_rows(path, limit=limit):
@@ -472,8 +471,7 @@ def load_documents(
 
 
 def ensure_starter_index(settings: Settings) -> int:
-    """Index the bundled starter corpus when the passage collection is empty; returns passages
-    added (0 when the collection already has passages)."""
+    """Index the bundled starter corpus into an empty passage collection; returns passages added."""
     if rag_utils.corpus_count(settings) > 0:
         return 0
     if rag_utils.is_read_only(settings):
@@ -518,9 +516,7 @@ def scan_metadata(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 
 def status(settings: Settings) -> dict[str, Any]:
-    """What the store of ``settings`` holds, for ``load_corpus.py status``: passages by source,
-    type and jurisdiction, which backend and device embedded them at what rate, BM25 index
-    freshness and memory entries. Creates nothing."""
+    """What the store of ``settings`` holds, for ``load_corpus.py status``; creates nothing."""
     r = settings.retrieval
     where = (
         f"{r.chroma_host}:{r.chroma_port}" if r.chroma_host else str(Path(r.chroma_dir).resolve())
