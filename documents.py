@@ -747,7 +747,7 @@ def _find_court(texts: Iterable[str]) -> str | None:
 def _find_date(text: str) -> str | None:
     """ISO date of "Decided June 10, 1968", "Effective December 1, 2011", "Enacted 1948"…; a
     decision date wins over a filing, effective, enactment or argument date."""
-    best: tuple[int, str] | None = None
+    found: list[tuple[int, str]] = []  # (rank, ISO date)
     for m in _DATE.finditer(text):
         if m[2]:
             y, mo, d = int(m[4]), _MONTHS.get(m[2].lower(), 0), int(m[3])
@@ -757,10 +757,9 @@ def _find_date(text: str) -> str | None:
             value = date(y, mo, d).isoformat() if mo else str(y)
         except ValueError:
             continue
-        rank = _DATE_RANK.index(m[1].lower())
-        if (mo or not m[2]) and 1600 <= y <= 2200 and (best is None or rank < best[0]):
-            best = (rank, value)
-    return best[1] if best else None
+        if (mo or not m[2]) and 1600 <= y <= 2200:
+            found.append((_DATE_RANK.index(m[1].lower()), value))
+    return min(found, key=lambda f: f[0])[1] if found else None  # the first of the best rank
 
 
 # a title citing its statute in words eyecite misses ("Colorado Revised Statutes § 38-12-1503")
