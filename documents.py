@@ -354,37 +354,23 @@ def _blocks_from_lines(lines: list[_Line]) -> list[Block]:
                 return True
         return ends and len(p) < 0.7 * full
 
-    blocks: list[Block] = []
-    heading: dict[int, str] = {}  # level -> heading, outermost first
-    buf: list[str] = []
-    page: int | None = None
-    prev: _Line | None = None
-
-    def flush() -> None:
-        if buf:
-            blocks.append(Block(" ".join(buf), page, tuple(heading.values())))
-            buf.clear()
-
+    events: list[tuple[str, Any]] = []
+    prev: _Line | None = None  # the last line of the paragraph being read
     for line in lines:
         t = " ".join(line.text.split())
         level = _line_heading_level(t) if t else None
         if not t or level:
-            flush()
+            events += [("br", ""), ("page", line.page), (f"h{level}", t)] if level else [("br", "")]
             prev = None
-            if level:
-                heading = {k: h for k, h in heading.items() if k < level} | {level: t}
-                blocks.append(Block(t, line.page, tuple(heading.values()), True))
             continue
         if prev is not None and breaks(prev, line, t):
-            flush()
-        if buf and re.search(r"[a-z]-$", buf[-1]) and t[:1].islower():
-            buf[-1] = buf[-1][:-1] + t  # a word hyphenated across lines
+            prev = None
+        if prev is not None and re.search(r"[a-z]-$", events[-1][1]) and t[:1].islower():
+            events[-1] = ("t", events[-1][1][:-1] + t)  # a word hyphenated across lines
         else:
-            page = page if buf else line.page
-            buf.append(t)
+            events += [("t", " " + t)] if prev else [("br", ""), ("page", line.page), ("t", t)]
         prev = line
-    flush()
-    return blocks
+    return _blocks_from_events(events)
 
 
 # --- Readers: each returns (title, blocks, hidden texts, pages) ---------------------------------
@@ -546,21 +532,27 @@ def _html_events(el: Any, hidden: list[str], background: bool = False) -> Iterat
             yield "t", child.tail
 
 
-def _blocks_from_events(events: Iterable[tuple[str, str]]) -> list[Block]:
+def _blocks_from_events(events: Iterable[tuple[str, Any]]) -> list[Block]:
+    """The blocks of ("t", text), ("br", "") and ("h0".."h6", heading) events; ("page", n) sets
+    the page of the blocks after it (PDF and text files)."""
     blocks: list[Block] = []
     heading: dict[int, str] = {}  # level -> heading, outermost first
     buf: list[str] = []
+    page = None
     for kind, text in [*events, ("br", "")]:
+        if kind == "page":
+            page = text
+            continue
         if kind == "t":
             buf.append(text)
             continue
         if para := " ".join("".join(buf).split()):
-            blocks.append(Block(para, heading=tuple(heading.values())))
+            blocks.append(Block(para, page, tuple(heading.values())))
         buf.clear()
         if kind != "br" and text:
             level = int(kind[1:])
             heading = {k: h for k, h in heading.items() if k < level} | {level: text}
-            blocks.append(Block(text, heading=tuple(heading.values()), is_heading=True))
+            blocks.append(Block(text, page, tuple(heading.values()), True))
     return blocks
 
 
@@ -755,7 +747,7 @@ def _find_court(texts: Iterable[str]) -> str | None:
 def _find_date(text: str) -> str | None:
     """ISO date of "Decided June 10, 1968", "Effective December 1, 2011", "Enacted 1948"…; a
     decision date wins over a filing, effective, enactment or argument date."""
-    best: tuple[int, str] | None = None
+    found: list[tuple[int, str]] = []  # (rank, ISO date)
     for m in _DATE.finditer(text):
         if m[2]:
             y, mo, d = int(m[4]), _MONTHS.get(m[2].lower(), 0), int(m[3])
@@ -765,10 +757,9 @@ def _find_date(text: str) -> str | None:
             value = date(y, mo, d).isoformat() if mo else str(y)
         except ValueError:
             continue
-        rank = _DATE_RANK.index(m[1].lower())
-        if (mo or not m[2]) and 1600 <= y <= 2200 and (best is None or rank < best[0]):
-            best = (rank, value)
-    return best[1] if best else None
+        if (mo or not m[2]) and 1600 <= y <= 2200:
+            found.append((_DATE_RANK.index(m[1].lower()), value))
+    return min(found, key=lambda f: f[0])[1] if found else None  # the first of the best rank
 
 
 # a title citing its statute in words eyecite misses ("Colorado Revised Statutes § 38-12-1503")

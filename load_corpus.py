@@ -1,12 +1,5 @@
-"""Load passages into the vector store (idempotent, resumable) and report what is loaded.
-
-    python load_corpus.py 20000            # first 20,000 passages of the default source
-    python load_corpus.py status [--json]  # collection size, embedding model, sources
-    python load_corpus.py curated [500]    # every gold passage of the QA set + 500 padding passages
-    python load_corpus.py starter          # the bundled starter corpus (datasets/starter)
-    python load_corpus.py --passages my.parquet [N]
-    python load_corpus.py docs PATH...     # your own documents (documents.py)
-
+"""Load passages into the vector store (idempotent, resumable) and report what is loaded; the
+commands (N, status, curated, starter, docs, remove) are in ``python load_corpus.py --help``.
 Sources, file formats and resuming: docs/ARCHITECTURE.md, "Loading".
 """
 
@@ -180,9 +173,8 @@ def _text(value: Any) -> str:
 def _read_items(
     path: Path, limit: int | None, what: str, item: str, *fields: str
 ) -> list[tuple[str, dict[str, Any]]]:
-    """``(id, record)`` of each record of a file: every record has an ``idx`` (or ``id``) and one
-    of ``fields``, no id twice, and there is one at least; else :class:`CorpusError` names the
-    file and the first bad row."""
+    """``(id, record)`` of each record of a file, each with an ``idx`` (or ``id``) of its own and
+    one of ``fields``; else :class:`CorpusError` names the file and the first bad row."""
     out: list[tuple[str, dict[str, Any]]] = []
     seen: dict[str, int] = {}
     for row, rec in iter_rows(path, limit=limit):
@@ -235,18 +227,15 @@ def read_qa(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
 def read_many(paths: Sequence[Path], reader: Any, limit: int | None = None) -> list[dict[str, Any]]:
     """Concatenate files read by ``reader``; ids stay unique across files."""
     out: list[dict[str, Any]] = []
-    seen: dict[str, Path] = {}
+    seen: set[str] = set()  # a file's own duplicates are the reader's error
     for p in paths:
         left = None if limit is None else limit - len(out)
         if left is not None and left <= 0:
             break
         for rec in reader(p, limit=left):
-            if rec["idx"] in seen:
-                if seen[rec["idx"]] == p:
-                    raise CorpusError(f"{p}: duplicate id {rec['idx']!r}")
-                continue  # the same passage in two split files: keep the first
-            seen[rec["idx"]] = p
-            out.append(rec)
+            if rec["idx"] not in seen:  # the same passage in two split files: keep the first
+                seen.add(rec["idx"])
+                out.append(rec)
     return out
 
 
@@ -374,9 +363,7 @@ def load_passages(
     flagged: list[str] = []
     recorded = [0, time.perf_counter()]  # passages added and the time, at the last record
 
-    def record() -> None:
-        """Add the passages embedded since the last record to the collection's indexing record
-        (which backend and device, at what rate: ``status``)."""
+    def record() -> None:  # the passages since the last record join the indexing rate (status)
         now = time.perf_counter()
         try:
             if added > recorded[0]:
@@ -484,8 +471,7 @@ def load_documents(
 
 
 def ensure_starter_index(settings: Settings) -> int:
-    """Index the bundled starter corpus when the passage collection is empty; returns passages
-    added (0 when the collection already has passages)."""
+    """Index the bundled starter corpus into an empty passage collection; returns passages added."""
     if rag_utils.corpus_count(settings) > 0:
         return 0
     if rag_utils.is_read_only(settings):
@@ -530,9 +516,7 @@ def scan_metadata(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 
 def status(settings: Settings) -> dict[str, Any]:
-    """What the store of ``settings`` holds, for ``load_corpus.py status``: passages by source,
-    type and jurisdiction, which backend and device embedded them at what rate, BM25 index
-    freshness and memory entries. Creates nothing."""
+    """What the store of ``settings`` holds, for ``load_corpus.py status``; creates nothing."""
     r = settings.retrieval
     where = (
         f"{r.chroma_host}:{r.chroma_port}" if r.chroma_host else str(Path(r.chroma_dir).resolve())
@@ -748,8 +732,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _run_docs(args: argparse.Namespace, settings: Settings) -> int:
-    """``load_corpus.py docs PATH...``: exit 0 when every file loaded (or was unchanged), 1 when
-    some could not be read (each named on stderr), 2 when none could."""
+    """``load_corpus.py docs PATH...``; a file that cannot be read is named on stderr."""
     import documents
 
     flags = doc_overrides(args)
@@ -774,14 +757,12 @@ def _run_docs(args: argparse.Namespace, settings: Settings) -> int:
         if report["kept_flags"]:
             kept = _n(len(report["kept_flags"]), "file")
             print(f"{kept} kept the metadata flags given when they were last loaded")
-    if report["failed"]:
-        return 2 if len(report["failed"]) == report["files"] else 1
-    return 0
+    return _exit_status(len(report["failed"]), report["files"])
 
 
 def _run_remove(args: argparse.Namespace, settings: Settings) -> int:
-    """``load_corpus.py remove PATH...`` (files, also deleted or moved ones, or folders): exit 0
-    when each path had chunks to remove, 1 when some had none, 2 when none had."""
+    """``load_corpus.py remove PATH...``: files (also deleted or moved ones) or folders; a path
+    with no chunks to remove fails."""
     import documents
 
     rag_utils.require_writable(settings, "remove documents")
@@ -803,9 +784,13 @@ def _run_remove(args: argparse.Namespace, settings: Settings) -> int:
             f"({_n(report['chunks_removed'], 'chunk')}); "
             f"{rag_utils.collection_name(settings)} now holds {report['count']}"
         )
-    if report["not_loaded"]:
-        return 1 if report["removed"] else 2
-    return 0
+    return _exit_status(len(report["not_loaded"]), len(report["not_loaded"] + report["removed"]))
+
+
+def _exit_status(failed: int, total: int) -> int:
+    """The exit status of ``docs`` and ``remove``: 0 when no file or path failed, 1 when some
+    did, 2 when all did."""
+    return 0 if not failed else 2 if failed == total else 1
 
 
 def main(argv: list[str] | None = None) -> int:
