@@ -184,7 +184,6 @@ def run_mc_item(
     mode: str,
     *,
     settings: Settings,
-    gold_texts: dict[str, dict],
     llm_factory: ec.LLMFactory = None,
 ) -> dict:
     """Answer one item in one mode; the row holds the letter, correctness, usage and timing."""
@@ -200,8 +199,10 @@ def run_mc_item(
             if mode == "rag":
                 k = settings.agent.retrieval_k
                 docs = rag_utils.retrieve_documents(question, k=k, settings=settings)
-            elif not (docs := [gold_texts[g] for g in gold if g in gold_texts]):
-                raise LookupError(f"item {ec.item_id(item)}: gold passage not in the store")
+            else:  # in the order of the item's gold ids
+                fetched = ec.fetch_passages(gold, settings)
+                if not (docs := [fetched[g] for g in gold if g in fetched]):
+                    raise LookupError(f"item {ec.item_id(item)}: gold passage not in the store")
             extra["evidence_ids"] = [d["id"] for d in docs]
             if mode == "rag":
                 extra["gold_in_evidence"] = any(d["id"] in gold for d in docs)
@@ -698,32 +699,28 @@ def agent_answer(
     client = LLMClient(settings, llm_factory=llm_factory)
     state = _run_agent(settings, mode, client, question, None, issues)
     record = state.get("answer") or {}
+    ids = {c["n"]: c["passage_id"] for c in record.get("citations") or []}
     return {
         "answer": record.get("text") or "",
         "abstained": bool(record.get("abstained")),
         "verdict": record.get("verdict"),
         "reading": record.get("reading"),
         "support": record.get("support"),
-        "sentences": record_sentences(record),
+        # the legal sentences, each with its issue and the passage ids it cites
+        "sentences": [
+            {
+                "text": s["text"],
+                "issue": issue["issue"],
+                "passage_ids": [ids[n] for n in s.get("cites") or [] if n in ids],
+            }
+            for issue in record.get("issues") or []
+            for s in issue.get("sentences") or []
+        ],
         "passages": {pid: p["text"] for pid, p in (state.get("passages") or {}).items()},
         "quotes": record.get("quotes") or [],
         "others": record.get("others") or [],
         "llm_calls": client.summary()["llm_calls"],
     }
-
-
-def record_sentences(record: Mapping[str, Any]) -> list[dict]:
-    """The answer record's legal sentences, each with its issue and the passage ids it cites."""
-    ids = {c["n"]: c["passage_id"] for c in record.get("citations") or []}
-    return [
-        {
-            "text": s["text"],
-            "issue": issue["issue"],
-            "passage_ids": [ids[n] for n in s.get("cites") or [] if n in ids],
-        }
-        for issue in record.get("issues") or []
-        for s in issue.get("sentences") or []
-    ]
 
 
 def same_doctrine_fn(settings: Settings) -> Callable[[str, Sequence[str]], bool]:
@@ -751,8 +748,6 @@ def steer_hits(
     executor's first search): a user's ``--issues`` for one of them researches what it missed."""
     from question import Question
 
-    if not others:
-        return []
     facts = list(Question.read(str(item["question"])).facts)
     gold = {g for issue in item["issues"] for g in issue["gold_ids"]} - set(cited)
     return [
@@ -1097,23 +1092,15 @@ def run(
                 fatal=(LLMConfigError,),
             )
         if args.phase in ("pipeline", "both") and modes:
-            gold_texts = (
-                ec.fetch_passages((g for it in items for g in ec.gold_ids(it)), settings)
-                if "gold_passage" in modes
-                else {}
-            )
             pipe_n = args.pipeline_n if args.pipeline_n is not None else len(items)
-            tasks = [
-                (it, m)
-                for i, it in enumerate(items)
-                for m in modes
-                if m not in SLOW_MODES or i < pipe_n
-            ]
             run_dir.run(
-                lambda t: run_mc_item(
-                    *t, settings=settings, llm_factory=llm_factory, gold_texts=gold_texts
-                ),
-                tasks,
+                lambda t: run_mc_item(*t, settings=settings, llm_factory=llm_factory),
+                [
+                    (it, m)
+                    for i, it in enumerate(items)
+                    for m in modes
+                    if m not in SLOW_MODES or i < pipe_n
+                ],
                 key=lambda t: (ec.item_id(t[0]), t[1]),
                 workers=args.workers,
                 desc="MC",
