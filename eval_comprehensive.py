@@ -688,15 +688,10 @@ def build_answers_parser() -> argparse.ArgumentParser:
 
 
 def agent_answer(
-    settings: Settings,
-    mode: str,
-    question: str,
-    issues: Sequence[str] = (),
-    llm_factory: ec.LLMFactory = None,
+    settings: Settings, client: Any, mode: str, question: str, issues: Sequence[str]
 ) -> dict:
     """The answer dict (eval_answers' shape) of the whole agent in ``mode``; ``issues``: the agenda
     a user sets (``--issues-from gold``)."""
-    client = LLMClient(settings, llm_factory=llm_factory)
     state = _run_agent(settings, mode, client, question, None, issues)
     record = state.get("answer") or {}
     ids = {c["n"]: c["passage_id"] for c in record.get("citations") or []}
@@ -847,14 +842,14 @@ def run_answers_phase(
     def answer(task: tuple[dict, str]) -> dict:
         item, mode = task
         start = time.perf_counter()
+        client = LLMClient(settings, llm_factory=llm_factory)
         if mode == "ceiling":
             ids = [g for issue in item["issues"] for g in issue["gold_ids"]]
             gold = list(ec.fetch_passages(ids, settings).values())
-            client = LLMClient(settings, llm_factory=llm_factory)
             result = eval_answers.ceiling_answer(client, item, gold)
         else:  # --issues-from gold: the gold doctrines, as a user who knows the field names them
             issues = [i["name"] for i in item["issues"]] if args.issues_from == "gold" else ()
-            result = agent_answer(settings, mode, str(item["question"]), issues, llm_factory)
+            result = agent_answer(settings, client, mode, str(item["question"]), issues)
         row = scorer(item, mode, result, time.perf_counter() - start, same_doctrine=same_doctrine)
         if args.facts:  # which named, passed-over doctrines would find a gold passage?
             cited = {p for ids in row["cited_by_issue"].values() for p in ids}
