@@ -180,11 +180,7 @@ def _run_agent(
 
 
 def run_mc_item(
-    item: dict,
-    mode: str,
-    *,
-    settings: Settings,
-    llm_factory: ec.LLMFactory = None,
+    item: dict, mode: str, *, settings: Settings, llm_factory: ec.LLMFactory = None
 ) -> dict:
     """Answer one item in one mode; the row holds the letter, correctness, usage and timing."""
     client = LLMClient(settings, llm_factory=llm_factory)
@@ -637,8 +633,7 @@ ANSWER_MODES = ("research", "evidence")
 """Phase 3's default modes; ``adaptive`` (research on RESEARCH_POLICY=adaptive) is asked for."""
 OPEN_MODES = (*ANSWER_MODES, "adaptive")
 FACT_MODES = (*OPEN_MODES, "ceiling")
-"""Fact-pattern modes: the agent per answer mode, and the ceiling (the model handed the gold
-passages and the facts in one IRAC call)."""
+"""Fact-pattern modes: the agent per answer mode, and the ceiling (eval_answers.ceiling_answer)."""
 
 
 def build_answers_parser() -> argparse.ArgumentParser:
