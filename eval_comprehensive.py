@@ -1111,10 +1111,9 @@ def _without(tokens: Sequence[str], option: str) -> list[str]:
     return out
 
 
-def resume_command(given: Sequence[str]) -> list[str]:
+def resume_command(given: list[str]) -> list[str]:
     """The command a bare ``--resume RUN_ID`` stands for: the run's own (its ``config.json``), then
     the options given now, which win; anything else (a phase given, no saved command) unchanged."""
-    given = list(given)
     if given[:1] and given[0] in SUBCOMMANDS:
         return given
     args = build_parser().parse_args(given)
