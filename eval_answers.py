@@ -117,9 +117,8 @@ def score_answer(
     seconds: float,
     same_doctrine: Callable[[str, Sequence[str]], bool] | None = None,
 ) -> dict:
-    """One result row: what the metrics need, per item and mode.  With ``same_doctrine`` and an
-    answerable item's ``gold_ids``, its misgrounded sentences: those citing only passages that
-    are neither gold nor about a gold passage's doctrine (as for the fact patterns)."""
+    """One result row: what the metrics need, per item and mode; with ``same_doctrine`` and an
+    answerable item's ``gold_ids``, its :func:`_misgrounded` sentences (as for the fact patterns)."""
     answer = str(result.get("answer") or "")
     abstained = bool(result.get("abstained"))
     sentences = [] if abstained else list(result.get("sentences") or [])
@@ -263,7 +262,6 @@ def summarize_mode(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "cited_sentences": _rate(answered, "valid_cited_sentences", "sentences"),
         "cited_share_per_answer": _mean(per_answer_cited),
         "uncited_sentences": sum(r["sentences"] - r["cited_sentences"] for r in answered),
-        # answered questions with gold passages: sentences citing another doctrine's passages
         "misgrounded_sentences": _rate(grounded, "misgrounded_sentences", "sentences"),
         "quote_validity": _rate(rows, "quotes_valid", "quotes_verified"),
         "a_or_b": _graded(rows),
@@ -317,8 +315,7 @@ def score_fact_pattern(
     seconds: float,
     same_doctrine: Callable[[str, Sequence[str]], bool],
 ) -> dict:
-    """One fact-pattern row.  ``result`` has ``answer`` (text), ``abstained`` and ``sentences``:
-    ``[{"text", "passage_ids"}]`` for each legal sentence (the ids it cites; empty: uncited)."""
+    """One fact-pattern row of an answer dict (empty ``passage_ids``: an uncited sentence)."""
     gold_by_issue = [list(i["gold_ids"]) for i in item["issues"]]
     gold = [g for ids in gold_by_issue for g in ids]
     abstained = bool(result.get("abstained"))
