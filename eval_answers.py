@@ -38,7 +38,7 @@ class AnswerGrade(BaseModel):
 # --- Data ---------------------------------------------------------------------------------------
 
 
-def _read_items(path: Path, fields: set[str]) -> list[dict]:
+def _read_items(path: str | Path, fields: set[str]) -> list[dict]:
     """The items of a JSONL file; a ValueError names one without one of ``fields``."""
     items = [item for _, item in load_corpus.iter_rows(path)]
     for item in items:
@@ -289,7 +289,6 @@ _BOTTOM_LINE = re.compile(r"^\s*(?:\*\*)?bottom line:?(?:\*\*)?\s*(yes|no|unclea
 
 def load_fact_patterns(path: str | Path, split: str) -> list[dict]:
     """The fact patterns of ``path`` in ``split`` (tune, report or all)."""
-    path = Path(path)
     items = _read_items(path, {"id", "question", "answer", "issues", "conclusion_keys", "split"})
     return [it for it in items if split in ("all", it["split"])]
 

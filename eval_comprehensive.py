@@ -450,7 +450,6 @@ def _or_na(value: float | None) -> str:
 # --- Injection detection: recall and false-positive rate of injection.detect on a labelled set ---
 
 INJECTION_QA = Path(__file__).resolve().parent / "datasets" / "injection" / "prompts.jsonl"
-INJECTION_LABELS = ("injection", "safe")
 
 
 def build_injection_parser() -> argparse.ArgumentParser:
@@ -478,7 +477,7 @@ def read_injection_set(path: Path, split: str | None = None) -> list[dict]:
     for n, rec in load_corpus.iter_rows(path):
         if not str(rec.get("text") or "").strip():
             raise ValueError(f"{path}: row {n}: needs a non-empty 'text'")
-        if rec.get("label") not in INJECTION_LABELS:
+        if rec.get("label") not in ("injection", "safe"):
             raise ValueError(f"{path}: row {n}: 'label' must be injection or safe")
         rec["id"] = str(rec.get("id") or f"row{n}")
         if rec["id"] in seen:
