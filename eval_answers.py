@@ -38,7 +38,7 @@ class AnswerGrade(BaseModel):
 # --- Data ---------------------------------------------------------------------------------------
 
 
-def _read_items(path: Path, fields: set[str]) -> list[dict]:
+def _read_items(path: str | Path, fields: set[str]) -> list[dict]:
     """The items of a JSONL file; a ValueError names one without one of ``fields``."""
     items = [item for _, item in load_corpus.iter_rows(path)]
     for item in items:
@@ -117,16 +117,14 @@ def score_answer(
     seconds: float,
     same_doctrine: Callable[[str, Sequence[str]], bool] | None = None,
 ) -> dict:
-    """One result row: what the metrics need, per item and mode.  With ``same_doctrine`` and an
-    answerable item's ``gold_ids``, its misgrounded sentences: those citing only passages that
-    are neither gold nor about a gold passage's doctrine (as for the fact patterns)."""
+    """One result row: what the metrics need, per item and mode; with ``same_doctrine`` and an
+    answerable item's ``gold_ids``, its :func:`_misgrounded` sentences (as for the fact patterns)."""
     answer = str(result.get("answer") or "")
     abstained = bool(result.get("abstained"))
     sentences = [] if abstained else list(result.get("sentences") or [])
     counts = citation_counts(sentences, result.get("passages") or {})
-    gold = list(item.get("gold_ids") or [])
     misgrounded = None
-    if same_doctrine is not None and gold and not item["should_abstain"]:
+    if same_doctrine is not None and (gold := item.get("gold_ids")) and not item["should_abstain"]:
         misgrounded = len(_misgrounded(sentences, gold, same_doctrine))
     # what the answer states: its sentences, not the lists of issues it set aside or left
     # unresearched ("Not answered: Dying declarations" had covered "dying declaration")
@@ -197,6 +195,12 @@ def _share(k: int, n: int) -> dict[str, Any]:
     }
 
 
+def _rate(rows: Sequence[Mapping[str, Any]], key: str, of: str | None = None) -> dict[str, Any]:
+    """:func:`_share` of the rows' ``key`` summed, over the rows (``of``: their ``of`` summed)."""
+    n = sum(r[of] for r in rows) if of else len(rows)
+    return _share(sum(r[key] for r in rows), n)
+
+
 def _mean(values: Sequence[float]) -> dict[str, Any]:
     lo, hi = ec.bootstrap_ci(values)
     return {
@@ -249,25 +253,17 @@ def summarize_mode(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     grounded = [r for r in answered if r.get("misgrounded_sentences") is not None]
     return {
         "items": len(rows),
-        "abstention_recall": _share(sum(r["abstained"] for r in decline), len(decline)),
-        "false_abstention": _share(sum(r["abstained"] for r in answerable), len(answerable)),
-        "false_abstention_in_corpus": _share(
-            sum(r["abstained"] for r in answerable if r["category"] == "in_corpus"),
-            sum(r["category"] == "in_corpus" for r in answerable),
+        "abstention_recall": _rate(decline, "abstained"),
+        "false_abstention": _rate(answerable, "abstained"),
+        "false_abstention_in_corpus": _rate(
+            [r for r in answerable if r["category"] == "in_corpus"], "abstained"
         ),
         "key_point_coverage": _mean(coverage),
-        "cited_sentences": _share(
-            sum(r["valid_cited_sentences"] for r in answered), sum(r["sentences"] for r in answered)
-        ),
+        "cited_sentences": _rate(answered, "valid_cited_sentences", "sentences"),
         "cited_share_per_answer": _mean(per_answer_cited),
         "uncited_sentences": sum(r["sentences"] - r["cited_sentences"] for r in answered),
-        # answered questions with gold passages: sentences citing another doctrine's passages
-        "misgrounded_sentences": _share(
-            sum(r["misgrounded_sentences"] for r in grounded), sum(r["sentences"] for r in grounded)
-        ),
-        "quote_validity": _share(
-            sum(r["quotes_valid"] for r in rows), sum(r["quotes_verified"] for r in rows)
-        ),
+        "misgrounded_sentences": _rate(grounded, "misgrounded_sentences", "sentences"),
+        "quote_validity": _rate(rows, "quotes_valid", "quotes_verified"),
         "a_or_b": _graded(rows),
         "grades": dict(sorted(Counter(r["grade"] for r in rows if r.get("grade")).items())),
         "ungraded": sum(1 for r in rows if "grade" in r and not r["grade"]),
@@ -293,7 +289,6 @@ _BOTTOM_LINE = re.compile(r"^\s*(?:\*\*)?bottom line:?(?:\*\*)?\s*(yes|no|unclea
 
 def load_fact_patterns(path: str | Path, split: str) -> list[dict]:
     """The fact patterns of ``path`` in ``split`` (tune, report or all)."""
-    path = Path(path)
     items = _read_items(path, {"id", "question", "answer", "issues", "conclusion_keys", "split"})
     return [it for it in items if split in ("all", it["split"])]
 
@@ -319,8 +314,7 @@ def score_fact_pattern(
     seconds: float,
     same_doctrine: Callable[[str, Sequence[str]], bool],
 ) -> dict:
-    """One fact-pattern row.  ``result`` has ``answer`` (text), ``abstained`` and ``sentences``:
-    ``[{"text", "passage_ids"}]`` for each legal sentence (the ids it cites; empty: uncited)."""
+    """One fact-pattern row of an answer dict (empty ``passage_ids``: an uncited sentence)."""
     gold_by_issue = [list(i["gold_ids"]) for i in item["issues"]]
     gold = [g for ids in gold_by_issue for g in ids]
     abstained = bool(result.get("abstained"))
@@ -378,19 +372,17 @@ def summarize_fact_mode(rs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     A/B rate when graded."""
     return {
         "items": len(rs),
-        "gold_cited": _share(sum(r["gold_cited"] for r in rs), len(rs)),
-        "issue_recall": _share(sum(r["issues_found"] for r in rs), sum(r["issues"] for r in rs)),
-        "conclusion_correct": _share(sum(r["conclusion_correct"] for r in rs), len(rs)),
-        "verdict_correct": _share(sum(r["verdict_correct"] for r in rs), len(rs)),
+        "gold_cited": _rate(rs, "gold_cited"),
+        "issue_recall": _rate(rs, "issues_found", "issues"),
+        "conclusion_correct": _rate(rs, "conclusion_correct"),
+        "verdict_correct": _rate(rs, "verdict_correct"),
         "verdicts_shown_right": _share(
             sum(r["verdict_correct"] for r in rs), sum(r["verdict"] in ("yes", "no") for r in rs)
         ),
         "support_table": support_table(rs),
-        "declined": _share(sum(r["abstained"] for r in rs), len(rs)),
+        "declined": _rate(rs, "abstained"),
         "uncited_sentences": sum(r["uncited_sentences"] for r in rs),
-        "misgrounded_sentences": _share(
-            sum(r["misgrounded_sentences"] for r in rs), sum(r["sentences"] for r in rs)
-        ),
+        "misgrounded_sentences": _rate(rs, "misgrounded_sentences", "sentences"),
         "misgrounded_off_agenda": sum(r.get("misgrounded_off_agenda", 0) for r in rs),
         # of the answers citing no gold passage, those naming a passed-over doctrine that finds one
         "steer_found": _share(

@@ -180,12 +180,7 @@ def _run_agent(
 
 
 def run_mc_item(
-    item: dict,
-    mode: str,
-    *,
-    settings: Settings,
-    gold_texts: dict[str, dict],
-    llm_factory: ec.LLMFactory = None,
+    item: dict, mode: str, *, settings: Settings, llm_factory: ec.LLMFactory = None
 ) -> dict:
     """Answer one item in one mode; the row holds the letter, correctness, usage and timing."""
     client = LLMClient(settings, llm_factory=llm_factory)
@@ -200,8 +195,10 @@ def run_mc_item(
             if mode == "rag":
                 k = settings.agent.retrieval_k
                 docs = rag_utils.retrieve_documents(question, k=k, settings=settings)
-            elif not (docs := [gold_texts[g] for g in gold if g in gold_texts]):
-                raise LookupError(f"item {ec.item_id(item)}: gold passage not in the store")
+            else:  # in the order of the item's gold ids
+                fetched = ec.fetch_passages(gold, settings)
+                if not (docs := [fetched[g] for g in gold if g in fetched]):
+                    raise LookupError(f"item {ec.item_id(item)}: gold passage not in the store")
             extra["evidence_ids"] = [d["id"] for d in docs]
             if mode == "rag":
                 extra["gold_in_evidence"] = any(d["id"] in gold for d in docs)
@@ -453,7 +450,6 @@ def _or_na(value: float | None) -> str:
 # --- Injection detection: recall and false-positive rate of injection.detect on a labelled set ---
 
 INJECTION_QA = Path(__file__).resolve().parent / "datasets" / "injection" / "prompts.jsonl"
-INJECTION_LABELS = ("injection", "safe")
 
 
 def build_injection_parser() -> argparse.ArgumentParser:
@@ -481,7 +477,7 @@ def read_injection_set(path: Path, split: str | None = None) -> list[dict]:
     for n, rec in load_corpus.iter_rows(path):
         if not str(rec.get("text") or "").strip():
             raise ValueError(f"{path}: row {n}: needs a non-empty 'text'")
-        if rec.get("label") not in INJECTION_LABELS:
+        if rec.get("label") not in ("injection", "safe"):
             raise ValueError(f"{path}: row {n}: 'label' must be injection or safe")
         rec["id"] = str(rec.get("id") or f"row{n}")
         if rec["id"] in seen:
@@ -636,8 +632,7 @@ ANSWER_MODES = ("research", "evidence")
 """Phase 3's default modes; ``adaptive`` (research on RESEARCH_POLICY=adaptive) is asked for."""
 OPEN_MODES = (*ANSWER_MODES, "adaptive")
 FACT_MODES = (*OPEN_MODES, "ceiling")
-"""Fact-pattern modes: the agent per answer mode, and the ceiling (the model handed the gold
-passages and the facts in one IRAC call)."""
+"""Fact-pattern modes: the agent per answer mode, and the ceiling (eval_answers.ceiling_answer)."""
 
 
 def build_answers_parser() -> argparse.ArgumentParser:
@@ -687,43 +682,34 @@ def build_answers_parser() -> argparse.ArgumentParser:
 
 
 def agent_answer(
-    settings: Settings,
-    mode: str,
-    question: str,
-    issues: Sequence[str] = (),
-    llm_factory: ec.LLMFactory = None,
+    settings: Settings, client: Any, mode: str, question: str, issues: Sequence[str]
 ) -> dict:
     """The answer dict (eval_answers' shape) of the whole agent in ``mode``; ``issues``: the agenda
     a user sets (``--issues-from gold``)."""
-    client = LLMClient(settings, llm_factory=llm_factory)
     state = _run_agent(settings, mode, client, question, None, issues)
     record = state.get("answer") or {}
+    ids = {c["n"]: c["passage_id"] for c in record.get("citations") or []}
     return {
         "answer": record.get("text") or "",
         "abstained": bool(record.get("abstained")),
         "verdict": record.get("verdict"),
         "reading": record.get("reading"),
         "support": record.get("support"),
-        "sentences": record_sentences(record),
+        # the legal sentences, each with its issue and the passage ids it cites
+        "sentences": [
+            {
+                "text": s["text"],
+                "issue": issue["issue"],
+                "passage_ids": [ids[n] for n in s.get("cites") or [] if n in ids],
+            }
+            for issue in record.get("issues") or []
+            for s in issue.get("sentences") or []
+        ],
         "passages": {pid: p["text"] for pid, p in (state.get("passages") or {}).items()},
         "quotes": record.get("quotes") or [],
         "others": record.get("others") or [],
         "llm_calls": client.summary()["llm_calls"],
     }
-
-
-def record_sentences(record: Mapping[str, Any]) -> list[dict]:
-    """The answer record's legal sentences, each with its issue and the passage ids it cites."""
-    ids = {c["n"]: c["passage_id"] for c in record.get("citations") or []}
-    return [
-        {
-            "text": s["text"],
-            "issue": issue["issue"],
-            "passage_ids": [ids[n] for n in s.get("cites") or [] if n in ids],
-        }
-        for issue in record.get("issues") or []
-        for s in issue.get("sentences") or []
-    ]
 
 
 def same_doctrine_fn(settings: Settings) -> Callable[[str, Sequence[str]], bool]:
@@ -751,8 +737,6 @@ def steer_hits(
     executor's first search): a user's ``--issues`` for one of them researches what it missed."""
     from question import Question
 
-    if not others:
-        return []
     facts = list(Question.read(str(item["question"])).facts)
     gold = {g for issue in item["issues"] for g in issue["gold_ids"]} - set(cited)
     return [
@@ -852,14 +836,14 @@ def run_answers_phase(
     def answer(task: tuple[dict, str]) -> dict:
         item, mode = task
         start = time.perf_counter()
+        client = LLMClient(settings, llm_factory=llm_factory)
         if mode == "ceiling":
             ids = [g for issue in item["issues"] for g in issue["gold_ids"]]
             gold = list(ec.fetch_passages(ids, settings).values())
-            client = LLMClient(settings, llm_factory=llm_factory)
             result = eval_answers.ceiling_answer(client, item, gold)
         else:  # --issues-from gold: the gold doctrines, as a user who knows the field names them
             issues = [i["name"] for i in item["issues"]] if args.issues_from == "gold" else ()
-            result = agent_answer(settings, mode, str(item["question"]), issues, llm_factory)
+            result = agent_answer(settings, client, mode, str(item["question"]), issues)
         row = scorer(item, mode, result, time.perf_counter() - start, same_doctrine=same_doctrine)
         if args.facts:  # which named, passed-over doctrines would find a gold passage?
             cited = {p for ids in row["cited_by_issue"].values() for p in ids}
@@ -1097,23 +1081,15 @@ def run(
                 fatal=(LLMConfigError,),
             )
         if args.phase in ("pipeline", "both") and modes:
-            gold_texts = (
-                ec.fetch_passages((g for it in items for g in ec.gold_ids(it)), settings)
-                if "gold_passage" in modes
-                else {}
-            )
             pipe_n = args.pipeline_n if args.pipeline_n is not None else len(items)
-            tasks = [
-                (it, m)
-                for i, it in enumerate(items)
-                for m in modes
-                if m not in SLOW_MODES or i < pipe_n
-            ]
             run_dir.run(
-                lambda t: run_mc_item(
-                    *t, settings=settings, llm_factory=llm_factory, gold_texts=gold_texts
-                ),
-                tasks,
+                lambda t: run_mc_item(*t, settings=settings, llm_factory=llm_factory),
+                [
+                    (it, m)
+                    for i, it in enumerate(items)
+                    for m in modes
+                    if m not in SLOW_MODES or i < pipe_n
+                ],
                 key=lambda t: (ec.item_id(t[0]), t[1]),
                 workers=args.workers,
                 desc="MC",
@@ -1134,10 +1110,9 @@ def _without(tokens: Sequence[str], option: str) -> list[str]:
     return out
 
 
-def resume_command(given: Sequence[str]) -> list[str]:
+def resume_command(given: list[str]) -> list[str]:
     """The command a bare ``--resume RUN_ID`` stands for: the run's own (its ``config.json``), then
     the options given now, which win; anything else (a phase given, no saved command) unchanged."""
-    given = list(given)
     if given[:1] and given[0] in SUBCOMMANDS:
         return given
     args = build_parser().parse_args(given)
