@@ -27,7 +27,7 @@ from context import AgentContext
 from mc import format_choices
 from providers import LLMConfigError, check_config, install_log_redaction, redact_url, resolve
 from question import MC_LETTERS
-from settings import Settings, SettingsError, load_dotenv_file
+from settings import Settings, load_dotenv_file
 
 logger = logging.getLogger(__name__)
 
@@ -376,19 +376,13 @@ def require_llm(settings: Settings, llm_factory: LLMFactory = None) -> None:
 # --- CLI ----------------------------------------------------------------------------------------
 
 
-class ConfigMismatchError(RuntimeError):
+class ConfigMismatchError(ValueError):
     """A resumed run was started with a different configuration."""
 
 
-USER_ERRORS = (
-    FileNotFoundError,
-    ValueError,
-    ConfigMismatchError,
-    LLMConfigError,
-    SettingsError,
-    rag_utils.ModelLoadError,
-)
-"""Errors an eval command reports as one line and exit status 2, never a traceback."""
+USER_ERRORS = (FileNotFoundError, ValueError, LLMConfigError, rag_utils.ModelLoadError)
+"""Errors an eval command reports as one line and exit status 2, never a traceback; ValueError
+covers a bad setting (SettingsError), a bad file (CorpusError) and ConfigMismatchError."""
 
 
 def add_cli_arguments(
@@ -399,8 +393,7 @@ def add_cli_arguments(
     model: bool = False,
     passage_filters: bool = True,
 ) -> None:
-    """The flags eval commands share: ``--run-id``/``--results-dir``, ``--provider``,
-    ``--model``, ``--json``, ``-v`` and the passage filters (``filters.add_arguments``)."""
+    """The flags eval commands share, the passage filters among them (``filters.add_arguments``)."""
     if run_dir:
         p.add_argument("--run-id", help="run directory name; an existing one is resumed")
         p.add_argument("--results-dir", default=DEFAULT_RESULTS_DIR, help="default eval_results")
