@@ -1,4 +1,5 @@
 """Bi-encoder only against each available reranker, on the QA items whose gold passage is indexed.
+
 Per reranker: Recall@1/5/10, MRR, nDCG@10, latency after one warm-up query, and a paired test
 against ``none`` on the gold passage's reciprocal rank.  A reranker whose model cannot load is
 reported as unavailable, not replaced.
