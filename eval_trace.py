@@ -188,12 +188,9 @@ def trace_query(
         "item": ec.item_id(item) if item else None,
         "kind": (item.get("kind") or "mc") if item else "query",  # a QA file's items are MC
         "gold": gold,
+        **({"subject": ec.item_subject(item)} if item else {}),
+        **({"choices": choices, "answer": ec.item_answer(item)} if choices else {}),
     }
-    if item:
-        case["subject"] = ec.item_subject(item)
-    if choices:
-        case["choices"] = choices
-        case["answer"] = ec.item_answer(item)
 
     out("=" * 100)
     label = f" [{case['item']}]" if item else ""
