@@ -27,7 +27,7 @@ from context import AgentContext
 from mc import format_choices
 from providers import LLMConfigError, check_config, install_log_redaction, redact_url, resolve
 from question import MC_LETTERS
-from settings import Settings, SettingsError, load_dotenv_file
+from settings import Settings, load_dotenv_file
 
 logger = logging.getLogger(__name__)
 
@@ -376,19 +376,13 @@ def require_llm(settings: Settings, llm_factory: LLMFactory = None) -> None:
 # --- CLI ----------------------------------------------------------------------------------------
 
 
-class ConfigMismatchError(RuntimeError):
+class ConfigMismatchError(ValueError):
     """A resumed run was started with a different configuration."""
 
 
-USER_ERRORS = (
-    FileNotFoundError,
-    ValueError,
-    ConfigMismatchError,
-    LLMConfigError,
-    SettingsError,
-    rag_utils.ModelLoadError,
-)
-"""Errors an eval command reports as one line and exit status 2, never a traceback."""
+USER_ERRORS = (FileNotFoundError, ValueError, LLMConfigError, rag_utils.ModelLoadError)
+"""Errors an eval command reports as one line and exit status 2, never a traceback; ValueError
+covers a bad setting (SettingsError), a bad file (CorpusError) and ConfigMismatchError."""
 
 
 def add_cli_arguments(
@@ -399,8 +393,7 @@ def add_cli_arguments(
     model: bool = False,
     passage_filters: bool = True,
 ) -> None:
-    """The flags eval commands share: ``--run-id``/``--results-dir``, ``--provider``,
-    ``--model``, ``--json``, ``-v`` and the passage filters (``filters.add_arguments``)."""
+    """The flags eval commands share, the passage filters among them (``filters.add_arguments``)."""
     if run_dir:
         p.add_argument("--run-id", help="run directory name; an existing one is resumed")
         p.add_argument("--results-dir", default=DEFAULT_RESULTS_DIR, help="default eval_results")
@@ -512,8 +505,7 @@ class RunDir:
         return {(str(r["item"]), str(r["mode"])) for r in self.rows}
 
     def append(self, row: dict) -> None:
-        """Write one row and flush it to disk before returning."""
-        _append_line(self.results_path, row, sync=True)
+        _append_line(self.results_path, row)
         self.rows.append(row)
 
     def run(
@@ -610,12 +602,12 @@ def open_run(
     return RunDir(run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}", root)
 
 
-def _append_line(path: Path, row: dict, sync: bool = False) -> None:
+def _append_line(path: Path, row: dict) -> None:
+    """One JSON line, on disk before returning."""
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(row, ensure_ascii=False, default=_json_default) + "\n")
-        if sync:
-            fh.flush()
-            os.fsync(fh.fileno())
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def _json_default(obj: Any) -> Any:
@@ -644,20 +636,18 @@ def run_tasks(
         except Exception as exc:  # yielded to the caller
             return task, None, exc
 
-    bar = tqdm(total=len(tasks), desc=desc, unit="task", disable=None, leave=False)
     pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
     try:
         if pool is None:
             outcomes: Iterable = map(attempt, tasks)
         else:
             outcomes = (f.result() for f in as_completed([pool.submit(attempt, t) for t in tasks]))
-        for outcome in outcomes:
-            bar.update()
-            yield outcome
+        yield from tqdm(
+            outcomes, total=len(tasks), desc=desc, unit="task", disable=None, leave=False
+        )
     finally:
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
-        bar.close()
 
 
 # --- Output: tables and plots -------------------------------------------------------------------
@@ -697,13 +687,12 @@ def text_table(records: Sequence[Mapping[str, Any]], rule: bool = True) -> str:
     return "\n".join(lines)
 
 
-def _pyplot() -> Any:
-    import matplotlib
+def _axes(width: float, height: float) -> tuple[Any, Any]:
+    """A figure outside pyplot (no global backend or figure list to manage) and its axes."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    fig = Figure(figsize=(width, height))
+    return fig, fig.subplots()
 
 
 def _save(
@@ -715,7 +704,6 @@ def _save(
     ax.legend(fontsize=8, **legend)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    _pyplot().close(fig)
     return Path(path)
 
 
@@ -725,7 +713,7 @@ def plot_accuracy(modes: dict[str, dict], path: str | os.PathLike[str], title: s
     acc = [modes[m]["accuracy"] for m in names]
     lower = [max(0.0, a - modes[m]["ci_low"]) for a, m in zip(acc, names, strict=True)]
     upper = [max(0.0, modes[m]["ci_high"] - a) for a, m in zip(acc, names, strict=True)]
-    fig, ax = _pyplot().subplots(figsize=(1.6 * max(3, len(names)) + 1, 4))
+    fig, ax = _axes(1.6 * max(3, len(names)) + 1, 4)
     ax.bar(names, acc, yerr=[lower, upper], capsize=6, color="#4c72b0")
     for i, m in enumerate(names):
         ax.text(i, 0.02, f"n={modes[m]['n']}", ha="center", color="white", fontsize=8)
@@ -738,7 +726,7 @@ def plot_recall_curve(
     curves: dict[str, Sequence[float]], path: str | os.PathLike[str], title: str = ""
 ) -> Path:
     """Recall@k for k = 1..len(curve), one line per query variant (or reranker)."""
-    fig, ax = _pyplot().subplots(figsize=(6, 4))
+    fig, ax = _axes(6, 4)
     for name, curve in curves.items():
         ax.plot(range(1, len(curve) + 1), curve, marker="o", label=name)
     ax.set_xlabel("k")

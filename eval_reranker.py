@@ -1,7 +1,5 @@
 """Bi-encoder only against each available reranker, on the QA items whose gold passage is indexed.
 
-    python eval_reranker.py [N] [--qa FILE] [--passages FILE] [--rerankers none,hybrid,cross-encoder]
-
 Per reranker: Recall@1/5/10, MRR, nDCG@10, latency after one warm-up query, and a paired test
 against ``none`` on the gold passage's reciprocal rank.  A reranker whose model cannot load is
 reported as unavailable, not replaced.
@@ -77,16 +75,14 @@ def render(summary: dict[str, Any], table: Any = ec.markdown_table) -> str:
             "ms/query": m["latency_mean_s"] * 1000,
             "p95 ms": m["latency_p95_s"] * 1000,
             f"RR vs {BASELINE} W/L/T": f"{vs['wins']}/{vs['losses']}/{vs['ties']}" if vs else "–",
-            "sign p": ec.fmt_num(vs["sign_test_p"]) if vs else "–",
-            "Wilcoxon p": ec.fmt_num(vs["wilcoxon_p"]) if vs else "–",
+            "sign p": vs.get("sign_test_p"),  # the table shows None as "–"
+            "Wilcoxon p": vs.get("wilcoxon_p"),
         }
         for name, m in summary["rerankers"].items()
-        for vs in [m.get("vs_" + BASELINE)]
+        for vs in [m.get("vs_" + BASELINE) or {}]
     ]
-    unavailable = summary["unavailable"].items()
-    return "\n".join(
-        [table(rows), *(f"\n{name}: unavailable ({why})" for name, why in unavailable)]
-    )
+    notes = [f"\n{name}: unavailable ({why})" for name, why in summary["unavailable"].items()]
+    return "\n".join([table(rows), *notes])
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,9 +1,7 @@
 """Trace the agent on a few questions, node by node, to see where it helps and where it fails.
 
-Each question runs through the agent's graph (``main.run_agent``, the QA memory neither read nor
-written): injection check -> classifier -> planner -> executor per research step (search,
-injection screen, evidence gate) -> evaluator / replanner -> answer stage -> mc_select ->
-memory -> observability.  The case study holds each node's trace event, each step's search type,
+Each question runs through the agent's graph (``main.run_agent``; the QA memory neither read nor
+written).  The case study holds each node's trace event, each research step's search type,
 queries, passages and evidence score, lean's retrieval for a multiple-choice letter, and the
 answer record."""
 
@@ -67,9 +65,8 @@ def _passage_row(rank: int, pid: str, passages: dict[str, dict], gold: Sequence[
 
 
 def _step_rows(state: dict, gold: Sequence[str]) -> list[dict]:
-    """The research steps as they ran (``state.PlanStep``): the issue, the search type and queries
-    the executor sent, the passages it kept (best first), the evidence gate's score; a step the
-    run never reached has no passages and no score."""
+    """The research steps (``state.PlanStep``) as they ran: the issue, the search, the passages kept
+    (best first), the evidence score; a step never reached has no passages and no score."""
     passages = state.get("passages") or {}
     memory = {e["step_id"]: e for e in state.get("chain_of_thought") or []}
     rows = []
@@ -109,8 +106,7 @@ def _lean_row(state: dict, gold: Sequence[str], settings: Settings) -> dict | No
         return None
     ids = lean.get("retrieved_ids") or []
     known = state.get("passages") or {}
-    missing = [i for i in ids if i not in known]
-    passages = {**known, **(ec.fetch_passages(missing, settings) if missing else {})}
+    passages = {**known, **ec.fetch_passages([i for i in ids if i not in known], settings)}
     used = set(lean.get("evidence_ids") or [])
     return {
         **{k: lean.get(k) for k in ("route", "evidence_score", "gate")},
@@ -141,14 +137,13 @@ def _print_steps(out: Callable[[str], None], steps: Sequence[dict], gate: float)
         out(
             f"{head}: {s['status']}, evidence {ec.fmt_num(s['evidence_score'])} (gate {gate}){below}"
         )
-        for q in s.get("rewritten") or []:
-            out(f"      query (rewritten): {ec.preview(q, 110)}")
-        for q in s["queries"]:
-            out(f"      query: {ec.preview(q, 110)}")
+        for label, key in (("query (rewritten)", "rewritten"), ("query", "queries")):
+            for q in s[key]:
+                out(f"      {label}: {ec.preview(q, 110)}")
         _print_passages(out, s["passages"])
-        if s.get("leads"):
+        if s["leads"]:
             out(f"      leads: {'; '.join(s['leads'])}")
-        for move in s.get("next_steps") or []:
+        for move in s["next_steps"]:
             out(f"      next: {ec.preview(move, 110)}")
         for f in s["flagged_passages"]:
             out(f"      dropped by the injection screen: {f.get('id')}")
@@ -191,14 +186,11 @@ def trace_query(
     case: dict[str, Any] = {
         "query": query,
         "item": ec.item_id(item) if item else None,
-        "kind": (item.get("kind") or ("mc" if choices else "open")) if item else "query",
+        "kind": (item.get("kind") or "mc") if item else "query",  # a QA file's items are MC
         "gold": gold,
+        **({"subject": ec.item_subject(item)} if item else {}),
+        **({"choices": choices, "answer": ec.item_answer(item)} if choices else {}),
     }
-    if item:
-        case["subject"] = ec.item_subject(item)
-    if choices:
-        case["choices"] = choices
-        case["answer"] = ec.item_answer(item)
 
     out("=" * 100)
     label = f" [{case['item']}]" if item else ""
@@ -391,18 +383,18 @@ def run(
     ec.require_llm(settings, llm_factory)
     rag_utils.require_reranker(settings)
     ec.index_corpus(settings, passages, args.passages)
-    targets: list[tuple[str, dict | None]]
+    targets: list[dict | None]  # None: the --query
     if args.query is not None:
-        targets = [(args.query.strip(), None)]
+        targets = [None]
     elif qa_items is not None:
-        items = (ec.with_gold_in_store(qa_items, settings) or qa_items)[: args.n or DEFAULT_N]
-        targets = [(ec.item_question(it), it) for it in items]
+        targets = (ec.with_gold_in_store(qa_items, settings) or qa_items)[: args.n or DEFAULT_N]
     else:
-        targets = [(ec.item_question(it), it) for it in load_trace_questions()[: args.n]]
+        targets = load_trace_questions()[: args.n]
     llm = ec.llm_record(settings).get("mc_select", {})
     logger.info("LLM provider=%s model=%s", llm.get("provider"), llm.get("model", llm.get("error")))
     cases = []
-    for n, (query, item) in enumerate(targets, 1):
+    for n, item in enumerate(targets, 1):
+        query = ec.item_question(item) if item else args.query.strip()
         position = f"[{n}/{len(targets)}] "
         case = trace_query(
             query, item=item, settings=settings, llm_factory=llm_factory, out=out, position=position
