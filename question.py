@@ -68,10 +68,7 @@ class Question:
         return self.facts[len(self.earlier) :]
 
     def after(
-        self,
-        facts: Sequence[str],
-        asked: str,
-        law: Callable[[str], StateLaw | None] | None = None,
+        self, facts: Sequence[str], asked: str, law: Callable[[str], StateLaw | None] | None = None
     ) -> Question:
         """This question as a follow-up on a thread whose facts so far are ``facts`` and whose
         last question asked ``asked``: the thread's facts, then this question's own (a
