@@ -386,17 +386,6 @@ _DECODERS: tuple[tuple[re.Pattern[str], Callable[[str], str | None]], ...] = (
 )
 
 
-def _obfuscation_variants(text: str) -> list[str]:
-    """Readings of ``text`` an attacker may have disguised: decoded blobs, ROT13, reversed,
-    leetspeak and spaced-out letters."""
-    variants = [*decoded_payloads(text), codecs.encode(text, "rot13"), text[::-1]]
-    if _LEET_WORD.search(text):
-        variants.append(_LEET_WORD.sub(lambda m: m.group(0).translate(_LEET), text))
-    if _SPACED.search(text):
-        variants.append(_SPACED.sub(lambda m: m.group(0).replace(" ", ""), text))
-    return variants
-
-
 def _matches(
     patterns: Mapping[str, re.Pattern[str]],
     text: str,
@@ -471,11 +460,16 @@ def _reported(name: str, text: str, match: re.Match[str]) -> bool:
 
 def screen_user_input(text: str) -> list[str]:
     """Names of the user-input patterns the normalised ``text`` matches (empty = looks safe);
-    disguised readings of it (base64/hex/percent blobs, ROT13, reversed, leetspeak, spaced
-    letters) are screened too and report :data:`ENCODED`."""
+    a disguised reading of it (base64/hex/percent blobs, ROT13, reversed, leetspeak, spaced
+    letters) that matches adds :data:`ENCODED`."""
     norm = normalize(text)
     hits = _matches(USER_PATTERNS, norm, _reported)
-    for variant in _obfuscation_variants(norm):
+    variants = [*decoded_payloads(norm), codecs.encode(norm, "rot13"), norm[::-1]]
+    if _LEET_WORD.search(norm):
+        variants.append(_LEET_WORD.sub(lambda m: m.group(0).translate(_LEET), norm))
+    if _SPACED.search(norm):
+        variants.append(_SPACED.sub(lambda m: m.group(0).replace(" ", ""), norm))
+    for variant in variants:
         if inner := [n for n in _matches(USER_PATTERNS, normalize(variant)) if n not in hits]:
             logger.debug("decoded payload matches %s: %.80r", inner, variant)
             hits.append(ENCODED)
