@@ -596,12 +596,10 @@ def _looks_encoded(token: str) -> bool:
 
 
 def detect(text: str, client: Any, *, skip_llm: bool) -> InjectionCheck:
-    """The injection check of one user input (``client``: an ``llm_config.LLMClient``).
-
-    A :func:`screen_user_input` hit rejects with no LLM call (``not_needed``); ``skip_llm``, a
-    failed call or an unparsed reply pass on the pre-screen alone (``prescreen_only``); else the
-    model's verdict decides (``skills/detect_prompt_injection.md``), but an 'injection' verdict on
-    text that never addresses the assistant (:func:`addresses_the_assistant`) is overruled."""
+    """The injection check of one user input (``client``: an ``llm_config.LLMClient``): a
+    pre-screen hit rejects with no LLM call; with no verdict of the model (``skip_llm``, a failed
+    call, an unparsed reply) the pre-screen alone decides; else the model's verdict, but an
+    'injection' verdict on text that never addresses the assistant is overruled."""
     if hits := screen_user_input(text):
         return _check(False, "not_needed", f"pre-screen: {', '.join(hits)}", hits)
     if skip_llm:
