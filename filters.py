@@ -171,9 +171,7 @@ _FOREIGN_FORUM = re.compile(r"\b(?:sue|sued|suing|suit|court|courts|jurisdiction
 def foreign_law_asked(asked: str) -> str | None:
     """The demonym ("French") of the country whose law ``asked`` asks for: under its law ("Under
     French law", "under the law of England"), the country first ("In Germany, can ..."), its law
-    named ("What does Canadian law say ..."), one of its institutions ("the Supreme Court of
-    Canada", unless asked where to sue or enforce), or a party there ("Can an employer in Sweden fire
-    ...?", not "a contract made in France", nor where to sue); else None."""
+    named ("What does Canadian law say ..."), one of its institutions, a party there; else None."""
     pattern, demonym = _foreign()
     for m in pattern.finditer(asked):
         if m.group(6):  # one of its institutions ("the Council of the European Union")
@@ -208,8 +206,7 @@ def normalize_court(value: str) -> str:
 
 
 def legacy_authority_type(pid: str, source: str) -> str:
-    """The authority type of a passage-table row without ``authority_type`` metadata, from its id
-    prefix and source name."""
+    """The authority type of a passage-table row (no ``authority_type``) from its id and source."""
     pid, source = pid.lower(), source.lower()
     if pid.startswith("const") or "constitution" in source:
         return "constitution"
@@ -226,8 +223,7 @@ def legacy_authority_type(pid: str, source: str) -> str:
 
 
 def attributes(pid: str, source: str, meta: Mapping[str, Any]) -> dict[str, Any]:
-    """A passage's filterable attributes: jurisdiction, court, authority_type, date_int (None when
-    unknown)."""
+    """A passage's jurisdiction, court, authority_type and date_int (None: unknown)."""
     kind = str(meta.get("authority_type") or "") or legacy_authority_type(pid, source)
     jurisdiction = str(meta.get("jurisdiction") or "").upper() or None
     federal = ("federal rules", "u.s.c", "constitution")  # passage-table sources of federal law

@@ -386,17 +386,6 @@ _DECODERS: tuple[tuple[re.Pattern[str], Callable[[str], str | None]], ...] = (
 )
 
 
-def _obfuscation_variants(text: str) -> list[str]:
-    """Readings of ``text`` an attacker may have disguised: decoded blobs, ROT13, reversed,
-    leetspeak and spaced-out letters."""
-    variants = [*decoded_payloads(text), codecs.encode(text, "rot13"), text[::-1]]
-    if _LEET_WORD.search(text):
-        variants.append(_LEET_WORD.sub(lambda m: m.group(0).translate(_LEET), text))
-    if _SPACED.search(text):
-        variants.append(_SPACED.sub(lambda m: m.group(0).replace(" ", ""), text))
-    return variants
-
-
 def _matches(
     patterns: Mapping[str, re.Pattern[str]],
     text: str,
@@ -471,11 +460,16 @@ def _reported(name: str, text: str, match: re.Match[str]) -> bool:
 
 def screen_user_input(text: str) -> list[str]:
     """Names of the user-input patterns the normalised ``text`` matches (empty = looks safe);
-    disguised readings of it (base64/hex/percent blobs, ROT13, reversed, leetspeak, spaced
-    letters) are screened too and report :data:`ENCODED`."""
+    a disguised reading of it (base64/hex/percent blobs, ROT13, reversed, leetspeak, spaced
+    letters) that matches adds :data:`ENCODED`."""
     norm = normalize(text)
     hits = _matches(USER_PATTERNS, norm, _reported)
-    for variant in _obfuscation_variants(norm):
+    variants = [*decoded_payloads(norm), codecs.encode(norm, "rot13"), norm[::-1]]
+    if _LEET_WORD.search(norm):
+        variants.append(_LEET_WORD.sub(lambda m: m.group(0).translate(_LEET), norm))
+    if _SPACED.search(norm):
+        variants.append(_SPACED.sub(lambda m: m.group(0).replace(" ", ""), norm))
+    for variant in variants:
         if inner := [n for n in _matches(USER_PATTERNS, normalize(variant)) if n not in hits]:
             logger.debug("decoded payload matches %s: %.80r", inner, variant)
             hits.append(ENCODED)
@@ -602,12 +596,10 @@ def _looks_encoded(token: str) -> bool:
 
 
 def detect(text: str, client: Any, *, skip_llm: bool) -> InjectionCheck:
-    """The injection check of one user input (``client``: an ``llm_config.LLMClient``).
-
-    A :func:`screen_user_input` hit rejects with no LLM call (``not_needed``); ``skip_llm``, a
-    failed call or an unparsed reply pass on the pre-screen alone (``prescreen_only``); else the
-    model's verdict decides (``skills/detect_prompt_injection.md``), but an 'injection' verdict on
-    text that never addresses the assistant (:func:`addresses_the_assistant`) is overruled."""
+    """The injection check of one user input (``client``: an ``llm_config.LLMClient``): a
+    pre-screen hit rejects with no LLM call; with no verdict of the model (``skip_llm``, a failed
+    call, an unparsed reply) the pre-screen alone decides; else the model's verdict, but an
+    'injection' verdict on text that never addresses the assistant is overruled."""
     if hits := screen_user_input(text):
         return _check(False, "not_needed", f"pre-screen: {', '.join(hits)}", hits)
     if skip_llm:

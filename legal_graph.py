@@ -202,8 +202,7 @@ def reset_caches() -> None:
 
 @functools.lru_cache(maxsize=64)
 def _embed_query(embedder: Any, query: str) -> np.ndarray:
-    """The query's embedding, remembered for the last 64 queries (the planner links the same
-    question more than once)."""
+    """The query's embedding, remembered (the planner links the same question more than once)."""
     return embedder.embed_query(query)
 
 

@@ -123,10 +123,7 @@ def parse_mc_answer(text: str, choices: Mapping[str, str]) -> tuple[str | None, 
 
 
 def select_answer(
-    client: Any,
-    question: str,
-    choices: Mapping[str, str],
-    evidence: str | None,
+    client: Any, question: str, choices: Mapping[str, str], evidence: str | None
 ) -> MCResult:
     """Pick a letter with one LLM call (plus one strict retry when none parses); ``evidence``
     (numbered passages) is quoted as data.  ``llm_config.LLMCallError`` propagates."""

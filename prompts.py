@@ -120,11 +120,16 @@ def quote(tag: str, text: str) -> str:
     return f"<{tag}>\n{neutralize(text).strip()}\n</{tag}>"
 
 
-def format_evidence(docs: Sequence[Mapping[str, Any]], *, max_chars: int | None = None) -> str:
+EVIDENCE_CHARS = 5000
+"""Characters of evidence in an answering prompt (~1,250 tokens: ~17 s on the embedded model)."""
+MIN_PASSAGE_CHARS = 400
+"""No passage is cut shorter than this, however many there are."""
+
+
+def format_evidence(docs: Sequence[Mapping[str, Any]], *, max_chars: int = EVIDENCE_CHARS) -> str:
     """The evidence block of every answering mode: ``[N] title`` and text per passage, within
-    ``max_chars`` (default :data:`EVIDENCE_CHARS`) shared equally, each cut at a word boundary."""
-    budget = EVIDENCE_CHARS if max_chars is None else max_chars
-    share = max(MIN_PASSAGE_CHARS, budget // max(1, len(docs)))
+    ``max_chars`` shared equally, each cut at a word boundary."""
+    share = max(MIN_PASSAGE_CHARS, max_chars // max(1, len(docs)))
     parts: list[str] = []
     for i, doc in enumerate(docs, 1):
         title = neutralize(str(doc.get("title") or "")).strip()
@@ -132,12 +137,6 @@ def format_evidence(docs: Sequence[Mapping[str, Any]], *, max_chars: int | None 
         head = f"[{i}] {title}" if title else f"[{i}]"
         parts.append(f"{head}\n{_cut(text, max(0, share - len(head) - 1))}")
     return "\n\n".join(parts)
-
-
-EVIDENCE_CHARS = 5000
-"""Characters of evidence in an answering prompt (~1,250 tokens: ~17 s on the embedded model)."""
-MIN_PASSAGE_CHARS = 400
-"""No passage is cut shorter than this, however many there are."""
 
 
 def _cut(text: str, limit: int) -> str:

@@ -68,10 +68,7 @@ class Question:
         return self.facts[len(self.earlier) :]
 
     def after(
-        self,
-        facts: Sequence[str],
-        asked: str,
-        law: Callable[[str], StateLaw | None] | None = None,
+        self, facts: Sequence[str], asked: str, law: Callable[[str], StateLaw | None] | None = None
     ) -> Question:
         """This question as a follow-up on a thread whose facts so far are ``facts`` and whose
         last question asked ``asked``: the thread's facts, then this question's own (a
@@ -232,17 +229,14 @@ def _inline_choices(text: str) -> tuple[list[str], _Choices]:
     """(stem, choices) of a one-line question whose choices follow it inline, "... (A) x (B) y
     (C) z": at least three, in order from A, running to the end of the text (two could be a
     statute's "(A) and (B)"); else ``([text], {})``."""
-    marks = list(_INLINE_CHOICE.finditer(text))
-    letters = "".join(m.group(1) for m in marks)
-    if len(marks) < 3 or letters != MC_LETTERS[: len(letters)]:
+    stem, *marked = _INLINE_CHOICE.split(text)  # stem, letter, its text, letter, ...
+    letters = "".join(marked[::2])
+    if len(letters) < 3 or letters != MC_LETTERS[: len(letters)]:
         return [text], {}
-    ends = [m.start() for m in marks[1:]] + [len(text)]
-    choices = {
-        m.group(1): [text[m.end() : end].strip()] for m, end in zip(marks, ends, strict=True)
-    }
+    choices = {k: [v.strip()] for k, v in zip(marked[::2], marked[1::2], strict=True)}
     if _QUESTION_AFTER_LIST.search(choices[letters[-1]][0]):
         return [text], {}  # "... (C) the agent's. Does a CEO's email count?": an enumeration
-    return [text[: marks[0].start()]], choices
+    return [stem], choices
 
 
 def parse(text: str) -> tuple[str, dict[str, str] | None]:
