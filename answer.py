@@ -4,21 +4,18 @@ The research hands over, per agenda issue, the passages its step found (or none)
 writes the answer in the shape of a bar essay:
 
 - **Rule**: per issue, sentences of its passages quoted verbatim (chosen by embedding cosine to
-  the issue and its facts), each cited.  Guards (:data:`GUARDS`): a passage on another doctrine
-  is never a rule (``off_doctrine``); the rule an earlier issue quotes is not quoted again
-  (``same_rule``); a rule far from every stated fact (``off_facts``) or from what a rule question
-  asks (``not_asked``) is named, not applied; an answer none of whose rules is near the question
-  is declined (``off_question``).
+  the issue and its facts), each cited.
 - **Application**: one call per issue (``skills/apply_rule.md``) names, per requirement, the
-  stated fact that meets or fails it; a fact unrelated to its requirement decides nothing
-  (``unrelated_fact``, :data:`FACT_RELEVANCE`).
+  stated fact that meets or fails it.
 - **Conclusion**: every requirement met, the rule applies; one failed, it does not; else the
   stated facts do not settle it.
 - **Bottom line**: a yes/no question gets one call (``skills/bottom_line.md``) answering it from
   the conclusions; a "which ..." question gets the issues grouped by conclusion.
 
-Under the **evidence policy** (``ANSWER_MODE=evidence``) each rule sentence must also pass the
-grounding gate (``skills/verify_quotes.md``).  A rule question states the rule as its source does
+Each heuristic on the way (a passage on another doctrine, a rule far from the facts or from the
+question, a fact unrelated to its requirement) is a named guard of :data:`GUARDS`.  Under the
+**evidence policy** (``ANSWER_MODE=evidence``) each rule sentence must also pass the grounding gate
+(``skills/verify_quotes.md``).  A rule question states the rule as its source does
 (:func:`lead_rule`).  With no passage to stand on, the record abstains and says why.  Everything
 the CLI, the exit code, the QA memory and the evals need is a field of :class:`AnswerRecord`.
 """
@@ -47,11 +44,9 @@ Pair = tuple[Mapping[str, Any], str]
 RULE_SENTENCES = 2
 """Sentences quoted as an issue's rule (the best by cosine to the issue and its facts)."""
 RULE_QUESTION_SENTENCES = 3
-"""Sentences quoted as a rule question's rule: the first of the issue's own passage, and the one
-closest to the question when it comes later (:func:`lead_rule`)."""
+"""The first sentences of its own passage quoted as a rule question's rule (:func:`lead_rule`)."""
 VERIFY_CANDIDATES = 4
-"""Under the evidence policy, the candidate rule sentences per issue the grounding gate judges (the
-best :data:`RULE_SENTENCES` verified ones are quoted)."""
+"""Candidate rule sentences per issue the grounding gate judges (evidence policy)."""
 HEADING_WORDS = 6
 """A passage's first sentence of at most this many words is its heading, never a rule."""
 TITLED_HEADING_WORDS = 10
@@ -60,8 +55,7 @@ FACT_SENTENCES = 3
 """Sentences of a fact pattern kept with an issue (the closest to it by cosine)."""
 FACT_FIT = 0.33
 """Cosine of an issue's quoted rule to the closest fact sentence below which the facts do not raise
-the issue (``off_facts``); the planner's first issue and the best fit are always applied.  Low end
-of the tune half's plateau (docs/MEASUREMENTS_HISTORY.md, "`FACT_FIT` re-tuned")."""
+the issue (``off_facts``): the low end of the tune half's plateau (docs/MEASUREMENTS_HISTORY.md)."""
 FACT_RELEVANCE = 0.10
 """Cosine of a requirement to the fact a check names below which that fact cannot decide it
 (``unrelated_fact``): the 1.5B marks most requirements met by some unrelated fact.  Chosen on the
@@ -110,10 +104,9 @@ GUARDS: dict[str, Guard] = {
         "rules",
         "an issue whose closest sentences an earlier issue quotes quotes the closest ones no "
         "earlier issue does; with none left, it is not answered again",
-        "",
-        "stop 43 (fp_tune_s43_same): tune misgrounded 36/194 -> 36/183, issues found 23/40 kept; "
-        "stop 57, the sentences left (fp_s57_leftover): issues found tune 21/40 kept, report "
-        "17 -> 18/34, misgrounded unchanged (29, 87)",
+        kept_by="stop 43 (fp_tune_s43_same): tune misgrounded 36/194 -> 36/183, issues found "
+        "23/40 kept; stop 57, the sentences left (fp_s57_leftover): issues found tune 21/40 kept, "
+        "report 17 -> 18/34, misgrounded unchanged (29, 87)",
     ),
     "off_facts": Guard(
         "application",
@@ -132,9 +125,8 @@ GUARDS: dict[str, Guard] = {
     "not_raised": Guard(
         "application",
         "an issue no stated fact bears on is named, not answered",
-        "",
-        "ablation, stop 35: misgrounded tune 86/253 with, 91/258 without; report 106/242 with, "
-        "117/258 without; issues found unchanged",
+        kept_by="ablation, stop 35: misgrounded tune 86/253 with, 91/258 without; report 106/242 "
+        "with, 117/258 without; issues found unchanged",
     ),
     "unrelated_fact": Guard(
         "application",
@@ -156,12 +148,11 @@ GUARDS: dict[str, Guard] = {
         "an issue the question names or the user sets is applied even where off_facts or "
         "not_raised would set it aside, with the facts the model ties to it even where "
         "unrelated_fact would drop them",
-        "",
-        'user trial (stop 47): "Has she committed larceny or embezzlement?" set embezzlement '
-        "aside as not raised; ablation, stop 58 (fp_s58_nonamed): no fact pattern changes on "
-        "the tune half (they rarely name a doctrine), report misgrounded 65 -> 61 without; user "
-        'trial (stop 60): "Is Dana guilty of larceny?" lost its laptop facts (cosine 0.06 to '
-        '"intent to permanently deprive") to unrelated_fact',
+        kept_by='user trial (stop 47): "Has she committed larceny or embezzlement?" set '
+        "embezzlement aside as not raised; ablation, stop 58 (fp_s58_nonamed): no fact pattern "
+        "changes on the tune half (they rarely name a doctrine), report misgrounded 65 -> 61 "
+        'without; user trial (stop 60): "Is Dana guilty of larceny?" lost its laptop facts '
+        '(cosine 0.06 to "intent to permanently deprive") to unrelated_fact',
     ),
     "unparsed_application": Guard(
         "application", "an unreadable apply reply: the rule stands without an application"
