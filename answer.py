@@ -1140,11 +1140,10 @@ def render(record: AnswerRecord, tail: Sequence[Sentence] = ()) -> str:
     """The answer as the CLI prints it: per issue its cited rule, application and conclusion; then
     the bottom line; then what was not answered."""
     lines: list[str] = []
-    heads = {"rule": "Rule", "application": "Application", "conclusion": "Conclusion"}
     for n, issue in enumerate((i for i in record.issues if i.status == "answered"), 1):
         lines.append(f"{n}. {issue.issue}")
         for s in issue.sentences:
-            lines.append(f"   {heads[s.role]}: {s.text} {_refs(s.cites)}".rstrip())
+            lines.append(f"   {s.role.capitalize()}: {s.text} {_refs(s.cites)}".rstrip())
         if issue.why:
             lines.append(f"   ({issue.why})")
     for s in tail:

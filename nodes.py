@@ -257,13 +257,9 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     return update, f"{check['verdict']} ({check['reason'] or check['llm_verdict']}{how})"
 
 
-RUN_SCOPED: dict[str, Any] = {
-    "passages": {},
-    "chain_of_thought": [],
-    "answer": {},
-    "stop_reason": "",
-    "run_metrics": {},
-}
+RUN_SCOPED: dict[str, Any] = dict(
+    passages={}, chain_of_thought=[], answer={}, stop_reason="", run_metrics={}
+)
 """What belongs to one question: a run's first node resets it, with the reducers' keys (a
 checkpointed thread keeps its state between runs)."""
 
@@ -541,11 +537,8 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     q, reading = state["parsed"], state.get("reading") or {}
     last = last_turn(state)
     kept = reading.get("follow_up") == "hypothetical" and not q.issues and last.get("issues")
-    legal, area, topic = (
-        reading.get(k, d) for k, d in (("legal", True), ("area", ""), ("topic", ""))
-    )
-    score = reading.get("score")
-    decline = "" if q.choices or kept else off_topic(ctx, q.text, legal, area, topic, q.law, score)
+    said = {k: reading[k] for k in ("legal", "area", "topic", "score") if k in reading}
+    decline = "" if q.choices or kept else off_topic(ctx, q.text, law=q.law, **said)
     if decline:  # nothing to research: the answer stage declines and says why
         return {"reading": {"decline": decline}, "stop_reason": decline}, f"declined: {decline}"
     # A question that asks what a state's law provides, which the sources hold, is researched in
@@ -1122,9 +1115,7 @@ an answer where they fired may still be cached."""
 
 
 def cache_blockers(state: AgentState, ctx: AgentContext) -> list[str]:
-    """Why this run's answer must not be cached (empty: it may be): a memory hit, an evidence
-    answer, an abstention, an answer with an uncited sentence, a fired guard or an LLM call that
-    failed or was not parsed."""
+    """Why this run's answer must not be cached (empty: it may be)."""
     why: list[str] = []
     record = state.get("answer") or {}
     if recalled(state):
@@ -1177,12 +1168,12 @@ def memory_writeback(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     return {}, f"stored (confidence {confidence:.3f})"
 
 
-def worst_case_calls(settings: Any, *, choices: bool = True, injection: bool = False) -> int:
+def worst_case_calls(settings: Any) -> int:
     """The most LLM calls one question can take: classify and plan; one application per
     researched issue (and, in evidence mode, one grounding-gate call) and the bottom line; the MC
     call and its strict retry."""
     per_issue = 2 if settings.agent.answer_mode == "evidence" else 1
-    return 2 + per_issue * settings.agent.max_steps + 1 + (2 if choices else 0) + int(injection)
+    return 2 + per_issue * settings.agent.max_steps + 1 + 2
 
 
 def compute_metrics(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
