@@ -1,15 +1,11 @@
 """The nodes of the research agent and their routers.
 
-Every node takes ``(state, runtime)`` and reads its dependencies from ``runtime.context``
-(:class:`context.AgentContext`; a LangGraph Studio run gets :func:`context.default_context`).
-Each node appends one ``trace`` event (node, decision, seconds) that the CLI streams.  Every LLM
-call goes through ``prompts.call`` and the call table ``prompts.CALLS``.
-
-The research follows the facts: the planner names the issues the question raises, and each issue
-is one research step whose queries are its doctrine's names and the facts that raise it.  A step
-whose passages miss the evidence gate gets one more angle (another search type, the issue's facts
-alone) before it is given up.  The answer stage (``answer.py``) then writes one typed record that
-applies each issue's rule to the facts; everything downstream reads that record.
+Every node takes ``(state, runtime)``, reads its dependencies from ``runtime.context``
+(:class:`context.AgentContext`) and appends one ``trace`` event (node, decision, seconds) that the
+CLI streams; every LLM call goes through ``prompts.call``.  The planner names the issues the
+question raises; each is one research step whose queries are its doctrine's names and the facts
+that raise it, and a step whose passages miss the evidence gate gets one more angle before it is
+given up.  The answer stage (``answer.py``) then writes one typed record that everything reads.
 """
 
 from __future__ import annotations
@@ -136,16 +132,14 @@ def planned(state: AgentState) -> list[str]:
 
 
 PASSED_OVER = 3
-"""Candidates an answer names as not researched, in the planner's order: where the research cited
-no gold passage (13 of the 40 fact patterns), a named one's search finds it for 4 with the first
-3 as with all (about 4 a pattern), 3 with the first 2 (the fact-pattern eval's ``steer_found``;
-docs/MEASUREMENTS.md, "Fact patterns")."""
+"""Candidates an answer names as not researched: where the research cited no gold passage (13 of
+40 fact patterns), a named one's search finds it for 4 with the first 3 as with all, 3 with the
+first 2 (``steer_found``; docs/MEASUREMENTS.md, "Fact patterns")."""
 
 OTHERS_FIT = 0.22
-"""The cosine a stated fact must reach to one of the first 3 passages a passed-over candidate's
-step would find for the answer to name it: on the tune half of the fact patterns, the highest
-floor that drops no candidate whose search finds a gold passage (it drops 9 of 56 names; on the
-report half 14 of 56, none of them gold-finding; docs/MEASUREMENTS.md, "Fact patterns")."""
+"""The cosine a stated fact must reach to one of a passed-over candidate's first 3 passages for
+the answer to name it: the highest floor that drops no gold-finding candidate on the tune half (it
+drops 9 of 56 names; report half 14 of 56, none gold-finding; docs/MEASUREMENTS.md)."""
 
 
 def candidate_search(ctx: AgentContext, name: str, facts: Sequence[str]) -> list[Passage]:
@@ -156,11 +150,10 @@ def candidate_search(ctx: AgentContext, name: str, facts: Sequence[str]) -> list
 
 
 def passed_over(state: AgentState, ctx: AgentContext, quoted: Collection[str] = ()) -> list[str]:
-    """The planner's candidates left off the agenda, by the name before their parentheses: what
-    the user may research next (the 1.5B passed over "Abnormally dangerous activities" for a
-    blasting question); of a fact pattern, those whose search finds a passage a stated fact fits
-    at :data:`OTHERS_FIT`.  Never a doctrine the answer quotes (``quoted``: its sources list it),
-    one researched earlier on the thread, or any when the user set or reviewed the agenda."""
+    """The planner's candidates left off the agenda, what the user may research next (the 1.5B
+    passed over "Abnormally dangerous activities" for a blasting question); of a fact pattern, those
+    a stated fact fits at :data:`OTHERS_FIT`.  None the answer quotes (``quoted``) or the thread
+    researched, and none when the user set or reviewed the agenda."""
     facts = state["parsed"].facts
     if state["parsed"].issues or _reading(state, "review"):
         return []
@@ -333,9 +326,8 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
 
 def reading_moot(q: Question, ctx: AgentContext, score: float | None) -> str:
     """Why the classifier's reading could not change the run ("" when it could): it only decides
-    whether the planner declines the question as off topic (:func:`off_topic`), which a
-    multiple-choice question never is, nor a fact pattern whose sentences' closest passages score
-    (``score``) at FIELD_EVIDENCE and LEAN_GATE or above (each test declines only below them)."""
+    :func:`off_topic`, which never declines a multiple-choice question, nor a fact pattern whose
+    ``score`` reaches FIELD_EVIDENCE and LEAN_GATE."""
     if q.choices:
         return "a multiple-choice question is researched as asked"
     if q.kind != "fact_pattern" or score is None:
@@ -364,11 +356,10 @@ with 8 the 1.5B picked from the end of a 12-name list (docs/MEASUREMENTS_HISTORY
 def candidate_doctrines(
     ctx: AgentContext, question: str, within: str = ""
 ) -> tuple[list[str], str]:
-    """Doctrine names the planner may pick from: the doctrines the question links to in the legal
-    taxonomy (first: the 1.5B picks the first ones), then the titles of the passages retrieved for
-    the question; and the title of the user's own document when the closest of those passages is
-    one ("" when none is).  A question researched in one state's law (``within``, a USPS code)
-    lists only that state's passage titles: general law finds nothing in a state's statute."""
+    """Doctrine names the planner may pick from: the question's linked doctrines (first: the 1.5B
+    picks the first ones), then the titles of its passages; and the title of the user's own
+    document when the closest passage is one ("" else).  A question in one state's law (``within``,
+    a USPS code) lists that state's titles only: general law finds nothing in a state's statute."""
     linked = [i for i in linked_doctrines(ctx, question) if i]
     titles: list[str] = []
     own = ""
@@ -401,14 +392,12 @@ def off_topic(
     score: float | None = None,
 ) -> str:
     """Why an open question is off topic as asked ("" when it is not), checked before any research
-    (which can turn gibberish into a legal topic):
-    - not in English (``prompts.in_english``);
-    - a question of law in a field outside ``prompts.COVERED_AREAS`` whose closest passages score
-      below :data:`FIELD_EVIDENCE` (unless the collection holds the user's own documents);
-    - it asks what a state's law provides (``law``) and no passage is that state's law;
-    - a rule question whose subject (the classifier's ``topic``) uses words no passage uses;
-    - every sentence's closest passages score below LEAN_GATE (a fact pattern only when the
-      classifier reads no question of law in it: lay words sit far from the rule's passages).
+    (which can turn gibberish into a legal topic): not in English; a question of law in a field
+    outside ``prompts.COVERED_AREAS`` whose closest passages score below :data:`FIELD_EVIDENCE`
+    (unless the collection holds the user's own documents); asking what a state's law provides
+    (``law``) where no passage is that state's law; a rule question whose subject (``topic``) uses
+    words no passage uses; every sentence's closest passages below LEAN_GATE (a fact pattern only
+    when the classifier reads no question of law in it: lay words sit far from the rule's passages).
     ``score``: the question's ``AgentContext.question_score`` when the classifier has it."""
     if not prompts.in_english(question):
         return f"{OFF_TOPIC}: it is not in English, the language of the sources; ask it in English"
@@ -530,10 +519,9 @@ def _steps_decision(update: dict[str, Any], given: str = "") -> str:
 
 @_traced("planner")
 def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """The agenda: one step per issue, at most MAX_STEPS (the rest of a user's agenda reported as
-    not researched; the model's picks cut to MAX_STEPS).
-    It sees the question without its choices.  A follow-up that asks the thread's last question
-    on changed facts keeps that question's agenda; any other lists the thread's issues first."""
+    """The agenda: one step per issue, at most MAX_STEPS, from the question without its choices.  A
+    follow-up that asks the thread's last question on changed facts keeps that question's agenda;
+    any other lists the thread's issues first."""
     q, reading = state["parsed"], state.get("reading") or {}
     last = last_turn(state)
     kept = reading.get("follow_up") == "hypothetical" and not q.issues and last.get("issues")
@@ -606,9 +594,8 @@ REVIEW_HOW = (
 def reviewed_agenda(
     reply: Any, listed: list[str], doctrine: Callable[[str], str | None] | None = None
 ) -> list[str]:
-    """The agenda a plan review's ``reply`` sets: "" or None keeps it (empty list back); else
-    issues separated by ';' (a string, a list, or {"issues": [...]}), each a number of
-    ``listed`` (the agenda, then the other candidates) or a name (:func:`user_agenda`)."""
+    """The agenda a plan review's ``reply`` sets ([]: keep it): issues separated by ';' (a string, a
+    list, or {"issues": [...]}), each a number of ``listed`` or a name (:func:`user_agenda`)."""
     if isinstance(reply, dict):
         reply = reply.get("issues")
     items = reply.split(";") if isinstance(reply, str) else list(reply or [])
@@ -670,9 +657,8 @@ def leads(issue: str, docs: Sequence[Passage]) -> list[str]:
 def _rewritten(
     state: AgentState, ctx: AgentContext, step: PlanStep
 ) -> tuple[list[str], list[str], list[str]]:
-    """An adaptive step's own queries (the ``rewrite`` call: a primary query and two alternatives in
-    other legal vocabulary; a retry has none), the passages earlier steps used (excluded from its
-    search), and a fallback note when the reply was unusable.  An agenda step: none of these."""
+    """An adaptive step's own queries (the ``rewrite`` call; a retry has none), the passages earlier
+    steps used (excluded from its search), and a fallback note for an unusable reply."""
     if ctx.settings.agent.research_policy != "adaptive":
         return [], [], []
     used = [i for s in _executed(state) for i in s["execution"].get("retrieved_doc_ids") or []]
@@ -687,9 +673,8 @@ def _rewritten(
 
 @_traced("executor")
 def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """Run ONE pending step, without a model call: its search -> drop passages that carry
-    instructions (injection screen) -> the evidence gate: the best cosine of the issue's question
-    to a passage, against LEAN_GATE."""
+    """Run ONE pending step, without a model call: search, drop passages that carry instructions,
+    then gate: the best cosine of the issue's question to a passage, against LEAN_GATE."""
     table = state.get("planning_table") or []
     pending = [s for s in table if s["status"] == "pending" and not s["execution"]]
     if not pending:
@@ -855,9 +840,8 @@ def _noted(state: AgentState, move: str) -> list[MemoryEntry]:
 
 @_traced("replanner")
 def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]:
-    """The next step.  The agenda: a failed step's other angle (:func:`_retry`), decided in code
-    (the agenda already says what to research, and a step fails on its passages, not its
-    wording).  The adaptive policy: the model's move from the findings (:func:`adaptive_move`)."""
+    """The next step: a failed step's other angle (:func:`_retry`), decided in code (a step fails on
+    its passages, not its wording); the adaptive policy's is the model's (:func:`adaptive_move`)."""
     if ctx.settings.agent.research_policy == "adaptive":
         return adaptive_move(state, ctx)
     table = state.get("planning_table") or []
@@ -880,11 +864,9 @@ def findings(memory: Sequence[MemoryEntry], issues: Sequence[str]) -> str:
 
 
 def adaptive_move(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]:
-    """The adaptive policy's next move after a step: the ``replan`` call reads the findings (each
-    step's evidence, passages, leads and dead ends) and answers next_step (a candidate: the
-    planner's other picks, then the leads), retry or complete.  An unusable reply falls back to
-    the agenda's next issue.  Caps: MAX_STEPS issues, one retry per issue (MAX_ITERATIONS and the
-    deadline in the evaluator)."""
+    """The adaptive policy's next move: the ``replan`` call reads the findings and answers
+    next_step (the planner's other picks, then the leads), retry or complete; an unusable reply
+    takes the agenda's next issue.  Caps: MAX_STEPS issues, one retry per issue."""
     q, reading = state["parsed"], state.get("reading") or {}
     issues, done = planned(state), _executed(state)
     memory = list(state.get("chain_of_thought") or [])
@@ -955,10 +937,8 @@ def issue_research(state: AgentState, why_not: str) -> list[answer_stage.IssueRe
 
 @_traced("answer")
 def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """The one answer stage (``answer.build_record``): the typed answer record from each issue's
-    research, or an abstention that says why.  An open question is declined when the planner
-    found it off topic as asked (:func:`off_topic`), or when no issue's research found evidence;
-    never because one step failed."""
+    """The typed answer record (``answer.build_record``) from each issue's research, or an
+    abstention that says why: never because one step failed."""
     q = state["parsed"]
     if recalled(state):
         return {"answer": memory_record(state).to_dict()}, "memory hit"
@@ -1019,9 +999,8 @@ only when lean's retrieval falls below the gate (docs/MEASUREMENTS_HISTORY.md, s
 
 
 def mc_passages(state: AgentState, extra: list[Passage]) -> list[dict]:
-    """The passages the MC prompt reads, in order: ``extra`` (lean's retrieval for the question
-    and its choices), then up to MC_RESEARCH_PASSAGES more that the answer cites, or that a cached
-    answer cited (all of them when lean found nothing)."""
+    """The passages the MC prompt reads: ``extra`` (lean's retrieval), then up to
+    MC_RESEARCH_PASSAGES the answer (or a cached one) cites, all of them when lean found nothing."""
     record = state.get("answer") or {}
     passages = state.get("passages") or {}
     cited = [c["passage_id"] for c in record.get("citations") or []] or list(passages)
@@ -1031,9 +1010,8 @@ def mc_passages(state: AgentState, extra: list[Passage]) -> list[dict]:
 
 
 def mc_evidence(docs: list[dict], lean_count: int) -> str:
-    """The evidence of the MC prompt: ``docs`` (:func:`mc_passages`) formatted as in every mode,
-    each lean passage given as many characters as lean mode gives it (the research's passages add
-    to the prompt, they do not crowd lean's out)."""
+    """The MC prompt's evidence: each lean passage gets as many characters as lean mode gives it
+    (the research's passages add to the prompt, they do not crowd lean's out)."""
     if not docs or not lean_count:
         return prompts.format_evidence(docs) if docs else ""
     return prompts.format_evidence(docs, max_chars=prompts.EVIDENCE_CHARS // lean_count * len(docs))
@@ -1050,9 +1028,8 @@ CLOSED_BOOK_NOTE = (
 
 @_traced("mc_select")
 def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """The letter of a multiple-choice question, from the answer's analysis and its passages plus
-    lean's retrieval (the question with its choices, when it passes LEAN_GATE): the agent never
-    reads less than lean mode does."""
+    """The letter of a multiple-choice question, from the answer and its passages plus lean's
+    retrieval when it passes LEAN_GATE: the agent never reads less than lean mode does."""
     q = state["parsed"]
     if not (choices := q.choices):
         return {}, "no choices: pass through"
@@ -1169,9 +1146,8 @@ def memory_writeback(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
 
 
 def worst_case_calls(settings: Any) -> int:
-    """The most LLM calls one question can take: classify and plan; one application per
-    researched issue (and, in evidence mode, one grounding-gate call) and the bottom line; the MC
-    call and its strict retry."""
+    """The most LLM calls one question can take: classify and plan; per researched issue one
+    application (and one grounding-gate call in evidence mode); the bottom line; MC and its retry."""
     per_issue = 2 if settings.agent.answer_mode == "evidence" else 1
     return 2 + per_issue * settings.agent.max_steps + 1 + 2
 
