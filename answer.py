@@ -81,10 +81,8 @@ on all 21 fact patterns it decided, and the support that made its tune-half verd
 
 
 class Guard(NamedTuple):
-    """One heuristic on model output or text: where it reads, what it does, the threshold it reads
-    and the measurement that keeps it (tune half decides, report half confirms; run ids and tables
-    in docs/MEASUREMENTS_HISTORY.md).  It fires through :meth:`_Stage.fire`, and every answer counts
-    it (``AnswerRecord.guards``, the run metrics' ``guards``)."""
+    """One heuristic on model output or text and the measurement that keeps it (tune half decides,
+    report half confirms: docs/MEASUREMENTS_HISTORY.md); :meth:`_Stage.fire` counts it per answer."""
 
     stage: str
     does: str
@@ -230,8 +228,7 @@ class AnswerRecord:
     why: str = ""
     """Why the answer abstained, or what it could not do."""
     verdict: Met | None = None
-    """The bottom line's answer to a yes/no question: ``reading`` where ``support`` reaches
-    VERDICT_SUPPORT (None: not asked, not reached, or not earned)."""
+    """The bottom line's answer: ``reading`` where ``support`` reaches VERDICT_SUPPORT, else None."""
     reading: Met | None = None
     """The model's answer to the yes/no question from the issues' readings, shown or not."""
     support: float | None = None
@@ -632,10 +629,9 @@ short to stand alone is joined back with ("Lena, a trespasser, climbed ...")."""
 def fact_part(
     fact: str, requirement: np.ndarray, embed: EmbedFn, others: np.ndarray | None = None
 ) -> str:
-    """The clause of a long fact sentence closest to a requirement (its row), marked as cut with
-    "…", so an application says which fact meets which element.  Given ``others`` (the rule's other
-    requirements' rows), a clause scores its cosine to this one less its mean cosine to those: a
-    clause that names the parties is close to every requirement."""
+    """The clause of a long fact sentence closest to a requirement (its row), marked "…" where cut.
+    Given ``others`` (the other requirements' rows), a clause scores its cosine to this one less its
+    mean cosine to those: a clause that names the parties is close to every requirement."""
     if len(fact.split()) <= FACT_PART_WORDS:
         return fact
     parts = _FACT_CLAUSE.split(fact)  # clause, separator, clause, ...
@@ -685,9 +681,8 @@ def complete_checks(text: str) -> Application | None:
 def verify_rule(
     client: Any, issue: str, pairs: Sequence[Pair]
 ) -> tuple[list[Pair], list[dict] | None]:
-    """The grounding gate (evidence policy): the ``verify`` call's verdict on each candidate rule
-    sentence for ``issue``.  (the verified pairs, in order; one quote record per sentence), or
-    (``[]``, None) when the reply is unusable: nothing is verified that was not judged."""
+    """The grounding gate: the verified candidate rule sentences, in order, and one quote record per
+    sentence; (``[]``, None) for an unusable reply: nothing is verified that was not judged."""
     numbered = "\n".join(
         f'{n}. "{prompts.neutralize(s)}" ({prompts.neutralize(str(d.get("title") or ""))})'
         for n, (d, s) in enumerate(pairs, 1)
@@ -740,10 +735,9 @@ def bottom_line(
     fire: Callable[[str], None],
     bar: float = 0.0,
 ) -> Verdict | None:
-    """The answer to the yes-or-no question ``asked`` (None: unparseable reply): the model reads
-    the issues' readings and answers yes / no / unclear, naming the conclusion that decides it,
-    shown in its words when its support reaches ``bar`` (else the line says what decides it).  No
-    call when no issue is decided, or when ``bar`` is above 1 (no support reaches it)."""
+    """The answer to the yes-or-no question ``asked`` (None: unparseable reply): the model answers
+    from the issues' readings, naming the deciding conclusion, shown when its support reaches
+    ``bar`` (else the line says what decides it).  No call when no issue is decided or ``bar`` > 1."""
     decided = [i for i in applied if i.reading in ("yes", "no")]
     if not decided:
         why = ": the stated facts decide none of the issues above"
@@ -936,9 +930,8 @@ def _answered(
 
 
 Applied = tuple[list[Check] | None, bool, int, bool]
-"""An issue's application (None: nothing to apply, or an unusable reply), whether its rule was cut
-into requirements, the checks dropped as unrelated (guard ``unrelated_fact``), and whether it is
-the thread's earlier one (:func:`_carried`)."""
+"""An issue's application (None: none, or an unusable reply), whether its rule was cut into
+requirements, the checks dropped as unrelated, and whether it is the thread's (:func:`_carried`)."""
 
 
 def _checks(stage: _Stage, issue: str, rule: list) -> Applied:
@@ -983,11 +976,10 @@ def _carried(stage: _Stage, issue: str, items: list[str]) -> list[Check] | None:
 
 
 def borne_on(stage: _Stage, ruled: Sequence[Ruled]) -> set[str]:
-    """The issues a follow-up's new facts bear on: for each new fact, the issue whose rule it
-    fits best, and any other whose rule it fits at :data:`FACT_FIT` (the floor at which facts
-    raise an issue).  A new fact always bears on some issue: one sentence rarely reaches FACT_FIT
-    on its own ("The store had put a warning sign next to the puddle" fits an invitee's "...duty
-    to inspect and to fix or warn of dangers" at 0.21, comparative negligence at -0.02)."""
+    """The issues a follow-up's new facts bear on: per new fact, the issue whose rule it fits best
+    and any other it fits at :data:`FACT_FIT`.  Always some issue: one sentence rarely reaches
+    FACT_FIT on its own ("The store had put a warning sign next to the puddle" fits an invitee's
+    "...duty to inspect and to fix or warn of dangers" at 0.21, comparative negligence at -0.02)."""
     new = list(stage.q.new_facts) if stage.earlier else []
     if not new or not ruled:
         return set()
@@ -1001,9 +993,8 @@ def borne_on(stage: _Stage, ruled: Sequence[Ruled]) -> set[str]:
 
 
 def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Ruled]) -> None:
-    """Fill in each ruled issue: applied to the facts, or named as not raised (``off_facts``,
-    ``not_asked``, ``not_raised``); the planner's first issue, the best fit and an issue the
-    question names are always applied, and so is the first unraised one when no other is."""
+    """Fill in each ruled issue, applied or named as not raised; the planner's first issue, the best
+    fit and a named issue are always applied, and so is the first unraised one when no other is."""
     rule_question = stage.q.kind == "rule_question"
     floor, guard = (ASKED_FIT, "not_asked") if rule_question else (FACT_FIT, "off_facts")
     stage.bearing = borne_on(stage, ruled)
@@ -1074,9 +1065,8 @@ def _unanswerable(stage: _Stage, issues: list[IssueAnswer]) -> str:
 
 
 def _tail(stage: _Stage, applied: Sequence[IssueAnswer]) -> tuple[Verdict | None, list[Sentence]]:
-    """A fact pattern's bottom line: a yes/no question's from the model (:func:`bottom_line`);
-    one that asks which or what ("Which rights were violated, and what must she show?"), the
-    issues by conclusion."""
+    """A fact pattern's bottom line: a yes/no question's from the model (:func:`bottom_line`), a
+    "Which rights were violated, and what must she show?" one the issues by conclusion."""
     if stage.q.kind != "fact_pattern" or not applied:
         return None, []
     if not stage.q.yes_no:
@@ -1102,13 +1092,10 @@ def build_record(
     verdict_support: float = 0.0,
     earlier: Mapping[str, list[dict]] | None = None,
 ) -> AnswerRecord:
-    """The answer to ``question`` from the research of each issue (see the module docstring).
-
-    ``decline``: why the research declines the question as a whole (off topic as asked); the
-    record then abstains without a model call.  ``policy="evidence"``: every rule sentence passes
-    the grounding gate first (:func:`verify_rule`).  ``verdict_support``: the support a reading
-    needs to be shown as a conclusion or verdict (above 1: none is).  ``earlier``: a follow-up's
-    thread, each issue's application in its last answer (:func:`_carried`)."""
+    """The answer to ``question`` from each issue's research.  ``decline``: why the research
+    declines the question as asked (the record abstains, no model call).  ``verdict_support``: the
+    support a reading needs to be shown (above 1: none is).  ``earlier``: a follow-up's thread,
+    each issue's application in its last answer (:func:`_carried`)."""
     stage = _Stage(client, question, embed, policy, verdict_support, earlier=earlier or {})
     if decline:
         return stage.record([], decline, "the sources do not cover this question as asked")
@@ -1165,9 +1152,8 @@ def render(record: AnswerRecord, tail: Sequence[Sentence] = ()) -> str:
 
 
 def render_sources(citations: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One line per citation (``AnswerRecord.to_dict()["citations"]``): its number, where a
-    reader finds it (the pin cite, else the passage's title), the passage id, and the sentence it
-    rests on."""
+    """One line per citation (``AnswerRecord.to_dict()["citations"]``): its number, pin cite or
+    title, passage id, and the sentence it rests on."""
     return [
         f"[{c['n']}] {c.get('pin') or c['title'] or '(untitled)'} ({c['passage_id']}): "
         f'"{c["support"]}"'
