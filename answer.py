@@ -167,9 +167,6 @@ GUARDS: dict[str, Guard] = {
 in form (nothing to tune: the answer goes on without that part)."""
 
 
-# --- The record ---------------------------------------------------------------------------------
-
-
 @dataclass
 class Citation:
     """One numbered source of the answer: the passage and the sentence a reader can check."""
@@ -279,9 +276,6 @@ class AnswerRecord:
         return {mc.doctrine_key(c.title) for c in self.citations}
 
 
-# --- Facts and rules (no model calls) -----------------------------------------------------------
-
-
 def _rows(embed: EmbedFn, texts: list[str]) -> np.ndarray:
     return np.asarray(embed(texts), dtype=np.float32) if texts else np.zeros((0, 1), np.float32)
 
@@ -377,9 +371,6 @@ def select_rule(
         return []
     keep = sorted(np.argsort(-cosines(embed, query, [s for _, s in pool]))[:n])
     return [pool[i] for i in keep]
-
-
-# --- Building the record ------------------------------------------------------------------------
 
 
 @dataclass
@@ -1114,9 +1105,6 @@ def build_record(
     if tail:
         record.issues.append(IssueAnswer("Bottom line", "answered", tail, outcome=record.verdict))
     return record
-
-
-# --- Rendering ----------------------------------------------------------------------------------
 
 
 def _refs(cites: Sequence[int]) -> str:

@@ -45,9 +45,6 @@ RETRY_SEARCH = "keyword"
 """The other angle of a step that missed the evidence gate: BM25 over its issue's facts, names."""
 
 
-# --- Tracing ------------------------------------------------------------------------------------
-
-
 def _traced(name: str) -> Callable:
     """Wrap a node body ``fn(state, ctx) -> (update, decision[, goto])``: time it, append a trace
     event, and route with ``Command(goto=...)`` when the body names the next node."""
@@ -77,9 +74,6 @@ def _traced(name: str) -> Callable:
         return node
 
     return wrap
-
-
-# --- Issues and steps ---------------------------------------------------------------------------
 
 
 def issue_question(issue: str) -> str:
@@ -208,9 +202,6 @@ def _passage_record(doc: dict) -> dict:
         "pin": answer_stage.pin_cite(doc),
         "doc_id": (doc.get("metadata") or {}).get("doc_id") or "",  # the user's own document
     }
-
-
-# --- Nodes --------------------------------------------------------------------------------------
 
 
 @_traced("detect_injection")
@@ -1220,9 +1211,6 @@ def observability(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         f"{metrics['llm_calls']} LLM calls, {metrics['steps_completed']} completed / "
         f"{metrics['steps_failed']} failed steps",
     )
-
-
-# --- Routers ------------------------------------------------------------------------------------
 
 
 def route_after_injection(state: AgentState) -> Literal["classifier", "answer", "observability"]:
