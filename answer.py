@@ -82,7 +82,7 @@ on all 21 fact patterns it decided, and the support that made its tune-half verd
 
 class Guard(NamedTuple):
     """One heuristic on model output or text and the measurement that keeps it (tune half decides,
-    report half confirms: docs/MEASUREMENTS_HISTORY.md); :meth:`_Stage.fire` counts it per answer."""
+    report half confirms: docs/MEASUREMENTS_HISTORY.md); :meth:`_Stage.fire` counts it."""
 
     stage: str
     does: str
@@ -214,8 +214,7 @@ class IssueAnswer:
 
 @dataclass
 class AnswerRecord:
-    """The run's answer, decided once.  ``text`` is what the user reads; the rest is the same
-    answer as data."""
+    """The run's answer, decided once: ``text`` is what the user reads, the rest is it as data."""
 
     kind: Kind
     text: str
@@ -225,7 +224,7 @@ class AnswerRecord:
     why: str = ""
     """Why the answer abstained, or what it could not do."""
     verdict: Met | None = None
-    """The bottom line's answer: ``reading`` where ``support`` reaches VERDICT_SUPPORT, else None."""
+    """The bottom line's answer: ``reading`` where ``support`` reaches VERDICT_SUPPORT."""
     reading: Met | None = None
     """The model's answer to the yes/no question from the issues' readings, shown or not."""
     support: float | None = None
@@ -337,8 +336,7 @@ def candidate_sentences(doc: Mapping[str, Any]) -> list[str]:
 
 
 def doctrine_scores(issue: str, docs: Sequence[Mapping[str, Any]], embed: EmbedFn) -> list[float]:
-    """Per passage: the cosine of ``issue``'s name to its title and first sentence (at least
-    :data:`DOCTRINE_MATCH` for a passage on that doctrine)."""
+    """Per passage: the cosine of ``issue``'s name to its title and first sentence."""
     firsts = [(split_sentences(str(d.get("text") or "")) or [""])[0] for d in docs]
     heads = [f"{d.get('title') or ''}. {f}".strip(". ") for d, f in zip(docs, firsts, strict=True)]
     return [float(s) for s in cosines(embed, issue, heads)] if docs else []
@@ -375,8 +373,7 @@ def select_rule(
 
 @dataclass
 class IssueResearch:
-    """What the research hands over for one issue: its passages, best first (empty: none past the
-    evidence gate), and whether a step ran for it."""
+    """What the research hands over for one issue: its passages, best first (empty: none passed)."""
 
     issue: str
     docs: list[dict]
@@ -494,8 +491,7 @@ _CONCLUSION = {
 
 
 def _deciding(checks: Sequence[Check], reading: Met) -> list[Check]:
-    """The checks a reading rests on: every requirement for "yes"; for "no", the requirement the
-    facts fail (the one its conclusion names)."""
+    """The checks a reading rests on: all for "yes"; for "no", the failed one it names."""
     if reading == "yes":
         return list(checks)
     if reading == "no":
@@ -728,7 +724,7 @@ def bottom_line(
 ) -> Verdict | None:
     """The answer to the yes-or-no question ``asked`` (None: unparseable reply): the model answers
     from the issues' readings, naming the deciding conclusion, shown when its support reaches
-    ``bar`` (else the line says what decides it).  No call when no issue is decided or ``bar`` > 1."""
+    ``bar`` (else the line says what decides it).  No call if no issue is decided or ``bar`` > 1."""
     decided = [i for i in applied if i.reading in ("yes", "no")]
     if not decided:
         why = ": the stated facts decide none of the issues above"
@@ -758,8 +754,7 @@ def bottom_line(
 
 
 def in_short(asked: str, applied: Sequence[IssueAnswer]) -> Sentence:
-    """The bottom line of a question that asks which or what: the question, then the issues by
-    conclusion."""
+    """A "which" or "what" question's bottom line: the question, then the issues by conclusion."""
     heads = ("yes", "Applies on these facts"), ("no", "Does not apply"), ("unclear", "Not settled")
     groups = [(h, [i.issue for i in applied if i.outcome == o]) for o, h in heads]
     text = " ".join([asked, *(f"{head}: {'; '.join(names)}." for head, names in groups if names)])

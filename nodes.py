@@ -207,8 +207,8 @@ def _passage_record(doc: dict) -> dict:
 @_traced("detect_injection")
 def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """The injection verdict on the user's input (``injection.detect``: the deterministic screen,
-    then the model's verdict unless SKIP_INJECTION_CHECK; ``injection_check`` says
-    ``prescreen_only`` when the model's verdict was unavailable)."""
+    then the model's unless SKIP_INJECTION_CHECK; ``injection_check`` is ``prescreen_only`` when
+    the model's verdict was unavailable)."""
     q = state.get("parsed")
     if q is None or q.objective != state["question"]:  # a new question on the thread
         q = Question.read(*question_mod.parse(state["question"]), ctx.state_law)
@@ -285,9 +285,8 @@ def _memory_hit(state: AgentState, ctx: AgentContext, q: Question) -> dict | Non
 
 @_traced("classifier")
 def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """QA memory first: a question answered before (a fact pattern: the same facts, word for
-    word) is neither classified nor researched (a multiple-choice one still gets its letter);
-    else its kind, field of law and topic."""
+    """QA memory first: a question answered before (a fact pattern: the same facts, word for word)
+    is neither classified nor researched; else its kind, field of law and topic."""
     q = state["parsed"]
     if _reading(state, "follow_up") == "hypothetical":
         # the thread's last question again, on changed facts
@@ -328,8 +327,7 @@ def reading_moot(q: Question, ctx: AgentContext, score: float | None) -> str:
 
 
 def linked_doctrines(ctx: AgentContext, question: str) -> list[str]:
-    """The doctrines the question links to in the legal taxonomy, one item per claim (none when
-    linking fails)."""
+    """The question's doctrines in the legal taxonomy, one per claim (none when linking fails)."""
     if ctx.link_issues is None:
         return []
     try:
@@ -457,8 +455,8 @@ def thread_research(state: AgentState) -> dict[str, tuple[PlanStep, dict[str, di
 
 
 def plan_steps(state: AgentState, ctx: AgentContext, issues: list[str]) -> dict[str, Any]:
-    """The planning table for ``issues`` (at most MAX_STEPS): an issue researched on the thread
-    before keeps its completed step and passages; any other gets a pending step."""
+    """The planning table for ``issues`` (at most MAX_STEPS): an issue the thread researched keeps
+    its completed step and passages; any other gets a pending step."""
     forced = ctx.settings.agent.search_strategy
     first = FIRST_SEARCH if forced == "auto" else forced
     facts = list(state["parsed"].facts)
@@ -567,8 +565,7 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
 
 
 def _fallback_agenda(ctx: AgentContext, question: str) -> tuple[list[str], list[str]]:
-    """The agenda when no issue was named, and the fallbacks taken: the doctrines the question
-    links to, else the question itself."""
+    """The agenda when no issue was named (the linked doctrines, else the question itself)."""
     taken = ["planner: no issues named (the linked doctrines are researched)"]
     if issues := linked_doctrines(ctx, question):
         return issues, taken
@@ -753,8 +750,7 @@ def answer_mode(state: AgentState, ctx: AgentContext) -> str:
 
 
 def make_evaluator(forced_mode: str | None = None) -> Callable:
-    """The evaluator node; ``forced_mode`` fixes the answer mode (the evidence graph of
-    langgraph.json), else the state's or ANSWER_MODE decides."""
+    """The evaluator node; ``forced_mode`` fixes the answer mode (langgraph.json's "evidence")."""
 
     @_traced("evaluator")
     def evaluator(state: AgentState, ctx: AgentContext) -> tuple[dict, str, AnswerRoute]:
@@ -902,8 +898,8 @@ def adaptive_move(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]
 
 
 def issue_research(state: AgentState, why_not: str) -> list[answer_stage.IssueResearch]:
-    """Per agenda issue, what the answer stage gets: the passages of its completed steps, none
-    when every angle missed the evidence gate, or not researched."""
+    """Per agenda issue, the passages of its completed steps (none when every angle missed the
+    evidence gate), or not researched."""
     passages = state.get("passages") or {}
     chosen = bool(state["parsed"].issues or _reading(state, "chosen"))
     out = []
@@ -1138,7 +1134,7 @@ def memory_writeback(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
 
 def worst_case_calls(settings: Any) -> int:
     """The most LLM calls one question can take: classify and plan; per researched issue one
-    application (and one grounding-gate call in evidence mode); the bottom line; MC and its retry."""
+    application (and one grounding-gate call in evidence mode); the bottom line; MC, its retry."""
     per_issue = 2 if settings.agent.answer_mode == "evidence" else 1
     return 2 + per_issue * settings.agent.max_steps + 1 + 2
 
