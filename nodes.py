@@ -955,14 +955,11 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     update: dict[str, Any] = {"answer": record.to_dict()}
     if stop:
         update["stop_reason"] = stop
+    if record.abstained:
+        return update, f"abstained: {_short(record.why, 100)}"
     n = sum(1 for i in record.issues if i.status == "answered" and i.issue != "Bottom line")
-    decision = (
-        f"abstained: {_short(record.why, 100)}"
-        if record.abstained
-        else f"{n} issue(s) answered, {len(record.citations)} citation(s)"
-        + (f", bottom line {record.verdict}" if record.verdict else "")
-    )
-    return update, decision
+    verdict = f", bottom line {record.verdict}" if record.verdict else ""
+    return update, f"{n} issue(s) answered, {len(record.citations)} citation(s){verdict}"
 
 
 def memory_record(state: AgentState) -> answer_stage.AnswerRecord:
@@ -974,8 +971,7 @@ def memory_record(state: AgentState) -> answer_stage.AnswerRecord:
         )
         for n, s in enumerate(hit.get("sources") or [], 1)
     ]
-    text = hit.get("answer") or ""
-    kind = state["parsed"].kind
+    text, kind = hit.get("answer") or "", state["parsed"].kind
     return answer_stage.AnswerRecord(kind, text, [], citations, abstained=False, grounded=True)
 
 
@@ -1223,7 +1219,6 @@ def route_after_classifier(state: AgentState) -> Literal["planner", "answer"]:
 
 def route_after_planner(state: AgentState) -> Literal["review", "executor", "answer"]:
     """A question declined as off topic skips the research; a plan review pauses first."""
-    reading = state.get("reading") or {}
-    if reading.get("decline"):
+    if _reading(state, "decline"):
         return "answer"
-    return "review" if reading.get("review") else "executor"
+    return "review" if _reading(state, "review") else "executor"
