@@ -230,8 +230,7 @@ class AnswerRecord:
     support: float | None = None
     letter: str | None = None
     grounded: bool = False
-    """Every legal sentence cites a source (and, under the evidence policy, every rule sentence is
-    a quote the grounding gate verified)."""
+    """Every legal sentence cites a source (evidence policy: every rule is a verified quote)."""
     quotes: list[dict] = field(default_factory=list)
     """Evidence policy: every sentence the gate judged, {issue, passage_id, text, verdict}."""
     guards: dict[str, int] = field(default_factory=dict)
@@ -839,8 +838,7 @@ def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
             return IssueAnswer(item.issue, "no_evidence", why=why)
     else:
         rule = lead or select_rule(query, docs, stage.embed)
-    # The same law as earlier issues is said once, under them (guard ``same_rule``); outside the
-    # evidence policy, an issue quotes what else its passages say when they say more.
+    # outside the evidence policy, an issue quotes what else its passages say when they say more
     if rule and all(r in stage.taken for r in _keys(rule)):
         more = [] if evidence else select_rule(query, docs, stage.embed, taken=stage.taken)
         if not more:
@@ -862,8 +860,7 @@ def _ruled_issues(
 ) -> tuple[list[IssueAnswer], list[Ruled]]:
     """Every issue's place in the answer, and those with a rule to apply (their places are filled
     in by :func:`_apply_issues`)."""
-    # What an issue's rule must fit to be answered: a fact pattern's facts (guard ``off_facts``),
-    # a rule question's question (guard ``not_asked``).
+    # what an issue's rule must fit: a fact pattern's facts, a rule question's question
     fit_to = {"fact_pattern": list(stage.q.facts), "rule_question": [stage.q.text]}
     fit_rows = _rows(stage.embed, fit_to.get(stage.q.kind, []))
     issues: list[IssueAnswer] = []
