@@ -4,21 +4,18 @@ The research hands over, per agenda issue, the passages its step found (or none)
 writes the answer in the shape of a bar essay:
 
 - **Rule**: per issue, sentences of its passages quoted verbatim (chosen by embedding cosine to
-  the issue and its facts), each cited.  Guards (:data:`GUARDS`): a passage on another doctrine
-  is never a rule (``off_doctrine``); the rule an earlier issue quotes is not quoted again
-  (``same_rule``); a rule far from every stated fact (``off_facts``) or from what a rule question
-  asks (``not_asked``) is named, not applied; an answer none of whose rules is near the question
-  is declined (``off_question``).
+  the issue and its facts), each cited.
 - **Application**: one call per issue (``skills/apply_rule.md``) names, per requirement, the
-  stated fact that meets or fails it; a fact unrelated to its requirement decides nothing
-  (``unrelated_fact``, :data:`FACT_RELEVANCE`).
+  stated fact that meets or fails it.
 - **Conclusion**: every requirement met, the rule applies; one failed, it does not; else the
   stated facts do not settle it.
 - **Bottom line**: a yes/no question gets one call (``skills/bottom_line.md``) answering it from
   the conclusions; a "which ..." question gets the issues grouped by conclusion.
 
-Under the **evidence policy** (``ANSWER_MODE=evidence``) each rule sentence must also pass the
-grounding gate (``skills/verify_quotes.md``).  A rule question states the rule as its source does
+Each heuristic on the way (a passage on another doctrine, a rule far from the facts or from the
+question, a fact unrelated to its requirement) is a named guard of :data:`GUARDS`.  Under the
+**evidence policy** (``ANSWER_MODE=evidence``) each rule sentence must also pass the grounding gate
+(``skills/verify_quotes.md``).  A rule question states the rule as its source does
 (:func:`lead_rule`).  With no passage to stand on, the record abstains and says why.  Everything
 the CLI, the exit code, the QA memory and the evals need is a field of :class:`AnswerRecord`.
 """
@@ -47,11 +44,9 @@ Pair = tuple[Mapping[str, Any], str]
 RULE_SENTENCES = 2
 """Sentences quoted as an issue's rule (the best by cosine to the issue and its facts)."""
 RULE_QUESTION_SENTENCES = 3
-"""Sentences quoted as a rule question's rule: the first of the issue's own passage, and the one
-closest to the question when it comes later (:func:`lead_rule`)."""
+"""The first sentences of its own passage quoted as a rule question's rule (:func:`lead_rule`)."""
 VERIFY_CANDIDATES = 4
-"""Under the evidence policy, the candidate rule sentences per issue the grounding gate judges (the
-best :data:`RULE_SENTENCES` verified ones are quoted)."""
+"""Candidate rule sentences per issue the grounding gate judges (evidence policy)."""
 HEADING_WORDS = 6
 """A passage's first sentence of at most this many words is its heading, never a rule."""
 TITLED_HEADING_WORDS = 10
@@ -60,8 +55,7 @@ FACT_SENTENCES = 3
 """Sentences of a fact pattern kept with an issue (the closest to it by cosine)."""
 FACT_FIT = 0.33
 """Cosine of an issue's quoted rule to the closest fact sentence below which the facts do not raise
-the issue (``off_facts``); the planner's first issue and the best fit are always applied.  Low end
-of the tune half's plateau (docs/MEASUREMENTS_HISTORY.md, "`FACT_FIT` re-tuned")."""
+the issue (``off_facts``): the low end of the tune half's plateau (docs/MEASUREMENTS_HISTORY.md)."""
 FACT_RELEVANCE = 0.10
 """Cosine of a requirement to the fact a check names below which that fact cannot decide it
 (``unrelated_fact``): the 1.5B marks most requirements met by some unrelated fact.  Chosen on the
@@ -87,10 +81,8 @@ on all 21 fact patterns it decided, and the support that made its tune-half verd
 
 
 class Guard(NamedTuple):
-    """One heuristic on model output or text: where it reads, what it does, the threshold it reads
-    and the measurement that keeps it (tune half decides, report half confirms; run ids and tables
-    in docs/MEASUREMENTS_HISTORY.md).  It fires through :meth:`_Stage.fire`, and every answer counts
-    it (``AnswerRecord.guards``, the run metrics' ``guards``)."""
+    """One heuristic on model output or text and the measurement that keeps it (tune half decides,
+    report half confirms: docs/MEASUREMENTS_HISTORY.md); :meth:`_Stage.fire` counts it."""
 
     stage: str
     does: str
@@ -110,10 +102,9 @@ GUARDS: dict[str, Guard] = {
         "rules",
         "an issue whose closest sentences an earlier issue quotes quotes the closest ones no "
         "earlier issue does; with none left, it is not answered again",
-        "",
-        "stop 43 (fp_tune_s43_same): tune misgrounded 36/194 -> 36/183, issues found 23/40 kept; "
-        "stop 57, the sentences left (fp_s57_leftover): issues found tune 21/40 kept, report "
-        "17 -> 18/34, misgrounded unchanged (29, 87)",
+        kept_by="stop 43 (fp_tune_s43_same): tune misgrounded 36/194 -> 36/183, issues found "
+        "23/40 kept; stop 57, the sentences left (fp_s57_leftover): issues found tune 21/40 kept, "
+        "report 17 -> 18/34, misgrounded unchanged (29, 87)",
     ),
     "off_facts": Guard(
         "application",
@@ -132,9 +123,8 @@ GUARDS: dict[str, Guard] = {
     "not_raised": Guard(
         "application",
         "an issue no stated fact bears on is named, not answered",
-        "",
-        "ablation, stop 35: misgrounded tune 86/253 with, 91/258 without; report 106/242 with, "
-        "117/258 without; issues found unchanged",
+        kept_by="ablation, stop 35: misgrounded tune 86/253 with, 91/258 without; report 106/242 "
+        "with, 117/258 without; issues found unchanged",
     ),
     "unrelated_fact": Guard(
         "application",
@@ -156,12 +146,11 @@ GUARDS: dict[str, Guard] = {
         "an issue the question names or the user sets is applied even where off_facts or "
         "not_raised would set it aside, with the facts the model ties to it even where "
         "unrelated_fact would drop them",
-        "",
-        'user trial (stop 47): "Has she committed larceny or embezzlement?" set embezzlement '
-        "aside as not raised; ablation, stop 58 (fp_s58_nonamed): no fact pattern changes on "
-        "the tune half (they rarely name a doctrine), report misgrounded 65 -> 61 without; user "
-        'trial (stop 60): "Is Dana guilty of larceny?" lost its laptop facts (cosine 0.06 to '
-        '"intent to permanently deprive") to unrelated_fact',
+        kept_by='user trial (stop 47): "Has she committed larceny or embezzlement?" set '
+        "embezzlement aside as not raised; ablation, stop 58 (fp_s58_nonamed): no fact pattern "
+        "changes on the tune half (they rarely name a doctrine), report misgrounded 65 -> 61 "
+        'without; user trial (stop 60): "Is Dana guilty of larceny?" lost its laptop facts '
+        '(cosine 0.06 to "intent to permanently deprive") to unrelated_fact',
     ),
     "unparsed_application": Guard(
         "application", "an unreadable apply reply: the rule stands without an application"
@@ -176,9 +165,6 @@ GUARDS: dict[str, Guard] = {
 }
 """The guards of the answer stage.  A row with no measurement counts a reply the model got wrong
 in form (nothing to tune: the answer goes on without that part)."""
-
-
-# --- The record ---------------------------------------------------------------------------------
 
 
 @dataclass
@@ -228,8 +214,7 @@ class IssueAnswer:
 
 @dataclass
 class AnswerRecord:
-    """The run's answer, decided once.  ``text`` is what the user reads; the rest is the same
-    answer as data."""
+    """The run's answer, decided once: ``text`` is what the user reads, the rest is it as data."""
 
     kind: Kind
     text: str
@@ -239,15 +224,13 @@ class AnswerRecord:
     why: str = ""
     """Why the answer abstained, or what it could not do."""
     verdict: Met | None = None
-    """The bottom line's answer to a yes/no question: ``reading`` where ``support`` reaches
-    VERDICT_SUPPORT (None: not asked, not reached, or not earned)."""
+    """The bottom line's answer: ``reading`` where ``support`` reaches VERDICT_SUPPORT."""
     reading: Met | None = None
     """The model's answer to the yes/no question from the issues' readings, shown or not."""
     support: float | None = None
     letter: str | None = None
     grounded: bool = False
-    """Every legal sentence cites a source (and, under the evidence policy, every rule sentence is
-    a quote the grounding gate verified)."""
+    """Every legal sentence cites a source (evidence policy: every rule is a verified quote)."""
     quotes: list[dict] = field(default_factory=list)
     """Evidence policy: every sentence the gate judged, {issue, passage_id, text, verdict}."""
     guards: dict[str, int] = field(default_factory=dict)
@@ -289,9 +272,6 @@ class AnswerRecord:
         """The doctrines of the sources the answer quotes (their titles' :func:`mc.doctrine_key`):
         none of them is listed as set aside ("Considered, but …") or as not researched."""
         return {mc.doctrine_key(c.title) for c in self.citations}
-
-
-# --- Facts and rules (no model calls) -----------------------------------------------------------
 
 
 def _rows(embed: EmbedFn, texts: list[str]) -> np.ndarray:
@@ -355,8 +335,7 @@ def candidate_sentences(doc: Mapping[str, Any]) -> list[str]:
 
 
 def doctrine_scores(issue: str, docs: Sequence[Mapping[str, Any]], embed: EmbedFn) -> list[float]:
-    """Per passage: the cosine of ``issue``'s name to its title and first sentence (at least
-    :data:`DOCTRINE_MATCH` for a passage on that doctrine)."""
+    """Per passage: the cosine of ``issue``'s name to its title and first sentence."""
     firsts = [(split_sentences(str(d.get("text") or "")) or [""])[0] for d in docs]
     heads = [f"{d.get('title') or ''}. {f}".strip(". ") for d, f in zip(docs, firsts, strict=True)]
     return [float(s) for s in cosines(embed, issue, heads)] if docs else []
@@ -391,13 +370,9 @@ def select_rule(
     return [pool[i] for i in keep]
 
 
-# --- Building the record ------------------------------------------------------------------------
-
-
 @dataclass
 class IssueResearch:
-    """What the research hands over for one issue: its passages, best first (empty: none past the
-    evidence gate), and whether a step ran for it."""
+    """What the research hands over for one issue: its passages, best first (empty: none passed)."""
 
     issue: str
     docs: list[dict]
@@ -515,8 +490,7 @@ _CONCLUSION = {
 
 
 def _deciding(checks: Sequence[Check], reading: Met) -> list[Check]:
-    """The checks a reading rests on: every requirement for "yes"; for "no", the requirement the
-    facts fail (the one its conclusion names)."""
+    """The checks a reading rests on: all for "yes"; for "no", the failed one it names."""
     if reading == "yes":
         return list(checks)
     if reading == "no":
@@ -641,10 +615,9 @@ short to stand alone is joined back with ("Lena, a trespasser, climbed ...")."""
 def fact_part(
     fact: str, requirement: np.ndarray, embed: EmbedFn, others: np.ndarray | None = None
 ) -> str:
-    """The clause of a long fact sentence closest to a requirement (its row), marked as cut with
-    "…", so an application says which fact meets which element.  Given ``others`` (the rule's other
-    requirements' rows), a clause scores its cosine to this one less its mean cosine to those: a
-    clause that names the parties is close to every requirement."""
+    """The clause of a long fact sentence closest to a requirement (its row), marked "…" where cut.
+    Given ``others`` (the other requirements' rows), a clause scores its cosine to this one less its
+    mean cosine to those: a clause that names the parties is close to every requirement."""
     if len(fact.split()) <= FACT_PART_WORDS:
         return fact
     parts = _FACT_CLAUSE.split(fact)  # clause, separator, clause, ...
@@ -694,9 +667,8 @@ def complete_checks(text: str) -> Application | None:
 def verify_rule(
     client: Any, issue: str, pairs: Sequence[Pair]
 ) -> tuple[list[Pair], list[dict] | None]:
-    """The grounding gate (evidence policy): the ``verify`` call's verdict on each candidate rule
-    sentence for ``issue``.  (the verified pairs, in order; one quote record per sentence), or
-    (``[]``, None) when the reply is unusable: nothing is verified that was not judged."""
+    """The grounding gate: the verified candidate rule sentences, in order, and one quote record per
+    sentence; (``[]``, None) for an unusable reply: nothing is verified that was not judged."""
     numbered = "\n".join(
         f'{n}. "{prompts.neutralize(s)}" ({prompts.neutralize(str(d.get("title") or ""))})'
         for n, (d, s) in enumerate(pairs, 1)
@@ -749,10 +721,9 @@ def bottom_line(
     fire: Callable[[str], None],
     bar: float = 0.0,
 ) -> Verdict | None:
-    """The answer to the yes-or-no question ``asked`` (None: unparseable reply): the model reads
-    the issues' readings and answers yes / no / unclear, naming the conclusion that decides it,
-    shown in its words when its support reaches ``bar`` (else the line says what decides it).  No
-    call when no issue is decided, or when ``bar`` is above 1 (no support reaches it)."""
+    """The answer to the yes-or-no question ``asked`` (None: unparseable reply): the model answers
+    from the issues' readings, naming the deciding conclusion, shown when its support reaches
+    ``bar`` (else the line says what decides it).  No call if no issue is decided or ``bar`` > 1."""
     decided = [i for i in applied if i.reading in ("yes", "no")]
     if not decided:
         why = ": the stated facts decide none of the issues above"
@@ -782,8 +753,7 @@ def bottom_line(
 
 
 def in_short(asked: str, applied: Sequence[IssueAnswer]) -> Sentence:
-    """The bottom line of a question that asks which or what: the question, then the issues by
-    conclusion."""
+    """A "which" or "what" question's bottom line: the question, then the issues by conclusion."""
     heads = ("yes", "Applies on these facts"), ("no", "Does not apply"), ("unclear", "Not settled")
     groups = [(h, [i.issue for i in applied if i.outcome == o]) for o, h in heads]
     text = " ".join([asked, *(f"{head}: {'; '.join(names)}." for head, names in groups if names)])
@@ -868,8 +838,7 @@ def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
             return IssueAnswer(item.issue, "no_evidence", why=why)
     else:
         rule = lead or select_rule(query, docs, stage.embed)
-    # The same law as earlier issues is said once, under them (guard ``same_rule``); outside the
-    # evidence policy, an issue quotes what else its passages say when they say more.
+    # outside the evidence policy, an issue quotes what else its passages say when they say more
     if rule and all(r in stage.taken for r in _keys(rule)):
         more = [] if evidence else select_rule(query, docs, stage.embed, taken=stage.taken)
         if not more:
@@ -891,8 +860,7 @@ def _ruled_issues(
 ) -> tuple[list[IssueAnswer], list[Ruled]]:
     """Every issue's place in the answer, and those with a rule to apply (their places are filled
     in by :func:`_apply_issues`)."""
-    # What an issue's rule must fit to be answered: a fact pattern's facts (guard ``off_facts``),
-    # a rule question's question (guard ``not_asked``).
+    # what an issue's rule must fit: a fact pattern's facts, a rule question's question
     fit_to = {"fact_pattern": list(stage.q.facts), "rule_question": [stage.q.text]}
     fit_rows = _rows(stage.embed, fit_to.get(stage.q.kind, []))
     issues: list[IssueAnswer] = []
@@ -945,9 +913,8 @@ def _answered(
 
 
 Applied = tuple[list[Check] | None, bool, int, bool]
-"""An issue's application (None: nothing to apply, or an unusable reply), whether its rule was cut
-into requirements, the checks dropped as unrelated (guard ``unrelated_fact``), and whether it is
-the thread's earlier one (:func:`_carried`)."""
+"""An issue's application (None: none, or an unusable reply), whether its rule was cut into
+requirements, the checks dropped as unrelated, and whether it is the thread's (:func:`_carried`)."""
 
 
 def _checks(stage: _Stage, issue: str, rule: list) -> Applied:
@@ -992,11 +959,10 @@ def _carried(stage: _Stage, issue: str, items: list[str]) -> list[Check] | None:
 
 
 def borne_on(stage: _Stage, ruled: Sequence[Ruled]) -> set[str]:
-    """The issues a follow-up's new facts bear on: for each new fact, the issue whose rule it
-    fits best, and any other whose rule it fits at :data:`FACT_FIT` (the floor at which facts
-    raise an issue).  A new fact always bears on some issue: one sentence rarely reaches FACT_FIT
-    on its own ("The store had put a warning sign next to the puddle" fits an invitee's "...duty
-    to inspect and to fix or warn of dangers" at 0.21, comparative negligence at -0.02)."""
+    """The issues a follow-up's new facts bear on: per new fact, the issue whose rule it fits best
+    and any other it fits at :data:`FACT_FIT`.  Always some issue: one sentence rarely reaches
+    FACT_FIT on its own ("The store had put a warning sign next to the puddle" fits an invitee's
+    "...duty to inspect and to fix or warn of dangers" at 0.21, comparative negligence at -0.02)."""
     new = list(stage.q.new_facts) if stage.earlier else []
     if not new or not ruled:
         return set()
@@ -1010,9 +976,8 @@ def borne_on(stage: _Stage, ruled: Sequence[Ruled]) -> set[str]:
 
 
 def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Ruled]) -> None:
-    """Fill in each ruled issue: applied to the facts, or named as not raised (``off_facts``,
-    ``not_asked``, ``not_raised``); the planner's first issue, the best fit and an issue the
-    question names are always applied, and so is the first unraised one when no other is."""
+    """Fill in each ruled issue, applied or named as not raised; the planner's first issue, the best
+    fit and a named issue are always applied, and so is the first unraised one when no other is."""
     rule_question = stage.q.kind == "rule_question"
     floor, guard = (ASKED_FIT, "not_asked") if rule_question else (FACT_FIT, "off_facts")
     stage.bearing = borne_on(stage, ruled)
@@ -1083,9 +1048,8 @@ def _unanswerable(stage: _Stage, issues: list[IssueAnswer]) -> str:
 
 
 def _tail(stage: _Stage, applied: Sequence[IssueAnswer]) -> tuple[Verdict | None, list[Sentence]]:
-    """A fact pattern's bottom line: a yes/no question's from the model (:func:`bottom_line`);
-    one that asks which or what ("Which rights were violated, and what must she show?"), the
-    issues by conclusion."""
+    """A fact pattern's bottom line: a yes/no question's from the model (:func:`bottom_line`), a
+    "Which rights were violated, and what must she show?" one the issues by conclusion."""
     if stage.q.kind != "fact_pattern" or not applied:
         return None, []
     if not stage.q.yes_no:
@@ -1111,13 +1075,10 @@ def build_record(
     verdict_support: float = 0.0,
     earlier: Mapping[str, list[dict]] | None = None,
 ) -> AnswerRecord:
-    """The answer to ``question`` from the research of each issue (see the module docstring).
-
-    ``decline``: why the research declines the question as a whole (off topic as asked); the
-    record then abstains without a model call.  ``policy="evidence"``: every rule sentence passes
-    the grounding gate first (:func:`verify_rule`).  ``verdict_support``: the support a reading
-    needs to be shown as a conclusion or verdict (above 1: none is).  ``earlier``: a follow-up's
-    thread, each issue's application in its last answer (:func:`_carried`)."""
+    """The answer to ``question`` from each issue's research.  ``decline``: why the research
+    declines the question as asked (the record abstains, no model call).  ``verdict_support``: the
+    support a reading needs to be shown (above 1: none is).  ``earlier``: a follow-up's thread,
+    each issue's application in its last answer (:func:`_carried`)."""
     stage = _Stage(client, question, embed, policy, verdict_support, earlier=earlier or {})
     if decline:
         return stage.record([], decline, "the sources do not cover this question as asked")
@@ -1138,9 +1099,6 @@ def build_record(
     return record
 
 
-# --- Rendering ----------------------------------------------------------------------------------
-
-
 def _refs(cites: Sequence[int]) -> str:
     return "".join(f"[{n}]" for n in cites)
 
@@ -1149,11 +1107,10 @@ def render(record: AnswerRecord, tail: Sequence[Sentence] = ()) -> str:
     """The answer as the CLI prints it: per issue its cited rule, application and conclusion; then
     the bottom line; then what was not answered."""
     lines: list[str] = []
-    heads = {"rule": "Rule", "application": "Application", "conclusion": "Conclusion"}
     for n, issue in enumerate((i for i in record.issues if i.status == "answered"), 1):
         lines.append(f"{n}. {issue.issue}")
         for s in issue.sentences:
-            lines.append(f"   {heads[s.role]}: {s.text} {_refs(s.cites)}".rstrip())
+            lines.append(f"   {s.role.capitalize()}: {s.text} {_refs(s.cites)}".rstrip())
         if issue.why:
             lines.append(f"   ({issue.why})")
     for s in tail:
@@ -1175,9 +1132,8 @@ def render(record: AnswerRecord, tail: Sequence[Sentence] = ()) -> str:
 
 
 def render_sources(citations: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One line per citation (``AnswerRecord.to_dict()["citations"]``): its number, where a
-    reader finds it (the pin cite, else the passage's title), the passage id, and the sentence it
-    rests on."""
+    """One line per citation (``AnswerRecord.to_dict()["citations"]``): its number, pin cite or
+    title, passage id, and the sentence it rests on."""
     return [
         f"[{c['n']}] {c.get('pin') or c['title'] or '(untitled)'} ({c['passage_id']}): "
         f'"{c["support"]}"'

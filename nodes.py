@@ -1,15 +1,11 @@
 """The nodes of the research agent and their routers.
 
-Every node takes ``(state, runtime)`` and reads its dependencies from ``runtime.context``
-(:class:`context.AgentContext`; a LangGraph Studio run gets :func:`context.default_context`).
-Each node appends one ``trace`` event (node, decision, seconds) that the CLI streams.  Every LLM
-call goes through ``prompts.call`` and the call table ``prompts.CALLS``.
-
-The research follows the facts: the planner names the issues the question raises, and each issue
-is one research step whose queries are its doctrine's names and the facts that raise it.  A step
-whose passages miss the evidence gate gets one more angle (another search type, the issue's facts
-alone) before it is given up.  The answer stage (``answer.py``) then writes one typed record that
-applies each issue's rule to the facts; everything downstream reads that record.
+Every node takes ``(state, runtime)``, reads its dependencies from ``runtime.context``
+(:class:`context.AgentContext`) and appends one ``trace`` event (node, decision, seconds) that the
+CLI streams; every LLM call goes through ``prompts.call``.  The planner names the issues the
+question raises; each is one research step whose queries are its doctrine's names and the facts
+that raise it, and a step whose passages miss the evidence gate gets one more angle before it is
+given up.  The answer stage (``answer.py``) then writes one typed record that everything reads.
 """
 
 from __future__ import annotations
@@ -49,9 +45,6 @@ RETRY_SEARCH = "keyword"
 """The other angle of a step that missed the evidence gate: BM25 over its issue's facts, names."""
 
 
-# --- Tracing ------------------------------------------------------------------------------------
-
-
 def _traced(name: str) -> Callable:
     """Wrap a node body ``fn(state, ctx) -> (update, decision[, goto])``: time it, append a trace
     event, and route with ``Command(goto=...)`` when the body names the next node."""
@@ -81,9 +74,6 @@ def _traced(name: str) -> Callable:
         return node
 
     return wrap
-
-
-# --- Issues and steps ---------------------------------------------------------------------------
 
 
 def issue_question(issue: str) -> str:
@@ -136,16 +126,14 @@ def planned(state: AgentState) -> list[str]:
 
 
 PASSED_OVER = 3
-"""Candidates an answer names as not researched, in the planner's order: where the research cited
-no gold passage (13 of the 40 fact patterns), a named one's search finds it for 4 with the first
-3 as with all (about 4 a pattern), 3 with the first 2 (the fact-pattern eval's ``steer_found``;
-docs/MEASUREMENTS.md, "Fact patterns")."""
+"""Candidates an answer names as not researched: where the research cited no gold passage (13 of
+40 fact patterns), a named one's search finds it for 4 with the first 3 as with all, 3 with the
+first 2 (``steer_found``; docs/MEASUREMENTS.md, "Fact patterns")."""
 
 OTHERS_FIT = 0.22
-"""The cosine a stated fact must reach to one of the first 3 passages a passed-over candidate's
-step would find for the answer to name it: on the tune half of the fact patterns, the highest
-floor that drops no candidate whose search finds a gold passage (it drops 9 of 56 names; on the
-report half 14 of 56, none of them gold-finding; docs/MEASUREMENTS.md, "Fact patterns")."""
+"""The cosine a stated fact must reach to one of a passed-over candidate's first 3 passages for
+the answer to name it: the highest floor that drops no gold-finding candidate on the tune half (it
+drops 9 of 56 names; report half 14 of 56, none gold-finding; docs/MEASUREMENTS.md)."""
 
 
 def candidate_search(ctx: AgentContext, name: str, facts: Sequence[str]) -> list[Passage]:
@@ -156,11 +144,10 @@ def candidate_search(ctx: AgentContext, name: str, facts: Sequence[str]) -> list
 
 
 def passed_over(state: AgentState, ctx: AgentContext, quoted: Collection[str] = ()) -> list[str]:
-    """The planner's candidates left off the agenda, by the name before their parentheses: what
-    the user may research next (the 1.5B passed over "Abnormally dangerous activities" for a
-    blasting question); of a fact pattern, those whose search finds a passage a stated fact fits
-    at :data:`OTHERS_FIT`.  Never a doctrine the answer quotes (``quoted``: its sources list it),
-    one researched earlier on the thread, or any when the user set or reviewed the agenda."""
+    """The planner's candidates left off the agenda, what the user may research next (the 1.5B
+    passed over "Abnormally dangerous activities" for a blasting question); of a fact pattern, those
+    a stated fact fits at :data:`OTHERS_FIT`.  None the answer quotes (``quoted``) or the thread
+    researched, and none when the user set or reviewed the agenda."""
     facts = state["parsed"].facts
     if state["parsed"].issues or _reading(state, "review"):
         return []
@@ -217,14 +204,11 @@ def _passage_record(doc: dict) -> dict:
     }
 
 
-# --- Nodes --------------------------------------------------------------------------------------
-
-
 @_traced("detect_injection")
 def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """The injection verdict on the user's input (``injection.detect``: the deterministic screen,
-    then the model's verdict unless SKIP_INJECTION_CHECK; ``injection_check`` says
-    ``prescreen_only`` when the model's verdict was unavailable)."""
+    then the model's unless SKIP_INJECTION_CHECK; ``injection_check`` is ``prescreen_only`` when
+    the model's verdict was unavailable)."""
     q = state.get("parsed")
     if q is None or q.objective != state["question"]:  # a new question on the thread
         q = Question.read(*question_mod.parse(state["question"]), ctx.state_law)
@@ -257,13 +241,9 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     return update, f"{check['verdict']} ({check['reason'] or check['llm_verdict']}{how})"
 
 
-RUN_SCOPED: dict[str, Any] = {
-    "passages": {},
-    "chain_of_thought": [],
-    "answer": {},
-    "stop_reason": "",
-    "run_metrics": {},
-}
+RUN_SCOPED: dict[str, Any] = dict(
+    passages={}, chain_of_thought=[], answer={}, stop_reason="", run_metrics={}
+)
 """What belongs to one question: a run's first node resets it, with the reducers' keys (a
 checkpointed thread keeps its state between runs)."""
 
@@ -305,9 +285,8 @@ def _memory_hit(state: AgentState, ctx: AgentContext, q: Question) -> dict | Non
 
 @_traced("classifier")
 def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """QA memory first: a question answered before (a fact pattern: the same facts, word for
-    word) is neither classified nor researched (a multiple-choice one still gets its letter);
-    else its kind, field of law and topic."""
+    """QA memory first: a question answered before (a fact pattern: the same facts, word for word)
+    is neither classified nor researched; else its kind, field of law and topic."""
     q = state["parsed"]
     if _reading(state, "follow_up") == "hypothetical":
         # the thread's last question again, on changed facts
@@ -337,9 +316,8 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
 
 def reading_moot(q: Question, ctx: AgentContext, score: float | None) -> str:
     """Why the classifier's reading could not change the run ("" when it could): it only decides
-    whether the planner declines the question as off topic (:func:`off_topic`), which a
-    multiple-choice question never is, nor a fact pattern whose sentences' closest passages score
-    (``score``) at FIELD_EVIDENCE and LEAN_GATE or above (each test declines only below them)."""
+    :func:`off_topic`, which never declines a multiple-choice question, nor a fact pattern whose
+    ``score`` reaches FIELD_EVIDENCE and LEAN_GATE."""
     if q.choices:
         return "a multiple-choice question is researched as asked"
     if q.kind != "fact_pattern" or score is None:
@@ -349,8 +327,7 @@ def reading_moot(q: Question, ctx: AgentContext, score: float | None) -> str:
 
 
 def linked_doctrines(ctx: AgentContext, question: str) -> list[str]:
-    """The doctrines the question links to in the legal taxonomy, one item per claim (none when
-    linking fails)."""
+    """The question's doctrines in the legal taxonomy, one per claim (none when linking fails)."""
     if ctx.link_issues is None:
         return []
     try:
@@ -368,11 +345,10 @@ with 8 the 1.5B picked from the end of a 12-name list (docs/MEASUREMENTS_HISTORY
 def candidate_doctrines(
     ctx: AgentContext, question: str, within: str = ""
 ) -> tuple[list[str], str]:
-    """Doctrine names the planner may pick from: the doctrines the question links to in the legal
-    taxonomy (first: the 1.5B picks the first ones), then the titles of the passages retrieved for
-    the question; and the title of the user's own document when the closest of those passages is
-    one ("" when none is).  A question researched in one state's law (``within``, a USPS code)
-    lists only that state's passage titles: general law finds nothing in a state's statute."""
+    """Doctrine names the planner may pick from: the question's linked doctrines (first: the 1.5B
+    picks the first ones), then the titles of its passages; and the title of the user's own
+    document when the closest passage is one ("" else).  A question in one state's law (``within``,
+    a USPS code) lists that state's titles only: general law finds nothing in a state's statute."""
     linked = [i for i in linked_doctrines(ctx, question) if i]
     titles: list[str] = []
     own = ""
@@ -405,14 +381,12 @@ def off_topic(
     score: float | None = None,
 ) -> str:
     """Why an open question is off topic as asked ("" when it is not), checked before any research
-    (which can turn gibberish into a legal topic):
-    - not in English (``prompts.in_english``);
-    - a question of law in a field outside ``prompts.COVERED_AREAS`` whose closest passages score
-      below :data:`FIELD_EVIDENCE` (unless the collection holds the user's own documents);
-    - it asks what a state's law provides (``law``) and no passage is that state's law;
-    - a rule question whose subject (the classifier's ``topic``) uses words no passage uses;
-    - every sentence's closest passages score below LEAN_GATE (a fact pattern only when the
-      classifier reads no question of law in it: lay words sit far from the rule's passages).
+    (which can turn gibberish into a legal topic): not in English; a question of law in a field
+    outside ``prompts.COVERED_AREAS`` whose closest passages score below :data:`FIELD_EVIDENCE`
+    (unless the collection holds the user's own documents); asking what a state's law provides
+    (``law``) where no passage is that state's law; a rule question whose subject (``topic``) uses
+    words no passage uses; every sentence's closest passages below LEAN_GATE (a fact pattern only
+    when the classifier reads no question of law in it: lay words sit far from the rule's passages).
     ``score``: the question's ``AgentContext.question_score`` when the classifier has it."""
     if not prompts.in_english(question):
         return f"{OFF_TOPIC}: it is not in English, the language of the sources; ask it in English"
@@ -481,8 +455,8 @@ def thread_research(state: AgentState) -> dict[str, tuple[PlanStep, dict[str, di
 
 
 def plan_steps(state: AgentState, ctx: AgentContext, issues: list[str]) -> dict[str, Any]:
-    """The planning table for ``issues`` (at most MAX_STEPS): an issue researched on the thread
-    before keeps its completed step and passages; any other gets a pending step."""
+    """The planning table for ``issues`` (at most MAX_STEPS): an issue the thread researched keeps
+    its completed step and passages; any other gets a pending step."""
     forced = ctx.settings.agent.search_strategy
     first = FIRST_SEARCH if forced == "auto" else forced
     facts = list(state["parsed"].facts)
@@ -534,18 +508,14 @@ def _steps_decision(update: dict[str, Any], given: str = "") -> str:
 
 @_traced("planner")
 def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """The agenda: one step per issue, at most MAX_STEPS (the rest of a user's agenda reported as
-    not researched; the model's picks cut to MAX_STEPS).
-    It sees the question without its choices.  A follow-up that asks the thread's last question
-    on changed facts keeps that question's agenda; any other lists the thread's issues first."""
+    """The agenda: one step per issue, at most MAX_STEPS, from the question without its choices.  A
+    follow-up that asks the thread's last question on changed facts keeps that question's agenda;
+    any other lists the thread's issues first."""
     q, reading = state["parsed"], state.get("reading") or {}
     last = last_turn(state)
     kept = reading.get("follow_up") == "hypothetical" and not q.issues and last.get("issues")
-    legal, area, topic = (
-        reading.get(k, d) for k, d in (("legal", True), ("area", ""), ("topic", ""))
-    )
-    score = reading.get("score")
-    decline = "" if q.choices or kept else off_topic(ctx, q.text, legal, area, topic, q.law, score)
+    said = {k: reading[k] for k in ("legal", "area", "topic", "score") if k in reading}
+    decline = "" if q.choices or kept else off_topic(ctx, q.text, law=q.law, **said)
     if decline:  # nothing to research: the answer stage declines and says why
         return {"reading": {"decline": decline}, "stop_reason": decline}, f"declined: {decline}"
     # A question that asks what a state's law provides, which the sources hold, is researched in
@@ -595,8 +565,7 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
 
 
 def _fallback_agenda(ctx: AgentContext, question: str) -> tuple[list[str], list[str]]:
-    """The agenda when no issue was named, and the fallbacks taken: the doctrines the question
-    links to, else the question itself."""
+    """The agenda when no issue was named (the linked doctrines, else the question itself)."""
     taken = ["planner: no issues named (the linked doctrines are researched)"]
     if issues := linked_doctrines(ctx, question):
         return issues, taken
@@ -613,9 +582,8 @@ REVIEW_HOW = (
 def reviewed_agenda(
     reply: Any, listed: list[str], doctrine: Callable[[str], str | None] | None = None
 ) -> list[str]:
-    """The agenda a plan review's ``reply`` sets: "" or None keeps it (empty list back); else
-    issues separated by ';' (a string, a list, or {"issues": [...]}), each a number of
-    ``listed`` (the agenda, then the other candidates) or a name (:func:`user_agenda`)."""
+    """The agenda a plan review's ``reply`` sets ([]: keep it): issues separated by ';' (a string, a
+    list, or {"issues": [...]}), each a number of ``listed`` or a name (:func:`user_agenda`)."""
     if isinstance(reply, dict):
         reply = reply.get("issues")
     items = reply.split(";") if isinstance(reply, str) else list(reply or [])
@@ -677,9 +645,8 @@ def leads(issue: str, docs: Sequence[Passage]) -> list[str]:
 def _rewritten(
     state: AgentState, ctx: AgentContext, step: PlanStep
 ) -> tuple[list[str], list[str], list[str]]:
-    """An adaptive step's own queries (the ``rewrite`` call: a primary query and two alternatives in
-    other legal vocabulary; a retry has none), the passages earlier steps used (excluded from its
-    search), and a fallback note when the reply was unusable.  An agenda step: none of these."""
+    """An adaptive step's own queries (the ``rewrite`` call; a retry has none), the passages earlier
+    steps used (excluded from its search), and a fallback note for an unusable reply."""
     if ctx.settings.agent.research_policy != "adaptive":
         return [], [], []
     used = [i for s in _executed(state) for i in s["execution"].get("retrieved_doc_ids") or []]
@@ -694,9 +661,8 @@ def _rewritten(
 
 @_traced("executor")
 def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """Run ONE pending step, without a model call: its search -> drop passages that carry
-    instructions (injection screen) -> the evidence gate: the best cosine of the issue's question
-    to a passage, against LEAN_GATE."""
+    """Run ONE pending step, without a model call: search, drop passages that carry instructions,
+    then gate: the best cosine of the issue's question to a passage, against LEAN_GATE."""
     table = state.get("planning_table") or []
     pending = [s for s in table if s["status"] == "pending" and not s["execution"]]
     if not pending:
@@ -784,8 +750,7 @@ def answer_mode(state: AgentState, ctx: AgentContext) -> str:
 
 
 def make_evaluator(forced_mode: str | None = None) -> Callable:
-    """The evaluator node; ``forced_mode`` fixes the answer mode (the evidence graph of
-    langgraph.json), else the state's or ANSWER_MODE decides."""
+    """The evaluator node; ``forced_mode`` fixes the answer mode (langgraph.json's "evidence")."""
 
     @_traced("evaluator")
     def evaluator(state: AgentState, ctx: AgentContext) -> tuple[dict, str, AnswerRoute]:
@@ -862,9 +827,8 @@ def _noted(state: AgentState, move: str) -> list[MemoryEntry]:
 
 @_traced("replanner")
 def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]:
-    """The next step.  The agenda: a failed step's other angle (:func:`_retry`), decided in code
-    (the agenda already says what to research, and a step fails on its passages, not its
-    wording).  The adaptive policy: the model's move from the findings (:func:`adaptive_move`)."""
+    """The next step: a failed step's other angle (:func:`_retry`), decided in code (a step fails on
+    its passages, not its wording); the adaptive policy's is the model's (:func:`adaptive_move`)."""
     if ctx.settings.agent.research_policy == "adaptive":
         return adaptive_move(state, ctx)
     table = state.get("planning_table") or []
@@ -887,11 +851,9 @@ def findings(memory: Sequence[MemoryEntry], issues: Sequence[str]) -> str:
 
 
 def adaptive_move(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]:
-    """The adaptive policy's next move after a step: the ``replan`` call reads the findings (each
-    step's evidence, passages, leads and dead ends) and answers next_step (a candidate: the
-    planner's other picks, then the leads), retry or complete.  An unusable reply falls back to
-    the agenda's next issue.  Caps: MAX_STEPS issues, one retry per issue (MAX_ITERATIONS and the
-    deadline in the evaluator)."""
+    """The adaptive policy's next move: the ``replan`` call reads the findings and answers
+    next_step (the planner's other picks, then the leads), retry or complete; an unusable reply
+    takes the agenda's next issue.  Caps: MAX_STEPS issues, one retry per issue."""
     q, reading = state["parsed"], state.get("reading") or {}
     issues, done = planned(state), _executed(state)
     memory = list(state.get("chain_of_thought") or [])
@@ -936,8 +898,8 @@ def adaptive_move(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]
 
 
 def issue_research(state: AgentState, why_not: str) -> list[answer_stage.IssueResearch]:
-    """Per agenda issue, what the answer stage gets: the passages of its completed steps, none
-    when every angle missed the evidence gate, or not researched."""
+    """Per agenda issue, the passages of its completed steps (none when every angle missed the
+    evidence gate), or not researched."""
     passages = state.get("passages") or {}
     chosen = bool(state["parsed"].issues or _reading(state, "chosen"))
     out = []
@@ -962,10 +924,8 @@ def issue_research(state: AgentState, why_not: str) -> list[answer_stage.IssueRe
 
 @_traced("answer")
 def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """The one answer stage (``answer.build_record``): the typed answer record from each issue's
-    research, or an abstention that says why.  An open question is declined when the planner
-    found it off topic as asked (:func:`off_topic`), or when no issue's research found evidence;
-    never because one step failed."""
+    """The typed answer record (``answer.build_record``) from each issue's research, or an
+    abstention that says why: never because one step failed."""
     q = state["parsed"]
     if recalled(state):
         return {"answer": memory_record(state).to_dict()}, "memory hit"
@@ -995,14 +955,11 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     update: dict[str, Any] = {"answer": record.to_dict()}
     if stop:
         update["stop_reason"] = stop
+    if record.abstained:
+        return update, f"abstained: {_short(record.why, 100)}"
     n = sum(1 for i in record.issues if i.status == "answered" and i.issue != "Bottom line")
-    decision = (
-        f"abstained: {_short(record.why, 100)}"
-        if record.abstained
-        else f"{n} issue(s) answered, {len(record.citations)} citation(s)"
-        + (f", bottom line {record.verdict}" if record.verdict else "")
-    )
-    return update, decision
+    verdict = f", bottom line {record.verdict}" if record.verdict else ""
+    return update, f"{n} issue(s) answered, {len(record.citations)} citation(s){verdict}"
 
 
 def memory_record(state: AgentState) -> answer_stage.AnswerRecord:
@@ -1014,8 +971,7 @@ def memory_record(state: AgentState) -> answer_stage.AnswerRecord:
         )
         for n, s in enumerate(hit.get("sources") or [], 1)
     ]
-    text = hit.get("answer") or ""
-    kind = state["parsed"].kind
+    text, kind = hit.get("answer") or "", state["parsed"].kind
     return answer_stage.AnswerRecord(kind, text, [], citations, abstained=False, grounded=True)
 
 
@@ -1026,9 +982,8 @@ only when lean's retrieval falls below the gate (docs/MEASUREMENTS_HISTORY.md, s
 
 
 def mc_passages(state: AgentState, extra: list[Passage]) -> list[dict]:
-    """The passages the MC prompt reads, in order: ``extra`` (lean's retrieval for the question
-    and its choices), then up to MC_RESEARCH_PASSAGES more that the answer cites, or that a cached
-    answer cited (all of them when lean found nothing)."""
+    """The passages the MC prompt reads: ``extra`` (lean's retrieval), then up to
+    MC_RESEARCH_PASSAGES the answer (or a cached one) cites, all of them when lean found nothing."""
     record = state.get("answer") or {}
     passages = state.get("passages") or {}
     cited = [c["passage_id"] for c in record.get("citations") or []] or list(passages)
@@ -1038,9 +993,8 @@ def mc_passages(state: AgentState, extra: list[Passage]) -> list[dict]:
 
 
 def mc_evidence(docs: list[dict], lean_count: int) -> str:
-    """The evidence of the MC prompt: ``docs`` (:func:`mc_passages`) formatted as in every mode,
-    each lean passage given as many characters as lean mode gives it (the research's passages add
-    to the prompt, they do not crowd lean's out)."""
+    """The MC prompt's evidence: each lean passage gets as many characters as lean mode gives it
+    (the research's passages add to the prompt, they do not crowd lean's out)."""
     if not docs or not lean_count:
         return prompts.format_evidence(docs) if docs else ""
     return prompts.format_evidence(docs, max_chars=prompts.EVIDENCE_CHARS // lean_count * len(docs))
@@ -1057,9 +1011,8 @@ CLOSED_BOOK_NOTE = (
 
 @_traced("mc_select")
 def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """The letter of a multiple-choice question, from the answer's analysis and its passages plus
-    lean's retrieval (the question with its choices, when it passes LEAN_GATE): the agent never
-    reads less than lean mode does."""
+    """The letter of a multiple-choice question, from the answer and its passages plus lean's
+    retrieval when it passes LEAN_GATE: the agent never reads less than lean mode does."""
     q = state["parsed"]
     if not (choices := q.choices):
         return {}, "no choices: pass through"
@@ -1122,9 +1075,7 @@ an answer where they fired may still be cached."""
 
 
 def cache_blockers(state: AgentState, ctx: AgentContext) -> list[str]:
-    """Why this run's answer must not be cached (empty: it may be): a memory hit, an evidence
-    answer, an abstention, an answer with an uncited sentence, a fired guard or an LLM call that
-    failed or was not parsed."""
+    """Why this run's answer must not be cached (empty: it may be)."""
     why: list[str] = []
     record = state.get("answer") or {}
     if recalled(state):
@@ -1177,12 +1128,11 @@ def memory_writeback(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     return {}, f"stored (confidence {confidence:.3f})"
 
 
-def worst_case_calls(settings: Any, *, choices: bool = True, injection: bool = False) -> int:
-    """The most LLM calls one question can take: classify and plan; one application per
-    researched issue (and, in evidence mode, one grounding-gate call) and the bottom line; the MC
-    call and its strict retry."""
+def worst_case_calls(settings: Any) -> int:
+    """The most LLM calls one question can take: classify and plan; per researched issue one
+    application (and one grounding-gate call in evidence mode); the bottom line; MC, its retry."""
     per_issue = 2 if settings.agent.answer_mode == "evidence" else 1
-    return 2 + per_issue * settings.agent.max_steps + 1 + (2 if choices else 0) + int(injection)
+    return 2 + per_issue * settings.agent.max_steps + 1 + 2
 
 
 def compute_metrics(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
@@ -1255,9 +1205,6 @@ def observability(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     )
 
 
-# --- Routers ------------------------------------------------------------------------------------
-
-
 def route_after_injection(state: AgentState) -> Literal["classifier", "answer", "observability"]:
     """A rejected input ends the run; lean mode answers with zero research steps."""
     if not (_reading(state, "injection") or {}).get("is_safe"):
@@ -1272,7 +1219,6 @@ def route_after_classifier(state: AgentState) -> Literal["planner", "answer"]:
 
 def route_after_planner(state: AgentState) -> Literal["review", "executor", "answer"]:
     """A question declined as off topic skips the research; a plan review pauses first."""
-    reading = state.get("reading") or {}
-    if reading.get("decline"):
+    if _reading(state, "decline"):
         return "answer"
-    return "review" if reading.get("review") else "executor"
+    return "review" if _reading(state, "review") else "executor"
