@@ -60,10 +60,8 @@ DEMOS: dict[str, str] = {
 
 
 def build_answer_stage(context_schema: type | None = AgentContext) -> Any:
-    """The answer stage, one node of the graph: the record (each issue's rule, application and
-    conclusion, the bottom line; none in lean mode), then a multiple-choice letter; nothing after
-    it edits the record.  Its output is ``AnswerStageOutput``, not the whole state: LangGraph
-    would add the run's trace to itself again."""
+    """The answer stage, one node: the record, then a multiple-choice letter; nothing after it
+    edits the record.  It outputs ``AnswerStageOutput``: the whole state would add the trace twice."""
     from langgraph.graph import START, StateGraph
 
     g = StateGraph(
