@@ -620,9 +620,8 @@ def _answered(out: Path, items: Sequence[tuple[str, str]]) -> set[str]:
 def run_batch(
     args: argparse.Namespace, items: list[tuple[str, str]], settings: Settings, checkpointer: Any
 ) -> int:
-    """Every question of ``items`` (:func:`read_batch`) not yet in --out, each appended to it as it ends (what --json
-    prints, with ``id`` and ``status``: answered, no_answer or failed); one progress line each on
-    stderr.  Exit status 1 when one failed, 130 on Ctrl-C (the next run goes on from there)."""
+    """Each question of ``items`` not yet in --out, appended to it as it ends (what --json prints,
+    with ``id`` and ``status``: answered, no_answer or failed); exit status 1 when one failed."""
     out = Path(args.out or Path(args.batch).with_suffix(".answers.jsonl"))
     done = _answered(out, items)
     todo = [(qid, q) for qid, q in items if qid not in done]
