@@ -48,8 +48,7 @@ CONFIDENCE_PASSAGES = 2
 
 @dataclass(frozen=True)
 class GateScores:
-    """A step's evidence score (the highest cosine) and confidence (the mean of the first
-    CONFIDENCE_PASSAGES), from one cosine of its question to each passage; 0.0 for none."""
+    """A step's evidence score (its best question-passage cosine) and confidence; 0.0: none."""
 
     evidence: float
     confidence: float
@@ -141,8 +140,7 @@ class AgentContext:
     ) -> list[float]:
         """The cosine of ``question`` to each of ``docs``: the ``dense_score`` of their search when
         its first query was ``question`` (``rag_utils.searched_cosines``), else computed once."""
-        searched = rag_utils.searched_cosines(question, docs, queries)
-        if searched is not None:
+        if (searched := rag_utils.searched_cosines(question, docs, queries)) is not None:
             return searched
         if self.cosines is not None:
             return [float(c) for c in self.cosines(question, docs)]
@@ -206,8 +204,7 @@ class AgentContext:
     def verdict_support(self) -> float:
         """The support a reading needs to be shown (VERDICT_SUPPORT; unset: none is shown on the
         embedded model, ``answer.API_VERDICT_SUPPORT`` with an API model)."""
-        bar = self.settings.agent.verdict_support
-        if bar is not None:
+        if (bar := self.settings.agent.verdict_support) is not None:
             return bar
         local = self.client.is_local("bottom_line")
         return answer_stage.NO_VERDICT if local else answer_stage.API_VERDICT_SUPPORT
