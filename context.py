@@ -71,8 +71,6 @@ class AgentContext:
     """Absolute ``time.monotonic()`` by which the run must end (None: no limit)."""
     record_offset: int = 0
     """Index of the client's first call record that belongs to this run."""
-    screen_passage: Callable[[str], list[str]] = injection.screen_passage
-    """Names of the injection patterns a passage's text matches (empty: clean)."""
     source_type: Callable[[Passage], str] = rag_utils.source_type
     """statute/rule, caselaw or study material of a passage (for the working memory)."""
     link_issues: Callable[[str], list[str]] | None = None
@@ -157,8 +155,8 @@ class AgentContext:
         return GateScores(float(max(cos)), float(sum(top) / len(top)))
 
     def keep_clean(self, retrieved: list[Passage], k: int) -> tuple[list[Passage], list[dict]]:
-        """``(kept, flagged)``: ``injection.keep_clean`` with this run's passage screen."""
-        return injection.keep_clean(retrieved, k, self.screen_passage)
+        """``(kept, flagged)``: ``injection.keep_clean`` (nodes do not import ``injection``)."""
+        return injection.keep_clean(retrieved, k)
 
     def rejection_message(self, check: injection.InjectionCheck) -> str:
         """What the user reads when the input is rejected (nodes do not import ``injection``)."""
