@@ -784,8 +784,7 @@ def _error(message: object, status: int = 2) -> int:
 
 def _index_problem(args: argparse.Namespace, settings: Settings) -> str | None:
     """Why no run can start (no passage indexed for this embedding model, or none the filters
-    allow; None: it can), said before any model call, after building the starter index into an
-    empty store (unless --no-index)."""
+    allow), before any model call; an empty store gets the starter index first (not --no-index)."""
     if not args.no_index:
         _ensure_index(settings)
     if rag_utils.corpus_count(settings) == 0:

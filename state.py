@@ -135,9 +135,8 @@ class AgentState(TypedDict, total=False):
 
 
 class AnswerStageInput(TypedDict, total=False):
-    """What the answer stage reads of the run (``main.build_answer_stage``): the question, the
-    reading, the research, the thread's turns.  Not the trace: the stage's own events are its
-    output."""
+    """What the answer stage (``main.build_answer_stage``) reads of the run; not the trace: the
+    stage's own events are its output."""
 
     parsed: Question
     answer_mode: Literal["auto", "research", "evidence", "lean"]
