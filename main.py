@@ -645,8 +645,7 @@ def run_batch(
             status = "failed" if result.get("error") else "answered" if shown else "no_answer"
             failed += status == "failed"
             row = {"id": qid, "question": q, "status": status, **result}
-            sink.write(json.dumps(row, ensure_ascii=False) + "\n")
-            sink.flush()
+            print(json.dumps(row, ensure_ascii=False), file=sink, flush=True)
             letter = f" ({record['letter']})" if record.get("letter") else ""
             if not args.quiet:
                 say(f"[{n}/{len(todo)}] {qid}: {status}{letter} in {result.get('wall_s', 0):.1f}s")
