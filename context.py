@@ -48,8 +48,7 @@ CONFIDENCE_PASSAGES = 2
 
 @dataclass(frozen=True)
 class GateScores:
-    """A step's evidence score (the highest cosine) and confidence (the mean of the first
-    CONFIDENCE_PASSAGES), from one cosine of its question to each passage; 0.0 for none."""
+    """A step's evidence score (its best question-passage cosine) and confidence; 0.0: none."""
 
     evidence: float
     confidence: float
@@ -72,8 +71,6 @@ class AgentContext:
     """Absolute ``time.monotonic()`` by which the run must end (None: no limit)."""
     record_offset: int = 0
     """Index of the client's first call record that belongs to this run."""
-    screen_passage: Callable[[str], list[str]] = injection.screen_passage
-    """Names of the injection patterns a passage's text matches (empty: clean)."""
     source_type: Callable[[Passage], str] = rag_utils.source_type
     """statute/rule, caselaw or study material of a passage (for the working memory)."""
     link_issues: Callable[[str], list[str]] | None = None
@@ -141,8 +138,7 @@ class AgentContext:
     ) -> list[float]:
         """The cosine of ``question`` to each of ``docs``: the ``dense_score`` of their search when
         its first query was ``question`` (``rag_utils.searched_cosines``), else computed once."""
-        searched = rag_utils.searched_cosines(question, docs, queries)
-        if searched is not None:
+        if (searched := rag_utils.searched_cosines(question, docs, queries)) is not None:
             return searched
         if self.cosines is not None:
             return [float(c) for c in self.cosines(question, docs)]
@@ -159,8 +155,8 @@ class AgentContext:
         return GateScores(float(max(cos)), float(sum(top) / len(top)))
 
     def keep_clean(self, retrieved: list[Passage], k: int) -> tuple[list[Passage], list[dict]]:
-        """``(kept, flagged)``: ``injection.keep_clean`` with this run's passage screen."""
-        return injection.keep_clean(retrieved, k, self.screen_passage)
+        """``(kept, flagged)``: ``injection.keep_clean`` (nodes do not import ``injection``)."""
+        return injection.keep_clean(retrieved, k)
 
     def rejection_message(self, check: injection.InjectionCheck) -> str:
         """What the user reads when the input is rejected (nodes do not import ``injection``)."""
@@ -206,8 +202,7 @@ class AgentContext:
     def verdict_support(self) -> float:
         """The support a reading needs to be shown (VERDICT_SUPPORT; unset: none is shown on the
         embedded model, ``answer.API_VERDICT_SUPPORT`` with an API model)."""
-        bar = self.settings.agent.verdict_support
-        if bar is not None:
+        if (bar := self.settings.agent.verdict_support) is not None:
             return bar
         local = self.client.is_local("bottom_line")
         return answer_stage.NO_VERDICT if local else answer_stage.API_VERDICT_SUPPORT

@@ -60,10 +60,8 @@ DEMOS: dict[str, str] = {
 
 
 def build_answer_stage(context_schema: type | None = AgentContext) -> Any:
-    """The answer stage, one node of the graph: the record (each issue's rule, application and
-    conclusion, the bottom line; none in lean mode), then a multiple-choice letter; nothing after
-    it edits the record.  Its output is ``AnswerStageOutput``, not the whole state: LangGraph
-    would add the run's trace to itself again."""
+    """The answer stage, one node: the record, then a multiple-choice letter; nothing after it
+    edits the record.  It outputs ``AnswerStageOutput``: the state would add the trace twice."""
     from langgraph.graph import START, StateGraph
 
     g = StateGraph(
@@ -83,9 +81,8 @@ def build_graph(
     context_schema: type | None = AgentContext,
     checkpointer: Any = None,
 ) -> Any:
-    """A freshly compiled graph (one per run or test; nothing heavy happens here).  ``answer_mode``
-    fixes research or evidence answering (None: the input's or ANSWER_MODE); ``context_schema``
-    None is for the LangGraph server (make_graph); ``checkpointer`` keeps runs on threads."""
+    """A freshly compiled graph (nothing heavy happens here).  ``answer_mode``: None = the input's
+    or ANSWER_MODE; ``context_schema`` None: the LangGraph server's (make_graph)."""
     from langgraph.graph import END, START, StateGraph
 
     g = StateGraph(AgentState, context_schema=context_schema)
@@ -116,8 +113,8 @@ def build_graph(
 
 @contextlib.contextmanager
 def open_checkpointer(settings: Settings) -> Iterator[Any]:
-    """The checkpoint store of CHECKPOINTS, open for the block: LangGraph's PostgreSQL saver for a
-    postgresql:// URL (which several machines can share), else its SQLite saver; None when off."""
+    """CHECKPOINTS' store, open for the block: LangGraph's PostgreSQL saver for a postgresql:// URL
+    (several machines can share it), else its SQLite saver; None when off."""
     store = settings.agent.checkpoints.strip()
     if store.lower() in ("", "off", "none", "0"):
         yield None
@@ -135,9 +132,8 @@ def open_checkpointer(settings: Settings) -> Iterator[Any]:
 
 @contextlib.contextmanager
 def _open_sqlite(path: str, serde: Any) -> Iterator[Any]:
-    """A SQLite store that several processes can write at once (two CLI runs, an eval beside a
-    run): in WAL mode readers do not block the writer, and a writer waits up to 30 s for
-    another's transaction instead of failing with "database is locked"."""
+    """A SQLite store several processes can write at once (two CLI runs, an eval beside a run):
+    WAL mode, and a writer waits up to 30 s for another's transaction, not "database is locked"."""
     from langgraph.checkpoint.sqlite import SqliteSaver
 
     file = Path(path).expanduser()
@@ -148,9 +144,9 @@ def _open_sqlite(path: str, serde: Any) -> Iterator[Any]:
 
 
 def _wal_mode(conn: sqlite3.Connection, wait: float = 30.0) -> None:
-    """Switch the store to WAL mode.  While another process switches a new file, SQLite answers
-    "database is locked" at once, without waiting (the busy timeout does not cover it): try
-    again for up to ``wait`` seconds (two runs starting together failed 1 time in 3 suites)."""
+    """WAL mode.  While another process switches a new file, SQLite says "database is locked" at
+    once (the busy timeout does not cover it): retry for ``wait`` s (two runs starting together
+    failed 1 time in 3 suites)."""
     deadline = time.monotonic() + wait
     while True:
         try:
@@ -164,9 +160,8 @@ def _wal_mode(conn: sqlite3.Connection, wait: float = 30.0) -> None:
 
 @contextlib.contextmanager
 def _open_postgres(url: str, serde: Any) -> Iterator[Any]:
-    """A PostgreSQL store on the server of ``url``.  A server that cannot be reached is a bad
-    setting (SettingsError naming the URL without its password), said before any work; a
-    connection attempt gives up after 10 s unless the URL sets ``connect_timeout``."""
+    """A PostgreSQL store on ``url``'s server; one that cannot be reached is a SettingsError (the
+    URL without its password) before any work, after 10 s unless the URL sets connect_timeout."""
     import psycopg
     from langgraph.checkpoint.postgres import PostgresSaver
     from psycopg.conninfo import conninfo_to_dict
@@ -186,9 +181,8 @@ def _open_postgres(url: str, serde: Any) -> Iterator[Any]:
 
 
 def make_graph() -> Any:
-    """Graph factory for ``langgraph dev`` (langgraph.json): the nodes use the default context,
-    which indexes the starter corpus into an empty store first.  No context schema: LangGraph
-    would build an ``AgentContext`` from the server's ``{}`` and fail."""
+    """Graph factory for ``langgraph dev``: the default context, which indexes the starter corpus
+    into an empty store.  No context schema: LangGraph would build one from the server's ``{}``."""
     context.prepare_store = load_corpus.ensure_starter_index
     return build_graph(context_schema=None)
 
@@ -200,8 +194,8 @@ def make_evidence_graph() -> Any:
 
 
 def recursion_limit(settings: Settings) -> int:
-    """Supersteps a run can take: 3 before the loop, 3 per executor iteration, 3 after — plus
-    slack.  The evaluator's iteration cap ends the loop long before this limit."""
+    """3 supersteps before the loop, 3 per executor iteration, 3 after, plus slack (the
+    evaluator's iteration cap ends the loop long before)."""
     return 3 * int(settings.agent.max_iterations) + 10
 
 
@@ -223,16 +217,13 @@ def run_agent(
     review: Callable[[dict], Any] | None = None,
     resume_first: bool = False,
 ) -> dict:
-    """Research ``question`` (``issues``: the agenda instead of the model's picks) and return the
-    final state as a JSON-able dict (``answer``: the record; run_metrics, stop_reason; ``error``:
-    why the run ended early, its research kept).  ``context``'s RUN_TIMEOUT starts now;
-    ``on_event`` gets {node, decision, seconds, t_s} per node; ``keep_on_interrupt`` (the CLI):
-    Ctrl-C ends the run like a failure (stop_reason "interrupted").  With a ``checkpointer`` the
-    run is kept on thread ``thread_id`` (default: a new one; :func:`thread_state` refuses one this
-    version cannot read), where a later question is a follow-up on its facts and research.
-    ``review``: the run pauses after the planner and goes on with the agenda ``review(pause)``
-    returns.  ``resume_first`` (the CLI): InputError, naming --resume, when the thread's last run
-    stopped before its end (a new question would drop its research)."""
+    """Research ``question`` (``issues``: the agenda instead of the model's picks); the final state,
+    JSON-able (``error``: why the run ended early, its research kept).  RUN_TIMEOUT starts now;
+    ``on_event`` gets {node, decision, seconds, t_s} per node; ``keep_on_interrupt``: Ctrl-C ends
+    the run like a failure.  A ``checkpointer`` keeps the run on ``thread_id`` (default: a new one),
+    where a later question is a follow-up.  ``review(pause)`` returns the agenda after the planner.
+    ``resume_first``: InputError, naming --resume, when the thread's last run stopped before its
+    end (a new question would drop its research)."""
     if not (question or "").strip():  # Question.read normalizes its spaces
         raise InputError("the question is empty")
     if review is not None and checkpointer is None:
@@ -259,15 +250,13 @@ def run_agent(
 
 
 def thread_config(thread_id: str) -> dict[str, Any]:
-    """The run config that keeps a run on ``thread_id``, each checkpoint marked with the state's
-    version (LangGraph copies the config's metadata into the checkpoint's)."""
+    """The config of a run on ``thread_id``; its metadata marks each checkpoint's state version."""
     return {"configurable": {"thread_id": thread_id}, "metadata": {"state_version": STATE_VERSION}}
 
 
 def thread_state(graph: Any, config: dict[str, Any]) -> Any:
-    """The state kept on ``config``'s thread (empty for a new one).  InputError, one line naming
-    the thread, when another version of the state wrote it or its checkpoint does not load (a
-    broken store): a run on it would fail halfway or misread it."""
+    """The state kept on ``config``'s thread (empty for a new one); InputError naming the thread
+    when another state version wrote it or it does not load: a run would fail or misread it."""
     thread = config["configurable"]["thread_id"]
     try:
         saved = graph.get_state(config)
@@ -300,10 +289,8 @@ def resume_agent(
     keep_on_interrupt: bool = False,
     review: Callable[[dict], Any] | None = None,
 ) -> dict:
-    """Continue the run kept on ``thread_id`` (stopped by the deadline, a failed call, Ctrl-C or
-    a kill, or paused for plan review, which ``review`` answers) from its last checkpoint, without
-    running the completed nodes again.  InputError when the thread holds no run, its run is
-    finished or this version cannot go on with it (:func:`thread_state`)."""
+    """Continue the run kept on ``thread_id`` (stopped, killed, or paused for ``review``) from its
+    last checkpoint; InputError when the thread holds no run, a finished or unreadable one."""
     graph = build_graph(checkpointer=checkpointer)
     config = thread_config(thread_id)
     saved = thread_state(graph, config)
@@ -334,9 +321,8 @@ def _stream(
     keep_on_interrupt: bool,
     review: Callable[[dict], Any] | None = None,
 ) -> dict:
-    """Run ``graph`` from ``initial`` (None: on from the thread's last checkpoint, whose values
-    are ``state``) to its end or its first failure, and return the JSON-able final state (see
-    :func:`run_agent`; ``paused``: what a pause that ``review`` did not answer asks)."""
+    """Run ``graph`` from ``initial`` (None: from the thread's last checkpoint, values ``state``) to
+    its end or first failure: :func:`run_agent`'s result (``paused``: what no review answered)."""
     ctx.start_run()
     config["recursion_limit"] = recursion_limit(ctx.settings)
     state = {**state, "error": None}
@@ -390,7 +376,7 @@ def _stream(
 
 
 def _partial(state: dict, ctx: AgentContext, message: str, reason: str = "") -> dict:
-    """The run so far after a failure (``reason``: the stop_reason; default deadline or error)."""
+    """The run so far after a failure (``reason``: the stop_reason, else deadline or error)."""
     logger.info("run stopped early: %s", message)
     left = nodes.unresearched_issues(state)  # type: ignore[arg-type]
     found = [  # the research done before the failure: what each issue's search found
@@ -634,9 +620,8 @@ def _answered(out: Path, items: Sequence[tuple[str, str]]) -> set[str]:
 def run_batch(
     args: argparse.Namespace, items: list[tuple[str, str]], settings: Settings, checkpointer: Any
 ) -> int:
-    """Every question of ``items`` (:func:`read_batch`) not yet in --out, each appended to it as it ends (what --json
-    prints, with ``id`` and ``status``: answered, no_answer or failed); one progress line each on
-    stderr.  Exit status 1 when one failed, 130 on Ctrl-C (the next run goes on from there)."""
+    """Each question of ``items`` not yet in --out, appended to it as it ends (what --json prints,
+    with ``id`` and ``status``: answered, no_answer or failed); exit status 1 when one failed."""
     out = Path(args.out or Path(args.batch).with_suffix(".answers.jsonl"))
     done = _answered(out, items)
     todo = [(qid, q) for qid, q in items if qid not in done]
@@ -660,8 +645,7 @@ def run_batch(
             status = "failed" if result.get("error") else "answered" if shown else "no_answer"
             failed += status == "failed"
             row = {"id": qid, "question": q, "status": status, **result}
-            sink.write(json.dumps(row, ensure_ascii=False) + "\n")
-            sink.flush()
+            print(json.dumps(row, ensure_ascii=False), file=sink, flush=True)
             letter = f" ({record['letter']})" if record.get("letter") else ""
             if not args.quiet:
                 say(f"[{n}/{len(todo)}] {qid}: {status}{letter} in {result.get('wall_s', 0):.1f}s")
@@ -799,8 +783,7 @@ def _error(message: object, status: int = 2) -> int:
 
 def _index_problem(args: argparse.Namespace, settings: Settings) -> str | None:
     """Why no run can start (no passage indexed for this embedding model, or none the filters
-    allow; None: it can), said before any model call, after building the starter index into an
-    empty store (unless --no-index)."""
+    allow), before any model call; an empty store gets the starter index first (not --no-index)."""
     if not args.no_index:
         _ensure_index(settings)
     if rag_utils.corpus_count(settings) == 0:

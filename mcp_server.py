@@ -1,11 +1,9 @@
-"""The research as tools: ``search_passages`` (a LangChain tool) and an MCP server over stdio.
-
-    python mcp_server.py        serve ``search_passages`` and ``research`` to an MCP client (stdio)
-
-``search_passages`` uses the CLI's passage filters; ``research`` returns the agent's answer record as
-JSON (optionally on a thread).  Settings come from the environment and ``.env``, read when the server
-starts.  A bad input (an empty query, ``k`` out of range, an unknown filter value) is a tool error
-the client sees, not a crash of the server.
+"""Serve the research to an MCP client over stdio: search_passages (a search of the corpus with the
+passage filters; also a LangChain tool) and research (the agent's answer record as JSON, optionally
+on a thread). Start it from the client's configuration, e.g. {"command": "python", "args":
+["mcp_server.py"], "cwd": "<this folder>"}; settings come from the environment and .env, read when
+the server starts. A bad input (an empty query, k out of range, an unknown filter value) is a tool
+error the client sees, not a crash of the server.
 """
 
 from __future__ import annotations
@@ -118,14 +116,7 @@ def build_server() -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(
-        prog="mcp_server.py",
-        description="Serve the research to an MCP client over stdio: search_passages (a search of "
-        "the corpus with the passage filters) and research (the agent's answer record as JSON, "
-        'optionally on a thread). Start it from the client\'s configuration, e.g. {"command": '
-        '"python", "args": ["mcp_server.py"], "cwd": "<this folder>"}; settings '
-        "come from the environment and .env.",
-    ).parse_args(argv)
+    argparse.ArgumentParser(prog="mcp_server.py", description=__doc__).parse_args(argv)
     logging.basicConfig(level=logging.WARNING)  # stdout carries the protocol: logs go to stderr
     build_server().run("stdio")
     return 0

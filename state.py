@@ -1,8 +1,4 @@
-"""The agent graph's state and plan steps (the run's dependencies are in context.py).
-
-Reducers: ``planning_table`` merges steps by ``step_id`` (a node returns only the steps it added or
-changed); ``flagged_passages``, ``fallbacks``, ``trace`` and ``turns`` append.
-"""
+"""The agent graph's state and plan steps (the run's dependencies are in context.py)."""
 
 from __future__ import annotations
 
@@ -65,7 +61,8 @@ class MemoryEntry(TypedDict):
 
 
 def merge_steps(left: list[PlanStep] | None, right: list[PlanStep] | None) -> list[PlanStep]:
-    """Reducer: steps in ``right`` replace those of ``left`` with the same step_id; new ones append."""
+    """Reducer: a node returns only the steps it added or changed; each replaces the one of ``left``
+    with its step_id, or appends."""
     merged = {s["step_id"]: s for s in [*(left or []), *(right or [])]}
     return sorted(merged.values(), key=lambda s: s["step_id"])
 
@@ -135,9 +132,8 @@ class AgentState(TypedDict, total=False):
 
 
 class AnswerStageInput(TypedDict, total=False):
-    """What the answer stage reads of the run (``main.build_answer_stage``): the question, the
-    reading, the research, the thread's turns.  Not the trace: the stage's own events are its
-    output."""
+    """What the answer stage (``main.build_answer_stage``) reads of the run; not the trace: the
+    stage's own events are its output."""
 
     parsed: Question
     answer_mode: Literal["auto", "research", "evidence", "lean"]
