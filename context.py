@@ -115,8 +115,8 @@ class AgentContext:
             ),
             searchers=searchers(settings),
             doctrine_named=legal_graph.doctrine_named,
-            link_issues=lambda q: legal_graph.merge_agenda(
-                [], legal_graph.link_doctrines(q, settings), max_items=4
+            link_issues=lambda q: legal_graph.claim_agenda(
+                legal_graph.link_doctrines(q, settings), max_items=4
             ),
         )
 

@@ -261,38 +261,17 @@ def doctrine_named(words: str) -> str | None:
     return tax[did].name.split(" (")[0] if did else None
 
 
-def merge_agenda(
-    model_issues: Sequence[str],
-    linked_doctrines: Sequence[Doctrine],
-    *,
-    max_items: int | None = None,
-) -> list[str]:
-    """The research agenda: the model's issues, then the linked doctrines they miss, one item per
-    claim (a doctrine, its elements and exceptions), named by the first and listing the others it
-    absorbed in parentheses; issues that name no doctrine are kept, deduplicated by their words."""
+def claim_agenda(linked: Sequence[Doctrine], *, max_items: int | None = None) -> list[str]:
+    """The linked doctrines as agenda items, one per claim (a doctrine, its elements and
+    exceptions): named by its first doctrine, with up to three others it absorbed in parentheses
+    (a name the first already contains is not repeated)."""
     tax = load_taxonomy()
-    label: dict[str, str] = {}  # key -> the item's name, in the order first seen
-    extra: dict[str, list[str]] = defaultdict(list)
-
-    def add(key: str, text: str, doctrine_name: str | None) -> None:
-        if key not in label:
-            label[key] = text
-        elif (
-            doctrine_name
-            and doctrine_name.lower() not in label[key].lower()
-            and doctrine_name not in extra[key]
-        ):
-            extra[key].append(doctrine_name)
-
-    for issue in model_issues:
-        text = " ".join(str(issue).split())
-        if not text:
+    claims: dict[str, list[str]] = {}
+    for d in linked:
+        if d.id not in tax.doctrines:
             continue
-        did = issue_doctrine(text, tax)
-        key = f"doctrine:{tax.root(did)}" if did else f"text:{' '.join(tokens(text))}"
-        add(key, text, tax[did].name if did else None)
-    for d in linked_doctrines:
-        if d.id in tax.doctrines:
-            add(f"doctrine:{tax.root(d.id)}", d.name, d.name)
-    items = [f"{label[k]} ({'; '.join(extra[k][:3])})" if extra[k] else label[k] for k in label]
+        names = claims.setdefault(tax.root(d.id), [])
+        if not names or (d.name.lower() not in names[0].lower() and d.name not in names):
+            names.append(d.name)
+    items = [f"{n[0]} ({'; '.join(n[1:4])})" if len(n) > 1 else n[0] for n in claims.values()]
     return items[:max_items] if max_items else items

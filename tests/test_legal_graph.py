@@ -102,29 +102,17 @@ DEMO_CLAIMS = {"conlaw.free_speech", "conlaw.free_exercise", "conlaw.procedural_
 
 def test_demo_agenda_from_aliases_covers_speech_religion_and_due_process(tmp_settings):
     linked = lg.link_doctrines(DEMO, tmp_settings, k=6, use_embeddings=False)
-    agenda = lg.merge_agenda(
-        ["First Amendment", "Right to Free Speech", "Right to Free Expression"], linked
-    )
+    agenda = lg.claim_agenda(linked)
     assert len(agenda) == len(set(agenda))
-    assert agenda[0].startswith("First Amendment")  # three model issues, one doctrine: one item
-    assert _claims(agenda[:3]) >= DEMO_CLAIMS
+    assert _claims(agenda) >= DEMO_CLAIMS
 
 
-def test_merge_agenda_collapses_issues_of_one_doctrine_and_keeps_unknown_ones():
+def test_the_agenda_names_a_claim_once_with_the_doctrines_it_absorbed():
     tax = lg.load_taxonomy()
-    agenda = lg.merge_agenda(
-        [
-            "Hearsay",
-            "Is the statement hearsay?",
-            "Excited utterance",
-            "Tax consequences of the gift",
-            "tax  CONSEQUENCES of the gift",
-        ],
-        [tax["evidence.hearsay"], tax["evidence.present_sense"]],
-    )
-    assert agenda == [
-        "Hearsay (Excited utterance; Present sense impression)",
-        "Tax consequences of the gift",
+    linked = [tax["evidence.hearsay"], tax["evidence.present_sense"], tax["evidence.hearsay"]]
+    assert lg.claim_agenda(linked) == ["Hearsay (Present sense impression)"]
+    assert lg.claim_agenda([*linked, tax["torts.negligence"]], max_items=1) == [
+        "Hearsay (Present sense impression)"
     ]
 
 
@@ -132,7 +120,7 @@ def test_merge_agenda_collapses_issues_of_one_doctrine_and_keeps_unknown_ones():
 def test_demo_agenda_with_the_real_embedder(tmp_settings):
     linked = lg.link_doctrines(DEMO, tmp_settings, k=6)
     assert {lg.load_taxonomy().root(d.id) for d in linked} >= DEMO_CLAIMS
-    agenda = lg.merge_agenda([], linked, max_items=3)
+    agenda = lg.claim_agenda(linked, max_items=3)
     assert _claims(agenda) == DEMO_CLAIMS
 
 
