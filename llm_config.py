@@ -123,8 +123,7 @@ class LLMResult:
     latency_s: float = 0.0
     input_tokens: int | None = None
     output_tokens: int | None = None
-    cached_prompt_tokens: int | None = None
-    """Prompt tokens the provider served from its prompt cache (when it reports them)."""
+    cached_prompt_tokens: int | None = None  # served from the provider's prompt cache
     retries: int = 0
     finish_reason: str | None = None
 
@@ -148,8 +147,7 @@ class CallRecord:
     cached: bool = False
     retries: int = 0
     schema: str | None = None
-    json_mode: str | None = None
-    """'schema' (provider JSON-schema mode), 'prompt' (instruction + parsing) or None."""
+    json_mode: str | None = None  # "schema" (the provider's JSON-schema mode), "prompt" or None
     parse_failed: bool = False
     empty: bool = False
     error: str | None = None
@@ -173,8 +171,8 @@ def _ask_for_json(msgs: list[Any], schema: type[BaseModel], *, in_system: bool) 
 
 
 class LLMClient:
-    """The call helper every node and eval script uses, on LangChain's structured output, rate
-    limiter and cache and the SDK's retries; it adds the run deadline, lenient JSON replies and
+    """The call helper every node and eval script uses, on LangChain's chat models, rate limiter
+    and cache interface and the SDK's retries; it adds the run deadline, lenient JSON replies and
     per-call records.  ``llm_factory(role) -> BaseChatModel`` replaces ``providers.chat_model``."""
 
     def __init__(self, settings: Settings, llm_factory: Callable[[str], Any] | None = None) -> None:

