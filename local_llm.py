@@ -125,18 +125,14 @@ def check_installed(name: str = "local") -> None:
     _require(spec, ("xllamacpp", *spec.part_modules), "the embedded model's packages")
 
 
-def _marker_path(model_path: Path) -> Path:
-    return model_path.with_name(model_path.name + ".verified.json")
-
-
 def _stamp(model_path: Path, sha: str) -> dict[str, Any]:
     st = model_path.stat()
     return {"sha256": sha, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def _marker_matches(model_path: Path, sha: str) -> bool:
+def _marker_matches(marker: Path, model_path: Path, sha: str) -> bool:
     try:
-        return json.loads(_marker_path(model_path).read_text()) == _stamp(model_path, sha)
+        return json.loads(marker.read_text()) == _stamp(model_path, sha)
     except (OSError, ValueError):  # no model, or a missing or torn marker
         return False
 
@@ -179,19 +175,20 @@ def ensure_model(name: str, settings: Settings, timings: LocalTimings | None = N
     spec = _spec(name)
     model_dir = Path(settings.llm.local_model_dir).expanduser()
     model_path = model_dir / spec.filename
-    if _marker_matches(model_path, spec.sha256):
+    marker = model_dir / (spec.filename + ".verified.json")
+    if _marker_matches(marker, model_path, spec.sha256):
         return model_path
     model_dir.mkdir(parents=True, exist_ok=True)
     with (model_dir / (spec.filename + ".lock")).open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _marker_matches(model_path, spec.sha256):
+        if _marker_matches(marker, model_path, spec.sha256):
             return model_path  # another process finished it while we waited
         if model_path.is_file() and (actual := _sha256(model_path)) != spec.sha256:
             logger.warning("%s has the wrong sha256 (%s); reassembling it", model_path, actual)
             model_path.unlink()
         if not model_path.is_file():
             _assemble(spec, model_path, timings if timings is not None else LocalTimings())
-        _marker_path(model_path).write_text(json.dumps(_stamp(model_path, spec.sha256)))
+        marker.write_text(json.dumps(_stamp(model_path, spec.sha256)))
         return model_path
 
 
