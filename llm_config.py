@@ -94,8 +94,7 @@ def json_objects(text: str, *, cut_off: bool = False) -> Iterator[dict[str, Any]
 
 
 def parse_json_reply(text: str, schema: type[T]) -> T:
-    """The first JSON object of a model reply (see :func:`json_objects`) that validates against
-    ``schema``; raises JSONReplyError saying what was wrong."""
+    """The first of :func:`json_objects` that validates against ``schema``, else JSONReplyError."""
     if not text or not text.strip():
         raise JSONReplyError("empty reply")
     last_error: ValidationError | None = None
@@ -154,8 +153,7 @@ class CallRecord:
 
 
 def _ask_for_json(msgs: list[Any], schema: type[BaseModel], *, in_system: bool) -> list[Any]:
-    """``msgs`` with the schema instruction appended to the last system message (``in_system``)
-    or human message."""
+    """``msgs`` with the schema instruction ending the last system (``in_system``) or human one."""
     compact = json.dumps(schema.model_json_schema(), separators=(",", ":"))
     suffix = (
         "\n\nReply with only one JSON object (no prose, no code fence) that matches this JSON "
@@ -187,8 +185,7 @@ class LLMClient:
         return list(self._records)
 
     def summary(self, since: int = 0) -> dict:
-        """Usage totals of the records from record ``since`` on (a run's ``record_offset``), in
-        total and ``by_role``."""
+        """Usage totals of the records from ``since`` on (a run's ``record_offset``) and by_role."""
         records = self.records[since:]
 
         def totals(rs: Sequence[CallRecord]) -> dict[str, Any]:

@@ -90,8 +90,7 @@ def _redact_record(record: logging.LogRecord) -> bool:
 
 
 def install_log_redaction() -> None:
-    """Add :func:`_redact_record` to every handler of the root logger; call it after
-    ``logging.basicConfig`` in a CLI.  Idempotent."""
+    """Add :func:`_redact_record` to each root handler, once (a CLI, after ``basicConfig``)."""
     for handler in logging.getLogger().handlers:
         if _redact_record not in handler.filters:
             handler.addFilter(_redact_record)
@@ -311,8 +310,7 @@ def rate_limiter(cfg: ResolvedLLM) -> Any:
 
 
 def fold_system_messages(messages: Sequence[Any]) -> list[Any]:
-    """Merge system messages into the first human message (for models that reject the system
-    role, like Gemma on Google AI Studio)."""
+    """System messages merged into the first human one (Gemma on Google AI Studio rejects them)."""
     preamble = "\n\n".join(m.text for m in messages if isinstance(m, SystemMessage))
     rest = [m for m in messages if not isinstance(m, SystemMessage)]
     if not preamble:
