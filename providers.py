@@ -1,8 +1,7 @@
 """The provider side of the LLM layer: the registry of OpenAI-compatible endpoints
 (``PROVIDERS``), which one each role talks to (:func:`resolve`), its chat model, rate limiter and
 deadline (:class:`Attempts`), what a failed call says (:func:`failure_reason`), and URLs without
-credentials (:func:`redact_url`).  :mod:`llm_config` makes the calls; nothing here sends a request.
-"""
+credentials (:func:`redact_url`).  :mod:`llm_config` makes the calls; this module sends none."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 Entry points build a :class:`Settings` once; library modules receive it and never read
 ``os.environ``.  Settings are read in groups (``settings.llm.provider``) and named by their
 environment variable in lower case (``llm_provider``) in overrides and :meth:`Settings.replace`;
-``.env.example`` documents every variable.
-"""
+``.env.example`` documents every variable."""
 
 from __future__ import annotations
 
