@@ -250,6 +250,7 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
     local = provider.local and not (main and llm.base_url)
     # LLM_BASE_URL and LLM_MODEL alone on an embedded provider: the user's own server
     name = "openai-compatible" if provider.local and not local else provider.name
+    schema = {"schema": True, "prompt": False}.get(llm.json_mode, provider.supports_json_schema)
     if provider.api_key_env and not api_key:
         aliases = ", ".join(provider.api_key_env_aliases)
         raise LLMConfigError(
@@ -266,9 +267,7 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
         base_url=base_url,
         model=model,
         supports_system_messages=provider.supports_system_messages,
-        supports_json_schema={"schema": True, "prompt": False}.get(
-            llm.json_mode, provider.supports_json_schema
-        ),
+        supports_json_schema=schema,
         local=local,
         api_key=api_key,
         requests_per_minute=llm.requests_per_minute or provider.requests_per_minute,
@@ -287,7 +286,6 @@ def check_config(settings: Settings, roles: tuple[str | None, ...] = (None, "cla
                 raise LLMConfigError(str(exc)) from None
 
 
-_NO_KEY = "sk-no-key-required"
 _models: dict[tuple, Any] = {}
 _limiters: dict[tuple, Any] = {}
 _models_lock = threading.Lock()
@@ -457,7 +455,7 @@ def chat_model(cfg: ResolvedLLM, settings: Settings) -> Any:
             _models[key] = cls(
                 model=model,
                 base_url=base_url,
-                api_key=cfg.api_key or _NO_KEY,
+                api_key=cfg.api_key or "sk-no-key-required",  # the SDK insists on a key
                 temperature=settings.llm.temperature,
                 timeout=timeout,
                 max_retries=retries,
