@@ -204,10 +204,9 @@ class LLMClient:
                 "llm_seconds": round(sum(r.latency_s for r in rs), 3),
             }
 
-        out = totals(records)
         roles = dict.fromkeys(r.role for r in records)
-        out["by_role"] = {role: totals([r for r in records if r.role == role]) for role in roles}
-        return out
+        by_role = {role: totals([r for r in records if r.role == role]) for role in roles}
+        return {**totals(records), "by_role": by_role}
 
     def is_local(self, role: str) -> bool:
         """True when ``role`` talks to the embedded local model (short reply budgets)."""
