@@ -67,14 +67,12 @@ class ResponseCache(BaseCache):
         usage["finish_reason"] = message.response_metadata.get("finish_reason")
         about = json.loads(llm_string)
         row = (self._key(prompt, llm_string), about["provider"], about["model"], message.text)
-        with self._lock:
+        with self._lock, self._db:  # the connection commits on leaving
             self._db.execute(
                 "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)",
                 (*row, json.dumps(usage), time.time()),
             )
-            self._db.commit()
 
     def clear(self, **kwargs: Any) -> None:
-        with self._lock:
+        with self._lock, self._db:
             self._db.execute("DELETE FROM responses")
-            self._db.commit()

@@ -1,7 +1,6 @@
 """Every LLM call of the agent and the eval scripts goes through :class:`LLMClient`;
 :mod:`providers` says which endpoint a role talks to and builds its chat model.  API keys never
-reach the cache, logs or records.  ``python llm_config.py`` lists the providers and the selection.
-"""
+reach the cache, logs or records.  ``python llm_config.py`` lists the providers and selection."""
 
 from __future__ import annotations
 
@@ -94,8 +93,7 @@ def json_objects(text: str, *, cut_off: bool = False) -> Iterator[dict[str, Any]
 
 
 def parse_json_reply(text: str, schema: type[T]) -> T:
-    """The first JSON object of a model reply (see :func:`json_objects`) that validates against
-    ``schema``; raises JSONReplyError saying what was wrong."""
+    """The first of :func:`json_objects` that validates against ``schema``, else JSONReplyError."""
     if not text or not text.strip():
         raise JSONReplyError("empty reply")
     last_error: ValidationError | None = None
@@ -123,8 +121,7 @@ class LLMResult:
     latency_s: float = 0.0
     input_tokens: int | None = None
     output_tokens: int | None = None
-    cached_prompt_tokens: int | None = None
-    """Prompt tokens the provider served from its prompt cache (when it reports them)."""
+    cached_prompt_tokens: int | None = None  # served from the provider's prompt cache
     retries: int = 0
     finish_reason: str | None = None
 
@@ -148,16 +145,14 @@ class CallRecord:
     cached: bool = False
     retries: int = 0
     schema: str | None = None
-    json_mode: str | None = None
-    """'schema' (provider JSON-schema mode), 'prompt' (instruction + parsing) or None."""
+    json_mode: str | None = None  # "schema" (the provider's JSON-schema mode), "prompt" or None
     parse_failed: bool = False
     empty: bool = False
     error: str | None = None
 
 
 def _ask_for_json(msgs: list[Any], schema: type[BaseModel], *, in_system: bool) -> list[Any]:
-    """``msgs`` with the schema instruction appended to the last system message (``in_system``)
-    or human message."""
+    """``msgs`` with the schema instruction ending the last system (``in_system``) or human one."""
     compact = json.dumps(schema.model_json_schema(), separators=(",", ":"))
     suffix = (
         "\n\nReply with only one JSON object (no prose, no code fence) that matches this JSON "
@@ -173,8 +168,8 @@ def _ask_for_json(msgs: list[Any], schema: type[BaseModel], *, in_system: bool) 
 
 
 class LLMClient:
-    """The call helper every node and eval script uses, on LangChain's structured output, rate
-    limiter and cache and the SDK's retries; it adds the run deadline, lenient JSON replies and
+    """The call helper every node and eval script uses, on LangChain's chat models, rate limiter
+    and cache interface and the SDK's retries; it adds the run deadline, lenient JSON replies and
     per-call records.  ``llm_factory(role) -> BaseChatModel`` replaces ``providers.chat_model``."""
 
     def __init__(self, settings: Settings, llm_factory: Callable[[str], Any] | None = None) -> None:
@@ -189,8 +184,7 @@ class LLMClient:
         return list(self._records)
 
     def summary(self, since: int = 0) -> dict:
-        """Usage totals of the records from record ``since`` on (a run's ``record_offset``), in
-        total and ``by_role``."""
+        """Usage totals of the records from ``since`` on (a run's ``record_offset``) and by_role."""
         records = self.records[since:]
 
         def totals(rs: Sequence[CallRecord]) -> dict[str, Any]:
@@ -210,10 +204,9 @@ class LLMClient:
                 "llm_seconds": round(sum(r.latency_s for r in rs), 3),
             }
 
-        out = totals(records)
         roles = dict.fromkeys(r.role for r in records)
-        out["by_role"] = {role: totals([r for r in records if r.role == role]) for role in roles}
-        return out
+        by_role = {role: totals([r for r in records if r.role == role]) for role in roles}
+        return {**totals(records), "by_role": by_role}
 
     def is_local(self, role: str) -> bool:
         """True when ``role`` talks to the embedded local model (short reply budgets)."""
@@ -229,15 +222,13 @@ class LLMClient:
         json_mode: str | None = None,
         accept: Callable[[str], bool] | None = None,
     ) -> LLMResult:
-        """Send ``messages`` (LangChain messages or (role, content) tuples) for ``role``.
-
-        With ``schema``, ``.parsed`` is the reply parsed into it, or None with ``.parse_error``
-        saying why.  ``json_mode`` forces "schema" (provider JSON-schema mode) or "prompt"; None
-        picks schema mode where the provider supports it.  ``accept``: whether a free-text reply
-        is usable (else it is not cached).  Raises LLMCallError when the call still fails after
+        """Send ``messages`` (LangChain messages or (role, content) tuples) for ``role``.  With
+        ``schema``, ``.parsed`` is the reply parsed into it, or None with ``.parse_error`` saying
+        why.  ``json_mode`` forces "schema" (provider JSON-schema mode) or "prompt"; None picks
+        schema mode where the provider supports it.  ``accept``: whether a free-text reply is
+        usable (else it is not cached).  Raises LLMCallError when the call still fails after
         LLM_MAX_RETRIES (a 429 asking to wait over 2 minutes, at once), LLMConfigError at once,
-        LLMDeadlineError once ``self.deadline`` passes (no attempt starts or lasts past it).
-        """
+        LLMDeadlineError once ``self.deadline`` passes (no attempt starts or lasts past it)."""
         if json_mode not in (None, "schema", "prompt"):
             raise ValueError(f"json_mode must be 'schema', 'prompt' or None, not {json_mode!r}")
         cfg = providers.resolve(role, self.settings)
@@ -252,7 +243,7 @@ class LLMClient:
         msgs = convert_to_messages(list(messages))
         if not cfg.supports_system_messages:
             msgs = providers.fold_system_messages(msgs)
-        json_format = None
+        params: dict[str, Any] = {} if max_tokens is None else {"max_tokens": max_tokens}
         if schema is None:
             json_mode = None
         else:
@@ -261,7 +252,8 @@ class LLMClient:
             # the question in prompt mode (else the 1.5B echoes it; bench_llm: 25% vs 100% valid).
             msgs = _ask_for_json(msgs, schema, in_system=json_mode == "schema")
             if json_mode == "schema":  # as a dict: a class would be sent as OpenAI's strict schema
-                json_format = {"name": schema.__name__, "schema": schema.model_json_schema()}
+                fmt = {"name": schema.__name__, "schema": schema.model_json_schema()}
+                params["response_format"] = {"type": "json_schema", "json_schema": fmt}
         record = dict(
             role=role, provider=cfg.provider, model=cfg.model, schema=schema and schema.__name__,
             json_mode=json_mode, in_chars=sum(len(m.text) for m in msgs),
@@ -279,7 +271,7 @@ class LLMClient:
             message, retries = hit[0].message, 0
         else:
             try:
-                message, retries = self._call(msgs, max_tokens, json_format, cfg, role, deadline)
+                message, retries = self._call(msgs, params, cfg, role, deadline)
             except LLMCallError as exc:
                 took = round(time.perf_counter() - start, 4)
                 record.update(latency_s=took, out_chars=0, retries=exc.attempts, error=exc.reason)
@@ -327,28 +319,17 @@ class LLMClient:
     def _call(
         self,
         msgs: list[Any],
-        max_tokens: int | None,
-        json_format: dict[str, Any] | None,
+        params: dict[str, Any],
         cfg: providers.ResolvedLLM,
         role: str,
         deadline: float | None,
     ) -> tuple[Any, int]:
-        """The reply message and the SDK's retries; with ``json_format``, in JSON-schema mode (its
-        raw reply: :func:`parse_json_reply` reads it, as it reads cached and prompt-mode replies)."""
+        """The reply message and the SDK's retries.  ``params`` (max_tokens, and response_format in
+        JSON-schema mode) are bound to the model: the reply stays raw text, which
+        :func:`parse_json_reply` reads as it reads cached and prompt-mode replies."""
         import openai
-        from langchain_openai.chat_models.base import BaseChatOpenAI
 
         llm = self._factory(role) if self._factory else providers.chat_model(cfg, self.settings)
-        kwargs = {} if max_tokens is None else {"max_tokens": max_tokens}
-        if json_format is None:
-            runnable = llm.bind(**kwargs)
-        elif isinstance(llm, BaseChatOpenAI):
-            runnable = llm.with_structured_output(
-                json_format, method="json_schema", include_raw=True, **kwargs
-            )
-        else:  # a test's fake model: the format goes along as a keyword
-            fmt = {"type": "json_schema", "json_schema": json_format}
-            runnable = llm.bind(response_format=fmt, **kwargs)
         limiter = providers.rate_limiter(cfg)
         attempts = providers.Attempts(deadline, limiter, getattr(llm, "root_client", None))
         token = providers.CALL.set(attempts)
@@ -358,7 +339,7 @@ class LLMClient:
         t0 = time.perf_counter()
         try:
             with state:  # the embedded model's saved prompt state
-                reply = runnable.invoke(msgs)
+                reply = llm.bind(**params).invoke(msgs)
         except (openai.LengthFinishReasonError, openai.ContentFilterFinishReasonError) as exc:
             # JSON-schema mode's parse() refuses a cut-off reply: its text is still the reply
             generation = llm._create_chat_result(exc.completion).generations[0]  # noqa: SLF001
@@ -382,7 +363,7 @@ class LLMClient:
             raise LLMCallError(message, **about) from None
         finally:
             providers.CALL.reset(token)
-        return reply["raw"] if isinstance(reply, dict) else reply, max(0, attempts.count - 1)
+        return reply, max(0, attempts.count - 1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

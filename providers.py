@@ -1,8 +1,7 @@
 """The provider side of the LLM layer: the registry of OpenAI-compatible endpoints
 (``PROVIDERS``), which one each role talks to (:func:`resolve`), its chat model, rate limiter and
 deadline (:class:`Attempts`), what a failed call says (:func:`failure_reason`), and URLs without
-credentials (:func:`redact_url`).  :mod:`llm_config` makes the calls; nothing here sends a request.
-"""
+credentials (:func:`redact_url`).  :mod:`llm_config` makes the calls; this module sends none."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx2
-from langchain_core.messages import HumanMessage, SystemMessage, convert_to_messages
+from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_core.rate_limiters import InMemoryRateLimiter
 
 import local_llm
@@ -90,8 +89,7 @@ def _redact_record(record: logging.LogRecord) -> bool:
 
 
 def install_log_redaction() -> None:
-    """Add :func:`_redact_record` to every handler of the root logger; call it after
-    ``logging.basicConfig`` in a CLI.  Idempotent."""
+    """Add :func:`_redact_record` to each root handler, once (a CLI, after ``basicConfig``)."""
     for handler in logging.getLogger().handlers:
         if _redact_record not in handler.filters:
             handler.addFilter(_redact_record)
@@ -121,55 +119,49 @@ class Provider:
         return next((v for v in values if v), None)
 
 
+_GOOGLE = "https://generativelanguage.googleapis.com/v1beta/openai/"
+_GROQ = "https://api.groq.com/openai/v1"
+_OPENROUTER = "https://openrouter.ai/api/v1"
+_OPENROUTER_FREE = "OpenRouter free model; shares the free daily request budget"
+
 PROVIDERS: dict[str, Provider] = {p.name: p for p in [
-    Provider("local", None, "qwen2.5-coder-1.5b-instruct", None, supports_json_schema=True,
-             local=True,
+    Provider("local", None, "qwen2.5-coder-1.5b-instruct", None, supports_json_schema=True, local=True,
              notes="default; embedded Qwen2.5-Coder-1.5B Q4_K_M via xllamacpp, offline ('local' extra)"),
-    Provider("local-small", None, "qwen2.5-coder-0.5b-instruct", None, supports_json_schema=True,
-             local=True,
+    Provider("local-small", None, "qwen2.5-coder-0.5b-instruct", None, supports_json_schema=True, local=True,
              notes="embedded Qwen2.5-Coder-0.5B Q4_K_M, faster, weaker ('local-small' extra)"),
-    Provider("google-gemma", "https://generativelanguage.googleapis.com/v1beta/openai/",
-             "gemma-3-27b-it", "GEMINI_API_KEY", 14_400, None, supports_system_messages=False,
-             requests_per_minute=30, api_key_env_aliases=("GOOGLE_API_KEY",), notes="Google AI Studio free tier (30 req/min, 15k tokens/min); system prompt folded into the user turn"),
-    Provider("google-gemini-flash", "https://generativelanguage.googleapis.com/v1beta/openai/",
-             "gemini-2.5-flash", "GEMINI_API_KEY", 250, None, supports_json_schema=True,
-             requests_per_minute=10, api_key_env_aliases=("GOOGLE_API_KEY",), notes="Google AI Studio free tier (10 req/min)"),
-    Provider("groq", "https://api.groq.com/openai/v1", "llama-3.3-70b-versatile", "GROQ_API_KEY",
-             1_000, 100_000, requests_per_minute=30, notes="Groq free tier (30 req/min, 12k tokens/min)"),
-    Provider("groq-small", "https://api.groq.com/openai/v1", "llama-3.1-8b-instant", "GROQ_API_KEY",
-             14_400, 500_000, requests_per_minute=30, notes="Groq free tier; cheap calls (LLM_PROVIDER_FAST)"),
-    Provider("openrouter-llama-free", "https://openrouter.ai/api/v1",
-             "meta-llama/llama-3.3-70b-instruct:free", "OPENROUTER_API_KEY", 50, None,
-             requests_per_minute=20, notes="OpenRouter free model (20 req/min; 1000 req/day after buying $10 credit)"),
-    Provider("openrouter-deepseek-free", "https://openrouter.ai/api/v1",
-             "deepseek/deepseek-chat-v3-0324:free", "OPENROUTER_API_KEY", 50, None,
-             requests_per_minute=20, notes="OpenRouter free model; shares the free daily request budget"),
-    Provider("openrouter-gemma-free", "https://openrouter.ai/api/v1", "google/gemma-3-27b-it:free",
-             "OPENROUTER_API_KEY", 50, None, supports_system_messages=False,
-             requests_per_minute=20, notes="OpenRouter free model; shares the free daily request budget"),
-    Provider("openrouter-qwen-free", "https://openrouter.ai/api/v1",
-             "qwen/qwen-2.5-72b-instruct:free", "OPENROUTER_API_KEY", 50, None,
-             requests_per_minute=20, notes="OpenRouter free model; shares the free daily request budget"),
-    Provider("openrouter-paid", "https://openrouter.ai/api/v1", "openai/gpt-4o-mini",
-             "OPENROUTER_API_KEY", None, None, supports_json_schema=True,
+    Provider("google-gemma", _GOOGLE, "gemma-3-27b-it", "GEMINI_API_KEY", 14_400, None, 30, False,
+             api_key_env_aliases=("GOOGLE_API_KEY",), notes="Google AI Studio free tier (30 req/min, 15k tokens/min); system prompt folded into the user turn"),
+    Provider("google-gemini-flash", _GOOGLE, "gemini-2.5-flash", "GEMINI_API_KEY", 250, None, 10, supports_json_schema=True,
+             api_key_env_aliases=("GOOGLE_API_KEY",), notes="Google AI Studio free tier (10 req/min)"),
+    Provider("groq", _GROQ, "llama-3.3-70b-versatile", "GROQ_API_KEY", 1_000, 100_000, 30,
+             notes="Groq free tier (30 req/min, 12k tokens/min)"),
+    Provider("groq-small", _GROQ, "llama-3.1-8b-instant", "GROQ_API_KEY", 14_400, 500_000, 30,
+             notes="Groq free tier; cheap calls (LLM_PROVIDER_FAST)"),
+    Provider("openrouter-llama-free", _OPENROUTER, "meta-llama/llama-3.3-70b-instruct:free", "OPENROUTER_API_KEY", 50, None, 20,
+             notes="OpenRouter free model (20 req/min; 1000 req/day after buying $10 credit)"),
+    Provider("openrouter-deepseek-free", _OPENROUTER, "deepseek/deepseek-chat-v3-0324:free", "OPENROUTER_API_KEY", 50, None, 20,
+             notes=_OPENROUTER_FREE),
+    Provider("openrouter-gemma-free", _OPENROUTER, "google/gemma-3-27b-it:free", "OPENROUTER_API_KEY", 50, None, 20, False,
+             notes=_OPENROUTER_FREE),
+    Provider("openrouter-qwen-free", _OPENROUTER, "qwen/qwen-2.5-72b-instruct:free", "OPENROUTER_API_KEY", 50, None, 20,
+             notes=_OPENROUTER_FREE),
+    Provider("openrouter-paid", _OPENROUTER, "openai/gpt-4o-mini", "OPENROUTER_API_KEY", supports_json_schema=True,
              notes="OpenRouter paid model (pay per token); any OpenRouter model id via LLM_MODEL"),
-    Provider("cerebras", "https://api.cerebras.ai/v1", "llama-3.3-70b", "CEREBRAS_API_KEY",
-             14_400, 1_000_000, requests_per_minute=30, notes="Cerebras free tier (30 req/min, 60k tokens/min)"),
-    Provider("ollama", "http://localhost:11434/v1", "qwen2.5:7b-instruct", None,
-             supports_json_schema=True,
+    Provider("cerebras", "https://api.cerebras.ai/v1", "llama-3.3-70b", "CEREBRAS_API_KEY", 14_400, 1_000_000, 30,
+             notes="Cerebras free tier (30 req/min, 60k tokens/min)"),
+    Provider("ollama", "http://localhost:11434/v1", "qwen2.5:7b-instruct", None, supports_json_schema=True,
              notes="local Ollama server; `ollama pull` the model first; LLM_MODEL picks another"),
     Provider("deepseek", "https://api.deepseek.com/v1", "deepseek-chat", "DEEPSEEK_API_KEY",
-             None, None, notes="paid, no fixed daily limit"),
-    Provider("openai", "https://api.openai.com/v1", "gpt-4o-mini", "OPENAI_API_KEY", None, None,
-             supports_json_schema=True, notes="paid; limits depend on the account tier"),
-    Provider("together", "https://api.together.xyz/v1", "meta-llama/Llama-3.3-70B-Instruct-Turbo",
-             "TOGETHER_API_KEY", None, None, notes="paid; per-minute limits by account tier"),
-    Provider("mistral", "https://api.mistral.ai/v1", "mistral-small-latest", "MISTRAL_API_KEY",
-             None, None, requests_per_minute=60, notes="free 'Experiment' plan: 1 req/s, 500k tokens/min, 1B tokens/month"),
+             notes="paid, no fixed daily limit"),
+    Provider("openai", "https://api.openai.com/v1", "gpt-4o-mini", "OPENAI_API_KEY", supports_json_schema=True,
+             notes="paid; limits depend on the account tier"),
+    Provider("together", "https://api.together.xyz/v1", "meta-llama/Llama-3.3-70B-Instruct-Turbo", "TOGETHER_API_KEY",
+             notes="paid; per-minute limits by account tier"),
+    Provider("mistral", "https://api.mistral.ai/v1", "mistral-small-latest", "MISTRAL_API_KEY", requests_per_minute=60,
+             notes="free 'Experiment' plan: 1 req/s, 500k tokens/min, 1B tokens/month"),
     Provider("vllm", "http://localhost:8000/v1", "", None, supports_json_schema=True,
              notes="your vLLM server; set LLM_MODEL (and LLM_BASE_URL if not localhost:8000)"),
-    Provider("llamacpp-server", "http://localhost:8080/v1", "local-model", None,
-             supports_json_schema=True,
+    Provider("llamacpp-server", "http://localhost:8080/v1", "local-model", None, supports_json_schema=True,
              notes="a separate llama.cpp llama-server; LLM_BASE_URL if not localhost:8080"),
 ]}  # fmt: skip
 
@@ -258,6 +250,7 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
     local = provider.local and not (main and llm.base_url)
     # LLM_BASE_URL and LLM_MODEL alone on an embedded provider: the user's own server
     name = "openai-compatible" if provider.local and not local else provider.name
+    schema = {"schema": True, "prompt": False}.get(llm.json_mode, provider.supports_json_schema)
     if provider.api_key_env and not api_key:
         aliases = ", ".join(provider.api_key_env_aliases)
         raise LLMConfigError(
@@ -269,16 +262,12 @@ def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
         raise LLMConfigError(
             f"{var}={name} has no default model: set {var.replace('PROVIDER', 'MODEL')}"
         )
-    if not local and not base_url:
-        raise LLMConfigError(f"{var}={name} has no base URL: set LLM_BASE_URL")
     return ResolvedLLM(
         provider=name,
         base_url=base_url,
         model=model,
         supports_system_messages=provider.supports_system_messages,
-        supports_json_schema={"schema": True, "prompt": False}.get(
-            llm.json_mode, provider.supports_json_schema
-        ),
+        supports_json_schema=schema,
         local=local,
         api_key=api_key,
         requests_per_minute=llm.requests_per_minute or provider.requests_per_minute,
@@ -297,7 +286,6 @@ def check_config(settings: Settings, roles: tuple[str | None, ...] = (None, "cla
                 raise LLMConfigError(str(exc)) from None
 
 
-_NO_KEY = "sk-no-key-required"
 _models: dict[tuple, Any] = {}
 _limiters: dict[tuple, Any] = {}
 _models_lock = threading.Lock()
@@ -319,13 +307,11 @@ def rate_limiter(cfg: ResolvedLLM) -> Any:
 
 
 def fold_system_messages(messages: Sequence[Any]) -> list[Any]:
-    """Merge system messages into the first human message (for models that reject the system
-    role, like Gemma on Google AI Studio)."""
-    msgs = convert_to_messages(list(messages))
-    preamble = "\n\n".join(m.text for m in msgs if isinstance(m, SystemMessage))
-    rest = [m for m in msgs if not isinstance(m, SystemMessage)]
+    """System messages merged into the first human one (Gemma on Google AI Studio rejects them)."""
+    preamble = "\n\n".join(m.text for m in messages if isinstance(m, SystemMessage))
+    rest = [m for m in messages if not isinstance(m, SystemMessage)]
     if not preamble:
-        return msgs
+        return list(messages)
     for i, m in enumerate(rest):
         if isinstance(m, HumanMessage):
             rest[i] = HumanMessage(content=f"{preamble}\n\n{m.text}")
@@ -461,7 +447,7 @@ def chat_model(cfg: ResolvedLLM, settings: Settings) -> Any:
         except local_llm.LocalModelError as exc:
             raise LLMConfigError(str(exc)) from exc
         base_url, model = server.base_url, server.model
-    timeout, retries = call_timeout(cfg, settings), max(0, settings.llm.max_retries)
+    timeout, retries = call_timeout(cfg, settings), settings.llm.max_retries
     key = (cfg.provider, base_url, model, cfg.api_key, settings.llm.temperature, timeout, retries)
     with _models_lock:
         if key not in _models:
@@ -469,7 +455,7 @@ def chat_model(cfg: ResolvedLLM, settings: Settings) -> Any:
             _models[key] = cls(
                 model=model,
                 base_url=base_url,
-                api_key=cfg.api_key or _NO_KEY,
+                api_key=cfg.api_key or "sk-no-key-required",  # the SDK insists on a key
                 temperature=settings.llm.temperature,
                 timeout=timeout,
                 max_retries=retries,

@@ -3,8 +3,7 @@
 Entry points build a :class:`Settings` once; library modules receive it and never read
 ``os.environ``.  Settings are read in groups (``settings.llm.provider``) and named by their
 environment variable in lower case (``llm_provider``) in overrides and :meth:`Settings.replace`;
-``.env.example`` documents every variable.
-"""
+``.env.example`` documents every variable."""
 
 from __future__ import annotations
 
@@ -168,8 +167,7 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        """``overrides`` (by variable name: ``retrieval_k=3``; None = not given) > ``env`` >
-        defaults."""
+        """``overrides`` (by name, ``retrieval_k=3``; None: not given) > ``env`` > defaults."""
         env = dict(os.environ if env is None else env)
         # Data paths follow the XDG_CACHE_HOME of ``env``, not only that of the process.
         data = default_data_dir(env)
@@ -265,8 +263,7 @@ def load_dotenv_file(path: str | os.PathLike[str] = ".env") -> None:
 
 
 def run_script(main: Callable[[], int | None]) -> NoReturn:
-    """Exit with ``main()``'s status; quietly when the reader of the output goes away (``| head``
-    raised BrokenPipeError)."""
+    """Exit with ``main()``'s status; quietly when the output's reader goes away (``| head``)."""
     if hasattr(signal, "SIGPIPE"):  # not on Windows
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     sys.exit(main())
