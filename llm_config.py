@@ -243,7 +243,7 @@ class LLMClient:
         msgs = convert_to_messages(list(messages))
         if not cfg.supports_system_messages:
             msgs = providers.fold_system_messages(msgs)
-        params: dict[str, Any] = {} if max_tokens is None else {"max_tokens": max_tokens}
+        json_format = None
         if schema is None:
             json_mode = None
         else:
@@ -252,8 +252,7 @@ class LLMClient:
             # the question in prompt mode (else the 1.5B echoes it; bench_llm: 25% vs 100% valid).
             msgs = _ask_for_json(msgs, schema, in_system=json_mode == "schema")
             if json_mode == "schema":  # as a dict: a class would be sent as OpenAI's strict schema
-                fmt = {"name": schema.__name__, "schema": schema.model_json_schema()}
-                params["response_format"] = {"type": "json_schema", "json_schema": fmt}
+                json_format = {"name": schema.__name__, "schema": schema.model_json_schema()}
         record = dict(
             role=role, provider=cfg.provider, model=cfg.model, schema=schema and schema.__name__,
             json_mode=json_mode, in_chars=sum(len(m.text) for m in msgs),
@@ -271,7 +270,7 @@ class LLMClient:
             message, retries = hit[0].message, 0
         else:
             try:
-                message, retries = self._call(msgs, params, cfg, role, deadline)
+                message, retries = self._call(msgs, max_tokens, json_format, cfg, role, deadline)
             except LLMCallError as exc:
                 took = round(time.perf_counter() - start, 4)
                 record.update(latency_s=took, out_chars=0, retries=exc.attempts, error=exc.reason)
@@ -319,17 +318,28 @@ class LLMClient:
     def _call(
         self,
         msgs: list[Any],
-        params: dict[str, Any],
+        max_tokens: int | None,
+        json_format: dict[str, Any] | None,
         cfg: providers.ResolvedLLM,
         role: str,
         deadline: float | None,
     ) -> tuple[Any, int]:
-        """The reply message and the SDK's retries.  ``params`` (max_tokens, and response_format in
-        JSON-schema mode) are bound to the model: the reply stays raw text, which
-        :func:`parse_json_reply` reads as it reads cached and prompt-mode replies."""
+        """The reply message and the SDK's retries; with ``json_format``, in JSON-schema mode (its
+        raw reply: :func:`parse_json_reply` reads it, as it reads cached and prompt-mode replies)."""
         import openai
+        from langchain_openai.chat_models.base import BaseChatOpenAI
 
         llm = self._factory(role) if self._factory else providers.chat_model(cfg, self.settings)
+        kwargs = {} if max_tokens is None else {"max_tokens": max_tokens}
+        if json_format is None:
+            runnable = llm.bind(**kwargs)
+        elif isinstance(llm, BaseChatOpenAI):
+            runnable = llm.with_structured_output(
+                json_format, method="json_schema", include_raw=True, **kwargs
+            )
+        else:  # a test's fake model: the format goes along as a keyword
+            fmt = {"type": "json_schema", "json_schema": json_format}
+            runnable = llm.bind(response_format=fmt, **kwargs)
         limiter = providers.rate_limiter(cfg)
         attempts = providers.Attempts(deadline, limiter, getattr(llm, "root_client", None))
         token = providers.CALL.set(attempts)
@@ -339,7 +349,7 @@ class LLMClient:
         t0 = time.perf_counter()
         try:
             with state:  # the embedded model's saved prompt state
-                reply = llm.bind(**params).invoke(msgs)
+                reply = runnable.invoke(msgs)
         except (openai.LengthFinishReasonError, openai.ContentFilterFinishReasonError) as exc:
             # JSON-schema mode's parse() refuses a cut-off reply: its text is still the reply
             generation = llm._create_chat_result(exc.completion).generations[0]  # noqa: SLF001
@@ -363,7 +373,7 @@ class LLMClient:
             raise LLMCallError(message, **about) from None
         finally:
             providers.CALL.reset(token)
-        return reply, max(0, attempts.count - 1)
+        return reply["raw"] if isinstance(reply, dict) else reply, max(0, attempts.count - 1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
