@@ -168,8 +168,8 @@ def _ask_for_json(msgs: list[Any], schema: type[BaseModel], *, in_system: bool) 
 
 
 class LLMClient:
-    """The call helper every node and eval script uses, on LangChain's chat models, rate limiter
-    and cache interface and the SDK's retries; it adds the run deadline, lenient JSON replies and
+    """The call helper every node and eval script uses, on LangChain's structured output, rate
+    limiter and cache interface and the SDK's retries; it adds the run deadline, lenient JSON replies and
     per-call records.  ``llm_factory(role) -> BaseChatModel`` replaces ``providers.chat_model``."""
 
     def __init__(self, settings: Settings, llm_factory: Callable[[str], Any] | None = None) -> None:
