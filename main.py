@@ -623,13 +623,19 @@ def run_batch(
     """Each question of ``items`` not yet in --out, appended to it as it ends (what --json prints,
     with ``id`` and ``status``: answered, no_answer or failed); exit status 1 when one failed."""
     out = Path(args.out or Path(args.batch).with_suffix(".answers.jsonl"))
-    done = _answered(out, items)
-    todo = [(qid, q) for qid, q in items if qid not in done]
-    say = functools.partial(print, file=sys.stderr, flush=True)
-    say(f"batch: {len(items)} questions, {len(done)} already answered in {out}; {len(todo)} to go")
-    ctx = AgentContext.from_settings(settings)
-    failed = 0
-    with out.open("a", encoding="utf-8") as sink:
+    try:
+        sink = out.open("a", encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"--out {out}: {exc.strerror or exc}") from None
+    with sink:
+        done = _answered(out, items)
+        todo = [(qid, q) for qid, q in items if qid not in done]
+        say = functools.partial(print, file=sys.stderr, flush=True)
+        say(
+            f"batch: {len(items)} questions, {len(done)} already answered in {out}; {len(todo)} to go"
+        )
+        ctx = AgentContext.from_settings(settings)
+        failed = 0
         if out.stat().st_size and not out.read_bytes().endswith(b"\n"):
             sink.write("\n")  # after a line a killed run cut short
         for n, (qid, q) in enumerate(todo, 1):

@@ -522,3 +522,14 @@ def test_a_batch_on_the_offline_default_answers_each_question_as_the_cli_does(tm
     )
     assert "Mailbox rule" in rule["text"] and off["abstained"] and "off topic" in off["why"]
     assert rows[0]["thread_id"] != rows[1]["thread_id"]  # each question on a thread of its own
+
+
+def test_a_batch_whose_out_file_cannot_be_written_stops_before_any_question(
+    tmp_path, monkeypatch, capsys
+):
+    (tmp_path / "qs.txt").write_text("What is negligence?\n")
+    asked = fake_batch_run(monkeypatch, tmp_path, {})
+    out = tmp_path / "no-such-folder" / "answers.jsonl"
+    assert main.main(["--no-index", "--batch", str(tmp_path / "qs.txt"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"main.py: error: --out {out}: No such file or directory"] and asked == []
