@@ -566,9 +566,13 @@ def read_input(query: str) -> str:
     return query
 
 
-def read_batch(path: str) -> list[tuple[str, str]]:
-    """The (id, question) pairs of a --batch file, each question checked as the CLI checks one
-    (InputError names the file, the line or id, and what is wrong)."""
+LEAN_NEEDS_CHOICES = "--mode lean answers multiple-choice questions: give choices (A) ... (D)"
+
+
+def read_batch(path: str, lean: bool = False) -> list[tuple[str, str]]:
+    """The (id, question) pairs of a --batch file, each question checked as the CLI checks one,
+    with its choices under ``lean`` (InputError names the file, the line or id, and what is
+    wrong)."""
     try:
         text = Path(path).read_text("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -595,7 +599,8 @@ def read_batch(path: str) -> list[tuple[str, str]]:
             raise InputError(f"--batch {path}: the id {qid!r} is given {count} times")
     for qid, q in items:
         try:
-            parse(q)
+            if not parse(q)[1] and lean:
+                raise InputError(LEAN_NEEDS_CHOICES)
         except InputError as exc:
             raise InputError(f"--batch {path}, question {qid}: {exc}") from None
     return items
@@ -889,10 +894,9 @@ def main(argv: list[str] | None = None) -> int:
         filters.passage_filter(settings)  # a bad filter value stops here
         if args.answer_mode == "lean" and args.issues:
             raise InputError("--mode lean does no research: --issues needs --mode auto or research")
-        if args.answer_mode == "lean" and not choices:
-            raise InputError(
-                "--mode lean answers multiple-choice questions: give choices (A) ... (D)"
-            )
+        items = read_batch(args.batch, args.answer_mode == "lean") if args.batch else []
+        if args.answer_mode == "lean" and not (choices or items):
+            raise InputError(LEAN_NEEDS_CHOICES)
         check_config(settings)  # every role's provider, before the index or any model loads
         rag_utils.require_reranker(settings)  # a missing model stops here, not mid-research
     except (InputError, SettingsError, LLMConfigError, rag_utils.ModelLoadError) as exc:
@@ -907,7 +911,6 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     print_history(turns, print)
                 return 0
-            items = read_batch(args.batch) if args.batch else []  # before the index or a model
             if problem := _index_problem(args, settings):
                 return _error(problem)
             if items:

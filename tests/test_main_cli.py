@@ -484,8 +484,13 @@ def test_a_batch_stopped_by_ctrl_c_keeps_what_it_answered_and_goes_on_from_there
         ('{"question": "Which?\\n(A) a\\n(C) c"}\n', [], "question 1: answer choices must"),
         ('{"question": "What is x?"}\n', ["What is y?"], "give it no question"),
         ('{"question": "What is x?"}\n', ["--thread", "t1"], "give it no --thread"),
+        (
+            '{"question": "Which?\\n(A) a\\n(B) b"}\n{"question": "What is x?"}\n',
+            ["--mode", "lean"],
+            "question 2: --mode lean answers multiple-choice questions",
+        ),
     ],
-    ids=["duplicate-id", "no-question", "bad-choices", "and-a-question", "and-a-thread"],
+    ids=["duplicate-id", "no-question", "bad-choices", "and-a-question", "and-a-thread", "lean"],
 )
 def test_a_bad_batch_stops_before_any_question_with_one_line(
     tmp_path, monkeypatch, capsys, content, extra, message
@@ -533,3 +538,14 @@ def test_a_batch_whose_out_file_cannot_be_written_stops_before_any_question(
     assert main.main(["--no-index", "--batch", str(tmp_path / "qs.txt"), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"main.py: error: --out {out}: No such file or directory"] and asked == []
+
+
+def test_a_batch_of_multiple_choice_questions_runs_in_lean_mode(tmp_path, monkeypatch, capsys):
+    """``--batch mc.txt --mode lean`` stopped with "give choices (A) ... (D)": the one question
+    the check read was the command line's, which a batch has none of."""
+    (tmp_path / "mc.txt").write_text("Which?\n(A) a\n(B) b\n\nWhich one?\n(A) c\n(B) d\n")
+    asked = fake_batch_run(monkeypatch, tmp_path, {})
+    assert (
+        main.main(["--no-index", "-q", "--batch", str(tmp_path / "mc.txt"), "--mode", "lean"]) == 0
+    )
+    assert asked == ["Which?", "Which one?"]
