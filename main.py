@@ -637,7 +637,7 @@ def run_batch(
         todo = [(qid, q) for qid, q in items if qid not in done]
         say = functools.partial(print, file=sys.stderr, flush=True)
         say(
-            f"batch: {len(items)} questions, {len(done)} already answered in {out}; {len(todo)} to go"
+            f"batch: {len(items)} question(s), {len(done)} already answered in {out}; {len(todo)} to go"
         )
         ctx = AgentContext.from_settings(settings)
         failed = 0

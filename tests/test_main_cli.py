@@ -439,7 +439,7 @@ def test_a_batch_writes_a_line_per_question_and_the_same_command_retries_only_wh
     fail.clear()
     assert main.main(args) == 0  # again: only the one that failed is asked
     assert asked == ["A tenant moved out when the furnace failed. Is she liable for rent?"]
-    assert "3 questions, 2 already answered" in capsys.readouterr().err
+    assert "3 question(s), 2 already answered" in capsys.readouterr().err
 
 
 def test_a_batch_stopped_by_ctrl_c_keeps_what_it_answered_and_goes_on_from_there(
