@@ -55,7 +55,8 @@ FACT_SENTENCES = 3
 """Sentences of a fact pattern kept with an issue (the closest to it by cosine)."""
 FACT_FIT = 0.33
 """Cosine of an issue's quoted rule to the closest fact sentence below which the facts do not raise
-the issue (``off_facts``): the low end of the tune half's plateau (docs/MEASUREMENTS_HISTORY.md)."""
+the issue (``off_facts``); the planner's first issue and the best fit are always applied.  The low
+end of the tune half's plateau (docs/MEASUREMENTS_HISTORY.md, "`FACT_FIT` re-tuned")."""
 FACT_RELEVANCE = 0.10
 """Cosine of a requirement to the fact a check names below which that fact cannot decide it
 (``unrelated_fact``): the 1.5B marks most requirements met by some unrelated fact.  Chosen on the
