@@ -3,17 +3,23 @@ passage filters; also a LangChain tool) and research (the agent's answer record 
 on a thread). Start it from the client's configuration, e.g. {"command": "python", "args":
 ["mcp_server.py"], "cwd": "<this folder>"}; settings come from the environment and .env, read when
 the server starts. A bad input (an empty query, k out of range, an unknown filter value) is a tool
-error the client sees, not a crash of the server.
+error the client sees, not a crash of the server. The tools run in a worker thread, so the server
+answers pings and other calls while a research runs, and it reports each step of the research as
+progress to a client that asks for it.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import logging
+from collections.abc import Callable
 from typing import Any
 
+import anyio
 from langchain_core.tools import tool
+from mcp.server.fastmcp import Context, FastMCP
 
 import filters
 import rag_utils
@@ -78,7 +84,12 @@ def search(
 search_passages = tool("search_passages", parse_docstring=True)(search)
 
 
-def research(question: str, thread: str = "", issues: str = "") -> dict[str, Any]:
+def research(
+    question: str,
+    thread: str = "",
+    issues: str = "",
+    on_event: Callable[[dict], None] | None = None,  # each node's trace event, as it ends
+) -> dict[str, Any]:
     """Research a legal question with the agent and return its answer record: the rules quoted
     and cited, their application to the facts, conclusions, a bottom line or a letter, or why it
     abstained.  ``thread``: keep the run on that thread (the record says which); a question on a
@@ -99,19 +110,47 @@ def research(question: str, thread: str = "", issues: str = "") -> dict[str, Any
             checkpointer=checkpointer,
             thread_id=thread or None,
             issues=issues.split(";"),
+            on_event=on_event,
         )
     if result.get("error"):
         raise RuntimeError(result["error"])
     return {"thread_id": result.get("thread_id"), **(result.get("answer") or {})}
 
 
-def build_server() -> Any:
-    """The MCP server (the official SDK's FastMCP) with the two tools."""
-    from mcp.server.fastmcp import FastMCP
+async def _search_tool(
+    query: str,
+    k: int = 5,
+    jurisdiction: str = "",
+    court: str = "",
+    source_type: str = "",
+    after: str = "",
+    before: str = "",
+) -> list[dict[str, Any]]:
+    args = (query, k, jurisdiction, court, source_type, after, before)
+    return await anyio.to_thread.run_sync(functools.partial(search, *args))
 
+
+async def _research_tool(
+    question: str, thread: str = "", issues: str = "", ctx: Context | None = None
+) -> dict[str, Any]:
+    steps = itertools.count(1)
+
+    def progress(event: dict) -> None:  # in the worker thread: hand the report to the event loop
+        if ctx is not None:
+            message = f"{event['node']}: {event['decision']}"
+            anyio.from_thread.run(ctx.report_progress, next(steps), None, message)
+
+    return await anyio.to_thread.run_sync(
+        functools.partial(research, question, thread, issues, progress)
+    )
+
+
+def build_server() -> FastMCP:
+    """The MCP server (the official SDK's FastMCP) with the two tools, each run in a worker thread
+    (a research takes seconds to minutes; the server keeps answering meanwhile)."""
     server = FastMCP("legalragagent")
-    server.add_tool(search, name="search_passages")
-    server.add_tool(research, name="research")
+    server.add_tool(_search_tool, name="search_passages", description=search.__doc__)
+    server.add_tool(_research_tool, name="research", description=research.__doc__)
     return server
 
 

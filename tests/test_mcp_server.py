@@ -73,3 +73,57 @@ def test_the_mcp_server_over_stdio_lists_its_tools_searches_with_a_filter_and_re
     assert len(passages) == 4 and all(p["id"].startswith("tx_case_") for p in passages)
     assert json.loads(found.content[0].text)["id"].startswith("tx_case_")
     assert empty.isError and "query is empty" in empty.content[0].text
+
+
+@pytest.mark.slow
+@pytest.mark.local_llm
+def test_a_research_over_mcp_reports_its_steps_and_leaves_the_server_answering(tmp_path):
+    """`research` ran on the server's event loop: for the whole run (seconds to minutes) the server
+    answered nothing else (no ping, no other call) and said nothing of its progress.  Now a client
+    that asks gets each step as progress, and a search made meanwhile comes back before it ends."""
+    pytest.importorskip("xllamacpp")
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    env = {**os.environ, "CHROMA_DIR": str(tmp_path / "chroma"), "LLM_CACHE": "0",
+           "LLM_PROVIDER": "local", "CHECKPOINTS": str(tmp_path / "threads.sqlite")}  # fmt: skip
+    load_corpus.ensure_starter_index(Settings.from_env(env=env))
+    params = StdioServerParameters(
+        command=sys.executable, args=[str(REPO / "mcp_server.py")], env=env, cwd=str(tmp_path)
+    )
+    steps: list[str] = []
+    ended: dict[str, float] = {}
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        steps.append(message or "")
+
+    async def session_calls():
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            await session.call_tool("search_passages", {"query": "mailbox rule"})  # warm
+
+            async def research():
+                result = await session.call_tool(
+                    "research", {"question": "What is the mailbox rule?"},
+                    progress_callback=on_progress,
+                )  # fmt: skip
+                ended["research"] = asyncio.get_running_loop().time()
+                return result
+
+            async def search():
+                await asyncio.sleep(1.0)  # the research is under way
+                await session.send_ping()
+                found = await session.call_tool("search_passages", {"query": "battery"})
+                ended["search"] = asyncio.get_running_loop().time()
+                return found
+
+            return await asyncio.gather(research(), search())
+
+    record, found = asyncio.run(session_calls())
+    assert not record.isError and not found.isError
+    answer = record.structuredContent
+    assert answer["thread_id"] and answer["citations"] and "Mailbox rule" in answer["text"]
+    assert ended["search"] < ended["research"]
+    assert any(s.startswith("planner: ") for s in steps) and any(
+        s.startswith("answer: ") for s in steps
+    )
