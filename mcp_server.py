@@ -5,7 +5,8 @@ on a thread). Start it from the client's configuration, e.g. {"command": "python
 the server starts. A bad input (an empty query, k out of range, an unknown filter value) is a tool
 error the client sees, not a crash of the server. The tools run in a worker thread, so the server
 answers pings and other calls while a research runs, and it reports each step of the research as
-progress to a client that asks for it.
+progress to a client that asks for it; a research the client cancels stops at the end of the
+step under way (`main.py --resume` goes on with it when it was given a thread).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 from langchain_core.tools import tool
 from mcp.server.fastmcp import Context, FastMCP
 
@@ -117,6 +119,15 @@ def research(
     return {"thread_id": result.get("thread_id"), **(result.get("answer") or {})}
 
 
+async def _in_thread(work: Callable[[], Any]) -> Any:
+    """``work`` run in a worker thread, off the server's event loop.  A request the client cancelled
+    meanwhile gets no reply: the SDK has answered it ("Request cancelled"), and a second reply ended
+    the server (an AssertionError in mcp 1.30)."""
+    result = await anyio.to_thread.run_sync(work)
+    await anyio.lowlevel.checkpoint()  # raises here when the request was cancelled
+    return result
+
+
 async def _search_tool(
     query: str,
     k: int = 5,
@@ -127,7 +138,7 @@ async def _search_tool(
     before: str = "",
 ) -> list[dict[str, Any]]:
     args = (query, k, jurisdiction, court, source_type, after, before)
-    return await anyio.to_thread.run_sync(functools.partial(search, *args))
+    return await _in_thread(functools.partial(search, *args))
 
 
 async def _research_tool(
@@ -135,14 +146,14 @@ async def _research_tool(
 ) -> dict[str, Any]:
     steps = itertools.count(1)
 
-    def progress(event: dict) -> None:  # in the worker thread: hand the report to the event loop
+    def progress(event: dict) -> None:  # in the worker thread, after each node
+        # a request the client cancelled stops here, at a step's end: its thread can be resumed
+        anyio.from_thread.check_cancelled()
         if ctx is not None:
             message = f"{event['node']}: {event['decision']}"
             anyio.from_thread.run(ctx.report_progress, next(steps), None, message)
 
-    return await anyio.to_thread.run_sync(
-        functools.partial(research, question, thread, issues, progress)
-    )
+    return await _in_thread(functools.partial(research, question, thread, issues, progress))
 
 
 def build_server() -> FastMCP:

@@ -127,3 +127,64 @@ def test_a_research_over_mcp_reports_its_steps_and_leaves_the_server_answering(t
     assert any(s.startswith("planner: ") for s in steps) and any(
         s.startswith("answer: ") for s in steps
     )
+
+
+@pytest.mark.slow
+@pytest.mark.local_llm
+def test_a_research_the_client_cancels_stops_at_the_end_of_its_step_and_can_be_resumed(tmp_path):
+    """A cancelled `research` went on to its end in the server (a minute of both cores on a
+    laptop): it now stops when the step under way ends, kept on its thread for `--resume`."""
+    pytest.importorskip("xllamacpp")
+    from mcp import ClientSession, StdioServerParameters, types
+    from mcp.client.stdio import stdio_client
+    from mcp.shared.exceptions import McpError
+
+    import main
+
+    env = {**os.environ, "CHROMA_DIR": str(tmp_path / "chroma"), "LLM_CACHE": "0",
+           "LLM_PROVIDER": "local", "CHECKPOINTS": str(tmp_path / "threads.sqlite")}  # fmt: skip
+    settings = Settings.from_env(env=env)
+    load_corpus.ensure_starter_index(settings)
+    params = StdioServerParameters(
+        command=sys.executable, args=[str(REPO / "mcp_server.py")], env=env, cwd=str(tmp_path)
+    )
+    question = (
+        "Officer Reyes arrested Dan for driving with a suspended license, handcuffed him, and "
+        "locked him in her patrol car. She then searched his car and found cocaine under the "
+        "seat. Can Dan have the cocaine suppressed?"
+    )
+
+    async def session_calls():
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            planning = asyncio.Event()
+
+            async def on_progress(progress: float, total: float | None, message: str | None):
+                if (message or "").startswith("classifier"):  # the planner's call is under way
+                    planning.set()
+
+            request_id = session._request_id  # the id call_tool sends next
+            call = asyncio.create_task(
+                session.call_tool(
+                    "research",
+                    {"question": question, "thread": "t-cancel"},
+                    progress_callback=on_progress,
+                )  # fmt: skip
+            )
+            await planning.wait()
+            cancel = types.CancelledNotification(
+                params=types.CancelledNotificationParams(requestId=request_id)
+            )
+            await session.send_notification(types.ClientNotification(cancel))
+            with pytest.raises(McpError, match="cancelled"):
+                await call
+            await asyncio.sleep(25)  # the answer stage alone takes longer than this
+            return await session.call_tool("search_passages", {"query": "search incident"})
+
+    found = asyncio.run(session_calls())
+    assert not found.isError  # the server still answers
+    with main.open_checkpointer(settings) as checkpointer:
+        saved = main.thread_state(main.build_graph(checkpointer=checkpointer),
+                                  main.thread_config("t-cancel"))  # fmt: skip
+    assert saved.values.get("planning_table") and not saved.values.get("answer")
+    assert main._unfinished(saved)  # `main.py --resume t-cancel` goes on from there
