@@ -128,17 +128,14 @@ async def _in_thread(work: Callable[[], Any]) -> Any:
     return result
 
 
-async def _search_tool(
-    query: str,
-    k: int = 5,
-    jurisdiction: str = "",
-    court: str = "",
-    source_type: str = "",
-    after: str = "",
-    before: str = "",
-) -> list[dict[str, Any]]:
-    args = (query, k, jurisdiction, court, source_type, after, before)
-    return await _in_thread(functools.partial(search, *args))
+def _threaded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as an async tool run :func:`_in_thread`, with ``fn``'s parameters and docstring."""
+
+    @functools.wraps(fn)
+    async def tool(*args: Any, **kwargs: Any) -> Any:
+        return await _in_thread(functools.partial(fn, *args, **kwargs))
+
+    return tool
 
 
 async def _research_tool(
@@ -160,7 +157,7 @@ def build_server() -> FastMCP:
     """The MCP server (the official SDK's FastMCP) with the two tools, each run in a worker thread
     (a research takes seconds to minutes; the server keeps answering meanwhile)."""
     server = FastMCP("legalragagent")
-    server.add_tool(_search_tool, name="search_passages", description=search.__doc__)
+    server.add_tool(_threaded(search), name="search_passages")
     server.add_tool(_research_tool, name="research", description=research.__doc__)
     return server
 
