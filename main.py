@@ -664,6 +664,18 @@ def run_batch(
     return 1 if failed else 0
 
 
+def _unnamed_candidates(result: dict) -> bool:
+    """Whether the planner listed candidates a fact pattern's answer neither researched nor named
+    (never when the user set or reviewed the agenda, on a follow-up, or when it abstained)."""
+    reading, parsed = result.get("reading") or {}, result.get("parsed") or {}
+    if (result.get("answer") or {}).get("abstained") or parsed.get("issues"):
+        return False
+    if not parsed.get("facts") or reading.get("follow_up") or reading.get("review"):
+        return False
+    agenda = set(reading.get("agenda") or [])
+    return any(c not in agenda for c in reading.get("candidates") or [])
+
+
 def _print_result(result: dict, out: Callable[[str], None]) -> None:
     out("")
     out("=" * 78)
@@ -690,6 +702,10 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
         # firm offers") is given with a comma, which names the same candidate (mc.doctrine_key)
         name = others[0].replace(";", ",")
         out(f'(To research one: {on} --issues "{name}"; --review to pick.)')
+    elif _unnamed_candidates(result):
+        # none near enough the facts to be named, but the 1.5B's picks are often not the doctrine:
+        # a dog that had bitten before got causation, its first candidate animal liability unnamed
+        out("(The planner's other candidates are far from the stated facts; --review lists them.)")
     if flagged := result.get("flagged_passages"):
         ids = ", ".join(f["id"] for f in flagged[:5]) + (", ..." if len(flagged) > 5 else "")
         out(

@@ -549,3 +549,31 @@ def test_a_batch_of_multiple_choice_questions_runs_in_lean_mode(tmp_path, monkey
         main.main(["--no-index", "-q", "--batch", str(tmp_path / "mc.txt"), "--mode", "lean"]) == 0
     )
     assert asked == ["Which?", "Which one?"]
+
+
+@pytest.mark.parametrize(
+    ("change", "hint"),
+    [({}, True), ({"others": ["Strict liability for animals"]}, False),
+     ({"issues": ["Actual cause"]}, False), ({"abstained": True}, False),
+     ({"candidates": ["Actual cause"]}, False)],
+    ids=["nothing-named", "others-named", "user-agenda", "abstained", "no-other-candidate"],
+)  # fmt: skip
+def test_an_answer_that_names_no_other_doctrine_says_the_review_lists_the_candidates(change, hint):
+    """A user's dog that had bitten before got causation; the first candidate, strict liability
+    for animals, was neither researched nor named (its passages sit far from the facts), and the
+    answer gave no word that there was anything else to pick."""
+    record = {"text": "1. Actual cause ...", "abstained": change.get("abstained", False),
+              "others": change.get("others", [])}  # fmt: skip
+    result = {
+        "parsed": {"text": "q", "facts": ["Ollie's dog had bitten two people before."],
+                   "issues": change.get("issues", [])},
+        "reading": {"agenda": ["Actual cause"],
+                    "candidates": change.get("candidates", ["Strict liability for animals",
+                                                            "Actual cause"])},
+        "answer": record, "thread_id": "t1",
+    }  # fmt: skip
+    lines: list[str] = []
+    main._print_result(result, lines.append)
+    said = "\n".join(lines)
+    assert ("--review lists them" in said) is hint
+    assert ("To research one: --thread t1" in said) is bool(change.get("others"))
