@@ -65,7 +65,7 @@ class AgentContext:
     """texts -> L2-normalised rows."""
     check_memory: Callable[[str], dict | None]
     """question -> the QA memory's entry (question, answer, confidence, similarity, sources)."""
-    write_memory: Callable[[str, str, float, list[dict]], None]
+    write_memory: Callable[[str, dict, float, list[dict]], None]
     """(question, research answer, confidence, sources) -> None."""
     deadline: float | None = None
     """Absolute ``time.monotonic()`` by which the run must end (None: no limit)."""
@@ -110,8 +110,14 @@ class AgentContext:
             scoped=None if settings.filters.jurisdiction else scoped,
             embed=lambda texts: rag_utils.get_embedder(settings).embed_documents(texts),
             check_memory=lambda q: rag_utils.check_memory(q, settings=settings, scope=scope()),
-            write_memory=lambda q, a, conf, sources=(): rag_utils.write_to_memory(
-                q, a, conf, settings=settings, sources=sources, scope=scope()
+            write_memory=lambda q, record, conf, sources=(): rag_utils.write_to_memory(
+                q,
+                record["text"],
+                conf,
+                settings=settings,
+                sources=sources,
+                scope=scope(),
+                record=record,
             ),
             searchers=searchers(settings),
             doctrine_named=legal_graph.doctrine_named,

@@ -10,6 +10,7 @@ given up.  The answer stage (``answer.py``) then writes one typed record that ev
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import time
@@ -19,6 +20,7 @@ from typing import Any, Literal
 
 from langgraph.runtime import Runtime
 from langgraph.types import Command, Overwrite, interrupt
+from pydantic import TypeAdapter
 
 import answer as answer_stage
 import mc
@@ -295,7 +297,7 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         return {"reading": kept}, decision
     if hit := _memory_hit(state, ctx, q):
         sources = list(hit.get("sources") or [])
-        saved = {k: hit.get(k) for k in ("question", "similarity", "timestamp")}
+        saved = {k: hit.get(k) for k in ("question", "similarity", "timestamp", "record")}
         update = {
             "reading": {"recalled": {**saved, "answer": hit.get("answer", ""), "sources": sources}},
             "passages": {s["id"]: _passage_record(s) for s in sources if s.get("id")},
@@ -965,8 +967,12 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
 
 
 def memory_record(state: AgentState) -> answer_stage.AnswerRecord:
-    """The record of a QA-memory hit: the cached text and its cited passages."""
+    """The record of a QA-memory hit: the saved record (its letter, if any, picked anew), or for
+    an entry saved with none, the cached text and its cited passages."""
     hit = recalled(state)
+    if saved := hit.get("record"):
+        record = TypeAdapter(answer_stage.AnswerRecord).validate_python(saved)
+        return dataclasses.replace(record, letter=None, mc=None, lean=None)
     citations = [
         answer_stage.Citation(
             n, s["id"], s.get("title") or "", s.get("support") or "", s.get("pin") or ""
@@ -1123,7 +1129,7 @@ def memory_writeback(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     confs = [s["execution"]["confidence"] for s in table if s["status"] == "completed"]
     confidence = sum(confs) / len(confs) if confs else 0.0
     try:
-        ctx.write_memory(state["parsed"].text, record["text"], confidence, sources)
+        ctx.write_memory(state["parsed"].text, record, confidence, sources)
     except Exception as exc:  # noqa: BLE001 - caching is best effort
         logger.warning("QA memory write failed: %s", exc)
         return {}, f"skip: write failed ({exc})"

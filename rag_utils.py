@@ -1621,8 +1621,9 @@ def check_memory(
     question: str, *, settings: Settings, scope: Mapping[str, str] | None = None
 ) -> dict[str, Any] | None:
     """The stored answer of the most similar earlier question when its cosine is at least
-    MEMORY_THRESHOLD (keys question, answer, confidence, similarity, timestamp, sources), else
-    None. With ``scope`` (``context.memory_scope``) only entries written under exactly it count."""
+    MEMORY_THRESHOLD (keys question, answer, confidence, similarity, timestamp, sources, record),
+    else None. With ``scope`` (``context.memory_scope``) only entries written under exactly it
+    count."""
     col = _memory_collection(settings)
     if col.count() == 0:
         return None
@@ -1646,6 +1647,7 @@ def check_memory(
         "similarity": similarity,
         "timestamp": meta.get("timestamp", ""),
         "sources": json.loads(meta.get("sources") or "[]"),  # written by write_to_memory
+        "record": json.loads(meta.get("record") or "null"),
     }
 
 
@@ -1663,10 +1665,11 @@ def write_to_memory(
     *,
     sources: Sequence[dict[str, Any]] = (),
     scope: Mapping[str, str] | None = None,
+    record: Mapping[str, Any] | None = None,
 ) -> None:
     """Store (or replace) the answer to ``question``, timestamped (ISO-8601 UTC), with the
     passages its citations name (``sources``: dicts with id, title, source, text, ref and
-    :data:`MEMORY_CITATION_KEYS`) and the ``scope`` it is valid under."""
+    :data:`MEMORY_CITATION_KEYS`), the ``scope`` it is valid under and its answer ``record``."""
     if is_read_only(settings):
         logger.info(
             "QA memory not written: CHROMA_DIR %s is read-only", settings.retrieval.chroma_dir
@@ -1688,6 +1691,7 @@ def write_to_memory(
         "confidence": float(confidence),
         "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
         "sources": json.dumps(kept),
+        **({"record": json.dumps(record)} if record else {}),
         **_scope_meta(scope),
     }
     key = " ".join(question.lower().split()) + json.dumps(dict(scope or {}), sort_keys=True)

@@ -154,13 +154,15 @@ class Memory:
         self.hit = hit
         self.writes: list[tuple[str, str, float]] = []
         self.sources: list[list[dict]] = []
+        self.records: list[dict] = []
 
     def check(self, question: str) -> dict | None:
         return self.hit
 
-    def write(self, question: str, answer: str, confidence: float, sources: list) -> None:
-        self.writes.append((question, answer, confidence))
+    def write(self, question: str, record: dict, confidence: float, sources: list) -> None:
+        self.writes.append((question, record["text"], confidence))
         self.sources.append(sources)
+        self.records.append(record)
 
 
 def fake_context(settings: Any = None, evidence_score: Any = None, **fields: Any) -> AgentContext:
@@ -1467,3 +1469,17 @@ def test_an_answer_names_the_candidate_doctrines_its_agenda_passed_over(tmp_sett
     steered, *_ = run(tmp_settings, replies, issues=["Negligence"])
     assert steered["answer"]["others"] == []
     assert "not researched" not in main.answer_stage.AnswerRecord.shown(steered["answer"])
+
+
+def test_an_answer_served_from_the_qa_memory_keeps_its_issues_as_data(tmp_settings):
+    """An MCP client asking a question again got the saved text with ``issues: []``: the record's
+    rules, applications, conclusions and what each turns on were lost to anyone reading the JSON."""
+    first, _, memory, _ = run(tmp_settings, fact_replies())
+    assert len(memory.records) == 1
+    saved = {"question": FACTS, "answer": memory.writes[0][1], "similarity": 1.0,
+             "sources": memory.sources[0], "record": memory.records[0]}  # fmt: skip
+    again, script, *_ = run(tmp_settings, {}, memory=Memory(saved))
+    assert again["reading"]["recalled"] and script.roles() == []
+    for key in ("text", "issues", "citations", "kind", "grounded"):
+        assert again["answer"][key] == first["answer"][key], key
+    assert again["answer"]["issues"] and again["answer"]["issues"][0]["turns_on"]

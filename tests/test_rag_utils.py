@@ -874,3 +874,18 @@ def test_an_answer_saved_before_the_answering_code_changed_is_not_served(
         )
     finally:
         context.answering_code.cache_clear()
+
+
+def test_the_qa_memory_keeps_the_whole_answer_record(loaded):
+    settings, _ = loaded
+    issue = {"issue": "Adverse possession", "status": "answered", "turns_on": [
+        {"requirement": "Possession must be open", "fact": None}]}  # fmt: skip
+    record = {"kind": "rule_question", "text": "A. [1]", "issues": [issue], "citations": [],
+              "abstained": False, "letter": "B"}  # fmt: skip
+    rag_utils.write_to_memory("What is adverse possession?", "A. [1]", 0.7, settings, record=record)
+    hit = rag_utils.check_memory("What is adverse possession?", settings=settings)
+    assert hit["record"] == record
+    state = {"reading": {"recalled": hit}, "parsed": Question.read("What is adverse possession?")}
+    restored = nodes.memory_record(state)
+    assert restored.issues[0].turns_on == issue["turns_on"] and restored.text == "A. [1]"
+    assert restored.letter is None  # a saved letter is picked anew
