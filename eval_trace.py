@@ -363,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
         "queries, its leads and the replanner's next move",
     )
     ec.add_cli_arguments(p, run_dir=False)
+    p.set_defaults(interrupted=False)  # set by run() on Ctrl-C
     return p
 
 
@@ -392,18 +393,23 @@ def run(
         targets = load_trace_questions()[: args.n]
     llm = ec.llm_record(settings).get("mc_select", {})
     logger.info("LLM provider=%s model=%s", llm.get("provider"), llm.get("model", llm.get("error")))
-    cases = []
-    for n, item in enumerate(targets, 1):
-        query = ec.item_question(item) if item else args.query.strip()
-        position = f"[{n}/{len(targets)}] "
-        case = trace_query(
-            query, item=item, settings=settings, llm_factory=llm_factory, out=out, position=position
-        )
-        case["config"] = {"llm": llm, "retrieval": ec.retrieval_record(settings)}
-        if args.save:
-            case["saved_to"] = str(save_case(case, args.case_dir))
-        cases.append(case)
-        logger.info("traced %s%s (%.1fs)", position, case["item"] or "query", case["agent_s"])
+    cases: list[dict] = []
+    try:
+        for n, item in enumerate(targets, 1):
+            query = ec.item_question(item) if item else args.query.strip()
+            position = f"[{n}/{len(targets)}] "
+            case = trace_query(
+                query, item=item, settings=settings, llm_factory=llm_factory, out=out,
+                position=position,
+            )  # fmt: skip
+            case["config"] = {"llm": llm, "retrieval": ec.retrieval_record(settings)}
+            if args.save:
+                case["saved_to"] = str(save_case(case, args.case_dir))
+            cases.append(case)
+            logger.info("traced %s%s (%.1fs)", position, case["item"] or "query", case["agent_s"])
+    except KeyboardInterrupt:  # the questions traced so far are shown, and printed with --json
+        logger.warning("interrupted: %d of %d question(s) traced", len(cases), len(targets))
+        args.interrupted = True
     out("=" * 100)
     out(ec.text_table(summary_rows(cases)))
     mc_cases = [c for c in cases if c.get("mc")]
@@ -425,7 +431,7 @@ def main(argv: Sequence[str] | None = None, *, llm_factory: ec.LLMFactory = None
     )
     if args.json and not rc:
         print(json.dumps(cases, indent=2, ensure_ascii=False, default=str))
-    return rc
+    return 130 if args.interrupted and not rc else rc
 
 
 if __name__ == "__main__":

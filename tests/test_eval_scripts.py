@@ -987,3 +987,24 @@ def test_a_passed_over_doctrine_whose_step_finds_the_gold_passage_counts_as_a_st
     # a gold passage the answer cites already is nothing a steer finds
     gold = [g for issue in item["issues"] for g in issue["gold_ids"]]
     assert eval_comprehensive.steer_hits(context, item, named, cited=gold) == []
+
+
+def test_a_trace_stopped_by_ctrl_c_shows_what_it_traced(
+    fake_trace_env, capsys, caplog, monkeypatch
+):
+    """Ctrl-C during the second question ended `eval_trace.py --json` in a KeyboardInterrupt
+    traceback and printed nothing of the question already traced."""
+    traced = eval_trace.trace_query
+
+    def ctrl_c_at_the_second(query: str, **kw: Any) -> dict:
+        if kw["position"].startswith("[2/"):
+            raise KeyboardInterrupt
+        return traced(query, **kw)
+
+    monkeypatch.setattr(eval_trace, "trace_query", ctrl_c_at_the_second)
+    argv = ["3", "--qa", str(QA), "--passages", str(PASSAGES), "--json"]
+    assert eval_trace.main(argv, llm_factory=reader()[0]) == 130
+    captured = capsys.readouterr()
+    assert [c["item"] for c in json.loads(captured.out)] == ["evq_1"]
+    assert "Traceback" not in captured.err
+    assert "interrupted: 1 of 3 question(s) traced" in caplog.text
