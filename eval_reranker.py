@@ -130,24 +130,26 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     }
     run_dir.check_config(config, ("qa", "query", "embedding_model", "reranker_model"))
     unavailable: dict[str, str] = {}
-    for name in names:
-        if reason := check_reranker(name, settings):
-            logger.warning("reranker %s unavailable: %s", name, reason)
-            unavailable[name] = reason
-            continue
-        run_dir.run(
-            functools.partial(run_item, reranker=name, settings=settings, query=args.query),
-            items,
-            key=lambda it, name=name: (ec.item_id(it), name),
-            desc=name,
-            fatal=(Exception,),
-        )
+    with run_dir.until_interrupted():  # Ctrl-C: the summary of the rows so far, then exit 130
+        for name in names:
+            if reason := check_reranker(name, settings):
+                logger.warning("reranker %s unavailable: %s", name, reason)
+                unavailable[name] = reason
+                continue
+            run_dir.run(
+                functools.partial(run_item, reranker=name, settings=settings, query=args.query),
+                items,
+                key=lambda it, name=name: (ec.item_id(it), name),
+                desc=name,
+                fatal=(Exception,),
+            )
     available = [n for n in names if n not in unavailable]
     summary = {
         "run_id": run_dir.run_id,
         "config": config,
         "rerankers": summarize(run_dir.rows, available),
         "unavailable": unavailable,
+        "interrupted": run_dir.interrupted,
     }
     run_dir.write_json("summary.json", summary)
     run_dir.write_text(

@@ -492,6 +492,30 @@ def test_reranker_comparison(env, capsys):
     assert {r["mode"] for r in rows} == set(got)
 
 
+def test_a_reranker_comparison_stopped_by_ctrl_c_keeps_its_rows_and_resumes(
+    env, fake, capsys, monkeypatch
+):
+    """Ctrl-C ended `eval_reranker.py` in a KeyboardInterrupt traceback with no summary; it now
+    summarizes the rows it saved, exits 130, and the same run id finishes the run."""
+    measured = eval_reranker.run_item
+    seen: list[str] = []
+
+    def ctrl_c_at_the_second_item(item: dict, reranker: str, **kw: Any) -> dict:
+        seen.append(item["idx"])
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+        return measured(item, reranker, **kw)
+
+    monkeypatch.setattr(eval_reranker, "run_item", ctrl_c_at_the_second_item)
+    argv = ["--qa", str(QA), "--passages", str(PASSAGES), "--results-dir", str(env / "res"),
+            "--rerankers", "none", "--run-id", "rr", "--json"]  # fmt: skip
+    assert eval_reranker.main(argv) == 130
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["interrupted"] and summary["rerankers"]["none"]["n"] == 1
+    assert eval_reranker.main(argv) == 0  # resumed: the other items only
+    assert json.loads(capsys.readouterr().out)["rerankers"]["none"]["n"] == len(INDEXED_ITEMS)
+
+
 # ------------------------------------------------------------------------------------------------
 # eval_trace
 # ------------------------------------------------------------------------------------------------
