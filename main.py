@@ -36,6 +36,7 @@ import answer as answer_stage
 import context
 import filters
 import load_corpus
+import mc
 import nodes
 import providers
 import rag_utils
@@ -606,16 +607,27 @@ def read_batch(path: str, lean: bool = False) -> list[tuple[str, str]]:
     return items
 
 
-def _answered(out: Path, items: Sequence[tuple[str, str]]) -> set[str]:
-    """The ids of ``items`` whose last line in ``out`` did not fail (a question asked again under
-    the same id is InputError: the file belongs to another batch)."""
+def outcome(result: dict) -> str:
+    """How a run ended, as the CLI's exit status says: interrupted (130), failed (1), no_answer
+    (3: an injection, or it abstained or wrote nothing to show) or answered (0)."""
+    record = result.get("answer") or {}
+    if result.get("stop_reason") == "interrupted":
+        return "interrupted"
+    if result.get("error"):
+        return "failed"
+    shown = answer_stage.AnswerRecord.shown(record) and not record.get("abstained")
+    return "answered" if shown else "no_answer"
+
+
+def _answered(lines: str, out: Path, items: Sequence[tuple[str, str]]) -> set[str]:
+    """The ids of ``items`` whose last line in ``lines`` (``out``'s text) did not fail (a question
+    asked again under the same id is InputError: the file belongs to another batch)."""
     asked = dict(items)
     last: dict[str, dict] = {}
-    if out.exists():
-        for line in out.read_text("utf-8").splitlines():
-            with contextlib.suppress(json.JSONDecodeError):  # a line a killed run cut short
-                row = json.loads(line)
-                last[str(row.get("id"))] = row
+    for line in lines.splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # a line a killed run cut short
+            row = json.loads(line)
+            last[str(row.get("id"))] = row
     for qid, row in last.items():
         if qid in asked and row.get("question") != asked[qid]:
             raise InputError(f"{out} holds another question under the id {qid}: give a new --out")
@@ -633,7 +645,8 @@ def run_batch(
     except OSError as exc:
         raise InputError(f"--out {out}: {exc.strerror or exc}") from None
     with sink:
-        done = _answered(out, items)
+        lines = out.read_text("utf-8")
+        done = _answered(lines, out, items)
         todo = [(qid, q) for qid, q in items if qid not in done]
         say = functools.partial(print, file=sys.stderr, flush=True)
         say(
@@ -641,20 +654,18 @@ def run_batch(
         )
         ctx = AgentContext.from_settings(settings)
         failed = 0
-        if out.stat().st_size and not out.read_bytes().endswith(b"\n"):
+        if lines and not lines.endswith("\n"):
             sink.write("\n")  # after a line a killed run cut short
         for n, (qid, q) in enumerate(todo, 1):
             question, choices = parse(q)
             result = run_agent(
                 question, choices, context=ctx, checkpointer=checkpointer, keep_on_interrupt=True
             )
-            if result.get("stop_reason") == "interrupted":
+            if (status := outcome(result)) == "interrupted":
                 say(f"main.py: interrupted at question {qid}; the same command goes on from it")
                 return 130
-            record = result.get("answer") or {}
-            shown = answer_stage.AnswerRecord.shown(record) and not record.get("abstained")
-            status = "failed" if result.get("error") else "answered" if shown else "no_answer"
             failed += status == "failed"
+            record = result.get("answer") or {}
             row = {"id": qid, "question": q, "status": status, **result}
             print(json.dumps(row, ensure_ascii=False), file=sink, flush=True)
             letter = f" ({record['letter']})" if record.get("letter") else ""
@@ -665,15 +676,19 @@ def run_batch(
 
 
 def _unnamed_candidates(result: dict) -> bool:
-    """Whether the planner listed candidates a fact pattern's answer neither researched nor named
-    (never when the user set or reviewed the agenda, on a follow-up, or when it abstained)."""
+    """Whether the planner listed candidates a fact pattern's answer neither researched nor quoted
+    (:func:`nodes.left_off`, the test the named ones pass), none of which it named (never when the
+    user set or reviewed the agenda, on a follow-up, or when it abstained)."""
     reading, parsed = result.get("reading") or {}, result.get("parsed") or {}
-    if (result.get("answer") or {}).get("abstained") or parsed.get("issues"):
+    record = result.get("answer") or {}
+    if record.get("abstained") or record.get("others") or parsed.get("issues"):
         return False
     if not parsed.get("facts") or reading.get("follow_up") or reading.get("review"):
         return False
-    agenda = set(reading.get("agenda") or [])
-    return any(c not in agenda for c in reading.get("candidates") or [])
+    quoted = {mc.doctrine_key(c["title"]) for c in record.get("citations") or []}
+    return bool(
+        nodes.left_off(reading.get("agenda") or [], reading.get("candidates") or [], quoted)
+    )
 
 
 def _print_result(result: dict, out: Callable[[str], None]) -> None:
@@ -954,10 +969,11 @@ def main(argv: list[str] | None = None) -> int:
     # the run is kept on its thread: it can go on from its last completed step
     tid = result.get("thread_id")
     resume = f"; to go on from where it stopped: python main.py --resume {tid}" if tid else ""
-    if result.get("stop_reason") == "interrupted":
+    status = outcome(result)
+    if status == "interrupted":
         print(f"main.py: interrupted{resume}", file=sys.stderr)
         return 130
-    if result.get("error"):
+    if status == "failed":
         return _error(str(result["error"]).splitlines()[0] + resume, 1)
     metrics = result.get("run_metrics") or {}
     if (bad := metrics.get("parse_failures") or 0) >= max(2, (metrics.get("llm_calls") or 0) / 2):
@@ -967,10 +983,9 @@ def main(argv: list[str] | None = None) -> int:
             "instructions? (`python llm_config.py` lists the providers)",
             file=sys.stderr,
         )
-    record = result.get("answer") or {}
-    if record.get("abstained") or not answer_stage.AnswerRecord.shown(record):
+    if status == "no_answer":
         why = result.get("stop_reason") or "the research produced no usable answer"
-        letter = record.get("letter")
+        letter = (result.get("answer") or {}).get("letter")
         tail = f"; the letter ({letter}) is the model's closed-book pick" if letter else ""
         print(f"main.py: no answer ({why}){tail}", file=sys.stderr)
         return 3

@@ -15,7 +15,7 @@ import logging
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, Literal
 
 from langgraph.runtime import Runtime
@@ -145,6 +145,16 @@ def candidate_search(ctx: AgentContext, name: str, facts: Sequence[str]) -> list
     return ctx.search(FIRST_SEARCH, step_for(1, name, kept)["strategy"]["queries"], k, [])[:k]
 
 
+def left_off(
+    researched: Iterable[str], candidates: Iterable[str], quoted: Collection[str] = ()
+) -> list[str]:
+    """The candidates, by the name before their parentheses and once each, whose doctrine
+    (:func:`mc.doctrine_key`) is neither researched nor among ``quoted`` (doctrine keys)."""
+    taken = {doctrine_key(i) for i in researched} | set(quoted)
+    names = (c.split(" (")[0] for c in candidates)
+    return list(dict.fromkeys(n for n in names if doctrine_key(n) not in taken))
+
+
 def passed_over(state: AgentState, ctx: AgentContext, quoted: Collection[str] = ()) -> list[str]:
     """The planner's candidates left off the agenda, what the user may research next (the 1.5B
     passed over "Abnormally dangerous activities" for a blasting question); of a fact pattern, those
@@ -153,10 +163,9 @@ def passed_over(state: AgentState, ctx: AgentContext, quoted: Collection[str] = 
     facts = state["parsed"].facts
     if state["parsed"].issues or _reading(state, "review"):
         return []
-    agenda = {doctrine_key(i) for i in [*planned(state), *thread_research(state)]} | set(quoted)
-    names = (c.split(" (")[0] for c in _reading(state, "candidates") or [])
+    researched = [*planned(state), *thread_research(state)]
     out: list[str] = []
-    for name in dict.fromkeys(n for n in names if doctrine_key(n) not in agenda):
+    for name in left_off(researched, _reading(state, "candidates") or [], quoted):
         if len(out) == PASSED_OVER:
             break
         try:
