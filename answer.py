@@ -981,7 +981,6 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
     fit and a named issue are always applied, and so is the first unraised one when no other is."""
     rule_question = stage.q.kind == "rule_question"
     floor, guard = (ASKED_FIT, "not_asked") if rule_question else (FACT_FIT, "off_facts")
-    stage.bearing = borne_on(stage, ruled)
     asked = stage.q.asked if stage.q.kind == "fact_pattern" else ""
     named = [item.chosen or bool(asked) and named_in(item.issue, asked) for _, item, *_ in ruled]
     # The embedder reads "Dana took her coworker's laptop ..., intending to return it Monday" as
@@ -989,7 +988,9 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
     # "Dana had planned to keep the laptop" as nearer work product's "tangible things": an issue
     # "Is Dana guilty of larceny?" names keeps the facts the model ties to it, new ones included.
     stage.named = {item.issue for (_, item, *_), name in zip(ruled, named, strict=True) if name}
-    stage.bearing |= stage.named
+    # with no new fact (a thread's question again, on issues the user names), the earlier
+    # application of an issue the thread researched stands
+    stage.bearing = borne_on(stage, ruled) | (stage.named if stage.q.new_facts else set())
     low = min(floor, max((fit for *_, fit in ruled), default=1.0))  # the best fit is applied
     low_fit = [n > 0 and fit < low for n, (*_, fit) in enumerate(ruled)]
     unfit = [far and not name for far, name in zip(low_fit, named, strict=True)]

@@ -713,10 +713,18 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
     out(answer_stage.AnswerRecord.shown(record) or "(no answer)")
     if others := record.get("others"):
         on = f"--thread {result['thread_id']}" if result.get("thread_id") else "ask again with"
+        # the answer's issues and one more: on the thread, those it researched are not searched
+        # or applied again (the hint's one name alone had dropped them from the answer)
+        agenda = (result.get("reading") or {}).get("agenda") or []
+        kept = [
+            i["issue"]
+            for i in record.get("issues") or []
+            if i["issue"] in agenda and i["status"] != "not_researched"
+        ]
         # --issues splits at ";": a name with one ("Termination of offers; option contracts and
         # firm offers") is given with a comma, which names the same candidate (mc.doctrine_key)
-        name = others[0].replace(";", ",")
-        out(f'(To research one: {on} --issues "{name}"; --review to pick.)')
+        names = "; ".join(n.replace(";", ",") for n in [*kept, others[0]])
+        out(f'(To research one more: {on} --issues "{names}"; --review to pick.)')
     elif _unnamed_candidates(result):
         # none near enough the facts to be named, but the 1.5B's picks are often not the doctrine:
         # a dog that had bitten before got causation, its first candidate animal liability unnamed

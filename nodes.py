@@ -298,10 +298,11 @@ def _memory_hit(state: AgentState, ctx: AgentContext, q: Question) -> dict | Non
 def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """QA memory first: a question answered before (a fact pattern: the same facts, word for word)
     is neither classified nor researched; else its kind, field of law and topic."""
-    q = state["parsed"]
-    if _reading(state, "follow_up") == "hypothetical":
-        # the thread's last question again, on changed facts
-        kept = _classified(last_turn(state).get("reading") or {})
+    q, last = state["parsed"], last_turn(state)
+    again = q.asked == last.get("asked") and (q.hypothetical or not q.new_facts)
+    if _reading(state, "follow_up") and again:
+        # the thread's last question again, on changed facts or on issues the user names
+        kept = _classified(last.get("reading") or {})
         decision = f"follow-up: read as the thread's last question ({kept.get('area')})"
         return {"reading": kept}, decision
     if hit := _memory_hit(state, ctx, q):
@@ -468,22 +469,26 @@ def thread_research(state: AgentState) -> dict[str, tuple[PlanStep, dict[str, di
 
 
 def plan_steps(state: AgentState, ctx: AgentContext, issues: list[str]) -> dict[str, Any]:
-    """The planning table for ``issues`` (at most MAX_STEPS): an issue the thread researched keeps
-    its completed step and passages; any other gets a pending step."""
+    """The planning table for ``issues``: an issue the thread researched keeps its completed step
+    and passages; at most MAX_STEPS others get a pending step (the cap bounds new research, so an
+    answer's "--issues" hint, its issues and one more, researches the one more)."""
     forced = ctx.settings.agent.search_strategy
     first = FIRST_SEARCH if forced == "auto" else forced
     facts = list(state["parsed"].facts)
     done = thread_research(state)
     steps: list[PlanStep] = []
     passages: dict[str, dict] = {}
-    for n, issue in enumerate(issues[: ctx.settings.agent.max_steps], 1):
+    new = 0
+    for issue in issues:
+        n = len(steps) + 1
         if issue in done:
             step, found = done[issue]
             steps.append({**step, "step_id": n})
             passages.update(found)
-            continue
-        kept = answer_stage.issue_facts(issue, facts, ctx.embed) if facts else []
-        steps.append(step_for(n, issue, kept, first))
+        elif new < ctx.settings.agent.max_steps:
+            new += 1
+            kept = answer_stage.issue_facts(issue, facts, ctx.embed) if facts else []
+            steps.append(step_for(n, issue, kept, first))
     update: dict[str, Any] = {"planning_table": steps, "reading": {"agenda": issues}}
     if passages:
         update["passages"] = {**(state.get("passages") or {}), **passages}
@@ -511,9 +516,10 @@ def user_agenda(
 def _steps_decision(update: dict[str, Any], given: str = "") -> str:
     issues, steps = update["reading"]["agenda"], update["planning_table"]
     reused = sum(1 for s in steps if s.get("execution"))
-    left = "; ".join(issues[len(steps) :])
+    planned = {s["issue"] for s in steps}
+    left = "; ".join(i for i in issues if i not in planned)
     return (
-        f"{len(steps)} step(s){given}: {'; '.join(issues[: len(steps)])}"
+        f"{len(steps)} step(s){given}: {'; '.join(s['issue'] for s in steps)}"
         + (f" ({reused} researched on the thread before)" if reused else "")
         + (f" (not researched: {left})" if left else "")
     )

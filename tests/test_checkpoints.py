@@ -387,24 +387,32 @@ def test_history_prints_a_threads_questions(tmp_settings, monkeypatch, capsys):
 def test_a_passed_over_doctrine_is_researched_on_the_thread_without_asking_again(
     tmp_settings, monkeypatch, capsys
 ):
-    """An answer names the candidates it did not research and how to research one on its
-    thread: `--thread ID --issues NAME` with no question asks the thread's last question again
-    on that agenda (a user had to paste a blasting fact pattern again to research "Abnormally
-    dangerous activities")."""
+    """An answer names the candidates it did not research and how to research one more on its
+    thread: `--thread ID --issues "ITS ISSUES; NAME"` with no question asks the thread's last
+    question again on that agenda (a user had to paste a blasting fact pattern again to research
+    "Abnormally dangerous activities"), and the issues it researched before are neither searched,
+    classified nor applied again (the hint once named the candidate alone, and the answer lost
+    the thread's issues)."""
     replies = fact_replies(plan=[J(issues=["Negligence"])], apply=[APPLY, APPLY])
     replies = {role: queue * 3 if role != "plan" else queue for role, queue in replies.items()}
-    settings, script, ctx = _agent(tmp_settings, str(tmp_path_of(tmp_settings)), replies)
+    # MAX_STEPS bounds new research: the issue the thread researched does not count
+    one_step = tmp_settings.replace(max_steps=1)
+    settings, script, ctx = _agent(one_step, str(tmp_path_of(tmp_settings)), replies)
     with main.open_checkpointer(settings) as saver:
         first = main.run_agent(FACTS, context=ctx, checkpointer=saver)
     main._print_result(first, print)
     thread, other = first["thread_id"], first["answer"]["others"][0]
-    assert f'(To research one: --thread {thread} --issues "{other}"' in capsys.readouterr().out
+    hint = f'(To research one more: --thread {thread} --issues "Negligence; {other}"'
+    assert hint in capsys.readouterr().out
+    asked_first = len(script.roles())
     monkeypatch.setattr(main, "AgentContext", type("C", (), {"from_settings": lambda s: ctx}))
     monkeypatch.setattr(main.rag_utils, "corpus_count", lambda settings: 1)
     monkeypatch.setenv("CHECKPOINTS", settings.agent.checkpoints)
-    assert main.main(["-q", "--json", "--thread", thread, "--issues", other]) == 0
+    assert main.main(["-q", "--json", "--thread", thread, "--issues", f"Negligence; {other}"]) == 0
     again = json.loads(capsys.readouterr().out)
-    assert again["thread_id"] == thread and again["reading"]["agenda"] == [other]
+    assert again["thread_id"] == thread and again["reading"]["agenda"] == ["Negligence", other]
+    assert again["answer"]["reused"] == ["Negligence"]
+    assert script.roles()[asked_first:] == ["apply", "bottom_line"]  # the new issue's only
     assert again["parsed"]["facts"] == first["parsed"]["facts"]
     assert again["parsed"]["asked"] == first["parsed"]["asked"]
     assert main.main(["--thread", "nope", "--issues", other]) == 2
@@ -413,9 +421,7 @@ def test_a_passed_over_doctrine_is_researched_on_the_thread_without_asking_again
     # no doctrine "not researched" (it was named so, in a user's landlord-tenant thread).
     with main.open_checkpointer(settings) as saver:
         what_if = main.run_agent(WHAT_IF, context=ctx, checkpointer=saver, thread_id=thread)
-    assert (
-        what_if["reading"]["agenda"] == [other] and "Negligence" in what_if["reading"]["candidates"]
-    )
+    assert what_if["reading"]["agenda"] == ["Negligence", other]
     assert not what_if["answer"]["abstained"] and "Negligence" not in what_if["answer"]["others"]
 
 
@@ -427,7 +433,7 @@ def test_the_hint_for_a_doctrine_whose_name_holds_a_semicolon_researches_that_do
     lines: list[str] = []
     record = {"text": "1. Offer", "others": [name, "Mailbox rule"]}
     main._print_result({"thread_id": "t1", "parsed": {}, "answer": record}, lines.append)
-    hint = next(line for line in lines if line.startswith("(To research one:"))
+    hint = next(line for line in lines if line.startswith("(To research one more:"))
     given = hint.split('--issues "')[1].split('"')[0]
     assert main.nodes.user_agenda(given.split(";"), ["Offer", name]) == [name]
 

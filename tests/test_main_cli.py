@@ -576,4 +576,4 @@ def test_an_answer_that_names_no_other_doctrine_says_the_review_lists_the_candid
     main._print_result(result, lines.append)
     said = "\n".join(lines)
     assert ("--review lists them" in said) is hint
-    assert ("To research one: --thread t1" in said) is bool(change.get("others"))
+    assert ("To research one more: --thread t1" in said) is bool(change.get("others"))
