@@ -360,15 +360,21 @@ def select_rule(
     embed: EmbedFn,
     n: int = RULE_SENTENCES,
     taken: Container[tuple[str, str]] = (),
+    asked: str = "",
 ) -> list[Pair]:
     """The ``n`` sentences of all the issue's passages closest to ``query`` (the issue and its
     facts), in passage order, but those ``taken`` (the fitting rule is often the search's third or
-    fourth passage: docs/MEASUREMENTS_HISTORY.md, stop 32)."""
+    fourth passage: docs/MEASUREMENTS_HISTORY.md, stop 32); with ``asked``, also the one closest
+    to it (a user's ordinance: "What fine does she face?" is answered by its penalty clause, and
+    the facts matched the leash and dog-bite sections)."""
     pool = [(d, s) for d in docs for s in candidate_sentences(d) if (d["id"], s) not in taken]
     if not pool:
         return []
-    keep = sorted(np.argsort(-cosines(embed, query, [s for _, s in pool]))[:n])
-    return [pool[i] for i in keep]
+    texts = [s for _, s in pool]
+    keep = {int(i) for i in np.argsort(-cosines(embed, query, texts))[:n]}
+    if asked:
+        keep.add(int(np.argmax(cosines(embed, asked, texts))))
+    return [pool[i] for i in sorted(keep)]
 
 
 @dataclass
@@ -838,7 +844,8 @@ def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
             why = "no sentence of its passages passed the grounding gate"
             return IssueAnswer(item.issue, "no_evidence", why=why)
     else:
-        rule = lead or select_rule(query, docs, stage.embed)
+        asked = stage.q.asked if mine and stage.q.facts else ""  # a document's answer to it
+        rule = lead or select_rule(query, docs, stage.embed, asked=asked)
     # outside the evidence policy, an issue quotes what else its passages say when they say more
     if rule and all(r in stage.taken for r in _keys(rule)):
         more = [] if evidence else select_rule(query, docs, stage.embed, taken=stage.taken)

@@ -687,6 +687,34 @@ def test_a_question_closest_to_the_users_own_document_is_researched_in_it_first(
     assert any("forfeits the right to withhold" in s["text"] for s in lease_issue["sentences"])
 
 
+def test_a_users_document_quotes_the_section_that_answers_what_is_asked(tmp_settings):
+    """A user trial: a loaded ordinance's leash and dog-bite sections matched the facts of an
+    off-leash walk best, and "What fine does she face?" was answered without its penalty clause.
+    The document's sentence closest to what is asked is quoted beside them."""
+    ordinance = {
+        "id": "leash#1",
+        "title": "Springfield Municipal Code, Chapter 12",
+        "text": "(a) A person who owns or controls a dog shall keep the dog on a leash while the "
+        "dog is in a public park.\n(b) A violation of subsection (a) is punishable by a fine of "
+        "$100 for a first offense and $250 for each later offense within twelve months.\nThe "
+        "owner of a dog that bites a person in a public park is liable for the person's medical "
+        "expenses.",
+        "metadata": {"kind": "statute", "doc_id": "leash"},
+    }
+    question = (
+        "Maria let her dog off its leash in a public park, and the dog bites a person in the "
+        "park. What fine does she face?"
+    )
+    replies = fact_replies(plan=[J(issues=[1])], apply=[APPLY], bottom_line=[])
+    result, *_ = run(
+        tmp_settings, replies, question, retriever=FakeRetriever([ordinance, *LAW], ranked=True)
+    )
+    issue = result["answer"]["issues"][0]
+    assert issue["issue"] == ordinance["title"]
+    rules = [s["text"] for s in issue["sentences"] if s["role"] == "rule"]
+    assert any("$250 for each later offense" in r for r in rules)
+
+
 def test_a_question_about_a_states_law_is_declined_unless_the_sources_hold_that_law(
     tmp_settings,
 ):
