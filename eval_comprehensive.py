@@ -607,7 +607,7 @@ def run_injection(
             row.update(ec.usage_of(client))
         return row
 
-    with run_dir.until_interrupted():
+    with run_dir.until_interrupted("--resume"):
         run_dir.run(
             one, items, key=lambda it: (it["id"], mode), desc="injection", fatal=ec.USER_ERRORS
         )
@@ -814,6 +814,7 @@ def run_answers_phase(
     config = {
         "script": "eval_comprehensive.py",
         "phase": "answers",
+        "command": list(args.argv),  # what --resume RUN_ID replays
         "qa": args.qa
         or ("datasets/fact_patterns.jsonl" if args.facts else "datasets/open_questions.jsonl"),
         "facts": bool(args.facts),
@@ -850,7 +851,7 @@ def run_answers_phase(
             row["steer"] = steer_hits(steer_context(), item, row.get("others") or [], cited)
         return {**row, "item": row["id"], "phase": "answers"}
 
-    with run_dir.until_interrupted():
+    with run_dir.until_interrupted("--resume"):
         run_dir.run(  # one item's modes in a row, so a run cut short stays paired
             answer,
             [(item, mode) for item in items for mode in modes],

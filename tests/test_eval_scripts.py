@@ -853,6 +853,11 @@ def test_phase_3_answers_scores_both_answer_modes_on_the_open_questions(env, cap
     n_calls = len(calls)
     assert eval_comprehensive.main(args, llm_factory=factory) == 0
     assert len(calls) == n_calls  # resumed: nothing re-run
+    # as an interrupted run's log says: --resume RUN_ID alone replays its command (an answers
+    # run had saved none, and was resumed as the default phase, whose config it refused)
+    resume = ["--resume", "ans", "--json", "--results-dir", str(env / "res")]
+    assert eval_comprehensive.main(resume, llm_factory=factory) == 0
+    assert len(calls) == n_calls and len(_read_rows(env, "ans")) == 6
     capsys.readouterr()
     # --grade on the finished run grades its answers (one judge call per distinct answer: a
     # question both modes declined the same way is graded once, through the response cache)
