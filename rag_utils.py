@@ -1317,24 +1317,18 @@ def resolve_reranker(name: str | None, settings: Settings) -> str:
 # --- Retrieval ----------------------------------------------------------------------------------
 
 
-def is_caselaw(doc: Passage) -> bool:
-    return source_type(doc) == "caselaw"
-
-
 def interleave_sources(docs: Sequence[Passage], k: int) -> list[Passage]:
     """Top ``k`` of ranked ``docs`` as study material and caselaw interleaved, 3:2 (k=5 gives
     S C S C S); a pool that runs short is filled from the other one."""
-    study = [d for d in docs if not is_caselaw(d)]
-    case = [d for d in docs if is_caselaw(d)]
-    case = case[: min(len(case), k - min(len(study), max(0, round(k * STUDY_SHARE))))]
+    case = [d for d in docs if source_type(d) == "caselaw"]
+    study = [d for d in docs if source_type(d) != "caselaw"]
+    case = case[: k - min(len(study), round(k * STUDY_SHARE))]
     study = study[: k - len(case)]
-    out: list[Passage] = []
-    si, total = 0, len(study) + len(case)
-    for i in range(total):  # study while its share of the prefix is below its share of the whole
-        take_study = i - si >= len(case) or (si < len(study) and si * total <= i * len(study))
-        out.append(study[si] if take_study else case[i - si])
-        si += take_study
-    return out
+    total = len(study) + len(case)
+    # study passage j at slot ceil(j * total / len(study)): spread evenly, caselaw in between
+    slots = {-(-j * total // len(study)) for j in range(len(study))}
+    studies, cases = iter(study), iter(case)
+    return [next(studies) if i in slots else next(cases) for i in range(total)]
 
 
 def candidate_pool(
