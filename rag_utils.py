@@ -353,16 +353,15 @@ def short_error(exc: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+@dataclass(eq=False)
 class EmbeddingsAdapter:
     """A LangChain ``Embeddings`` as this module's embedder: float32 arrays, L2-normalised (the
     store searches by cosine and the thresholds assume unit vectors)."""
 
     backend = "langchain"
     device = "unknown"
-
-    def __init__(self, embeddings: Any, name: str) -> None:
-        self.embeddings = embeddings
-        self.name = name
+    embeddings: Any
+    name: str
 
     @functools.cached_property
     def dimension(self) -> int:
@@ -1201,7 +1200,7 @@ def centered_queries(qvecs: Any, centroid: Any) -> Any:
     """Query vectors minus the corpus centroid, renormalised (unchanged when the centroid is
     empty or a query would vanish)."""
     q = np.asarray(qvecs, dtype=np.float32)
-    if centroid is None or len(centroid) != q.shape[-1]:
+    if len(centroid) != q.shape[-1]:
         return q
     out = q - centroid
     norms = np.linalg.norm(out, axis=-1, keepdims=True)
