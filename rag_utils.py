@@ -29,13 +29,12 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Seq
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import Any, TypedDict
+
+import numpy as np
 
 import filters
 from settings import RERANKER_CHOICES, Settings
-
-if TYPE_CHECKING:
-    import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -133,8 +132,6 @@ class Embedder(_LocalEncoder):
         return int(getter())
 
     def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
-        import numpy as np
-
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         vecs = self.model.encode(
@@ -186,8 +183,6 @@ class OnnxEmbedder(_LocalEncoder):
     def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
         """One text per run, so a text's vector does not depend on the batch
         (docs/MEASUREMENTS_HISTORY.md, "Embeddings that do not depend on the batch")."""
-        import numpy as np
-
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         for row, text in enumerate(texts):
             ids = np.asarray([self.tokenizer.encode(str(text)).ids], dtype=np.int64)
@@ -349,8 +344,6 @@ def _load_sentence_transformer(name: str, settings: Settings, device: str) -> An
 
 def _unit(vecs: Any) -> np.ndarray:
     """``vecs`` (one vector or rows of them) scaled to length 1 (a zero vector stays zero)."""
-    import numpy as np
-
     return vecs / np.maximum(np.linalg.norm(vecs, axis=-1, keepdims=True), 1e-12)
 
 
@@ -360,24 +353,21 @@ def short_error(exc: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+@dataclass(eq=False)
 class EmbeddingsAdapter:
     """A LangChain ``Embeddings`` as this module's embedder: float32 arrays, L2-normalised (the
     store searches by cosine and the thresholds assume unit vectors)."""
 
     backend = "langchain"
     device = "unknown"
-
-    def __init__(self, embeddings: Any, name: str) -> None:
-        self.embeddings = embeddings
-        self.name = name
+    embeddings: Any
+    name: str
 
     @functools.cached_property
     def dimension(self) -> int:
         return int(len(self.embeddings.embed_query("dimension probe")))
 
     def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
-        import numpy as np
-
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         vecs = np.asarray(self.embeddings.embed_documents(list(texts)), dtype=np.float32)
@@ -385,8 +375,6 @@ class EmbeddingsAdapter:
         return _unit(vecs)
 
     def embed_query(self, text: str) -> np.ndarray:
-        import numpy as np
-
         return _unit(np.asarray(self.embeddings.embed_query(text), dtype=np.float32))
 
 
@@ -835,8 +823,6 @@ class PassageStore:
 
     def mean_embedding(self) -> Any:
         """The mean of every stored passage vector (float32; empty for an empty collection)."""
-        import numpy as np
-
         total, n = 0.0, 0
         for got in self._pages(["embeddings"]):
             total += np.asarray(got["embeddings"], dtype=np.float64).sum(0)
@@ -901,8 +887,6 @@ class PassageStore:
     def _exact_ids(
         self, embeddings: Any, n: int, total: int, allowed: frozenset[str] | None
     ) -> list[list[str]]:
-        import numpy as np
-
         if self._matrix is None or self._matrix[0] != total:
             self._masks.clear()
             got = self.collection.get(include=["embeddings"])
@@ -916,8 +900,6 @@ class PassageStore:
     def _admitted_vectors(self, allowed: frozenset[str]) -> tuple[list[str], Any]:
         """The admitted passages' ids (sorted) and unit vectors, read from the store once per
         admitted set and passage count (:meth:`derived`)."""
-        import numpy as np
-
         if allowed not in self._sorted:  # sorted and hashed once per admitted set
             ids = sorted(allowed)
             self._sorted[allowed] = (ids, hashlib.sha1("\n".join(ids).encode()).hexdigest()[:12])
@@ -1104,8 +1086,6 @@ class Bm25Index:
     def scores_many(self, queries: Sequence[str]) -> np.ndarray:
         """BM25 scores of every document for each query, shape (queries, documents), tokenized in
         one call (a row of zeros when no term of its query matches)."""
-        import numpy as np
-
         out = np.zeros((len(queries), len(self.ids)), dtype=np.float32)
         vocab = self.retriever.vocab_dict
         for i, tokens in enumerate(bm25_tokenize(list(queries))):
@@ -1147,8 +1127,6 @@ class Bm25Index:
         to the lower index.  Only passages scoring at least the ``n``-th best of the blocks'
         maxima can be among them (each of the ``n`` best blocks holds one that high): at 686,000
         passages this reads 0.5 ms a query where a partition of the row took 8.7 ms."""
-        import numpy as np
-
         if n <= 0:
             return []
         blocks = len(sc) // TOP_BLOCK
@@ -1200,8 +1178,6 @@ def get_bm25(settings: Settings, store: PassageStore | None = None) -> Bm25Index
 
 def get_centroid(settings: Settings, store: PassageStore | None = None) -> Any:
     """The mean passage vector of the collection (``DENSE_CENTERING``; :meth:`derived`)."""
-    import numpy as np
-
     store = store or get_store(settings)
     path = store.bm25_dir.parent / "centroid" / f"{store.name}.json"
 
@@ -1223,10 +1199,8 @@ def get_centroid(settings: Settings, store: PassageStore | None = None) -> Any:
 def centered_queries(qvecs: Any, centroid: Any) -> Any:
     """Query vectors minus the corpus centroid, renormalised (unchanged when the centroid is
     empty or a query would vanish)."""
-    import numpy as np
-
     q = np.asarray(qvecs, dtype=np.float32)
-    if centroid is None or len(centroid) != q.shape[-1]:
+    if len(centroid) != q.shape[-1]:
         return q
     out = q - centroid
     norms = np.linalg.norm(out, axis=-1, keepdims=True)
@@ -1317,24 +1291,18 @@ def resolve_reranker(name: str | None, settings: Settings) -> str:
 # --- Retrieval ----------------------------------------------------------------------------------
 
 
-def is_caselaw(doc: Passage) -> bool:
-    return source_type(doc) == "caselaw"
-
-
 def interleave_sources(docs: Sequence[Passage], k: int) -> list[Passage]:
     """Top ``k`` of ranked ``docs`` as study material and caselaw interleaved, 3:2 (k=5 gives
     S C S C S); a pool that runs short is filled from the other one."""
-    study = [d for d in docs if not is_caselaw(d)]
-    case = [d for d in docs if is_caselaw(d)]
-    case = case[: min(len(case), k - min(len(study), max(0, round(k * STUDY_SHARE))))]
+    case = [d for d in docs if source_type(d) == "caselaw"]
+    study = [d for d in docs if source_type(d) != "caselaw"]
+    case = case[: k - min(len(study), round(k * STUDY_SHARE))]
     study = study[: k - len(case)]
-    out: list[Passage] = []
-    si, total = 0, len(study) + len(case)
-    for i in range(total):  # study while its share of the prefix is below its share of the whole
-        take_study = i - si >= len(case) or (si < len(study) and si * total <= i * len(study))
-        out.append(study[si] if take_study else case[i - si])
-        si += take_study
-    return out
+    total = len(study) + len(case)
+    # study passage j at slot ceil(j * total / len(study)): spread evenly, caselaw in between
+    slots = {-(-j * total // len(study)) for j in range(len(study))}
+    studies, cases = iter(study), iter(case)
+    return [next(studies) if i in slots else next(cases) for i in range(total)]
 
 
 def candidate_pool(
@@ -1405,8 +1373,6 @@ def _nearest(
 ) -> list[list[str]]:
     """Ids of the ``n`` rows of ``mat`` (unit vectors, in ``ids`` order, sorted) nearest each of
     ``embeddings`` by cosine, among the rows ``mask`` admits; ties go to the lower id."""
-    import numpy as np
-
     # the matrix on the left: one pass down its rows (14 against 17 ms for 3 queries and 83,248)
     scores = np.ascontiguousarray((mat @ np.asarray(embeddings, dtype=np.float32).T).T)
     if mask is not None:
@@ -1421,8 +1387,6 @@ def _nearest(
 
 def membership(ids: Sequence[str], allowed: frozenset[str], cache: dict) -> np.ndarray:
     """Which of ``ids`` are in ``allowed`` (a boolean row), cached per admitted set."""
-    import numpy as np
-
     mask = cache.get(allowed)
     if mask is None:
         mask = cache[allowed] = np.fromiter((i in allowed for i in ids), bool, len(ids))
@@ -1466,8 +1430,6 @@ def _retrieve(
     fuse_keyword: bool,
 ) -> list[Passage]:
     """The search of :func:`retrieve_documents_multi_query` in a non-empty store."""
-    import numpy as np
-
     excluded = {str(i) for i in exclude_ids}
     per_query = max(k, settings.retrieval.overretrieve_factor * k) + len(excluded)
     bm25 = get_bm25(settings, store) if method != "none" or fuse_keyword else None
@@ -1558,8 +1520,6 @@ def retrieve_documents(query: str, **kw: Any) -> list[Passage]:
 
 def passage_cosines(query: str, docs: Sequence[Passage], settings: Settings) -> Any:
     """Cosine of ``query`` to each of ``docs``; a passage not in the store has its text embedded."""
-    import numpy as np
-
     if not docs:
         return np.zeros(0, dtype=np.float32)
     embedder = get_embedder(settings)

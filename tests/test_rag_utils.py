@@ -302,13 +302,13 @@ def test_interleave_takes_three_study_and_two_caselaw_for_k5():
     case = [{"id": f"caselaw_{i}", "source": "barexam_qa:caselaw"} for i in range(6)]
     ranked = case[:4] + study  # caselaw ranked first must not crowd out study material
     out = rag_utils.interleave_sources(ranked, 5)
-    kinds = ["C" if rag_utils.is_caselaw(d) else "S" for d in out]
+    kinds = ["C" if rag_utils.source_type(d) == "caselaw" else "S" for d in out]
     assert kinds == ["S", "C", "S", "C", "S"]
     assert _ids(out) == ["mbe_0", "caselaw_0", "mbe_1", "caselaw_1", "mbe_2"]
     ten = rag_utils.interleave_sources(case + study, 10)
-    assert sum(rag_utils.is_caselaw(d) for d in ten) == 4
+    assert sum(rag_utils.source_type(d) == "caselaw" for d in ten) == 4
     short = rag_utils.interleave_sources(study + case[:1], 5)  # one caselaw: study fills the rest
-    assert sum(rag_utils.is_caselaw(d) for d in short) == 1 and len(short) == 5
+    assert sum(rag_utils.source_type(d) == "caselaw" for d in short) == 1 and len(short) == 5
     only = rag_utils.interleave_sources(case, 5)
     assert len(only) == 5
 
@@ -317,7 +317,7 @@ def test_source_diverse_retrieval_mixes_pools(loaded):
     settings, _ = loaded
     s = settings.replace(source_diverse_retrieval=True)
     docs = rag_utils.retrieve_documents("the court held negligence duty of care", k=5, settings=s)
-    kinds = ["C" if rag_utils.is_caselaw(d) else "S" for d in docs]
+    kinds = ["C" if rag_utils.source_type(d) == "caselaw" else "S" for d in docs]
     assert kinds == ["S", "C", "S", "C", "S"]
     assert [d["rank"] for d in docs] == [1, 2, 3, 4, 5]
 
