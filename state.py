@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import operator
-from typing import Annotated, Any, Literal, TypedDict
+from typing import Annotated, Any, Literal, TypedDict, get_type_hints
 
 from question import Question
 
@@ -131,22 +131,16 @@ class AgentState(TypedDict, total=False):
     trace: Annotated[list[TraceEvent], operator.add]
 
 
-class AnswerStageInput(TypedDict, total=False):
-    """What the answer stage (``main.build_answer_stage``) reads of the run; not the trace: the
-    stage's own events are its output."""
-
-    parsed: Question
-    answer_mode: Literal["auto", "research", "evidence", "lean"]
-    reading: Annotated[dict[str, Any], merge_dicts]
-    planning_table: Annotated[list[PlanStep], merge_steps]
-    passages: dict[str, dict[str, Any]]
-    stop_reason: str
-    turns: Annotated[list[Turn], operator.add]
+def _keys(name: str, keys: str) -> Any:
+    """A schema of some of :class:`AgentState`'s keys (space-separated), their types and reducers."""
+    hints = get_type_hints(AgentState, include_extras=True)
+    return TypedDict(name, {k: hints[k] for k in keys.split()}, total=False)
 
 
-class AnswerStageOutput(TypedDict, total=False):
-    """What the answer stage hands back: the record, decided once, and its nodes' trace events."""
-
-    answer: dict[str, Any]
-    stop_reason: str
-    trace: Annotated[list[TraceEvent], operator.add]
+AnswerStageInput = _keys(
+    "AnswerStageInput", "parsed answer_mode reading planning_table passages stop_reason turns"
+)
+"""What the answer stage (``main.build_answer_stage``) reads of the run; not the trace: the stage's
+own events are its output."""
+AnswerStageOutput = _keys("AnswerStageOutput", "answer stop_reason trace")
+"""What the answer stage hands back: the record, decided once, and its nodes' trace events."""
