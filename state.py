@@ -73,11 +73,6 @@ class TraceEvent(TypedDict):
     seconds: float
 
 
-def merge_dicts(left: dict | None, right: dict | None) -> dict:
-    """Reducer: the keys of ``right`` added to (or replacing those of) ``left``."""
-    return {**(left or {}), **(right or {})}
-
-
 class Turn(TypedDict, total=False):
     """One question asked on a thread, as the thread keeps it for the follow-ups (``turns``)."""
 
@@ -108,7 +103,7 @@ class AgentState(TypedDict, total=False):
     turns: Annotated[list[Turn], operator.add]
     """The thread's conversation, one entry per question asked on it (the last node adds it): a
     question after the first is a follow-up on the facts and research of those before it."""
-    reading: Annotated[dict[str, Any], merge_dicts]
+    reading: Annotated[dict[str, Any], operator.or_]
     """What the nodes read of the question before researching it: ``injection`` (the check's
     verdict), ``mode`` (the answer mode resolved), ``recalled`` (a QA-memory hit), the classifier's
     ``legal``, ``area`` and ``topic``, the planner's ``agenda`` (one step per issue; the replanner
