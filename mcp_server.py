@@ -86,39 +86,6 @@ def search(
 search_passages = tool("search_passages", parse_docstring=True)(search)
 
 
-def research(
-    question: str,
-    thread: str = "",
-    issues: str = "",
-    on_event: Callable[[dict], None] | None = None,  # each node's trace event, as it ends
-) -> dict[str, Any]:
-    """Research a legal question with the agent and return its answer record: the rules quoted
-    and cited, their application to the facts, conclusions, a bottom line or a letter, or why it
-    abstained.  ``thread``: keep the run on that thread (the record says which); a question on a
-    thread that answered one before is a follow-up on its facts and research.  ``issues``: the
-    doctrines to research instead of the planner's picks, separated by ';' (for one the record's
-    ``others`` names: candidates the research passed over)."""
-    import main  # the agent's graph: imported on first use, not to list the tools
-    from context import AgentContext
-    from question import parse
-
-    text, choices = parse(question)
-    settings = _settings()
-    with main.open_checkpointer(settings) as checkpointer:
-        result = main.run_agent(
-            text,
-            choices,
-            context=AgentContext.from_settings(settings),
-            checkpointer=checkpointer,
-            thread_id=thread or None,
-            issues=issues.split(";"),
-            on_event=on_event,
-        )
-    if result.get("error"):
-        raise RuntimeError(result["error"])
-    return {"thread_id": result.get("thread_id"), **(result.get("answer") or {})}
-
-
 async def _in_thread(work: Callable[[], Any]) -> Any:
     """``work`` run in a worker thread, off the server's event loop.  A request the client cancelled
     meanwhile gets no reply: the SDK has answered it ("Request cancelled"), and a second reply ended
@@ -138,9 +105,19 @@ def _threaded(fn: Callable[..., Any]) -> Callable[..., Any]:
     return tool
 
 
-async def _research_tool(
+async def research(
     question: str, thread: str = "", issues: str = "", ctx: Context | None = None
 ) -> dict[str, Any]:
+    """Research a legal question with the agent and return its answer record: the rules quoted
+    and cited, their application to the facts, conclusions, a bottom line or a letter, or why it
+    abstained.  ``thread``: keep the run on that thread (the record says which); a question on a
+    thread that answered one before is a follow-up on its facts and research.  ``issues``: the
+    doctrines to research instead of the planner's picks, separated by ';' (for one the record's
+    ``others`` names: candidates the research passed over)."""
+    import main  # the agent's graph: imported on first use, not to list the tools
+    from context import AgentContext
+    from question import parse
+
     steps = itertools.count(1)
 
     def progress(event: dict) -> None:  # in the worker thread, after each node
@@ -150,7 +127,24 @@ async def _research_tool(
             message = f"{event['node']}: {event['decision']}"
             anyio.from_thread.run(ctx.report_progress, next(steps), None, message)
 
-    return await _in_thread(functools.partial(research, question, thread, issues, progress))
+    def run() -> dict[str, Any]:
+        text, choices = parse(question)
+        settings = _settings()
+        with main.open_checkpointer(settings) as checkpointer:
+            result = main.run_agent(
+                text,
+                choices,
+                context=AgentContext.from_settings(settings),
+                checkpointer=checkpointer,
+                thread_id=thread or None,
+                issues=issues.split(";"),
+                on_event=progress,
+            )
+        if result.get("error"):
+            raise RuntimeError(result["error"])
+        return {"thread_id": result.get("thread_id"), **(result.get("answer") or {})}
+
+    return await _in_thread(run)
 
 
 def build_server() -> FastMCP:
@@ -158,7 +152,7 @@ def build_server() -> FastMCP:
     (a research takes seconds to minutes; the server keeps answering meanwhile)."""
     server = FastMCP("legalragagent")
     server.add_tool(_threaded(search), name="search_passages")
-    server.add_tool(_research_tool, name="research", description=research.__doc__)
+    server.add_tool(research, name="research")
     return server
 
 

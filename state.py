@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import operator
-from typing import Annotated, Any, Literal, TypedDict
+from typing import Annotated, Any, Literal, TypedDict, get_type_hints
 
 from question import Question
 
@@ -73,11 +73,6 @@ class TraceEvent(TypedDict):
     seconds: float
 
 
-def merge_dicts(left: dict | None, right: dict | None) -> dict:
-    """Reducer: the keys of ``right`` added to (or replacing those of) ``left``."""
-    return {**(left or {}), **(right or {})}
-
-
 class Turn(TypedDict, total=False):
     """One question asked on a thread, as the thread keeps it for the follow-ups (``turns``)."""
 
@@ -108,7 +103,7 @@ class AgentState(TypedDict, total=False):
     turns: Annotated[list[Turn], operator.add]
     """The thread's conversation, one entry per question asked on it (the last node adds it): a
     question after the first is a follow-up on the facts and research of those before it."""
-    reading: Annotated[dict[str, Any], merge_dicts]
+    reading: Annotated[dict[str, Any], operator.or_]
     """What the nodes read of the question before researching it: ``injection`` (the check's
     verdict), ``mode`` (the answer mode resolved), ``recalled`` (a QA-memory hit), the classifier's
     ``legal``, ``area`` and ``topic``, the planner's ``agenda`` (one step per issue; the replanner
@@ -131,22 +126,16 @@ class AgentState(TypedDict, total=False):
     trace: Annotated[list[TraceEvent], operator.add]
 
 
-class AnswerStageInput(TypedDict, total=False):
-    """What the answer stage (``main.build_answer_stage``) reads of the run; not the trace: the
-    stage's own events are its output."""
-
-    parsed: Question
-    answer_mode: Literal["auto", "research", "evidence", "lean"]
-    reading: Annotated[dict[str, Any], merge_dicts]
-    planning_table: Annotated[list[PlanStep], merge_steps]
-    passages: dict[str, dict[str, Any]]
-    stop_reason: str
-    turns: Annotated[list[Turn], operator.add]
+def _keys(name: str, keys: str) -> Any:
+    """A schema of some of :class:`AgentState`'s keys (space-separated), their types and reducers."""
+    hints = get_type_hints(AgentState, include_extras=True)
+    return TypedDict(name, {k: hints[k] for k in keys.split()}, total=False)
 
 
-class AnswerStageOutput(TypedDict, total=False):
-    """What the answer stage hands back: the record, decided once, and its nodes' trace events."""
-
-    answer: dict[str, Any]
-    stop_reason: str
-    trace: Annotated[list[TraceEvent], operator.add]
+AnswerStageInput = _keys(
+    "AnswerStageInput", "parsed answer_mode reading planning_table passages stop_reason turns"
+)
+"""What the answer stage (``main.build_answer_stage``) reads of the run; not the trace: the stage's
+own events are its output."""
+AnswerStageOutput = _keys("AnswerStageOutput", "answer stop_reason trace")
+"""What the answer stage hands back: the record, decided once, and its nodes' trace events."""
