@@ -40,6 +40,7 @@ _NOISY = ("httpx", "httpx2", "httpcore", "urllib3", "chromadb", "sentence_transf
 _SECRET_FIELD = re.compile(r"(api_key|secret|token|password)", re.IGNORECASE)
 LLMFactory = Callable[[str], Any] | None
 """``LLMClient``'s ``llm_factory``: a test's chat models by role; None for the configured ones."""
+TaskKey = Callable[[Any], tuple[str, str]]  # a task's (item id, mode): its row of a run
 
 
 # --- QA items -----------------------------------------------------------------------------------
@@ -509,21 +510,14 @@ class RunDir:
         self.rows.append(row)
 
     def run(
-        self,
-        fn: Callable[[Any], dict],
-        tasks: Sequence[Any],
-        *,
-        key: Callable[[Any], tuple[str, str]],
-        workers: int = 1,
-        desc: str = "",
-        fatal: tuple[type[BaseException], ...] = (),
+        self, fn: Callable[[Any], dict], tasks: Sequence[Any], *, key: TaskKey, **options: Any
     ) -> None:
-        """``fn`` over the ``tasks`` whose ``key(task)`` = (item id, mode) has no row yet
-        (:func:`run_tasks`), each row appended as it ends.  A task that fails gets no row, so a
-        rerun with the same run id tries it again: it is logged and written to errors.jsonl."""
+        """:func:`run_tasks` (with ``options``) over the ``tasks`` whose (item id, mode) ``key`` has
+        no row yet, each row appended as it ends.  A task that fails gets no row, so a rerun with
+        the same run id tries it again: it is logged and written to errors.jsonl."""
         done = self.done()
         tasks = [task for task in tasks if key(task) not in done]
-        for task, row, err in run_tasks(fn, tasks, workers=workers, desc=desc, fatal=fatal):
+        for task, row, err in run_tasks(fn, tasks, **options):
             if err is None:
                 self.append(row)
                 continue

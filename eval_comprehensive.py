@@ -1,9 +1,5 @@
-"""Retrieval metrics, multiple-choice accuracy and open answers of the agent against its baselines.
-
-python eval_comprehensive.py [retrieval|pipeline|both] [N] [--qa FILE] [--passages FILE] ...
-python eval_comprehensive.py answers [N] [--facts] [--split tune|report|all] ...
-python eval_comprehensive.py injection [--prescreen-only] ...
-"""
+"""Retrieval metrics, multiple-choice accuracy and open answers of the agent against its baselines
+(the phases and their flags: ``--help``)."""
 
 from __future__ import annotations
 
@@ -1123,7 +1119,7 @@ def resume_command(given: list[str]) -> list[str]:
         saved = json.loads(config.read_text(encoding="utf-8")).get("command")
     except (OSError, ValueError):
         return given
-    if not isinstance(saved, list) or not saved or not all(isinstance(t, str) for t in saved):
+    if not saved:  # a run made before commands were saved, or an answers run
         return given
     saved = _without(saved, "--run-id")  # the run is the one named by --resume
     if saved[:1] and saved[0] in SUBCOMMANDS:  # these phases resume by their --run-id
