@@ -580,10 +580,7 @@ class RunDir:
 
 
 def open_run(
-    kind: str,
-    run_id: str | None,
-    resume: str | None,
-    root: str | os.PathLike[str] = DEFAULT_RESULTS_DIR,
+    kind: str, run_id: str | None, resume: str | None, root: str | os.PathLike[str]
 ) -> RunDir:
     """The run directory for ``--run-id`` / ``--resume`` (which must exist: its config.json is
     written before the first row, so a run cut before any row resumes too) or a new id."""
