@@ -411,9 +411,8 @@ def add_cli_arguments(
 def cli_run(
     args: argparse.Namespace, fn: Callable[[Settings], Any], **overrides: Any
 ) -> tuple[int, Any]:
-    """An eval command's body: logging, ``.env``, the eval settings (``overrides`` and the
-    provider, model and filter flags of ``args``), then ``(0, fn(settings))`` — or ``(2, None)``
-    after printing a user error in one line to stderr."""
+    """An eval command's body: logging, ``.env``, the settings (``overrides``, ``args``' provider,
+    model and filters): ``(0, fn(settings))``, or ``(2, None)`` once a user error is printed as one line."""
     logging.basicConfig(  # CLI logging to stderr
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
