@@ -412,7 +412,7 @@ def cli_run(
     args: argparse.Namespace, fn: Callable[[Settings], Any], **overrides: Any
 ) -> tuple[int, Any]:
     """An eval command's body: logging, ``.env``, the settings (``overrides``, ``args``' provider,
-    model and filters): ``(0, fn(settings))``, or ``(2, None)`` once a user error is printed as one line."""
+    model and filters): ``(0, fn(settings))``, or ``(2, None)`` with a user error in one line."""
     logging.basicConfig(  # CLI logging to stderr
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
