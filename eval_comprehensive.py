@@ -1092,14 +1092,9 @@ def run(
 
 def _without(tokens: Sequence[str], option: str) -> list[str]:
     """``tokens`` without ``option VALUE`` / ``option=VALUE``."""
-    out: list[str] = []
-    rest = iter(tokens)
-    for tok in rest:
-        if tok == option:
-            next(rest, None)  # its value
-        elif not tok.startswith(option + "="):
-            out.append(tok)
-    return out
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument(option)
+    return parser.parse_known_args(tokens)[1]
 
 
 def resume_command(given: list[str]) -> list[str]:
