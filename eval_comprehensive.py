@@ -164,7 +164,7 @@ def _run_agent(
     issues: Sequence[str] = (),
 ) -> tuple[dict, dict]:
     """The agent's final state and answer record.  A run the model's API failed is a failed pair,
-    not a wrong answer; a run cut by its deadline (RUN_TIMEOUT) is scored: its timeliness counts."""
+    not a wrong answer; one cut by RUN_TIMEOUT is scored: answering in time is measured."""
     answer_mode, policy = AGENT_MODES.get(answer_mode, (answer_mode, "agenda"))
     settings = settings.replace(answer_mode=answer_mode, research_policy=policy)
     context = ec.agent_context(settings, client)
