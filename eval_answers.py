@@ -240,9 +240,8 @@ def _cost(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def summarize_mode(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Abstention recall (questions to decline), false abstention (answerable ones), key-point
-    coverage, legal sentences citing a passage the run saw, misgrounded sentences (of answers to
-    questions with gold passages), quote validity (verified quotes verbatim in their passage)
-    and the grader's A+B rate."""
+    coverage, sentences citing a passage the run saw, misgrounded sentences (where gold passages
+    are known), quote validity (verified quotes verbatim in their passage), the judge's A+B rate."""
     decline = [r for r in rows if r["should_abstain"]]
     answerable = [r for r in rows if not r["should_abstain"]]
     answered = [r for r in rows if not r["abstained"]]

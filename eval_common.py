@@ -40,6 +40,7 @@ _NOISY = ("httpx", "httpx2", "httpcore", "urllib3", "chromadb", "sentence_transf
 _SECRET_FIELD = re.compile(r"(api_key|secret|token|password)", re.IGNORECASE)
 LLMFactory = Callable[[str], Any] | None
 """``LLMClient``'s ``llm_factory``: a test's chat models by role; None for the configured ones."""
+TaskKey = Callable[[Any], tuple[str, str]]  # a task's (item id, mode): its row of a run
 
 
 # --- QA items -----------------------------------------------------------------------------------
@@ -410,9 +411,8 @@ def add_cli_arguments(
 def cli_run(
     args: argparse.Namespace, fn: Callable[[Settings], Any], **overrides: Any
 ) -> tuple[int, Any]:
-    """An eval command's body: logging, ``.env``, the eval settings (``overrides`` and the
-    provider, model and filter flags of ``args``), then ``(0, fn(settings))`` — or ``(2, None)``
-    after printing a user error in one line to stderr."""
+    """An eval command's body: logging, ``.env``, the settings (``overrides``, ``args``' provider,
+    model and filters): ``(0, fn(settings))``, or ``(2, None)`` with a user error in one line."""
     logging.basicConfig(  # CLI logging to stderr
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -509,21 +509,14 @@ class RunDir:
         self.rows.append(row)
 
     def run(
-        self,
-        fn: Callable[[Any], dict],
-        tasks: Sequence[Any],
-        *,
-        key: Callable[[Any], tuple[str, str]],
-        workers: int = 1,
-        desc: str = "",
-        fatal: tuple[type[BaseException], ...] = (),
+        self, fn: Callable[[Any], dict], tasks: Sequence[Any], *, key: TaskKey, **options: Any
     ) -> None:
-        """``fn`` over the ``tasks`` whose ``key(task)`` = (item id, mode) has no row yet
-        (:func:`run_tasks`), each row appended as it ends.  A task that fails gets no row, so a
-        rerun with the same run id tries it again: it is logged and written to errors.jsonl."""
+        """:func:`run_tasks` (with ``options``) over the ``tasks`` whose (item id, mode) ``key`` has
+        no row yet, each row appended as it ends.  A task that fails gets no row, so a rerun with
+        the same run id tries it again: it is logged and written to errors.jsonl."""
         done = self.done()
         tasks = [task for task in tasks if key(task) not in done]
-        for task, row, err in run_tasks(fn, tasks, workers=workers, desc=desc, fatal=fatal):
+        for task, row, err in run_tasks(fn, tasks, **options):
             if err is None:
                 self.append(row)
                 continue
@@ -586,10 +579,7 @@ class RunDir:
 
 
 def open_run(
-    kind: str,
-    run_id: str | None,
-    resume: str | None,
-    root: str | os.PathLike[str] = DEFAULT_RESULTS_DIR,
+    kind: str, run_id: str | None, resume: str | None, root: str | os.PathLike[str]
 ) -> RunDir:
     """The run directory for ``--run-id`` / ``--resume`` (which must exist: its config.json is
     written before the first row, so a run cut before any row resumes too) or a new id."""

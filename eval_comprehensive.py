@@ -1,9 +1,5 @@
-"""Retrieval metrics, multiple-choice accuracy and open answers of the agent against its baselines.
-
-python eval_comprehensive.py [retrieval|pipeline|both] [N] [--qa FILE] [--passages FILE] ...
-python eval_comprehensive.py answers [N] [--facts] [--split tune|report|all] ...
-python eval_comprehensive.py injection [--prescreen-only] ...
-"""
+"""Retrieval metrics, multiple-choice accuracy and open answers of the agent against its baselines
+(the phases and their flags: ``--help``)."""
 
 from __future__ import annotations
 
@@ -81,8 +77,7 @@ RESUME_KEYS = (
     "max_steps",
     "corpus_count",
 )
-"""What a run resumed (or continued under the same --run-id) must share with the rows it has:
-the same phase, questions, models and settings, and the same number of passages in the store."""
+"""What a run resumed (or continued under the same --run-id) must share with the rows it has."""
 
 
 # --- Phase 1: retrieval -------------------------------------------------------------------------
@@ -167,16 +162,16 @@ def _run_agent(
     question: str,
     choices: dict | None,
     issues: Sequence[str] = (),
-) -> dict:
-    """The agent's final state.  A run the model's API failed is a failed pair, not a wrong
-    answer; a run cut by its deadline (RUN_TIMEOUT) is scored: answering in time is measured."""
+) -> tuple[dict, dict]:
+    """The agent's final state and answer record.  A run the model's API failed is a failed pair,
+    not a wrong answer; one cut by RUN_TIMEOUT is scored: answering in time is measured."""
     answer_mode, policy = AGENT_MODES.get(answer_mode, (answer_mode, "agenda"))
     settings = settings.replace(answer_mode=answer_mode, research_policy=policy)
     context = ec.agent_context(settings, client)
     state = agent.run_agent(question, choices, context=context, issues=issues)
     if state.get("stop_reason") == "error":
         raise AgentRunError(str(state.get("error") or "the run failed"))
-    return state
+    return state, state.get("answer") or {}
 
 
 def run_mc_item(
@@ -205,8 +200,7 @@ def run_mc_item(
             evidence = prompts.format_evidence(docs)
         fields = _mc_fields(mc.select_answer(client, question, choices, evidence).to_dict())
     else:  # lean and the modes that run the research
-        state = _run_agent(settings, mode, client, question, choices)
-        record = state.get("answer") or {}
+        state, record = _run_agent(settings, mode, client, question, choices)
         mc_answer = record.get("mc") or {}
         fields = _mc_fields(mc_answer)
         sources = list(mc_answer.get("evidence_ids") or [])  # what the letter read
@@ -686,8 +680,7 @@ def agent_answer(
 ) -> dict:
     """The answer dict (eval_answers' shape) of the whole agent in ``mode``; ``issues``: the agenda
     a user sets (``--issues-from gold``)."""
-    state = _run_agent(settings, mode, client, question, None, issues)
-    record = state.get("answer") or {}
+    state, record = _run_agent(settings, mode, client, question, None, issues)
     ids = {c["n"]: c["passage_id"] for c in record.get("citations") or []}
     return {
         "answer": record.get("text") or "",
@@ -992,17 +985,16 @@ def _described(options: Mapping[str, str]) -> str:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
-    phase, n = "both", None
+    args.phase, args.n = "both", None
     for tok in args.positional:
         if tok in MC_PHASES:
-            phase = tok
+            args.phase = tok
         elif tok.isdigit() and int(tok) > 0:
-            n = int(tok)
+            args.n = int(tok)
         elif tok in SUBCOMMANDS:
             parser.error(f"{tok} must be the first argument: eval_comprehensive.py {tok} ...")
         else:
             parser.error(f"unexpected argument {tok!r}: expected {'|'.join(MC_PHASES)} and/or N")
-    args.phase, args.n = phase, n
     if args.workers < 1:
         parser.error("--workers must be at least 1")
     try:
@@ -1101,14 +1093,9 @@ def run(
 
 def _without(tokens: Sequence[str], option: str) -> list[str]:
     """``tokens`` without ``option VALUE`` / ``option=VALUE``."""
-    out: list[str] = []
-    rest = iter(tokens)
-    for tok in rest:
-        if tok == option:
-            next(rest, None)  # its value
-        elif not tok.startswith(option + "="):
-            out.append(tok)
-    return out
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument(option)
+    return parser.parse_known_args(tokens)[1]
 
 
 def resume_command(given: list[str]) -> list[str]:
@@ -1124,7 +1111,7 @@ def resume_command(given: list[str]) -> list[str]:
         saved = json.loads(config.read_text(encoding="utf-8")).get("command")
     except (OSError, ValueError):
         return given
-    if not isinstance(saved, list) or not saved or not all(isinstance(t, str) for t in saved):
+    if not saved:  # a run made before commands were saved, or an answers run
         return given
     saved = _without(saved, "--run-id")  # the run is the one named by --resume
     if saved[:1] and saved[0] in SUBCOMMANDS:  # these phases resume by their --run-id
