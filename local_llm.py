@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from settings import Settings
+from settings import LLMConfigError, Settings
 
 logger = logging.getLogger(__name__)
 
 _CHUNK = 8 * 1024 * 1024
 
 
-class LocalModelError(RuntimeError):
+class LocalModelError(LLMConfigError):
     """The embedded model cannot be assembled, verified or served; the message says what to do."""
 
 
