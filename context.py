@@ -1,8 +1,7 @@
 """The run context: every dependency the agent's nodes use (``state.py`` holds what changes).
 
 Nodes read ``runtime.context`` and never build a dependency.  :meth:`AgentContext.from_settings`
-builds the real ones, :func:`default_context` those of LangGraph Studio runs; tests pass fakes.
-"""
+builds the real ones, :func:`default_context` those of LangGraph Studio runs; tests pass fakes."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 
 The screens look for commands aimed at the assistant, never legal subject matter (murder, CFAA,
 fraud): imperatives fire only at a clause start or after a request cue ("please", "you must"), so
-"the supervisor told the crew to ignore all previous safety rules" stays clean.
-"""
+"the supervisor told the crew to ignore all previous safety rules" stays clean."""
 
 from __future__ import annotations
 
