@@ -1,8 +1,7 @@
 """The run context: every dependency the agent's nodes use (``state.py`` holds what changes).
 
 Nodes read ``runtime.context`` and never build a dependency.  :meth:`AgentContext.from_settings`
-builds the real ones, :func:`default_context` those of LangGraph Studio runs; tests pass fakes.
-"""
+builds the real ones, :func:`default_context` those of LangGraph Studio runs; tests pass fakes."""
 
 from __future__ import annotations
 
@@ -89,6 +88,9 @@ class AgentContext:
     """(question, passages) -> the question's cosine to each; None: computed with ``embed``."""
     flag_headroom: ClassVar[int] = injection.FLAG_HEADROOM
     """Extra passages a search fetches to replace those the injection screen drops."""
+    # The injection screen's verdicts, here because nodes do not import ``injection``.
+    keep_clean = staticmethod(injection.keep_clean)
+    rejection_message = staticmethod(injection.rejection_message)
     searchers: dict[str, Retriever] = field(default_factory=dict)
     """A retriever per search type (:func:`searchers`); a type without one uses ``retrieve``."""
 
@@ -159,14 +161,6 @@ class AgentContext:
         cos = self.passage_cosines(question, docs, queries)
         top = cos[:CONFIDENCE_PASSAGES]
         return GateScores(float(max(cos)), float(sum(top) / len(top)))
-
-    def keep_clean(self, retrieved: list[Passage], k: int) -> tuple[list[Passage], list[dict]]:
-        """``(kept, flagged)``: ``injection.keep_clean`` (nodes do not import ``injection``)."""
-        return injection.keep_clean(retrieved, k)
-
-    def rejection_message(self, check: injection.InjectionCheck) -> str:
-        """What the user reads when the input is rejected (nodes do not import ``injection``)."""
-        return injection.rejection_message(check)
 
     def below_gate(self, score: float | None) -> bool:
         """:func:`gated_out` at ``LEAN_GATE`` (lean answers closed-book, a step is not used)."""

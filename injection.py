@@ -3,8 +3,7 @@
 
 The screens look for commands aimed at the assistant, never legal subject matter (murder, CFAA,
 fraud): imperatives fire only at a clause start or after a request cue ("please", "you must"), so
-"the supervisor told the crew to ignore all previous safety rules" stays clean.
-"""
+"the supervisor told the crew to ignore all previous safety rules" stays clean."""
 
 from __future__ import annotations
 
@@ -515,15 +514,13 @@ FLAG_HEADROOM = 3
 passage changes neither how many passages are read nor which."""
 
 
-def keep_clean(
-    docs: Iterable[Mapping[str, Any]], k: int, screen: Callable[[str], list[str]] = screen_passage
-) -> tuple[list[dict], list[dict]]:
-    """``(kept, flagged)``: the first ``k`` passages of ``docs`` (best first) whose text ``screen``
-    finds no instruction in; and every screened-out one as ``{"id", "patterns"}``."""
+def keep_clean(docs: Iterable[Mapping[str, Any]], k: int) -> tuple[list[dict], list[dict]]:
+    """``(kept, flagged)``: the first ``k`` passages of ``docs`` (best first) neither quarantined
+    nor flagged by :func:`screen_passage`; and every screened-out one as ``{"id", "patterns"}``."""
     kept: list[dict] = []
     flagged: list[dict] = []
     for doc in docs:
-        hits = quarantined(doc) + screen(doc.get("text") or "")
+        hits = quarantined(doc) + screen_passage(doc.get("text") or "")
         if hits:
             flagged.append({"id": doc["id"], "patterns": hits})
         elif len(kept) < k:

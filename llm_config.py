@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from langchain_core.messages import HumanMessage, SystemMessage, convert_to_messages
 from langchain_core.outputs import ChatGeneration
@@ -219,7 +219,7 @@ class LLMClient:
         role: str,
         schema: type[BaseModel] | None = None,
         max_tokens: int | None = None,
-        json_mode: str | None = None,
+        json_mode: Literal["schema", "prompt"] | None = None,
         accept: Callable[[str], bool] | None = None,
     ) -> LLMResult:
         """Send ``messages`` (LangChain messages or (role, content) tuples) for ``role``.  With
@@ -229,8 +229,6 @@ class LLMClient:
         usable (else it is not cached).  Raises LLMCallError when the call still fails after
         LLM_MAX_RETRIES (a 429 asking to wait over 2 minutes, at once), LLMConfigError at once,
         LLMDeadlineError once ``self.deadline`` passes (no attempt starts or lasts past it)."""
-        if json_mode not in (None, "schema", "prompt"):
-            raise ValueError(f"json_mode must be 'schema', 'prompt' or None, not {json_mode!r}")
         cfg = providers.resolve(role, self.settings)
         deadline = self.deadline
         if deadline is not None and time.monotonic() >= deadline:

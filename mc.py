@@ -4,8 +4,7 @@
 bare letter: the 1.5B model also labels its per-choice lines, and on barexam_dev its first letter
 beat its last 9 times of 10), ``choice_text`` (one choice quoted), ``word_overlap`` (the last line
 holds >= 60% of one choice's content words), then ``none``, which :func:`select_answer` retries
-once with the strict prompt.
-"""
+once with the strict prompt."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 A skill file holds ``<!-- maintainer comments -->``, a ``# System`` section with no placeholders
 (a static prefix the local server's prompt cache reuses), then a ``# User`` section with
-string.Template $placeholders ($$: a literal dollar), exactly those of :data:`SKILL_FIELDS`.
-"""
+string.Template $placeholders ($$: a literal dollar), exactly those of :data:`SKILL_FIELDS`."""
 
 from __future__ import annotations
 

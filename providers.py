@@ -21,11 +21,7 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_core.rate_limiters import InMemoryRateLimiter
 
 import local_llm
-from settings import Settings
-
-
-class LLMConfigError(RuntimeError):
-    """The LLM cannot be configured (unknown provider, missing API key); the message says what to set."""
+from settings import LLMConfigError, Settings
 
 
 class MalformedResponseError(httpx2.DecodingError):
@@ -280,10 +276,7 @@ def check_config(settings: Settings, roles: tuple[str | None, ...] = (None, "cla
     for role in roles:  # default: the main provider, and the fast one for the cheap roles
         cfg = resolve(role, settings)
         if cfg.local:
-            try:
-                local_llm.check_installed(cfg.provider)
-            except local_llm.LocalModelError as exc:
-                raise LLMConfigError(str(exc)) from None
+            local_llm.check_installed(cfg.provider)
 
 
 _models: dict[tuple, Any] = {}
@@ -442,10 +435,7 @@ def chat_model(cfg: ResolvedLLM, settings: Settings) -> Any:
 
     base_url, model = cfg.base_url, cfg.model
     if cfg.local:
-        try:
-            server = local_llm.get_local_server(cfg.provider, settings)
-        except local_llm.LocalModelError as exc:
-            raise LLMConfigError(str(exc)) from exc
+        server = local_llm.get_local_server(cfg.provider, settings)
         base_url, model = server.base_url, server.model
     timeout, retries = call_timeout(cfg, settings), settings.llm.max_retries
     key = (cfg.provider, base_url, model, cfg.api_key, settings.llm.temperature, timeout, retries)

@@ -31,6 +31,11 @@ class SettingsError(ValueError):
     """A setting has a value that cannot be used; the message names the variable."""
 
 
+class LLMConfigError(RuntimeError):
+    """The LLM cannot be configured (unknown provider, missing API key, embedded model not
+    installed); the message says what to set.  ``providers`` raises it."""
+
+
 def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
     """Where runtime data goes by default: ``$XDG_CACHE_HOME/legalragagent`` (``~/.cache/...``),
     outside the project folder that ``langgraph dev`` watches for changes."""
