@@ -341,18 +341,17 @@ def _blocks_from_lines(lines: list[_Line]) -> list[Block]:
     def breaks(prev: _Line, line: _Line, t: str) -> bool:
         p = prev.text.strip()
         ends = p.endswith(_TERMINAL)
-        if unwrapped or prev.page != line.page and ends or _part_marker(t):
-            return True
-        if len(p) < 100 and _part_marker(p):
-            return True
-        if _labels(t) and p.endswith((".", ";", ":", "—", "–", " or", " and")):
-            return True
-        if gap and prev.y is not None and line.y is not None and prev.page == line.page:
-            if prev.y - line.y > 1.5 * gap:
-                return True
-            if ends and left is not None and line.x is not None and line.x > left + 8:
-                return True
-        return ends and len(p) < 0.7 * full
+        spaced = gap and prev.y is not None and line.y is not None and prev.page == line.page
+        indented = left is not None and line.x is not None and line.x > left + 8
+        return bool(
+            unwrapped
+            or (prev.page != line.page and ends)
+            or _part_marker(t)
+            or (len(p) < 100 and _part_marker(p))
+            or (_labels(t) and p.endswith((".", ";", ":", "—", "–", " or", " and")))
+            or (spaced and (prev.y - line.y > 1.5 * gap or ends and indented))
+            or (ends and len(p) < 0.7 * full)
+        )
 
     events: list[tuple[str, Any]] = []
     prev: _Line | None = None  # the last line of the paragraph being read
