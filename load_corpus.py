@@ -389,12 +389,11 @@ def load_passages(
     # interrupted load waits for the batch in flight (the pool's shutdown).
     try:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="load_corpus") as pool:
-            in_flight: Future | None = None
+            in_flight: Future = pool.submit(lambda: None)  # the batch before the first
             for i in range(0, len(todo), batch_size):
                 batch = todo[i : i + batch_size]
                 vecs = rag_utils.embed_passages([p["text"] for p in batch], settings)
-                if in_flight is not None:
-                    in_flight.result()
+                in_flight.result()
                 in_flight = pool.submit(commit, batch, vecs)
             in_flight.result()
     finally:
