@@ -252,8 +252,7 @@ def _split_files(names: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def barexam_dir(settings: Settings) -> Path:
-    base = Path(settings.data.datasets_dir).expanduser()
-    return (base if base.is_absolute() else HERE / base) / "barexam_qa"
+    return HERE / Path(settings.data.datasets_dir).expanduser() / "barexam_qa"
 
 
 def local_barexam(settings: Settings) -> tuple[list[Path], list[Path]] | None:
