@@ -482,9 +482,8 @@ def ensure_starter_index(settings: Settings) -> int:
 
 def scan_metadata(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """The counts :func:`status` reports, in one pass over stored passages (``iter_all``)."""
-    sources, flags, kinds, places = Counter(), Counter(), Counter(), Counter()
+    sources, flags, kinds, places, screens = Counter(), Counter(), Counter(), Counter(), Counter()
     docs: dict[str, tuple[str, str]] = {}
-    flagged = unscreened = 0
     for p in records:
         sources[p["source"] or "(none)"] += 1
         a = filters.attributes(p["id"], p["source"], p["metadata"])
@@ -493,11 +492,8 @@ def scan_metadata(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
         if p["metadata"].get("doc_id"):
             docs[p["metadata"]["doc_id"]] = (a["authority_type"], a["jurisdiction"] or "(none)")
         value = p["metadata"].get(INJECTION_FLAGS)
-        if value is None:
-            unscreened += 1
-        elif value:
-            flagged += 1
-            flags.update(value.split(","))
+        screens["unscreened" if value is None else "flagged" if value else "clean"] += 1
+        flags.update(value.split(",") if value else ())
     return {
         "sources": dict(sources.most_common()),
         "authority_types": dict(kinds.most_common()),
@@ -507,8 +503,8 @@ def scan_metadata(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
             "by_type": dict(Counter(k for k, _ in docs.values()).most_common()),
             "by_jurisdiction": dict(Counter(j for _, j in docs.values()).most_common()),
         },
-        "injection_flagged": flagged,
-        "injection_unscreened": unscreened,
+        "injection_flagged": screens["flagged"],
+        "injection_unscreened": screens["unscreened"],
         "injection_flags": dict(flags.most_common()),
     }
 
