@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import calendar
+import contextlib
 import hashlib
 import io
 import itertools
@@ -394,7 +395,7 @@ class _PdfSink:
 
     def before(self, op: bytes, args: list, cm: list[float], tm: list[float]) -> None:
         self.op = op
-        try:
+        with contextlib.suppress(TypeError, ValueError):  # malformed operands change nothing
             if op == b"q":
                 self.stack.append((self.white, self.mode, self.size))
             elif op == b"Q" and self.stack:
@@ -410,8 +411,6 @@ class _PdfSink:
                 self.size = float(args[1])
             elif op in _SHOW:
                 self.pending.append(self._invisible(cm, tm))
-        except (TypeError, ValueError):  # malformed operands leave the state as it was
-            pass
 
     def _invisible(self, cm: list[float], tm: list[float]) -> bool:
         scale = (tm[0] * tm[3] - tm[1] * tm[2]) * (cm[0] * cm[3] - cm[1] * cm[2])  # det(tm @ cm)
