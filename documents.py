@@ -880,9 +880,8 @@ class _Unit:
     tokens: int = 0
 
 
-def _units(doc: Document) -> list[_Unit]:
+def _units(doc: Document) -> Iterator[_Unit]:
     """The document's blocks, each with the pin, part and star page at its start."""
-    units: list[_Unit] = []
     stack: dict[int, str] = {}
     last: tuple[str, ...] | None = None
     part, n = "", 0
@@ -898,19 +897,18 @@ def _units(doc: Document) -> list[_Unit]:
                 stack, last = {}, b.heading
             _push_labels(text, stack)
             pin = _statute_pin(b.heading, stack) or page_pin
-            units.append(_Unit(text, pin, b, (b.heading,)))
+            yield _Unit(text, pin, b, (b.heading,))
         elif doc.kind == "opinion":
             part = _part_marker(text) or part
             if lead := _STAR.match(text):  # a paragraph opening on "*3" is on page 3
                 star = _advance_star(lead.group(0), star)
             pin = f"*{star}" if star else page_pin or f"¶ {n}"
             key = (b.heading, part, star if star is not None else b.page)
-            units.append(_Unit(text, pin, b, key, part, star))
+            yield _Unit(text, pin, b, key, part, star)
             star = _advance_star(text, star)
         else:
             pin = page_pin or (b.heading[-1][:80] if b.heading else f"¶ {n}")
-            units.append(_Unit(text, pin, b, (b.heading, b.page)))  # a chunk cites one page
-    return units
+            yield _Unit(text, pin, b, (b.heading, b.page))  # a chunk cites one page
 
 
 def _spans(text: str, limit: int, count: Callable[[str], int]) -> list[tuple[int, int, int]]:
