@@ -226,17 +226,14 @@ def read_qa(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
 
 def read_many(paths: Sequence[Path], reader: Any, limit: int | None = None) -> list[dict[str, Any]]:
     """Concatenate files read by ``reader``; ids stay unique across files."""
-    out: list[dict[str, Any]] = []
-    seen: set[str] = set()  # a file's own duplicates are the reader's error
+    out: dict[str, dict[str, Any]] = {}  # by id (a file's own duplicates are the reader's error)
     for p in paths:
         left = None if limit is None else limit - len(out)
         if left is not None and left <= 0:
             break
-        for rec in reader(p, limit=left):
-            if rec["idx"] not in seen:  # the same passage in two split files: keep the first
-                seen.add(rec["idx"])
-                out.append(rec)
-    return out
+        for rec in reader(p, limit=left):  # the same passage in two split files: the first
+            out.setdefault(rec["idx"], rec)
+    return list(out.values())
 
 
 # --- Sources: local Bar Exam QA folder, Hugging Face download, starter --------------------------
