@@ -759,8 +759,9 @@ def _run_remove(args: argparse.Namespace, settings: Settings) -> int:
         report["removed" if ids else "not_loaded"].append(str(path))
         report["chunks_removed"] += len(ids)
     report["count"] = rag_utils.corpus_count(settings)
-    for path in [] if args.json else report["not_loaded"]:
-        print(f"not loaded: {path}", file=sys.stderr)
+    if not args.json:  # the paths that failed, before the summary line
+        for path in report["not_loaded"]:
+            print(f"not loaded: {path}", file=sys.stderr)
     removed = f"removed {_n(len(report['removed']), 'document')} "
     now = f"{rag_utils.collection_name(settings)} now holds {report['count']}"
     _show(report, args.json, [f"{removed}({_n(report['chunks_removed'], 'chunk')}); {now}"])
