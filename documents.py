@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import calendar
+import contextlib
 import hashlib
 import io
 import itertools
@@ -341,18 +342,17 @@ def _blocks_from_lines(lines: list[_Line]) -> list[Block]:
     def breaks(prev: _Line, line: _Line, t: str) -> bool:
         p = prev.text.strip()
         ends = p.endswith(_TERMINAL)
-        if unwrapped or prev.page != line.page and ends or _part_marker(t):
-            return True
-        if len(p) < 100 and _part_marker(p):
-            return True
-        if _labels(t) and p.endswith((".", ";", ":", "—", "–", " or", " and")):
-            return True
-        if gap and prev.y is not None and line.y is not None and prev.page == line.page:
-            if prev.y - line.y > 1.5 * gap:
-                return True
-            if ends and left is not None and line.x is not None and line.x > left + 8:
-                return True
-        return ends and len(p) < 0.7 * full
+        spaced = gap and prev.y is not None and line.y is not None and prev.page == line.page
+        indented = left is not None and line.x is not None and line.x > left + 8
+        return bool(
+            unwrapped
+            or (prev.page != line.page and ends)
+            or _part_marker(t)
+            or (len(p) < 100 and _part_marker(p))
+            or (_labels(t) and p.endswith((".", ";", ":", "—", "–", " or", " and")))
+            or (spaced and (prev.y - line.y > 1.5 * gap or ends and indented))
+            or (ends and len(p) < 0.7 * full)
+        )
 
     events: list[tuple[str, Any]] = []
     prev: _Line | None = None  # the last line of the paragraph being read
@@ -395,7 +395,7 @@ class _PdfSink:
 
     def before(self, op: bytes, args: list, cm: list[float], tm: list[float]) -> None:
         self.op = op
-        try:
+        with contextlib.suppress(TypeError, ValueError):  # malformed operands change nothing
             if op == b"q":
                 self.stack.append((self.white, self.mode, self.size))
             elif op == b"Q" and self.stack:
@@ -411,8 +411,6 @@ class _PdfSink:
                 self.size = float(args[1])
             elif op in _SHOW:
                 self.pending.append(self._invisible(cm, tm))
-        except (TypeError, ValueError):  # malformed operands leave the state as it was
-            pass
 
     def _invisible(self, cm: list[float], tm: list[float]) -> bool:
         scale = (tm[0] * tm[3] - tm[1] * tm[2]) * (cm[0] * cm[3] - cm[1] * cm[2])  # det(tm @ cm)
@@ -882,9 +880,8 @@ class _Unit:
     tokens: int = 0
 
 
-def _units(doc: Document) -> list[_Unit]:
+def _units(doc: Document) -> Iterator[_Unit]:
     """The document's blocks, each with the pin, part and star page at its start."""
-    units: list[_Unit] = []
     stack: dict[int, str] = {}
     last: tuple[str, ...] | None = None
     part, n = "", 0
@@ -900,19 +897,18 @@ def _units(doc: Document) -> list[_Unit]:
                 stack, last = {}, b.heading
             _push_labels(text, stack)
             pin = _statute_pin(b.heading, stack) or page_pin
-            units.append(_Unit(text, pin, b, (b.heading,)))
+            yield _Unit(text, pin, b, (b.heading,))
         elif doc.kind == "opinion":
             part = _part_marker(text) or part
             if lead := _STAR.match(text):  # a paragraph opening on "*3" is on page 3
                 star = _advance_star(lead.group(0), star)
             pin = f"*{star}" if star else page_pin or f"¶ {n}"
             key = (b.heading, part, star if star is not None else b.page)
-            units.append(_Unit(text, pin, b, key, part, star))
+            yield _Unit(text, pin, b, key, part, star)
             star = _advance_star(text, star)
         else:
             pin = page_pin or (b.heading[-1][:80] if b.heading else f"¶ {n}")
-            units.append(_Unit(text, pin, b, (b.heading, b.page)))  # a chunk cites one page
-    return units
+            yield _Unit(text, pin, b, (b.heading, b.page))  # a chunk cites one page
 
 
 def _spans(text: str, limit: int, count: Callable[[str], int]) -> list[tuple[int, int, int]]:

@@ -226,17 +226,14 @@ def read_qa(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
 
 def read_many(paths: Sequence[Path], reader: Any, limit: int | None = None) -> list[dict[str, Any]]:
     """Concatenate files read by ``reader``; ids stay unique across files."""
-    out: list[dict[str, Any]] = []
-    seen: set[str] = set()  # a file's own duplicates are the reader's error
+    out: dict[str, dict[str, Any]] = {}  # by id (a file's own duplicates are the reader's error)
     for p in paths:
         left = None if limit is None else limit - len(out)
         if left is not None and left <= 0:
             break
-        for rec in reader(p, limit=left):
-            if rec["idx"] not in seen:  # the same passage in two split files: keep the first
-                seen.add(rec["idx"])
-                out.append(rec)
-    return out
+        for rec in reader(p, limit=left):  # the same passage in two split files: the first
+            out.setdefault(rec["idx"], rec)
+    return list(out.values())
 
 
 # --- Sources: local Bar Exam QA folder, Hugging Face download, starter --------------------------
@@ -252,8 +249,7 @@ def _split_files(names: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def barexam_dir(settings: Settings) -> Path:
-    base = Path(settings.data.datasets_dir).expanduser()
-    return (base if base.is_absolute() else HERE / base) / "barexam_qa"
+    return HERE / Path(settings.data.datasets_dir).expanduser() / "barexam_qa"
 
 
 def local_barexam(settings: Settings) -> tuple[list[Path], list[Path]] | None:
@@ -389,12 +385,11 @@ def load_passages(
     # interrupted load waits for the batch in flight (the pool's shutdown).
     try:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="load_corpus") as pool:
-            in_flight: Future | None = None
+            in_flight: Future = pool.submit(lambda: None)  # the batch before the first
             for i in range(0, len(todo), batch_size):
                 batch = todo[i : i + batch_size]
                 vecs = rag_utils.embed_passages([p["text"] for p in batch], settings)
-                if in_flight is not None:
-                    in_flight.result()
+                in_flight.result()
                 in_flight = pool.submit(commit, batch, vecs)
             in_flight.result()
     finally:
@@ -484,9 +479,8 @@ def ensure_starter_index(settings: Settings) -> int:
 
 def scan_metadata(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """The counts :func:`status` reports, in one pass over stored passages (``iter_all``)."""
-    sources, flags, kinds, places = Counter(), Counter(), Counter(), Counter()
+    sources, flags, kinds, places, screens = Counter(), Counter(), Counter(), Counter(), Counter()
     docs: dict[str, tuple[str, str]] = {}
-    flagged = unscreened = 0
     for p in records:
         sources[p["source"] or "(none)"] += 1
         a = filters.attributes(p["id"], p["source"], p["metadata"])
@@ -495,11 +489,8 @@ def scan_metadata(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
         if p["metadata"].get("doc_id"):
             docs[p["metadata"]["doc_id"]] = (a["authority_type"], a["jurisdiction"] or "(none)")
         value = p["metadata"].get(INJECTION_FLAGS)
-        if value is None:
-            unscreened += 1
-        elif value:
-            flagged += 1
-            flags.update(value.split(","))
+        screens["unscreened" if value is None else "flagged" if value else "clean"] += 1
+        flags.update(value.split(",") if value else ())
     return {
         "sources": dict(sources.most_common()),
         "authority_types": dict(kinds.most_common()),
@@ -509,8 +500,8 @@ def scan_metadata(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
             "by_type": dict(Counter(k for k, _ in docs.values()).most_common()),
             "by_jurisdiction": dict(Counter(j for _, j in docs.values()).most_common()),
         },
-        "injection_flagged": flagged,
-        "injection_unscreened": unscreened,
+        "injection_flagged": screens["flagged"],
+        "injection_unscreened": screens["unscreened"],
         "injection_flags": dict(flags.most_common()),
     }
 
@@ -612,38 +603,39 @@ def _counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in counts.items())
 
 
-def _print_status(info: dict[str, Any], as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(info, indent=2))
-        return
-    print(f"store:           {info['store']}")
-    print(f"collection:      {info['collection']}")
-    print(f"embedding model: {info['embedding_model']}")
-    print(f"passages:        {info['count']}")
+def _show(report: dict[str, Any], as_json: bool, lines: Iterable[str]) -> None:
+    """A command's ``report`` as JSON (``--json``), else its ``lines`` for a reader."""
+    print(json.dumps(report, indent=2) if as_json else "\n".join(lines))
+
+
+def _status_lines(info: dict[str, Any]) -> Iterator[str]:
+    yield f"store:           {info['store']}"
+    yield f"collection:      {info['collection']}"
+    yield f"embedding model: {info['embedding_model']}"
+    yield f"passages:        {info['count']}"
     for row in info["indexed_by"]:
         rate = f", {row['passages_per_s']} passages/s" if row["passages_per_s"] else ""
-        print(
+        yield (
             f"indexed by:      {row['backend']} on {row['device']}: "
             f"{row['passages']} passages in {row['seconds']} s{rate}"
         )
-    print(f"BM25 index:      {info['bm25_index']}")
-    print(f"QA memory:       {info['qa_memory_entries']} cached answer(s) (main.py --clear-memory)")
+    yield f"BM25 index:      {info['bm25_index']}"
+    yield f"QA memory:       {info['qa_memory_entries']} cached answer(s) (main.py --clear-memory)"
     flags, unscreened = _counts(info["injection_flags"]), info["injection_unscreened"]
-    print(
+    yield (
         f"injection flags: {info['injection_flagged']} passages flagged"
         + (f" ({flags})" if flags else "")
         + (f"; {unscreened} loaded before screening" if unscreened else "")
     )
     for key, label in (("authority_types", "by type"), ("jurisdictions", "by jurisdiction")):
         if info.get(key):
-            print(f"{label + ':':<17}{_counts(info[key])}")
+            yield f"{label + ':':<17}{_counts(info[key])}"
     if (docs := info["documents"])["count"]:
         by = f"{_counts(docs['by_type'])}; {_counts(docs['by_jurisdiction'])}"
-        print(f"documents:       {docs['count']} ({by})")
+        yield f"documents:       {docs['count']} ({by})"
     if info["sources"]:
-        print("sources:")
-        for name, n in info["sources"].items():
-            print(f"  {n:>8}  {name}")
+        yield "sources:"
+        yield from (f"  {n:>8}  {name}" for name, n in info["sources"].items())
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -653,7 +645,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.rest and command not in ("curated", "docs", "remove"):
         raise CorpusError(f"unexpected extra argument {args.rest[0]!r}")
     if command == "status":
-        _print_status(status(settings), args.json)
+        info = status(settings)
+        _show(info, args.json, _status_lines(info))
         return 0
     if command in ("docs", "remove"):
         if not args.rest:
@@ -720,14 +713,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         "seconds": round(seconds, 2),
         "passages_per_s": round(added / seconds, 1) if added and seconds > 0 else None,
     }
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        rate = f" ({result['passages_per_s']} passages/s)" if result["passages_per_s"] else ""
-        print(
-            f"added {added} passages{rate}, {result['already_stored']} already stored; "
-            f"{result['collection']} now holds {total}"
-        )
+    rate = f" ({result['passages_per_s']} passages/s)" if result["passages_per_s"] else ""
+    done = f"added {added} passages{rate}, {result['already_stored']} already stored; "
+    _show(result, args.json, [f"{done}{result['collection']} now holds {total}"])
     return 0
 
 
@@ -744,19 +732,16 @@ def _run_docs(args: argparse.Namespace, settings: Settings) -> int:
     report = load_documents(args.rest, settings, overrides=flags, progress=not args.no_progress)
     report["seconds"] = round(time.perf_counter() - start, 2)
     report["count"] = rag_utils.corpus_count(settings)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(
-            f"{_n(report['files'], 'file')}: {len(report['loaded'])} loaded, "
-            f"{len(report['replaced'])} replaced, {len(report['unchanged'])} unchanged, "
-            f"{len(report['failed'])} skipped, {len(report['quarantined'])} quarantined; "
-            f"{_n(report['chunks_added'], 'chunk')} added in {report['seconds']} s; "
-            f"{rag_utils.collection_name(settings)} now holds {report['count']}"
-        )
-        if report["kept_flags"]:
-            kept = _n(len(report["kept_flags"]), "file")
-            print(f"{kept} kept the metadata flags given when they were last loaded")
+    lines = [
+        f"{_n(report['files'], 'file')}: {len(report['loaded'])} loaded, "
+        f"{len(report['replaced'])} replaced, {len(report['unchanged'])} unchanged, "
+        f"{len(report['failed'])} skipped, {len(report['quarantined'])} quarantined; "
+        f"{_n(report['chunks_added'], 'chunk')} added in {report['seconds']} s; "
+        f"{rag_utils.collection_name(settings)} now holds {report['count']}"
+    ]
+    if kept := len(report["kept_flags"]):
+        lines.append(f"{_n(kept, 'file')} kept the metadata flags given when they were last loaded")
+    _show(report, args.json, lines)
     return _exit_status(len(report["failed"]), report["files"])
 
 
@@ -774,16 +759,12 @@ def _run_remove(args: argparse.Namespace, settings: Settings) -> int:
         report["removed" if ids else "not_loaded"].append(str(path))
         report["chunks_removed"] += len(ids)
     report["count"] = rag_utils.corpus_count(settings)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
+    if not args.json:  # the paths that failed, before the summary line
         for path in report["not_loaded"]:
             print(f"not loaded: {path}", file=sys.stderr)
-        print(
-            f"removed {_n(len(report['removed']), 'document')} "
-            f"({_n(report['chunks_removed'], 'chunk')}); "
-            f"{rag_utils.collection_name(settings)} now holds {report['count']}"
-        )
+    removed = f"removed {_n(len(report['removed']), 'document')} "
+    now = f"{rag_utils.collection_name(settings)} now holds {report['count']}"
+    _show(report, args.json, [f"{removed}({_n(report['chunks_removed'], 'chunk')}); {now}"])
     return _exit_status(len(report["not_loaded"]), len(report["not_loaded"] + report["removed"]))
 
 
