@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import random
 import zipfile
 from pathlib import Path
 
@@ -296,6 +297,15 @@ def test_encrypted_oversized_and_zip_bomb_files_are_refused(tmp_path, monkeypatc
         z.writestr("word/document.xml", b"\0" * (20 * 2**20))  # 20 MB of zeros, ~20 KB packed
     bomb.write_bytes(buf.getvalue())
     with pytest.raises(documents.DocumentError, match=r"bomb.docx: expands to 20 MB"):
+        _chunks(bomb)
+    # a small member packed tighter does not hide it (the check read the tightest member only)
+    buf = io.BytesIO()
+    noise = random.Random(0).randbytes
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("word/document.xml", b"".join(b"\0" * 10**5 + noise(600) for _ in range(100)))
+        z.writestr("word/blank.xml", b"\0" * 2**20)  # packed tighter, but only 1 MB
+    bomb.write_bytes(buf.getvalue())
+    with pytest.raises(documents.DocumentError, match=r"word/document.xml packed 1\d\dx > 100x"):
         _chunks(bomb)
 
 
