@@ -109,15 +109,19 @@ GUARDS: dict[str, Guard] = {
     ),
     "off_facts": Guard(
         "application",
-        "an issue whose rule is far from every stated fact is named, not applied",
+        "an issue whose rule is far from every stated fact is named, not applied (the best fit "
+        "is exempt unless what is asked names an issue)",
         f"FACT_FIT {FACT_FIT}",
         "stop 33: the rule-to-fact cosine predicts a gold-doctrine citation (AUC 0.87 tune, "
         "0.81 report); re-tuned stop 41 at 0.33: misgrounded tune 53/211 -> 36/194, report "
-        "90/210 -> 85/205",
+        "90/210 -> 85/205; stop 65, no exemption where an issue is named (open_s65_asks): open "
+        "set misgrounded 223 -> 208, key points and abstention kept; fact patterns the same",
     ),
     "not_asked": Guard(
         "application",
-        "a rule question's issue whose rule is far from the question is named, not answered",
+        "a rule question's issue whose rule is far from the question is named, not answered "
+        "(the best fit is exempt unless the question names an issue: 'What is the mailbox "
+        "rule?' quoted time, place and manner restrictions)",
         f"ASKED_FIT {ASKED_FIT}",
         "stop 44, rule questions half A: misgrounded 31 -> 25, no gold issue lost",
     ),
@@ -998,7 +1002,10 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
     # with no new fact (a thread's question again, on issues the user names), the earlier
     # application of an issue the thread researched stands
     stage.bearing = borne_on(stage, ruled) | (stage.named if stage.q.new_facts else set())
-    low = min(floor, max((fit for *_, fit in ruled), default=1.0))  # the best fit is applied
+    # The best fit is applied, unless what is asked names an issue: "What is the mailbox rule?"
+    # had time, place and manner restrictions applied beside it (fit 0.30 to the mailbox's 0.30).
+    asks = any(named_in(item.issue, stage.q.asked) for _, item, *_ in ruled)
+    low = floor if asks else min(floor, max((fit for *_, fit in ruled), default=1.0))
     low_fit = [n > 0 and fit < low for n, (*_, fit) in enumerate(ruled)]
     unfit = [far and not name for far, name in zip(low_fit, named, strict=True)]
     todo = [(r[1].issue, r[2]) for r, out in zip(ruled, unfit, strict=True) if not out]

@@ -258,6 +258,25 @@ def test_a_rule_questions_later_issue_far_from_what_it_asks_is_named_not_answere
     assert [c.passage_id for c in record.citations] == ["ap"] and script.calls == []
 
 
+def test_a_rule_question_that_names_its_issue_answers_no_other_issue_for_its_fit(tmp_settings):
+    """ "What is the mailbox rule?" quoted time, place and manner restrictions beside the mailbox
+    rule: both rules sat far from the question, and the better fit of the two was applied as the
+    best fit.  Where what is asked names an issue, no other is applied for fitting best."""
+    mailbox = {"id": "mb", "title": "Mailbox rule", "text": "Mailbox rule. An acceptance sent by post is effective when dispatched."}  # fmt: skip
+    speech = {"id": "tpm", "title": "Time, place and manner restrictions", "text": "Time, place and manner restrictions. A rule limiting the time of speeches in parks must be content neutral and narrowly tailored."}  # fmt: skip
+    client, script = scripted_client(tmp_settings, {})
+    research = [
+        answer.IssueResearch("Mailbox rule", [mailbox]),
+        answer.IssueResearch("Time, place and manner restrictions", [speech]),
+    ]
+    record = answer.build_record(
+        client, Question.read("What is the mailbox rule?"), research, EMBED
+    )
+    assert [i.status for i in record.issues] == ["answered", "not_raised"]
+    assert record.issues[1].why.startswith("its rule does not fit what the question asks")
+    assert [c.passage_id for c in record.citations] == ["mb"] and script.calls == []
+
+
 def test_the_evidence_policy_verifies_the_rule_questions_lead_sentences(tmp_settings):
     """Under the evidence policy a rule question's candidates are the same lead sentences, each
     judged by the grounding gate; the ones it verifies are quoted, in the passage's order."""
