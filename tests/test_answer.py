@@ -262,8 +262,8 @@ def test_a_rule_question_that_names_its_issue_answers_no_other_issue_for_its_fit
     """ "What is the mailbox rule?" quoted time, place and manner restrictions beside the mailbox
     rule: both rules sat far from the question, and the better fit of the two was applied as the
     best fit.  Where what is asked names an issue, no other is applied for fitting best."""
-    mailbox = {"id": "mb", "title": "Mailbox rule", "text": "Mailbox rule. An acceptance sent by post is effective when dispatched."}  # fmt: skip
-    speech = {"id": "tpm", "title": "Time, place and manner restrictions", "text": "Time, place and manner restrictions. A rule limiting the time of speeches in parks must be content neutral and narrowly tailored."}  # fmt: skip
+    mailbox = {"id": "mb", "title": "Mailbox rule", "text": "Mailbox rule. Under the mailbox doctrine an acceptance sent by post is effective when dispatched."}  # fmt: skip
+    speech = {"id": "tpm", "title": "Time, place and manner restrictions", "text": "Time, place and manner restrictions. The rule for speeches in parks must be content neutral."}  # fmt: skip
     client, script = scripted_client(tmp_settings, {})
     research = [
         answer.IssueResearch("Mailbox rule", [mailbox]),
