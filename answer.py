@@ -55,20 +55,18 @@ FACT_SENTENCES = 3
 """Sentences of a fact pattern kept with an issue (the closest to it by cosine)."""
 FACT_FIT = 0.33
 """Cosine of an issue's quoted rule to the closest fact sentence below which the facts do not raise
-the issue (``off_facts``); the planner's first issue and the best fit are always applied.  The low
-end of the tune half's plateau (docs/MEASUREMENTS_HISTORY.md, "`FACT_FIT` re-tuned")."""
+the issue (``off_facts``): the low end of the tune half's plateau (docs/MEASUREMENTS_HISTORY.md,
+"`FACT_FIT` re-tuned")."""
 FACT_RELEVANCE = 0.10
 """Cosine of a requirement to the fact a check names below which that fact cannot decide it
-(``unrelated_fact``): the 1.5B marks most requirements met by some unrelated fact.  Chosen on the
-tune half (docs/MEASUREMENTS_HISTORY.md, stop 36)."""
+(``unrelated_fact``, stop 36): the 1.5B marks most requirements met by some unrelated fact."""
 ASKED_FIT = 0.45
 """Cosine of an issue's quoted rule to a rule question below which the question does not ask about
-it (``not_asked``): noise picks sit below 0.45, a second doctrine asked about at 0.5-0.7.  Chosen on
-one half of the rule questions (docs/MEASUREMENTS_HISTORY.md, stop 44)."""
+it (``not_asked``, stop 44): noise picks sit below 0.45, a second doctrine asked about at 0.5-0.7."""
 QUESTION_FIT = 0.20
 """Cosine of an open question to the closest rule sentence of its answer below which the rules are
-about other matters and the answer is declined (``off_question``; a singer's video answered with
-commercial speech scores 0.13).  Chosen on the tune half (docs/MEASUREMENTS_HISTORY.md, stop 37)."""
+about other matters and the answer is declined (``off_question``, stop 37: a singer's video
+answered with commercial speech scores 0.13)."""
 DOCTRINE_MATCH = 0.30
 """Cosine of an issue's name to a passage's title below which the passage is on another doctrine
 (``off_doctrine``): all-MiniLM-L6-v2 puts a doctrine and its own passage at 0.45-0.85."""
@@ -1114,8 +1112,7 @@ def render(record: AnswerRecord, tail: Sequence[Sentence] = ()) -> str:
             lines.append(f"   {s.role.capitalize()}: {s.text} {_refs(s.cites)}".rstrip())
         if issue.why:
             lines.append(f"   ({issue.why})")
-    for s in tail:
-        lines.append(f"\nBottom line: {s.text} {_refs(s.cites)}".rstrip())
+    lines += [f"\nBottom line: {s.text} {_refs(s.cites)}".rstrip() for s in tail]
     # an issue set aside is not listed as not raised where the answer quotes a source on its
     # doctrine ("no stated fact raises" FRE 609 under its rule applied to a perjury conviction)
     quoted = record.quoted_doctrines

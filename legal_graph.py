@@ -137,9 +137,7 @@ def _read_taxonomy(p: Path, mtime_ns: int) -> Taxonomy:
             rec = json.loads(line)
             doctrines.append(
                 Doctrine(
-                    id=str(rec["id"]),
-                    name=str(rec["name"]),
-                    subject=str(rec["subject"]),
+                    **{f: str(rec[f]) for f in ("id", "name", "subject")},
                     description=str(rec.get("description", "")),
                     aliases=tuple(str(a) for a in rec.get("aliases", ())),
                     **{r: tuple(rec.get(r, ())) for r in RELATIONS},
@@ -268,8 +266,6 @@ def claim_agenda(linked: Sequence[Doctrine], *, max_items: int | None = None) ->
     tax = load_taxonomy()
     claims: dict[str, list[str]] = {}
     for d in linked:
-        if d.id not in tax.doctrines:
-            continue
         names = claims.setdefault(tax.root(d.id), [])
         if not names or (d.name.lower() not in names[0].lower() and d.name not in names):
             names.append(d.name)

@@ -11,6 +11,7 @@ given up.  The answer stage (``answer.py``) then writes one typed record that ev
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import re
 import time
@@ -163,22 +164,18 @@ def passed_over(state: AgentState, ctx: AgentContext, quoted: Collection[str] = 
     facts = state["parsed"].facts
     if state["parsed"].issues or _reading(state, "review"):
         return []
-    researched = [*planned(state), *thread_research(state)]
-    out: list[str] = []
-    for name in left_off(researched, _reading(state, "candidates") or [], quoted):
-        if len(out) == PASSED_OVER:
-            break
+
+    def fits(name: str) -> bool:
         try:
-            top = candidate_search(ctx, name, facts)[:3] if facts else []
-            fits = not facts or any(
-                max(ctx.passage_cosines(f, top), default=0.0) >= OTHERS_FIT for f in facts
-            )
+            top = candidate_search(ctx, name, facts)[:3]
+            return any(max(ctx.passage_cosines(f, top), default=0.0) >= OTHERS_FIT for f in facts)
         except Exception as exc:  # noqa: BLE001 - a hint, not the answer: name it unchecked
             logger.warning("passed-over candidate %r not checked: %s", name, exc)
-            fits = True
-        if fits:
-            out.append(name)
-    return out
+            return True
+
+    researched = [*planned(state), *thread_research(state)]
+    names = left_off(researched, _reading(state, "candidates") or [], quoted)
+    return list(itertools.islice(filter(fits, names) if facts else names, PASSED_OVER))
 
 
 def recalled(state: AgentState) -> dict[str, Any]:
@@ -482,8 +479,7 @@ def plan_steps(state: AgentState, ctx: AgentContext, issues: list[str]) -> dict[
             steps.append({**step, "step_id": n})
             passages.update(found)
             continue
-        kept = answer_stage.issue_facts(issue, facts, ctx.embed) if facts else []
-        steps.append(step_for(n, issue, kept, first))
+        steps.append(step_for(n, issue, answer_stage.issue_facts(issue, facts, ctx.embed), first))
     update: dict[str, Any] = {"planning_table": steps, "reading": {"agenda": issues}}
     if passages:
         update["passages"] = {**(state.get("passages") or {}), **passages}
@@ -945,21 +941,17 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     if answer_mode(state, ctx) == "lean":  # zero research steps: the letter reads lean's search
         record = answer_stage.AnswerRecord(q.kind, "", [], [], False, "lean mode: no research")
         return {"answer": record.to_dict()}, "lean: no research steps"
-    decline = _reading(state, "decline") or ""
     stop = state.get("stop_reason") or ""
-    why_not = stop or f"MAX_STEPS {ctx.settings.agent.max_steps} reached"
-    research = issue_research(state, why_not)
-    policy = "evidence" if answer_mode(state, ctx) == "evidence" else "research"
     # a follow-up's thread: each issue's application in the last answer on it
     last = (last_turn(state).get("answer") or {}) if _reading(state, "follow_up") else {}
     earlier = {i["issue"]: i["checks"] for i in last.get("issues") or [] if i.get("checks")}
     record = answer_stage.build_record(
         ctx.client,
         q,
-        research,
+        issue_research(state, stop or f"MAX_STEPS {ctx.settings.agent.max_steps} reached"),
         ctx.embed,
-        decline=decline,
-        policy=policy,
+        decline=_reading(state, "decline") or "",
+        policy="evidence" if answer_mode(state, ctx) == "evidence" else "research",
         verdict_support=ctx.verdict_support(),
         earlier=earlier,
     )
@@ -1012,8 +1004,8 @@ def mc_passages(state: AgentState, extra: list[Passage]) -> list[dict]:
 def mc_evidence(docs: list[dict], lean_count: int) -> str:
     """The MC prompt's evidence: each lean passage gets as many characters as lean mode gives it
     (the research's passages add to the prompt, they do not crowd lean's out)."""
-    if not docs or not lean_count:
-        return prompts.format_evidence(docs) if docs else ""
+    if not lean_count:
+        return prompts.format_evidence(docs)
     return prompts.format_evidence(docs, max_chars=prompts.EVIDENCE_CHARS // lean_count * len(docs))
 
 
