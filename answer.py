@@ -584,8 +584,6 @@ def related_checks(
     decided check names the part of its fact that bears on the requirement (:func:`fact_part`)."""
     judged = [i for i, c in enumerate(checks) if fact_decides(c)]
     out = list(checks)
-    if not judged:
-        return out, 0
     rows = _rows(embed, [t for i in judged for t in (checks[i].requirement, checks[i].fact)])
     unrelated = [i for n, i in enumerate(judged) if rows[2 * n] @ rows[2 * n + 1] < FACT_RELEVANCE]
     for i in [] if keep else unrelated:
@@ -805,8 +803,10 @@ Ruled = tuple[int, IssueResearch, list[Pair], float]
 
 def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
     """The (passage, sentence) pairs quoted as ``item``'s rule, or the issue's answer when it has
-    none: no passage on its doctrine (``off_doctrine``), none verified (evidence policy), or no
-    sentence beyond the rule already quoted for an earlier issue (``same_rule``)."""
+    none: not researched, no passage on its doctrine (``off_doctrine``), none verified (evidence
+    policy), or no sentence beyond the rule already quoted for an earlier issue (``same_rule``)."""
+    if not item.researched:
+        return IssueAnswer(item.issue, "not_researched", why=item.why)
     scores = doctrine_scores(item.issue, item.docs, stage.embed)
     docs = [d for d, s in zip(item.docs, scores, strict=True) if s >= DOCTRINE_MATCH]
     stage.fire("off_doctrine", len(item.docs) - len(docs))
@@ -865,9 +865,6 @@ def _ruled_issues(
     issues: list[IssueAnswer] = []
     ruled: list[Ruled] = []
     for item in research:
-        if not item.researched:
-            issues.append(IssueAnswer(item.issue, "not_researched", why=item.why))
-            continue
         rule = _issue_rule(stage, item)
         if isinstance(rule, IssueAnswer):
             issues.append(rule)
@@ -918,10 +915,8 @@ requirements, the checks dropped as unrelated, and whether it is the thread's (:
 
 def _checks(stage: _Stage, issue: str, rule: list) -> Applied:
     """The application of a fact pattern's rule to its facts."""
-    if stage.q.kind == "rule_question" or not stage.q.facts:
-        return None, False, 0, False
-    reqs = requirements([s for _, s in rule])
-    if not reqs:  # the rule is quoted, with nothing to apply
+    reqs = [] if stage.q.kind == "rule_question" else requirements([s for _, s in rule])
+    if not reqs or not stage.q.facts:  # the rule is quoted, with nothing to apply it to
         return None, False, 0, False
     if (carried := _carried(stage, issue, reqs)) is not None:
         return carried, True, 0, True

@@ -535,7 +535,6 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         candidate_doctrines(ctx, q.text, within) if reading.get("review") or not kept else ([], "")
     )
     candidates = list(dict.fromkeys([*thread_research(state), *found]))
-    fallbacks: list[str] = []
     if kept:
         issues = list(last["issues"])
     elif q.issues:  # the user's agenda
@@ -547,8 +546,7 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         # A question closest to the user's own document is researched in it first: the 1.5B
         # passed over a lease that settles a deposit question for the general rules.
         issues = list(dict.fromkeys([own, *issues] if own else issues))
-    if not issues:
-        issues, fallbacks = _fallback_agenda(ctx, q.text)
+    issues, fallbacks = (issues, []) if issues else _fallback_agenda(ctx, q.text)
     adaptive = ctx.settings.agent.research_policy == "adaptive" and not kept
     if not (kept or q.issues or adaptive):
         # The model's picks beyond MAX_STEPS are not its agenda: its fourth was a doctrine the
@@ -803,9 +801,6 @@ def make_evaluator(forced_mode: str | None = None) -> Callable:
         return update, grades + (f" ({stop})" if stop else "") + f" -> {route}", route
 
     return evaluator
-
-
-evaluator = make_evaluator()
 
 
 def _retry(state: AgentState, ctx: AgentContext, step: PlanStep) -> tuple[PlanStep, str]:
