@@ -62,7 +62,7 @@ FACT_RELEVANCE = 0.10
 (``unrelated_fact``, stop 36): the 1.5B marks most requirements met by some unrelated fact."""
 ASKED_FIT = 0.45
 """Cosine of an issue's quoted rule to a rule question below which the question does not ask about
-it (``not_asked``, stop 44): noise picks sit below 0.45, a second doctrine asked about at 0.5-0.7."""
+it (``not_asked``, stop 44): noise picks sit below 0.45, a second doctrine asked about 0.5-0.7."""
 QUESTION_FIT = 0.20
 """Cosine of an open question to the closest rule sentence of its answer below which the rules are
 about other matters and the answer is declined (``off_question``, stop 37: a singer's video
@@ -977,10 +977,8 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
     stage.bearing = borne_on(stage, ruled)
     asked = stage.q.asked if stage.q.kind == "fact_pattern" else ""
     named = [item.chosen or bool(asked) and named_in(item.issue, asked) for _, item, *_ in ruled]
-    # The embedder reads "Dana took her coworker's laptop ..., intending to return it Monday" as
-    # unrelated to larceny's "intent to permanently deprive" (cosine 0.06), and a follow-up's
-    # "Dana had planned to keep the laptop" as nearer work product's "tangible things": an issue
-    # "Is Dana guilty of larceny?" names keeps the facts the model ties to it, new ones included.
+    # A named issue keeps the facts the model ties to it (guard named_issue's "Dana" trial), new
+    # ones too: "Dana had planned to keep the laptop" reads nearer work product's "tangible things".
     stage.named = {item.issue for (_, item, *_), name in zip(ruled, named, strict=True) if name}
     stage.bearing |= stage.named
     low = min(floor, max((fit for *_, fit in ruled), default=1.0))  # the best fit is applied

@@ -106,14 +106,13 @@ class Taxonomy:
     def root(self, doctrine_id: str) -> str:
         """The claim a doctrine belongs to: follow ``element_of`` / ``exception_to`` upward
         (first parent each time) to a doctrine that has neither."""
-        seen = {doctrine_id}
-        cur = self.doctrines[doctrine_id]
+        chain = [doctrine_id]
         while True:
-            nxt = next((p for p in (*cur.element_of, *cur.exception_to) if p not in seen), None)
+            d = self.doctrines[chain[-1]]
+            nxt = next((p for p in (*d.element_of, *d.exception_to) if p not in chain), None)
             if nxt is None:
-                return cur.id
-            seen.add(nxt)
-            cur = self.doctrines[nxt]
+                return d.id
+            chain.append(nxt)
 
 
 def load_taxonomy(path: str | Path | None = None) -> Taxonomy:

@@ -358,8 +358,7 @@ def candidate_doctrines(
     document when the closest passage is one ("" else).  A question in one state's law (``within``,
     a USPS code) lists that state's titles only: general law finds nothing in a state's statute."""
     linked = [i for i in linked_doctrines(ctx, question) if i]
-    titles: list[str] = []
-    own = ""
+    titles, own = [], ""
     try:
         found = (
             ctx.search("hybrid", [question], CANDIDATE_PASSAGES, [], within)
@@ -911,10 +910,8 @@ def issue_research(state: AgentState, why_not: str) -> list[answer_stage.IssueRe
         steps = [s for s in _executed(state) if s.get("issue") == issue]
         done = [s for s in steps if s["status"] == "completed"]
         if done:  # an adaptive retry of a completed step adds its passages to the first's
-            ids = dict.fromkeys(
-                i for s in done for i in s["execution"].get("retrieved_doc_ids") or []
-            )
-            docs = [passages[i] for i in ids if i in passages]
+            ids = [i for s in done for i in s["execution"].get("retrieved_doc_ids") or []]
+            docs = [passages[i] for i in dict.fromkeys(ids) if i in passages]
             facts = done[-1].get("facts")
             out.append(answer_stage.IssueResearch(issue, docs, facts=facts, chosen=chosen))
         elif steps:
