@@ -230,18 +230,14 @@ def link_doctrines(
             if sim > 0:
                 scores[did] += sim
         picked.update(ids[i] for i in sims.argsort()[::-1][:k])
-    ranked = sorted(scores, key=lambda d: (-scores[d], d))
     out: list[Doctrine] = []
     per_root: Counter[str] = Counter()
-    for did in ranked:
+    for did in sorted(picked & scores.keys(), key=lambda d: (-scores[d], d)):
         root = tax.root(did)
-        if did not in picked or per_root[root] >= MAX_PER_CLAIM:
-            continue
-        per_root[root] += 1
-        out.append(tax[did])
-        if len(out) >= k:
-            break
-    return out
+        if per_root[root] < MAX_PER_CLAIM:
+            per_root[root] += 1
+            out.append(tax[did])
+    return out[:k]
 
 
 def issue_doctrine(issue: str, tax: Taxonomy) -> str | None:

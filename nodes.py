@@ -618,7 +618,6 @@ def _memory_entry(
     step: PlanStep, strategy: dict, docs: list[Passage], ctx: AgentContext, dead_ends: list[str]
 ) -> MemoryEntry:
     """The working memory's entry for an executed step: what it searched and what it found."""
-    execution = step["execution"] or {}
     return {
         "step_id": step["step_id"],
         "query": (strategy.get("queries") or [step["question"]])[0],
@@ -627,8 +626,8 @@ def _memory_entry(
             "count": len(docs),
             "source_types": dict(Counter(ctx.source_type(d) for d in docs)),
             "titles": [d.get("title") or d["id"] for d in docs[:3]],
-            "top_score": execution.get("evidence_score", 0.0),
-            "confidence": execution.get("confidence", 0.0),
+            "top_score": step["execution"]["evidence_score"],
+            "confidence": step["execution"]["confidence"],
         },
         "leads": leads(step.get("issue") or "", docs),
         "dead_ends": dead_ends,
