@@ -974,13 +974,12 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
     fit and a named issue are always applied, and so is the first unraised one when no other is."""
     rule_question = stage.q.kind == "rule_question"
     floor, guard = (ASKED_FIT, "not_asked") if rule_question else (FACT_FIT, "off_facts")
-    stage.bearing = borne_on(stage, ruled)
     asked = stage.q.asked if stage.q.kind == "fact_pattern" else ""
     named = [item.chosen or bool(asked) and named_in(item.issue, asked) for _, item, *_ in ruled]
     # A named issue keeps the facts the model ties to it (guard named_issue's "Dana" trial), new
     # ones too: "Dana had planned to keep the laptop" reads nearer work product's "tangible things".
     stage.named = {item.issue for (_, item, *_), name in zip(ruled, named, strict=True) if name}
-    stage.bearing |= stage.named
+    stage.bearing = borne_on(stage, ruled) | stage.named
     low = min(floor, max((fit for *_, fit in ruled), default=1.0))  # the best fit is applied
     low_fit = [n > 0 and fit < low for n, (*_, fit) in enumerate(ruled)]
     unfit = [far and not name for far, name in zip(low_fit, named, strict=True)]

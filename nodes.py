@@ -767,7 +767,6 @@ def make_evaluator(forced_mode: str | None = None) -> Callable:
                 ok = not step["execution"].get("gated")
                 graded.append({**step, "status": "completed" if ok else "failed"})
         table = merge_steps(state.get("planning_table"), graded)
-        iterations = len(_executed(state))
         cap = ctx.settings.agent.max_iterations
         pending = [p for p in table if p["status"] == "pending" and not p["execution"]]
         failed = [p for p in graded if p["status"] == "failed" and p.get("phase") != "retry"]
@@ -777,7 +776,7 @@ def make_evaluator(forced_mode: str | None = None) -> Callable:
         route: AnswerRoute
         if left is not None and left < MC_RESERVE_S:
             route, stop = "answer", f"deadline: {max(left, 0):.0f}s of RUN_TIMEOUT left"
-        elif iterations >= cap and (pending or failed or adaptive):
+        elif len(_executed(state)) >= cap and (pending or failed or adaptive):
             route, stop = "answer", f"iteration limit {cap} reached"
         elif failed and not any(  # its other angle is not planned yet
             s.get("issue") == failed[0].get("issue") and s["step_id"] > failed[0]["step_id"]
