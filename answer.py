@@ -563,17 +563,16 @@ def apply_rule(
         parsed = complete_checks(result.text)
     if parsed is None:
         return None
-    checks: dict[int, Check] = {}
-    for f in parsed.checks:
-        if 1 <= f.n <= len(reqs) and f.n not in checks:
-            fact = _fact_text(f.fact, facts)
-            met = "unclear" if fact == NOT_STATED_FACT else f.met
-            checks[f.n] = Check(requirement=reqs[f.n - 1], fact=fact, met=met)
-    if not checks:
+    # the first finding per requirement; one the reply left out is not decided
+    found = {f.n: f for f in reversed(parsed.checks) if 1 <= f.n <= len(reqs)}
+    if not found:
         return None
-    for n, r in enumerate(reqs, 1):  # a requirement the reply left out is not decided
-        checks.setdefault(n, Check(requirement=r, fact=NOT_STATED_FACT, met="unclear"))
-    return [checks[n] for n in sorted(checks)]
+    checks = []
+    for n, r in enumerate(reqs, 1):
+        fact = _fact_text(found[n].fact, facts) if n in found else NOT_STATED_FACT
+        met = "unclear" if fact == NOT_STATED_FACT else found[n].met
+        checks.append(Check(requirement=r, fact=fact, met=met))
+    return checks
 
 
 def related_checks(
