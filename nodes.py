@@ -256,12 +256,6 @@ RUN_SCOPED: dict[str, Any] = dict(
 checkpointed thread keeps its state between runs)."""
 
 
-def law_asked(ctx: AgentContext, question: str) -> str:
-    """The name of the state or country whose law ``question`` asks for ("" for none)."""
-    law = ctx.state_law(question_mod.split_question(question)[1]) if ctx.state_law else None
-    return law.name if law else ""
-
-
 def _memory_hit(state: AgentState, ctx: AgentContext, q: Question) -> dict | None:
     """The QA memory's answer that serves this very question (None: none does)."""
     reading = state.get("reading") or {}
@@ -286,8 +280,10 @@ def _memory_hit(state: AgentState, ctx: AgentContext, q: Question) -> dict | Non
         return None
     # Nor does an answer under one state's law serve another's ("Under Ohio law, ..." got the
     # answer saved for "Under Colorado law, ..." at 0.92, though no source is Ohio law).
-    if ctx.state_law and len({law_asked(ctx, t) for t in texts}) > 1:
-        return None
+    if ctx.state_law:
+        laws = [ctx.state_law(question_mod.split_question(t)[1]) for t in texts]
+        if len({law.name if law else "" for law in laws}) > 1:
+            return None
     return hit
 
 
