@@ -141,7 +141,7 @@ drops 9 of 56 names; report half 14 of 56, none gold-finding; docs/MEASUREMENTS.
 
 def candidate_search(ctx: AgentContext, name: str, facts: Sequence[str]) -> list[Passage]:
     """The passages a research step for candidate ``name`` would find first (its first search)."""
-    kept = answer_stage.issue_facts(name, list(facts), ctx.embed) if facts else []
+    kept = answer_stage.issue_facts(name, facts, ctx.embed)
     k = ctx.settings.agent.retrieval_k
     return ctx.search(FIRST_SEARCH, step_for(1, name, kept)["strategy"]["queries"], k, [])[:k]
 
@@ -883,8 +883,7 @@ def adaptive_move(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]
         update["chain_of_thought"] = _noted(state, f"complete ({why})")
         return update, f"complete: {why}", "answer"
     issue = picked[0]
-    facts = answer_stage.issue_facts(issue, list(q.facts), ctx.embed) if q.facts else []
-    step = step_for(_next_id(state), issue, facts)
+    step = step_for(_next_id(state), issue, answer_stage.issue_facts(issue, q.facts, ctx.embed))
     step["strategy"]["rewrite"] = True
     update.update(
         planning_table=[step],
@@ -976,23 +975,19 @@ right 12 times of 40 against lean's 14, so it reads what lean reads, and the res
 only when lean's retrieval falls below the gate (docs/MEASUREMENTS_HISTORY.md, stop 30)."""
 
 
-def mc_passages(state: AgentState, extra: list[Passage]) -> list[dict]:
-    """The passages the MC prompt reads: ``extra`` (lean's retrieval), then up to
-    MC_RESEARCH_PASSAGES the answer (or a cached one) cites, all of them when lean found nothing."""
+def mc_evidence(state: AgentState, extra: list[Passage]) -> tuple[list[dict], str | None]:
+    """The passages the MC prompt reads and their evidence block (None: no passage): ``extra``
+    (lean's retrieval), then up to MC_RESEARCH_PASSAGES the answer (or a cached one) cites, all of
+    them when lean found nothing.  Each lean passage gets as many characters as lean mode gives it
+    (the research's passages add to the prompt, they do not crowd lean's out)."""
     record = state.get("answer") or {}
     passages = state.get("passages") or {}
     cited = [c["passage_id"] for c in record.get("citations") or []] or list(passages)
     lean_ids = {d["id"] for d in extra}
     research = [passages[i] for i in dict.fromkeys(cited) if i in passages and i not in lean_ids]
-    return [*extra, *(research[:MC_RESEARCH_PASSAGES] if extra else research)]
-
-
-def mc_evidence(docs: list[dict], lean_count: int) -> str:
-    """The MC prompt's evidence: each lean passage gets as many characters as lean mode gives it
-    (the research's passages add to the prompt, they do not crowd lean's out)."""
-    if not lean_count:
-        return prompts.format_evidence(docs)
-    return prompts.format_evidence(docs, max_chars=prompts.EVIDENCE_CHARS // lean_count * len(docs))
+    shown = [*extra, *(research[:MC_RESEARCH_PASSAGES] if extra else research)]
+    chars = prompts.EVIDENCE_CHARS // len(extra) * len(shown) if extra else prompts.EVIDENCE_CHARS
+    return shown, prompts.format_evidence(shown, max_chars=chars) or None
 
 
 LEAN_REASONING = "The model's reasoning, in its own words (not checked against the passages):"
@@ -1026,8 +1021,7 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         }
     except Exception as exc:  # noqa: BLE001 - the research's own evidence still stands
         logger.warning("lean retrieval for the letter failed: %s", exc)
-    shown = mc_passages(state, extra)
-    evidence_text = mc_evidence(shown, len(extra)) or None
+    shown, evidence_text = mc_evidence(state, extra)
     result = mc.select_answer(ctx.client, q.text, choices, evidence_text)
     record = dict(state.get("answer") or {})
     line = mc.answer_line(result.letter, choices)
