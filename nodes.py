@@ -1063,10 +1063,13 @@ ROUTINE_GUARDS = frozenset({"off_doctrine", "off_facts", "named_issue"})
 an answer where they fired may still be cached."""
 
 
-def cache_blockers(state: AgentState, ctx: AgentContext) -> list[str]:
-    """Why this run's answer must not be cached (empty: it may be)."""
-    why: list[str] = []
-    record = state.get("answer") or {}
+@_traced("memory_writeback")
+def memory_writeback(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
+    """Cache the answer (never the MC selection) when it is trustworthy and new."""
+    why: list[str] = []  # why it must not be cached; the first is the decision
+    record, passages = state.get("answer") or {}, state.get("passages") or {}
+    if _reading(state, "follow_up"):
+        why.append("a follow-up: its facts are its thread's")
     if recalled(state):
         why.append("answer came from memory")
     if answer_mode(state, ctx) == "evidence":
@@ -1086,18 +1089,8 @@ def cache_blockers(state: AgentState, ctx: AgentContext) -> list[str]:
         why.append(f"{n} failed LLM call(s)")
     if state.get("fallbacks"):
         why.append(f"fallback: {state['fallbacks'][0]}")
-    return why
-
-
-@_traced("memory_writeback")
-def memory_writeback(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """Cache the answer (never the MC selection) when it is trustworthy and new."""
-    blockers = cache_blockers(state, ctx)
-    if _reading(state, "follow_up"):
-        blockers.insert(0, "a follow-up: its facts are its thread's")
-    if blockers:
-        return {}, f"skip: {blockers[0]}"
-    record, passages = state.get("answer") or {}, state.get("passages") or {}
+    if why:
+        return {}, f"skip: {why[0]}"
     sources = [  # the passages the answer cites, with the sentence each is cited for
         {
             **passages.get(c["passage_id"], {}),
