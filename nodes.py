@@ -1157,31 +1157,26 @@ def compute_metrics(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     }
 
 
-def turn(state: AgentState) -> Turn:
-    """What the thread keeps of this question for its follow-ups."""
-    q, reading = state["parsed"], state.get("reading") or {}
+@_traced("observability")
+def observability(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
+    """The run's metrics, and what its thread keeps of the question for follow-ups (``turns``)."""
+    metrics = compute_metrics(state, ctx)
+    logger.info("run metrics: %s", metrics)
+    q, passages = state["parsed"], state.get("passages") or {}
     steps = [s for s in state.get("planning_table") or [] if s["status"] == "completed"]
     ids = {i for s in steps for i in s["execution"].get("retrieved_doc_ids") or []}
-    passages = state.get("passages") or {}
-    return {
+    turn: Turn = {
         "question": state["question"],
         "facts": list(q.facts),
         "asked": q.asked,
-        "reading": _classified(reading),
+        "reading": _classified(state.get("reading") or {}),
         "issues": planned(state),
         "steps": steps,
         "passages": {i: passages[i] for i in ids if i in passages},
         "answer": state.get("answer") or {},
     }
-
-
-@_traced("observability")
-def observability(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """The run's metrics, and the question kept on its thread (``turns``)."""
-    metrics = compute_metrics(state, ctx)
-    logger.info("run metrics: %s", metrics)
     return (
-        {"run_metrics": metrics, "turns": [turn(state)]},
+        {"run_metrics": metrics, "turns": [turn]},
         f"{metrics['llm_calls']} LLM calls, {metrics['steps_completed']} completed / "
         f"{metrics['steps_failed']} failed steps",
     )
