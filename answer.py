@@ -240,7 +240,7 @@ class AnswerRecord:
     lean: dict[str, Any] | None = None
     """Multiple choice: lean's retrieval for the letter (route, evidence_score, gate, ids)."""
     reused: list[str] = field(default_factory=list)
-    """A follow-up's issues whose application is the thread's earlier one (:func:`_carried`)."""
+    """A follow-up's issues whose application is the thread's earlier one (:func:`_checks`)."""
     others: list[str] = field(default_factory=list)
     """Candidates left off the agenda, named after the answer (:meth:`shown`): the user's next
     step (``--issues``, ``--review``) where the research missed."""
@@ -909,16 +909,19 @@ def _answered(
 
 Applied = tuple[list[Check] | None, bool, int, bool]
 """An issue's application (None: none, or an unusable reply), whether its rule was cut into
-requirements, the checks dropped as unrelated, and whether it is the thread's (:func:`_carried`)."""
+requirements, the checks dropped as unrelated, and whether it is the thread's (:func:`_checks`)."""
 
 
 def _checks(stage: _Stage, issue: str, rule: list) -> Applied:
-    """The application of a fact pattern's rule to its facts."""
+    """The application of a fact pattern's rule to its facts.  A follow-up's is carried over from
+    its thread where the same rule's requirements were applied to the earlier facts and no new fact
+    bears on it (:func:`borne_on`)."""
     reqs = [] if stage.q.kind == "rule_question" else requirements([s for _, s in rule])
     if not reqs or not stage.q.facts:  # the rule is quoted, with nothing to apply it to
         return None, False, 0, False
-    if (carried := _carried(stage, issue, reqs)) is not None:
-        return carried, True, 0, True
+    earlier = stage.earlier.get(issue)
+    if issue not in stage.bearing and earlier and {c["requirement"] for c in earlier} == set(reqs):
+        return [Check(**c) for c in earlier], True, 0, True
     applied = apply_rule(stage.client, issue, reqs, stage.q.facts, later=len(stage.q.earlier))
     if applied is None:
         return None, True, 0, False
@@ -939,16 +942,6 @@ def _applications(stage: _Stage, todo: Sequence[tuple[str, list]]) -> list[Appli
         stage.fire("named_issue" if issue in stage.named else "unrelated_fact", unrelated)
         stage.reused += [issue] if carried else []
     return done
-
-
-def _carried(stage: _Stage, issue: str, items: list[str]) -> list[Check] | None:
-    """A follow-up's application of ``issue`` carried over from its thread: the same rule's
-    requirements were applied to the earlier facts, and no new fact bears on it
-    (:func:`borne_on`).  None: apply it anew."""
-    earlier = stage.earlier.get(issue)
-    if issue in stage.bearing or not earlier or {c["requirement"] for c in earlier} != set(items):
-        return None
-    return [Check(**c) for c in earlier]
 
 
 def borne_on(stage: _Stage, ruled: Sequence[Ruled]) -> set[str]:
@@ -1068,7 +1061,7 @@ def build_record(
     """The answer to ``question`` from each issue's research.  ``decline``: why the research
     declines the question as asked (the record abstains, no model call).  ``verdict_support``: the
     support a reading needs to be shown (above 1: none is).  ``earlier``: a follow-up's thread,
-    each issue's application in its last answer (:func:`_carried`)."""
+    each issue's application in its last answer (:func:`_checks`)."""
     stage = _Stage(client, question, embed, policy, verdict_support, earlier=earlier or {})
     if decline:
         return stage.record([], decline, "the sources do not cover this question as asked")
