@@ -1020,9 +1020,8 @@ def _unanswerable(stage: _Stage, issues: list[IssueAnswer]) -> str:
         return ""
     stage.fire("off_question")
     titles = {c.n: c.title or c.passage_id for c in stage.cited.values()}
-    cited = [dict.fromkeys(titles[n] for s in i.sentences for n in s.cites) for i in answered]
-    pairs = zip(answered, cited, strict=True)
-    found = "; ".join(f"{', '.join(t)} (for {i.issue})" for i, t in pairs)
+    cited = [(i, dict.fromkeys(titles[n] for s in i.sentences for n in s.cites)) for i in answered]
+    found = "; ".join(f"{', '.join(t)} (for {i.issue})" for i, t in cited)
     for n, i in enumerate(issues):
         if i.status == "answered":
             issues[n] = IssueAnswer(i.issue, "no_evidence", why="its rule is about another matter")
@@ -1038,10 +1037,8 @@ def _tail(stage: _Stage, applied: Sequence[IssueAnswer]) -> tuple[Verdict | None
     if not stage.q.yes_no:
         return None, [in_short(stage.q.asked, applied)]
     decided = bottom_line(stage.client, stage.q.asked, applied, stage.fire, stage.bar)
-    if decided is None:
-        stage.fire("unparsed_bottom_line")
-        return None, []
-    return decided, [decided[-1]]
+    stage.fire("unparsed_bottom_line", decided is None)
+    return decided, [decided[-1]] if decided else []
 
 
 NO_ANSWER = "No answer"
