@@ -1054,8 +1054,7 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         record.update(abstained=True, why="the model named no letter")
     retried = " after strict retry" if result.retried else ""
     closed = ", closed-book" if evidence_text is None else ""
-    decision = f"({result.letter}) via {result.strategy}{retried}{closed}"
-    return {"answer": record}, decision
+    return {"answer": record}, f"({result.letter}) via {result.strategy}{retried}{closed}"
 
 
 ROUTINE_GUARDS = frozenset({"off_doctrine", "off_facts", "named_issue"})
