@@ -541,7 +541,11 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         # A question closest to the user's own document is researched in it first: the 1.5B
         # passed over a lease that settles a deposit question for the general rules.
         issues = list(dict.fromkeys([own, *issues] if own else issues))
-    issues, fallbacks = (issues, []) if issues else _fallback_agenda(ctx, q.text)
+    # no issue named: the linked doctrines are researched, else the question itself
+    fallbacks = [] if issues else ["planner: no issues named (the linked doctrines are researched)"]
+    if not issues and not (issues := linked_doctrines(ctx, q.text)):
+        fallbacks.append("planner: no issues named or linked (the question itself is researched)")
+        issues = [q.text]
     adaptive = ctx.settings.agent.research_policy == "adaptive" and not kept
     if not (kept or q.issues or adaptive):
         # The model's picks beyond MAX_STEPS are not its agenda: its fourth was a doctrine the
@@ -566,15 +570,6 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     return update, _steps_decision(update, given)
 
 
-def _fallback_agenda(ctx: AgentContext, question: str) -> tuple[list[str], list[str]]:
-    """The agenda when no issue was named (the linked doctrines, else the question itself)."""
-    taken = ["planner: no issues named (the linked doctrines are researched)"]
-    if issues := linked_doctrines(ctx, question):
-        return issues, taken
-    taken.append("planner: no issues named or linked (the question itself is researched)")
-    return [question], taken
-
-
 REVIEW_HOW = (
     "Press Enter to keep the agenda, or type the issues to research, separated by ';': a number "
     "from the lists above, or an issue in your own words (e.g. '1; 4; Conversion')."
@@ -597,8 +592,7 @@ def review(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """Plan review (``--review``; LangGraph's ``interrupt``): the run pauses with the agenda and
     the other candidates, and goes on with the agenda the reply sets (``Command(resume=...)``)."""
     issues = planned(state)
-    candidates = _reading(state, "candidates") or []
-    others = [c for c in candidates if c not in issues]
+    others = [c for c in _reading(state, "candidates") or [] if c not in issues]
     reply = interrupt({"agenda": issues, "candidates": others, "how": REVIEW_HOW})
     agenda = reviewed_agenda(reply, issues + others, ctx.doctrine_named)
     if not agenda or agenda == issues:
