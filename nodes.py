@@ -830,17 +830,6 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]:
     return {"planning_table": [retry], "chain_of_thought": memory}, decision, "executor"
 
 
-def findings(memory: Sequence[MemoryEntry], issues: Sequence[str]) -> str:
-    """The adaptive replanner's view of the research so far: one line per step."""
-    lines = []
-    for e, issue in zip(memory, issues, strict=False):
-        r = e["results"]
-        line = f"- {issue}: evidence {r['top_score']:.2f}; found: {'; '.join(r.get('titles') or []) or 'nothing'}"
-        line += f"; leads: {'; '.join(e['leads']) or 'none'}; dead ends: {'; '.join(e['dead_ends']) or 'none'}"
-        lines.append(line)
-    return "\n".join(lines) or "(none)"
-
-
 def adaptive_move(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]:
     """The adaptive policy's next move: the ``replan`` call reads the findings and answers
     next_step (the planner's other picks, then the leads), retry or complete; an unusable reply
@@ -853,9 +842,14 @@ def adaptive_move(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]
         c for c in dict.fromkeys([*reading.get("suggested", []), *leads]) if c not in issues
     ]
     listed = "\n".join(f"{n}. {c}" for n, c in enumerate(candidates, 1)) or "(none)"
-    steps = [s.get("issue") or "" for s in done]
+    findings = "\n".join(  # the research so far, one line per step
+        f"- {s.get('issue') or ''}: evidence {e['results']['top_score']:.2f}; found: "
+        f"{'; '.join(e['results'].get('titles') or []) or 'nothing'}; leads: "
+        f"{'; '.join(e['leads']) or 'none'}; dead ends: {'; '.join(e['dead_ends']) or 'none'}"
+        for e, s in zip(memory, done, strict=False)
+    )
     result = prompts.call(
-        ctx.client, "replan", objective=q.text, findings=findings(memory, steps), candidates=listed
+        ctx.client, "replan", objective=q.text, findings=findings or "(none)", candidates=listed
     )
     move, update = result.parsed, {}
     if move is None:  # the agenda's next issue, as the agenda policy would research it
