@@ -500,8 +500,7 @@ def _deciding(checks: Sequence[Check], reading: Met) -> list[Check]:
 def reading_support(checks: Sequence[Check], reading: Met) -> float | None:
     """The least support of a check the reading rests on (a requirement "met" by a fact far from
     it is the 1.5B's usual error); None when it rests on none."""
-    deciding = _deciding(checks, reading)
-    return min((c.support or 0.0) for c in deciding) if deciding else None
+    return min((c.support or 0.0 for c in _deciding(checks, reading)), default=None)
 
 
 TURNS_ON = 3
