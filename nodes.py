@@ -384,15 +384,12 @@ def off_topic(
     score: float | None = None,
 ) -> str:
     """Why an open question is off topic as asked ("" when it is not), checked before any research
-    (which can turn gibberish into a legal topic):
-    - not in English (``prompts.in_english``);
-    - a question of law in a field outside ``prompts.COVERED_AREAS`` whose closest passages score
-      below :data:`FIELD_EVIDENCE` (unless the collection holds the user's own documents);
-    - it asks what a state's law provides (``law``) and no passage is that state's law;
-    - a rule question whose subject (the classifier's ``topic``) uses words no passage uses;
-    - every sentence's closest passages score below LEAN_GATE (a fact pattern only when the
-      classifier reads no question of law in it: lay words sit far from the rule's passages).
-    ``score``: the question's ``AgentContext.question_score`` when the classifier has it."""
+    (which can turn gibberish into a legal topic): not in English; of a field outside
+    ``prompts.COVERED_AREAS`` with its closest passages below :data:`FIELD_EVIDENCE`; asking for a
+    state's law no source holds; a rule question whose subject (``topic``) uses words no passage
+    uses; every sentence's closest passages below LEAN_GATE (a fact pattern only when the classifier
+    reads no question of law in it: lay words sit far from the rule's passages).  ``score``: the
+    question's ``AgentContext.question_score`` when the classifier has it."""
     if not prompts.in_english(question):
         return f"{OFF_TOPIC}: it is not in English, the language of the sources; ask it in English"
     outside = legal and area not in ("", "none", *prompts.COVERED_AREAS)
