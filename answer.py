@@ -1,20 +1,15 @@
-"""The answer stage: one typed answer record, decided once, that applies the law to the facts.
+"""The answer stage: one typed answer record, decided once, that applies the law to the facts
+(docs/ARCHITECTURE.md, "The answer stage").
 
-The research hands over, per agenda issue, the passages its step found (or none).  This stage
-writes the answer in the shape of a bar essay:
+Per agenda issue, from the passages its research found, the answer is a bar essay: the **rule**
+(sentences of its passages quoted verbatim, chosen by cosine to the issue and its facts, each
+cited), the **application** (one call, ``skills/apply_rule.md``: per requirement, the stated fact
+that meets or fails it), the **conclusion** (every requirement met: the rule applies; one failed: it
+does not; else the facts do not settle it), then the **bottom line** (a yes/no question: one call,
+``skills/bottom_line.md``, from the conclusions; a "which ..." question: the issues by conclusion).
 
-- **Rule**: per issue, sentences of its passages quoted verbatim (chosen by embedding cosine to
-  the issue and its facts), each cited.
-- **Application**: one call per issue (``skills/apply_rule.md``) names, per requirement, the
-  stated fact that meets or fails it.
-- **Conclusion**: every requirement met, the rule applies; one failed, it does not; else the
-  stated facts do not settle it.
-- **Bottom line**: a yes/no question gets one call (``skills/bottom_line.md``) answering it from
-  the conclusions; a "which ..." question gets the issues grouped by conclusion.
-
-Each heuristic on the way (a passage on another doctrine, a rule far from the facts or from the
-question, a fact unrelated to its requirement) is a named guard of :data:`GUARDS`.  Under the
-**evidence policy** (``ANSWER_MODE=evidence``) each rule sentence must also pass the grounding gate
+Each heuristic on the way is a named guard of :data:`GUARDS`.  Under the **evidence policy**
+(``ANSWER_MODE=evidence``) each rule sentence must also pass the grounding gate
 (``skills/verify_quotes.md``).  A rule question states the rule as its source does
 (:func:`lead_rule`).  With no passage to stand on, the record abstains and says why.  Everything
 the CLI, the exit code, the QA memory and the evals need is a field of :class:`AnswerRecord`.
