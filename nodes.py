@@ -237,9 +237,8 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         **{k: Overwrite([]) for k in ("planning_table", "flagged_passages", "fallbacks", "trace")},
     }
     if not check["is_safe"]:
-        text = ctx.rejection_message(check)
         why = f"rejected as a prompt injection: {check['reason']}"
-        record = answer_stage.AnswerRecord.declined(q.kind, text, why)
+        record = answer_stage.AnswerRecord.declined(q.kind, ctx.rejection_message(check), why)
         update.update(stop_reason="injection", answer=record.to_dict())
     if check["is_safe"] and check["injection_check"] == "full" and check["llm_verdict"] == "safe":
         # the model's reason for a plain "safe" says nothing (the embedded model copies its
@@ -310,8 +309,7 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     kept = {"score": score} if score is not None else {}  # the planner's off-topic check reads it
     if why := reading_moot(q, ctx, score):
         return {"reading": kept}, f"not classified: {why}"
-    result = prompts.call(ctx.client, "classify", question=q.text)
-    if (got := result.parsed) is not None:
+    if (got := prompts.call(ctx.client, "classify", question=q.text).parsed) is not None:
         reading = {"legal": got.legal, "area": got.area, "topic": got.topic}
         return {"reading": {**kept, **reading}}, got.area if got.legal else "not law"
     update = {"reading": kept, "fallbacks": ["classifier: unparseable reply"]}
@@ -914,7 +912,6 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     stop = state.get("stop_reason") or ""
     # a follow-up's thread: each issue's application in the last answer on it
     last = (last_turn(state).get("answer") or {}) if _reading(state, "follow_up") else {}
-    earlier = {i["issue"]: i["checks"] for i in last.get("issues") or [] if i.get("checks")}
     record = answer_stage.build_record(
         ctx.client,
         q,
@@ -923,7 +920,7 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         decline=_reading(state, "decline") or "",
         policy="evidence" if answer_mode(state, ctx) == "evidence" else "research",
         verdict_support=ctx.verdict_support(),
-        earlier=earlier,
+        earlier={i["issue"]: i["checks"] for i in last.get("issues") or [] if i.get("checks")},
     )
     if not record.abstained:
         record.others = passed_over(state, ctx, record.quoted_doctrines)
