@@ -73,12 +73,11 @@ class Taxonomy:
     def __init__(self, doctrines: Sequence[Doctrine], fingerprint: str) -> None:
         self.doctrines: dict[str, Doctrine] = {d.id: d for d in doctrines}
         self.fingerprint = fingerprint
-        index: dict[tuple[str, ...], list[str]] = defaultdict(list)
+        index: dict[tuple[str, ...], dict[str, None]] = defaultdict(dict)  # ids as ordered sets
         for d in doctrines:
             for alias in (d.name, *d.aliases):
-                words = tuple(tokens(alias))
-                if words and d.id not in index[words]:
-                    index[words].append(d.id)
+                if words := tuple(tokens(alias)):
+                    index[words][d.id] = None
         self._aliases = {k: tuple(v) for k, v in index.items()}
         self._max_len = max((len(k) for k in index), default=0)
         self._first = {k[0] for k in index}
