@@ -712,16 +712,14 @@ def memory_lines(state: AgentState) -> str:
     lines = []
     for e in state.get("chain_of_thought") or []:
         r, s = e["results"], e["strategy"]
-        line = (
+        parts = [
             f"- step {e['step_id']} [{s.get('executed_as', s.get('search_type', '?'))}] "
-            f"{_short(e['query'], 70)!r}: {r['count']} passages, evidence {r['top_score']:.2f}"
-        )
-        if r.get("titles"):
-            line += f"; top: {'; '.join(_short(t, 40) for t in r['titles'])}"
-        line += f"; dead ends: {'; '.join(e['dead_ends']) or 'none'}"
-        if e["next_steps"]:
-            line += f"; next: {'; '.join(e['next_steps'])}"
-        lines.append(line)
+            f"{_short(e['query'], 70)!r}: {r['count']} passages, evidence {r['top_score']:.2f}",
+            f"top: {'; '.join(_short(t, 40) for t in r['titles'])}" if r.get("titles") else "",
+            f"dead ends: {'; '.join(e['dead_ends']) or 'none'}",
+            f"next: {'; '.join(e['next_steps'])}" if e["next_steps"] else "",
+        ]
+        lines.append("; ".join(p for p in parts if p))
     return "\n".join(lines)
 
 
