@@ -360,9 +360,8 @@ def candidate_doctrines(
             else ctx.retrieve([question], CANDIDATE_PASSAGES, [])
         )
         titles = [d.get("title") or "" for d in found]
-        # the user's own document (``load_corpus.py docs``: metadata ``doc_id``)
-        mine = found and (found[0].get("metadata") or {}).get("doc_id")
-        own = " ".join(titles[0].split()) if mine else ""
+        if found and (found[0].get("metadata") or {}).get("doc_id"):  # load_corpus.py docs
+            own = " ".join(titles[0].split())
     except Exception as exc:  # noqa: BLE001 - candidates are an aid; the plan still runs
         logger.warning("candidate retrieval failed: %s", exc)
     out: dict[str, str] = {}  # one candidate per doctrine (doctrine_key)
