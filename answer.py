@@ -1,20 +1,15 @@
-"""The answer stage: one typed answer record, decided once, that applies the law to the facts.
+"""The answer stage: one typed answer record, decided once, that applies the law to the facts
+(docs/ARCHITECTURE.md, "The answer stage").
 
-The research hands over, per agenda issue, the passages its step found (or none).  This stage
-writes the answer in the shape of a bar essay:
+Per agenda issue, from the passages its research found, the answer is a bar essay: the **rule**
+(sentences of its passages quoted verbatim, chosen by cosine to the issue and its facts, each
+cited), the **application** (one call, ``skills/apply_rule.md``: per requirement, the stated fact
+that meets or fails it), the **conclusion** (every requirement met: the rule applies; one failed: it
+does not; else the facts do not settle it), then the **bottom line** (a yes/no question: one call,
+``skills/bottom_line.md``, from the conclusions; a "which ..." question: the issues by conclusion).
 
-- **Rule**: per issue, sentences of its passages quoted verbatim (chosen by embedding cosine to
-  the issue and its facts), each cited.
-- **Application**: one call per issue (``skills/apply_rule.md``) names, per requirement, the
-  stated fact that meets or fails it.
-- **Conclusion**: every requirement met, the rule applies; one failed, it does not; else the
-  stated facts do not settle it.
-- **Bottom line**: a yes/no question gets one call (``skills/bottom_line.md``) answering it from
-  the conclusions; a "which ..." question gets the issues grouped by conclusion.
-
-Each heuristic on the way (a passage on another doctrine, a rule far from the facts or from the
-question, a fact unrelated to its requirement) is a named guard of :data:`GUARDS`.  Under the
-**evidence policy** (``ANSWER_MODE=evidence``) each rule sentence must also pass the grounding gate
+Each heuristic on the way is a named guard of :data:`GUARDS`.  Under the **evidence policy**
+(``ANSWER_MODE=evidence``) each rule sentence must also pass the grounding gate
 (``skills/verify_quotes.md``).  A rule question states the rule as its source does
 (:func:`lead_rule`).  With no passage to stand on, the record abstains and says why.  Everything
 the CLI, the exit code, the QA memory and the evals need is a field of :class:`AnswerRecord`.
@@ -55,20 +50,18 @@ FACT_SENTENCES = 3
 """Sentences of a fact pattern kept with an issue (the closest to it by cosine)."""
 FACT_FIT = 0.33
 """Cosine of an issue's quoted rule to the closest fact sentence below which the facts do not raise
-the issue (``off_facts``); the planner's first issue and the best fit are always applied.  The low
-end of the tune half's plateau (docs/MEASUREMENTS_HISTORY.md, "`FACT_FIT` re-tuned")."""
+the issue (``off_facts``): the low end of the tune half's plateau (docs/MEASUREMENTS_HISTORY.md,
+"`FACT_FIT` re-tuned")."""
 FACT_RELEVANCE = 0.10
 """Cosine of a requirement to the fact a check names below which that fact cannot decide it
-(``unrelated_fact``): the 1.5B marks most requirements met by some unrelated fact.  Chosen on the
-tune half (docs/MEASUREMENTS_HISTORY.md, stop 36)."""
+(``unrelated_fact``, stop 36): the 1.5B marks most requirements met by some unrelated fact."""
 ASKED_FIT = 0.45
 """Cosine of an issue's quoted rule to a rule question below which the question does not ask about
-it (``not_asked``): noise picks sit below 0.45, a second doctrine asked about at 0.5-0.7.  Chosen on
-one half of the rule questions (docs/MEASUREMENTS_HISTORY.md, stop 44)."""
+it (``not_asked``, stop 44): noise picks sit below 0.45, a second doctrine asked about 0.5-0.7."""
 QUESTION_FIT = 0.20
 """Cosine of an open question to the closest rule sentence of its answer below which the rules are
-about other matters and the answer is declined (``off_question``; a singer's video answered with
-commercial speech scores 0.13).  Chosen on the tune half (docs/MEASUREMENTS_HISTORY.md, stop 37)."""
+about other matters and the answer is declined (``off_question``, stop 37: a singer's video
+answered with commercial speech scores 0.13)."""
 DOCTRINE_MATCH = 0.30
 """Cosine of an issue's name to a passage's title below which the passage is on another doctrine
 (``off_doctrine``): all-MiniLM-L6-v2 puts a doctrine and its own passage at 0.45-0.85."""
@@ -246,7 +239,7 @@ class AnswerRecord:
     lean: dict[str, Any] | None = None
     """Multiple choice: lean's retrieval for the letter (route, evidence_score, gate, ids)."""
     reused: list[str] = field(default_factory=list)
-    """A follow-up's issues whose application is the thread's earlier one (:func:`_carried`)."""
+    """A follow-up's issues whose application is the thread's earlier one (:func:`_checks`)."""
     others: list[str] = field(default_factory=list)
     """Candidates left off the agenda, named after the answer (:meth:`shown`): the user's next
     step (``--issues``, ``--review``) where the research missed."""
@@ -512,8 +505,7 @@ def _deciding(checks: Sequence[Check], reading: Met) -> list[Check]:
 def reading_support(checks: Sequence[Check], reading: Met) -> float | None:
     """The least support of a check the reading rests on (a requirement "met" by a fact far from
     it is the 1.5B's usual error); None when it rests on none."""
-    deciding = _deciding(checks, reading)
-    return min((c.support or 0.0) for c in deciding) if deciding else None
+    return min((c.support or 0.0 for c in _deciding(checks, reading)), default=None)
 
 
 TURNS_ON = 3
@@ -575,17 +567,16 @@ def apply_rule(
         parsed = complete_checks(result.text)
     if parsed is None:
         return None
-    checks: dict[int, Check] = {}
-    for f in parsed.checks:
-        if 1 <= f.n <= len(reqs) and f.n not in checks:
-            fact = _fact_text(f.fact, facts)
-            met = "unclear" if fact == NOT_STATED_FACT else f.met
-            checks[f.n] = Check(requirement=reqs[f.n - 1], fact=fact, met=met)
-    if not checks:
+    # the first finding per requirement; one the reply left out is not decided
+    found = {f.n: f for f in reversed(parsed.checks) if 1 <= f.n <= len(reqs)}
+    if not found:
         return None
-    for n, r in enumerate(reqs, 1):  # a requirement the reply left out is not decided
-        checks.setdefault(n, Check(requirement=r, fact=NOT_STATED_FACT, met="unclear"))
-    return [checks[n] for n in sorted(checks)]
+    checks = []
+    for n, r in enumerate(reqs, 1):
+        fact = _fact_text(found[n].fact, facts) if n in found else NOT_STATED_FACT
+        met = "unclear" if fact == NOT_STATED_FACT else found[n].met
+        checks.append(Check(requirement=r, fact=fact, met=met))
+    return checks
 
 
 def related_checks(
@@ -596,8 +587,6 @@ def related_checks(
     decided check names the part of its fact that bears on the requirement (:func:`fact_part`)."""
     judged = [i for i, c in enumerate(checks) if fact_decides(c)]
     out = list(checks)
-    if not judged:
-        return out, 0
     rows = _rows(embed, [t for i in judged for t in (checks[i].requirement, checks[i].fact)])
     unrelated = [i for n, i in enumerate(judged) if rows[2 * n] @ rows[2 * n + 1] < FACT_RELEVANCE]
     for i in [] if keep else unrelated:
@@ -817,8 +806,10 @@ Ruled = tuple[int, IssueResearch, list[Pair], float]
 
 def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
     """The (passage, sentence) pairs quoted as ``item``'s rule, or the issue's answer when it has
-    none: no passage on its doctrine (``off_doctrine``), none verified (evidence policy), or no
-    sentence beyond the rule already quoted for an earlier issue (``same_rule``)."""
+    none: not researched, no passage on its doctrine (``off_doctrine``), none verified (evidence
+    policy), or no sentence beyond the rule already quoted for an earlier issue (``same_rule``)."""
+    if not item.researched:
+        return IssueAnswer(item.issue, "not_researched", why=item.why)
     scores = doctrine_scores(item.issue, item.docs, stage.embed)
     docs = [d for d, s in zip(item.docs, scores, strict=True) if s >= DOCTRINE_MATCH]
     stage.fire("off_doctrine", len(item.docs) - len(docs))
@@ -878,9 +869,6 @@ def _ruled_issues(
     issues: list[IssueAnswer] = []
     ruled: list[Ruled] = []
     for item in research:
-        if not item.researched:
-            issues.append(IssueAnswer(item.issue, "not_researched", why=item.why))
-            continue
         rule = _issue_rule(stage, item)
         if isinstance(rule, IssueAnswer):
             issues.append(rule)
@@ -926,18 +914,19 @@ def _answered(
 
 Applied = tuple[list[Check] | None, bool, int, bool]
 """An issue's application (None: none, or an unusable reply), whether its rule was cut into
-requirements, the checks dropped as unrelated, and whether it is the thread's (:func:`_carried`)."""
+requirements, the checks dropped as unrelated, and whether it is the thread's (:func:`_checks`)."""
 
 
 def _checks(stage: _Stage, issue: str, rule: list) -> Applied:
-    """The application of a fact pattern's rule to its facts."""
-    if stage.q.kind == "rule_question" or not stage.q.facts:
+    """The application of a fact pattern's rule to its facts.  A follow-up's is carried over from
+    its thread where the same rule's requirements were applied to the earlier facts and no new fact
+    bears on it (:func:`borne_on`)."""
+    reqs = [] if stage.q.kind == "rule_question" else requirements([s for _, s in rule])
+    if not reqs or not stage.q.facts:  # the rule is quoted, with nothing to apply it to
         return None, False, 0, False
-    reqs = requirements([s for _, s in rule])
-    if not reqs:  # the rule is quoted, with nothing to apply
-        return None, False, 0, False
-    if (carried := _carried(stage, issue, reqs)) is not None:
-        return carried, True, 0, True
+    earlier = stage.earlier.get(issue)
+    if issue not in stage.bearing and earlier and {c["requirement"] for c in earlier} == set(reqs):
+        return [Check(**c) for c in earlier], True, 0, True
     applied = apply_rule(stage.client, issue, reqs, stage.q.facts, later=len(stage.q.earlier))
     if applied is None:
         return None, True, 0, False
@@ -958,16 +947,6 @@ def _applications(stage: _Stage, todo: Sequence[tuple[str, list]]) -> list[Appli
         stage.fire("named_issue" if issue in stage.named else "unrelated_fact", unrelated)
         stage.reused += [issue] if carried else []
     return done
-
-
-def _carried(stage: _Stage, issue: str, items: list[str]) -> list[Check] | None:
-    """A follow-up's application of ``issue`` carried over from its thread: the same rule's
-    requirements were applied to the earlier facts, and no new fact bears on it
-    (:func:`borne_on`).  None: apply it anew."""
-    earlier = stage.earlier.get(issue)
-    if issue in stage.bearing or not earlier or {c["requirement"] for c in earlier} != set(items):
-        return None
-    return [Check(**c) for c in earlier]
 
 
 def borne_on(stage: _Stage, ruled: Sequence[Ruled]) -> set[str]:
@@ -994,10 +973,8 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
     floor, guard = (ASKED_FIT, "not_asked") if rule_question else (FACT_FIT, "off_facts")
     asked = stage.q.asked if stage.q.kind == "fact_pattern" else ""
     named = [item.chosen or bool(asked) and named_in(item.issue, asked) for _, item, *_ in ruled]
-    # The embedder reads "Dana took her coworker's laptop ..., intending to return it Monday" as
-    # unrelated to larceny's "intent to permanently deprive" (cosine 0.06), and a follow-up's
-    # "Dana had planned to keep the laptop" as nearer work product's "tangible things": an issue
-    # "Is Dana guilty of larceny?" names keeps the facts the model ties to it, new ones included.
+    # A named issue keeps the facts the model ties to it (guard named_issue's "Dana" trial), new
+    # ones too: "Dana had planned to keep the laptop" reads nearer work product's "tangible things".
     stage.named = {item.issue for (_, item, *_), name in zip(ruled, named, strict=True) if name}
     # with no new fact (a thread's question again, on issues the user names), the earlier
     # application of an issue the thread researched stands
@@ -1053,9 +1030,8 @@ def _unanswerable(stage: _Stage, issues: list[IssueAnswer]) -> str:
         return ""
     stage.fire("off_question")
     titles = {c.n: c.title or c.passage_id for c in stage.cited.values()}
-    cited = [dict.fromkeys(titles[n] for s in i.sentences for n in s.cites) for i in answered]
-    pairs = zip(answered, cited, strict=True)
-    found = "; ".join(f"{', '.join(t)} (for {i.issue})" for i, t in pairs)
+    cited = [(i, dict.fromkeys(titles[n] for s in i.sentences for n in s.cites)) for i in answered]
+    found = "; ".join(f"{', '.join(t)} (for {i.issue})" for i, t in cited)
     for n, i in enumerate(issues):
         if i.status == "answered":
             issues[n] = IssueAnswer(i.issue, "no_evidence", why="its rule is about another matter")
@@ -1071,10 +1047,8 @@ def _tail(stage: _Stage, applied: Sequence[IssueAnswer]) -> tuple[Verdict | None
     if not stage.q.yes_no:
         return None, [in_short(stage.q.asked, applied)]
     decided = bottom_line(stage.client, stage.q.asked, applied, stage.fire, stage.bar)
-    if decided is None:
-        stage.fire("unparsed_bottom_line")
-        return None, []
-    return decided, [decided[-1]]
+    stage.fire("unparsed_bottom_line", decided is None)
+    return decided, [decided[-1]] if decided else []
 
 
 NO_ANSWER = "No answer"
@@ -1094,7 +1068,7 @@ def build_record(
     """The answer to ``question`` from each issue's research.  ``decline``: why the research
     declines the question as asked (the record abstains, no model call).  ``verdict_support``: the
     support a reading needs to be shown (above 1: none is).  ``earlier``: a follow-up's thread,
-    each issue's application in its last answer (:func:`_carried`)."""
+    each issue's application in its last answer (:func:`_checks`)."""
     stage = _Stage(client, question, embed, policy, verdict_support, earlier=earlier or {})
     if decline:
         return stage.record([], decline, "the sources do not cover this question as asked")
@@ -1129,8 +1103,7 @@ def render(record: AnswerRecord, tail: Sequence[Sentence] = ()) -> str:
             lines.append(f"   {s.role.capitalize()}: {s.text} {_refs(s.cites)}".rstrip())
         if issue.why:
             lines.append(f"   ({issue.why})")
-    for s in tail:
-        lines.append(f"\nBottom line: {s.text} {_refs(s.cites)}".rstrip())
+    lines += [f"\nBottom line: {s.text} {_refs(s.cites)}".rstrip() for s in tail]
     # an issue set aside is not listed as not raised where the answer quotes a source on its
     # doctrine ("no stated fact raises" FRE 609 under its rule applied to a perjury conviction)
     quoted = record.quoted_doctrines

@@ -73,12 +73,11 @@ class Taxonomy:
     def __init__(self, doctrines: Sequence[Doctrine], fingerprint: str) -> None:
         self.doctrines: dict[str, Doctrine] = {d.id: d for d in doctrines}
         self.fingerprint = fingerprint
-        index: dict[tuple[str, ...], list[str]] = defaultdict(list)
+        index: dict[tuple[str, ...], dict[str, None]] = defaultdict(dict)  # ids as ordered sets
         for d in doctrines:
             for alias in (d.name, *d.aliases):
-                words = tuple(tokens(alias))
-                if words and d.id not in index[words]:
-                    index[words].append(d.id)
+                if words := tuple(tokens(alias)):
+                    index[words][d.id] = None
         self._aliases = {k: tuple(v) for k, v in index.items()}
         self._max_len = max((len(k) for k in index), default=0)
         self._first = {k[0] for k in index}
@@ -106,14 +105,13 @@ class Taxonomy:
     def root(self, doctrine_id: str) -> str:
         """The claim a doctrine belongs to: follow ``element_of`` / ``exception_to`` upward
         (first parent each time) to a doctrine that has neither."""
-        seen = {doctrine_id}
-        cur = self.doctrines[doctrine_id]
+        chain = [doctrine_id]
         while True:
-            nxt = next((p for p in (*cur.element_of, *cur.exception_to) if p not in seen), None)
+            d = self.doctrines[chain[-1]]
+            nxt = next((p for p in (*d.element_of, *d.exception_to) if p not in chain), None)
             if nxt is None:
-                return cur.id
-            seen.add(nxt)
-            cur = self.doctrines[nxt]
+                return d.id
+            chain.append(nxt)
 
 
 def load_taxonomy(path: str | Path | None = None) -> Taxonomy:
@@ -137,9 +135,7 @@ def _read_taxonomy(p: Path, mtime_ns: int) -> Taxonomy:
             rec = json.loads(line)
             doctrines.append(
                 Doctrine(
-                    id=str(rec["id"]),
-                    name=str(rec["name"]),
-                    subject=str(rec["subject"]),
+                    **{f: str(rec[f]) for f in ("id", "name", "subject")},
                     description=str(rec.get("description", "")),
                     aliases=tuple(str(a) for a in rec.get("aliases", ())),
                     **{r: tuple(rec.get(r, ())) for r in RELATIONS},
@@ -233,18 +229,14 @@ def link_doctrines(
             if sim > 0:
                 scores[did] += sim
         picked.update(ids[i] for i in sims.argsort()[::-1][:k])
-    ranked = sorted(scores, key=lambda d: (-scores[d], d))
     out: list[Doctrine] = []
     per_root: Counter[str] = Counter()
-    for did in ranked:
+    for did in sorted(picked & scores.keys(), key=lambda d: (-scores[d], d)):
         root = tax.root(did)
-        if did not in picked or per_root[root] >= MAX_PER_CLAIM:
-            continue
-        per_root[root] += 1
-        out.append(tax[did])
-        if len(out) >= k:
-            break
-    return out
+        if per_root[root] < MAX_PER_CLAIM:
+            per_root[root] += 1
+            out.append(tax[did])
+    return out[:k]
 
 
 def issue_doctrine(issue: str, tax: Taxonomy) -> str | None:
@@ -268,8 +260,6 @@ def claim_agenda(linked: Sequence[Doctrine], *, max_items: int | None = None) ->
     tax = load_taxonomy()
     claims: dict[str, list[str]] = {}
     for d in linked:
-        if d.id not in tax.doctrines:
-            continue
         names = claims.setdefault(tax.root(d.id), [])
         if not names or (d.name.lower() not in names[0].lower() and d.name not in names):
             names.append(d.name)

@@ -11,6 +11,7 @@ given up.  The answer stage (``answer.py``) then writes one typed record that ev
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import re
 import time
@@ -140,7 +141,7 @@ drops 9 of 56 names; report half 14 of 56, none gold-finding; docs/MEASUREMENTS.
 
 def candidate_search(ctx: AgentContext, name: str, facts: Sequence[str]) -> list[Passage]:
     """The passages a research step for candidate ``name`` would find first (its first search)."""
-    kept = answer_stage.issue_facts(name, list(facts), ctx.embed) if facts else []
+    kept = answer_stage.issue_facts(name, facts, ctx.embed)
     k = ctx.settings.agent.retrieval_k
     return ctx.search(FIRST_SEARCH, step_for(1, name, kept)["strategy"]["queries"], k, [])[:k]
 
@@ -163,22 +164,18 @@ def passed_over(state: AgentState, ctx: AgentContext, quoted: Collection[str] = 
     facts = state["parsed"].facts
     if state["parsed"].issues or _reading(state, "review"):
         return []
-    researched = [*planned(state), *thread_research(state)]
-    out: list[str] = []
-    for name in left_off(researched, _reading(state, "candidates") or [], quoted):
-        if len(out) == PASSED_OVER:
-            break
+
+    def fits(name: str) -> bool:
         try:
-            top = candidate_search(ctx, name, facts)[:3] if facts else []
-            fits = not facts or any(
-                max(ctx.passage_cosines(f, top), default=0.0) >= OTHERS_FIT for f in facts
-            )
+            top = candidate_search(ctx, name, facts)[:3]
+            return any(max(ctx.passage_cosines(f, top), default=0.0) >= OTHERS_FIT for f in facts)
         except Exception as exc:  # noqa: BLE001 - a hint, not the answer: name it unchecked
             logger.warning("passed-over candidate %r not checked: %s", name, exc)
-            fits = True
-        if fits:
-            out.append(name)
-    return out
+            return True
+
+    researched = [*planned(state), *thread_research(state)]
+    names = left_off(researched, _reading(state, "candidates") or [], quoted)
+    return list(itertools.islice(filter(fits, names) if facts else names, PASSED_OVER))
 
 
 def recalled(state: AgentState) -> dict[str, Any]:
@@ -240,9 +237,8 @@ def detect_injection(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         **{k: Overwrite([]) for k in ("planning_table", "flagged_passages", "fallbacks", "trace")},
     }
     if not check["is_safe"]:
-        text = ctx.rejection_message(check)
         why = f"rejected as a prompt injection: {check['reason']}"
-        record = answer_stage.AnswerRecord.declined(q.kind, text, why)
+        record = answer_stage.AnswerRecord.declined(q.kind, ctx.rejection_message(check), why)
         update.update(stop_reason="injection", answer=record.to_dict())
     if check["is_safe"] and check["injection_check"] == "full" and check["llm_verdict"] == "safe":
         # the model's reason for a plain "safe" says nothing (the embedded model copies its
@@ -257,12 +253,6 @@ RUN_SCOPED: dict[str, Any] = dict(
 )
 """What belongs to one question: a run's first node resets it, with the reducers' keys (a
 checkpointed thread keeps its state between runs)."""
-
-
-def law_asked(ctx: AgentContext, question: str) -> str:
-    """The name of the state or country whose law ``question`` asks for ("" for none)."""
-    law = ctx.state_law(question_mod.split_question(question)[1]) if ctx.state_law else None
-    return law.name if law else ""
 
 
 def _memory_hit(state: AgentState, ctx: AgentContext, q: Question) -> dict | None:
@@ -289,8 +279,10 @@ def _memory_hit(state: AgentState, ctx: AgentContext, q: Question) -> dict | Non
         return None
     # Nor does an answer under one state's law serve another's ("Under Ohio law, ..." got the
     # answer saved for "Under Colorado law, ..." at 0.92, though no source is Ohio law).
-    if ctx.state_law and len({law_asked(ctx, t) for t in texts}) > 1:
-        return None
+    if ctx.state_law:
+        laws = [ctx.state_law(question_mod.split_question(t)[1]) for t in texts]
+        if len({law.name if law else "" for law in laws}) > 1:
+            return None
     return hit
 
 
@@ -318,8 +310,7 @@ def classifier(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     kept = {"score": score} if score is not None else {}  # the planner's off-topic check reads it
     if why := reading_moot(q, ctx, score):
         return {"reading": kept}, f"not classified: {why}"
-    result = prompts.call(ctx.client, "classify", question=q.text)
-    if (got := result.parsed) is not None:
+    if (got := prompts.call(ctx.client, "classify", question=q.text).parsed) is not None:
         reading = {"legal": got.legal, "area": got.area, "topic": got.topic}
         return {"reading": {**kept, **reading}}, got.area if got.legal else "not law"
     update = {"reading": kept, "fallbacks": ["classifier: unparseable reply"]}
@@ -362,8 +353,7 @@ def candidate_doctrines(
     document when the closest passage is one ("" else).  A question in one state's law (``within``,
     a USPS code) lists that state's titles only: general law finds nothing in a state's statute."""
     linked = [i for i in linked_doctrines(ctx, question) if i]
-    titles: list[str] = []
-    own = ""
+    titles, own = [], ""
     try:
         found = (
             ctx.search("hybrid", [question], CANDIDATE_PASSAGES, [], within)
@@ -371,9 +361,8 @@ def candidate_doctrines(
             else ctx.retrieve([question], CANDIDATE_PASSAGES, [])
         )
         titles = [d.get("title") or "" for d in found]
-        # the user's own document (``load_corpus.py docs``: metadata ``doc_id``)
-        mine = found and (found[0].get("metadata") or {}).get("doc_id")
-        own = " ".join(titles[0].split()) if mine else ""
+        if found and (found[0].get("metadata") or {}).get("doc_id"):  # load_corpus.py docs
+            own = " ".join(titles[0].split())
     except Exception as exc:  # noqa: BLE001 - candidates are an aid; the plan still runs
         logger.warning("candidate retrieval failed: %s", exc)
     out: dict[str, str] = {}  # one candidate per doctrine (doctrine_key)
@@ -393,15 +382,12 @@ def off_topic(
     score: float | None = None,
 ) -> str:
     """Why an open question is off topic as asked ("" when it is not), checked before any research
-    (which can turn gibberish into a legal topic):
-    - not in English (``prompts.in_english``);
-    - a question of law in a field outside ``prompts.COVERED_AREAS`` whose closest passages score
-      below :data:`FIELD_EVIDENCE` (unless the collection holds the user's own documents);
-    - it asks what a state's law provides (``law``) and no passage is that state's law;
-    - a rule question whose subject (the classifier's ``topic``) uses words no passage uses;
-    - every sentence's closest passages score below LEAN_GATE (a fact pattern only when the
-      classifier reads no question of law in it: lay words sit far from the rule's passages).
-    ``score``: the question's ``AgentContext.question_score`` when the classifier has it."""
+    (which can turn gibberish into a legal topic): not in English; of a field outside
+    ``prompts.COVERED_AREAS`` with its closest passages below :data:`FIELD_EVIDENCE`; asking for a
+    state's law no source holds; a rule question whose subject (``topic``) uses words no passage
+    uses; every sentence's closest passages below LEAN_GATE (a fact pattern only when the classifier
+    reads no question of law in it: lay words sit far from the rule's passages).  ``score``: the
+    question's ``AgentContext.question_score`` when the classifier has it."""
     if not prompts.in_english(question):
         return f"{OFF_TOPIC}: it is not in English, the language of the sources; ask it in English"
     outside = legal and area not in ("", "none", *prompts.COVERED_AREAS)
@@ -487,8 +473,9 @@ def plan_steps(state: AgentState, ctx: AgentContext, issues: list[str]) -> dict[
             passages.update(found)
         elif new < ctx.settings.agent.max_steps:
             new += 1
-            kept = answer_stage.issue_facts(issue, facts, ctx.embed) if facts else []
-            steps.append(step_for(n, issue, kept, first))
+            steps.append(
+                step_for(n, issue, answer_stage.issue_facts(issue, facts, ctx.embed), first)
+            )
     update: dict[str, Any] = {"planning_table": steps, "reading": {"agenda": issues}}
     if passages:
         update["passages"] = {**(state.get("passages") or {}), **passages}
@@ -545,7 +532,6 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         candidate_doctrines(ctx, q.text, within) if reading.get("review") or not kept else ([], "")
     )
     candidates = list(dict.fromkeys([*thread_research(state), *found]))
-    fallbacks: list[str] = []
     if kept:
         issues = list(last["issues"])
     elif q.issues:  # the user's agenda
@@ -557,8 +543,11 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         # A question closest to the user's own document is researched in it first: the 1.5B
         # passed over a lease that settles a deposit question for the general rules.
         issues = list(dict.fromkeys([own, *issues] if own else issues))
-    if not issues:
-        issues, fallbacks = _fallback_agenda(ctx, q.text)
+    # no issue named: the linked doctrines are researched, else the question itself
+    fallbacks = [] if issues else ["planner: no issues named (the linked doctrines are researched)"]
+    if not issues and not (issues := linked_doctrines(ctx, q.text)):
+        fallbacks.append("planner: no issues named or linked (the question itself is researched)")
+        issues = [q.text]
     adaptive = ctx.settings.agent.research_policy == "adaptive" and not kept
     if not (kept or q.issues or adaptive):
         # The model's picks beyond MAX_STEPS are not its agenda: its fourth was a doctrine the
@@ -583,15 +572,6 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     return update, _steps_decision(update, given)
 
 
-def _fallback_agenda(ctx: AgentContext, question: str) -> tuple[list[str], list[str]]:
-    """The agenda when no issue was named (the linked doctrines, else the question itself)."""
-    taken = ["planner: no issues named (the linked doctrines are researched)"]
-    if issues := linked_doctrines(ctx, question):
-        return issues, taken
-    taken.append("planner: no issues named or linked (the question itself is researched)")
-    return [question], taken
-
-
 REVIEW_HOW = (
     "Press Enter to keep the agenda, or type the issues to research, separated by ';': a number "
     "from the lists above, or an issue in your own words (e.g. '1; 4; Conversion')."
@@ -614,8 +594,7 @@ def review(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     """Plan review (``--review``; LangGraph's ``interrupt``): the run pauses with the agenda and
     the other candidates, and goes on with the agenda the reply sets (``Command(resume=...)``)."""
     issues = planned(state)
-    candidates = _reading(state, "candidates") or []
-    others = [c for c in candidates if c not in issues]
+    others = [c for c in _reading(state, "candidates") or [] if c not in issues]
     reply = interrupt({"agenda": issues, "candidates": others, "how": REVIEW_HOW})
     agenda = reviewed_agenda(reply, issues + others, ctx.doctrine_named)
     if not agenda or agenda == issues:
@@ -631,7 +610,6 @@ def _memory_entry(
     step: PlanStep, strategy: dict, docs: list[Passage], ctx: AgentContext, dead_ends: list[str]
 ) -> MemoryEntry:
     """The working memory's entry for an executed step: what it searched and what it found."""
-    execution = step["execution"] or {}
     return {
         "step_id": step["step_id"],
         "query": (strategy.get("queries") or [step["question"]])[0],
@@ -640,8 +618,8 @@ def _memory_entry(
             "count": len(docs),
             "source_types": dict(Counter(ctx.source_type(d) for d in docs)),
             "titles": [d.get("title") or d["id"] for d in docs[:3]],
-            "top_score": execution.get("evidence_score", 0.0),
-            "confidence": execution.get("confidence", 0.0),
+            "top_score": step["execution"]["evidence_score"],
+            "confidence": step["execution"]["confidence"],
         },
         "leads": leads(step.get("issue") or "", docs),
         "dead_ends": dead_ends,
@@ -741,16 +719,14 @@ def memory_lines(state: AgentState) -> str:
     lines = []
     for e in state.get("chain_of_thought") or []:
         r, s = e["results"], e["strategy"]
-        line = (
+        parts = [
             f"- step {e['step_id']} [{s.get('executed_as', s.get('search_type', '?'))}] "
-            f"{_short(e['query'], 70)!r}: {r['count']} passages, evidence {r['top_score']:.2f}"
-        )
-        if r.get("titles"):
-            line += f"; top: {'; '.join(_short(t, 40) for t in r['titles'])}"
-        line += f"; dead ends: {'; '.join(e['dead_ends']) or 'none'}"
-        if e["next_steps"]:
-            line += f"; next: {'; '.join(e['next_steps'])}"
-        lines.append(line)
+            f"{_short(e['query'], 70)!r}: {r['count']} passages, evidence {r['top_score']:.2f}",
+            f"top: {'; '.join(_short(t, 40) for t in r['titles'])}" if r.get("titles") else "",
+            f"dead ends: {'; '.join(e['dead_ends']) or 'none'}",
+            f"next: {'; '.join(e['next_steps'])}" if e["next_steps"] else "",
+        ]
+        lines.append("; ".join(p for p in parts if p))
     return "\n".join(lines)
 
 
@@ -781,7 +757,6 @@ def make_evaluator(forced_mode: str | None = None) -> Callable:
                 ok = not step["execution"].get("gated")
                 graded.append({**step, "status": "completed" if ok else "failed"})
         table = merge_steps(state.get("planning_table"), graded)
-        iterations = len(_executed(state))
         cap = ctx.settings.agent.max_iterations
         pending = [p for p in table if p["status"] == "pending" and not p["execution"]]
         failed = [p for p in graded if p["status"] == "failed" and p.get("phase") != "retry"]
@@ -791,7 +766,7 @@ def make_evaluator(forced_mode: str | None = None) -> Callable:
         route: AnswerRoute
         if left is not None and left < MC_RESERVE_S:
             route, stop = "answer", f"deadline: {max(left, 0):.0f}s of RUN_TIMEOUT left"
-        elif iterations >= cap and (pending or failed or adaptive):
+        elif len(_executed(state)) >= cap and (pending or failed or adaptive):
             route, stop = "answer", f"iteration limit {cap} reached"
         elif failed and not any(  # its other angle is not planned yet
             s.get("issue") == failed[0].get("issue") and s["step_id"] > failed[0]["step_id"]
@@ -813,9 +788,6 @@ def make_evaluator(forced_mode: str | None = None) -> Callable:
         return update, grades + (f" ({stop})" if stop else "") + f" -> {route}", route
 
     return evaluator
-
-
-evaluator = make_evaluator()
 
 
 def _retry(state: AgentState, ctx: AgentContext, step: PlanStep) -> tuple[PlanStep, str]:
@@ -858,17 +830,6 @@ def replanner(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]:
     return {"planning_table": [retry], "chain_of_thought": memory}, decision, "executor"
 
 
-def findings(memory: Sequence[MemoryEntry], issues: Sequence[str]) -> str:
-    """The adaptive replanner's view of the research so far: one line per step."""
-    lines = []
-    for e, issue in zip(memory, issues, strict=False):
-        r = e["results"]
-        line = f"- {issue}: evidence {r['top_score']:.2f}; found: {'; '.join(r.get('titles') or []) or 'nothing'}"
-        line += f"; leads: {'; '.join(e['leads']) or 'none'}; dead ends: {'; '.join(e['dead_ends']) or 'none'}"
-        lines.append(line)
-    return "\n".join(lines) or "(none)"
-
-
 def adaptive_move(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]:
     """The adaptive policy's next move: the ``replan`` call reads the findings and answers
     next_step (the planner's other picks, then the leads), retry or complete; an unusable reply
@@ -881,9 +842,14 @@ def adaptive_move(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]
         c for c in dict.fromkeys([*reading.get("suggested", []), *leads]) if c not in issues
     ]
     listed = "\n".join(f"{n}. {c}" for n, c in enumerate(candidates, 1)) or "(none)"
-    steps = [s.get("issue") or "" for s in done]
+    findings = "\n".join(  # the research so far, one line per step
+        f"- {s.get('issue') or ''}: evidence {e['results']['top_score']:.2f}; found: "
+        f"{'; '.join(e['results'].get('titles') or []) or 'nothing'}; leads: "
+        f"{'; '.join(e['leads']) or 'none'}; dead ends: {'; '.join(e['dead_ends']) or 'none'}"
+        for e, s in zip(memory, done, strict=False)
+    )
     result = prompts.call(
-        ctx.client, "replan", objective=q.text, findings=findings(memory, steps), candidates=listed
+        ctx.client, "replan", objective=q.text, findings=findings or "(none)", candidates=listed
     )
     move, update = result.parsed, {}
     if move is None:  # the agenda's next issue, as the agenda policy would research it
@@ -905,8 +871,7 @@ def adaptive_move(state: AgentState, ctx: AgentContext) -> tuple[dict, str, str]
         update["chain_of_thought"] = _noted(state, f"complete ({why})")
         return update, f"complete: {why}", "answer"
     issue = picked[0]
-    facts = answer_stage.issue_facts(issue, list(q.facts), ctx.embed) if q.facts else []
-    step = step_for(_next_id(state), issue, facts)
+    step = step_for(_next_id(state), issue, answer_stage.issue_facts(issue, q.facts, ctx.embed))
     step["strategy"]["rewrite"] = True
     update.update(
         planning_table=[step],
@@ -926,10 +891,8 @@ def issue_research(state: AgentState, why_not: str) -> list[answer_stage.IssueRe
         steps = [s for s in _executed(state) if s.get("issue") == issue]
         done = [s for s in steps if s["status"] == "completed"]
         if done:  # an adaptive retry of a completed step adds its passages to the first's
-            ids = dict.fromkeys(
-                i for s in done for i in s["execution"].get("retrieved_doc_ids") or []
-            )
-            docs = [passages[i] for i in ids if i in passages]
+            ids = [i for s in done for i in s["execution"].get("retrieved_doc_ids") or []]
+            docs = [passages[i] for i in dict.fromkeys(ids) if i in passages]
             facts = done[-1].get("facts")
             out.append(answer_stage.IssueResearch(issue, docs, facts=facts, chosen=chosen))
         elif steps:
@@ -951,23 +914,18 @@ def answer_node(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     if answer_mode(state, ctx) == "lean":  # zero research steps: the letter reads lean's search
         record = answer_stage.AnswerRecord(q.kind, "", [], [], False, "lean mode: no research")
         return {"answer": record.to_dict()}, "lean: no research steps"
-    decline = _reading(state, "decline") or ""
     stop = state.get("stop_reason") or ""
-    why_not = stop or f"MAX_STEPS {ctx.settings.agent.max_steps} reached"
-    research = issue_research(state, why_not)
-    policy = "evidence" if answer_mode(state, ctx) == "evidence" else "research"
     # a follow-up's thread: each issue's application in the last answer on it
     last = (last_turn(state).get("answer") or {}) if _reading(state, "follow_up") else {}
-    earlier = {i["issue"]: i["checks"] for i in last.get("issues") or [] if i.get("checks")}
     record = answer_stage.build_record(
         ctx.client,
         q,
-        research,
+        issue_research(state, stop or f"MAX_STEPS {ctx.settings.agent.max_steps} reached"),
         ctx.embed,
-        decline=decline,
-        policy=policy,
+        decline=_reading(state, "decline") or "",
+        policy="evidence" if answer_mode(state, ctx) == "evidence" else "research",
         verdict_support=ctx.verdict_support(),
-        earlier=earlier,
+        earlier={i["issue"]: i["checks"] for i in last.get("issues") or [] if i.get("checks")},
     )
     if not record.abstained:
         record.others = passed_over(state, ctx, record.quoted_doctrines)
@@ -1004,23 +962,19 @@ right 12 times of 40 against lean's 14, so it reads what lean reads, and the res
 only when lean's retrieval falls below the gate (docs/MEASUREMENTS_HISTORY.md, stop 30)."""
 
 
-def mc_passages(state: AgentState, extra: list[Passage]) -> list[dict]:
-    """The passages the MC prompt reads: ``extra`` (lean's retrieval), then up to
-    MC_RESEARCH_PASSAGES the answer (or a cached one) cites, all of them when lean found nothing."""
+def mc_evidence(state: AgentState, extra: list[Passage]) -> tuple[list[dict], str | None]:
+    """The passages the MC prompt reads and their evidence block (None: no passage): ``extra``
+    (lean's retrieval), then up to MC_RESEARCH_PASSAGES the answer (or a cached one) cites, all of
+    them when lean found nothing.  Each lean passage gets as many characters as lean mode gives it
+    (the research's passages add to the prompt, they do not crowd lean's out)."""
     record = state.get("answer") or {}
     passages = state.get("passages") or {}
     cited = [c["passage_id"] for c in record.get("citations") or []] or list(passages)
     lean_ids = {d["id"] for d in extra}
     research = [passages[i] for i in dict.fromkeys(cited) if i in passages and i not in lean_ids]
-    return [*extra, *(research[:MC_RESEARCH_PASSAGES] if extra else research)]
-
-
-def mc_evidence(docs: list[dict], lean_count: int) -> str:
-    """The MC prompt's evidence: each lean passage gets as many characters as lean mode gives it
-    (the research's passages add to the prompt, they do not crowd lean's out)."""
-    if not docs or not lean_count:
-        return prompts.format_evidence(docs) if docs else ""
-    return prompts.format_evidence(docs, max_chars=prompts.EVIDENCE_CHARS // lean_count * len(docs))
+    shown = [*extra, *(research[:MC_RESEARCH_PASSAGES] if extra else research)]
+    chars = prompts.EVIDENCE_CHARS // len(extra) * len(shown) if extra else prompts.EVIDENCE_CHARS
+    return shown, prompts.format_evidence(shown, max_chars=chars) or None
 
 
 LEAN_REASONING = "The model's reasoning, in its own words (not checked against the passages):"
@@ -1054,8 +1008,7 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         }
     except Exception as exc:  # noqa: BLE001 - the research's own evidence still stands
         logger.warning("lean retrieval for the letter failed: %s", exc)
-    shown = mc_passages(state, extra)
-    evidence_text = mc_evidence(shown, len(extra)) or None
+    shown, evidence_text = mc_evidence(state, extra)
     result = mc.select_answer(ctx.client, q.text, choices, evidence_text)
     record = dict(state.get("answer") or {})
     line = mc.answer_line(result.letter, choices)
@@ -1088,8 +1041,7 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
         record.update(abstained=True, why="the model named no letter")
     retried = " after strict retry" if result.retried else ""
     closed = ", closed-book" if evidence_text is None else ""
-    decision = f"({result.letter}) via {result.strategy}{retried}{closed}"
-    return {"answer": record}, decision
+    return {"answer": record}, f"({result.letter}) via {result.strategy}{retried}{closed}"
 
 
 ROUTINE_GUARDS = frozenset({"off_doctrine", "off_facts", "named_issue"})
@@ -1097,10 +1049,13 @@ ROUTINE_GUARDS = frozenset({"off_doctrine", "off_facts", "named_issue"})
 an answer where they fired may still be cached."""
 
 
-def cache_blockers(state: AgentState, ctx: AgentContext) -> list[str]:
-    """Why this run's answer must not be cached (empty: it may be)."""
-    why: list[str] = []
-    record = state.get("answer") or {}
+@_traced("memory_writeback")
+def memory_writeback(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
+    """Cache the answer (never the MC selection) when it is trustworthy and new."""
+    why: list[str] = []  # why it must not be cached; the first is the decision
+    record, passages = state.get("answer") or {}, state.get("passages") or {}
+    if _reading(state, "follow_up"):
+        why.append("a follow-up: its facts are its thread's")
     if recalled(state):
         why.append("answer came from memory")
     if answer_mode(state, ctx) == "evidence":
@@ -1120,18 +1075,8 @@ def cache_blockers(state: AgentState, ctx: AgentContext) -> list[str]:
         why.append(f"{n} failed LLM call(s)")
     if state.get("fallbacks"):
         why.append(f"fallback: {state['fallbacks'][0]}")
-    return why
-
-
-@_traced("memory_writeback")
-def memory_writeback(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """Cache the answer (never the MC selection) when it is trustworthy and new."""
-    blockers = cache_blockers(state, ctx)
-    if _reading(state, "follow_up"):
-        blockers.insert(0, "a follow-up: its facts are its thread's")
-    if blockers:
-        return {}, f"skip: {blockers[0]}"
-    record, passages = state.get("answer") or {}, state.get("passages") or {}
+    if why:
+        return {}, f"skip: {why[0]}"
     sources = [  # the passages the answer cites, with the sentence each is cited for
         {
             **passages.get(c["passage_id"], {}),
@@ -1198,31 +1143,26 @@ def compute_metrics(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     }
 
 
-def turn(state: AgentState) -> Turn:
-    """What the thread keeps of this question for its follow-ups."""
-    q, reading = state["parsed"], state.get("reading") or {}
+@_traced("observability")
+def observability(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
+    """The run's metrics, and what its thread keeps of the question for follow-ups (``turns``)."""
+    metrics = compute_metrics(state, ctx)
+    logger.info("run metrics: %s", metrics)
+    q, passages = state["parsed"], state.get("passages") or {}
     steps = [s for s in state.get("planning_table") or [] if s["status"] == "completed"]
     ids = {i for s in steps for i in s["execution"].get("retrieved_doc_ids") or []}
-    passages = state.get("passages") or {}
-    return {
+    turn: Turn = {
         "question": state["question"],
         "facts": list(q.facts),
         "asked": q.asked,
-        "reading": _classified(reading),
+        "reading": _classified(state.get("reading") or {}),
         "issues": planned(state),
         "steps": steps,
         "passages": {i: passages[i] for i in ids if i in passages},
         "answer": state.get("answer") or {},
     }
-
-
-@_traced("observability")
-def observability(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
-    """The run's metrics, and the question kept on its thread (``turns``)."""
-    metrics = compute_metrics(state, ctx)
-    logger.info("run metrics: %s", metrics)
     return (
-        {"run_metrics": metrics, "turns": [turn(state)]},
+        {"run_metrics": metrics, "turns": [turn]},
         f"{metrics['llm_calls']} LLM calls, {metrics['steps_completed']} completed / "
         f"{metrics['steps_failed']} failed steps",
     )
