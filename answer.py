@@ -114,9 +114,13 @@ GUARDS: dict[str, Guard] = {
         "application",
         "a rule question's issue whose rule is far from the question is named, not answered "
         "(the best fit is exempt unless the question names an issue: 'What is the mailbox "
-        "rule?' quoted time, place and manner restrictions)",
+        "rule?' quoted time, place and manner restrictions); one that names issues is answered "
+        "on them and issues named after them",
         f"ASKED_FIT {ASKED_FIT}",
-        "stop 44, rule questions half A: misgrounded 31 -> 25, no gold issue lost",
+        "stop 44, rule questions half A: misgrounded 31 -> 25, no gold issue lost; stop 65, "
+        "named issues alone (open_s65_named2 against open_s65_cut; items alternately in two "
+        "halves): misgrounded 131/374 -> 115/345 and 77/302 -> 71/287, key points 65 -> 64 and "
+        "63 -> 62 (each counted from words of a sentence on another doctrine), abstention kept",
     ),
     "not_raised": Guard(
         "application",
@@ -430,7 +434,9 @@ def named_in(issue: str, asked: str) -> bool:
     """Whether the question as asked names the issue: a comma-separated item of its name before any
     parentheses, as words ("larceny" names "Embezzlement, false pretenses, and larceny by trick";
     "rights" does not name "Rights and duties of cotenants").  Such an issue is always applied."""
-    parts = [re.sub(r"^(?:and|or)\s+", "", p.strip()) for p in issue.partition("(")[0].split(",")]
+    name = issue.partition("(")[0]
+    parts = [re.sub(r"^(?:and|or)\s+", "", p.strip()) for p in name.split(",")]
+    parts += [name.partition(":")[0].strip()] if ":" in name else []  # "Felony murder: killings…"
     return any(re.search(rf"\b{re.escape(p)}\b", asked, re.I) for p in parts if len(p) > 3)
 
 
@@ -981,9 +987,13 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
     stage.bearing = borne_on(stage, ruled) | (stage.named if stage.q.new_facts else set())
     # The best fit is applied, unless what is asked names an issue: "What is the mailbox rule?"
     # had time, place and manner restrictions applied beside it (fit 0.30 to the mailbox's 0.30).
-    asks = any(named_in(item.issue, stage.q.asked) for _, item, *_ in ruled)
-    low = floor if asks else min(floor, max((fit for *_, fit in ruled), default=1.0))
+    asks = [named_in(item.issue, stage.q.asked) for _, item, *_ in ruled]
+    low = floor if any(asks) else min(floor, max((fit for *_, fit in ruled), default=1.0))
     low_fit = [n > 0 and fit < low for n, (*_, fit) in enumerate(ruled)]
+    if rule_question and any(asks):  # answered on the issues it names ("res ipsa" had defamation)
+        said = [item.issue for a, (_, item, *_) in zip(asks, ruled, strict=True) if a]
+        # and those named after one of them: "What is hearsay?" names "Hearsay definition" too
+        low_fit = [not any(named_in(s, item.issue) for s in said) for _, item, *_ in ruled]
     unfit = [far and not name for far, name in zip(low_fit, named, strict=True)]
     todo = [(r[1].issue, r[2]) for r, out in zip(ruled, unfit, strict=True) if not out]
     applications = iter(_applications(stage, todo))
@@ -994,6 +1004,7 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
             stage.fire(guard)
             what = "what the question asks" if rule_question else "the stated facts"
             why = f"its rule does not fit {what} (cosine {fit:.2f} < {floor})"
+            why = why if fit < floor else "the question names other issues"
             issues[slot] = IssueAnswer(item.issue, "not_raised", why=why)
             continue
         applied, cut, *_ = next(applications)

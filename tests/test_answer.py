@@ -277,6 +277,33 @@ def test_a_rule_question_that_names_its_issue_answers_no_other_issue_for_its_fit
     assert [c.passage_id for c in record.citations] == ["mb"] and script.calls == []
 
 
+def test_a_rule_question_that_names_its_issue_is_answered_on_it_and_issues_named_after_it(
+    tmp_settings,
+):
+    """ "What must a plaintiff show to rely on res ipsa loquitur?" quoted defamation's elements
+    too: their "must show" fits the question past ASKED_FIT.  A rule question that names an issue
+    is answered on it and on issues named after it ("Hearsay definition" beside "Hearsay")."""
+    res_ipsa = {"id": "ri", "title": "Res ipsa loquitur", "text": "Res ipsa loquitur. A plaintiff relying on res ipsa loquitur must show the accident ordinarily does not happen without negligence."}  # fmt: skip
+    malice = {"id": "df", "title": "Defamation", "text": "Defamation. A public figure plaintiff must show actual malice to recover."}  # fmt: skip
+    medical = {"id": "rm", "title": "Res ipsa loquitur in medical cases", "text": "Res ipsa loquitur in medical cases. An unconscious patient need not show which of the surgeons controlled the instrument."}  # fmt: skip
+    client, script = scripted_client(tmp_settings, {})
+    research = [
+        answer.IssueResearch("Res ipsa loquitur", [res_ipsa]),
+        answer.IssueResearch("Defamation", [malice]),
+        answer.IssueResearch("Res ipsa loquitur in medical cases", [medical]),
+    ]
+    question = Question.read("What must a plaintiff show to rely on res ipsa loquitur?")
+    record = answer.build_record(client, question, research, EMBED)
+    status = {i.issue: i for i in record.issues}
+    assert status["Defamation"].fit >= answer.ASKED_FIT
+    assert status["Defamation"].status == "not_raised"
+    assert status["Defamation"].why == "the question names other issues"
+    assert status["Res ipsa loquitur"].status == "answered"
+    assert status["Res ipsa loquitur in medical cases"].status == "answered"
+    assert "Considered, but not what the question asks: Defamation." in record.text
+    assert "df" not in [c.passage_id for c in record.citations] and script.calls == []
+
+
 def test_the_evidence_policy_verifies_the_rule_questions_lead_sentences(tmp_settings):
     """Under the evidence policy a rule question's candidates are the same lead sentences, each
     judged by the grounding gate; the ones it verifies are quoted, in the passage's order."""
