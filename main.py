@@ -713,13 +713,13 @@ def _print_result(result: dict, out: Callable[[str], None]) -> None:
     out(answer_stage.AnswerRecord.shown(record) or "(no answer)")
     if others := record.get("others"):
         on = f"--thread {result['thread_id']}" if result.get("thread_id") else "ask again with"
-        # the answer's issues and one more: on the thread, those it researched are not searched
+        # the issues answered and one more: on the thread, those it researched are not searched
         # or applied again (the hint's one name alone had dropped them from the answer)
         agenda = (result.get("reading") or {}).get("agenda") or []
         kept = [
             i["issue"]
             for i in record.get("issues") or []
-            if i["issue"] in agenda and i["status"] != "not_researched"
+            if i["issue"] in agenda and i["status"] == "answered"
         ]
         # --issues splits at ";": a name with one ("Termination of offers; option contracts and
         # firm offers") is given with a comma, which names the same candidate (mc.doctrine_key)

@@ -86,8 +86,10 @@ def doctrine_key(name: str) -> str:
     """The doctrine a candidate name stands for: the content words before " (", in any order and
     in the singular ("Offer (Firm offer (UCC 2-205))" is "Offer"; "Negligence damages" is "Damages
     in negligence"; "Prior statements of testifying witnesses" is "Prior statements of a
-    testifying witness"; "FRE 404(b)" stays whole)."""
-    return " ".join(sorted(map(_singular, content_words(name.split(" (")[0]))))
+    testifying witness"; "FRE 404(b)" stays whole; "Assignment versus sublease" is "Assignment
+    and sublease")."""
+    words = content_words(name.split(" (")[0]) - {"versus", "vs"}
+    return " ".join(sorted(map(_singular, words)))
 
 
 def _singular(word: str) -> str:
