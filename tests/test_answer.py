@@ -236,26 +236,31 @@ def test_a_rule_questions_rule_is_its_passages_rule_with_what_the_question_asks(
     assert script.calls == []  # a rule question: no application, no bottom line
 
 
+def _rule_answer(tmp_settings, question: str, *passages: dict) -> answer.AnswerRecord:
+    """The answer to a rule question researched as one issue per passage, named by its title (a
+    rule question makes no model call)."""
+    client, script = scripted_client(tmp_settings, {})
+    research = [answer.IssueResearch(p["title"], [p]) for p in passages]
+    record = answer.build_record(client, Question.read(question), research, EMBED)
+    assert script.calls == []
+    return record
+
+
 def test_a_rule_questions_later_issue_far_from_what_it_asks_is_named_not_answered(tmp_settings):
     """Asked for the requirements of adverse possession, the planner's later picks were personal
     jurisdiction and attractive nuisance: an issue after the first whose rule is far from the
     question is named under "Considered, but not what the question asks" (guard not_asked)."""
     possession = {"id": "ap", "title": "Adverse possession", "text": "Adverse possession. A possessor acquires title by possession that is actual, open, exclusive, hostile and continuous for the statutory period."}  # fmt: skip
     forum = {"id": "pj", "title": "Personal jurisdiction", "text": "Personal jurisdiction. A court may hear a claim against a defendant with minimum contacts with the forum state."}  # fmt: skip
-    client, script = scripted_client(tmp_settings, {})
-    research = [
-        answer.IssueResearch("Adverse possession", [possession]),
-        answer.IssueResearch("Personal jurisdiction", [forum]),
-    ]
     question = "What are the requirements for adverse possession of land?"
-    record = answer.build_record(client, Question.read(question), research, EMBED)
+    record = _rule_answer(tmp_settings, question, possession, forum)
     status = {i.issue: i for i in record.issues}
     assert status["Adverse possession"].status == "answered"
     assert status["Personal jurisdiction"].status == "not_raised"
     assert status["Personal jurisdiction"].why.startswith("its rule does not fit what the question")
     assert record.guards["not_asked"] == 1 and record.guards["off_facts"] == 0
     assert "Considered, but not what the question asks: Personal jurisdiction." in record.text
-    assert [c.passage_id for c in record.citations] == ["ap"] and script.calls == []
+    assert [c.passage_id for c in record.citations] == ["ap"]
 
 
 def test_a_rule_question_that_names_its_issue_answers_no_other_issue_for_its_fit(tmp_settings):
@@ -264,17 +269,10 @@ def test_a_rule_question_that_names_its_issue_answers_no_other_issue_for_its_fit
     best fit.  Where what is asked names an issue, no other is applied for fitting best."""
     mailbox = {"id": "mb", "title": "Mailbox rule", "text": "Mailbox rule. Under the mailbox doctrine an acceptance sent by post is effective when dispatched."}  # fmt: skip
     speech = {"id": "tpm", "title": "Time, place and manner restrictions", "text": "Time, place and manner restrictions. The rule for speeches in parks must be content neutral."}  # fmt: skip
-    client, script = scripted_client(tmp_settings, {})
-    research = [
-        answer.IssueResearch("Mailbox rule", [mailbox]),
-        answer.IssueResearch("Time, place and manner restrictions", [speech]),
-    ]
-    record = answer.build_record(
-        client, Question.read("What is the mailbox rule?"), research, EMBED
-    )
+    record = _rule_answer(tmp_settings, "What is the mailbox rule?", mailbox, speech)
     assert [i.status for i in record.issues] == ["answered", "not_raised"]
     assert record.issues[1].why.startswith("its rule does not fit what the question asks")
-    assert [c.passage_id for c in record.citations] == ["mb"] and script.calls == []
+    assert [c.passage_id for c in record.citations] == ["mb"]
 
 
 def test_a_rule_question_that_names_its_issue_is_answered_on_it_and_issues_named_after_it(
@@ -286,14 +284,8 @@ def test_a_rule_question_that_names_its_issue_is_answered_on_it_and_issues_named
     res_ipsa = {"id": "ri", "title": "Res ipsa loquitur", "text": "Res ipsa loquitur. A plaintiff relying on res ipsa loquitur must show the accident ordinarily does not happen without negligence."}  # fmt: skip
     malice = {"id": "df", "title": "Defamation", "text": "Defamation. A public figure plaintiff must show actual malice to recover."}  # fmt: skip
     medical = {"id": "rm", "title": "Res ipsa loquitur in medical cases", "text": "Res ipsa loquitur in medical cases. An unconscious patient need not show which of the surgeons controlled the instrument."}  # fmt: skip
-    client, script = scripted_client(tmp_settings, {})
-    research = [
-        answer.IssueResearch("Res ipsa loquitur", [res_ipsa]),
-        answer.IssueResearch("Defamation", [malice]),
-        answer.IssueResearch("Res ipsa loquitur in medical cases", [medical]),
-    ]
-    question = Question.read("What must a plaintiff show to rely on res ipsa loquitur?")
-    record = answer.build_record(client, question, research, EMBED)
+    question = "What must a plaintiff show to rely on res ipsa loquitur?"
+    record = _rule_answer(tmp_settings, question, res_ipsa, malice, medical)
     status = {i.issue: i for i in record.issues}
     assert status["Defamation"].fit >= answer.ASKED_FIT
     assert status["Defamation"].status == "not_raised"
@@ -301,7 +293,7 @@ def test_a_rule_question_that_names_its_issue_is_answered_on_it_and_issues_named
     assert status["Res ipsa loquitur"].status == "answered"
     assert status["Res ipsa loquitur in medical cases"].status == "answered"
     assert "Considered, but not what the question asks: Defamation." in record.text
-    assert "df" not in [c.passage_id for c in record.citations] and script.calls == []
+    assert "df" not in [c.passage_id for c in record.citations]
 
 
 def test_the_evidence_policy_verifies_the_rule_questions_lead_sentences(tmp_settings):
