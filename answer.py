@@ -567,10 +567,17 @@ def apply_rule(
     numbered = "\n".join(f"{n}. {r}" for n, r in enumerate(reqs, 1))
     mark = LATER_FACT if later else ""
     listed = "\n".join(f"F{n}.{mark if n > later else ''} {f}" for n, f in enumerate(facts, 1))
-    result = prompts.call(client, "apply", issue=issue, rule=numbered, facts=listed)
-    parsed = result.parsed
-    if parsed is None and result.finish_reason == "length":
-        parsed = complete_checks(result.text)
+    # a reply cut off at its budget is kept and cached when it holds complete checks (the 1.5B
+    # sometimes lists one requirement's facts until its budget runs out: a call each rerun)
+    result = prompts.call(
+        client,
+        "apply",
+        accept=lambda text: complete_checks(text) is not None,
+        issue=issue,
+        rule=numbered,
+        facts=listed,
+    )
+    parsed = result.parsed or complete_checks(result.text)  # cut off now, or when cached
     if parsed is None:
         return None
     # the first finding per requirement; one the reply left out is not decided

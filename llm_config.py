@@ -225,8 +225,8 @@ class LLMClient:
         """Send ``messages`` (LangChain messages or (role, content) tuples) for ``role``.  With
         ``schema``, ``.parsed`` is the reply parsed into it, or None with ``.parse_error`` saying
         why.  ``json_mode`` forces "schema" (provider JSON-schema mode) or "prompt"; None picks
-        schema mode where the provider supports it.  ``accept``: whether a free-text reply is
-        usable (else it is not cached).  Raises LLMCallError when the call still fails after
+        schema mode where the provider supports it.  ``accept``: whether a reply is usable (else
+        it is not cached); by default one that parsed, or any text without a schema.  Raises LLMCallError when the call still fails after
         LLM_MAX_RETRIES (a 429 asking to wait over 2 minutes, at once), LLMConfigError at once,
         LLMDeadlineError once ``self.deadline`` passes (no attempt starts or lasts past it)."""
         cfg = providers.resolve(role, self.settings)
@@ -308,7 +308,7 @@ class LLMClient:
             retries=result.retries, parse_failed=result.parse_error is not None, empty=result.empty,
         ))  # fmt: skip
         # Only good replies are cached: a bad one would be replayed to every later run.
-        usable = not result.empty and not result.parse_error and (accept or bool)(result.text)
+        usable = not result.empty and (accept(result.text) if accept else not result.parse_error)
         if self._cache is not None and hit is None and usable:
             self._cache.update(prompt, llm_string, [ChatGeneration(message=message)])
         return result

@@ -373,15 +373,18 @@ def test_an_application_cites_the_rule_sentence_its_requirement_comes_from():
     assert [s.cites for s in said] == [[4], [4, 7], [7]]  # no source found: every rule sentence
 
 
-def test_cut_off_application_reply_is_used(tmp_settings):
+def test_cut_off_application_reply_is_used_and_cached(tmp_settings):
+    """A reply cut off at its budget keeps its complete checks, and is cached like a good one:
+    each rerun of a fact pattern had asked the model again (4 such calls a fact-pattern eval)."""
+    settings = tmp_settings.replace(llm_cache=True)
     cut = CutOff('{"checks": [{"n": 1, "fact": "handcuffed", "met": "no"}, {"req')  # fmt: skip
-    client, _ = scripted_client(tmp_settings, {"apply": [cut]})
-    got = answer.apply_rule(
-        client, "Search incident to arrest", ["within reaching distance"], ["f"]
-    )
-    assert (
-        got is not None and got[0].met == "no" and got[0].requirement == "within reaching distance"
-    )
+    for replies in ([cut], []):  # then from the cache: no reply is scripted
+        client, _ = scripted_client(settings, {"apply": replies})
+        got = answer.apply_rule(
+            client, "Search incident to arrest", ["within reaching distance"], ["f"]
+        )
+        assert [(c.requirement, c.met) for c in got] == [("within reaching distance", "no")]
+    assert client.summary()["cached_calls"] == 1
 
 
 def test_a_check_names_its_fact_by_number_and_a_check_without_one_is_not_met(tmp_settings):
