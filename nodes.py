@@ -159,11 +159,15 @@ def left_off(
 def passed_over(state: AgentState, ctx: AgentContext, quoted: Collection[str] = ()) -> list[str]:
     """The planner's candidates left off the agenda, what the user may research next (the 1.5B
     passed over "Abnormally dangerous activities" for a blasting question); of a fact pattern, those
-    a stated fact fits at :data:`OTHERS_FIT`.  None the answer quotes (``quoted``) or the thread
-    researched, and none when the user set or reviewed the agenda."""
-    facts = state["parsed"].facts
-    if state["parsed"].issues or _reading(state, "review"):
+    a stated fact fits at :data:`OTHERS_FIT`; of a rule question that names an issue, those named
+    after it ("What is the mailbox rule?" listed answers and Rule 12 defenses).  None the answer
+    quotes (``quoted``) or the thread researched, and none when the user set or reviewed the
+    agenda."""
+    q = state["parsed"]
+    facts = q.facts
+    if q.issues or _reading(state, "review"):
         return []
+    asked = [i for i in planned(state) if answer_stage.named_in(i, q.asked)]
 
     def fits(name: str) -> bool:
         try:
@@ -175,6 +179,8 @@ def passed_over(state: AgentState, ctx: AgentContext, quoted: Collection[str] = 
 
     researched = [*planned(state), *thread_research(state)]
     names = left_off(researched, _reading(state, "candidates") or [], quoted)
+    if q.kind == "rule_question" and asked:
+        names = [n for n in names if any(answer_stage.named_in(a, n) for a in asked)]
     return list(itertools.islice(filter(fits, names) if facts else names, PASSED_OVER))
 
 

@@ -1476,6 +1476,23 @@ def test_a_passed_over_doctrine_whose_passage_the_answer_cites_is_not_named(tmp_
     assert quoted == ["Battery", "Assault", "Robbery"]
 
 
+def test_a_rule_question_that_names_its_doctrine_lists_only_doctrines_named_after_it(tmp_settings):
+    """ "What is the mailbox rule?" listed "Answer, defenses and waiver" and "Rule 12 defenses"
+    as doctrines not researched; a rule question that names its doctrine lists only candidates
+    named after it."""
+    from question import Question
+
+    ctx = fake_context(tmp_settings)
+    names = ["Mailbox rule", "Answer, defenses and waiver", "Mailbox rule for option contracts"]
+    state = {
+        "parsed": Question.read("What is the mailbox rule?"),
+        "reading": {"agenda": names[:1], "candidates": names},
+    }
+    assert nodes.passed_over(state, ctx) == ["Mailbox rule for option contracts"]
+    state["parsed"] = Question.read("Which rules govern when an acceptance takes effect?")
+    assert nodes.passed_over(state, ctx) == names[1:]
+
+
 def test_an_answer_names_the_candidate_doctrines_its_agenda_passed_over(tmp_settings):
     """The 1.5B put "Liability insurance" on a blasting question's agenda and passed over
     "Abnormally dangerous activities", its first candidate: the answer names the candidates it
