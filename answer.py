@@ -262,7 +262,10 @@ class AnswerRecord:
         the doctrines it did not research (``others``: named, not stated, so not in ``text``)."""
         text = str((record.get("mc") or {}).get("text") or record.get("text") or "")
         if others := record.get("others"):
-            text += f"\n\nOther doctrines the sources hold, not researched: {'; '.join(others)}."
+            # a name holding ";" ("Termination of offers; option contracts and firm offers")
+            # shows with a comma, as --issues reads it: the list itself is split by ";"
+            names = "; ".join(o.replace(";", ",") for o in others)
+            text += f"\n\nOther doctrines the sources hold, not researched: {names}."
         return text
 
     @property

@@ -428,11 +428,14 @@ def test_a_passed_over_doctrine_is_researched_on_the_thread_without_asking_again
 def test_the_hint_for_a_doctrine_whose_name_holds_a_semicolon_researches_that_doctrine():
     """A contracts answer hinted `--issues "Termination of offers; option contracts and firm
     offers"`, a passage title; --issues splits at ";", so pasting the hint researched two issues
-    of the user's words.  The hint gives the name with a comma, which names the candidate."""
+    of the user's words.  The hint gives the name with a comma, which names the candidate, and so
+    does the list of doctrines not researched, itself split by ";"."""
     name = "Termination of offers; option contracts and firm offers"
     lines: list[str] = []
     record = {"text": "1. Offer", "others": [name, "Mailbox rule"]}
     main._print_result({"thread_id": "t1", "parsed": {}, "answer": record}, lines.append)
+    listed = "Other doctrines the sources hold, not researched: Termination of offers, option"
+    assert f"{listed} contracts and firm offers; Mailbox rule." in "\n".join(lines)
     hint = next(line for line in lines if line.startswith("(To research one more:"))
     given = hint.split('--issues "')[1].split('"')[0]
     assert main.nodes.user_agenda(given.split(";"), ["Offer", name]) == [name]
