@@ -516,8 +516,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="research these issues (doctrine names, separated by ';') instead of the ones the "
         "model picks: each is the candidate it names (--review lists them), else searched as "
         "written and as the taxonomy doctrine it names ('propensity' also searches 'Character "
-        "evidence'; up to MAX_STEPS; a multiple-choice question is then researched, not answered in "
-        "lean mode); with --thread ID and no question, the thread's last question",
+        "evidence'; up to MAX_STEPS new ones; a multiple-choice question is then researched, not "
+        "answered in lean mode); with --thread ID and no question, the thread's last question "
+        "(an issue the thread researched is not searched again)",
     )
     add(
         "--resume",
