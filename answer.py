@@ -443,6 +443,12 @@ def named_in(issue: str, asked: str) -> bool:
     return any(re.search(rf"\b{re.escape(p)}\b", asked, re.I) for p in parts if len(p) > 3)
 
 
+def named_after(name: str, issues: Sequence[str]) -> bool:
+    """Whether ``name`` is one of ``issues`` or named after one: a rule question that names
+    "Hearsay" asks about "Hearsay definition" too."""
+    return any(named_in(i, name) for i in issues)
+
+
 def raised(checks: Sequence[Check]) -> bool:
     """Whether the facts raise the issue at all: a stated fact decides some requirement (else guard
     ``not_raised``: it is named, not answered)."""
@@ -987,23 +993,25 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
     fit and a named issue are always applied, and so is the first unraised one when no other is."""
     rule_question = stage.q.kind == "rule_question"
     floor, guard = (ASKED_FIT, "not_asked") if rule_question else (FACT_FIT, "off_facts")
-    asked = stage.q.asked if stage.q.kind == "fact_pattern" else ""
-    named = [item.chosen or bool(asked) and named_in(item.issue, asked) for _, item, *_ in ruled]
+    asks = [named_in(item.issue, stage.q.asked) for _, item, *_ in ruled]
+    fact_pattern = stage.q.kind == "fact_pattern"
+    named = [
+        item.chosen or fact_pattern and a for a, (_, item, *_) in zip(asks, ruled, strict=True)
+    ]
     # A named issue keeps the facts the model ties to it (guard named_issue's "Dana" trial), new
     # ones too: "Dana had planned to keep the laptop" reads nearer work product's "tangible things".
     stage.named = {item.issue for (_, item, *_), name in zip(ruled, named, strict=True) if name}
     # with no new fact (a thread's question again, on issues the user names), the earlier
     # application of an issue the thread researched stands
     stage.bearing = borne_on(stage, ruled) | (stage.named if stage.q.new_facts else set())
-    # The best fit is applied, unless what is asked names an issue: "What is the mailbox rule?"
-    # had time, place and manner restrictions applied beside it (fit 0.30 to the mailbox's 0.30).
-    asks = [named_in(item.issue, stage.q.asked) for _, item, *_ in ruled]
-    low = floor if any(asks) else min(floor, max((fit for *_, fit in ruled), default=1.0))
-    low_fit = [n > 0 and fit < low for n, (*_, fit) in enumerate(ruled)]
     if rule_question and any(asks):  # answered on the issues it names ("res ipsa" had defamation)
         said = [item.issue for a, (_, item, *_) in zip(asks, ruled, strict=True) if a]
-        # and those named after one of them: "What is hearsay?" names "Hearsay definition" too
-        low_fit = [not any(named_in(s, item.issue) for s in said) for _, item, *_ in ruled]
+        low_fit = [not named_after(item.issue, said) for _, item, *_ in ruled]
+    else:
+        # The best fit is applied, unless what is asked names an issue: "What is the mailbox
+        # rule?" had time, place and manner restrictions beside it (fit 0.30 to its own 0.30).
+        low = floor if any(asks) else min(floor, max((fit for *_, fit in ruled), default=1.0))
+        low_fit = [n > 0 and fit < low for n, (*_, fit) in enumerate(ruled)]
     unfit = [far and not name for far, name in zip(low_fit, named, strict=True)]
     todo = [(r[1].issue, r[2]) for r, out in zip(ruled, unfit, strict=True) if not out]
     applications = iter(_applications(stage, todo))
@@ -1013,8 +1021,11 @@ def _apply_issues(stage: _Stage, issues: list[IssueAnswer], ruled: Sequence[Rule
         if unfit[n]:
             stage.fire(guard)
             what = "what the question asks" if rule_question else "the stated facts"
-            why = f"its rule does not fit {what} (cosine {fit:.2f} < {floor})"
-            why = why if fit < floor else "the question names other issues"
+            why = (
+                f"its rule does not fit {what} (cosine {fit:.2f} < {floor})"
+                if fit < floor
+                else "the question names other issues"
+            )
             issues[slot] = IssueAnswer(item.issue, "not_raised", why=why)
             continue
         applied, cut, *_ = next(applications)

@@ -169,8 +169,9 @@ def _ask_for_json(msgs: list[Any], schema: type[BaseModel], *, in_system: bool) 
 
 class LLMClient:
     """The call helper every node and eval script uses, on LangChain's structured output, rate
-    limiter and cache interface and the SDK's retries; it adds the run deadline, lenient JSON replies and
-    per-call records.  ``llm_factory(role) -> BaseChatModel`` replaces ``providers.chat_model``."""
+    limiter and cache interface and the SDK's retries; it adds the run deadline, lenient JSON
+    replies and per-call records.  ``llm_factory(role) -> BaseChatModel`` replaces
+    ``providers.chat_model``."""
 
     def __init__(self, settings: Settings, llm_factory: Callable[[str], Any] | None = None) -> None:
         self.settings = settings
@@ -226,9 +227,10 @@ class LLMClient:
         ``schema``, ``.parsed`` is the reply parsed into it, or None with ``.parse_error`` saying
         why.  ``json_mode`` forces "schema" (provider JSON-schema mode) or "prompt"; None picks
         schema mode where the provider supports it.  ``accept``: whether a reply is usable (else
-        it is not cached); by default one that parsed, or any text without a schema.  Raises LLMCallError when the call still fails after
-        LLM_MAX_RETRIES (a 429 asking to wait over 2 minutes, at once), LLMConfigError at once,
-        LLMDeadlineError once ``self.deadline`` passes (no attempt starts or lasts past it)."""
+        it is not cached); by default one that parsed, or any text without a schema.  Raises
+        LLMCallError when the call still fails after LLM_MAX_RETRIES (a 429 asking to wait over 2
+        minutes, at once), LLMConfigError at once, LLMDeadlineError once ``self.deadline`` passes
+        (no attempt starts or lasts past it)."""
         cfg = providers.resolve(role, self.settings)
         deadline = self.deadline
         if deadline is not None and time.monotonic() >= deadline:

@@ -180,7 +180,7 @@ def passed_over(state: AgentState, ctx: AgentContext, quoted: Collection[str] = 
     researched = [*planned(state), *thread_research(state)]
     names = left_off(researched, _reading(state, "candidates") or [], quoted)
     if q.kind == "rule_question" and asked:
-        names = [n for n in names if any(answer_stage.named_in(a, n) for a in asked)]
+        names = [n for n in names if answer_stage.named_after(n, asked)]
     return list(itertools.islice(filter(fits, names) if facts else names, PASSED_OVER))
 
 
