@@ -172,6 +172,10 @@ def passed_over(state: AgentState, ctx: AgentContext, quoted: Collection[str] = 
     def fits(name: str) -> bool:
         try:
             top = candidate_search(ctx, name, facts)[:3]
+            # the sources hold the doctrine: a passage on it (off_doctrine's test), not only
+            # passages about the facts (a user's noise ordinance "held" emotional distress)
+            scores = answer_stage.doctrine_scores(name, top, ctx.embed)
+            top = [d for d, s in zip(top, scores, strict=True) if s >= answer_stage.DOCTRINE_MATCH]
             return any(max(ctx.passage_cosines(f, top), default=0.0) >= OTHERS_FIT for f in facts)
         except Exception as exc:  # noqa: BLE001 - a hint, not the answer: name it unchecked
             logger.warning("passed-over candidate %r not checked: %s", name, exc)
