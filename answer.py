@@ -395,14 +395,18 @@ class IssueResearch:
     """The user set it (``--issues`` or the plan review): applied as an issue the question names."""
 
 
-def pin_cite(doc: Mapping[str, Any]) -> str:
+def pin_cite(doc: Mapping[str, Any], sentence: str = "", pin: str = "") -> str:
     """A pin cite to a passage of the user's documents, from its metadata ("Terry v. Ohio, 392
-    U.S. 1, 27 (1968)", "28 U.S.C. § 1441(b)(2)"); "" without one.  A research record
-    (``nodes._passage_record``) carries it already computed."""
+    U.S. 1, 27 (1968)", "28 U.S.C. § 1441(b)(2)"); "" without one.  With ``sentence``, the pin of
+    the passage's line that holds it (a chunk of § 9-3(a) and (b) quoted for its (b)).  A research
+    record (``nodes._passage_record``) carries them already computed."""
+    lines = doc.get("line_pins") or {}
+    if sentence and (at := next((p for line, p in lines.items() if sentence in line), "")):
+        return at
     if doc.get("pin"):
         return str(doc["pin"])
     meta = doc.get("metadata") or {}
-    pin = str(meta.get("pin") or "").strip()
+    pin = pin or str(meta.get("pin") or "").strip()
     if not pin:
         return ""
     cite = str(meta.get("citation") or "").strip()
@@ -910,7 +914,7 @@ def _answered(
     for d, s in rule:  # a sentence is cited once, numbered in the order first quoted
         if (key := (str(d["id"]), s)) not in stage.cited:
             title = str(d.get("title") or "")
-            stage.cited[key] = Citation(len(stage.cited) + 1, key[0], title, s, pin_cite(d))
+            stage.cited[key] = Citation(len(stage.cited) + 1, key[0], title, s, pin_cite(d, s))
     cites = [stage.cited[(str(d["id"]), s)].n for d, s in rule]
     answer = IssueAnswer(issue, "answered")
     answer.sentences = [Sentence(s, "rule", [n]) for (_, s), n in zip(rule, cites, strict=True)]

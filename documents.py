@@ -984,9 +984,11 @@ def chunk_document(
         base["date_int"] = filters.parse_date(doc.meta["date"])
     out: list[dict[str, Any]] = []
 
-    def emit(text: str, unit: _Unit, pin: str) -> None:
+    def emit(text: str, unit: _Unit, pin: str, pins: Sequence[str] = ()) -> None:
         b = unit.block
         meta = {"heading": " > ".join(b.heading), "pin": pin, "page": b.page, "part": unit.part}
+        if len(set(pins)) > 1:  # each line's own pin: a quote from its (b) is pinned to (b)
+            meta["line_pins"] = "\n".join(pins)
         out.append({"idx": f"{doc.doc_id}#{len(out) + 1}", "text": text, **base})
         out[-1].update({k: v for k, v in meta.items() if v not in (None, "")})
 
@@ -998,7 +1000,7 @@ def chunk_document(
             return  # headings wait for the text they open
         text = "\n".join(u.text for u in group)
         if sum(u.tokens + 1 for u in group) <= max_tokens and count(text) <= max_tokens:
-            emit(text, body[0], body[0].pin)
+            emit(text, body[0], body[0].pin, [u.pin for u in group])
         else:  # each piece is pinned where it starts: its unit, and a star page passed in it
             starts = [0, *itertools.accumulate(len(u.text) + 1 for u in group)]
             for start, piece in _pieces(text, max_tokens, overlap_tokens, count):
@@ -1006,7 +1008,8 @@ def chunk_document(
                 unit, lead = group[k], _STAR.match(piece)  # a piece opening on "*3" is on *3
                 at = text[starts[k] : start] + (lead.group(0) if lead else "")
                 star = _advance_star(at, unit.star) if unit.star is not None else None
-                emit(piece, unit, f"*{star}" if star else unit.pin)
+                pin = f"*{star}" if star else unit.pin
+                emit(piece, unit, pin, [pin, *(u.pin for u in group[k + 1 :][: piece.count("\n")])])
         group.clear()
 
     for u in _units(doc):

@@ -219,6 +219,19 @@ def _passage_record(doc: dict) -> dict:
         "heading": (doc.get("metadata") or {}).get("heading") or "",
         "pin": answer_stage.pin_cite(doc),
         "doc_id": (doc.get("metadata") or {}).get("doc_id") or "",  # the user's own document
+    } | ({"line_pins": pins} if (pins := line_pins(doc)) else {})
+
+
+def line_pins(doc: dict) -> dict[str, str]:
+    """A loaded document's pin cite per line (line -> pin) when its lines differ: a statute chunk
+    of several subsections, an opinion's paragraphs on two star pages ({} else)."""
+    meta = doc.get("metadata") or {}
+    pins = str(meta.get("line_pins") or "").split("\n")
+    lines = str(doc.get("text") or "").split("\n")
+    if len(pins) != len(lines) or len(set(pins)) < 2:
+        return {}
+    return {
+        line: answer_stage.pin_cite(doc, pin=pin) for line, pin in zip(lines, pins, strict=True)
     }
 
 

@@ -145,6 +145,26 @@ def test_a_statute_is_cut_by_subsection_and_pinned_to_the_deepest_one(tmp_path):
     assert all(c["heading"].startswith("28 U.S.C. § 1332.") for c in chunks)
 
 
+def test_a_quote_from_a_later_subsection_of_a_chunk_is_pinned_to_that_subsection(tmp_path):
+    """A user's noise ordinance cited "Maple City Noise Ordinance, § 9-3(a)" for the quoted "(b) A
+    second violation ... is punishable by a fine of $200": a chunk is pinned where it starts, so a
+    quote from its later lines carried the first subsection's pin.  Each line keeps its own."""
+    import answer
+    import nodes
+
+    chunks = chunks_of(write(tmp_path / "1332.txt", DIVERSITY), max_tokens=80, overlap_tokens=10)
+    chunk = next(c for c in chunks if c["pin"] == "§ 1332(a)(2)")
+    found = {"id": chunk["idx"], "title": chunk["title"], "text": chunk["text"], "metadata": chunk}
+    record = nodes._passage_record(found)  # a passage as a search returns it, as research keeps it
+    quote = "(3) citizens of different States and in which citizens or subjects of a foreign state"
+    assert quote in chunk["text"].split("\n")[1]
+    sentence = next(s for s in answer.candidate_sentences(record) if s.startswith(quote))
+    assert answer.pin_cite(record, sentence) == "28 U.S.C. § 1332(a)(3)"
+    assert (
+        answer.pin_cite(record) == "28 U.S.C. § 1332(a)(2)"
+    )  # the passage itself: where it starts
+
+
 def test_an_opinion_keeps_star_pages_parts_and_its_caption(tmp_path):
     chunks = chunks_of(write(tmp_path / "terry.txt", OPINION), max_tokens=40, overlap_tokens=8)
     first = chunks[0]
