@@ -286,10 +286,15 @@ def _guess_kind(blocks: Sequence[Block]) -> str:
     return "brief"
 
 
+_CAPTION_END = re.compile(r",\s*\d|\s+(?:Nos?\.\s*\d|Docket\b|(?:Argued|Decided|Filed)\s+[A-Z])")
+
+
 def _guess_title(texts: Sequence[str]) -> str:
     texts = [" ".join(t.split()) for t in texts if t.strip()]
     caption = next((t for t in texts if len(t) <= 150 and _CAPTION.match(t)), None)
-    title = re.split(r",\s*\d", caption)[0] if caption else texts[0] if texts else ""
+    # the case name ends at its citation ("Smith v. Jones, 392 U.S. 1") or a caption line the
+    # reader joined to it ("KELLER v. BRANDT No. 2021-0456. Decided May 4, 2022.")
+    title = _CAPTION_END.split(caption)[0] if caption else texts[0] if texts else ""
     return title if len(title) <= 200 else title[:200].rsplit(" ", 1)[0] + "…"
 
 

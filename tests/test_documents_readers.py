@@ -189,6 +189,19 @@ def test_an_opinion_keeps_star_pages_parts_and_its_caption(tmp_path):
     assert chunk_with("I agree that petitioner")["part"] == "dissent"
 
 
+def test_a_case_name_joined_to_its_docket_line_is_the_title_alone(tmp_path):
+    """A user's PDF opinion had its caption and docket lines read as one paragraph, and every
+    citation read "KELLER v. BRANDT No. 2021-0456. Decided May 4, *102"."""
+    text = (
+        "SUPREME COURT OF OHIO\n\nKELLER v. BRANDT No. 2021-0456. Decided May 4, 2022.\n\n"
+        "JUSTICE HALE delivered the opinion of the court.\n\n*101 We disagree with the trial "
+        "court. A tenant deprived of the premises by the landlord's failure to repair is "
+        "constructively evicted.\n"
+    )
+    doc = documents.read_document(write(tmp_path / "keller.txt", text))
+    assert (doc.kind, doc.title, doc.meta["date"]) == ("opinion", "KELLER v. BRANDT", "2022-05-04")
+
+
 def test_a_state_court_opinion_gets_its_court_and_state(tmp_path):
     text = (
         "IN THE SUPREME COURT OF TEXAS\n\nIN RE SMITH v. JONES\n\nDecided March 3, 2006.\n\n"
