@@ -25,7 +25,14 @@ import load_corpus
 import rag_utils
 from context import AgentContext
 from mc import format_choices
-from providers import LLMConfigError, check_config, install_log_redaction, redact_url, resolve
+from providers import (
+    LLMConfigError,
+    check_config,
+    check_reachable,
+    install_log_redaction,
+    redact_url,
+    resolve,
+)
 from question import MC_LETTERS
 from settings import Settings, load_dotenv_file
 
@@ -372,6 +379,7 @@ def require_llm(settings: Settings, llm_factory: LLMFactory = None) -> None:
     """Raise LLMConfigError for any role's bad configuration (unless a test injects chat models)."""
     if llm_factory is None:
         check_config(settings)
+        check_reachable(settings)
 
 
 # --- CLI ----------------------------------------------------------------------------------------

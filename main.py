@@ -42,7 +42,7 @@ import providers
 import rag_utils
 from context import AgentContext
 from llm_config import LLMCallError, LLMDeadlineError
-from providers import LLMConfigError, check_config, install_log_redaction
+from providers import LLMConfigError, check_config, check_reachable, install_log_redaction
 from question import MAX_QUESTION_CHARS, InputError, Question, parse
 from settings import SEARCH_TYPES, VARIABLES, Settings, SettingsError, load_dotenv_file, run_script
 from state import STATE_VERSION, AgentState, AnswerStageInput, AnswerStageOutput
@@ -938,6 +938,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.answer_mode == "lean" and not (choices or items):
             raise InputError(LEAN_NEEDS_CHOICES)
         check_config(settings)  # every role's provider, before the index or any model loads
+        check_reachable(settings)  # a server on this machine that is not running
         rag_utils.require_reranker(settings)  # a missing model stops here, not mid-research
     except (InputError, SettingsError, LLMConfigError, rag_utils.ModelLoadError) as exc:
         return _error(exc)

@@ -212,13 +212,20 @@ def call_timeout(cfg: ResolvedLLM, settings: Settings) -> float:
     the embedded model and servers on loopback (slow CPU inference), :data:`REMOTE_TIMEOUT_S`."""
     if settings.llm.timeout > 0:
         return float(settings.llm.timeout)
+    return LOCAL_TIMEOUT_S if cfg.local or _loopback(cfg.base_url) else REMOTE_TIMEOUT_S
+
+
+def _loopback(url: str | None) -> tuple[str, int] | None:
+    """(host, port) of a URL on this machine (a server the user runs: Ollama, vLLM); else None."""
     try:
-        host = (urllib.parse.urlsplit(cfg.base_url or "").hostname or "").lower()
+        parts = urllib.parse.urlsplit(url or "")
+        host, port = (parts.hostname or "").lower(), parts.port
     except ValueError:
-        host = ""
-    loopback = host in {"localhost", "::1", "0.0.0.0"} or host.startswith("127.")
-    here = cfg.local or loopback or host.endswith(".localhost")
-    return LOCAL_TIMEOUT_S if here else REMOTE_TIMEOUT_S
+        return None
+    here = host in {"localhost", "::1", "0.0.0.0"} or host.startswith("127.")
+    if not (here or host.endswith(".localhost")):
+        return None
+    return host, port or (443 if parts.scheme == "https" else 80)
 
 
 def resolve(role: str | None, settings: Settings) -> ResolvedLLM:
@@ -277,6 +284,31 @@ def check_config(settings: Settings, roles: tuple[str | None, ...] = (None, "cla
         cfg = resolve(role, settings)
         if cfg.local:
             local_llm.check_installed(cfg.provider)
+
+
+def check_reachable(settings: Settings, roles: tuple[str | None, ...] = (None, "classify")) -> None:
+    """Raise LLMConfigError when a role's server runs on this machine (a loopback URL) and nothing
+    listens there: a user who has not started Ollama learns it at once, not after each call's
+    retries (two calls of five attempts: 14 s).  A remote endpoint is not contacted."""
+    import socket
+
+    seen = set()
+    for role in roles:
+        cfg = resolve(role, settings)
+        if cfg.local or (at := _loopback(cfg.base_url)) is None or at in seen:
+            continue
+        seen.add(at)
+        try:
+            socket.create_connection(at, timeout=2).close()
+        except ConnectionRefusedError:
+            fast = role in FAST_ROLES and settings.llm.provider_fast
+            var = "LLM_PROVIDER_FAST" if fast else "LLM_PROVIDER"
+            raise LLMConfigError(
+                f"{var}={cfg.provider}: nothing answers at {cfg.display_url} (connection "
+                "refused): start its server (Ollama: `ollama serve`) or choose another provider"
+            ) from None
+        except OSError:  # another failure (a firewall, a slow start): the calls will say
+            continue
 
 
 _models: dict[tuple, Any] = {}

@@ -106,17 +106,34 @@ def test_graph_prints_mermaid(tmp_path):
     assert "subgraph answer" in out and "letter" in out and "replanner" in out
 
 
+def _closed_port() -> int:
+    """A port on this machine where nothing listens (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+CLOSED = f"http://127.0.0.1:{_closed_port()}/v1"
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [
         ({"LLM_PROVIDER": "groq"}, "LLM_PROVIDER=groq needs an API key: set GROQ_API_KEY"),
+        # Ollama not started: each call had retried for ~7 s before the run failed
+        (
+            {"LLM_PROVIDER": "ollama", "LLM_BASE_URL": CLOSED},
+            f"LLM_PROVIDER=ollama: nothing answers at {CLOSED} (connection refused)",
+        ),
         ({"LLM_PROVIDER": "gemma-nope"}, "LLM_PROVIDER='gemma-nope' is not a known provider"),
         (
             {"LLM_PROVIDER": "local", "LLM_PROVIDER_FAST": "cerebras"},
             "LLM_PROVIDER_FAST=cerebras needs an API key: set CEREBRAS_API_KEY",
         ),
     ],
-    ids=["missing-key", "unknown-provider", "fast-role-missing-key"],
+    ids=["missing-key", "server-not-running", "unknown-provider", "fast-role-missing-key"],
 )
 @pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["text", "json"])
 def test_configuration_error_exits_2_with_one_line_and_nothing_on_stdout(
