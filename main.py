@@ -594,6 +594,12 @@ def read_batch(path: str, lean: bool = False) -> list[tuple[str, str]]:
     else:
         blocks = [b.strip() for b in re.split(r"\n\s*\n", text) if b.strip()]
         items = [(str(n), b) for n, b in enumerate(blocks, 1)]
+        for qid, b in items:  # a question a line, with no blank line between: one question
+            if (asks := sum(line.rstrip().endswith("?") for line in b.splitlines())) > 1:
+                raise InputError(
+                    f"--batch {path}, question {qid}: {asks} of its lines end in '?', as if each "
+                    "were a question: separate questions with a blank line (or use JSON lines)"
+                )
     if not items:
         raise InputError(f"--batch {path}: no question in it")
     for qid, count in Counter(i for i, _ in items).items():

@@ -520,6 +520,26 @@ def test_a_bad_batch_stops_before_any_question_with_one_line(
     assert asked == [] and not (tmp_path / "qs.answers.jsonl").exists()
 
 
+def test_a_text_batch_with_a_question_a_line_stops_and_says_how_to_separate_them(
+    tmp_path, monkeypatch, capsys
+):
+    """A user's file of two questions, one a line, was answered as one question, "What is the
+    mailbox rule? What are the elements of battery?" ("batch: 1 question(s)")."""
+    (tmp_path / "qs.txt").write_text(
+        "What is the mailbox rule?\nWhat are the elements of battery?\n"
+    )
+    asked = fake_batch_run(monkeypatch, tmp_path, {})
+    assert main.main(["--no-index", "--batch", str(tmp_path / "qs.txt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "separate questions with a blank line" in err[0], err
+    assert asked == []
+    (tmp_path / "qs.txt").write_text(
+        "What is the mailbox rule?\n\nWhat are the elements of battery?\n"
+    )
+    assert main.main(["--no-index", "--batch", str(tmp_path / "qs.txt")]) == 0
+    assert asked == ["What is the mailbox rule?", "What are the elements of battery?"]
+
+
 @pytest.mark.slow
 @pytest.mark.local_llm
 def test_a_batch_on_the_offline_default_answers_each_question_as_the_cli_does(tmp_path):
