@@ -789,10 +789,14 @@ def ask_review(pause: dict) -> str:
 
 
 def print_history(turns: list[dict], out: Callable[[str], None]) -> None:
-    """The questions asked on a thread, each with its agenda and its answer's first line."""
+    """The questions asked on a thread, each with its agenda and its answer's bottom line (or its
+    first line: "1. Seller's remedies under the UCC" said nothing of how it ended)."""
     for n, turn in enumerate(turns, 1):
         record = turn.get("answer") or {}
+        tail = [i for i in record.get("issues") or [] if i.get("issue") == "Bottom line"]
+        said = [s["text"] for i in tail for s in i.get("sentences") or []][:1]
         first = (answer_stage.AnswerRecord.shown(record) or "(no answer)").splitlines()[0]
+        first = f"Bottom line: {said[0]}" if said else first
         out(f"{n}. {turn.get('question')}")
         out(f"   issues: {'; '.join(turn.get('issues') or []) or 'none'}")
         out(f"   answer: {first}")

@@ -379,6 +379,8 @@ def test_history_prints_a_threads_questions(tmp_settings, monkeypatch, capsys):
     assert main.main(["--thread", thread, "--history"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"1. {FACTS}\n   issues: Negligence; Comparative negligence\n   answer: ")
+    # how the answer ended, not its first issue's heading ("1. Negligence")
+    assert out.splitlines()[2].startswith("   answer: Bottom line: ")
     assert main.main(["--thread", "nope", "--history"]) == 2
     assert "no question has been answered on thread nope" in capsys.readouterr().err
     assert main.main(["--history"]) == 2
