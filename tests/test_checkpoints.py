@@ -221,12 +221,18 @@ def test_a_run_stopped_mid_research_resumes_from_its_last_checkpoint(tmp_setting
     assert resumed["answer"]["text"] == fresh["answer"]["text"] and not resumed.get("error")
 
 
-def test_ctrl_c_that_lands_while_a_step_ends_resumes_after_that_step(tmp_settings, store):
+def test_ctrl_c_that_lands_while_a_step_ends_resumes_after_that_step(tmp_settings, store, request):
     """Ctrl-C reaches the CLI's main thread while LangGraph runs the answer stage in a worker,
     which ends and keeps its writes with no next checkpoint: `--resume` had refused the run as
     finished, and the answer computed was lost.  It now goes on from those writes."""
     import _thread
+    import signal
     import time
+
+    # Python's own Ctrl-C handler, as a terminal gives it: a shell's background job (`pytest &`)
+    # starts with SIGINT ignored, and the simulated Ctrl-C would then do nothing.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
 
     replies = fact_replies()
     last = replies["apply"][-1]
