@@ -1067,7 +1067,7 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     return {"answer": record}, f"({result.letter}) via {result.strategy}{retried}{closed}"
 
 
-ROUTINE_GUARDS = frozenset({"off_doctrine", "off_facts", "named_issue"})
+ROUTINE_GUARDS = frozenset({"off_doctrine", "off_facts", "not_asked", "named_issue"})
 """Guards that sort the research (a passage or an issue set aside) rather than repair a reply:
 an answer where they fired may still be cached."""
 

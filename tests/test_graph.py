@@ -315,6 +315,20 @@ def test_a_rule_question_states_the_rule_without_an_application(tmp_settings):
     assert not result["answer"]["abstained"]
 
 
+def test_a_rule_answer_that_sets_aside_an_issue_not_asked_is_kept_in_the_qa_memory(tmp_settings):
+    """ "What is the mailbox rule?" asked twice ran the research twice: an answer where not_asked
+    set an issue aside was never cached.  Like off_facts, it sorts the research (cosine of a rule
+    to the question), it repairs no reply."""
+    replies = {
+        "classify": [J(topic="law", area="torts", legal=True, query_type="simple")],
+        "plan": [J(issues=["Comparative negligence", "Free speech at public universities"])],
+    }
+    question = "What is comparative negligence?"
+    result, _, memory, _ = run(tmp_settings, replies, question=question)
+    assert result["answer"]["guards"]["not_asked"] == 1
+    assert [w[0] for w in memory.writes] == [question]
+
+
 def test_the_models_picks_beyond_max_steps_are_not_its_agenda(tmp_settings):
     """The 1.5B's fourth pick was a doctrine the facts do not raise on 18 of the 19 fact patterns
     with one, listed as "Not answered: ... (MAX_STEPS 3 reached)"; it stays a candidate."""
