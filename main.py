@@ -793,10 +793,14 @@ def print_history(turns: list[dict], out: Callable[[str], None]) -> None:
     first line: "1. Seller's remedies under the UCC" said nothing of how it ended)."""
     for n, turn in enumerate(turns, 1):
         record = turn.get("answer") or {}
-        tail = [i for i in record.get("issues") or [] if i.get("issue") == "Bottom line"]
-        said = [s["text"] for i in tail for s in i.get("sentences") or []][:1]
-        first = (answer_stage.AnswerRecord.shown(record) or "(no answer)").splitlines()[0]
-        first = f"Bottom line: {said[0]}" if said else first
+        said = [
+            s["text"]
+            for i in record.get("issues") or []
+            for s in i.get("sentences") or []
+            if s.get("role") == "bottom_line"
+        ]
+        shown = f"Bottom line: {said[0]}" if said else answer_stage.AnswerRecord.shown(record)
+        first = (shown or "(no answer)").splitlines()[0]
         out(f"{n}. {turn.get('question')}")
         out(f"   issues: {'; '.join(turn.get('issues') or []) or 'none'}")
         out(f"   answer: {first}")
