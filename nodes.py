@@ -979,25 +979,16 @@ def memory_record(state: AgentState) -> answer_stage.AnswerRecord:
     return answer_stage.AnswerRecord(kind, text, [], citations, abstained=False, grounded=True)
 
 
-MC_RESEARCH_PASSAGES = 0
-"""Passages the answer cites that the MC prompt reads after lean's retrieval: with 2 the letter was
-right 12 times of 40 against lean's 14, so it reads what lean reads, and the research's passages
-only when lean's retrieval falls below the gate (docs/MEASUREMENTS_HISTORY.md, stop 30)."""
-
-
 def mc_evidence(state: AgentState, extra: list[Passage]) -> tuple[list[dict], str | None]:
-    """The passages the MC prompt reads and their evidence block (None: no passage): ``extra``
-    (lean's retrieval), then up to MC_RESEARCH_PASSAGES the answer (or a cached one) cites, all of
-    them when lean found nothing.  Each lean passage gets as many characters as lean mode gives it
-    (the research's passages add to the prompt, they do not crowd lean's out)."""
+    """The passages the MC prompt reads and their evidence block (None: no passage): lean's
+    retrieval (``extra``), or when it found nothing, the passages the answer (or a cached one)
+    cites.  The research's passages beside lean's lost: with 2 of them the letter was right 12
+    times of 40 against lean's 14 (docs/MEASUREMENTS_HISTORY.md, stop 30)."""
     record = state.get("answer") or {}
     passages = state.get("passages") or {}
     cited = [c["passage_id"] for c in record.get("citations") or []] or list(passages)
-    lean_ids = {d["id"] for d in extra}
-    research = [passages[i] for i in dict.fromkeys(cited) if i in passages and i not in lean_ids]
-    shown = [*extra, *(research[:MC_RESEARCH_PASSAGES] if extra else research)]
-    chars = prompts.EVIDENCE_CHARS // len(extra) * len(shown) if extra else prompts.EVIDENCE_CHARS
-    return shown, prompts.format_evidence(shown, max_chars=chars) or None
+    shown = extra or [passages[i] for i in dict.fromkeys(cited) if i in passages]
+    return shown, prompts.format_evidence(shown) or None
 
 
 LEAN_REASONING = "The model's reasoning, in its own words (not checked against the passages):"
