@@ -43,7 +43,7 @@ import rag_utils
 from context import AgentContext
 from llm_config import LLMCallError, LLMDeadlineError
 from providers import LLMConfigError, check_config, check_reachable, install_log_redaction
-from question import MAX_QUESTION_CHARS, InputError, Question, parse
+from question import MAX_QUESTION_CHARS, InputError, Question, from_row, parse
 from settings import SEARCH_TYPES, VARIABLES, Settings, SettingsError, load_dotenv_file, run_script
 from state import STATE_VERSION, AgentState, AnswerStageInput, AnswerStageOutput
 
@@ -590,7 +590,8 @@ def read_batch(path: str, lean: bool = False) -> list[tuple[str, str]]:
                 raise InputError(f"{path}:{n}: not a JSON line ({exc.msg})") from None
             if not isinstance(row, dict) or not str(row.get("question") or "").strip():
                 raise InputError(f'{path}:{n}: a line needs a "question"')
-            items.append((str(row.get("id", len(items) + 1)), str(row["question"])))
+            qid = row.get("id", row.get("idx", len(items) + 1))  # idx: Bar Exam QA's
+            items.append((str(qid), from_row(row)))
     else:
         blocks = [b.strip() for b in re.split(r"\n\s*\n", text) if b.strip()]
         items = [(str(n), b) for n, b in enumerate(blocks, 1)]

@@ -4,9 +4,10 @@ answer stage; :func:`parse` splits what a user typed into the question and its c
 from __future__ import annotations
 
 import re
+import string
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from nupunkt import sent_tokenize
 
@@ -237,6 +238,21 @@ def _inline_choices(text: str) -> tuple[list[str], _Choices]:
     if _QUESTION_AFTER_LIST.search(choices[letters[-1]][0]):
         return [text], {}  # "... (C) the agent's. Does a CEO's email count?": an enumeration
     return [stem], choices
+
+
+def from_row(row: Mapping[str, Any]) -> str:
+    """A JSON line's question as a user would type it: its shared facts (``prompt``), its question,
+    and its choices as "(A) ..." lines, from ``choices`` (a list, or letter -> text) or Bar Exam
+    QA's ``choice_a``..``choice_d`` (a user's ``--batch barexam_dev.jsonl`` was asked its stems
+    as open questions)."""
+    choices = row.get("choices")
+    if isinstance(choices, list):  # past D, parse says how many letters it takes
+        choices = dict(zip(string.ascii_uppercase, choices, strict=False))
+    elif not isinstance(choices, Mapping):
+        choices = {k: row.get(f"choice_{k.lower()}") for k in MC_LETTERS}
+    stem = [str(row.get(f) or "").strip() for f in ("prompt", "question")]
+    lines = [f"({str(k).upper()}) {v}" for k, v in choices.items() if str(v or "").strip()]
+    return "\n".join([" ".join(s for s in stem if s), *lines])
 
 
 def parse(text: str) -> tuple[str, dict[str, str] | None]:

@@ -614,3 +614,27 @@ def test_an_answer_that_names_no_other_doctrine_says_the_review_lists_the_candid
     said = "\n".join(lines)
     assert ("--review lists them" in said) is hint
     assert ("To research one more: --thread t1" in said) is bool(change.get("others"))
+
+
+def test_a_batch_of_bar_exam_qa_lines_asks_each_with_its_facts_and_choices(tmp_path, monkeypatch):
+    """``--batch barexam_dev.jsonl`` read only each line's "question": the choices (choice_a..
+    choice_d) and the shared facts (prompt) were dropped, so every item was asked as an open
+    question, and ``--mode lean`` refused the file."""
+    rows = [
+        {"idx": "mbe_1", "prompt": "A sold B a horse.", "question": "Is B bound?",
+         "choice_a": "Yes.", "choice_b": "No.", "choice_c": "", "choice_d": "", "answer": "A"},
+        {"id": "q2", "question": "Which one?", "choices": ["first", "second", "third"]},
+    ]  # fmt: skip
+    (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main.read_batch(str(tmp_path / "qa.jsonl"), lean=True) == [
+        ("mbe_1", "A sold B a horse. Is B bound?\n(A) Yes.\n(B) No."),
+        ("q2", "Which one?\n(A) first\n(B) second\n(C) third"),
+    ]
+    asked = fake_batch_run(monkeypatch, tmp_path, {})
+    argv = ["--no-index", "-q", "--batch", str(tmp_path / "qa.jsonl"), "--mode", "lean"]
+    assert main.main(argv) == 0
+    assert asked == ["A sold B a horse. Is B bound?", "Which one?"]
+    rows[1]["choices"] = list("abcde")  # five: parse names the letters it takes
+    (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(main.InputError, match=r"question q2: .*at most 4"):
+        main.read_batch(str(tmp_path / "qa.jsonl"))
