@@ -536,7 +536,7 @@ def turns_on(checks: Sequence[Check], reading: Met) -> list[dict[str, str | None
     each, then those no stated fact decides (fact None)."""
     deciding = _deciding(checks, reading) or [c for c in checks if fact_decides(c)]
     open_items = [c for c in checks if not fact_decides(c) and c not in deciding]
-    pairs = [(_gist(c.requirement), _clean(c.fact)) for c in deciding]
+    pairs = [(_gist(c.requirement), _inner(_clean(c.fact))) for c in deciding]
     pairs += [(_gist(c.requirement), None) for c in open_items]
     return [dict(requirement=r, fact=f) for r, f in dict.fromkeys(pairs)][:TURNS_ON]
 
@@ -545,8 +545,14 @@ GIST_WORDS = 10
 """Words that name a rule sentence already quoted whole (in the application and conclusion)."""
 
 
+def _inner(text: str) -> str:
+    """``text`` to stand inside double quotes: its own double quotes made single ('""Cause"
+    means…"' read as an empty quotation)."""
+    return re.sub(r'["\u201c\u201d]', "'", text)
+
+
 def _gist(requirement: str) -> str:
-    words = _clean(requirement).split()
+    words = _inner(_clean(requirement)).split()
     return " ".join(words[:GIST_WORDS]) + ("…" if len(words) > GIST_WORDS else "")
 
 

@@ -860,3 +860,21 @@ def test_every_guard_is_a_row_of_the_measurements_table():
         if guard.threshold:
             constant, value = guard.threshold.split()
             assert f"`{constant}` {value}" in rows[name], name
+
+
+def test_a_quoted_requirement_or_fact_holding_quotation_marks_reads_as_one_quotation():
+    """A user's contract defines "Cause": the application read '""Cause" means fraud…" — not
+    settled' (an empty quotation, then a stray word), and a fact quoting a threat did the same in
+    "it turns on"."""
+    cause = '"Cause" means fraud, theft, or a material breach of this Agreement'
+    threat = 'He told her, "I will sue you tomorrow"'
+    checks = [
+        Check(requirement=cause, fact=threat, met="yes", support=0.5),
+        Check(requirement="The notice is in writing", fact="not stated", met="unclear"),
+    ]
+    said = [s.text for s in answer._application_sentences(checks, [cause], [1])]
+    assert said[0].startswith("\"'Cause' means fraud, theft, or a material breach of this…\" — ")
+    assert said[1] == 'No stated fact decides: "The notice is in writing".'
+    ends = answer._turns_on_text(answer.turns_on(checks, "unclear"))
+    assert "(stated: \"He told her, 'I will sue you tomorrow'\")" in ends
+    assert ends.count('"') == 6
