@@ -27,10 +27,8 @@ import filters
 import rag_utils
 from settings import Settings, load_dotenv_file
 
-MAX_K = 50
-"""The most passages one search returns."""
-PREVIEW_CHARS = 1500
-"""Characters of a passage's text a search returns."""
+MAX_K = 50  # the most passages one search returns
+PREVIEW_CHARS = 1500  # characters of a passage's text a search returns
 
 
 @functools.cache
