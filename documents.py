@@ -686,16 +686,12 @@ def _read_plain(path: Path, data: bytes) -> _Read:
         import lxml.html
         from lxml.etree import ParserError
 
-        try:
-            events = list(
-                _html_events(lxml.html.fragment_fromstring(text, create_parent="div"), hidden)
+        with contextlib.suppress(ParserError, ValueError):  # not HTML after all: the text as is
+            root = lxml.html.fragment_fromstring(text, create_parent="div")
+            text = "".join(
+                t if k == "t" else f"\n{'#' * int(k[1:])} {t}\n" if k != "br" else "\n"
+                for k, t in _html_events(root, hidden)
             )
-        except (ParserError, ValueError):  # not HTML after all: read the text as it is
-            events = [("t", text)]
-        text = "".join(
-            t if k == "t" else f"\n{'#' * int(k[1:])} {t}\n" if k != "br" else "\n"
-            for k, t in events
-        )
     events: list[tuple[str, str]] = []
     for raw in text.splitlines():
         t = " ".join(re.sub(r"\*\*|__|`", "", raw).split())

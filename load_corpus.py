@@ -215,12 +215,9 @@ def read_qa(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
     ``prompt``); ids are unique. Missing optional fields become empty strings."""
     out: list[dict[str, Any]] = []
     for qid, rec in _read_items(Path(path), limit, "question", "item", "question", "prompt"):
-        item = {k: (None if _is_blank(v) else v) for k, v in rec.items()}
-        item["idx"] = qid
-        for f in ("prompt", "gold_idx", *QA_FIELDS):
-            item[f] = _text(item.get(f))
-        item["answer"] = item["answer"].upper()
-        out.append(item)
+        item = {k: (None if _is_blank(v) else v) for k, v in rec.items()} | {"idx": qid}
+        item |= {f: _text(rec.get(f)) for f in ("prompt", "gold_idx", *QA_FIELDS)}
+        out.append(item | {"answer": item["answer"].upper()})
     return out
 
 
@@ -560,18 +557,17 @@ def build_parser() -> argparse.ArgumentParser:
             "(reglab/barexam_qa) when online, else the starter corpus."
         ),
     )
-    p.add_argument("command", nargs="?", help="N | status | curated | starter | docs | remove")
-    p.add_argument(
-        "rest", nargs="*", metavar="ARG", help="'curated': padding passages; 'docs': paths"
-    )
-    p.add_argument("--passages", help="passages file (CSV, TSV, JSONL, JSON, Parquet)")
-    p.add_argument("--qa", help="QA file for 'curated' (same formats; needs gold_idx)")
-    p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH, help="passages per upsert")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--chroma-dir", help="Chroma folder (CHROMA_DIR)")
-    p.add_argument("--embedding-model", help="EMBEDDING_MODEL for this run")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("-v", "--verbose", action="store_true")
+    add = p.add_argument
+    add("command", nargs="?", help="N | status | curated | starter | docs | remove")
+    add("rest", nargs="*", metavar="ARG", help="'curated': padding passages; 'docs': paths")
+    add("--passages", help="passages file (CSV, TSV, JSONL, JSON, Parquet)")
+    add("--qa", help="QA file for 'curated' (same formats; needs gold_idx)")
+    add("--batch-size", type=int, default=DEFAULT_BATCH, help="passages per upsert")
+    add("--json", action="store_true", help="machine-readable output")
+    add("--chroma-dir", help="Chroma folder (CHROMA_DIR)")
+    add("--embedding-model", help="EMBEDDING_MODEL for this run")
+    add("--no-progress", action="store_true", help="no progress bar")
+    add("-v", "--verbose", action="store_true")
     meta = p.add_argument_group(
         "document metadata for 'docs' (overrides the text and sidecars; kept when the file is loaded again without them)"
     )
@@ -769,8 +765,7 @@ def _run_remove(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _exit_status(failed: int, total: int) -> int:
-    """The exit status of ``docs`` and ``remove``: 0 when no file or path failed, 1 when some
-    did, 2 when all did."""
+    """The exit status of ``docs`` and ``remove``: 0 none failed, 1 some did, 2 all did."""
     return 0 if not failed else 2 if failed == total else 1
 
 

@@ -665,9 +665,8 @@ def run_batch(
         if lines and not lines.endswith("\n"):
             sink.write("\n")  # after a line a killed run cut short
         for n, (qid, q) in enumerate(todo, 1):
-            question, choices = parse(q)
             result = run_agent(
-                question, choices, context=ctx, checkpointer=checkpointer, keep_on_interrupt=True
+                *parse(q), context=ctx, checkpointer=checkpointer, keep_on_interrupt=True
             )
             if (status := outcome(result)) == "interrupted":
                 say(f"main.py: interrupted at question {qid}; the same command goes on from it")

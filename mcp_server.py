@@ -27,10 +27,8 @@ import filters
 import rag_utils
 from settings import Settings, load_dotenv_file
 
-MAX_K = 50
-"""The most passages one search returns."""
-PREVIEW_CHARS = 1500
-"""Characters of a passage's text a search returns."""
+MAX_K = 50  # the most passages one search returns
+PREVIEW_CHARS = 1500  # characters of a passage's text a search returns
 
 
 @functools.cache
@@ -86,21 +84,17 @@ def search(
 search_passages = tool("search_passages", parse_docstring=True)(search)
 
 
-async def _in_thread(work: Callable[[], Any]) -> Any:
-    """``work`` run in a worker thread, off the server's event loop.  A request the client cancelled
-    meanwhile gets no reply: the SDK has answered it ("Request cancelled"), and a second reply ended
-    the server (an AssertionError in mcp 1.30)."""
-    result = await anyio.to_thread.run_sync(work)
-    await anyio.lowlevel.checkpoint()  # raises here when the request was cancelled
-    return result
-
-
 def _threaded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` as an async tool run :func:`_in_thread`, with ``fn``'s parameters and docstring."""
+    """``fn`` as an async tool (``fn``'s parameters and docstring) run in a worker thread, off the
+    server's event loop.  A request the client cancelled meanwhile gets no reply: the SDK has
+    answered it ("Request cancelled"), and a second reply ended the server (an AssertionError in
+    mcp 1.30)."""
 
     @functools.wraps(fn)
     async def tool(*args: Any, **kwargs: Any) -> Any:
-        return await _in_thread(functools.partial(fn, *args, **kwargs))
+        result = await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+        await anyio.lowlevel.checkpoint()  # raises here when the request was cancelled
+        return result
 
     return tool
 
@@ -128,12 +122,10 @@ async def research(
             anyio.from_thread.run(ctx.report_progress, next(steps), None, message)
 
     def run() -> dict[str, Any]:
-        text, choices = parse(question)
         settings = _settings()
         with main.open_checkpointer(settings) as checkpointer:
             result = main.run_agent(
-                text,
-                choices,
+                *parse(question),
                 context=AgentContext.from_settings(settings),
                 checkpointer=checkpointer,
                 thread_id=thread or None,
@@ -144,7 +136,7 @@ async def research(
             raise RuntimeError(result["error"])
         return {"thread_id": result.get("thread_id"), **(result.get("answer") or {})}
 
-    return await _in_thread(run)
+    return await _threaded(run)()
 
 
 def build_server() -> FastMCP:
