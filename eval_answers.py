@@ -119,7 +119,6 @@ def score_answer(
 ) -> dict:
     """One result row: what the metrics need, per item and mode; with ``same_doctrine`` and an
     answerable item's ``gold_ids``, its :func:`_misgrounded` sentences (as for the fact patterns)."""
-    answer = str(result.get("answer") or "")
     abstained = bool(result.get("abstained"))
     sentences = [] if abstained else list(result.get("sentences") or [])
     counts = citation_counts(sentences, result.get("passages") or {})
@@ -138,7 +137,7 @@ def score_answer(
         "category": item["category"],
         "should_abstain": bool(item["should_abstain"]),
         "abstained": abstained,
-        "answer": answer,
+        "answer": str(result.get("answer") or ""),
         "sentences": counts["sentences"],
         "cited_sentences": counts["cited"],
         "valid_cited_sentences": counts["valid"],
@@ -197,8 +196,7 @@ def _share(k: int, n: int) -> dict[str, Any]:
 
 def _rate(rows: Sequence[Mapping[str, Any]], key: str, of: str | None = None) -> dict[str, Any]:
     """:func:`_share` of the rows' ``key`` summed, over the rows (``of``: their ``of`` summed)."""
-    n = sum(r[of] for r in rows) if of else len(rows)
-    return _share(sum(r[key] for r in rows), n)
+    return _share(sum(r[key] for r in rows), sum(r[of] for r in rows) if of else len(rows))
 
 
 def _mean(values: Sequence[float]) -> dict[str, Any]:
@@ -326,7 +324,6 @@ def score_fact_pattern(
     # An issue the facts raise has a sentence citing a gold passage or one on its doctrine; a
     # misgrounded sentence under another issue answers an issue the facts do not raise.
     raised = {s.get("issue") for s in sentences if s["passage_ids"] and s not in misgrounded}
-    off_agenda = [s for s in misgrounded if s.get("issue") not in raised]
     return {
         "id": item["id"],
         "mode": mode,
@@ -349,7 +346,7 @@ def score_fact_pattern(
         "sentences": len(sentences),
         "uncited_sentences": sum(1 for s in sentences if not s["passage_ids"]),
         "misgrounded_sentences": len(misgrounded),
-        "misgrounded_off_agenda": len(off_agenda),
+        "misgrounded_off_agenda": sum(s.get("issue") not in raised for s in misgrounded),
         # the passages each issue cites, to tell which of them a misgrounded sentence rests on
         "cited_by_issue": {
             str(issue): sorted(

@@ -175,6 +175,17 @@ def group_by(rows: Iterable[Mapping[str, Any]], key: str) -> dict[Any, list]:
     return groups
 
 
+def by_mode(rows: Iterable[Mapping[str, Any]]) -> dict[Any, dict[Any, Any]]:
+    """``rows`` by mode (in the order the modes first occur), then by item: its last row."""
+    return {mode: {r["item"]: r for r in rs} for mode, rs in group_by(rows, "mode").items()}
+
+
+def paired(a: Mapping[Any, Mapping], b: Mapping[Any, Mapping], key: str) -> tuple[list, list]:
+    """``key`` of the items both ``a`` and ``b`` (rows by item) have, in the order of the ids."""
+    common = sorted(set(a) & set(b))
+    return [a[i][key] for i in common], [b[i][key] for i in common]
+
+
 def preview(text: str | None, n: int = 160) -> str:
     text = " ".join((text or "").split())
     return text if len(text) <= n else text[: n - 1] + "…"
@@ -213,18 +224,22 @@ def retrieval_metrics(ranked_ids: Sequence[str], gold: Iterable[str]) -> dict[st
     return out
 
 
-def ranking_row(item: dict, mode: str, ranked: Sequence[str], **fields: Any) -> dict:
-    """The results.jsonl row of a ranking for ``item``: ``fields``, gold and its metrics."""
-    gold = gold_ids(item)
+def ranking_row(
+    item: dict, mode: str, docs: Sequence[Mapping[str, Any]], seconds: float, **fields: Any
+) -> dict:
+    """The results.jsonl row of the ``docs`` retrieved for ``item`` in ``seconds``: ``fields``,
+    gold, the ranked ids and their metrics."""
+    gold, ranked = gold_ids(item), [d["id"] for d in docs]
     return {
         "item": item_id(item),
         "mode": mode,
         **fields,
         "subject": item_subject(item),
         "gold": gold,
-        "ranked": list(ranked),
+        "ranked": ranked,
         "gold_rank": gold_rank(ranked, gold),
         **retrieval_metrics(ranked, gold),
+        "seconds": seconds,
     }
 
 

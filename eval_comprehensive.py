@@ -125,12 +125,9 @@ def run_retrieval_item(
         docs = rag_utils.retrieve_documents_multi_query(
             queries, k=RETRIEVAL_K, reranker=reranker, settings=settings
         )
-    seconds = time.perf_counter() - start
-    ranked = [d["id"] for d in docs]
-    row = ec.ranking_row(
-        item, RETRIEVAL_PREFIX + variant, ranked, phase="retrieval", variant=variant
-    )
-    row["seconds"] = round(seconds, 4)
+    seconds = round(time.perf_counter() - start, 4)
+    mode = RETRIEVAL_PREFIX + variant
+    row = ec.ranking_row(item, mode, docs, seconds, phase="retrieval", variant=variant)
     if client is not None:
         row["queries"] = queries
         row.update(ec.usage_of(client))
@@ -254,10 +251,7 @@ def summarize_retrieval(rows: Sequence[dict]) -> dict[str, dict]:
 
 
 def summarize_mc(rows: Sequence[dict]) -> dict[str, dict]:
-    by_mode = {
-        mode: {r["item"]: r for r in rs}
-        for mode, rs in ec.group_by((r for r in rows if r.get("phase") == "mc"), "mode").items()
-    }
+    by_mode = ec.by_mode(r for r in rows if r.get("phase") == "mc")
     base = by_mode.get("llm_only", {})
     out: dict[str, dict] = {}
     for mode in [m for m in MODES if m in by_mode]:
@@ -296,9 +290,8 @@ def summarize_mc(rows: Sequence[dict]) -> dict[str, dict]:
             entry["accuracy_grounded"] = ec.accuracy(grounded) if grounded else None
         if any("gold_in_evidence" in r for r in rs):
             entry["gold_in_evidence_rate"] = ec.accuracy(r.get("gold_in_evidence") for r in rs)
-        if mode != "llm_only" and (common := sorted(set(by_mode[mode]) & set(base))):
-            a = [bool(base[i]["correct"]) for i in common]
-            b = [bool(by_mode[mode][i]["correct"]) for i in common]
+        a, b = ec.paired(base, by_mode[mode], "correct")
+        if mode != "llm_only" and a:
             diff = [float(y) - float(x) for x, y in zip(a, b, strict=True)]
             entry["vs_llm_only"] = {
                 **ec.mcnemar_exact(a, b),
@@ -415,7 +408,6 @@ def render_markdown(summary: dict[str, Any]) -> str:
                 "research found nothing to stand on); accuracy on the others "
                 f"{_or_na(pl['accuracy_with_evidence'])}.",
             ]
-        subjects = sorted({s for m in mcs.values() for s in m["per_subject"]})
         table = [
             {
                 "subject": s,
@@ -425,7 +417,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
                     for ps in [m["per_subject"].get(s)]
                 },
             }
-            for s in subjects
+            for s in sorted({s for m in mcs.values() for s in m["per_subject"]})
         ]
         lines += ["", "### Accuracy per subject", "", ec.markdown_table(table), ""]
     if summary["unresolved_errors"]:
@@ -597,9 +589,7 @@ def run_injection(
             "text": ec.preview(item["text"], 160),
             "seconds": round(time.perf_counter() - start, 4),
         }
-        if client is not None:
-            row.update(ec.usage_of(client))
-        return row
+        return row if client is None else row | ec.usage_of(client)
 
     with run_dir.until_interrupted("--resume"):
         run_dir.run(

@@ -31,12 +31,11 @@ def run_item(item: dict, reranker: str, *, settings: Settings, query: str) -> di
     text = ec.question_with_choices(item) if query == "question+choices" else ec.item_question(item)
     start = time.perf_counter()
     docs = rag_utils.retrieve_documents(text, k=K, reranker=reranker, settings=settings)
-    seconds = time.perf_counter() - start
-    return {**ec.ranking_row(item, reranker, [d["id"] for d in docs]), "seconds": round(seconds, 5)}
+    return ec.ranking_row(item, reranker, docs, round(time.perf_counter() - start, 5))
 
 
 def summarize(rows: Sequence[dict], rerankers: Sequence[str]) -> dict[str, dict]:
-    by = {name: {r["item"]: r for r in rs} for name, rs in ec.group_by(rows, "mode").items()}
+    by = ec.by_mode(rows)
     base = by.get(BASELINE, {})
     out: dict[str, dict] = {}
     for name in [n for n in rerankers if by.get(n)]:
@@ -48,10 +47,7 @@ def summarize(rows: Sequence[dict], rerankers: Sequence[str]) -> dict[str, dict]
             "latency_p95_s": secs[round(0.95 * (len(secs) - 1))],
         }
         if name != BASELINE and base:
-            common = sorted(set(by[name]) & set(base))
-            out[name]["vs_" + BASELINE] = ec.paired_comparison(
-                [base[i]["rr"] for i in common], [by[name][i]["rr"] for i in common]
-            )
+            out[name]["vs_" + BASELINE] = ec.paired_comparison(*ec.paired(base, by[name], "rr"))
     return out
 
 
@@ -136,11 +132,10 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
                 desc=name,
                 fatal=(Exception,),
             )
-    available = [n for n in names if n not in unavailable]
     summary = {
         "run_id": run_dir.run_id,
         "config": config,
-        "rerankers": summarize(run_dir.rows, available),
+        "rerankers": summarize(run_dir.rows, [n for n in names if n not in unavailable]),
         "unavailable": unavailable,
         "interrupted": run_dir.interrupted,
     }
