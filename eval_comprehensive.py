@@ -32,7 +32,8 @@ MODES = {
     "llm_only": "closed book: the MC prompt with no evidence",
     "rag": "one retrieval of the question, its passages as evidence",
     "lean": "one retrieval of the question + choices, the evidence only when its score clears "
-    "LEAN_GATE, else closed book (lean.py)",
+    "LEAN_GATE, else closed book (the agent in ANSWER_MODE=lean, the default for a "
+    "multiple-choice question)",
     "pipeline": "the full agent (main.run_agent) with the choices",
     "gold_passage": "the gold passage as evidence (an upper bound for the reader)",
     "evidence": "the agent in evidence mode (coverage = share grounded, accuracy on the grounded "
