@@ -895,6 +895,11 @@ def _answer(
     thread = args.thread or uuid.uuid4().hex
     if checkpointer is not None and not args.thread:
         print(f"thread: {thread}", file=sys.stderr, flush=True)
+    elif checkpointer is not None:  # a mistyped id starts a thread: its question is no follow-up
+        saved = thread_state(build_graph(checkpointer=checkpointer), thread_config(thread))
+        if not (saved.values or {}).get("turns"):
+            print(f"thread: {thread} is new (nothing was asked on it): not a follow-up",
+                  file=sys.stderr, flush=True)  # fmt: skip
     issues = (args.issues or "").split(";")
     review = ask_review if args.review else None
     return run_agent(

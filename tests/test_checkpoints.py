@@ -392,6 +392,24 @@ def test_history_prints_a_threads_questions(tmp_settings, monkeypatch, capsys):
     assert main.main(["--history"]) == 2
 
 
+def test_a_question_on_a_thread_nothing_was_asked_on_says_it_is_no_follow_up(
+    tmp_settings, monkeypatch, capsys
+):
+    """A mistyped --thread id answered "What if the offer had been revoked?" as a new question,
+    with no word that the thread it named held nothing."""
+    settings, _, ctx = _agent(tmp_settings, str(tmp_path_of(tmp_settings)), fact_replies())
+    with main.open_checkpointer(settings) as saver:
+        thread = main.run_agent(FACTS, context=ctx, checkpointer=saver)["thread_id"]
+    monkeypatch.setenv("CHECKPOINTS", settings.agent.checkpoints)
+    monkeypatch.setattr(main, "AgentContext", type("C", (), {"from_settings": staticmethod(id)}))
+    monkeypatch.setattr(main.rag_utils, "corpus_count", lambda settings: 1)
+    monkeypatch.setattr(main, "run_agent", lambda *a, **k: {"answer": {"text": "x [1]"}})
+    for given, new in ((thread + "x", True), (thread, False)):
+        assert main.main(["--no-index", "-q", "--thread", given, "What if it rained?"]) == 0
+        said = f"thread: {given} is new (nothing was asked on it): not a follow-up"
+        assert (said in capsys.readouterr().err) is new
+
+
 def test_a_passed_over_doctrine_is_researched_on_the_thread_without_asking_again(
     tmp_settings, monkeypatch, capsys
 ):
