@@ -28,6 +28,7 @@ from langchain_core.runnables.config import ContextThreadPoolExecutor
 
 import mc
 import prompts
+from documents import term_used
 from prompts import Application, Check, Finding, Met
 from question import AUX, Kind, Question, split_sentences
 
@@ -65,6 +66,8 @@ answered with commercial speech scores 0.13)."""
 DOCTRINE_MATCH = 0.30
 """Cosine of an issue's name to a passage's title below which the passage is on another doctrine
 (``off_doctrine``): all-MiniLM-L6-v2 puts a doctrine and its own passage at 0.45-0.85."""
+DEFINITIONS = 2
+"""Definitions of the terms its rule sentences use quoted with an issue's rule, at most."""
 NO_VERDICT = float("inf")
 """VERDICT_SUPPORT on the embedded model: no reading of its is shown as a conclusion or verdict."""
 API_VERDICT_SUPPORT = 0.0
@@ -153,6 +156,15 @@ GUARDS: dict[str, Guard] = {
         "changes on the tune half (they rarely name a doctrine), report misgrounded 65 -> 61 "
         'without; user trial (stop 60): "Is Dana guilty of larceny?" lost its laptop facts '
         '(cosine 0.06 to "intent to permanently deprive") to unrelated_fact',
+    ),
+    "defined_term": Guard(
+        "rules",
+        "a rule sentence of the user's document that uses a term the document defines "
+        '("a dangerous dog", "without Cause") is followed by the definition, cited to its line',
+        f"DEFINITIONS {DEFINITIONS}",
+        "stop 67, the document fact patterns (docs_s67_base -> docs_s67_defs): issues found "
+        "tune 6/11 -> 10/11, report 6/12 -> 12/12; key points tune 14 -> 15/16, report 10 -> "
+        "13/15; misgrounded tune 4/37 -> 6/50, report 6/37 -> 6/46",
     ),
     "unparsed_application": Guard(
         "application", "an unreadable apply reply: the rule stands without an application"
@@ -265,7 +277,7 @@ class AnswerRecord:
             # a name holding ";" ("Termination of offers; option contracts and firm offers")
             # shows with a comma, as --issues reads it: the list itself is split by ";"
             names = "; ".join(o.replace(";", ",") for o in others)
-            text += f"\n\nOther doctrines the sources hold, not researched: {names}."
+            text += f"\n\nOther doctrines the sources hold, not researched: {names.rstrip('.')}."
         return text
 
     @property
@@ -883,7 +895,27 @@ def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
             return IssueAnswer(item.issue, "no_evidence", why=why)
         rule = more
     stage.taken.update(dict.fromkeys(_keys(rule), item.issue))
-    return rule
+    return rule if evidence else _defined(stage, rule)
+
+
+def _defined(stage: _Stage, rule: list[Pair]) -> list[Pair]:
+    """``rule`` with the definition of a term a sentence uses after it, where its document
+    defines the term (``nodes._passage_record``: ``definitions``), up to :data:`DEFINITIONS`."""
+    out, quoted, added = [], {s for _, s in rule}, 0
+    for d, s in rule:
+        out.append((d, s))
+        for term in d.get("definitions") or []:
+            if added >= DEFINITIONS or term["text"] in quoted:
+                continue
+            if term_used(term["term"], s):
+                quoted.add(term["text"])
+                added += 1
+                source = {"id": term["id"], "title": d.get("title"), "pin": term["pin"]}
+                out.append(
+                    ({**source, "text": term["text"], "doc_id": d.get("doc_id")}, term["text"])
+                )
+                stage.fire("defined_term")
+    return out
 
 
 def _keys(rule: Sequence[Pair]) -> list[tuple[str, str]]:
@@ -1154,7 +1186,7 @@ def render(record: AnswerRecord, tail: Sequence[Sentence] = ()) -> str:
     if unraised:
         rule_question = record.kind == "rule_question"
         why = "not what the question asks" if rule_question else "no stated fact raises it"
-        lines.append(f"\nConsidered, but {why}: {'; '.join(unraised)}.")
+        lines.append(f"\nConsidered, but {why}: {'; '.join(unraised).rstrip('.')}.")
     missing = [i for i in record.issues if i.status not in ("answered", "not_raised")]
     if missing:
         said = "; ".join(f"{i.issue} ({i.why or i.status.replace('_', ' ')})" for i in missing)

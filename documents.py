@@ -1028,4 +1028,44 @@ def chunk_document(
             flush()
         group.append(u)
     flush()
+    _attach_definitions(out)
     return out
+
+
+_DEFINITION = re.compile(
+    r'^\s*(?:\(?[0-9A-Za-z]{1,4}(?:\.[0-9]+)*[.)]?\s+)?["\u201c]([^"\u201d]{2,60})["\u201d]\s+'
+    r"(?:means|shall mean|includes|refers to|is defined as)\b"
+)
+"""A line that defines a term: '(a) "Dangerous dog" means …', '5.1 "Cause" means …'."""
+
+
+def term_used(term: str, text: str) -> bool:
+    """Whether ``text`` uses a defined ``term`` as a word ("a dangerous dog" uses "Dangerous
+    dog"; "because" does not use "Cause"): its first letter in either case, the rest as defined."""
+    head, rest = term[0], re.escape(term[1:])
+    return re.search(rf"\b[{re.escape(head.upper() + head.lower())}]{rest}\b", text) is not None
+
+
+def _attach_definitions(chunks: list[dict[str, Any]]) -> None:
+    """Give each chunk the definitions (metadata ``definitions``, JSON: term, the defining
+    sentence, its chunk and pin) of the terms the document defines and the chunk uses outside the
+    definition: a rule quoted from it is read with them (``answer`` guard ``defined_term``)."""
+    from question import split_sentences
+
+    found, said = [], {}
+    for c in chunks:
+        lines = c["text"].split("\n")
+        pins = str(c.get("line_pins") or "").split("\n")
+        pins = pins if c.get("line_pins") else [c.get("pin") or ""] * len(lines)
+        said[c["idx"]] = [s for line in lines for s in split_sentences(line)]
+        for line, pin in zip(lines, pins, strict=True):
+            for sentence in split_sentences(line):
+                if m := _DEFINITION.match(sentence):
+                    found.append({"term": m[1], "text": sentence, "id": c["idx"], "pin": pin})
+    for c in chunks:
+        used = [
+            d for d in found
+            if any(term_used(d["term"], s) for s in said[c["idx"]] if s != d["text"])
+        ]  # fmt: skip
+        if used:
+            c["definitions"] = json.dumps(used)

@@ -290,6 +290,28 @@ def load_fact_patterns(path: str | Path, split: str) -> list[dict]:
     return [it for it in items if split in ("all", it["split"])]
 
 
+def pattern_documents(items: Sequence[Mapping[str, Any]], qa_path: str | Path) -> list[Path]:
+    """The user documents fact patterns are about (``documents``, paths from the QA file's
+    folder), each once; FileNotFoundError naming one that is missing."""
+    paths = [Path(qa_path).parent / d for it in items for d in it.get("documents") or []]
+    if missing := [p for p in paths if not p.is_file()]:
+        raise FileNotFoundError(f"document not found: {missing[0]}")
+    return list(dict.fromkeys(paths))
+
+
+def resolve_gold_text(items: Sequence[dict], passages: Sequence[Mapping[str, Any]]) -> None:
+    """Give each issue with ``gold_text`` (words of its gold sentences in a user document, whose
+    passage ids depend on where the document is) the ids of the passages holding one of them;
+    ValueError naming words no passage holds."""
+    for item in items:
+        for issue in item["issues"]:
+            if words := issue.get("gold_text"):
+                ids = [str(p["id"]) for p in passages if any(w in p["text"] for w in words)]
+                if not ids:
+                    raise ValueError(f"{item['id']}: no loaded passage holds {words[0]!r}")
+                issue["gold_ids"] = ids
+
+
 def verdict_of(result: Mapping[str, Any]) -> str | None:
     """The answer's yes/no: the record's verdict, else a "Bottom line: yes|no" line of its text."""
     if result.get("verdict"):

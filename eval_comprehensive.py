@@ -789,12 +789,22 @@ def run_answers_phase(
 ) -> dict[str, Any]:
     modes = ec.comma_list(args.modes, FACT_MODES if args.facts else OPEN_MODES, "answer mode")
     items = read_answer_items(args)  # bad input: no model, no index, no run folder
+    doc_files = eval_answers.pattern_documents(items, args.qa or eval_answers.FACT_PATTERNS)
     ec.require_llm(settings, llm_factory)
     rag_utils.require_reranker(settings)
     if args.grade and llm_factory is None:
         check_config(settings, roles=("judge",))  # JUDGE_PROVIDER / JUDGE_MODEL, before any work
-    load_corpus.ensure_starter_index(settings)
     run_dir = ec.open_run("answers", args.run_id, None, args.results_dir)
+    if doc_files:  # the patterns' documents beside the starter corpus, in a store of the run's
+        settings = settings.replace(chroma_dir=str(run_dir.path / "chroma"), chroma_host=None)
+    load_corpus.ensure_starter_index(settings)
+    if doc_files:
+        import documents
+
+        load_corpus.load_documents(doc_files, settings, progress=False)
+        store = rag_utils.get_store(settings)
+        ids = [c for d in doc_files for c in store.document_chunks(documents.document_id(d))]
+        eval_answers.resolve_gold_text(items, store.get(ids))
     config = {
         "script": "eval_comprehensive.py",
         "phase": "answers",
@@ -805,6 +815,7 @@ def run_answers_phase(
         "split": args.split if args.facts else None,
         "issues_from": args.issues_from,
         "modes": modes,
+        "documents": [d.name for d in doc_files],
         "n_items": len(items),
         "llm": ec.llm_record(settings),
         # Not checked on resume: a finished run can be graded later; each grade row names its judge.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import logging
 import re
 import time
@@ -211,15 +212,28 @@ def _short(text: str, n: int = 80) -> str:
 
 def _passage_record(doc: dict) -> dict:
     """A retrieved passage or a cached answer's source as ``AgentState.passages`` keeps it."""
-    return {
-        "id": doc["id"],
-        "title": doc.get("title") or "",
-        "source": doc.get("source") or (doc.get("metadata") or {}).get("source", ""),
-        "text": doc.get("text") or "",
-        "heading": (doc.get("metadata") or {}).get("heading") or "",
-        "pin": answer_stage.pin_cite(doc),
-        "doc_id": (doc.get("metadata") or {}).get("doc_id") or "",  # the user's own document
-    } | ({"line_pins": pins} if (pins := line_pins(doc)) else {})
+    return (
+        {
+            "id": doc["id"],
+            "title": doc.get("title") or "",
+            "source": doc.get("source") or (doc.get("metadata") or {}).get("source", ""),
+            "text": doc.get("text") or "",
+            "heading": (doc.get("metadata") or {}).get("heading") or "",
+            "pin": answer_stage.pin_cite(doc),
+            "doc_id": (doc.get("metadata") or {}).get("doc_id") or "",  # the user's own document
+        }
+        | ({"line_pins": pins} if (pins := line_pins(doc)) else {})
+        | _definitions(doc)
+    )
+
+
+def _definitions(doc: dict) -> dict[str, list[dict]]:
+    """The definitions a loaded document's chunk uses (``documents.chunk_document``), each with
+    its pin cite: {"definitions": [...]}, or {} for none."""
+    raw = str((doc.get("metadata") or {}).get("definitions") or "")
+    defs = json.loads(raw) if raw.startswith("[") else []
+    defs = [{**d, "pin": answer_stage.pin_cite(doc, pin=d["pin"])} for d in defs]
+    return {"definitions": defs} if defs else {}
 
 
 def line_pins(doc: dict) -> dict[str, str]:
@@ -1058,7 +1072,9 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     return {"answer": record}, f"({result.letter}) via {result.strategy}{retried}{closed}"
 
 
-ROUTINE_GUARDS = frozenset({"off_doctrine", "off_facts", "not_asked", "named_issue"})
+ROUTINE_GUARDS = frozenset(
+    {"off_doctrine", "off_facts", "not_asked", "named_issue", "defined_term"}
+)
 """Guards that sort the research (a passage or an issue set aside) rather than repair a reply:
 an answer where they fired may still be cached."""
 

@@ -878,3 +878,55 @@ def test_a_quoted_requirement_or_fact_holding_quotation_marks_reads_as_one_quota
     ends = answer._turns_on_text(answer.turns_on(checks, "unclear"))
     assert "(stated: \"He told her, 'I will sue you tomorrow'\")" in ends
     assert ends.count('"') == 6
+
+
+def test_a_rule_from_the_users_document_quotes_the_definition_of_a_term_it_uses(tmp_settings):
+    """A user's contract: "3.3 If the Company terminates the Employee without Cause ... severance"
+    was quoted and applied without what "Cause" means (its section 5.1, in another chunk), so the
+    answer could not say whether losing a client is Cause.  The definition follows the sentence
+    that uses the term, cited to its own line."""
+    cause = (
+        '5.1 "Cause" means the Employee\'s fraud, theft, or embezzlement against the Company, or '
+        "an uncured material breach of this Agreement."
+    )
+    termination = {
+        "id": "contract#3",
+        "title": "Employment Agreement",
+        "doc_id": "contract",
+        "text": "3.3 Fired without Cause, the Employee gets severance of three months' pay.",
+        "definitions": [
+            {"term": "Cause", "text": cause, "id": "contract#5", "pin": "Employment Agreement, 5.1"},
+            {"term": "Premises", "text": '"Premises" means the office.', "id": "contract#5",
+             "pin": "Employment Agreement, 5.2"},
+        ],
+    }  # fmt: skip
+    apply = json.dumps({"checks": [{"n": 1, "fact": 1, "met": "yes"}, {"n": 2, "fact": 1, "met": "no"}]})  # fmt: skip
+    client, _ = scripted_client(tmp_settings, {"apply": [apply], "bottom_line": ["{}"]})
+    asked = Question.read(
+        "The company fired Priya because it lost its largest client. Is she owed severance?"
+    )
+    research = [answer.IssueResearch("Employment Agreement", [termination])]
+    record = answer.build_record(client, asked, research, EMBED)
+    rules = [s.text for s in record.sentences if s.role == "rule"]
+    assert rules == [termination["text"], cause]
+    cited = record.citations[-1]
+    assert (cited.passage_id, cited.pin, cited.support) == (
+        "contract#5",
+        "Employment Agreement, 5.1",
+        cause,
+    )
+    assert record.guards["defined_term"] == 1  # "Premises" is not used: not quoted
+    assert "Cause' means the Employee's fraud" in record.text  # applied as a requirement
+
+
+def test_a_set_aside_issue_whose_name_ends_in_a_period_ends_its_line_once():
+    """A user's license titled "... for Beacon Corp." was listed as "Considered, but no stated
+    fact raises it: Software License Agreement for Beacon Corp.."."""
+    issue = answer.IssueAnswer("Software License Agreement for Beacon Corp.", "not_raised")
+    record = answer.AnswerRecord("fact_pattern", "", [issue], [], False)
+    said = answer.render(record)
+    assert said.endswith("raises it: Software License Agreement for Beacon Corp.")
+    record.others = ["Agreement for Beacon Corp."]
+    assert answer.AnswerRecord.shown(record.to_dict()).endswith(
+        "not researched: Agreement for Beacon Corp."
+    )

@@ -586,3 +586,35 @@ def test_federal_rules_and_statutes_as_html_and_docx(tmp_path, shared_data):
     forum = next(c for c in chunks if "citizen of the State in which such action" in c["text"])
     assert forum["pin"] == "§ 1441(b)(2)"
     assert {"§ 1367(c)", "§ 1446(b)(2)(B)", "§ 1447(c)"} <= {c["pin"] for c in chunks}
+
+
+def test_a_chunk_carries_the_definitions_of_the_terms_it_uses_from_elsewhere_in_its_document(
+    tmp_path,
+):
+    """A contract defines "Cause" in its last section; the termination clause that uses it is
+    another chunk, so the answer quoted "without Cause" with no word of what Cause means."""
+    import nodes
+
+    text = (
+        "# Agreement\n\n## 3. Termination\n3.2 The Company may terminate the Employee for Cause. "
+        "Because of the notice period, pay continues for a month.\n\n## 4. Duties\n4.1 The Employee "
+        'shall work full time.\n\n## 5. Definitions\n5.1 "Cause" means fraud or theft against the '
+        'Company. 5.2 "Premises" means the Company\'s offices.\n'
+    )
+    chunks = chunks_of(write(tmp_path / "agreement.md", text), max_tokens=40, overlap_tokens=0)
+    by_pin = {c["pin"]: c for c in chunks}
+    termination = by_pin["3. Termination"]
+    found = {"id": termination["idx"], "title": termination["title"], "text": termination["text"]}
+    record = nodes._passage_record({**found, "metadata": termination})
+    [cause] = record["definitions"]  # "Because" does not use "Cause"; "Premises" is not used
+    assert (
+        cause["term"] == "Cause"
+        and cause["text"] == '5.1 "Cause" means fraud or theft against the Company.'
+    )
+    assert (
+        cause["id"] == by_pin["5. Definitions"]["idx"]
+        and cause["pin"] == "Agreement, 5. Definitions"
+    )
+    assert "definitions" not in by_pin["4. Duties"]
+    assert not documents.term_used("Cause", "Because of the notice period")
+    assert documents.term_used("Dangerous dog", "The owner of a dangerous dog is liable")

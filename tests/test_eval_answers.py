@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 import eval_answers as ea
 
 ABSTAIN_TEXT = (
@@ -240,3 +242,27 @@ def test_an_open_answer_counts_sentences_on_another_doctrine_as_misgrounded():
     assert no_gold["misgrounded_sentences"] is None
     summary = ea.summarize_mode([row, no_gold])
     assert (summary["misgrounded_sentences"]["k"], summary["misgrounded_sentences"]["n"]) == (1, 3)
+
+
+def test_the_document_patterns_gold_sentences_are_in_their_documents_as_loaded(tmp_path):
+    """The document fact patterns name their gold by words of the sentence (a loaded document's
+    passage ids depend on where the file is): each must resolve to passages of its documents as
+    they are chunked today, both halves are there, and a missing document is named."""
+    import documents
+
+    path = REPO / "datasets" / "document_patterns.jsonl"
+    items = ea.load_fact_patterns(path, "all")
+    assert {it["split"] for it in items} == {"tune", "report"} and len(items) >= 10
+    files = ea.pattern_documents(items, path)
+    assert {f.name for f in files} == {Path(d).name for it in items for d in it["documents"]}
+    chunks = [c for f in files for c in documents.chunk_document(documents.read_document(f))]
+    ea.resolve_gold_text(items, [{"id": c["idx"], "text": c["text"]} for c in chunks])
+    for it in items:
+        own = {documents.document_id(path.parent / d) for d in it["documents"]}
+        for issue in it["issues"]:
+            assert issue["gold_ids"] and all(g.split("#")[0] in own for g in issue["gold_ids"])
+    with pytest.raises(ValueError, match="no loaded passage holds"):
+        ea.resolve_gold_text(items, [])
+    gone = [{**items[0], "documents": ["documents/nope.txt"]}]
+    with pytest.raises(FileNotFoundError, match="nope.txt"):
+        ea.pattern_documents(gone, path)

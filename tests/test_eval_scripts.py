@@ -1037,3 +1037,24 @@ def test_a_trace_stopped_by_ctrl_c_shows_what_it_traced(
     assert [c["item"] for c in json.loads(captured.out)] == ["evq_1"]
     assert "Traceback" not in captured.err
     assert "interrupted: 1 of 3 question(s) traced" in caplog.text
+
+
+@pytest.mark.slow  # indexes the starter corpus
+def test_document_fact_patterns_load_their_documents_into_a_store_of_the_run(env, capsys):
+    """`answers --facts --qa datasets/document_patterns.jsonl`: the patterns are about user
+    documents, loaded beside the starter corpus into the run's own store (the user's CHROMA_DIR,
+    which main.py answers from, gets none of them), their gold found by the words of its
+    sentences."""
+    qa = Path(eval_comprehensive.__file__).parent / "datasets" / "document_patterns.jsonl"
+    args = ["answers", "2", "--facts", "--split", "all", "--qa", str(qa), "--modes", "research"]
+    args += ["--run-id", "docs", "--results-dir", "res"]
+    assert eval_comprehensive.main(args, llm_factory=reader()[0]) == 0
+    config = json.loads((env / "res" / "docs" / "config.json").read_text())
+    assert config["documents"] == ["riverbend_dog_ordinance.txt"]
+    rows = _read_rows(env, "docs")
+    assert [r["issues"] for r in rows] == [2, 3]
+    run_store = rag_utils.get_store(
+        Settings.from_env().replace(chroma_dir=str(env / "res/docs/chroma"))
+    )
+    assert run_store.holds_documents()
+    assert not rag_utils.get_store(Settings.from_env()).holds_documents()
