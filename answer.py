@@ -157,6 +157,16 @@ GUARDS: dict[str, Guard] = {
         'without; user trial (stop 60): "Is Dana guilty of larceny?" lost its laptop facts '
         '(cosine 0.06 to "intent to permanently deprive") to unrelated_fact',
     ),
+    "case_narrative": Guard(
+        "rules",
+        "a sentence of the user's opinion that tells its own case (names a party of its caption, "
+        "or its courts, record or disposition) is never quoted as a rule",
+        kept_by="stop 67, the six document patterns on three opinions written for it, the cues "
+        "read off them (docs_s67_b20fix -> docs_s67_narr): rule sentences holding the gold's "
+        "words tune 1/7 -> 2/6, report 0/7 -> 0/6; misgrounded tune 16/20 -> 11/17, report "
+        "20/20 -> 17/17; key points tune 3/9 -> 4/9, report 2/9 -> 4/9; the other patterns "
+        "the same",
+    ),
     "defined_term": Guard(
         "rules",
         "a rule sentence of the user's document that uses a term the document defines "
@@ -336,9 +346,40 @@ def _is_caption(line: str) -> bool:
     return short and not _ENDS_SENTENCE.search(line.rstrip()) and not _AUXILIARY.search(line)
 
 
+_GENERIC_PARTIES = frozenset({"state", "people", "united", "commonwealth", "city", "county", "in"})
+_PROCEDURE = re.compile(
+    r"\b(?:trial court|court of appeals|appellate court|district court|testified|the judgment"
+    r"|the order|(?:is|are) (?:reversed|affirmed|remanded)|we (?:reverse|affirm)"
+    r"|delivered the opinion)\b|^(?:Here|In this case|In the present case)\b",
+    re.IGNORECASE,
+)
+"""What a court says of its own case: its courts and record, its disposition, "Here, ..."."""
+
+
+def case_narrative(doc: Mapping[str, Any], sentences: Sequence[str]) -> set[str]:
+    """The ``sentences`` of a loaded opinion (``kind`` opinion) that tell its own case, never its
+    rule (guard ``case_narrative``): those naming a party of its caption ("HOLLIS v. GRANGE
+    HARDWARE CO.": Hollis, Grange) or its procedure (:data:`_PROCEDURE`)."""
+    if doc.get("kind") != "opinion":
+        return set()
+    sides = re.split(r"\s+v\.?\s+", str(doc.get("title") or ""), maxsplit=1)
+    heads = [m[0] for side in sides if len(sides) == 2 and (m := re.match(r"[A-Za-z]+", side))]
+    names = [n for n in heads if n.lower() not in _GENERIC_PARTIES and len(n) > 2]
+    party = re.compile(rf"\b(?:{'|'.join(map(re.escape, names))})\b", re.I) if names else None
+    return {s for s in sentences if _PROCEDURE.search(s) or (party and party.search(s))}
+
+
 def candidate_sentences(doc: Mapping[str, Any]) -> list[str]:
-    """A passage's sentences that can state a rule: not its heading (:func:`is_heading`), caption
-    lines, or leading lines that repeat its title, its ``heading`` path or a Markdown heading."""
+    """A passage's sentences that can state a rule (:func:`_sentences`), but an opinion's story of
+    its own case (:func:`case_narrative`)."""
+    sentences = _sentences(doc)
+    told = case_narrative(doc, sentences)
+    return [s for s in sentences if s not in told]
+
+
+def _sentences(doc: Mapping[str, Any]) -> list[str]:
+    """A passage's sentences of five words or more but its heading (:func:`is_heading`), caption
+    lines, and leading lines that repeat its title, its ``heading`` path or a Markdown heading."""
     heads = {str(doc.get("title") or "").strip(), *str(doc.get("heading") or "").split(" > ")}
     lines = str(doc.get("text") or "").split("\n")
     while len(lines) > 1 and (lines[0].strip() in heads or lines[0].lstrip().startswith("#")):
@@ -860,6 +901,7 @@ def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
     # An issue that is one of the user's documents (its title) is answered from that document.
     mine = [d for d in docs if d.get("doc_id") and " ".join(d["title"].split()) == item.issue]
     docs = mine or docs
+    stage.fire("case_narrative", len({s for d in docs for s in case_narrative(d, _sentences(d))}))
     if not docs:
         found = "the passages found are about other doctrines" if item.docs else "no passage found"
         return IssueAnswer(item.issue, "no_evidence", why=item.why or found)

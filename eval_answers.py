@@ -343,6 +343,8 @@ def score_fact_pattern(
     hits = conclusion_hits(item, str(result.get("answer") or "")) if not abstained else []
 
     misgrounded = _misgrounded(sentences, gold, same_doctrine)
+    words = [w for issue in item["issues"] for w in issue.get("gold_text") or []]
+    rules = [s for s in sentences if s.get("role") == "rule"]
     # An issue the facts raise has a sentence citing a gold passage or one on its doctrine; a
     # misgrounded sentence under another issue answers an issue the facts do not raise.
     raised = {s.get("issue") for s in sentences if s["passage_ids"] and s not in misgrounded}
@@ -368,6 +370,12 @@ def score_fact_pattern(
         "sentences": len(sentences),
         "uncited_sentences": sum(1 for s in sentences if not s["passage_ids"]),
         "misgrounded_sentences": len(misgrounded),
+        # of a pattern whose gold is named by words of its sentences (a user's document): the
+        # quoted rule sentences, and those that are gold (a case's narrative quoted is not)
+        "rule_sentences": len(rules),
+        "gold_rule_sentences": sum(any(w in s["text"] for w in words) for s in rules)
+        if words
+        else None,
         "misgrounded_off_agenda": sum(s.get("issue") not in raised for s in misgrounded),
         # the passages each issue cites, to tell which of them a misgrounded sentence rests on
         "cited_by_issue": {
@@ -402,6 +410,10 @@ def summarize_fact_mode(rs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "uncited_sentences": sum(r["uncited_sentences"] for r in rs),
         "misgrounded_sentences": _rate(rs, "misgrounded_sentences", "sentences"),
         "misgrounded_off_agenda": sum(r.get("misgrounded_off_agenda", 0) for r in rs),
+        "gold_rule_sentences": _share(
+            sum(r.get("gold_rule_sentences") or 0 for r in rs),
+            sum(r["rule_sentences"] for r in rs if r.get("gold_rule_sentences") is not None),
+        ),
         # of the answers citing no gold passage, those naming a passed-over doctrine that finds one
         "steer_found": _share(
             sum(bool(r.get("steer")) for r in rs if not r["gold_cited"]),

@@ -683,6 +683,7 @@ def agent_answer(
         "sentences": [
             {
                 "text": s["text"],
+                "role": s["role"],
                 "issue": issue["issue"],
                 "passage_ids": [ids[n] for n in s.get("cites") or [] if n in ids],
             }

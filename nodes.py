@@ -212,16 +212,18 @@ def _short(text: str, n: int = 80) -> str:
 
 def _passage_record(doc: dict) -> dict:
     """A retrieved passage or a cached answer's source as ``AgentState.passages`` keeps it."""
+    meta = doc.get("metadata") or {}
     return (
         {
             "id": doc["id"],
             "title": doc.get("title") or "",
-            "source": doc.get("source") or (doc.get("metadata") or {}).get("source", ""),
+            "source": doc.get("source") or meta.get("source", ""),
             "text": doc.get("text") or "",
-            "heading": (doc.get("metadata") or {}).get("heading") or "",
+            "heading": meta.get("heading") or "",
             "pin": answer_stage.pin_cite(doc),
-            "doc_id": (doc.get("metadata") or {}).get("doc_id") or "",  # the user's own document
+            "doc_id": meta.get("doc_id") or "",  # the user's own document
         }
+        | ({"kind": kind} if (kind := meta.get("kind")) else {})  # opinion, statute, contract...
         | ({"line_pins": pins} if (pins := line_pins(doc)) else {})
         | _definitions(doc)
     )
@@ -594,7 +596,7 @@ def planner(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     update = plan_steps(state, ctx, issues[:1] if adaptive else issues)
     for step in update["planning_table"]:  # a document's title says nothing of what it holds
         if own and step["issue"] == own and not step.get("execution"):
-            step["strategy"] = {**step["strategy"], "queries": [q.text]}
+            step["strategy"] = {**step["strategy"], "queries": [q.text], "document": True}
     update["reading"].update(candidates=candidates, **({"within": within} if within else {}))
     if kept:  # the CLI says so, and how to research another issue
         update["reading"]["agenda_kept"] = True
@@ -712,7 +714,12 @@ def executor(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
     within = _reading(state, "within") or ""
     retrieved = ctx.search(search_type, queries, k + ctx.flag_headroom, exclude, within)
     docs, flagged = ctx.keep_clean(retrieved, k)
-    asked = issue_question(issue_names(step.get("issue") or step["question"])[0])
+    # the gate reads the question a document is searched for: its title says nothing of what it
+    # holds ("What are the rule and elements of STATE v. PRUITT?" scored its passages 0.30)
+    if strategy.get("document"):
+        asked = strategy["queries"][0]
+    else:
+        asked = issue_question(issue_names(step.get("issue") or step["question"])[0])
     scores = ctx.gate_scores(asked, docs, queries)  # the search's cosines when it searched asked
     score, confidence = scores.evidence, scores.confidence
     gated = not docs or ctx.below_gate(score)
@@ -1073,7 +1080,7 @@ def mc_select(state: AgentState, ctx: AgentContext) -> tuple[dict, str]:
 
 
 ROUTINE_GUARDS = frozenset(
-    {"off_doctrine", "off_facts", "not_asked", "named_issue", "defined_term"}
+    {"off_doctrine", "off_facts", "not_asked", "named_issue", "defined_term", "case_narrative"}
 )
 """Guards that sort the research (a passage or an issue set aside) rather than repair a reply:
 an answer where they fired may still be cached."""

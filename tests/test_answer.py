@@ -930,3 +930,24 @@ def test_a_set_aside_issue_whose_name_ends_in_a_period_ends_its_line_once():
     assert answer.AnswerRecord.shown(record.to_dict()).endswith(
         "not researched: Agreement for Beacon Corp."
     )
+
+
+def test_an_opinions_story_of_its_own_case_is_never_a_candidate_rule():
+    """A user's opinion, "HOLLIS v. GRANGE HARDWARE CO.": "The store manager testified that it had
+    been raining for two hours ..." was quoted as the rule of a slip on tracked-in snow.  The
+    sentences that name a party of the caption or tell the case's procedure are not rules; the
+    same sentences in a statute or a study passage are left alone."""
+    text = (
+        "Hollis slipped on the wet tile near the entrance and fractured her hip.\n"
+        "The store manager testified that it had been raining for two hours.\n"
+        "Here, the manager knew the floor had been wet for a long time.\n"
+        "A store that knows of water tracked onto its floor must take reasonable steps to "
+        "protect its customers.\n"
+        "The judgment of the court of appeals is reversed, and the case is remanded."
+    )
+    opinion = {"title": "HOLLIS v. GRANGE HARDWARE CO.", "text": text, "kind": "opinion"}
+    assert answer.candidate_sentences(opinion) == [text.split("\n")[3]]
+    assert len(answer.candidate_sentences({**opinion, "kind": "statute"})) == 5
+    people = {"title": "PEOPLE v. ALVAREZ", "text": "The People must prove every element of the "
+              "offense beyond a reasonable doubt.", "kind": "opinion"}  # fmt: skip
+    assert answer.candidate_sentences(people) == [people["text"]]  # "People" is no party name

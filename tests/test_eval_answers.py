@@ -266,3 +266,25 @@ def test_the_document_patterns_gold_sentences_are_in_their_documents_as_loaded(t
     gone = [{**items[0], "documents": ["documents/nope.txt"]}]
     with pytest.raises(FileNotFoundError, match="nope.txt"):
         ea.pattern_documents(gone, path)
+
+
+def test_a_document_patterns_row_counts_the_rule_sentences_that_are_its_gold():
+    """A case's narrative quoted as its rule cites a gold passage (the same chunk) and so counted
+    as found: the row also counts the quoted rule sentences holding words of the gold."""
+    item = {"id": "x", "split": "tune", "answer": "yes", "conclusion_keys": [],
+            "issues": [{"name": "rule", "gold_ids": ["op#1"], "gold_text": ["must take reasonable"]}]}  # fmt: skip
+    sentences = [
+        {"text": "A store must take reasonable steps.", "role": "rule", "issue": "Op", "passage_ids": ["op#1"]},
+        {"text": "The manager testified.", "role": "rule", "issue": "Op", "passage_ids": ["op#1"]},
+        {"text": "Not settled.", "role": "conclusion", "issue": "Op", "passage_ids": ["op#1"]},
+    ]  # fmt: skip
+    row = ea.score_fact_pattern(item, "research", {"sentences": sentences}, 1.0, lambda *a: False)
+    assert (row["rule_sentences"], row["gold_rule_sentences"]) == (2, 1)
+    assert ea.summarize_fact_mode([row])["gold_rule_sentences"]["k"] == 1
+    plain = {**item, "issues": [{"name": "rule", "gold_ids": ["op#1"]}]}
+    assert (
+        ea.score_fact_pattern(plain, "research", {"sentences": sentences}, 1.0, lambda *a: False)[
+            "gold_rule_sentences"
+        ]
+        is None
+    )

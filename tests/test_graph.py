@@ -1572,3 +1572,35 @@ def test_an_answer_served_from_the_qa_memory_keeps_its_issues_as_data(tmp_settin
     for key in ("text", "issues", "citations", "kind", "grounded"):
         assert again["answer"][key] == first["answer"][key], key
     assert again["answer"]["issues"] and again["answer"]["issues"][0]["turns_on"]
+
+
+def test_a_users_opinion_is_researched_for_the_question_and_quoted_for_its_rule_not_its_story(
+    tmp_settings,
+):
+    """A user's loaded opinion, "STATE v. PRUITT": its step was gated on "What are the rule and
+    elements of STATE v. PRUITT?" (0.30, below LEAN_GATE), so the answer said no research found a
+    rule; and the opinions that were answered quoted their story ("Pruitt, who was standing in
+    the hallway, told the officers ...") as the rule."""
+    opinion = {
+        "id": "pruitt#2",
+        "title": "STATE v. PRUITT",
+        "text": "Pruitt, who was standing in the hallway behind her roommate, told the officers "
+        "they could not come in, and the roommate let the officers in.\nThe trial court denied "
+        "the motion to suppress the jewelry the officers found.\nWhen a co-occupant who is "
+        "physically present at the door expressly refuses consent, that refusal prevails over "
+        "the consent of the other occupant.",
+        "metadata": {"kind": "opinion", "doc_id": "pruitt"},
+    }
+    question = (
+        "Omar's roommate let the officers in, but Omar, standing at the door, told the officers "
+        "they could not come in. The officers found cocaine. Can Omar have it suppressed?"
+    )
+    replies = fact_replies(plan=[J(issues=[])], apply=[APPLY])
+    retriever = FakeRetriever([opinion, *LAW], ranked=True)
+    result, *_ = run(tmp_settings, replies, question, retriever=retriever, lean_gate=0.33)
+    step = result["planning_table"][0]
+    assert step["issue"] == "STATE v. PRUITT" and step["status"] == "completed"
+    issue = result["answer"]["issues"][0]
+    rules = [s["text"] for s in issue["sentences"] if s["role"] == "rule"]
+    assert rules == [opinion["text"].split("\n")[2]]
+    assert result["answer"]["guards"]["case_narrative"] == 2
