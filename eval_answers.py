@@ -146,6 +146,8 @@ def score_answer(
         "misgrounded_sentences": misgrounded,
         "quotes_valid": q_ok,
         "quotes_verified": q_n,
+        # the doctrines the answer names as not researched (the user's next step: --issues)
+        "others": list(result.get("others") or []),
         "llm_calls": result.get("llm_calls"),
         "seconds": round(float(seconds), 3),
     }
@@ -261,6 +263,12 @@ def summarize_mode(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "uncited_sentences": sum(r["sentences"] - r["cited_sentences"] for r in answered),
         "misgrounded_sentences": _rate(grounded, "misgrounded_sentences", "sentences"),
         "quote_validity": _rate(rows, "quotes_valid", "quotes_verified"),
+        # of the passed-over doctrines answers name, those whose search finds a gold passage the
+        # answer does not cite
+        "others_gold": _share(
+            sum(len(r.get("steer") or []) for r in rows),
+            sum(len(r.get("others") or []) for r in rows),
+        ),
         "a_or_b": _graded(rows),
         "grades": dict(sorted(Counter(r["grade"] for r in rows if r.get("grade")).items())),
         "ungraded": sum(1 for r in rows if "grade" in r and not r["grade"]),

@@ -723,7 +723,8 @@ def steer_hits(
     from question import Question
 
     facts = list(Question.read(str(item["question"])).facts)
-    gold = {g for issue in item["issues"] for g in issue["gold_ids"]} - set(cited)
+    gold = {g for issue in item.get("issues") or [] for g in issue["gold_ids"]}
+    gold = (gold | set(item.get("gold_ids") or [])) - set(cited)
     return [
         name
         for name in others
@@ -842,9 +843,9 @@ def run_answers_phase(
             issues = [i["name"] for i in item["issues"]] if args.issues_from == "gold" else ()
             result = agent_answer(settings, client, mode, str(item["question"]), issues)
         row = scorer(item, mode, result, time.perf_counter() - start, same_doctrine=same_doctrine)
-        if args.facts:  # which named, passed-over doctrines would find a gold passage?
-            cited = {p for ids in row["cited_by_issue"].values() for p in ids}
-            row["steer"] = steer_hits(steer_context(), item, row.get("others") or [], cited)
+        if row.get("others"):  # which named, passed-over doctrines would find a gold passage?
+            cited = {p for s in result.get("sentences") or [] for p in s["passage_ids"]}
+            row["steer"] = steer_hits(steer_context(), item, row["others"], cited)
         return {**row, "item": row["id"], "phase": "answers"}
 
     with run_dir.until_interrupted("--resume"):

@@ -288,3 +288,15 @@ def test_a_document_patterns_row_counts_the_rule_sentences_that_are_its_gold():
         ]
         is None
     )
+
+
+def test_an_open_answers_row_keeps_the_doctrines_it_names_and_the_summary_counts_the_useful_ones():
+    """The open set's answers name passed-over doctrines too ("Other doctrines the sources hold,
+    not researched"), but its rows kept none of them, so no run could say whether they help."""
+    item = {"id": "q", "category": "in_corpus", "should_abstain": False, "key_points": []}
+    result = {"answer": "x [1]", "sentences": [], "others": ["Mailbox rule", "Perfect tender rule"]}
+    row = ea.score_answer(item, "research", result, 1.0)
+    assert row["others"] == ["Mailbox rule", "Perfect tender rule"]
+    row["steer"] = ["Mailbox rule"]
+    assert ea.summarize_mode([row])["others_gold"]["k"] == 1
+    assert ea.summarize_mode([row])["others_gold"]["n"] == 2
