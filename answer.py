@@ -901,7 +901,10 @@ def _issue_rule(stage: _Stage, item: IssueResearch) -> list | IssueAnswer:
     # An issue that is one of the user's documents (its title) is answered from that document.
     mine = [d for d in docs if d.get("doc_id") and " ".join(d["title"].split()) == item.issue]
     docs = mine or docs
-    stage.fire("case_narrative", len({s for d in docs for s in case_narrative(d, _sentences(d))}))
+    opinions = [d for d in docs if d.get("kind") == "opinion"]  # the others tell no case
+    stage.fire(
+        "case_narrative", len({s for d in opinions for s in case_narrative(d, _sentences(d))})
+    )
     if not docs:
         found = "the passages found are about other doctrines" if item.docs else "no passage found"
         return IssueAnswer(item.issue, "no_evidence", why=item.why or found)

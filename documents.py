@@ -1057,11 +1057,13 @@ def _attach_definitions(chunks: list[dict[str, Any]]) -> None:
         lines = c["text"].split("\n")
         pins = str(c.get("line_pins") or "").split("\n")
         pins = pins if c.get("line_pins") else [c.get("pin") or ""] * len(lines)
-        said[c["idx"]] = [s for line in lines for s in split_sentences(line)]
-        for line, pin in zip(lines, pins, strict=True):
-            for sentence in split_sentences(line):
-                if m := _DEFINITION.match(sentence):
-                    found.append({"term": m[1], "text": sentence, "id": c["idx"], "pin": pin})
+        pinned = [
+            (s, pin) for line, pin in zip(lines, pins, strict=True) for s in split_sentences(line)
+        ]
+        said[c["idx"]] = [s for s, _ in pinned]
+        for sentence, pin in pinned:
+            if m := _DEFINITION.match(sentence):
+                found.append({"term": m[1], "text": sentence, "id": c["idx"], "pin": pin})
     for c in chunks:
         used = [
             d for d in found

@@ -196,6 +196,14 @@ def _share(k: int, n: int) -> dict[str, Any]:
     }
 
 
+def _others_gold(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Of the passed-over doctrines the answers name, those whose search finds a gold passage the
+    answer does not cite (``steer``)."""
+    return _share(
+        sum(len(r.get("steer") or []) for r in rows), sum(len(r.get("others") or []) for r in rows)
+    )
+
+
 def _rate(rows: Sequence[Mapping[str, Any]], key: str, of: str | None = None) -> dict[str, Any]:
     """:func:`_share` of the rows' ``key`` summed, over the rows (``of``: their ``of`` summed)."""
     return _share(sum(r[key] for r in rows), sum(r[of] for r in rows) if of else len(rows))
@@ -263,12 +271,7 @@ def summarize_mode(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "uncited_sentences": sum(r["sentences"] - r["cited_sentences"] for r in answered),
         "misgrounded_sentences": _rate(grounded, "misgrounded_sentences", "sentences"),
         "quote_validity": _rate(rows, "quotes_valid", "quotes_verified"),
-        # of the passed-over doctrines answers name, those whose search finds a gold passage the
-        # answer does not cite
-        "others_gold": _share(
-            sum(len(r.get("steer") or []) for r in rows),
-            sum(len(r.get("others") or []) for r in rows),
-        ),
+        "others_gold": _others_gold(rows),
         "a_or_b": _graded(rows),
         "grades": dict(sorted(Counter(r["grade"] for r in rows if r.get("grade")).items())),
         "ungraded": sum(1 for r in rows if "grade" in r and not r["grade"]),
@@ -427,11 +430,7 @@ def summarize_fact_mode(rs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             sum(bool(r.get("steer")) for r in rs if not r["gold_cited"]),
             sum(not r["gold_cited"] for r in rs),
         ),
-        # of the passed-over doctrines answers name, those whose search finds a gold passage the
-        # answer does not cite
-        "others_gold": _share(
-            sum(len(r.get("steer") or []) for r in rs), sum(len(r.get("others") or []) for r in rs)
-        ),
+        "others_gold": _others_gold(rs),
         "judge_a_or_b": _graded(rs),
         **_cost(rs),
     }

@@ -829,13 +829,17 @@ def _ensure_index(settings: Settings) -> None:
         print(f"built the starter index: {added} passages", file=sys.stderr)
 
 
+def thread_turns(checkpointer: Any, thread: str) -> list[dict]:
+    """The questions answered on ``thread`` ([] for a new one; InputError when unreadable)."""
+    saved = thread_state(build_graph(checkpointer=checkpointer), thread_config(thread))
+    return (saved.values or {}).get("turns") or []
+
+
 def _turns(checkpointer: Any, thread: str, flag: str) -> list[dict]:
     """The questions answered on ``thread`` (InputError when none was: ``flag`` needs one)."""
     if checkpointer is None:
         raise InputError(f"{flag} reads the checkpoint store: CHECKPOINTS is off")
-    saved = thread_state(build_graph(checkpointer=checkpointer), thread_config(thread))
-    turns = (saved.values or {}).get("turns") or []
-    if not turns:
+    if not (turns := thread_turns(checkpointer, thread)):
         raise InputError(f"no question has been answered on thread {thread}")
     return turns
 
@@ -895,11 +899,10 @@ def _answer(
     thread = args.thread or uuid.uuid4().hex
     if checkpointer is not None and not args.thread:
         print(f"thread: {thread}", file=sys.stderr, flush=True)
-    elif checkpointer is not None:  # a mistyped id starts a thread: its question is no follow-up
-        saved = thread_state(build_graph(checkpointer=checkpointer), thread_config(thread))
-        if not (saved.values or {}).get("turns"):
-            print(f"thread: {thread} is new (nothing was asked on it): not a follow-up",
-                  file=sys.stderr, flush=True)  # fmt: skip
+    elif checkpointer is not None and not thread_turns(checkpointer, thread):
+        # a mistyped id starts a thread: its question is no follow-up
+        print(f"thread: {thread} is new (nothing was asked on it): not a follow-up",
+              file=sys.stderr, flush=True)  # fmt: skip
     issues = (args.issues or "").split(";")
     review = ask_review if args.review else None
     return run_agent(
